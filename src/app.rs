@@ -1,0 +1,329 @@
+//! The gateway: shared state, start-up (store, secrets, resources, bootstrap owner), the router,
+//! and graceful shutdown.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::{Request, State};
+use axum::http::{HeaderValue, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::clock::Clock;
+use crate::config::{Secret, Settings};
+use crate::crypto::{self, MasterKey};
+use crate::error::ApiError;
+use crate::resources;
+use crate::store::{MemberStore, NewMember, Store, WorkspaceStore};
+
+/// Everything a handler may need. Built only by [`Gateway::build`].
+#[derive(Clone)]
+pub struct AppState(Arc<Inner>);
+
+/// The contents of [`AppState`].
+pub struct Inner {
+    /// Resolved settings.
+    pub settings: Settings,
+    /// The database.
+    pub store: Store,
+    /// Source of "now" (manual in tests).
+    pub clock: Clock,
+    /// Seals and opens upstream secrets.
+    pub master_key: MasterKey,
+    /// Signs admin tokens.
+    pub jwt_secret: Secret,
+    /// Cancelled when the gateway shuts down; background tasks watch it.
+    pub shutdown: CancellationToken,
+    /// Background tasks, drained at shutdown.
+    pub tasks: TaskTracker,
+}
+
+impl std::ops::Deref for AppState {
+    type Target = Inner;
+    fn deref(&self) -> &Inner {
+        &self.0
+    }
+}
+
+/// Why the gateway could not start. Each message names what to fix.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// A setting is wrong.
+    #[error("{0}")]
+    Config(String),
+    /// The database could not be opened or migrated.
+    #[error("cannot open the database: {0}")]
+    Store(#[from] crate::store::StoreError),
+    /// The resources file was refused.
+    #[error("{0}")]
+    Resources(#[from] resources::ResourcesError),
+    /// The listen address could not be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        /// The address.
+        addr: SocketAddr,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The generated-secrets file could not be read or written.
+    #[error("secrets file {path}: {message}")]
+    SecretsFile {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        message: String,
+    },
+}
+
+/// Options for building a gateway beyond its settings.
+#[derive(Clone, Debug, Default)]
+pub struct BuildOptions {
+    /// The resources file to apply at start.
+    pub resources: Option<PathBuf>,
+    /// A manual clock (tests); the system clock when `None`.
+    pub clock: Option<Clock>,
+}
+
+/// A built gateway, bound to its address, not yet serving.
+pub struct Gateway {
+    listener: TcpListener,
+    state: AppState,
+}
+
+impl Gateway {
+    /// Opens the store, resolves secrets, applies the resources file, creates the first owner if
+    /// none exists, and binds the listen address.
+    pub async fn build(settings: Settings, options: BuildOptions) -> Result<Gateway, StartError> {
+        let clock = options.clock.unwrap_or(Clock::System);
+        let env = |k: &str| std::env::var(k).ok();
+        let (master_text, jwt_secret) = resolve_secrets(&settings)?;
+        let master_key = MasterKey::parse(master_text.expose())
+            .map_err(|e| StartError::Config(format!("bad setting master_key (AIGW_MASTER_KEY): {e}")))?;
+
+        let store = Store::connect(&settings.database_url).await?;
+
+        if let Some(path) = &options.resources {
+            let summary = resources::apply_file(&store, &master_key, path, &env, clock.now_ms()).await?;
+            tracing::info!(file = %path.display(), %summary, "resources applied");
+            for (address, key) in &summary.generated_keys {
+                // Printed once, on stdout only: the plaintext is never stored or logged.
+                println!("aigw: generated API key {address}: {key}");
+            }
+        }
+        bootstrap_owner(&store, &settings, clock.now_ms()).await?;
+
+        let listener = TcpListener::bind(settings.listen)
+            .await
+            .map_err(|source| StartError::Listen {
+                addr: settings.listen,
+                source,
+            })?;
+        let state = AppState(Arc::new(Inner {
+            settings,
+            store,
+            clock,
+            master_key,
+            jwt_secret,
+            shutdown: CancellationToken::new(),
+            tasks: TaskTracker::new(),
+        }));
+        Ok(Gateway { listener, state })
+    }
+
+    /// The address actually bound (port 0 resolves here).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.listener.local_addr().unwrap_or(self.state.settings.listen)
+    }
+
+    /// The shared state (tests reach the store and clock through it).
+    pub fn state(&self) -> &AppState {
+        &self.state
+    }
+
+    /// Serves until `signal` resolves, then stops taking requests, lets running ones finish,
+    /// drains background tasks and closes the store.
+    pub async fn run_until_stopped(
+        self,
+        signal: impl Future<Output = ()> + Send + 'static,
+    ) -> std::io::Result<()> {
+        let state = self.state.clone();
+        let router = router(state.clone());
+        let stop = state.shutdown.clone();
+        let serve = axum::serve(
+            self.listener,
+            router.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .with_graceful_shutdown(async move {
+            tokio::select! {
+                () = signal => {},
+                () = stop.cancelled() => {},
+            }
+        });
+        let result = serve.await;
+        state.shutdown.cancel();
+        state.tasks.close();
+        state.tasks.wait().await;
+        state.store.close().await;
+        tracing::info!("aigw stopped");
+        result
+    }
+}
+
+/// The router: every route of the gateway.
+pub fn router(state: AppState) -> Router {
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .fallback(not_found)
+        .layer(middleware::from_fn(request_id))
+        .with_state(state)
+}
+
+/// Header carrying the request's id (UUID v7), on every response.
+pub const REQUEST_ID: axum::http::HeaderName = axum::http::HeaderName::from_static("x-request-id");
+
+/// The id of the request being served, in the request's extensions.
+#[derive(Clone, Copy, Debug)]
+pub struct RequestId(pub uuid::Uuid);
+
+async fn request_id(mut req: Request, next: Next) -> Response {
+    let id = uuid::Uuid::now_v7();
+    req.extensions_mut().insert(RequestId(id));
+    let mut resp = next.run(req).await;
+    if let Ok(v) = HeaderValue::from_str(&id.to_string()) {
+        resp.headers_mut().insert(REQUEST_ID, v);
+    }
+    resp
+}
+
+async fn healthz() -> &'static str {
+    "ok"
+}
+
+async fn readyz(State(state): State<AppState>) -> Response {
+    if state.store.ready().await {
+        (StatusCode::OK, "ready").into_response()
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "database unreachable or migrations not applied",
+        )
+            .into_response()
+    }
+}
+
+async fn not_found(req: Request) -> ApiError {
+    ApiError::RouteNotFound {
+        method: req.method().to_string(),
+        path: req.uri().path().to_owned(),
+    }
+}
+
+/// The master key and JWT secret: from settings, else from `aigw.keys` beside the database,
+/// else generated into that file (0600) with a warning.
+fn resolve_secrets(settings: &Settings) -> Result<(Secret, Secret), StartError> {
+    if let (Some(m), Some(j)) = (&settings.master_key, &settings.jwt_secret) {
+        return Ok((m.clone(), j.clone()));
+    }
+    let path = settings.secrets_dir().join("aigw.keys");
+    let err = |message: String| StartError::SecretsFile {
+        path: path.clone(),
+        message,
+    };
+    #[derive(serde::Deserialize, serde::Serialize)]
+    struct KeysFile {
+        master_key: String,
+        jwt_secret: String,
+    }
+    let file = if path.exists() {
+        let text = std::fs::read_to_string(&path).map_err(|e| err(e.to_string()))?;
+        toml::from_str::<KeysFile>(&text).map_err(|e| err(e.to_string()))?
+    } else {
+        let file = KeysFile {
+            master_key: MasterKey::generate_text(),
+            jwt_secret: MasterKey::generate_text(),
+        };
+        let text = toml::to_string(&file).map_err(|e| err(e.to_string()))?;
+        write_private(&path, &text).map_err(|e| err(e.to_string()))?;
+        tracing::warn!(
+            file = %path.display(),
+            "no master key or JWT secret configured: generated them into this file; back it up \
+             (upstream secrets cannot be decrypted without it) or set AIGW_MASTER_KEY and AIGW_JWT_SECRET"
+        );
+        file
+    };
+    Ok((
+        settings
+            .master_key
+            .clone()
+            .unwrap_or(Secret::new(file.master_key)),
+        settings
+            .jwt_secret
+            .clone()
+            .unwrap_or(Secret::new(file.jwt_secret)),
+    ))
+}
+
+fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut opts = std::fs::OpenOptions::new();
+    opts.write(true).create_new(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut opts, 0o600);
+    opts.open(path)?.write_all(text.as_bytes())
+}
+
+/// First start with no owner: a workspace and an owner from the bootstrap settings, or with a
+/// generated password printed once.
+async fn bootstrap_owner(store: &Store, settings: &Settings, now: i64) -> Result<(), StartError> {
+    if store.count_owners().await? > 0 {
+        return Ok(());
+    }
+    let workspace = match store.workspaces().await?.into_iter().next() {
+        Some(w) => w,
+        None => store.create_workspace("default", None, now).await?,
+    };
+    let email = settings
+        .bootstrap_email
+        .clone()
+        .unwrap_or_else(|| "owner@aigw.local".to_owned());
+    let (password, generated) = match &settings.bootstrap_password {
+        Some(p) => (p.expose().to_owned(), false),
+        None => (crypto::generate_password(), true),
+    };
+    let hash = crypto::hash_password(&password);
+    match store.member_by_email(&email).await? {
+        Some(existing) => {
+            store
+                .update_member(existing.id, existing.department_id, "owner")
+                .await?;
+            store.set_member_password(existing.id, &hash).await?;
+        }
+        None => {
+            let new = NewMember {
+                workspace_id: workspace.id,
+                department_id: None,
+                email: &email,
+                role: "owner",
+                password_hash: Some(&hash),
+            };
+            store.create_member(&new, now).await?;
+        }
+    }
+    tracing::info!(email = %email, workspace = %workspace.name, "created the first owner");
+    if generated {
+        // Printed once, on stdout only; set AIGW_BOOTSTRAP_PASSWORD to choose it instead.
+        println!(
+            "aigw: first owner {email} in workspace {:?}, password: {password}",
+            workspace.name
+        );
+    }
+    Ok(())
+}

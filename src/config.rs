@@ -1,0 +1,414 @@
+//! Settings: defaults, then the TOML file, then `AIGW_*` variables (env wins). This is the one
+//! place that reads configuration; a bad setting stops the start with a message naming it.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+
+use chrono_tz::Tz;
+use serde::Deserialize;
+
+/// A secret value: never printed by `Debug` or `Display`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    /// Wraps a secret string.
+    pub fn new(s: impl Into<String>) -> Self {
+        Secret(s.into())
+    }
+    /// The secret itself; call only where it is used, never to log.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret(***)")
+    }
+}
+
+impl<'de> Deserialize<'de> for Secret {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        String::deserialize(d).map(Secret)
+    }
+}
+
+impl FromStr for Secret {
+    type Err = std::convert::Infallible;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(Secret(s.to_owned()))
+    }
+}
+
+/// Language of the gateway's own messages (breaker wording has a Chinese form, seed 003).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Locale {
+    /// English (default).
+    En,
+    /// LyRouter's exact Chinese wording.
+    Zh,
+}
+
+impl FromStr for Locale {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "en" => Ok(Locale::En),
+            "zh" => Ok(Locale::Zh),
+            other => Err(format!("unknown locale {other:?} (expected \"en\" or \"zh\")")),
+        }
+    }
+}
+
+/// Log line format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+impl FromStr for LogFormat {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "text" => Ok(LogFormat::Text),
+            "json" => Ok(LogFormat::Json),
+            other => Err(format!(
+                "unknown log format {other:?} (expected \"text\" or \"json\")"
+            )),
+        }
+    }
+}
+
+/// The gateway's settings, fully resolved.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// Address the gateway listens on.
+    pub listen: SocketAddr,
+    /// `sqlite://…` (default `sqlite://aigw.db`) or `postgres://…`.
+    pub database_url: String,
+    /// Time zone that quota windows align to, unless a workspace overrides it.
+    pub timezone: Tz,
+    /// Language of the gateway's own messages.
+    pub locale: Locale,
+    /// 32-byte key (base64 or hex) that encrypts upstream secrets; never stored in the database.
+    pub master_key: Option<Secret>,
+    /// Secret that signs admin JWTs.
+    pub jwt_secret: Option<Secret>,
+    /// Email of the first owner, created when no owner exists.
+    pub bootstrap_email: Option<String>,
+    /// Password of the first owner; generated and printed once when absent.
+    pub bootstrap_password: Option<Secret>,
+    /// Largest request body accepted on the proxy, in bytes.
+    pub max_body_bytes: usize,
+    /// Upstream attempts per request, across credentials and fallback models.
+    pub max_attempts: u32,
+    /// Total time budget per request, in seconds.
+    pub request_timeout_secs: u64,
+    /// How often in-memory counters and request logs are flushed to the store, in milliseconds.
+    pub flush_interval_ms: u64,
+    /// Request logs older than this many days are deleted.
+    pub log_retention_days: u32,
+    /// Where generated secrets (`aigw.keys`) are kept; default: beside the SQLite file, else `.`.
+    pub data_dir: PathBuf,
+    /// Log line format.
+    pub log_format: LogFormat,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            listen: SocketAddr::from(([127, 0, 0, 1], 4000)),
+            database_url: "sqlite://aigw.db".to_owned(),
+            timezone: chrono_tz::Asia::Shanghai,
+            locale: Locale::En,
+            master_key: None,
+            jwt_secret: None,
+            bootstrap_email: None,
+            bootstrap_password: None,
+            max_body_bytes: 32 * 1024 * 1024,
+            max_attempts: 3,
+            request_timeout_secs: 30,
+            flush_interval_ms: 250,
+            log_retention_days: 30,
+            data_dir: PathBuf::new(),
+            log_format: LogFormat::Text,
+        }
+    }
+}
+
+/// The TOML settings file: every field optional, unknown fields refused.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileSettings {
+    listen: Option<String>,
+    database_url: Option<String>,
+    timezone: Option<String>,
+    locale: Option<Locale>,
+    master_key: Option<Secret>,
+    jwt_secret: Option<Secret>,
+    bootstrap_email: Option<String>,
+    bootstrap_password: Option<Secret>,
+    max_body_bytes: Option<usize>,
+    max_attempts: Option<u32>,
+    request_timeout_secs: Option<u64>,
+    flush_interval_ms: Option<u64>,
+    log_retention_days: Option<u32>,
+    data_dir: Option<PathBuf>,
+    log_format: Option<LogFormat>,
+}
+
+/// A setting that could not be read; the message names the setting and where it came from.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct ConfigError(pub String);
+
+impl Settings {
+    /// Loads defaults, then `file` (if given), then the `AIGW_*` variables of `env`.
+    pub fn load(file: Option<&Path>, env: impl Fn(&str) -> Option<String>) -> Result<Settings, ConfigError> {
+        let mut s = Settings::default();
+        if let Some(path) = file {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| ConfigError(format!("cannot read config file {}: {e}", path.display())))?;
+            let f: FileSettings = toml::from_str(&text)
+                .map_err(|e| ConfigError(format!("config file {}: {e}", path.display())))?;
+            let src = |key: &str| format!("{} ({key})", path.display());
+            if let Some(v) = f.listen {
+                s.listen = parse_value(&src("listen"), &v)?;
+            }
+            if let Some(v) = f.database_url {
+                s.database_url = v;
+            }
+            if let Some(v) = f.timezone {
+                s.timezone = parse_tz(&src("timezone"), &v)?;
+            }
+            s.locale = f.locale.unwrap_or(s.locale);
+            s.master_key = f.master_key.or(s.master_key);
+            s.jwt_secret = f.jwt_secret.or(s.jwt_secret);
+            s.bootstrap_email = f.bootstrap_email.or(s.bootstrap_email);
+            s.bootstrap_password = f.bootstrap_password.or(s.bootstrap_password);
+            s.max_body_bytes = f.max_body_bytes.unwrap_or(s.max_body_bytes);
+            s.max_attempts = f.max_attempts.unwrap_or(s.max_attempts);
+            s.request_timeout_secs = f.request_timeout_secs.unwrap_or(s.request_timeout_secs);
+            s.flush_interval_ms = f.flush_interval_ms.unwrap_or(s.flush_interval_ms);
+            s.log_retention_days = f.log_retention_days.unwrap_or(s.log_retention_days);
+            s.data_dir = f.data_dir.unwrap_or(s.data_dir);
+            s.log_format = f.log_format.unwrap_or(s.log_format);
+        }
+
+        let var = |name: &str| env(name).filter(|v| !v.is_empty());
+        if let Some(v) = var("AIGW_LISTEN") {
+            s.listen = parse_value("AIGW_LISTEN", &v)?;
+        }
+        if let Some(v) = var("AIGW_DATABASE_URL") {
+            s.database_url = v;
+        }
+        if let Some(v) = var("AIGW_TIMEZONE") {
+            s.timezone = parse_tz("AIGW_TIMEZONE", &v)?;
+        }
+        if let Some(v) = var("AIGW_LOCALE") {
+            s.locale = parse_value("AIGW_LOCALE", &v)?;
+        }
+        if let Some(v) = var("AIGW_MASTER_KEY") {
+            s.master_key = Some(Secret(v));
+        }
+        if let Some(v) = var("AIGW_JWT_SECRET") {
+            s.jwt_secret = Some(Secret(v));
+        }
+        if let Some(v) = var("AIGW_BOOTSTRAP_EMAIL") {
+            s.bootstrap_email = Some(v);
+        }
+        if let Some(v) = var("AIGW_BOOTSTRAP_PASSWORD") {
+            s.bootstrap_password = Some(Secret(v));
+        }
+        if let Some(v) = var("AIGW_MAX_BODY_BYTES") {
+            s.max_body_bytes = parse_value("AIGW_MAX_BODY_BYTES", &v)?;
+        }
+        if let Some(v) = var("AIGW_MAX_ATTEMPTS") {
+            s.max_attempts = parse_value("AIGW_MAX_ATTEMPTS", &v)?;
+        }
+        if let Some(v) = var("AIGW_REQUEST_TIMEOUT_SECS") {
+            s.request_timeout_secs = parse_value("AIGW_REQUEST_TIMEOUT_SECS", &v)?;
+        }
+        if let Some(v) = var("AIGW_FLUSH_INTERVAL_MS") {
+            s.flush_interval_ms = parse_value("AIGW_FLUSH_INTERVAL_MS", &v)?;
+        }
+        if let Some(v) = var("AIGW_LOG_RETENTION_DAYS") {
+            s.log_retention_days = parse_value("AIGW_LOG_RETENTION_DAYS", &v)?;
+        }
+        if let Some(v) = var("AIGW_DATA_DIR") {
+            s.data_dir = PathBuf::from(v);
+        }
+        if let Some(v) = var("AIGW_LOG_FORMAT") {
+            s.log_format = parse_value("AIGW_LOG_FORMAT", &v)?;
+        }
+        s.validate()?;
+        Ok(s)
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |name: &str, why: &str| Err(ConfigError(format!("bad setting {name}: {why}")));
+        if !(self.database_url.starts_with("sqlite:")
+            || self.database_url.starts_with("postgres://")
+            || self.database_url.starts_with("postgresql://"))
+        {
+            return bad(
+                "database_url (AIGW_DATABASE_URL)",
+                "expected sqlite://PATH or postgres://…",
+            );
+        }
+        if self.max_body_bytes == 0 {
+            return bad("max_body_bytes (AIGW_MAX_BODY_BYTES)", "must be at least 1");
+        }
+        if self.max_attempts == 0 {
+            return bad("max_attempts (AIGW_MAX_ATTEMPTS)", "must be at least 1");
+        }
+        if self.request_timeout_secs == 0 {
+            return bad(
+                "request_timeout_secs (AIGW_REQUEST_TIMEOUT_SECS)",
+                "must be at least 1",
+            );
+        }
+        if !(10..=60_000).contains(&self.flush_interval_ms) {
+            return bad("flush_interval_ms (AIGW_FLUSH_INTERVAL_MS)", "must be 10..=60000");
+        }
+        if self.log_retention_days == 0 {
+            return bad(
+                "log_retention_days (AIGW_LOG_RETENTION_DAYS)",
+                "must be at least 1",
+            );
+        }
+        if let Some(email) = &self.bootstrap_email
+            && !email.contains('@')
+        {
+            return bad("bootstrap_email (AIGW_BOOTSTRAP_EMAIL)", "not an email address");
+        }
+        Ok(())
+    }
+
+    /// Whether the database is SQLite.
+    pub fn is_sqlite(&self) -> bool {
+        self.database_url.starts_with("sqlite:")
+    }
+
+    /// The folder for generated secrets: `data_dir` if set, else the SQLite file's folder, else `.`.
+    pub fn secrets_dir(&self) -> PathBuf {
+        if !self.data_dir.as_os_str().is_empty() {
+            return self.data_dir.clone();
+        }
+        if self.is_sqlite() {
+            let path = sqlite_path(&self.database_url);
+            if let Some(parent) = Path::new(path).parent()
+                && !parent.as_os_str().is_empty()
+            {
+                return parent.to_path_buf();
+            }
+        }
+        PathBuf::from(".")
+    }
+}
+
+/// The file path of a `sqlite:` URL (without query string).
+pub fn sqlite_path(url: &str) -> &str {
+    let rest = url.trim_start_matches("sqlite://").trim_start_matches("sqlite:");
+    rest.split('?').next().unwrap_or(rest)
+}
+
+fn parse_value<T: FromStr>(name: &str, v: &str) -> Result<T, ConfigError>
+where
+    T::Err: fmt::Display,
+{
+    v.parse()
+        .map_err(|e| ConfigError(format!("bad setting {name}: {v:?}: {e}")))
+}
+
+fn parse_tz(name: &str, v: &str) -> Result<Tz, ConfigError> {
+    v.parse::<Tz>().map_err(|_| {
+        ConfigError(format!(
+            "bad setting {name}: unknown time zone {v:?} (expected an IANA name such as Asia/Shanghai)"
+        ))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let map: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        move |k| map.get(k).cloned()
+    }
+
+    #[test]
+    fn defaults_without_any_setting() {
+        let s = Settings::load(None, env(&[])).unwrap();
+        assert_eq!(s.listen.to_string(), "127.0.0.1:4000");
+        assert_eq!(s.database_url, "sqlite://aigw.db");
+        assert_eq!(s.timezone, chrono_tz::Asia::Shanghai);
+        assert_eq!(s.max_body_bytes, 32 * 1024 * 1024);
+        assert_eq!(s.secrets_dir(), PathBuf::from("."));
+    }
+
+    #[test]
+    fn env_wins_over_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("aigw.toml");
+        std::fs::write(
+            &path,
+            "listen = \"127.0.0.1:5000\"\ntimezone = \"Europe/Berlin\"\n",
+        )
+        .unwrap();
+        let s = Settings::load(Some(&path), env(&[("AIGW_LISTEN", "127.0.0.1:6000")])).unwrap();
+        assert_eq!(s.listen.to_string(), "127.0.0.1:6000");
+        assert_eq!(s.timezone, chrono_tz::Europe::Berlin);
+    }
+
+    #[test]
+    fn bad_settings_name_the_setting() {
+        let cases: &[(&[(&str, &str)], &str)] = &[
+            (&[("AIGW_LISTEN", "nowhere")], "AIGW_LISTEN"),
+            (&[("AIGW_TIMEZONE", "Mars/Olympus")], "AIGW_TIMEZONE"),
+            (&[("AIGW_LOCALE", "fr")], "AIGW_LOCALE"),
+            (&[("AIGW_MAX_BODY_BYTES", "-1")], "AIGW_MAX_BODY_BYTES"),
+            (&[("AIGW_MAX_BODY_BYTES", "0")], "AIGW_MAX_BODY_BYTES"),
+            (&[("AIGW_DATABASE_URL", "mysql://x")], "AIGW_DATABASE_URL"),
+            (&[("AIGW_FLUSH_INTERVAL_MS", "1")], "AIGW_FLUSH_INTERVAL_MS"),
+        ];
+        for (vars, name) in cases {
+            let err = Settings::load(None, env(vars)).unwrap_err().to_string();
+            assert!(err.contains(name), "{err} should name {name}");
+        }
+    }
+
+    #[test]
+    fn unknown_file_field_is_refused_with_its_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("aigw.toml");
+        std::fs::write(&path, "listen = \"127.0.0.1:5000\"\nlisten_port = 3\n").unwrap();
+        let err = Settings::load(Some(&path), env(&[])).unwrap_err().to_string();
+        assert!(err.contains("listen_port") && err.contains("line 2"), "{err}");
+    }
+
+    #[test]
+    fn secrets_dir_is_beside_the_sqlite_file() {
+        let s = Settings::load(None, env(&[("AIGW_DATABASE_URL", "sqlite:///var/lib/aigw/x.db")])).unwrap();
+        assert_eq!(s.secrets_dir(), PathBuf::from("/var/lib/aigw"));
+    }
+
+    #[test]
+    fn secrets_are_not_debug_printed() {
+        let s = Settings::load(None, env(&[("AIGW_MASTER_KEY", "topsecretvalue")])).unwrap();
+        assert!(!format!("{s:?}").contains("topsecretvalue"));
+    }
+}

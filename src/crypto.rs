@@ -1,0 +1,191 @@
+//! Secrets at rest: upstream secrets sealed with AES-256-GCM under the master key (which never
+//! enters the database), gateway API keys kept as SHA-256 hashes, passwords as argon2 hashes.
+
+use aes_gcm::aead::{Aead, KeyInit};
+use aes_gcm::{Aes256Gcm, Nonce};
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD as B64;
+use rand::{Rng, RngCore};
+use sha2::{Digest, Sha256};
+
+/// Prefix of every gateway API key.
+pub const KEY_PREFIX: &str = "sk-aigw-";
+/// Random base62 characters after the prefix.
+pub const KEY_RANDOM_LEN: usize = 32;
+/// Characters of a key kept for display (`sk-aigw-` plus four).
+pub const KEY_DISPLAY_LEN: usize = KEY_PREFIX.len() + 4;
+
+const BASE62: &[u8] = b"0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ";
+
+/// The master key that seals upstream secrets.
+#[derive(Clone)]
+pub struct MasterKey(Aes256Gcm);
+
+impl std::fmt::Debug for MasterKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("MasterKey(***)")
+    }
+}
+
+/// A sealed secret could not be opened (wrong master key or damaged data).
+#[derive(Debug, thiserror::Error)]
+#[error("cannot decrypt a stored secret: wrong master key or damaged data")]
+pub struct OpenError;
+
+impl MasterKey {
+    /// Parses 32 bytes given as base64 (44 characters) or hex (64 characters).
+    pub fn parse(text: &str) -> Result<MasterKey, String> {
+        let text = text.trim();
+        let bytes = if text.len() == 64 && text.bytes().all(|b| b.is_ascii_hexdigit()) {
+            hex::decode(text).map_err(|e| e.to_string())?
+        } else {
+            B64.decode(text)
+                .map_err(|_| "expected 32 bytes as base64 or hex".to_owned())?
+        };
+        if bytes.len() != 32 {
+            return Err(format!("expected 32 bytes, got {}", bytes.len()));
+        }
+        Aes256Gcm::new_from_slice(&bytes)
+            .map(MasterKey)
+            .map_err(|_| "expected 32 bytes".to_owned())
+    }
+
+    /// A new random key, as base64 text.
+    pub fn generate_text() -> String {
+        let mut bytes = [0u8; 32];
+        rand::thread_rng().fill_bytes(&mut bytes);
+        B64.encode(bytes)
+    }
+
+    /// Seals `plain` as base64(nonce ‖ ciphertext ‖ tag); a fresh nonce every time.
+    pub fn seal(&self, plain: &str) -> String {
+        let mut nonce = [0u8; 12];
+        rand::thread_rng().fill_bytes(&mut nonce);
+        // Encryption with a valid key and a 12-byte nonce cannot fail for inputs below 64 GiB.
+        let ct = self
+            .0
+            .encrypt(Nonce::from_slice(&nonce), plain.as_bytes())
+            .unwrap_or_default();
+        let mut out = nonce.to_vec();
+        out.extend_from_slice(&ct);
+        B64.encode(out)
+    }
+
+    /// Opens what `seal` produced.
+    pub fn open(&self, sealed: &str) -> Result<String, OpenError> {
+        let raw = B64.decode(sealed).map_err(|_| OpenError)?;
+        if raw.len() < 12 + 16 {
+            return Err(OpenError);
+        }
+        let (nonce, ct) = raw.split_at(12);
+        let plain = self
+            .0
+            .decrypt(Nonce::from_slice(nonce), ct)
+            .map_err(|_| OpenError)?;
+        String::from_utf8(plain).map_err(|_| OpenError)
+    }
+}
+
+/// A new gateway API key: `sk-aigw-` + 32 random base62 characters.
+pub fn generate_api_key() -> String {
+    let mut rng = rand::thread_rng();
+    let mut key = String::with_capacity(KEY_PREFIX.len() + KEY_RANDOM_LEN);
+    key.push_str(KEY_PREFIX);
+    for _ in 0..KEY_RANDOM_LEN {
+        key.push(BASE62[rng.gen_range(0..BASE62.len())] as char);
+    }
+    key
+}
+
+/// Whether `key` has the shape of a gateway API key.
+pub fn is_api_key_shape(key: &str) -> bool {
+    key.strip_prefix(KEY_PREFIX)
+        .is_some_and(|rest| rest.len() == KEY_RANDOM_LEN && rest.bytes().all(|b| b.is_ascii_alphanumeric()))
+}
+
+/// The SHA-256 of a key, hex: what the database stores instead of the key.
+pub fn hash_api_key(key: &str) -> String {
+    hex::encode(Sha256::digest(key.as_bytes()))
+}
+
+/// The part of a key shown in lists.
+pub fn display_prefix(key: &str) -> String {
+    key.chars().take(KEY_DISPLAY_LEN).collect()
+}
+
+/// A random password for invitations and the bootstrap owner (20 base62 characters).
+pub fn generate_password() -> String {
+    let mut rng = rand::thread_rng();
+    (0..20)
+        .map(|_| BASE62[rng.gen_range(0..BASE62.len())] as char)
+        .collect()
+}
+
+/// An argon2id hash (PHC string) of `password`.
+pub fn hash_password(password: &str) -> String {
+    use argon2::password_hash::{PasswordHasher, SaltString};
+    let salt = SaltString::generate(&mut rand::thread_rng());
+    argon2::Argon2::default()
+        .hash_password(password.as_bytes(), &salt)
+        .map(|h| h.to_string())
+        // Hashing with default parameters and a generated salt does not fail.
+        .unwrap_or_default()
+}
+
+/// Whether `password` matches the argon2 `hash`.
+pub fn verify_password(password: &str, hash: &str) -> bool {
+    use argon2::password_hash::{PasswordHash, PasswordVerifier};
+    PasswordHash::new(hash).is_ok_and(|parsed| {
+        argon2::Argon2::default()
+            .verify_password(password.as_bytes(), &parsed)
+            .is_ok()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seal_round_trips_and_never_repeats() {
+        let key = MasterKey::parse(&MasterKey::generate_text()).unwrap();
+        let a = key.seal("sk-upstream-secret");
+        let b = key.seal("sk-upstream-secret");
+        assert_ne!(a, b, "a fresh nonce every time");
+        assert!(!a.contains("sk-upstream-secret"));
+        assert_eq!(key.open(&a).unwrap(), "sk-upstream-secret");
+        let other = MasterKey::parse(&MasterKey::generate_text()).unwrap();
+        assert!(other.open(&a).is_err(), "another master key cannot open it");
+        assert!(key.open("not base64!").is_err());
+        assert!(key.open("AAAA").is_err());
+    }
+
+    #[test]
+    fn master_key_forms() {
+        assert!(MasterKey::parse(&"ab".repeat(32)).is_ok());
+        assert!(MasterKey::parse(&MasterKey::generate_text()).is_ok());
+        assert!(MasterKey::parse("short").is_err());
+        assert!(MasterKey::parse(&"ab".repeat(16)).is_err());
+    }
+
+    #[test]
+    fn api_keys_have_the_documented_shape() {
+        let k = generate_api_key();
+        assert!(is_api_key_shape(&k), "{k}");
+        assert_eq!(k.len(), 40);
+        assert_eq!(display_prefix(&k).len(), 12);
+        assert_eq!(hash_api_key(&k).len(), 64);
+        assert!(!is_api_key_shape("sk-aigw-short"));
+        assert!(!is_api_key_shape("sk-aigw-0123456789abcdefghijABCDEFGHIJ0!"));
+        assert!(is_api_key_shape("sk-aigw-0123456789abcdefghijABCDEFGHIJ01"));
+    }
+
+    #[test]
+    fn passwords_verify() {
+        let h = hash_password("correct horse");
+        assert!(h.starts_with("$argon2id$"));
+        assert!(verify_password("correct horse", &h));
+        assert!(!verify_password("wrong", &h));
+        assert!(!verify_password("x", "not a hash"));
+    }
+}

@@ -1,0 +1,176 @@
+//! The one error enum of the gateway's own refusals, rendered in one place as OpenAI-shaped JSON
+//! with a stable `code`, and the `x-aigw-error-source: gateway` header.
+
+use axum::http::{HeaderName, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
+
+/// Header naming who produced an error: `gateway` or `upstream`.
+pub const ERROR_SOURCE: HeaderName = HeaderName::from_static("x-aigw-error-source");
+/// Header the official SDKs read to decide whether to retry by themselves.
+pub const SHOULD_RETRY: HeaderName = HeaderName::from_static("x-should-retry");
+
+/// A refusal or failure produced by the gateway itself.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// No key, or a key the gateway does not know.
+    #[error(
+        "invalid API key: provide a valid gateway key as `Authorization: Bearer sk-aigw-…` or `x-api-key`"
+    )]
+    InvalidApiKey,
+    /// Too many failed authentications from one address.
+    #[error("too many failed authentication attempts from this address; retry in {retry_after} seconds")]
+    AuthThrottled {
+        /// Seconds to wait.
+        retry_after: u64,
+    },
+    /// The model is not offered in the caller's workspace.
+    #[error("the model `{model}` does not exist or you do not have access to it")]
+    ModelNotFound {
+        /// The model asked for.
+        model: String,
+    },
+    /// Malformed JSON, wrong types, missing fields.
+    #[error("{message}")]
+    InvalidRequest {
+        /// What is wrong, naming the field.
+        message: String,
+        /// The field, if one.
+        param: Option<String>,
+    },
+    /// The body exceeds the configured limit.
+    #[error("request body exceeds the limit of {limit} bytes")]
+    RequestTooLarge {
+        /// The limit in bytes.
+        limit: usize,
+    },
+    /// No such route.
+    #[error("no route for {method} {path}")]
+    RouteNotFound {
+        /// Method.
+        method: String,
+        /// Path.
+        path: String,
+    },
+    /// The upstream could not be reached or answered garbage, and no candidate remained.
+    #[error("upstream request failed: {message}")]
+    UpstreamUnreachable {
+        /// What happened (no secrets: the URL's host and the error kind).
+        message: String,
+    },
+    /// The request ran out of its time budget.
+    #[error("the request exceeded its time budget of {seconds} s")]
+    Timeout {
+        /// The budget.
+        seconds: u64,
+    },
+    /// The store is unavailable or failed.
+    #[error("internal error; the request id identifies it in the gateway's logs")]
+    Internal,
+}
+
+impl ApiError {
+    /// A 400 naming the field.
+    pub fn invalid(message: impl Into<String>, param: Option<&str>) -> Self {
+        ApiError::InvalidRequest {
+            message: message.into(),
+            param: param.map(str::to_owned),
+        }
+    }
+
+    /// HTTP status.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ApiError::InvalidApiKey => StatusCode::UNAUTHORIZED,
+            ApiError::AuthThrottled { .. } => StatusCode::TOO_MANY_REQUESTS,
+            ApiError::ModelNotFound { .. } | ApiError::RouteNotFound { .. } => StatusCode::NOT_FOUND,
+            ApiError::InvalidRequest { .. } => StatusCode::BAD_REQUEST,
+            ApiError::RequestTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::UpstreamUnreachable { .. } => StatusCode::BAD_GATEWAY,
+            ApiError::Timeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+            ApiError::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// The stable machine-readable code (also the metric label).
+    pub fn code(&self) -> &'static str {
+        match self {
+            ApiError::InvalidApiKey => "invalid_api_key",
+            ApiError::AuthThrottled { .. } => "auth_rate_limited",
+            ApiError::ModelNotFound { .. } => "model_not_found",
+            ApiError::InvalidRequest { .. } => "invalid_request_error",
+            ApiError::RequestTooLarge { .. } => "request_too_large",
+            ApiError::RouteNotFound { .. } => "not_found",
+            ApiError::UpstreamUnreachable { .. } => "upstream_unreachable",
+            ApiError::Timeout { .. } => "timeout",
+            ApiError::Internal => "internal_error",
+        }
+    }
+
+    /// The OpenAI error `type`.
+    pub fn error_type(&self) -> &'static str {
+        match self {
+            ApiError::InvalidApiKey => "authentication_error",
+            ApiError::AuthThrottled { .. } => "rate_limit_error",
+            ApiError::ModelNotFound { .. }
+            | ApiError::InvalidRequest { .. }
+            | ApiError::RequestTooLarge { .. }
+            | ApiError::RouteNotFound { .. } => "invalid_request_error",
+            ApiError::UpstreamUnreachable { .. } | ApiError::Timeout { .. } | ApiError::Internal => {
+                "api_error"
+            }
+        }
+    }
+
+    /// Seconds the client should wait before retrying, if the refusal names a wait.
+    pub fn retry_after(&self) -> Option<u64> {
+        match self {
+            ApiError::AuthThrottled { retry_after } => Some(*retry_after),
+            _ => None,
+        }
+    }
+
+    /// The JSON body.
+    pub fn body(&self) -> Value {
+        let mut error = json!({
+            "message": self.to_string(),
+            "type": self.error_type(),
+            "code": self.code(),
+            "param": Value::Null,
+        });
+        match self {
+            ApiError::InvalidRequest { param: Some(p), .. } => error["param"] = json!(p),
+            ApiError::ModelNotFound { .. } => error["param"] = json!("model"),
+            _ => {}
+        }
+        if let Some(s) = self.retry_after() {
+            error["retry_after"] = json!(s);
+        }
+        json!({ "error": error })
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = self.body();
+        let mut resp = (self.status(), axum::Json(body)).into_response();
+        let h = resp.headers_mut();
+        h.insert(ERROR_SOURCE, HeaderValue::from_static("gateway"));
+        if let Some(s) = self.retry_after() {
+            h.insert(axum::http::header::RETRY_AFTER, HeaderValue::from(s));
+            h.insert(
+                HeaderName::from_static("retry-after-ms"),
+                HeaderValue::from(s * 1000),
+            );
+            if s > 60 {
+                h.insert(SHOULD_RETRY, HeaderValue::from_static("false"));
+            }
+        }
+        resp.extensions_mut().insert(ErrorCode(self.code()));
+        resp
+    }
+}
+
+/// The code of a gateway error, left on the response for logging and metrics.
+#[derive(Clone, Copy, Debug)]
+pub struct ErrorCode(pub &'static str);

@@ -1,0 +1,18 @@
+//! aigw: an OpenAI-compatible LLM API gateway for companies. See `DESIGN.md` for the contracts;
+//! [`app::Gateway`] is the entry point.
+
+pub mod app;
+pub mod clock;
+pub mod config;
+pub mod crypto;
+pub mod error;
+pub mod mock_upstream;
+pub mod quota;
+pub mod resources;
+pub mod store;
+pub mod telemetry;
+pub mod upstream;
+
+pub use app::{BuildOptions, Gateway};
+pub use clock::Clock;
+pub use config::Settings;

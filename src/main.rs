@@ -1,0 +1,115 @@
+//! The `aigw` command: parses the command line and hands over to the library.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "aigw",
+    version,
+    about = "An OpenAI-compatible LLM API gateway for companies"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the gateway.
+    Serve {
+        /// Settings file (TOML); `AIGW_*` variables override it.
+        #[arg(long, env = "AIGW_CONFIG")]
+        config: Option<PathBuf>,
+        /// Resources file applied at start (workspaces, members, keys, upstreams, models, policies).
+        #[arg(long, env = "AIGW_RESOURCES")]
+        resources: Option<PathBuf>,
+    },
+    /// Run the scriptable mock upstream (OpenAI and Anthropic shapes) for demos and benchmarks.
+    MockUpstream {
+        /// Address to listen on.
+        #[arg(long, default_value = "127.0.0.1:18080")]
+        listen: std::net::SocketAddr,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("aigw: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async {
+        match cli.command {
+            Command::Serve { config, resources } => serve(config, resources).await,
+            Command::MockUpstream { listen } => mock_upstream(listen).await,
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("aigw: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn serve(config: Option<PathBuf>, resources: Option<PathBuf>) -> Result<(), String> {
+    let settings =
+        aigw::Settings::load(config.as_deref(), |k| std::env::var(k).ok()).map_err(|e| e.to_string())?;
+    aigw::telemetry::init_logs(settings.log_format);
+    let options = aigw::BuildOptions {
+        resources,
+        clock: None,
+    };
+    let gateway = aigw::Gateway::build(settings, options)
+        .await
+        .map_err(|e| e.to_string())?;
+    tracing::info!(addr = %gateway.local_addr(), "aigw listening");
+    gateway
+        .run_until_stopped(shutdown_signal())
+        .await
+        .map_err(|e| format!("server error: {e}"))
+}
+
+async fn mock_upstream(listen: std::net::SocketAddr) -> Result<(), String> {
+    let mock = aigw::mock_upstream::MockUpstream::start_on(listen)
+        .await
+        .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
+    println!(
+        "aigw mock upstream on {} (base_url {})",
+        mock.addr(),
+        mock.base_url()
+    );
+    shutdown_signal().await;
+    mock.stop();
+    Ok(())
+}
+
+/// Resolves on SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {},
+        () = term => {},
+    }
+    tracing::info!("shutdown signal received; finishing running requests");
+}

@@ -1,0 +1,594 @@
+//! A scriptable mock of the providers' APIs, for tests, benchmarks and the README demo.
+//!
+//! It speaks OpenAI chat completions (streamed or not, with `usage`), embeddings and model lists,
+//! and Anthropic messages (streamed or not). By default every call succeeds with deterministic
+//! usage; a [`Script`] makes calls for one credential and/or model answer with any status,
+//! headers and body (each provider error shape of `shared/seeds/`), a delay, slow chunks, a
+//! mid-stream error, or a dropped connection. It records every call so tests can assert that
+//! nothing was sent upstream. Control it in-process ([`MockUpstream`]) or over HTTP:
+//! `POST /__mock/script` (a [`Script`] as JSON), `GET /__mock/calls`, `POST /__mock/reset`.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+/// One scripted behaviour. Fields left out keep the default success behaviour.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Script {
+    /// Only calls made with this credential (bearer token or `x-api-key`); any when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credential: Option<String>,
+    /// Only calls for this model; any when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// How many calls this script answers before it is used up; forever when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub times: Option<u32>,
+    /// Status to answer with; a status ≥ 400 answers `body` (or a generic error) instead of a
+    /// completion.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<u16>,
+    /// Extra response headers.
+    #[serde(default, skip_serializing_if = "HashMap::is_empty")]
+    pub headers: HashMap<String, String>,
+    /// Response body: JSON, or a string sent as is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub body: Option<Value>,
+    /// Wait this long before answering.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delay_ms: Option<u64>,
+    /// Wait this long between streamed chunks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chunk_delay_ms: Option<u64>,
+    /// Words in the completion (one streamed chunk each); default 5.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub words: Option<u32>,
+    /// Streamed: after this many content chunks, send the provider's mid-stream error event
+    /// (OpenAI: a chunk with `finish_reason: "error"`; Anthropic: an `error` event) and end.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error_after_chunks: Option<u32>,
+    /// Streamed: after this many content chunks, close the connection without finishing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drop_after_chunks: Option<u32>,
+    /// Override the reported usage: prompt tokens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_tokens: Option<u64>,
+}
+
+impl Script {
+    /// A script for every call.
+    pub fn any() -> Self {
+        Script::default()
+    }
+    /// Only for this credential.
+    pub fn credential(mut self, c: &str) -> Self {
+        self.credential = Some(c.to_owned());
+        self
+    }
+    /// Only for this model.
+    pub fn model(mut self, m: &str) -> Self {
+        self.model = Some(m.to_owned());
+        self
+    }
+    /// Used up after `n` calls.
+    pub fn times(mut self, n: u32) -> Self {
+        self.times = Some(n);
+        self
+    }
+    /// Answer with this status and JSON body.
+    pub fn error(mut self, status: u16, body: Value) -> Self {
+        self.status = Some(status);
+        self.body = Some(body);
+        self
+    }
+    /// Add a response header.
+    pub fn header(mut self, name: &str, value: &str) -> Self {
+        self.headers.insert(name.to_owned(), value.to_owned());
+        self
+    }
+    /// Wait between streamed chunks.
+    pub fn chunk_delay(mut self, ms: u64) -> Self {
+        self.chunk_delay_ms = Some(ms);
+        self
+    }
+    /// Words in the completion.
+    pub fn words(mut self, n: u32) -> Self {
+        self.words = Some(n);
+        self
+    }
+}
+
+/// One call the mock received.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Call {
+    /// Request path.
+    pub path: String,
+    /// Credential presented.
+    pub credential: Option<String>,
+    /// Model asked for.
+    pub model: Option<String>,
+    /// Whether a stream was asked for.
+    pub stream: bool,
+    /// The request body as JSON (null if it was not JSON).
+    pub body: Value,
+    /// Status answered.
+    pub status: u16,
+    /// Usage reported in the answer: (prompt, completion) tokens; for a stream, what the full
+    /// stream reports (a dropped stream reports nothing).
+    pub usage: Option<(u64, u64)>,
+}
+
+#[derive(Default)]
+struct MockState {
+    scripts: Mutex<Vec<Script>>,
+    calls: Mutex<Vec<Call>>,
+}
+
+impl MockState {
+    fn take_script(&self, credential: Option<&str>, model: Option<&str>) -> Option<Script> {
+        let mut scripts = self.scripts.lock().unwrap_or_else(|p| p.into_inner());
+        let pos = scripts.iter().position(|s| {
+            s.credential.as_deref().is_none_or(|c| Some(c) == credential)
+                && s.model.as_deref().is_none_or(|m| Some(m) == model)
+                && s.times != Some(0)
+        })?;
+        let s = &mut scripts[pos];
+        if let Some(t) = s.times.as_mut() {
+            *t -= 1;
+        }
+        Some(s.clone())
+    }
+
+    fn record(&self, call: Call) {
+        self.calls.lock().unwrap_or_else(|p| p.into_inner()).push(call);
+    }
+}
+
+/// A running mock upstream.
+pub struct MockUpstream {
+    addr: SocketAddr,
+    state: Arc<MockState>,
+    stop: CancellationToken,
+}
+
+impl MockUpstream {
+    /// Starts on 127.0.0.1 with a free port.
+    pub async fn start() -> std::io::Result<MockUpstream> {
+        Self::start_on(SocketAddr::from(([127, 0, 0, 1], 0))).await
+    }
+
+    /// Starts on `addr`.
+    pub async fn start_on(addr: SocketAddr) -> std::io::Result<MockUpstream> {
+        let listener = TcpListener::bind(addr).await?;
+        let addr = listener.local_addr()?;
+        let state = Arc::new(MockState::default());
+        let stop = CancellationToken::new();
+        let app = router(state.clone());
+        let s = stop.clone();
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app)
+                .with_graceful_shutdown(s.cancelled_owned())
+                .await;
+        });
+        Ok(MockUpstream { addr, state, stop })
+    }
+
+    /// The bound address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Base URL to configure as an upstream's `base_url` (`http://127.0.0.1:PORT/v1`).
+    pub fn base_url(&self) -> String {
+        format!("http://{}/v1", self.addr)
+    }
+
+    /// Adds a script; earlier scripts match first.
+    pub fn script(&self, s: Script) {
+        self.state
+            .scripts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(s);
+    }
+
+    /// Forgets scripts and calls.
+    pub fn reset(&self) {
+        self.state
+            .scripts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
+        self.state.calls.lock().unwrap_or_else(|p| p.into_inner()).clear();
+    }
+
+    /// Every call received so far.
+    pub fn calls(&self) -> Vec<Call> {
+        self.state.calls.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// How many calls were received (control endpoints excluded).
+    pub fn call_count(&self) -> usize {
+        self.state.calls.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    /// Stops serving.
+    pub fn stop(&self) {
+        self.stop.cancel();
+    }
+}
+
+impl Drop for MockUpstream {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+fn router(state: Arc<MockState>) -> Router {
+    Router::new()
+        .route("/__mock/script", post(add_script))
+        .route("/__mock/calls", get(list_calls))
+        .route("/__mock/reset", post(reset))
+        .route("/v1/chat/completions", post(chat))
+        .route("/v1/embeddings", post(embeddings))
+        .route("/v1/messages", post(messages))
+        .route("/v1/models", get(models))
+        .with_state(state)
+}
+
+async fn add_script(State(st): State<Arc<MockState>>, body: Bytes) -> Response {
+    match serde_json::from_slice::<Script>(&body) {
+        Ok(s) => {
+            st.scripts.lock().unwrap_or_else(|p| p.into_inner()).push(s);
+            (StatusCode::CREATED, axum::Json(json!({"ok": true}))).into_response()
+        }
+        Err(e) => (
+            StatusCode::BAD_REQUEST,
+            axum::Json(json!({"error": e.to_string()})),
+        )
+            .into_response(),
+    }
+}
+
+async fn list_calls(State(st): State<Arc<MockState>>) -> Response {
+    let calls = st.calls.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    axum::Json(json!({"count": calls.len(), "calls": calls})).into_response()
+}
+
+async fn reset(State(st): State<Arc<MockState>>) -> StatusCode {
+    st.scripts.lock().unwrap_or_else(|p| p.into_inner()).clear();
+    st.calls.lock().unwrap_or_else(|p| p.into_inner()).clear();
+    StatusCode::NO_CONTENT
+}
+
+fn credential_of(headers: &HeaderMap) -> Option<String> {
+    headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .or_else(|| headers.get("x-api-key").and_then(|v| v.to_str().ok()))
+        .map(str::to_owned)
+}
+
+/// Words in every string of the messages: the mock's deterministic "token" count.
+fn count_words(v: &Value) -> u64 {
+    match v {
+        Value::String(s) => s.split_whitespace().count() as u64,
+        Value::Array(a) => a.iter().map(count_words).sum(),
+        Value::Object(o) => o
+            .iter()
+            .filter(|(k, _)| matches!(k.as_str(), "content" | "text" | "messages" | "input" | "system"))
+            .map(|(_, v)| count_words(v))
+            .sum(),
+        _ => 0,
+    }
+}
+
+const WORDS: [&str; 8] = ["Hello", "from", "the", "mock", "upstream", "of", "aigw", "today"];
+
+fn reply_words(n: u32) -> Vec<String> {
+    (0..n as usize)
+        .map(|i| format!("{} ", WORDS[i % WORDS.len()]))
+        .collect()
+}
+
+/// What a call looks like before it is answered.
+struct Incoming {
+    path: &'static str,
+    credential: Option<String>,
+    body: Value,
+    model: Option<String>,
+    stream: bool,
+    script: Script,
+}
+
+impl Incoming {
+    fn new(st: &MockState, path: &'static str, headers: &HeaderMap, raw: &Bytes) -> Incoming {
+        let body: Value = serde_json::from_slice(raw).unwrap_or(Value::Null);
+        let credential = credential_of(headers);
+        let model = body.get("model").and_then(Value::as_str).map(str::to_owned);
+        let stream = body.get("stream").and_then(Value::as_bool).unwrap_or(false);
+        let script = st
+            .take_script(credential.as_deref(), model.as_deref())
+            .unwrap_or_default();
+        Incoming {
+            path,
+            credential,
+            body,
+            model,
+            stream,
+            script,
+        }
+    }
+
+    fn prompt_tokens(&self) -> u64 {
+        self.script
+            .prompt_tokens
+            .unwrap_or_else(|| count_words(&self.body).max(1))
+    }
+
+    fn record(&self, st: &MockState, status: u16, usage: Option<(u64, u64)>) {
+        st.record(Call {
+            path: self.path.to_owned(),
+            credential: self.credential.clone(),
+            model: self.model.clone(),
+            stream: self.stream,
+            body: self.body.clone(),
+            status,
+            usage,
+        });
+    }
+
+    /// The scripted error response, if the script asks for one.
+    fn scripted_error(&self, st: &MockState) -> Option<Response> {
+        let status = self.script.status.filter(|s| *s >= 400)?;
+        self.record(st, status, None);
+        let body = match &self.script.body {
+            Some(Value::String(s)) => Body::from(s.clone()),
+            Some(v) => Body::from(v.to_string()),
+            None => Body::from(json!({"error": {"message": "mock error", "type": "mock_error"}}).to_string()),
+        };
+        let mut resp = Response::new(body);
+        *resp.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        if !matches!(self.script.body, Some(Value::String(_))) {
+            resp.headers_mut()
+                .insert("content-type", "application/json".parse().ok()?);
+        }
+        self.apply_headers(&mut resp);
+        Some(resp)
+    }
+
+    fn apply_headers(&self, resp: &mut Response) {
+        for (k, v) in &self.script.headers {
+            if let (Ok(k), Ok(v)) = (
+                axum::http::HeaderName::from_bytes(k.as_bytes()),
+                axum::http::HeaderValue::from_str(v),
+            ) {
+                resp.headers_mut().insert(k, v);
+            }
+        }
+    }
+
+    async fn delay(&self) {
+        if let Some(ms) = self.script.delay_ms {
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+        }
+    }
+}
+
+fn json_response(inc: &Incoming, body: Value) -> Response {
+    let mut resp = axum::Json(body).into_response();
+    if let Some(s) = inc.script.status.and_then(|s| StatusCode::from_u16(s).ok()) {
+        *resp.status_mut() = s;
+    }
+    inc.apply_headers(&mut resp);
+    resp
+}
+
+/// An SSE response whose events are produced with the script's chunk delay; `None` drops the
+/// connection.
+fn sse_response(inc: &Incoming, events: Vec<Option<String>>) -> Response {
+    let delay = inc.script.chunk_delay_ms.unwrap_or(0);
+    let stream = futures::stream::unfold(events.into_iter(), move |mut it| async move {
+        let next = it.next()?;
+        if delay > 0 {
+            tokio::time::sleep(Duration::from_millis(delay)).await;
+        }
+        match next {
+            Some(ev) => Some((Ok::<Bytes, std::io::Error>(Bytes::from(ev)), it)),
+            None => Some((Err(std::io::Error::other("mock: dropped connection")), it)),
+        }
+    });
+    let mut resp = Response::new(Body::from_stream(stream));
+    resp.headers_mut().insert(
+        "content-type",
+        axum::http::HeaderValue::from_static("text/event-stream"),
+    );
+    inc.apply_headers(&mut resp);
+    resp
+}
+
+async fn chat(State(st): State<Arc<MockState>>, headers: HeaderMap, raw: Bytes) -> Response {
+    let inc = Incoming::new(&st, "/v1/chat/completions", &headers, &raw);
+    inc.delay().await;
+    if let Some(resp) = inc.scripted_error(&st) {
+        return resp;
+    }
+    let model = inc.model.clone().unwrap_or_default();
+    let words = reply_words(inc.script.words.unwrap_or(5));
+    let prompt = inc.prompt_tokens();
+    let completion = words.len() as u64;
+    let id = format!("chatcmpl-mock-{}", uuid::Uuid::now_v7().simple());
+    let created = chrono::Utc::now().timestamp();
+    let usage = json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion});
+    if !inc.stream {
+        inc.record(&st, 200, Some((prompt, completion)));
+        return json_response(
+            &inc,
+            json!({
+                "id": id, "object": "chat.completion", "created": created, "model": model,
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": words.concat()},
+                             "finish_reason": "stop"}],
+                "usage": usage,
+            }),
+        );
+    }
+    let include_usage = inc
+        .body
+        .pointer("/stream_options/include_usage")
+        .and_then(Value::as_bool)
+        == Some(true);
+    let chunk = |delta: Value, finish: Value| {
+        let c = json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model,
+                       "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]});
+        Some(format!("data: {c}\n\n"))
+    };
+    let mut events = vec![chunk(json!({"role": "assistant", "content": ""}), Value::Null)];
+    let mut reported = Some((prompt, completion));
+    for (i, w) in words.iter().enumerate() {
+        if inc.script.drop_after_chunks == Some(i as u32) {
+            events.push(None);
+            reported = None;
+            break;
+        }
+        if inc.script.error_after_chunks == Some(i as u32) {
+            // OpenRouter's mid-stream shape: an error object and finish_reason "error".
+            let c = json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model,
+                           "error": {"code": 502, "message": "mock: provider error mid-stream"},
+                           "choices": [{"index": 0, "delta": {"content": ""}, "finish_reason": "error"}]});
+            events.push(Some(format!("data: {c}\n\n")));
+            events.push(Some("data: [DONE]\n\n".to_owned()));
+            reported = None;
+            break;
+        }
+        events.push(chunk(json!({"content": w}), Value::Null));
+    }
+    if reported.is_some() {
+        events.push(chunk(json!({}), json!("stop")));
+        if include_usage {
+            let c = json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model,
+                           "choices": [], "usage": usage});
+            events.push(Some(format!("data: {c}\n\n")));
+        }
+        events.push(Some("data: [DONE]\n\n".to_owned()));
+    }
+    inc.record(&st, 200, reported);
+    sse_response(&inc, events)
+}
+
+async fn embeddings(State(st): State<Arc<MockState>>, headers: HeaderMap, raw: Bytes) -> Response {
+    let inc = Incoming::new(&st, "/v1/embeddings", &headers, &raw);
+    inc.delay().await;
+    if let Some(resp) = inc.scripted_error(&st) {
+        return resp;
+    }
+    let inputs = match inc.body.get("input") {
+        Some(Value::Array(a)) => a.len().max(1),
+        _ => 1,
+    };
+    let prompt = inc.prompt_tokens();
+    let data: Vec<Value> = (0..inputs)
+        .map(|i| json!({"object": "embedding", "index": i, "embedding": [0.1, -0.2, 0.3, 0.0, 0.5, -0.6, 0.7, 0.8]}))
+        .collect();
+    inc.record(&st, 200, Some((prompt, 0)));
+    json_response(
+        &inc,
+        json!({"object": "list", "data": data, "model": inc.model.clone().unwrap_or_default(),
+               "usage": {"prompt_tokens": prompt, "total_tokens": prompt}}),
+    )
+}
+
+async fn messages(State(st): State<Arc<MockState>>, headers: HeaderMap, raw: Bytes) -> Response {
+    let inc = Incoming::new(&st, "/v1/messages", &headers, &raw);
+    inc.delay().await;
+    if let Some(resp) = inc.scripted_error(&st) {
+        return resp;
+    }
+    let model = inc.model.clone().unwrap_or_default();
+    let words = reply_words(inc.script.words.unwrap_or(5));
+    let input = inc.prompt_tokens();
+    let output = words.len() as u64;
+    let id = format!("msg_mock_{}", uuid::Uuid::now_v7().simple());
+    if !inc.stream {
+        inc.record(&st, 200, Some((input, output)));
+        return json_response(
+            &inc,
+            json!({"id": id, "type": "message", "role": "assistant", "model": model,
+                   "content": [{"type": "text", "text": words.concat()}],
+                   "stop_reason": "end_turn", "stop_sequence": null,
+                   "usage": {"input_tokens": input, "output_tokens": output}}),
+        );
+    }
+    let ev = |name: &str, data: Value| Some(format!("event: {name}\ndata: {data}\n\n"));
+    let mut events = vec![
+        ev(
+            "message_start",
+            json!({"type": "message_start", "message": {"id": id, "type": "message", "role": "assistant",
+                   "model": model, "content": [], "stop_reason": null, "stop_sequence": null,
+                   "usage": {"input_tokens": input, "output_tokens": 1}}}),
+        ),
+        ev(
+            "content_block_start",
+            json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
+        ),
+    ];
+    let mut reported = Some((input, output));
+    for (i, w) in words.iter().enumerate() {
+        if inc.script.drop_after_chunks == Some(i as u32) {
+            events.push(None);
+            reported = None;
+            break;
+        }
+        if inc.script.error_after_chunks == Some(i as u32) {
+            events.push(ev(
+                "error",
+                json!({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}),
+            ));
+            reported = None;
+            break;
+        }
+        events.push(ev(
+            "content_block_delta",
+            json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": w}}),
+        ));
+    }
+    if reported.is_some() {
+        events.push(ev(
+            "content_block_stop",
+            json!({"type": "content_block_stop", "index": 0}),
+        ));
+        events.push(ev(
+            "message_delta",
+            json!({"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": null},
+                   "usage": {"output_tokens": output}}),
+        ));
+        events.push(ev("message_stop", json!({"type": "message_stop"})));
+    }
+    inc.record(&st, 200, reported);
+    sse_response(&inc, events)
+}
+
+async fn models(State(st): State<Arc<MockState>>, headers: HeaderMap) -> Response {
+    let inc = Incoming::new(&st, "/v1/models", &headers, &Bytes::new());
+    if let Some(resp) = inc.scripted_error(&st) {
+        return resp;
+    }
+    inc.record(&st, 200, None);
+    json_response(
+        &inc,
+        json!({"object": "list", "data": [{"id": "mock-model", "object": "model", "owned_by": "mock"}]}),
+    )
+}

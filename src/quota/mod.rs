@@ -1,0 +1,134 @@
+//! Guardrail quotas (DESIGN.md §4, LyRouter seed 003): policies on subject × metric × window.
+
+pub mod window;
+
+use serde::{Deserialize, Serialize};
+
+/// Whose usage a policy limits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SubjectKind {
+    /// One gateway API key.
+    Apikey,
+    /// One member (all of their keys).
+    Member,
+    /// One department (all of its members).
+    Dept,
+    /// The whole workspace.
+    Ws,
+}
+
+impl SubjectKind {
+    /// The wire name used in messages (`rate limit exceeded on apikey …`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SubjectKind::Apikey => "apikey",
+            SubjectKind::Member => "member",
+            SubjectKind::Dept => "dept",
+            SubjectKind::Ws => "ws",
+        }
+    }
+}
+
+impl std::str::FromStr for SubjectKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "apikey" => Ok(SubjectKind::Apikey),
+            "member" => Ok(SubjectKind::Member),
+            "dept" => Ok(SubjectKind::Dept),
+            "ws" => Ok(SubjectKind::Ws),
+            other => Err(format!(
+                "unknown subject {other:?} (expected apikey, member, dept or ws)"
+            )),
+        }
+    }
+}
+
+/// What a policy counts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Metric {
+    /// Completed requests.
+    Requests,
+    /// Prompt plus completion tokens.
+    TotalTokens,
+    /// Prompt tokens.
+    PromptTokens,
+    /// Completion tokens.
+    CompletionTokens,
+    /// Credits from the model's price, counted in micro-credits.
+    Credits,
+}
+
+impl Metric {
+    /// Every metric, in header order.
+    pub const ALL: [Metric; 5] = [
+        Metric::Requests,
+        Metric::TotalTokens,
+        Metric::PromptTokens,
+        Metric::CompletionTokens,
+        Metric::Credits,
+    ];
+
+    /// The wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Metric::Requests => "requests",
+            Metric::TotalTokens => "total_tokens",
+            Metric::PromptTokens => "prompt_tokens",
+            Metric::CompletionTokens => "completion_tokens",
+            Metric::Credits => "credits",
+        }
+    }
+}
+
+impl std::str::FromStr for Metric {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Metric::ALL.into_iter().find(|m| m.as_str() == s).ok_or_else(|| {
+            format!(
+                "unknown metric {s:?} (expected requests, total_tokens, prompt_tokens, completion_tokens or credits)"
+            )
+        })
+    }
+}
+
+/// Whether a policy refuses or only reports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// Refuses once used up.
+    Enforce,
+    /// Evaluated, reported and logged (`would_refuse`), never enforced.
+    Shadow,
+}
+
+impl Mode {
+    /// The wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Enforce => "enforce",
+            Mode::Shadow => "shadow",
+        }
+    }
+}
+
+impl std::str::FromStr for Mode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "enforce" => Ok(Mode::Enforce),
+            "shadow" => Ok(Mode::Shadow),
+            other => Err(format!("unknown mode {other:?} (expected enforce or shadow)")),
+        }
+    }
+}
+
+/// Micro-credits in one credit: prices and credit limits are stored as integers.
+pub const MICROS_PER_CREDIT: f64 = 1_000_000.0;
+
+/// Credits (as written by people) to integer micro-credits.
+pub fn credits_to_micros(credits: f64) -> i64 {
+    (credits * MICROS_PER_CREDIT).round() as i64
+}

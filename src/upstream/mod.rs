@@ -1,0 +1,63 @@
+//! Upstream credentials: providers, failure classification, locks and dispatch (DESIGN.md §6).
+
+pub mod classify;
+
+/// The kind of provider behind a credential.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Provider {
+    /// OpenAI.
+    OpenAi,
+    /// Anthropic (Messages API).
+    Anthropic,
+    /// OpenRouter (OpenAI-compatible).
+    OpenRouter,
+    /// Google Gemini through its OpenAI-compatible endpoint.
+    Gemini,
+    /// Any OpenAI-compatible base URL.
+    OpenAiCompatible,
+}
+
+impl Provider {
+    /// The wire and config name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Provider::OpenAi => "openai",
+            Provider::Anthropic => "anthropic",
+            Provider::OpenRouter => "openrouter",
+            Provider::Gemini => "gemini",
+            Provider::OpenAiCompatible => "openai-compatible",
+        }
+    }
+
+    /// The provider's public API base URL; `None` for `openai-compatible`, which must name one.
+    pub fn default_base_url(self) -> Option<&'static str> {
+        match self {
+            Provider::OpenAi => Some("https://api.openai.com/v1"),
+            Provider::Anthropic => Some("https://api.anthropic.com/v1"),
+            Provider::OpenRouter => Some("https://openrouter.ai/api/v1"),
+            Provider::Gemini => Some("https://generativelanguage.googleapis.com/v1beta/openai"),
+            Provider::OpenAiCompatible => None,
+        }
+    }
+
+    /// Whether requests go out in Anthropic's Messages format (else OpenAI's).
+    pub fn speaks_anthropic(self) -> bool {
+        self == Provider::Anthropic
+    }
+}
+
+impl std::str::FromStr for Provider {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "openai" => Ok(Provider::OpenAi),
+            "anthropic" => Ok(Provider::Anthropic),
+            "openrouter" => Ok(Provider::OpenRouter),
+            "gemini" => Ok(Provider::Gemini),
+            "openai-compatible" => Ok(Provider::OpenAiCompatible),
+            other => Err(format!(
+                "unknown provider {other:?} (expected openai, anthropic, openrouter, gemini or openai-compatible)"
+            )),
+        }
+    }
+}

@@ -1,0 +1,226 @@
+//! The `aigw` binary as an operator runs it: no settings, bad settings, signals, secrets in output.
+
+use std::io::Read;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_aigw");
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn aigw(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Command {
+    let mut cmd = Command::new(BIN);
+    cmd.args(args)
+        .current_dir(dir)
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd
+}
+
+/// Waits until `/healthz` answers on `port`, or panics after 30 s.
+fn wait_healthy(port: u16, child: &mut Child) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < deadline {
+        if let Some(status) = child.try_wait().unwrap() {
+            let mut err = String::new();
+            child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+            panic!("aigw exited early with {status}: {err}");
+        }
+        if let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) {
+            use std::io::Write;
+            let _ = s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+            let mut resp = String::new();
+            let _ = s.read_to_string(&mut resp);
+            if resp.starts_with("HTTP/1.1 200") {
+                return;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("aigw did not become healthy on port {port}");
+}
+
+/// Sends SIGTERM and returns (exit success, stdout, stderr).
+fn terminate(child: Child) -> (bool, String, String) {
+    Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn serve_with_no_settings_runs_on_sqlite_and_stops_on_sigterm() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let mut child = aigw(dir.path(), &["serve"], &[("AIGW_LISTEN", &listen)])
+        .spawn()
+        .unwrap();
+    wait_healthy(port, &mut child);
+    assert!(
+        dir.path().join("aigw.db").exists(),
+        "aigw.db created in the working directory"
+    );
+    let keys = dir.path().join("aigw.keys");
+    assert!(keys.exists(), "generated secrets file");
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(
+            std::fs::metadata(&keys).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+    }
+    let (ok, out, err) = terminate(child);
+    assert!(ok, "clean exit on SIGTERM: {err}");
+    assert!(
+        out.contains("password: "),
+        "generated owner password printed once: {out}"
+    );
+    assert!(err.contains("aigw stopped"), "{err}");
+    assert!(!err.contains("panicked"));
+
+    // Second start: same database, no new owner, no password printed.
+    let mut child = aigw(dir.path(), &["serve"], &[("AIGW_LISTEN", &listen)])
+        .spawn()
+        .unwrap();
+    wait_healthy(port, &mut child);
+    let (ok, out, _) = terminate(child);
+    assert!(ok);
+    assert!(
+        !out.contains("password"),
+        "printed only on the first start: {out}"
+    );
+}
+
+#[test]
+fn secrets_never_reach_output_or_database() {
+    let dir = tempfile::tempdir().unwrap();
+    let secret = "sk-upstream-binary-secret-9e8d7c";
+    let resources = dir.path().join("resources.toml");
+    std::fs::write(
+        &resources,
+        "[[workspace]]\nname = \"acme\"\n[[member]]\nworkspace = \"acme\"\nemail = \"a@acme.test\"\nrole = \"owner\"\n\
+         password = \"${OWNER_PW}\"\n[[api_key]]\nmember = \"a@acme.test\"\nname = \"gen\"\n\
+         [[upstream]]\nworkspace = \"acme\"\nname = \"u\"\nprovider = \"openai\"\napi_key = \"${UPSTREAM_KEY}\"\nmodels = [\"m\"]\n",
+    )
+    .unwrap();
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let env = [
+        ("AIGW_LISTEN", listen.as_str()),
+        ("UPSTREAM_KEY", secret),
+        ("OWNER_PW", "owner-pw-123456"),
+        ("AIGW_LOG", "debug"),
+    ];
+    let mut child = aigw(dir.path(), &["serve", "--resources", "resources.toml"], &env)
+        .spawn()
+        .unwrap();
+    wait_healthy(port, &mut child);
+    let (ok, out, err) = terminate(child);
+    assert!(ok, "{err}");
+    let generated = out
+        .lines()
+        .find_map(|l| l.split("generated API key a@acme.test/gen: ").nth(1))
+        .expect("generated key printed once")
+        .trim()
+        .to_owned();
+    assert!(aigw::crypto::is_api_key_shape(&generated));
+    for text in [&out, &err] {
+        assert!(!text.contains(secret), "upstream secret in output");
+        assert!(!text.contains("owner-pw-123456"), "password in output");
+    }
+    assert!(!err.contains(&generated), "generated key in the logs");
+    for entry in std::fs::read_dir(dir.path()).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().to_string();
+        if name.starts_with("aigw.db") {
+            let hay = String::from_utf8_lossy(&std::fs::read(&path).unwrap()).into_owned();
+            assert!(!hay.contains(secret), "upstream secret in {name}");
+            assert!(!hay.contains(&generated), "gateway key in {name}");
+        }
+    }
+    // Restart with the same file: the key is not generated again.
+    let mut child = aigw(dir.path(), &["serve", "--resources", "resources.toml"], &env)
+        .spawn()
+        .unwrap();
+    wait_healthy(port, &mut child);
+    let (ok, out, _) = terminate(child);
+    assert!(ok);
+    assert!(!out.contains("generated API key"), "{out}");
+}
+
+#[test]
+fn bad_settings_and_files_exit_nonzero_with_a_clear_message() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("bad.toml"),
+        "listen = \"127.0.0.1:1\"\nmystery = 1\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("bad-res.toml"),
+        "[[api_key]]\nmember = \"ghost@x.test\"\nname = \"k\"\n",
+    )
+    .unwrap();
+    type Case<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)], &'a str);
+    let cases: &[Case] = &[
+        (&["serve"], &[("AIGW_LISTEN", "not-an-address")], "AIGW_LISTEN"),
+        (&["serve"], &[("AIGW_TIMEZONE", "Mars/Base")], "AIGW_TIMEZONE"),
+        (
+            &["serve"],
+            &[("AIGW_MAX_BODY_BYTES", "lots")],
+            "AIGW_MAX_BODY_BYTES",
+        ),
+        (
+            &["serve"],
+            &[("AIGW_MASTER_KEY", "too-short"), ("AIGW_JWT_SECRET", "x")],
+            "master_key",
+        ),
+        (&["serve", "--config", "bad.toml"], &[], "unknown field `mystery`"),
+        (
+            &["serve", "--config", "missing.toml"],
+            &[],
+            "cannot read config file",
+        ),
+        (
+            &["serve", "--resources", "bad-res.toml"],
+            &[("AIGW_LISTEN", "127.0.0.1:0")],
+            "member \"ghost@x.test\" does not exist",
+        ),
+        (
+            &["serve"],
+            &[("AIGW_DATABASE_URL", "postgres://nobody@127.0.0.1:1/none")],
+            "cannot open the database",
+        ),
+    ];
+    for (args, env, needle) in cases {
+        let out = aigw(dir.path(), args, env).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?} {env:?}: {err}");
+        assert!(
+            err.contains(needle),
+            "{args:?} {env:?}: {err:?} should name {needle:?}"
+        );
+        assert!(!err.contains("panicked"), "{err}");
+    }
+}

@@ -1,0 +1,256 @@
+//! The test harness: a real gateway on port 0 with a fresh database (a SQLite file, or a fresh
+//! Postgres schema from `AIGW_TEST_POSTGRES_URL`), a manual clock, and the mock upstream.
+
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+use aigw::app::AppState;
+use aigw::{BuildOptions, Clock, Gateway, Settings};
+use chrono::{DateTime, Utc};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+/// Runs each named `async fn(TestDb)` on SQLite and on Postgres.
+#[macro_export]
+macro_rules! both_backends {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn sqlite() {
+                super::$name($crate::helpers::TestDb::sqlite()).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn postgres() {
+                if let Some(db) = $crate::helpers::TestDb::postgres().await {
+                    super::$name(db).await
+                }
+            }
+        }
+    )*};
+}
+
+/// A fresh database for one test, kept until the test ends.
+pub struct TestDb {
+    /// The URL the gateway connects to.
+    pub url: String,
+    /// Folder for files of this test (SQLite file, resources files, secrets).
+    pub dir: tempfile::TempDir,
+    /// Which backend.
+    pub backend: &'static str,
+}
+
+/// The Postgres test server (`AIGW_TEST_POSTGRES_URL`, default the machine's local one).
+pub fn postgres_url() -> String {
+    std::env::var("AIGW_TEST_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
+}
+
+impl TestDb {
+    /// A fresh SQLite file.
+    pub fn sqlite() -> TestDb {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let url = format!("sqlite://{}", dir.path().join("aigw.db").display());
+        TestDb {
+            url,
+            dir,
+            backend: "sqlite",
+        }
+    }
+
+    /// A fresh schema on the test Postgres; `None` (test skipped) when Postgres is unreachable,
+    /// unless `CI=true`, where that fails the test.
+    pub async fn postgres() -> Option<TestDb> {
+        use sqlx::Connection;
+        let base = postgres_url();
+        let conn = tokio::time::timeout(
+            std::time::Duration::from_secs(5),
+            sqlx::PgConnection::connect(&base),
+        )
+        .await;
+        let mut conn = match conn {
+            Ok(Ok(c)) => c,
+            other => {
+                let why = match other {
+                    Ok(Err(e)) => e.to_string(),
+                    _ => "timed out".to_owned(),
+                };
+                if std::env::var("CI").as_deref() == Ok("true") {
+                    panic!("CI=true and Postgres at {base} is unreachable: {why}");
+                }
+                eprintln!("SKIPPED: Postgres at {base} is unreachable ({why}); set AIGW_TEST_POSTGRES_URL");
+                return None;
+            }
+        };
+        static CLEANED: OnceLock<()> = OnceLock::new();
+        let now = Utc::now().timestamp();
+        if CLEANED.set(()).is_ok() {
+            // Schemas of earlier runs older than an hour: drop them so the database does not grow.
+            let old: Vec<String> =
+                sqlx::query_scalar("SELECT nspname::text FROM pg_namespace WHERE nspname LIKE 'aigw_t_%'")
+                    .fetch_all(&mut conn)
+                    .await
+                    .unwrap_or_default();
+            for name in old {
+                let born: i64 = name.split('_').nth(2).and_then(|s| s.parse().ok()).unwrap_or(0);
+                if now - born > 3600 {
+                    let _ = sqlx::query(&format!("DROP SCHEMA IF EXISTS {name} CASCADE"))
+                        .execute(&mut conn)
+                        .await;
+                }
+            }
+        }
+        let schema = format!("aigw_t_{now}_{}", uuid::Uuid::new_v4().simple());
+        sqlx::query(&format!("CREATE SCHEMA {schema}"))
+            .execute(&mut conn)
+            .await
+            .expect("create schema");
+        let sep = if base.contains('?') { '&' } else { '?' };
+        let url = format!("{base}{sep}options=-c%20search_path%3D{schema}");
+        let dir = tempfile::tempdir().expect("tempdir");
+        Some(TestDb {
+            url,
+            dir,
+            backend: "postgres",
+        })
+    }
+
+    /// Writes a file in this test's folder and returns its path.
+    pub fn write(&self, name: &str, text: &str) -> PathBuf {
+        let path = self.dir.path().join(name);
+        std::fs::write(&path, text).expect("write test file");
+        path
+    }
+}
+
+/// The fixed instant tests start at unless they choose one: 2026-12-01 10:00 Beijing time.
+pub fn default_start() -> DateTime<Utc> {
+    DateTime::parse_from_rfc3339("2026-12-01T02:00:00Z")
+        .expect("valid")
+        .with_timezone(&Utc)
+}
+
+/// How to start a test gateway.
+pub struct Setup {
+    /// Resources file contents, applied at start.
+    pub resources: Option<String>,
+    /// Starting instant of the manual clock.
+    pub start: DateTime<Utc>,
+    /// Adjusts settings before the start.
+    pub settings: Box<dyn FnOnce(&mut Settings) + Send>,
+}
+
+impl Default for Setup {
+    fn default() -> Self {
+        Setup {
+            resources: None,
+            start: default_start(),
+            settings: Box::new(|_| {}),
+        }
+    }
+}
+
+impl Setup {
+    /// With this resources file.
+    pub fn resources(text: impl Into<String>) -> Setup {
+        Setup {
+            resources: Some(text.into()),
+            ..Setup::default()
+        }
+    }
+}
+
+/// Settings every test gateway shares: port 0, fixed secrets, the test database.
+pub fn test_settings(db: &TestDb) -> Settings {
+    let mut s = Settings::load(None, |_| None).expect("defaults");
+    s.listen = "127.0.0.1:0".parse().expect("addr");
+    s.database_url = db.url.clone();
+    s.master_key = Some(aigw::config::Secret::new("ab".repeat(32)));
+    s.jwt_secret = Some(aigw::config::Secret::new("test-jwt-secret-0123456789abcdef"));
+    s.bootstrap_email = Some("owner@example.test".into());
+    s.bootstrap_password = Some(aigw::config::Secret::new("owner-password"));
+    s.data_dir = db.dir.path().to_path_buf();
+    s
+}
+
+/// A running gateway.
+pub struct TestApp {
+    /// `http://127.0.0.1:PORT`.
+    pub address: String,
+    /// The gateway's state (store, clock).
+    pub state: AppState,
+    /// The manual clock.
+    #[allow(dead_code, reason = "used by the time-based suites")]
+    pub clock: Clock,
+    /// A plain HTTP client.
+    pub client: reqwest::Client,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<std::io::Result<()>>>,
+}
+
+/// Starts a gateway on `db`.
+pub async fn spawn_app(db: &TestDb, setup: Setup) -> TestApp {
+    try_spawn_app(db, setup)
+        .await
+        .unwrap_or_else(|e| panic!("gateway did not start: {e}"))
+}
+
+/// Starts a gateway on `db`, or returns why it refused to start.
+pub async fn try_spawn_app(db: &TestDb, setup: Setup) -> Result<TestApp, aigw::app::StartError> {
+    let mut settings = test_settings(db);
+    (setup.settings)(&mut settings);
+    let clock = Clock::manual(setup.start);
+    let resources = setup.resources.map(|text| db.write("resources.toml", &text));
+    let gateway = Gateway::build(
+        settings,
+        BuildOptions {
+            resources,
+            clock: Some(clock.clone()),
+        },
+    )
+    .await?;
+    let address = format!("http://{}", gateway.local_addr());
+    let state = gateway.state().clone();
+    let (tx, rx) = oneshot::channel();
+    let task = tokio::spawn(gateway.run_until_stopped(async {
+        let _ = rx.await;
+    }));
+    Ok(TestApp {
+        address,
+        state,
+        clock,
+        client: reqwest::Client::new(),
+        stop: Some(tx),
+        task: Some(task),
+    })
+}
+
+impl TestApp {
+    /// `GET {address}{path}`.
+    pub async fn get(&self, path: &str) -> reqwest::Response {
+        self.client
+            .get(format!("{}{path}", self.address))
+            .send()
+            .await
+            .expect("request")
+    }
+
+    /// Stops the gateway gracefully and waits until it has drained.
+    pub async fn stop(mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        if let Some(task) = self.task.take() {
+            task.await
+                .expect("gateway task")
+                .expect("gateway stopped cleanly");
+        }
+    }
+}
+
+impl Drop for TestApp {
+    fn drop(&mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+    }
+}

@@ -1,0 +1,9 @@
+//! The behaviour suite: one binary, a module per feature; every behaviour test runs on SQLite
+//! and on Postgres through `both_backends!`.
+
+mod helpers;
+
+mod binary;
+mod foundation;
+mod mock_upstream;
+mod resources;

@@ -1,0 +1,308 @@
+//! The resources file: applied idempotently at every start, `${VAR}` expanded, bad files refused
+//! before anything is written.
+
+use aigw::store::{KeyStore, MemberStore, ModelStore, PolicyStore, UpstreamStore, WorkspaceStore};
+
+use crate::both_backends;
+use crate::helpers::{Setup, TestApp, TestDb, spawn_app, try_spawn_app};
+
+both_backends!(
+    full_file_applies_and_reapplies_unchanged,
+    bad_files_are_refused_and_change_nothing,
+    secret_is_sealed_at_rest,
+    editing_the_file_updates_in_place
+);
+
+pub const KEY: &str = "sk-aigw-0123456789abcdefghijABCDEFGHIJ01";
+
+pub fn full_file(base_url: &str) -> String {
+    format!(
+        r#"
+[[workspace]]
+name = "acme"
+
+[[department]]
+workspace = "acme"
+name = "research"
+
+[[member]]
+workspace = "acme"
+department = "research"
+email = "ada@acme.test"
+role = "member"
+password = "ada-password-1"
+
+[[api_key]]
+member = "ada@acme.test"
+name = "ci"
+key = "{KEY}"
+
+[[upstream]]
+workspace = "acme"
+name = "openai-main"
+provider = "openai-compatible"
+base_url = "{base_url}"
+api_key = "${{AIGW_TEST_UPSTREAM_SECRET}}"
+models = ["gpt-4o-mini", {{ name = "fast", upstream = "gpt-4o-mini" }}]
+priority = 0
+weight = 1
+max_in_flight = 64
+limits = {{ requests_per_minute = 20, requests_per_day = 50 }}
+quota_group = "account-1"
+
+[[model]]
+workspace = "acme"
+name = "fast"
+price = {{ prompt = 0.1, completion = 0.2 }}
+
+[[model]]
+workspace = "acme"
+name = "gpt-4o-mini"
+fallbacks = ["fast"]
+price = {{ prompt = 0.15, completion = 0.60 }}
+
+[[policy]]
+workspace = "acme"
+subject = "apikey"
+target = "ada@acme.test/ci"
+metric = "total_tokens"
+window = "day"
+limit = 100000
+mode = "enforce"
+
+[[policy]]
+workspace = "acme"
+subject = "member"
+target = "*"
+metric = "credits"
+window = "5minutes"
+limit = 2.5
+mode = "shadow"
+"#
+    )
+}
+
+pub const SECRET: &str = "sk-upstream-very-secret-4f1c2b";
+
+fn set_secret_env() {
+    // SAFETY: every test that reads it sets the same value; no test unsets it.
+    unsafe { std::env::set_var("AIGW_TEST_UPSTREAM_SECRET", SECRET) };
+}
+
+/// Everything the file declares, as comparable text.
+async fn snapshot(app: &TestApp) -> String {
+    let s = &app.state.store;
+    let ws = s.workspace_by_name("acme").await.unwrap().unwrap();
+    let ada = s.member_by_email("ada@acme.test").await.unwrap().unwrap();
+    let keys = s.keys_of_member(ada.id).await.unwrap();
+    let ups = s.all_upstreams().await.unwrap();
+    let models = s.all_models().await.unwrap();
+    let policies = s.all_policies().await.unwrap();
+    format!("{ws:?}\n{ada:?}\n{keys:?}\n{ups:?}\n{models:?}\n{policies:?}")
+}
+
+async fn full_file_applies_and_reapplies_unchanged(db: TestDb) {
+    set_secret_env();
+    let text = full_file("http://127.0.0.1:9/v1");
+    let app = spawn_app(&db, Setup::resources(text.clone())).await;
+    let first = snapshot(&app).await;
+    let s = &app.state.store;
+    let ws = s.workspace_by_name("acme").await.unwrap().unwrap();
+    let up = s.upstream_by_name(ws.id, "openai-main").await.unwrap().unwrap();
+    assert_eq!(up.provider, "openai-compatible");
+    assert_eq!(up.requests_per_minute, Some(20));
+    assert_eq!(up.requests_per_day, Some(50));
+    assert_eq!(up.tokens_per_minute, None);
+    assert_eq!(up.quota_group.as_deref(), Some("account-1"));
+    let served = up.served_models();
+    assert_eq!(served.len(), 2);
+    assert_eq!(
+        (served[1].name.as_str(), served[1].upstream.as_str()),
+        ("fast", "gpt-4o-mini")
+    );
+    assert_eq!(app.state.master_key.open(&up.secret_sealed).unwrap(), SECRET);
+    let m = s.model_by_name(ws.id, "gpt-4o-mini").await.unwrap().unwrap();
+    assert_eq!(
+        (m.price_prompt, m.price_completion),
+        (150_000, 600_000),
+        "micro-credits per million tokens"
+    );
+    assert_eq!(m.fallback_names(), vec!["fast".to_owned()]);
+    let policies = s.all_policies().await.unwrap();
+    assert_eq!(policies.len(), 2);
+    let credits = policies.iter().find(|p| p.metric == "credits").unwrap();
+    assert_eq!(
+        (credits.limit_value, credits.mode.as_str(), credits.target_id),
+        (2_500_000, "shadow", 0)
+    );
+    assert_eq!(credits.time_window, "5minutes");
+    let key = s
+        .identity_by_hash(&aigw::crypto::hash_api_key(KEY))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(key.key_name, "ci");
+    app.stop().await;
+
+    // Applying the same file again changes nothing at all.
+    let app = spawn_app(&db, Setup::resources(text)).await;
+    assert_eq!(snapshot(&app).await, first);
+    let ws = app.state.store.workspace_by_name("acme").await.unwrap().unwrap();
+    let summary = aigw::resources::apply_text(
+        &app.state.store,
+        &app.state.master_key,
+        "again.toml",
+        &full_file("http://127.0.0.1:9/v1"),
+        &|k| std::env::var(k).ok(),
+        0,
+    )
+    .await
+    .unwrap();
+    assert_eq!((summary.created, summary.updated), (0, 0), "{summary}");
+    assert_eq!(summary.unchanged, 9);
+    assert_eq!(snapshot(&app).await, first);
+    assert_eq!(ws.name, "acme");
+    app.stop().await;
+}
+
+async fn editing_the_file_updates_in_place(db: TestDb) {
+    set_secret_env();
+    let app = spawn_app(&db, Setup::resources(full_file("http://127.0.0.1:9/v1"))).await;
+    let before = app.state.store.all_policies().await.unwrap();
+    app.stop().await;
+    let edited = full_file("http://127.0.0.1:9/v1").replace("limit = 100000", "limit = 5000");
+    let app = spawn_app(&db, Setup::resources(edited)).await;
+    let after = app.state.store.all_policies().await.unwrap();
+    assert_eq!(after.len(), before.len(), "edited, not duplicated");
+    let p = after.iter().find(|p| p.subject == "apikey").unwrap();
+    assert_eq!(p.limit_value, 5000);
+    assert_eq!(
+        p.id,
+        before.iter().find(|p| p.subject == "apikey").unwrap().id,
+        "same row"
+    );
+    app.stop().await;
+}
+
+async fn secret_is_sealed_at_rest(db: TestDb) {
+    set_secret_env();
+    let app = spawn_app(&db, Setup::resources(full_file("http://127.0.0.1:9/v1"))).await;
+    let ups = app.state.store.all_upstreams().await.unwrap();
+    assert!(!format!("{ups:?}").contains(SECRET));
+    app.stop().await;
+    if db.backend == "sqlite" {
+        for entry in std::fs::read_dir(db.dir.path()).unwrap() {
+            let path = entry.unwrap().path();
+            let name = path.file_name().unwrap().to_string_lossy().to_string();
+            if name.starts_with("aigw.db") {
+                let bytes = std::fs::read(&path).unwrap();
+                let hay = String::from_utf8_lossy(&bytes);
+                assert!(!hay.contains(SECRET), "upstream secret found in {name}");
+                assert!(!hay.contains(KEY), "gateway key found in {name}");
+                assert!(!hay.contains("ada-password-1"), "password found in {name}");
+            }
+        }
+    }
+}
+
+/// Each bad file, and what its refusal must name.
+const BAD_FILES: &[(&str, &str, &[&str])] = &[
+    (
+        "unknown field",
+        "[[workspace]]\nname = \"acme\"\ncolour = \"red\"\n",
+        &["unknown field `colour`", "line 3"],
+    ),
+    (
+        "unknown table",
+        "[[workspaces]]\nname = \"acme\"\n",
+        &["unknown field `workspaces`"],
+    ),
+    (
+        "dangling member",
+        "[[workspace]]\nname = \"acme\"\n\n[[api_key]]\nmember = \"ghost@acme.test\"\nname = \"ci\"\n",
+        &[
+            "[[api_key]] #1",
+            "line 4",
+            "member \"ghost@acme.test\" does not exist",
+        ],
+    ),
+    (
+        "bad window",
+        "[[workspace]]\nname = \"acme\"\n[[policy]]\nworkspace = \"acme\"\nsubject = \"ws\"\ntarget = \"acme\"\nmetric = \"requests\"\nwindow = \"7minutes\"\nlimit = 10\n",
+        &["[[policy]] #1", "line 3", "7minutes"],
+    ),
+    (
+        "unknown workspace",
+        "[[department]]\nworkspace = \"nowhere\"\nname = \"r\"\n",
+        &["workspace \"nowhere\" does not exist"],
+    ),
+    (
+        "bad provider",
+        "[[workspace]]\nname = \"acme\"\n[[upstream]]\nworkspace = \"acme\"\nname = \"u\"\nprovider = \"openia\"\napi_key = \"x\"\n",
+        &["[[upstream]] #1", "unknown provider \"openia\""],
+    ),
+    (
+        "missing variable",
+        "[[workspace]]\nname = \"acme\"\n[[upstream]]\nworkspace = \"acme\"\nname = \"u\"\nprovider = \"openai\"\napi_key = \"${AIGW_TEST_SURELY_UNSET}\"\n",
+        &["AIGW_TEST_SURELY_UNSET is not set"],
+    ),
+    (
+        "bad metric",
+        "[[workspace]]\nname = \"acme\"\n[[policy]]\nworkspace = \"acme\"\nsubject = \"ws\"\ntarget = \"*\"\nmetric = \"tokens\"\nwindow = \"day\"\nlimit = 10\n",
+        &["unknown metric \"tokens\""],
+    ),
+    (
+        "bad key shape",
+        "[[workspace]]\nname = \"acme\"\n[[member]]\nworkspace = \"acme\"\nemail = \"a@acme.test\"\nrole = \"member\"\n[[api_key]]\nmember = \"a@acme.test\"\nname = \"k\"\nkey = \"sk-short\"\n",
+        &["[[api_key]] #1", "key must be"],
+    ),
+    (
+        "unknown fallback",
+        "[[workspace]]\nname = \"acme\"\n[[model]]\nworkspace = \"acme\"\nname = \"m\"\nfallbacks = [\"nope\"]\n",
+        &["fallback model \"nope\" does not exist"],
+    ),
+    (
+        "bad role",
+        "[[workspace]]\nname = \"acme\"\n[[member]]\nworkspace = \"acme\"\nemail = \"a@acme.test\"\nrole = \"king\"\n",
+        &["unknown role \"king\""],
+    ),
+    (
+        "wrong type",
+        "[[workspace]]\nname = 5\n",
+        &["line 2", "invalid type"],
+    ),
+    ("not toml", "[[workspace\nname=", &["resources file"]),
+];
+
+async fn bad_files_are_refused_and_change_nothing(db: TestDb) {
+    for (what, text, needles) in BAD_FILES {
+        let err = match try_spawn_app(&db, Setup::resources(*text)).await {
+            Ok(_) => panic!("{what}: a bad resources file was accepted"),
+            Err(e) => e.to_string(),
+        };
+        for needle in *needles {
+            assert!(err.contains(needle), "{what}: {err:?} should contain {needle:?}");
+        }
+    }
+    // Nothing of the refused files was written: the workspace they all declare does not exist.
+    let app = spawn_app(&db, Setup::default()).await;
+    assert!(app.state.store.workspace_by_name("acme").await.unwrap().is_none());
+    app.stop().await;
+}
+
+both_backends!(example_file_applies);
+
+/// The README walkthrough's file stays valid.
+async fn example_file_applies(db: TestDb) {
+    // SAFETY: tests that read these set the same values.
+    unsafe {
+        std::env::set_var("ADA_PASSWORD", "ada-demo-password");
+        std::env::set_var("MOCK_UPSTREAM_KEY", "mock-key");
+    }
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/examples/resources.toml")).unwrap();
+    let app = spawn_app(&db, Setup::resources(text)).await;
+    let ws = app.state.store.workspace_by_name("acme").await.unwrap().expect("example workspace");
+    assert_eq!(app.state.store.all_upstreams().await.unwrap().len(), 2);
+    assert!(app.state.store.model_by_name(ws.id, "claude-sonnet").await.unwrap().is_some());
+    app.stop().await;
+}
