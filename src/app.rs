@@ -6,12 +6,16 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
 use axum::Router;
 use axum::extract::{Request, State};
 use axum::http::{HeaderValue, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -20,8 +24,11 @@ use crate::clock::Clock;
 use crate::config::{Secret, Settings};
 use crate::crypto::{self, MasterKey};
 use crate::error::ApiError;
+use crate::proxy::auth::KeyResolver;
+use crate::request_log::{self, LogSink};
 use crate::resources;
 use crate::store::{MemberStore, NewMember, Store, WorkspaceStore};
+use crate::upstream::pool::Routes;
 
 /// Everything a handler may need. Built only by [`Gateway::build`].
 #[derive(Clone)]
@@ -39,6 +46,16 @@ pub struct Inner {
     pub master_key: MasterKey,
     /// Signs admin tokens.
     pub jwt_secret: Secret,
+    /// The routing snapshot, swapped whole when the configuration changes.
+    pub routes: ArcSwap<Routes>,
+    /// Gateway API keys on the request path.
+    pub keys: KeyResolver,
+    /// Queue of request logs for the batch writer.
+    pub logs: LogSink,
+    /// The one HTTP client to upstreams (no retries of its own, no redirects).
+    pub http: reqwest::Client,
+    /// Prometheus rendering.
+    pub metrics: PrometheusHandle,
     /// Cancelled when the gateway shuts down; background tasks watch it.
     pub shutdown: CancellationToken,
     /// Background tasks, drained at shutdown.
@@ -125,15 +142,40 @@ impl Gateway {
                 addr: settings.listen,
                 source,
             })?;
+        let routes = Routes::load(&store, &master_key).await?;
+        let epoch = store.config_epoch().await?;
+        let shutdown = CancellationToken::new();
+        let tasks = TaskTracker::new();
+        let logs = request_log::start_writer(store.clone(), shutdown.clone(), &tasks);
+        request_log::start_retention(
+            store.clone(),
+            clock.clone(),
+            settings.log_retention_days,
+            shutdown.clone(),
+            &tasks,
+        );
+        let http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(10))
+            .pool_idle_timeout(Duration::from_secs(90))
+            .tcp_nodelay(true)
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .map_err(|e| StartError::Config(format!("cannot build the HTTP client: {e}")))?;
         let state = AppState(Arc::new(Inner {
             settings,
             store,
             clock,
             master_key,
             jwt_secret,
-            shutdown: CancellationToken::new(),
-            tasks: TaskTracker::new(),
+            routes: ArcSwap::from_pointee(routes),
+            keys: KeyResolver::new(),
+            logs,
+            http,
+            metrics: crate::telemetry::metrics_handle(),
+            shutdown,
+            tasks,
         }));
+        start_config_watch(state.clone(), epoch);
         Ok(Gateway { listener, state })
     }
 
@@ -167,6 +209,7 @@ impl Gateway {
             }
         });
         let result = serve.await;
+        // No request is running any more: stop the background tasks, which flush what they hold.
         state.shutdown.cancel();
         state.tasks.close();
         state.tasks.wait().await;
@@ -179,8 +222,10 @@ impl Gateway {
 /// The router: every route of the gateway.
 pub fn router(state: AppState) -> Router {
     Router::new()
+        .merge(crate::proxy::routes())
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
         .fallback(not_found)
         .layer(middleware::from_fn(request_id))
         .with_state(state)
@@ -216,6 +261,62 @@ async fn readyz(State(state): State<AppState>) -> Response {
             "database unreachable or migrations not applied",
         )
             .into_response()
+    }
+}
+
+async fn metrics(State(state): State<AppState>) -> Response {
+    let mut text = state.metrics.render();
+    text.push_str(&format!(
+        "# TYPE aigw_log_queue_depth_now gauge\naigw_log_queue_depth_now {}\n",
+        state.logs.depth()
+    ));
+    (
+        [(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        text,
+    )
+        .into_response()
+}
+
+/// How often each gateway checks the configuration epoch (changes apply within a second).
+const CONFIG_POLL: Duration = Duration::from_millis(500);
+
+/// Polls the configuration epoch; on a change, reloads the routing snapshot and forgets cached
+/// keys, so edits from the console or another replica apply within a second.
+fn start_config_watch(state: AppState, mut epoch: i64) {
+    let s = state.clone();
+    state.tasks.spawn(async move {
+        loop {
+            tokio::select! {
+                () = tokio::time::sleep(CONFIG_POLL) => {},
+                () = s.shutdown.cancelled() => break,
+            }
+            match s.store.config_epoch().await {
+                Ok(now) if now != epoch => {
+                    if s.reload().await {
+                        epoch = now;
+                    }
+                }
+                Ok(_) => {}
+                Err(e) => tracing::warn!(error = %e, "configuration poll failed"),
+            }
+        }
+    });
+}
+
+impl AppState {
+    /// Reloads the routing snapshot and forgets cached keys; false if the store failed.
+    pub async fn reload(&self) -> bool {
+        match Routes::load(&self.store, &self.master_key).await {
+            Ok(routes) => {
+                self.routes.store(Arc::new(routes));
+                self.keys.invalidate_all();
+                true
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "configuration reload failed");
+                false
+            }
+        }
     }
 }
 

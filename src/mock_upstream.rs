@@ -131,10 +131,14 @@ pub struct Call {
     pub usage: Option<(u64, u64)>,
 }
 
+/// Calls kept for inspection; the count keeps counting past it.
+const MAX_KEPT_CALLS: usize = 10_000;
+
 #[derive(Default)]
 struct MockState {
     scripts: Mutex<Vec<Script>>,
     calls: Mutex<Vec<Call>>,
+    count: std::sync::atomic::AtomicUsize,
 }
 
 impl MockState {
@@ -152,8 +156,20 @@ impl MockState {
         Some(s.clone())
     }
 
+    fn reset(&self) {
+        self.scripts.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        self.calls.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        self.count.store(0, std::sync::atomic::Ordering::Relaxed);
+    }
+
     fn record(&self, call: Call) {
-        self.calls.lock().unwrap_or_else(|p| p.into_inner()).push(call);
+        self.count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let mut calls = self.calls.lock().unwrap_or_else(|p| p.into_inner());
+        // Benchmarks send millions of calls: keep the most recent ones only.
+        if calls.len() >= MAX_KEPT_CALLS {
+            calls.drain(..MAX_KEPT_CALLS / 2);
+        }
+        calls.push(call);
     }
 }
 
@@ -222,7 +238,7 @@ impl MockUpstream {
 
     /// How many calls were received (control endpoints excluded).
     pub fn call_count(&self) -> usize {
-        self.state.calls.lock().unwrap_or_else(|p| p.into_inner()).len()
+        self.state.count.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Stops serving.
@@ -265,12 +281,12 @@ async fn add_script(State(st): State<Arc<MockState>>, body: Bytes) -> Response {
 
 async fn list_calls(State(st): State<Arc<MockState>>) -> Response {
     let calls = st.calls.lock().unwrap_or_else(|p| p.into_inner()).clone();
-    axum::Json(json!({"count": calls.len(), "calls": calls})).into_response()
+    let count = st.count.load(std::sync::atomic::Ordering::Relaxed);
+    axum::Json(json!({"count": count, "calls": calls})).into_response()
 }
 
 async fn reset(State(st): State<Arc<MockState>>) -> StatusCode {
-    st.scripts.lock().unwrap_or_else(|p| p.into_inner()).clear();
-    st.calls.lock().unwrap_or_else(|p| p.into_inner()).clear();
+    st.reset();
     StatusCode::NO_CONTENT
 }
 
@@ -452,8 +468,12 @@ async fn chat(State(st): State<Arc<MockState>>, headers: HeaderMap, raw: Bytes) 
         .and_then(Value::as_bool)
         == Some(true);
     let chunk = |delta: Value, finish: Value| {
-        let c = json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model,
+        let mut c = json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model,
                        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]});
+        // As OpenAI does: with include_usage, every other chunk carries "usage": null.
+        if include_usage {
+            c["usage"] = Value::Null;
+        }
         Some(format!("data: {c}\n\n"))
     };
     let mut events = vec![chunk(json!({"role": "assistant", "content": ""}), Value::Null)];

@@ -242,7 +242,11 @@ pub async fn apply_text(
     let ctx = Ctx { path, text };
     expand_file(&ctx, &mut file, env)?;
     let plan = check(&ctx, store, &file).await?;
-    apply(store, master, &file, &plan, now).await
+    let summary = apply(store, master, &file, &plan, now).await?;
+    if summary.created + summary.updated > 0 {
+        store.bump_config_epoch().await?;
+    }
+    Ok(summary)
 }
 
 struct Ctx<'a> {
@@ -615,7 +619,10 @@ async fn check(ctx: &Ctx<'_>, store: &Store, f: &ResourcesFile) -> Result<Plan, 
         }
         let subject: SubjectKind = p.subject.parse().map_err(e)?;
         let metric: Metric = p.metric.parse().map_err(e)?;
-        let window: Window = p.window.parse().map_err(|m: String| e(m))?;
+        let window: Window = p
+            .window
+            .parse()
+            .map_err(|err: crate::quota::window::WindowParseError| e(err.to_string()))?;
         let mode: Mode = p.mode.parse().map_err(e)?;
         if !(p.limit.is_finite() && p.limit >= 0.0) {
             return Err(e("limit must be a non-negative number".into()));

@@ -48,6 +48,51 @@ impl StoreError {
 /// Result of a store call.
 pub type StoreResult<T> = Result<T, StoreError>;
 
+/// Builds SQL with `$n` placeholders, which both backends accept (sqlx's `QueryBuilder` writes
+/// `?` for the `Any` driver, which Postgres rejects). Used for dynamic filters and batches.
+#[derive(Default)]
+pub struct SqlBuilder<'q> {
+    sql: String,
+    args: sqlx::any::AnyArguments<'q>,
+    count: usize,
+}
+
+impl<'q> SqlBuilder<'q> {
+    /// Starts with `sql`.
+    pub fn new(sql: &str) -> Self {
+        SqlBuilder {
+            sql: sql.to_owned(),
+            ..SqlBuilder::default()
+        }
+    }
+
+    /// Appends SQL text.
+    pub fn push(&mut self, sql: &str) -> &mut Self {
+        self.sql.push_str(sql);
+        self
+    }
+
+    /// Appends a placeholder bound to `value`.
+    pub fn bind<T>(&mut self, value: T) -> &mut Self
+    where
+        T: 'q + sqlx::Encode<'q, sqlx::Any> + sqlx::Type<sqlx::Any>,
+    {
+        use sqlx::Arguments;
+        self.count += 1;
+        self.sql.push('$');
+        self.sql.push_str(&self.count.to_string());
+        // Encoding into AnyArguments only fails for types the Any driver lacks, which the type
+        // bound already excludes.
+        let _ = self.args.add(value);
+        self
+    }
+
+    /// The SQL and its arguments, for `sqlx::query_with` / `query_as_with`.
+    pub fn finish(self) -> (String, sqlx::any::AnyArguments<'q>) {
+        (self.sql, self.args)
+    }
+}
+
 static POSTGRES_MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("migrations/postgres");
 static SQLITE_MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("migrations/sqlite");
 
@@ -124,6 +169,21 @@ impl Store {
                 .fetch_one(&self.pool)
                 .await;
         matches!(applied, Ok(n) if n >= expected)
+    }
+
+    /// The configuration epoch: bumped by every configuration change, polled by every gateway.
+    pub async fn config_epoch(&self) -> StoreResult<i64> {
+        Ok(sqlx::query_scalar("SELECT epoch FROM config_epoch WHERE id = 1")
+            .fetch_one(&self.pool)
+            .await?)
+    }
+
+    /// Announces a configuration change to every gateway on this database.
+    pub async fn bump_config_epoch(&self) -> StoreResult<()> {
+        sqlx::query("UPDATE config_epoch SET epoch = epoch + 1 WHERE id = 1")
+            .execute(&self.pool)
+            .await?;
+        Ok(())
     }
 
     /// Closes every connection (graceful shutdown).

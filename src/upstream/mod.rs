@@ -1,6 +1,9 @@
 //! Upstream credentials: providers, failure classification, locks and dispatch (DESIGN.md §6).
 
+pub mod adapter;
 pub mod classify;
+pub mod dispatch;
+pub mod pool;
 
 /// The kind of provider behind a credential.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -234,6 +234,50 @@ impl TestApp {
             .expect("request")
     }
 
+    /// `POST {address}{path}` with a JSON body and a gateway key.
+    pub async fn post_json(&self, path: &str, key: &str, body: &serde_json::Value) -> reqwest::Response {
+        self.client
+            .post(format!("{}{path}", self.address))
+            .bearer_auth(key)
+            .json(body)
+            .send()
+            .await
+            .expect("request")
+    }
+
+    /// The request logs of `workspace`, newest first, once at least `n` are written (waits up
+    /// for the batch writer, 10 s at most).
+    pub async fn logs(&self, workspace: &str, n: usize) -> Vec<aigw::request_log::LogRecord> {
+        use aigw::store::WorkspaceStore;
+        let ws = self
+            .state
+            .store
+            .workspace_by_name(workspace)
+            .await
+            .unwrap()
+            .expect("workspace");
+        let filter = aigw::request_log::LogFilter {
+            workspace_id: ws.id,
+            limit: Some(500),
+            ..Default::default()
+        };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            let page = aigw::request_log::query(&self.state.store, &filter)
+                .await
+                .unwrap();
+            if page.items.len() >= n || std::time::Instant::now() > deadline {
+                assert!(
+                    page.items.len() >= n,
+                    "expected {n} request logs, found {}",
+                    page.items.len()
+                );
+                return page.items;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    }
+
     /// Stops the gateway gracefully and waits until it has drained.
     pub async fn stop(mut self) {
         if let Some(tx) = self.stop.take() {

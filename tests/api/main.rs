@@ -6,4 +6,5 @@ mod helpers;
 mod binary;
 mod foundation;
 mod mock_upstream;
+mod proxy;
 mod resources;

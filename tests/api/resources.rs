@@ -299,10 +299,24 @@ async fn example_file_applies(db: TestDb) {
         std::env::set_var("ADA_PASSWORD", "ada-demo-password");
         std::env::set_var("MOCK_UPSTREAM_KEY", "mock-key");
     }
-    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/examples/resources.toml")).unwrap();
+    let text =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/examples/resources.toml")).unwrap();
     let app = spawn_app(&db, Setup::resources(text)).await;
-    let ws = app.state.store.workspace_by_name("acme").await.unwrap().expect("example workspace");
+    let ws = app
+        .state
+        .store
+        .workspace_by_name("acme")
+        .await
+        .unwrap()
+        .expect("example workspace");
     assert_eq!(app.state.store.all_upstreams().await.unwrap().len(), 2);
-    assert!(app.state.store.model_by_name(ws.id, "claude-sonnet").await.unwrap().is_some());
+    assert!(
+        app.state
+            .store
+            .model_by_name(ws.id, "claude-sonnet")
+            .await
+            .unwrap()
+            .is_some()
+    );
     app.stop().await;
 }

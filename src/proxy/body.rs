@@ -1,0 +1,261 @@
+//! Reading and checking a proxied request body: size limit, JSON, and the fields the gateway
+//! needs, each refusal naming the field.
+
+use axum::body::Body;
+use axum::http::HeaderMap;
+use serde_json::{Map, Value};
+
+use crate::error::ApiError;
+use crate::upstream::adapter::Endpoint;
+
+/// A checked request body.
+#[derive(Debug)]
+pub struct ProxyBody {
+    /// The JSON object, forwarded with the model rewritten.
+    pub json: Map<String, Value>,
+    /// The public model asked for.
+    pub model: String,
+    /// Whether a stream was asked for.
+    pub stream: bool,
+    /// Size of the body in bytes.
+    pub len: usize,
+}
+
+/// Reads at most `limit` bytes (413 beyond) and checks the body for `endpoint`.
+pub async fn read(
+    body: Body,
+    headers: &HeaderMap,
+    limit: usize,
+    endpoint: Endpoint,
+) -> Result<ProxyBody, ApiError> {
+    let declared = headers
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Err(ApiError::RequestTooLarge { limit });
+    }
+    let bytes = axum::body::to_bytes(body, limit).await.map_err(|e| {
+        if is_length_limit(&e) {
+            ApiError::RequestTooLarge { limit }
+        } else {
+            ApiError::invalid(format!("could not read the request body: {e}"), None)
+        }
+    })?;
+    parse(&bytes, endpoint)
+}
+
+fn is_length_limit(e: &axum::Error) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(s) = source {
+        if s.is::<http_body_util::LengthLimitError>() {
+            return true;
+        }
+        source = s.source();
+    }
+    false
+}
+
+/// Checks a body already read.
+pub fn parse(bytes: &[u8], endpoint: Endpoint) -> Result<ProxyBody, ApiError> {
+    if bytes.is_empty() {
+        return Err(ApiError::invalid(
+            "the request body is empty; expected a JSON object",
+            None,
+        ));
+    }
+    let value: Value = serde_json::from_slice(bytes)
+        .map_err(|e| ApiError::invalid(format!("the request body is not valid JSON: {e}"), None))?;
+    let Value::Object(json) = value else {
+        return Err(ApiError::invalid("the request body must be a JSON object", None));
+    };
+    let model = match json.get("model") {
+        Some(Value::String(m)) if !m.trim().is_empty() => m.clone(),
+        Some(Value::String(_)) => return Err(ApiError::invalid("`model` must not be empty", Some("model"))),
+        Some(_) => return Err(ApiError::invalid("`model` must be a string", Some("model"))),
+        None => return Err(ApiError::invalid("missing required field `model`", Some("model"))),
+    };
+    let stream = match json.get("stream") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => return Err(ApiError::invalid("`stream` must be a boolean", Some("stream"))),
+    };
+    match endpoint {
+        Endpoint::ChatCompletions | Endpoint::Messages => match json.get("messages") {
+            Some(Value::Array(a)) if !a.is_empty() => {
+                if let Some(i) = a.iter().position(|m| !m.is_object()) {
+                    return Err(ApiError::invalid(
+                        format!("`messages[{i}]` must be an object"),
+                        Some("messages"),
+                    ));
+                }
+            }
+            Some(Value::Array(_)) => {
+                return Err(ApiError::invalid(
+                    "`messages` must not be empty",
+                    Some("messages"),
+                ));
+            }
+            Some(_) => return Err(ApiError::invalid("`messages` must be an array", Some("messages"))),
+            None => {
+                return Err(ApiError::invalid(
+                    "missing required field `messages`",
+                    Some("messages"),
+                ));
+            }
+        },
+        Endpoint::Embeddings => {
+            if stream {
+                return Err(ApiError::invalid("embeddings cannot be streamed", Some("stream")));
+            }
+            match json.get("input") {
+                Some(Value::String(_) | Value::Array(_)) => {}
+                Some(_) => {
+                    return Err(ApiError::invalid(
+                        "`input` must be a string or an array",
+                        Some("input"),
+                    ));
+                }
+                None => return Err(ApiError::invalid("missing required field `input`", Some("input"))),
+            }
+        }
+    }
+    if endpoint == Endpoint::Messages && !json.get("max_tokens").is_some_and(Value::is_u64) {
+        return Err(ApiError::invalid(
+            "missing or invalid `max_tokens` (a positive integer)",
+            Some("max_tokens"),
+        ));
+    }
+    if endpoint == Endpoint::ChatCompletions
+        && let Some(o) = json.get("stream_options")
+        && !o.is_object()
+        && !o.is_null()
+    {
+        return Err(ApiError::invalid(
+            "`stream_options` must be an object",
+            Some("stream_options"),
+        ));
+    }
+    Ok(ProxyBody {
+        json,
+        model,
+        stream,
+        len: bytes.len(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bad_bodies_name_the_field() {
+        let chat = Endpoint::ChatCompletions;
+        let cases: &[(Endpoint, &str, Option<&str>, &str)] = &[
+            (chat, "", None, "empty"),
+            (chat, "{", None, "not valid JSON"),
+            (chat, "[1]", None, "JSON object"),
+            (chat, "\"x\"", None, "JSON object"),
+            (
+                chat,
+                r#"{"messages":[{"role":"user","content":"x"}]}"#,
+                Some("model"),
+                "missing required field `model`",
+            ),
+            (
+                chat,
+                r#"{"model":5,"messages":[]}"#,
+                Some("model"),
+                "must be a string",
+            ),
+            (
+                chat,
+                r#"{"model":" ","messages":[]}"#,
+                Some("model"),
+                "must not be empty",
+            ),
+            (
+                chat,
+                r#"{"model":"m"}"#,
+                Some("messages"),
+                "missing required field `messages`",
+            ),
+            (
+                chat,
+                r#"{"model":"m","messages":"hi"}"#,
+                Some("messages"),
+                "must be an array",
+            ),
+            (
+                chat,
+                r#"{"model":"m","messages":[]}"#,
+                Some("messages"),
+                "must not be empty",
+            ),
+            (
+                chat,
+                r#"{"model":"m","messages":[1]}"#,
+                Some("messages"),
+                "messages[0]",
+            ),
+            (
+                chat,
+                r#"{"model":"m","messages":[{}],"stream":"yes"}"#,
+                Some("stream"),
+                "boolean",
+            ),
+            (
+                chat,
+                r#"{"model":"m","messages":[{}],"stream_options":3}"#,
+                Some("stream_options"),
+                "object",
+            ),
+            (Endpoint::Embeddings, r#"{"model":"m"}"#, Some("input"), "`input`"),
+            (
+                Endpoint::Embeddings,
+                r#"{"model":"m","input":5}"#,
+                Some("input"),
+                "string or an array",
+            ),
+            (
+                Endpoint::Embeddings,
+                r#"{"model":"m","input":"x","stream":true}"#,
+                Some("stream"),
+                "cannot be streamed",
+            ),
+            (
+                Endpoint::Messages,
+                r#"{"model":"m","messages":[{}]}"#,
+                Some("max_tokens"),
+                "max_tokens",
+            ),
+        ];
+        for (endpoint, body, param, needle) in cases {
+            let err = parse(body.as_bytes(), *endpoint).expect_err(body);
+            let json = err.body();
+            assert_eq!(err.status(), 400, "{body}");
+            assert_eq!(json["error"]["code"], "invalid_request_error");
+            assert_eq!(json["error"]["param"].as_str(), *param, "{body}");
+            assert!(err.to_string().contains(needle), "{body}: {err}");
+        }
+    }
+
+    #[test]
+    fn good_bodies() {
+        let b = parse(
+            br#"{"model":"m","messages":[{"role":"user","content":"x"}],"stream":true}"#,
+            Endpoint::ChatCompletions,
+        )
+        .unwrap();
+        assert_eq!((b.model.as_str(), b.stream), ("m", true));
+        let b = parse(br#"{"model":"e","input":["a","b"]}"#, Endpoint::Embeddings).unwrap();
+        assert!(!b.stream);
+        assert!(
+            parse(
+                br#"{"model":"c","max_tokens":5,"messages":[{}]}"#,
+                Endpoint::Messages
+            )
+            .is_ok()
+        );
+    }
+}

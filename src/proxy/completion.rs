@@ -1,0 +1,214 @@
+//! After completion: what a finished request leaves behind — usage, the request log, metrics.
+//! Runs exactly once per logged request: at the end of a response, at the end of a stream, or
+//! when a stream is dropped because the client went away (cancellation never drops accounting).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::app::AppState;
+use crate::proxy::auth::Caller;
+use crate::request_log::LogRecord;
+use crate::upstream::adapter::{Endpoint, Usage};
+use crate::upstream::dispatch::Attempt;
+use crate::upstream::pool::ModelRoute;
+
+/// Who produced an error.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Source {
+    /// The gateway refused or failed.
+    Gateway,
+    /// The upstream answered with an error.
+    Upstream,
+}
+
+impl Source {
+    /// Wire name (`x-aigw-error-source`, logs).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Source::Gateway => "gateway",
+            Source::Upstream => "upstream",
+        }
+    }
+}
+
+/// How a request ended.
+#[derive(Debug)]
+pub struct Outcome {
+    /// Final status to the client.
+    pub status: u16,
+    /// Tokens used, if any.
+    pub usage: Option<Usage>,
+    /// Whether `usage` is an estimate (stream cut short).
+    pub estimated: bool,
+    /// Error code, if the request failed (or the stream broke).
+    pub code: Option<String>,
+    /// Who failed.
+    pub source: Option<Source>,
+    /// Status explanation for people.
+    pub explanation: String,
+    /// Time to the first byte sent to the client.
+    pub ttfb: Option<Duration>,
+}
+
+impl Outcome {
+    /// A successful, complete response.
+    pub fn ok(status: u16, usage: Option<Usage>, ttfb: Option<Duration>) -> Self {
+        Outcome {
+            status,
+            usage,
+            estimated: false,
+            code: None,
+            source: None,
+            explanation: String::new(),
+            ttfb,
+        }
+    }
+
+    /// A failure.
+    pub fn failed(
+        status: u16,
+        code: impl Into<String>,
+        source: Source,
+        explanation: impl Into<String>,
+    ) -> Self {
+        Outcome {
+            status,
+            usage: None,
+            estimated: false,
+            code: Some(code.into()),
+            source: Some(source),
+            explanation: explanation.into(),
+            ttfb: None,
+        }
+    }
+}
+
+/// A request in progress, from authentication to its end.
+pub struct Completion {
+    state: AppState,
+    caller: Arc<Caller>,
+    endpoint: Endpoint,
+    started: Instant,
+    record: LogRecord,
+    attempts: Vec<Attempt>,
+    route: Option<Arc<ModelRoute>>,
+}
+
+impl Completion {
+    /// Starts accounting for an authenticated request.
+    pub fn start(
+        state: AppState,
+        caller: Arc<Caller>,
+        endpoint: Endpoint,
+        request_id: String,
+        client_ip: String,
+    ) -> Self {
+        let record = LogRecord {
+            request_id,
+            ts: state.clock.now_ms(),
+            workspace_id: caller.workspace_id,
+            key_id: caller.key_id,
+            member_id: caller.member_id,
+            department_id: caller.department_id,
+            endpoint: endpoint.name().to_owned(),
+            client_ip: Some(client_ip),
+            ..LogRecord::default()
+        };
+        Completion {
+            state,
+            caller,
+            endpoint,
+            started: Instant::now(),
+            record,
+            attempts: Vec::new(),
+            route: None,
+        }
+    }
+
+    /// The calling key.
+    pub fn caller(&self) -> &Arc<Caller> {
+        &self.caller
+    }
+
+    /// When the request started.
+    pub fn started(&self) -> Instant {
+        self.started
+    }
+
+    /// Notes the model asked for and whether it streams.
+    pub fn requested(&mut self, model: &str, stream: bool) {
+        self.record.model_requested = Some(model.to_owned());
+        self.record.stream = i64::from(stream);
+    }
+
+    /// The attempts list dispatch fills.
+    pub fn attempts_mut(&mut self) -> &mut Vec<Attempt> {
+        &mut self.attempts
+    }
+
+    /// Notes who served the request.
+    pub fn served_by(&mut self, route: Arc<ModelRoute>, credential_id: i64, upstream_latency: Duration) {
+        self.record.model_served = Some(route.name.clone());
+        self.record.upstream_id = Some(credential_id);
+        self.record.upstream_latency_ms = Some(upstream_latency.as_millis() as i64);
+        self.route = Some(route);
+    }
+
+    /// What the attempts say, for the status explanation.
+    pub fn attempts_summary(&self) -> String {
+        self.attempts
+            .iter()
+            .map(|a| match (a.status, a.rule, &a.error) {
+                (Some(s), Some(rule), _) => format!("{} {s} ({rule})", a.credential),
+                (Some(s), None, _) => format!("{} {s}", a.credential),
+                (None, _, Some(e)) => format!("{} {e}", a.credential),
+                (None, _, None) => a.credential.clone(),
+            })
+            .collect::<Vec<_>>()
+            .join("; ")
+    }
+
+    /// Records the end of the request: log, metrics.
+    pub fn finish(mut self, outcome: Outcome) {
+        let elapsed = self.started.elapsed();
+        let usage = outcome.usage.unwrap_or_default();
+        let credits = self
+            .route
+            .as_ref()
+            .map_or(0, |r| r.credits(usage.prompt, usage.completion));
+        let r = &mut self.record;
+        r.status = i64::from(outcome.status);
+        r.code = outcome.code;
+        r.source = outcome.source.map(|s| s.as_str().to_owned());
+        r.explanation = outcome.explanation;
+        r.prompt_tokens = usage.prompt as i64;
+        r.completion_tokens = usage.completion as i64;
+        r.total_tokens = usage.total() as i64;
+        r.credits = credits;
+        r.usage_estimated = i64::from(outcome.estimated);
+        r.latency_ms = elapsed.as_millis() as i64;
+        r.ttfb_ms = outcome.ttfb.map(|t| t.as_millis() as i64);
+        r.attempts = self.attempts.len() as i64;
+        if r.upstream_id.is_none() {
+            r.upstream_id = self.attempts.last().map(|a| a.credential_id);
+        }
+        r.attempts_detail = serde_json::to_string(&self.attempts).unwrap_or_else(|_| "[]".to_owned());
+
+        let endpoint = self.endpoint.name();
+        metrics::counter!(
+            "aigw_requests_total",
+            "endpoint" => endpoint,
+            "status" => outcome.status.to_string(),
+            "code" => r.code.clone().unwrap_or_default(),
+            "source" => r.source.clone().unwrap_or_default()
+        )
+        .increment(1);
+        metrics::histogram!("aigw_request_duration_seconds", "endpoint" => endpoint)
+            .record(elapsed.as_secs_f64());
+        if usage.total() > 0 {
+            metrics::counter!("aigw_tokens_total", "kind" => "prompt").increment(usage.prompt);
+            metrics::counter!("aigw_tokens_total", "kind" => "completion").increment(usage.completion);
+        }
+        self.state.logs.send(std::mem::take(&mut self.record));
+    }
+}

@@ -1,0 +1,124 @@
+//! A streamed response passed through event by event as it arrives. The stream owns the request's
+//! [`Completion`]: it finishes it when the upstream ends, and — through `Drop` — when the client
+//! goes away mid-stream, with the tokens delivered so far.
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use futures::Stream;
+
+use super::completion::{Completion, Outcome, Source};
+use crate::upstream::adapter::{SseTap, Usage};
+
+type Upstream = Pin<Box<dyn Stream<Item = reqwest::Result<Bytes>> + Send>>;
+
+/// The body of a streamed response.
+pub struct ProxyStream {
+    upstream: Upstream,
+    tap: SseTap,
+    completion: Option<Completion>,
+    started: Instant,
+    ttfb: Option<Duration>,
+    /// Bytes of the request, for a prompt estimate when the upstream never said.
+    request_len: usize,
+    ended: bool,
+}
+
+impl ProxyStream {
+    /// Wraps an upstream byte stream.
+    pub fn new(upstream: reqwest::Response, tap: SseTap, completion: Completion, request_len: usize) -> Self {
+        let started = completion.started();
+        ProxyStream {
+            upstream: Box::pin(upstream.bytes_stream()),
+            tap,
+            completion: Some(completion),
+            started,
+            ttfb: None,
+            request_len,
+            ended: false,
+        }
+    }
+
+    fn finish(&mut self, upstream_broke: bool, client_gone: bool) {
+        let Some(completion) = self.completion.take() else {
+            return;
+        };
+        let complete = self.tap.finished && !client_gone;
+        let (usage, estimated) = match (self.tap.usage, complete) {
+            (Some(u), true) => (u, false),
+            // Cut short: count what was delivered (one token per content chunk) and the prompt
+            // the upstream reported, else a 4-bytes-per-token estimate of the request.
+            (reported, _) => (
+                Usage {
+                    prompt: reported.map_or((self.request_len as u64).div_ceil(4), |u| u.prompt),
+                    completion: self.tap.content_chunks.max(reported.map_or(0, |u| u.completion)),
+                },
+                true,
+            ),
+        };
+        let mut outcome = Outcome::ok(200, Some(usage), self.ttfb);
+        outcome.estimated = estimated;
+        let summary = completion.attempts_summary();
+        if let Some(message) = self.tap.error.take() {
+            metrics::counter!("aigw_stream_errors_total").increment(1);
+            outcome.code = Some("upstream_stream_error".to_owned());
+            outcome.source = Some(Source::Upstream);
+            outcome.explanation = format!("Upstream: mid-stream error: {message} [{summary}]");
+        } else if client_gone {
+            outcome.code = Some("client_disconnected".to_owned());
+            outcome.explanation = format!("client disconnected mid-stream; usage estimated [{summary}]");
+        } else if upstream_broke || !self.tap.finished {
+            metrics::counter!("aigw_stream_errors_total").increment(1);
+            outcome.code = Some("upstream_stream_broken".to_owned());
+            outcome.source = Some(Source::Upstream);
+            outcome.explanation = format!("Upstream: stream ended before completion [{summary}]");
+        }
+        completion.finish(outcome);
+    }
+}
+
+impl Stream for ProxyStream {
+    type Item = Result<Bytes, std::io::Error>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = &mut *self;
+        loop {
+            if this.ended {
+                return Poll::Ready(None);
+            }
+            match this.upstream.as_mut().poll_next(cx) {
+                Poll::Ready(Some(Ok(chunk))) => {
+                    let out = this.tap.feed(&chunk);
+                    if out.is_empty() {
+                        continue;
+                    }
+                    this.ttfb.get_or_insert_with(|| this.started.elapsed());
+                    return Poll::Ready(Some(Ok(out)));
+                }
+                Poll::Ready(Some(Err(e))) => {
+                    tracing::warn!(error = %e, "upstream stream broke");
+                    this.ended = true;
+                    let rest = this.tap.finish();
+                    this.finish(true, false);
+                    return Poll::Ready((!rest.is_empty()).then_some(Ok(rest)));
+                }
+                Poll::Ready(None) => {
+                    this.ended = true;
+                    let rest = this.tap.finish();
+                    this.finish(false, false);
+                    return Poll::Ready((!rest.is_empty()).then_some(Ok(rest)));
+                }
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+    }
+}
+
+impl Drop for ProxyStream {
+    fn drop(&mut self) {
+        // Still holding the completion: the client went away before the end.
+        self.finish(false, true);
+    }
+}

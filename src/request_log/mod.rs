@@ -1,0 +1,342 @@
+//! Request logs (DESIGN.md §7): written in batches by a background task, never on the request
+//! path; queried with filters and cursor pagination; pruned by a retention task.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::clock::Clock;
+use crate::store::{SqlBuilder, Store, StoreResult};
+
+/// One request, as logged.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, sqlx::FromRow)]
+pub struct LogRecord {
+    /// Row id (0 until stored).
+    pub id: i64,
+    /// The `x-request-id` the client saw.
+    pub request_id: String,
+    /// Start of the request, Unix ms.
+    pub ts: i64,
+    /// Workspace.
+    pub workspace_id: i64,
+    /// Gateway key.
+    pub key_id: i64,
+    /// Member owning the key.
+    pub member_id: i64,
+    /// Member's department.
+    pub department_id: Option<i64>,
+    /// `chat.completions`, `embeddings`, `messages`.
+    pub endpoint: String,
+    /// Model the client asked for.
+    pub model_requested: Option<String>,
+    /// Public model that served it (a fallback, perhaps).
+    pub model_served: Option<String>,
+    /// Credential that served it (or last failed).
+    pub upstream_id: Option<i64>,
+    /// Upstream attempts made.
+    pub attempts: i64,
+    /// JSON list of attempts: credential, model, status, rule, lock until.
+    pub attempts_detail: String,
+    /// Final status to the client.
+    pub status: i64,
+    /// Error code, if any.
+    pub code: Option<String>,
+    /// `gateway` or `upstream` for errors.
+    pub source: Option<String>,
+    /// Status explanation for people.
+    pub explanation: String,
+    /// 1 if streamed.
+    pub stream: i64,
+    /// Prompt tokens.
+    pub prompt_tokens: i64,
+    /// Completion tokens.
+    pub completion_tokens: i64,
+    /// Total tokens.
+    pub total_tokens: i64,
+    /// Micro-credits.
+    pub credits: i64,
+    /// 1 if the usage was estimated (client disconnected before the upstream reported it).
+    pub usage_estimated: i64,
+    /// Total latency, ms.
+    pub latency_ms: i64,
+    /// Time to first byte to the client, ms.
+    pub ttfb_ms: Option<i64>,
+    /// Time until the serving upstream's response headers, ms.
+    pub upstream_latency_ms: Option<i64>,
+    /// Client address.
+    pub client_ip: Option<String>,
+}
+
+const COLUMNS: &str = "request_id, ts, workspace_id, key_id, member_id, department_id, endpoint, model_requested, \
+    model_served, upstream_id, attempts, attempts_detail, status, code, source, explanation, stream, prompt_tokens, \
+    completion_tokens, total_tokens, credits, usage_estimated, latency_ms, ttfb_ms, upstream_latency_ms, client_ip";
+
+/// Most rows in one INSERT (26 columns each stays under every backend's parameter limit).
+const BATCH: usize = 500;
+
+/// Filters of the log query (DESIGN.md §7).
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct LogFilter {
+    /// Only this workspace (always set by the caller).
+    #[serde(skip)]
+    pub workspace_id: i64,
+    /// From this instant, Unix ms (inclusive).
+    pub from: Option<i64>,
+    /// Until this instant, Unix ms (exclusive).
+    pub to: Option<i64>,
+    /// Only this key.
+    pub key_id: Option<i64>,
+    /// Only this member.
+    pub member_id: Option<i64>,
+    /// Only this model (asked for or served).
+    pub model: Option<String>,
+    /// Only this status.
+    pub status: Option<i64>,
+    /// Only this source (`gateway` or `upstream`).
+    pub source: Option<String>,
+    /// Rows with an id below this (the previous page's `next_cursor`).
+    pub cursor: Option<i64>,
+    /// Page size (1..=500, default 50).
+    pub limit: Option<i64>,
+}
+
+/// A page of logs, newest first.
+#[derive(Clone, Debug, Serialize)]
+pub struct LogPage {
+    /// The rows.
+    pub items: Vec<LogRecord>,
+    /// Pass as `cursor` for the next page; `None` at the end.
+    pub next_cursor: Option<i64>,
+}
+
+/// Inserts a batch of records in one statement per `BATCH` rows.
+pub async fn insert_batch(store: &Store, records: &[LogRecord]) -> StoreResult<()> {
+    for chunk in records.chunks(BATCH) {
+        let mut b = SqlBuilder::new(&format!("INSERT INTO request_logs ({COLUMNS}) VALUES "));
+        for (i, r) in chunk.iter().enumerate() {
+            b.push(if i == 0 { "(" } else { ", (" });
+            b.bind(r.request_id.clone())
+                .push(", ")
+                .bind(r.ts)
+                .push(", ")
+                .bind(r.workspace_id)
+                .push(", ");
+            b.bind(r.key_id)
+                .push(", ")
+                .bind(r.member_id)
+                .push(", ")
+                .bind(r.department_id)
+                .push(", ");
+            b.bind(r.endpoint.clone())
+                .push(", ")
+                .bind(r.model_requested.clone())
+                .push(", ");
+            b.bind(r.model_served.clone())
+                .push(", ")
+                .bind(r.upstream_id)
+                .push(", ")
+                .bind(r.attempts)
+                .push(", ");
+            b.bind(r.attempts_detail.clone())
+                .push(", ")
+                .bind(r.status)
+                .push(", ")
+                .bind(r.code.clone())
+                .push(", ");
+            b.bind(r.source.clone())
+                .push(", ")
+                .bind(r.explanation.clone())
+                .push(", ")
+                .bind(r.stream)
+                .push(", ");
+            b.bind(r.prompt_tokens)
+                .push(", ")
+                .bind(r.completion_tokens)
+                .push(", ")
+                .bind(r.total_tokens)
+                .push(", ");
+            b.bind(r.credits)
+                .push(", ")
+                .bind(r.usage_estimated)
+                .push(", ")
+                .bind(r.latency_ms)
+                .push(", ");
+            b.bind(r.ttfb_ms)
+                .push(", ")
+                .bind(r.upstream_latency_ms)
+                .push(", ")
+                .bind(r.client_ip.clone())
+                .push(")");
+        }
+        let (sql, args) = b.finish();
+        sqlx::query_with(&sql, args).execute(store.pool()).await?;
+    }
+    Ok(())
+}
+
+/// Logs matching `f`, newest first, one page.
+pub async fn query(store: &Store, f: &LogFilter) -> StoreResult<LogPage> {
+    let limit = f.limit.unwrap_or(50).clamp(1, 500);
+    let mut b = SqlBuilder::new("SELECT * FROM request_logs WHERE workspace_id = ");
+    b.bind(f.workspace_id);
+    if let Some(v) = f.from {
+        b.push(" AND ts >= ").bind(v);
+    }
+    if let Some(v) = f.to {
+        b.push(" AND ts < ").bind(v);
+    }
+    if let Some(v) = f.key_id {
+        b.push(" AND key_id = ").bind(v);
+    }
+    if let Some(v) = f.member_id {
+        b.push(" AND member_id = ").bind(v);
+    }
+    if let Some(v) = &f.model {
+        b.push(" AND (model_requested = ").bind(v.clone());
+        b.push(" OR model_served = ").bind(v.clone()).push(")");
+    }
+    if let Some(v) = f.status {
+        b.push(" AND status = ").bind(v);
+    }
+    if let Some(v) = &f.source {
+        b.push(" AND source = ").bind(v.clone());
+    }
+    if let Some(v) = f.cursor {
+        b.push(" AND id < ").bind(v);
+    }
+    b.push(" ORDER BY id DESC LIMIT ").bind(limit + 1);
+    let (sql, args) = b.finish();
+    let mut items: Vec<LogRecord> = sqlx::query_as_with(&sql, args).fetch_all(store.pool()).await?;
+    let next_cursor = if items.len() as i64 > limit {
+        items.truncate(limit as usize);
+        items.last().map(|r| r.id)
+    } else {
+        None
+    };
+    Ok(LogPage { items, next_cursor })
+}
+
+/// Deletes logs older than `cutoff_ms`; returns how many.
+pub async fn prune(store: &Store, cutoff_ms: i64) -> StoreResult<u64> {
+    let r = sqlx::query("DELETE FROM request_logs WHERE ts < $1")
+        .bind(cutoff_ms)
+        .execute(store.pool())
+        .await?;
+    Ok(r.rows_affected())
+}
+
+/// The sending side: cheap, synchronous, never blocks the request path.
+#[derive(Clone)]
+pub struct LogSink {
+    tx: mpsc::UnboundedSender<LogRecord>,
+    depth: Arc<AtomicI64>,
+}
+
+impl LogSink {
+    /// Queues a record for the writer.
+    pub fn send(&self, record: LogRecord) {
+        if self.tx.send(record).is_ok() {
+            let d = self.depth.fetch_add(1, Ordering::Relaxed) + 1;
+            metrics::gauge!("aigw_log_queue_depth").set(d as f64);
+        }
+    }
+
+    /// Records queued and not yet written.
+    pub fn depth(&self) -> i64 {
+        self.depth.load(Ordering::Relaxed)
+    }
+}
+
+/// Starts the writer; it drains the queue into the store in batches until `stop`, then writes
+/// what is left.
+pub fn start_writer(store: Store, stop: CancellationToken, tasks: &tokio_util::task::TaskTracker) -> LogSink {
+    let (tx, mut rx) = mpsc::unbounded_channel::<LogRecord>();
+    let depth = Arc::new(AtomicI64::new(0));
+    let d = depth.clone();
+    tasks.spawn(async move {
+        let mut batch = Vec::with_capacity(BATCH);
+        loop {
+            let first = tokio::select! {
+                r = rx.recv() => r,
+                () = stop.cancelled() => None,
+            };
+            let Some(first) = first else { break };
+            batch.push(first);
+            while batch.len() < BATCH * 4 {
+                match rx.try_recv() {
+                    Ok(r) => batch.push(r),
+                    Err(_) => break,
+                }
+            }
+            write_with_retry(&store, &mut batch, &d, &stop).await;
+        }
+        // Shutdown: the server has stopped taking requests; write what is still queued.
+        rx.close();
+        while let Some(r) = rx.recv().await {
+            batch.push(r);
+        }
+        if !batch.is_empty() {
+            write_with_retry(&store, &mut batch, &d, &CancellationToken::new()).await;
+        }
+    });
+    LogSink { tx, depth }
+}
+
+async fn write_with_retry(
+    store: &Store,
+    batch: &mut Vec<LogRecord>,
+    depth: &AtomicI64,
+    stop: &CancellationToken,
+) {
+    let mut wait = Duration::from_millis(100);
+    for attempt in 1.. {
+        match insert_batch(store, batch).await {
+            Ok(()) => break,
+            Err(e) => {
+                tracing::warn!(error = %e, rows = batch.len(), attempt, "request log write failed; retrying");
+                // Keep retrying while running (the queue holds the rows); during shutdown give
+                // the database a few more tries, then report the loss.
+                if stop.is_cancelled() && attempt >= 5 {
+                    tracing::error!(
+                        rows = batch.len(),
+                        "request logs could not be written and were dropped"
+                    );
+                    break;
+                }
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(Duration::from_secs(5));
+            }
+        }
+    }
+    let d = depth.fetch_sub(batch.len() as i64, Ordering::Relaxed) - batch.len() as i64;
+    metrics::gauge!("aigw_log_queue_depth").set(d as f64);
+    batch.clear();
+}
+
+/// Starts the retention task: prunes at start and every hour.
+pub fn start_retention(
+    store: Store,
+    clock: Clock,
+    days: u32,
+    stop: CancellationToken,
+    tasks: &tokio_util::task::TaskTracker,
+) {
+    tasks.spawn(async move {
+        loop {
+            let cutoff = clock.now_ms() - i64::from(days) * 86_400_000;
+            match prune(&store, cutoff).await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(rows = n, days, "pruned request logs past retention"),
+                Err(e) => tracing::warn!(error = %e, "request log retention failed"),
+            }
+            tokio::select! {
+                () = tokio::time::sleep(Duration::from_secs(3600)) => {},
+                () = stop.cancelled() => break,
+            }
+        }
+    });
+}

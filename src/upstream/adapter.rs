@@ -1,0 +1,469 @@
+//! How one request goes out to a provider and how its usage comes back. OpenAI, OpenRouter,
+//! Gemini (OpenAI-compatible endpoint) and any OpenAI-compatible URL share the OpenAI adapter;
+//! Anthropic's Messages API has its own. Streams are framed per SSE event and tapped for usage
+//! and mid-stream errors as they pass; nothing is buffered beyond one event.
+
+use bytes::{Bytes, BytesMut};
+use serde::Deserialize;
+use serde_json::{Map, Value};
+
+use super::Provider;
+use super::pool::Credential;
+
+/// A proxied endpoint.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Endpoint {
+    /// `POST /v1/chat/completions`.
+    ChatCompletions,
+    /// `POST /v1/embeddings`.
+    Embeddings,
+    /// `POST /v1/messages` (Anthropic format).
+    Messages,
+}
+
+impl Endpoint {
+    /// Path under the provider's base URL.
+    pub fn path(self) -> &'static str {
+        match self {
+            Endpoint::ChatCompletions => "/chat/completions",
+            Endpoint::Embeddings => "/embeddings",
+            Endpoint::Messages => "/messages",
+        }
+    }
+
+    /// Name in logs and metrics.
+    pub fn name(self) -> &'static str {
+        match self {
+            Endpoint::ChatCompletions => "chat.completions",
+            Endpoint::Embeddings => "embeddings",
+            Endpoint::Messages => "messages",
+        }
+    }
+
+    /// Whether a credential of `provider` can serve this endpoint.
+    pub fn served_by(self, provider: Provider) -> bool {
+        match self {
+            Endpoint::Messages => provider.speaks_anthropic(),
+            Endpoint::ChatCompletions | Endpoint::Embeddings => !provider.speaks_anthropic(),
+        }
+    }
+}
+
+/// Tokens of one call.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Usage {
+    /// Prompt (input) tokens, cache reads and writes included.
+    pub prompt: u64,
+    /// Completion (output) tokens.
+    pub completion: u64,
+}
+
+impl Usage {
+    /// Prompt plus completion.
+    pub fn total(self) -> u64 {
+        self.prompt + self.completion
+    }
+}
+
+/// The outgoing request for one attempt.
+pub struct Outgoing {
+    /// Full URL.
+    pub url: String,
+    /// JSON body.
+    pub body: Bytes,
+}
+
+/// Builds the attempt's request body: the client's JSON with the upstream model name, and for an
+/// OpenAI-family stream the usage chunk requested (`strip_usage` tells whether the client asked
+/// for it itself).
+pub fn outgoing(
+    endpoint: Endpoint,
+    cred: &Credential,
+    body: &mut Map<String, Value>,
+    upstream_model: &str,
+) -> Outgoing {
+    body.insert("model".to_owned(), Value::String(upstream_model.to_owned()));
+    let url = format!("{}{}", cred.base_url, endpoint.path());
+    let bytes = serde_json::to_vec(body).unwrap_or_default();
+    Outgoing {
+        url,
+        body: Bytes::from(bytes),
+    }
+}
+
+/// For an OpenAI-family stream: asks for the usage chunk; returns true when the client had not
+/// asked for it (so the gateway removes it again).
+pub fn request_stream_usage(body: &mut Map<String, Value>) -> bool {
+    let asked = body
+        .get("stream_options")
+        .and_then(|o| o.get("include_usage"))
+        .and_then(Value::as_bool)
+        == Some(true);
+    if asked {
+        return false;
+    }
+    match body.get_mut("stream_options") {
+        Some(Value::Object(o)) => {
+            o.insert("include_usage".to_owned(), Value::Bool(true));
+        }
+        _ => {
+            let mut o = Map::new();
+            o.insert("include_usage".to_owned(), Value::Bool(true));
+            body.insert("stream_options".to_owned(), Value::Object(o));
+        }
+    }
+    true
+}
+
+#[derive(Deserialize)]
+struct OpenAiUsage {
+    #[serde(default)]
+    prompt_tokens: u64,
+    #[serde(default)]
+    completion_tokens: u64,
+}
+
+#[derive(Deserialize)]
+struct AnthropicUsage {
+    #[serde(default)]
+    input_tokens: u64,
+    #[serde(default)]
+    output_tokens: u64,
+    #[serde(default)]
+    cache_creation_input_tokens: Option<u64>,
+    #[serde(default)]
+    cache_read_input_tokens: Option<u64>,
+}
+
+impl AnthropicUsage {
+    fn prompt(&self) -> u64 {
+        self.input_tokens
+            + self.cache_creation_input_tokens.unwrap_or(0)
+            + self.cache_read_input_tokens.unwrap_or(0)
+    }
+}
+
+#[derive(Deserialize)]
+struct WithUsage<U> {
+    usage: Option<U>,
+}
+
+/// Usage of a complete (not streamed) response body.
+pub fn usage_of_body(endpoint: Endpoint, body: &[u8]) -> Option<Usage> {
+    match endpoint {
+        Endpoint::Messages => serde_json::from_slice::<WithUsage<AnthropicUsage>>(body)
+            .ok()?
+            .usage
+            .map(|u| Usage {
+                prompt: u.prompt(),
+                completion: u.output_tokens,
+            }),
+        _ => serde_json::from_slice::<WithUsage<OpenAiUsage>>(body)
+            .ok()?
+            .usage
+            .map(|u| Usage {
+                prompt: u.prompt_tokens,
+                completion: u.completion_tokens,
+            }),
+    }
+}
+
+/// Watches a stream event by event: usage, delivered content chunks, mid-stream errors; and
+/// removes what the gateway itself asked for (the extra usage chunk and `"usage":null` fields).
+#[derive(Debug, Default)]
+pub struct SseTap {
+    anthropic: bool,
+    strip_usage: bool,
+    pending: BytesMut,
+    /// Usage reported by the upstream so far.
+    pub usage: Option<Usage>,
+    /// Content chunks forwarded to the client (an estimate of completion tokens).
+    pub content_chunks: u64,
+    /// A mid-stream error event passed to the client, with its message.
+    pub error: Option<String>,
+    /// Whether the stream ended properly (`[DONE]` or `message_stop`).
+    pub finished: bool,
+}
+
+impl SseTap {
+    /// A tap for this endpoint.
+    pub fn new(endpoint: Endpoint, strip_usage: bool) -> Self {
+        SseTap {
+            anthropic: endpoint == Endpoint::Messages,
+            strip_usage,
+            ..SseTap::default()
+        }
+    }
+
+    /// Feeds bytes from upstream; returns the complete events to forward (possibly empty).
+    pub fn feed(&mut self, chunk: &[u8]) -> Bytes {
+        self.pending.extend_from_slice(chunk);
+        let mut out = BytesMut::new();
+        while let Some((end, sep)) = event_end(&self.pending) {
+            let event = self.pending.split_to(end + sep).freeze();
+            self.inspect(&event, &mut out);
+        }
+        out.freeze()
+    }
+
+    /// Whatever is left when the upstream ends (an unterminated last event).
+    pub fn finish(&mut self) -> Bytes {
+        let rest = std::mem::take(&mut self.pending).freeze();
+        if rest.iter().all(u8::is_ascii_whitespace) {
+            return Bytes::new();
+        }
+        let mut out = BytesMut::new();
+        self.inspect(&rest, &mut out);
+        out.freeze()
+    }
+
+    fn inspect(&mut self, event: &Bytes, out: &mut BytesMut) {
+        let text = match std::str::from_utf8(event) {
+            Ok(t) => t,
+            Err(_) => {
+                out.extend_from_slice(event);
+                return;
+            }
+        };
+        if self.anthropic {
+            self.inspect_anthropic(text);
+            out.extend_from_slice(event);
+            return;
+        }
+        let data = data_of(text);
+        if data.trim() == "[DONE]" {
+            self.finished = true;
+            out.extend_from_slice(event);
+            return;
+        }
+        if data.contains("\"finish_reason\":\"error\"") || data.trim_start().starts_with("{\"error\"") {
+            self.error = Some(error_message(data));
+        }
+        if data.contains("\"content\":\"") && !data.contains("\"content\":\"\"") {
+            self.content_chunks += 1;
+        }
+        let mut usage_chunk = false;
+        if data.contains("\"usage\":{") || data.contains("\"usage\": {") {
+            if let Ok(v) = serde_json::from_str::<Value>(data) {
+                if let Some(u) = v
+                    .get("usage")
+                    .and_then(|u| serde_json::from_value::<OpenAiUsage>(u.clone()).ok())
+                {
+                    self.usage = Some(Usage {
+                        prompt: u.prompt_tokens,
+                        completion: u.completion_tokens,
+                    });
+                }
+                usage_chunk = v
+                    .get("choices")
+                    .and_then(Value::as_array)
+                    .is_some_and(Vec::is_empty);
+            }
+        }
+        if self.strip_usage {
+            if usage_chunk {
+                return;
+            }
+            if text.contains("\"usage\":null") {
+                let cleaned = text.replace(",\"usage\":null", "").replace("\"usage\":null,", "");
+                out.extend_from_slice(cleaned.as_bytes());
+                return;
+            }
+        }
+        out.extend_from_slice(event);
+    }
+
+    fn inspect_anthropic(&mut self, text: &str) {
+        let kind = text
+            .lines()
+            .find_map(|l| l.strip_prefix("event:"))
+            .map(str::trim)
+            .unwrap_or_default();
+        match kind {
+            "message_start" => {
+                if let Ok(v) = serde_json::from_str::<Value>(data_of(text))
+                    && let Some(u) = v.pointer("/message/usage")
+                    && let Ok(u) = serde_json::from_value::<AnthropicUsage>(u.clone())
+                {
+                    self.usage = Some(Usage {
+                        prompt: u.prompt(),
+                        completion: u.output_tokens,
+                    });
+                }
+            }
+            "message_delta" => {
+                if let Ok(v) = serde_json::from_str::<Value>(data_of(text))
+                    && let Some(out) = v.pointer("/usage/output_tokens").and_then(Value::as_u64)
+                {
+                    let u = self.usage.get_or_insert_default();
+                    u.completion = out;
+                }
+            }
+            "content_block_delta" => self.content_chunks += 1,
+            "message_stop" => self.finished = true,
+            "error" => self.error = Some(error_message(data_of(text))),
+            _ => {}
+        }
+    }
+}
+
+/// The end of the first complete event in `buf`: (index of the separator, its length).
+fn event_end(buf: &[u8]) -> Option<(usize, usize)> {
+    let lf = buf.windows(2).position(|w| w == b"\n\n").map(|i| (i, 2));
+    let crlf = buf.windows(4).position(|w| w == b"\r\n\r\n").map(|i| (i, 4));
+    match (lf, crlf) {
+        (Some(a), Some(b)) => Some(if a.0 <= b.0 { a } else { b }),
+        (a, b) => a.or(b),
+    }
+}
+
+/// The `data:` payload of an event (multi-line data joined).
+fn data_of(event: &str) -> &str {
+    // Providers send one data line per event; take the first.
+    event
+        .lines()
+        .find_map(|l| l.strip_prefix("data:"))
+        .map(str::trim_start)
+        .unwrap_or_default()
+}
+
+fn error_message(data: &str) -> String {
+    serde_json::from_str::<Value>(data)
+        .ok()
+        .and_then(|v| {
+            v.pointer("/error/message")
+                .and_then(Value::as_str)
+                .map(str::to_owned)
+        })
+        .unwrap_or_else(|| "mid-stream error".to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn feed_all(tap: &mut SseTap, parts: &[&str]) -> String {
+        let mut out = String::new();
+        for p in parts {
+            out.push_str(std::str::from_utf8(&tap.feed(p.as_bytes())).unwrap());
+        }
+        out.push_str(std::str::from_utf8(&tap.finish()).unwrap());
+        out
+    }
+
+    #[test]
+    fn openai_usage_chunk_is_read_and_stripped_when_injected() {
+        let events = [
+            "data: {\"choices\":[{\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}],\"usage\":null}\n\n",
+            "data: {\"choices\":[{\"delta\":{\"content\":\"Hi\"}}],\"usage\":null}\n\n",
+            "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":7,\"completion_tokens\":2,\"total_tokens\":9}}\n\n",
+            "data: [DONE]\n\n",
+        ];
+        let joined = events.concat();
+        // Split at awkward places: the tap must frame events itself.
+        let parts: Vec<&str> = vec![&joined[..10], &joined[10..95], &joined[95..]];
+        let mut tap = SseTap::new(Endpoint::ChatCompletions, true);
+        let out = feed_all(&mut tap, &parts);
+        assert_eq!(
+            tap.usage,
+            Some(Usage {
+                prompt: 7,
+                completion: 2
+            })
+        );
+        assert!(!out.contains("usage"), "{out}");
+        assert!(out.contains("\"content\":\"Hi\""));
+        assert!(out.ends_with("data: [DONE]\n\n"));
+        assert!(tap.finished);
+        assert_eq!(tap.content_chunks, 1);
+
+        let mut tap = SseTap::new(Endpoint::ChatCompletions, false);
+        let out = feed_all(&mut tap, &[&joined]);
+        assert_eq!(
+            out, joined,
+            "a client that asked for usage gets the stream untouched"
+        );
+        assert_eq!(
+            tap.usage,
+            Some(Usage {
+                prompt: 7,
+                completion: 2
+            })
+        );
+    }
+
+    #[test]
+    fn mid_stream_errors_are_noticed() {
+        let mut tap = SseTap::new(Endpoint::ChatCompletions, false);
+        feed_all(
+            &mut tap,
+            &["data: {\"error\":{\"message\":\"boom\"},\"choices\":[{\"finish_reason\":\"error\"}]}\n\n"],
+        );
+        assert_eq!(tap.error.as_deref(), Some("boom"));
+        let mut tap = SseTap::new(Endpoint::Messages, false);
+        feed_all(
+            &mut tap,
+            &[
+                "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"Overloaded\"}}\n\n",
+            ],
+        );
+        assert_eq!(tap.error.as_deref(), Some("Overloaded"));
+    }
+
+    #[test]
+    fn anthropic_usage_from_start_and_delta() {
+        let mut tap = SseTap::new(Endpoint::Messages, false);
+        let s = "event: message_start\r\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":12,\"cache_read_input_tokens\":3,\"output_tokens\":1}}}\r\n\r\n\
+                 event: content_block_delta\ndata: {\"delta\":{\"text\":\"a\"}}\n\n\
+                 event: message_delta\ndata: {\"usage\":{\"output_tokens\":9}}\n\n\
+                 event: message_stop\ndata: {}\n\n";
+        let out = feed_all(&mut tap, &[s]);
+        assert_eq!(out, s);
+        assert_eq!(
+            tap.usage,
+            Some(Usage {
+                prompt: 15,
+                completion: 9
+            })
+        );
+        assert_eq!(tap.content_chunks, 1);
+        assert!(tap.finished);
+    }
+
+    #[test]
+    fn body_usage() {
+        let u = usage_of_body(
+            Endpoint::ChatCompletions,
+            br#"{"usage":{"prompt_tokens":3,"completion_tokens":4}}"#,
+        );
+        assert_eq!(
+            u,
+            Some(Usage {
+                prompt: 3,
+                completion: 4
+            })
+        );
+        let u = usage_of_body(
+            Endpoint::Messages,
+            br#"{"usage":{"input_tokens":3,"output_tokens":4}}"#,
+        );
+        assert_eq!(
+            u,
+            Some(Usage {
+                prompt: 3,
+                completion: 4
+            })
+        );
+        assert_eq!(usage_of_body(Endpoint::Embeddings, b"not json"), None);
+    }
+
+    #[test]
+    fn stream_usage_is_requested_once() {
+        let mut m: Map<String, Value> = serde_json::from_str(r#"{"stream":true}"#).unwrap();
+        assert!(request_stream_usage(&mut m));
+        assert_eq!(m["stream_options"]["include_usage"], true);
+        let mut m: Map<String, Value> =
+            serde_json::from_str(r#"{"stream":true,"stream_options":{"include_usage":true}}"#).unwrap();
+        assert!(!request_stream_usage(&mut m));
+    }
+}

@@ -1,0 +1,195 @@
+//! The routing snapshot: which credentials serve which public model in each workspace, with
+//! secrets opened in memory. Rebuilt from the store when the configuration epoch changes and
+//! swapped in atomically; the request path only reads it.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use crate::config::Secret;
+use crate::crypto::MasterKey;
+use crate::store::{ModelRow, ModelStore, Store, StoreResult, UpstreamRow, UpstreamStore, WorkspaceStore};
+
+use super::Provider;
+
+/// An upstream credential ready to dispatch to.
+#[derive(Debug)]
+pub struct Credential {
+    /// Row id.
+    pub id: i64,
+    /// Owning workspace.
+    pub workspace_id: i64,
+    /// Name, unique in the workspace.
+    pub name: String,
+    /// Provider kind.
+    pub provider: Provider,
+    /// Base URL without trailing slash.
+    pub base_url: String,
+    /// The opened secret (never logged).
+    pub secret: Secret,
+    /// Lower is tried first.
+    pub priority: i64,
+    /// Share within a priority.
+    pub weight: i64,
+    /// Requests in flight at most.
+    pub max_in_flight: i64,
+    /// Own limits.
+    pub requests_per_minute: Option<i64>,
+    /// Own limits.
+    pub tokens_per_minute: Option<i64>,
+    /// Own limits.
+    pub requests_per_day: Option<i64>,
+    /// Credentials sharing one account quota.
+    pub quota_group: Option<String>,
+    /// Public model name → upstream model name.
+    pub models: HashMap<String, String>,
+}
+
+/// A public model of a workspace: price, fallbacks, and the credentials that serve it.
+#[derive(Debug)]
+pub struct ModelRoute {
+    /// Public name.
+    pub name: String,
+    /// Micro-credits per million prompt tokens.
+    pub price_prompt: i64,
+    /// Micro-credits per million completion tokens.
+    pub price_completion: i64,
+    /// Other public models to try, in order.
+    pub fallbacks: Vec<String>,
+    /// Credentials serving it, by priority.
+    pub credentials: Vec<Arc<Credential>>,
+}
+
+impl ModelRoute {
+    /// Micro-credits for this usage.
+    pub fn credits(&self, prompt: u64, completion: u64) -> i64 {
+        let micros = (i128::from(self.price_prompt) * i128::from(prompt)
+            + i128::from(self.price_completion) * i128::from(completion))
+            / 1_000_000;
+        i64::try_from(micros).unwrap_or(i64::MAX)
+    }
+}
+
+/// Everything routable in one workspace.
+#[derive(Debug, Default)]
+pub struct WorkspaceRoutes {
+    /// Time zone override for quota windows.
+    pub timezone: Option<chrono_tz::Tz>,
+    /// Public models by name.
+    pub models: HashMap<String, Arc<ModelRoute>>,
+}
+
+impl WorkspaceRoutes {
+    /// The model and its fallback chain (each model once, unknown names skipped).
+    pub fn chain(&self, model: &str) -> Vec<Arc<ModelRoute>> {
+        let mut out: Vec<Arc<ModelRoute>> = Vec::new();
+        let Some(first) = self.models.get(model) else {
+            return out;
+        };
+        out.push(first.clone());
+        for fb in &first.fallbacks {
+            if let Some(m) = self.models.get(fb)
+                && !out.iter().any(|o| o.name == m.name)
+            {
+                out.push(m.clone());
+            }
+        }
+        out
+    }
+}
+
+/// The routing snapshot of every workspace.
+#[derive(Debug, Default)]
+pub struct Routes {
+    /// By workspace id.
+    pub workspaces: HashMap<i64, WorkspaceRoutes>,
+}
+
+impl Routes {
+    /// Builds the snapshot from the store. A credential whose secret cannot be opened (another
+    /// master key) is left out with an error in the log, not a failed start.
+    pub async fn load(store: &Store, master: &MasterKey) -> StoreResult<Routes> {
+        let upstreams = store.all_upstreams().await?;
+        let models = store.all_models().await?;
+        let mut routes = Routes::default();
+        for ws in store.workspaces().await? {
+            routes.workspaces.insert(
+                ws.id,
+                WorkspaceRoutes {
+                    timezone: ws.timezone.as_deref().and_then(|t| t.parse().ok()),
+                    models: HashMap::new(),
+                },
+            );
+        }
+        let mut creds: Vec<Arc<Credential>> = Vec::new();
+        for u in upstreams.iter().filter(|u| u.enabled == 1) {
+            match credential(u, master) {
+                Some(c) => creds.push(Arc::new(c)),
+                None => tracing::error!(
+                    upstream = %u.name,
+                    "cannot open this upstream's secret (different master key?); it is not routed"
+                ),
+            }
+        }
+        creds.sort_by_key(|c| (c.priority, c.id));
+        let by_ws_model: HashMap<(i64, &str), &ModelRow> = models
+            .iter()
+            .map(|m| ((m.workspace_id, m.name.as_str()), m))
+            .collect();
+        // Public models: those declared, plus those a credential serves without a declaration.
+        let mut names: Vec<(i64, String)> = models.iter().map(|m| (m.workspace_id, m.name.clone())).collect();
+        for u in upstreams.iter().filter(|u| u.enabled == 1) {
+            for m in u.served_models() {
+                names.push((u.workspace_id, m.name));
+            }
+        }
+        names.sort();
+        names.dedup();
+        for (ws, name) in names {
+            let row = by_ws_model.get(&(ws, name.as_str()));
+            let credentials: Vec<Arc<Credential>> = creds
+                .iter()
+                .filter(|c| c.workspace_id == ws && c.models.contains_key(&name))
+                .cloned()
+                .collect();
+            let route = ModelRoute {
+                price_prompt: row.map_or(0, |r| r.price_prompt),
+                price_completion: row.map_or(0, |r| r.price_completion),
+                fallbacks: row.map(|r| r.fallback_names()).unwrap_or_default(),
+                name: name.clone(),
+                credentials,
+            };
+            routes
+                .workspaces
+                .entry(ws)
+                .or_default()
+                .models
+                .insert(name, Arc::new(route));
+        }
+        Ok(routes)
+    }
+}
+
+fn credential(u: &UpstreamRow, master: &MasterKey) -> Option<Credential> {
+    let secret = master.open(&u.secret_sealed).ok()?;
+    let provider: Provider = u.provider.parse().ok()?;
+    Some(Credential {
+        id: u.id,
+        workspace_id: u.workspace_id,
+        name: u.name.clone(),
+        provider,
+        base_url: u.base_url.trim_end_matches('/').to_owned(),
+        secret: Secret::new(secret),
+        priority: u.priority,
+        weight: u.weight.max(1),
+        max_in_flight: u.max_in_flight.max(1),
+        requests_per_minute: u.requests_per_minute,
+        tokens_per_minute: u.tokens_per_minute,
+        requests_per_day: u.requests_per_day,
+        quota_group: u.quota_group.clone(),
+        models: u
+            .served_models()
+            .into_iter()
+            .map(|m| (m.name, m.upstream))
+            .collect(),
+    })
+}

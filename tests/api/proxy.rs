@@ -1,0 +1,693 @@
+//! The proxy path against the mock upstream: OpenAI and Anthropic shapes, streaming, usage,
+//! errors, failover, request logs.
+
+use std::time::{Duration, Instant};
+
+use aigw::mock_upstream::{MockUpstream, Script};
+use aigw::store::{KeyStore, WorkspaceStore};
+use futures::StreamExt;
+use serde_json::{Value, json};
+
+use crate::both_backends;
+use crate::helpers::{Setup, TestApp, TestDb, spawn_app};
+
+pub const KEY: &str = "sk-aigw-ProxyTestKey0123456789abcdefghij";
+
+/// A workspace with one key, two OpenAI-compatible credentials and one Anthropic credential,
+/// all on `mock`.
+pub fn resources(mock: &MockUpstream) -> String {
+    let url = mock.base_url();
+    format!(
+        r#"
+[[workspace]]
+name = "acme"
+[[member]]
+workspace = "acme"
+email = "ada@acme.test"
+role = "member"
+[[api_key]]
+member = "ada@acme.test"
+name = "ci"
+key = "{KEY}"
+[[upstream]]
+workspace = "acme"
+name = "primary"
+provider = "openai-compatible"
+base_url = "{url}"
+api_key = "cred-primary"
+models = ["gpt-4o-mini", "text-embedding-3-small", {{ name = "fast", upstream = "fast-upstream" }}]
+priority = 0
+[[upstream]]
+workspace = "acme"
+name = "backup"
+provider = "openai"
+base_url = "{url}"
+api_key = "cred-backup"
+models = ["gpt-4o-mini"]
+priority = 1
+[[upstream]]
+workspace = "acme"
+name = "claude"
+provider = "anthropic"
+base_url = "{url}"
+api_key = "cred-claude"
+models = ["claude-sonnet"]
+[[model]]
+workspace = "acme"
+name = "gpt-4o-mini"
+fallbacks = ["fast"]
+price = {{ prompt = 1.0, completion = 2.0 }}
+[[model]]
+workspace = "acme"
+name = "fast"
+"#
+    )
+}
+
+async fn start(db: &TestDb) -> (TestApp, MockUpstream) {
+    let mock = MockUpstream::start().await.unwrap();
+    let app = spawn_app(db, Setup::resources(resources(&mock))).await;
+    (app, mock)
+}
+
+fn chat(stream: bool) -> Value {
+    json!({"model": "gpt-4o-mini", "stream": stream, "messages": [{"role": "user", "content": "say hello to me"}]})
+}
+
+both_backends!(
+    chat_non_streamed_logs_the_upstream_usage,
+    chat_stream_hides_the_injected_usage_chunk,
+    chat_stream_keeps_usage_the_client_asked_for,
+    embeddings_and_models,
+    anthropic_messages_streamed_and_not,
+    bad_requests_get_clear_errors_and_are_logged,
+    unknown_keys_are_refused_and_throttled,
+    last_upstream_error_goes_back_as_is,
+    failover_to_the_next_credential_and_model,
+    slow_stream_arrives_chunk_by_chunk,
+    client_disconnect_still_logs_delivered_tokens,
+    mid_stream_error_is_passed_logged_and_counted,
+    deleted_key_stops_working_within_a_second,
+    metrics_are_exposed,
+);
+
+async fn chat_non_streamed_logs_the_upstream_usage(db: TestDb) {
+    let (app, mock) = start(&db).await;
+    let r = app.post_json("/v1/chat/completions", KEY, &chat(false)).await;
+    assert_eq!(r.status(), 200);
+    let request_id = r.headers()["x-request-id"].to_str().unwrap().to_owned();
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["object"], "chat.completion");
+    let call = &mock.calls()[0];
+    assert_eq!(
+        call.credential.as_deref(),
+        Some("cred-primary"),
+        "priority 0 first"
+    );
+    let (prompt, completion) = call.usage.unwrap();
+    assert_eq!(body["usage"]["prompt_tokens"], prompt);
+    let logs = app.logs("acme", 1).await;
+    let log = &logs[0];
+    assert_eq!(log.request_id, request_id);
+    assert_eq!((log.status, log.attempts), (200, 1));
+    assert_eq!(
+        (log.prompt_tokens, log.completion_tokens),
+        (prompt as i64, completion as i64)
+    );
+    assert_eq!(log.total_tokens, (prompt + completion) as i64);
+    // 1 credit / M prompt + 2 credits / M completion tokens, in micro-credits.
+    assert_eq!(log.credits, prompt as i64 + 2 * completion as i64);
+    assert_eq!(log.model_requested.as_deref(), Some("gpt-4o-mini"));
+    assert_eq!(log.model_served.as_deref(), Some("gpt-4o-mini"));
+    assert_eq!(log.endpoint, "chat.completions");
+    assert_eq!(log.usage_estimated, 0);
+    assert!(log.source.is_none());
+    app.stop().await;
+}
+
+async fn read_stream(r: reqwest::Response) -> String {
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["content-type"], "text/event-stream");
+    r.text().await.unwrap()
+}
+
+async fn chat_stream_hides_the_injected_usage_chunk(db: TestDb) {
+    let (app, mock) = start(&db).await;
+    let text = read_stream(app.post_json("/v1/chat/completions", KEY, &chat(true)).await).await;
+    assert!(
+        !text.contains("usage"),
+        "the client did not ask for usage: {text}"
+    );
+    assert!(text.trim_end().ends_with("data: [DONE]"));
+    let sent = &mock.calls()[0].body;
+    assert_eq!(
+        sent["stream_options"]["include_usage"], true,
+        "the gateway asked for usage itself"
+    );
+    let (prompt, completion) = mock.calls()[0].usage.unwrap();
+    let log = &app.logs("acme", 1).await[0];
+    assert_eq!(
+        (log.prompt_tokens, log.completion_tokens),
+        (prompt as i64, completion as i64)
+    );
+    assert_eq!((log.stream, log.usage_estimated), (1, 0));
+    assert!(log.ttfb_ms.is_some());
+    app.stop().await;
+}
+
+async fn chat_stream_keeps_usage_the_client_asked_for(db: TestDb) {
+    let (app, _mock) = start(&db).await;
+    let mut body = chat(true);
+    body["stream_options"] = json!({"include_usage": true});
+    let text = read_stream(app.post_json("/v1/chat/completions", KEY, &body).await).await;
+    assert!(text.contains("\"usage\":{"), "{text}");
+    assert!(
+        text.contains("\"usage\":null"),
+        "untouched when the client asked: {text}"
+    );
+    app.stop().await;
+}
+
+async fn embeddings_and_models(db: TestDb) {
+    let (app, mock) = start(&db).await;
+    let r = app
+        .post_json(
+            "/v1/embeddings",
+            KEY,
+            &json!({"model": "text-embedding-3-small", "input": ["a b c", "d"]}),
+        )
+        .await;
+    assert_eq!(r.status(), 200);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["data"].as_array().unwrap().len(), 2);
+    let log = &app.logs("acme", 1).await[0];
+    assert_eq!((log.endpoint.as_str(), log.prompt_tokens), ("embeddings", 4));
+    assert_eq!(mock.calls()[0].path, "/v1/embeddings");
+
+    let r = app
+        .client
+        .get(format!("{}/v1/models", app.address))
+        .header("x-api-key", KEY)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let body: Value = r.json().await.unwrap();
+    let ids: Vec<&str> = body["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        ids,
+        ["claude-sonnet", "fast", "gpt-4o-mini", "text-embedding-3-small"]
+    );
+    let r = app.get("/v1/models").await;
+    assert_eq!(r.status(), 401);
+    app.stop().await;
+}
+
+async fn anthropic_messages_streamed_and_not(db: TestDb) {
+    let (app, mock) = start(&db).await;
+    let body = json!({"model": "claude-sonnet", "max_tokens": 64, "messages": [{"role": "user", "content": "hi there"}]});
+    let r = app
+        .client
+        .post(format!("{}/v1/messages", app.address))
+        .header("x-api-key", KEY)
+        .header("anthropic-version", "2023-06-01")
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["type"], "message");
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let r = app
+        .client
+        .post(format!("{}/v1/messages", app.address))
+        .header("x-api-key", KEY)
+        .json(&streamed)
+        .send()
+        .await
+        .unwrap();
+    let text = read_stream(r).await;
+    assert!(text.contains("event: message_stop"));
+    let calls = mock.calls();
+    assert!(
+        calls
+            .iter()
+            .all(|c| c.credential.as_deref() == Some("cred-claude") && c.path == "/v1/messages")
+    );
+    let logs = app.logs("acme", 2).await;
+    for (log, call) in logs.iter().rev().zip(&calls) {
+        let (i, o) = call.usage.unwrap();
+        assert_eq!(
+            (log.prompt_tokens, log.completion_tokens),
+            (i as i64, o as i64),
+            "{log:?}"
+        );
+        assert_eq!(log.endpoint, "messages");
+    }
+    // A chat model is not served on /v1/messages (no Anthropic credential serves it).
+    let r = app
+        .post_json(
+            "/v1/messages",
+            KEY,
+            &json!({"model": "gpt-4o-mini", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]}),
+        )
+        .await;
+    assert_eq!(r.status(), 502);
+    app.stop().await;
+}
+
+async fn bad_requests_get_clear_errors_and_are_logged(db: TestDb) {
+    let mock = MockUpstream::start().await.unwrap();
+    let app = spawn_app(
+        &db,
+        Setup {
+            settings: Box::new(|s| s.max_body_bytes = 4096),
+            ..Setup::resources(resources(&mock))
+        },
+    )
+    .await;
+    let url = format!("{}/v1/chat/completions", app.address);
+    let send = |body: Vec<u8>| {
+        app.client
+            .post(&url)
+            .bearer_auth(KEY)
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+    };
+    let cases: Vec<(Vec<u8>, u16, &str)> = vec![
+        (b"{not json".to_vec(), 400, "invalid_request_error"),
+        (vec![0xff, 0xfe, 0x00], 400, "invalid_request_error"),
+        (
+            br#"{"messages":[{"role":"user","content":"x"}]}"#.to_vec(),
+            400,
+            "invalid_request_error",
+        ),
+        (
+            br#"{"model":"gpt-4o-mini","messages":"x"}"#.to_vec(),
+            400,
+            "invalid_request_error",
+        ),
+        (
+            br#"{"model":"no-such-model","messages":[{"role":"user","content":"x"}]}"#.to_vec(),
+            404,
+            "model_not_found",
+        ),
+        (
+            format!(
+                r#"{{"model":"gpt-4o-mini","messages":[{{"role":"user","content":"{}"}}]}}"#,
+                "x".repeat(5000)
+            )
+            .into_bytes(),
+            413,
+            "request_too_large",
+        ),
+    ];
+    for (body, status, code) in &cases {
+        let r = send(body.clone()).await.unwrap();
+        assert_eq!(r.status(), *status, "{}", String::from_utf8_lossy(body));
+        assert_eq!(r.headers()["x-aigw-error-source"], "gateway");
+        let v: Value = r.json().await.unwrap();
+        assert_eq!(v["error"]["code"], *code);
+        assert!(v["error"]["message"].as_str().unwrap().len() > 10);
+    }
+    // A chunked body over the limit (no Content-Length) is refused too.
+    let big = futures::stream::iter((0..10).map(|_| Ok::<_, std::io::Error>(vec![b' '; 1000])));
+    let r = app
+        .client
+        .post(&url)
+        .bearer_auth(KEY)
+        .body(reqwest::Body::wrap_stream(big))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 413);
+    assert_eq!(mock.call_count(), 0, "nothing bad went upstream");
+    let logs = app.logs("acme", cases.len() + 1).await;
+    assert!(
+        logs.iter()
+            .all(|l| l.source.as_deref() == Some("gateway") && l.status >= 400)
+    );
+    assert!(
+        logs.iter()
+            .any(|l| l.code.as_deref() == Some("request_too_large"))
+    );
+    assert!(logs.iter().all(|l| l.explanation.starts_with("Gateway: ")));
+    app.stop().await;
+}
+
+async fn unknown_keys_are_refused_and_throttled(db: TestDb) {
+    let (app, mock) = start(&db).await;
+    let url = format!("{}/v1/chat/completions", app.address);
+    let r = app.client.post(&url).json(&chat(false)).send().await.unwrap();
+    assert_eq!(r.status(), 401);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "invalid_api_key");
+    let mut throttled = None;
+    for i in 0..30 {
+        let r = app
+            .post_json(
+                "/v1/chat/completions",
+                "sk-aigw-0000000000000000000000000000bad0",
+                &chat(false),
+            )
+            .await;
+        if r.status() == 429 {
+            throttled = Some((i, r));
+            break;
+        }
+        assert_eq!(r.status(), 401);
+    }
+    let (i, r) = throttled.expect("repeated failures from one address are slowed");
+    assert!(i >= 15, "a burst is allowed first ({i})");
+    assert!(r.headers().contains_key("retry-after"));
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "auth_rate_limited");
+    // The good key still works.
+    assert_eq!(
+        app.post_json("/v1/chat/completions", KEY, &chat(false))
+            .await
+            .status(),
+        200
+    );
+    assert_eq!(mock.call_count(), 1);
+    app.stop().await;
+}
+
+async fn last_upstream_error_goes_back_as_is(db: TestDb) {
+    let (app, mock) = start(&db).await;
+    let error = json!({"error": {"message": "Rate limit reached for gpt-4o-mini", "type": "requests", "code": "rate_limit_exceeded"}});
+    mock.script(
+        Script::any()
+            .model("gpt-4o-mini")
+            .header("retry-after", "7")
+            .error(429, error.clone()),
+    );
+    mock.script(
+        Script::any()
+            .model("fast-upstream")
+            .header("retry-after", "9")
+            .error(429, error.clone()),
+    );
+    let r = app.post_json("/v1/chat/completions", KEY, &chat(false)).await;
+    assert_eq!(r.status(), 429);
+    assert_eq!(r.headers()["x-aigw-error-source"], "upstream");
+    assert_eq!(r.headers()["retry-after"], "9", "the last upstream's Retry-After");
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v, error);
+    assert_eq!(mock.call_count(), 3, "primary, backup, then the fallback model");
+    let log = &app.logs("acme", 1).await[0];
+    assert_eq!((log.status, log.attempts), (429, 3));
+    assert_eq!(log.source.as_deref(), Some("upstream"));
+    assert_eq!(log.code.as_deref(), Some("rate_limit_exceeded"));
+    assert!(
+        log.explanation.contains("primary 429 (provider_named_reset)"),
+        "{}",
+        log.explanation
+    );
+    let detail: Value = serde_json::from_str(&log.attempts_detail).unwrap();
+    assert_eq!(detail.as_array().unwrap().len(), 3);
+    assert_eq!(detail[2]["model"], "fast");
+    app.stop().await;
+}
+
+async fn failover_to_the_next_credential_and_model(db: TestDb) {
+    let (app, mock) = start(&db).await;
+    mock.script(
+        Script::any()
+            .credential("cred-primary")
+            .times(1)
+            .error(500, json!({"error": {"message": "boom"}})),
+    );
+    let r = app.post_json("/v1/chat/completions", KEY, &chat(false)).await;
+    assert_eq!(r.status(), 200);
+    let calls = mock.calls();
+    assert_eq!(calls.len(), 2);
+    assert_eq!(calls[1].credential.as_deref(), Some("cred-backup"));
+    let log = &app.logs("acme", 1).await[0];
+    assert_eq!((log.status, log.attempts), (200, 2));
+    // A 400 about the request goes to the next model, not the next credential.
+    mock.reset();
+    mock.script(Script::any().model("gpt-4o-mini").times(1).error(
+        400,
+        json!({"error": {"message": "Unsupported parameter: 'foo'", "type": "invalid_request_error"}}),
+    ));
+    let r = app.post_json("/v1/chat/completions", KEY, &chat(false)).await;
+    assert_eq!(r.status(), 200);
+    let calls = mock.calls();
+    assert_eq!(calls.len(), 2);
+    assert_eq!(
+        calls[1].model.as_deref(),
+        Some("fast-upstream"),
+        "mapped upstream name of the fallback"
+    );
+    let log = &app.logs("acme", 2).await[0];
+    assert_eq!(log.model_served.as_deref(), Some("fast"));
+    app.stop().await;
+}
+
+async fn slow_stream_arrives_chunk_by_chunk(db: TestDb) {
+    let (app, mock) = start(&db).await;
+    mock.script(Script::any().chunk_delay(150).words(4));
+    let started = Instant::now();
+    let r = app.post_json("/v1/chat/completions", KEY, &chat(true)).await;
+    let mut stream = r.bytes_stream();
+    let first = stream.next().await.unwrap().unwrap();
+    let first_at = started.elapsed();
+    assert!(String::from_utf8_lossy(&first).starts_with("data: "));
+    let mut rest = Vec::new();
+    while let Some(chunk) = stream.next().await {
+        rest.extend_from_slice(&chunk.unwrap());
+    }
+    let done_at = started.elapsed();
+    // The upstream takes 7 × 150 ms; the first chunk must arrive long before the end.
+    assert!(
+        first_at < Duration::from_millis(500),
+        "first chunk after {first_at:?}"
+    );
+    assert!(
+        done_at - first_at > Duration::from_millis(600),
+        "{first_at:?} .. {done_at:?}"
+    );
+    app.stop().await;
+}
+
+async fn client_disconnect_still_logs_delivered_tokens(db: TestDb) {
+    let (app, mock) = start(&db).await;
+    mock.script(Script::any().chunk_delay(100).words(20));
+    let r = app.post_json("/v1/chat/completions", KEY, &chat(true)).await;
+    let mut stream = r.bytes_stream();
+    let mut received = String::new();
+    while received.matches("\"content\":\"").count() < 4 {
+        received.push_str(&String::from_utf8_lossy(&stream.next().await.unwrap().unwrap()));
+    }
+    drop(stream);
+    let delivered = received.matches("\"content\":\"").count() as i64 - 1; // the role chunk is empty
+    let log = &app.logs("acme", 1).await[0];
+    assert_eq!(log.usage_estimated, 1);
+    assert_eq!(log.code.as_deref(), Some("client_disconnected"));
+    assert!(
+        log.completion_tokens >= delivered && log.completion_tokens <= delivered + 1,
+        "{log:?} vs {delivered}"
+    );
+    assert!(log.prompt_tokens > 0);
+    app.stop().await;
+}
+
+async fn mid_stream_error_is_passed_logged_and_counted(db: TestDb) {
+    let (app, mock) = start(&db).await;
+    mock.script(Script {
+        error_after_chunks: Some(2),
+        ..Script::any()
+    });
+    let text = read_stream(app.post_json("/v1/chat/completions", KEY, &chat(true)).await).await;
+    assert!(
+        text.contains("\"finish_reason\":\"error\""),
+        "passed to the client: {text}"
+    );
+    assert_eq!(mock.call_count(), 1, "nothing fails over once bytes were sent");
+    let log = &app.logs("acme", 1).await[0];
+    assert_eq!(log.code.as_deref(), Some("upstream_stream_error"));
+    assert_eq!(log.source.as_deref(), Some("upstream"));
+    assert!(log.explanation.contains("mid-stream error"));
+    let metrics = app.get("/metrics").await.text().await.unwrap();
+    assert!(metrics.contains("aigw_stream_errors_total"));
+    app.stop().await;
+}
+
+async fn deleted_key_stops_working_within_a_second(db: TestDb) {
+    let (app, _mock) = start(&db).await;
+    assert_eq!(
+        app.post_json("/v1/chat/completions", KEY, &chat(false))
+            .await
+            .status(),
+        200
+    );
+    let store = &app.state.store;
+    let ident = store
+        .identity_by_hash(&aigw::crypto::hash_api_key(KEY))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(store.delete_key(ident.key_id).await.unwrap());
+    store.bump_config_epoch().await.unwrap();
+    let deleted_at = Instant::now();
+    loop {
+        let status = app
+            .post_json("/v1/chat/completions", KEY, &chat(false))
+            .await
+            .status();
+        if status == 401 {
+            break;
+        }
+        assert!(
+            deleted_at.elapsed() < Duration::from_secs(1),
+            "the deleted key still worked after a second"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(store.workspace_by_name("acme").await.unwrap().is_some());
+    app.stop().await;
+}
+
+async fn metrics_are_exposed(db: TestDb) {
+    let (app, _mock) = start(&db).await;
+    app.post_json("/v1/chat/completions", KEY, &chat(false)).await;
+    let text = app.get("/metrics").await.text().await.unwrap();
+    for name in [
+        "aigw_requests_total",
+        "aigw_request_duration_seconds",
+        "aigw_upstream_duration_seconds",
+        "aigw_tokens_total",
+        "aigw_log_queue_depth",
+    ] {
+        assert!(text.contains(name), "{name} missing from /metrics");
+    }
+    app.stop().await;
+}
+
+both_backends!(log_query_filters_and_pages);
+
+async fn log_query_filters_and_pages(db: TestDb) {
+    use aigw::request_log::{LogFilter, query};
+    let (app, _mock) = start(&db).await;
+    for _ in 0..5 {
+        assert_eq!(
+            app.post_json("/v1/chat/completions", KEY, &chat(false))
+                .await
+                .status(),
+            200
+        );
+    }
+    let emb = json!({"model": "text-embedding-3-small", "input": "x"});
+    assert_eq!(app.post_json("/v1/embeddings", KEY, &emb).await.status(), 200);
+    let bad = json!({"model": "nope", "messages": [{"role": "user", "content": "x"}]});
+    assert_eq!(
+        app.post_json("/v1/chat/completions", KEY, &bad).await.status(),
+        404
+    );
+    let all = app.logs("acme", 7).await;
+    let ws = all[0].workspace_id;
+    let store = &app.state.store;
+    let f = |f: LogFilter| LogFilter {
+        workspace_id: ws,
+        ..f
+    };
+    let page = query(
+        store,
+        &f(LogFilter {
+            model: Some("text-embedding-3-small".into()),
+            ..Default::default()
+        }),
+    )
+    .await
+    .unwrap();
+    assert_eq!(page.items.len(), 1);
+    let page = query(
+        store,
+        &f(LogFilter {
+            status: Some(404),
+            ..Default::default()
+        }),
+    )
+    .await
+    .unwrap();
+    assert_eq!(page.items.len(), 1);
+    assert_eq!(page.items[0].code.as_deref(), Some("model_not_found"));
+    let page = query(
+        store,
+        &f(LogFilter {
+            source: Some("gateway".into()),
+            ..Default::default()
+        }),
+    )
+    .await
+    .unwrap();
+    assert_eq!(page.items.len(), 1);
+    let page = query(
+        store,
+        &f(LogFilter {
+            key_id: Some(all[0].key_id),
+            member_id: Some(all[0].member_id),
+            ..Default::default()
+        }),
+    )
+    .await
+    .unwrap();
+    assert_eq!(page.items.len(), 7);
+    let none = query(
+        store,
+        &f(LogFilter {
+            from: Some(all[0].ts + 1),
+            ..Default::default()
+        }),
+    )
+    .await
+    .unwrap();
+    assert!(none.items.is_empty());
+    let other_ws = query(
+        store,
+        &LogFilter {
+            workspace_id: ws + 1000,
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    assert!(other_ws.items.is_empty(), "never another workspace's logs");
+    // Cursor pagination: 3 + 3 + 1, newest first, no overlap.
+    let mut seen = Vec::new();
+    let mut cursor = None;
+    loop {
+        let page = query(
+            store,
+            &f(LogFilter {
+                limit: Some(3),
+                cursor,
+                ..Default::default()
+            }),
+        )
+        .await
+        .unwrap();
+        seen.extend(page.items.iter().map(|r| r.id));
+        match page.next_cursor {
+            Some(c) => cursor = Some(c),
+            None => break,
+        }
+    }
+    let mut sorted = seen.clone();
+    sorted.sort_by(|a, b| b.cmp(a));
+    sorted.dedup();
+    assert_eq!(seen, sorted);
+    assert_eq!(seen.len(), 7);
+    // Retention: everything older than the cutoff goes.
+    assert_eq!(aigw::request_log::prune(store, all[0].ts + 1).await.unwrap(), 7);
+    app.stop().await;
+}
