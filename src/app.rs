@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use axum::Router;
+use axum::serve::ListenerExt;
 use axum::extract::{Request, State};
 use axum::http::{HeaderValue, StatusCode};
 use axum::middleware::{self, Next};
@@ -146,7 +147,12 @@ impl Gateway {
         let epoch = store.config_epoch().await?;
         let shutdown = CancellationToken::new();
         let tasks = TaskTracker::new();
-        let logs = request_log::start_writer(store.clone(), shutdown.clone(), &tasks);
+        let logs = request_log::start_writer(
+            store.clone(),
+            Duration::from_millis(settings.flush_interval_ms),
+            shutdown.clone(),
+            &tasks,
+        );
         request_log::start_retention(
             store.clone(),
             clock.clone(),
@@ -198,8 +204,12 @@ impl Gateway {
         let state = self.state.clone();
         let router = router(state.clone());
         let stop = state.shutdown.clone();
+        // Streamed chunks must leave at once: no Nagle delay on client connections.
+        let listener = self.listener.tap_io(|tcp| {
+            let _ = tcp.set_nodelay(true);
+        });
         let serve = axum::serve(
-            self.listener,
+            listener,
             router.into_make_service_with_connect_info::<SocketAddr>(),
         )
         .with_graceful_shutdown(async move {

@@ -5,6 +5,11 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+/// mimalloc: the request path allocates many small, short-lived buffers; glibc's malloc cost
+/// about 15 % of the gateway's CPU under load (bench/run.py with perf).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(
     name = "aigw",
@@ -32,6 +37,9 @@ enum Command {
         /// Address to listen on.
         #[arg(long, default_value = "127.0.0.1:18080")]
         listen: std::net::SocketAddr,
+        /// Only count calls instead of keeping them for `/__mock/calls` (benchmarks).
+        #[arg(long)]
+        no_record: bool,
     },
 }
 
@@ -47,7 +55,7 @@ fn main() -> ExitCode {
     let result = runtime.block_on(async {
         match cli.command {
             Command::Serve { config, resources } => serve(config, resources).await,
-            Command::MockUpstream { listen } => mock_upstream(listen).await,
+            Command::MockUpstream { listen, no_record } => mock_upstream(listen, !no_record).await,
         }
     });
     match result {
@@ -77,8 +85,8 @@ async fn serve(config: Option<PathBuf>, resources: Option<PathBuf>) -> Result<()
         .map_err(|e| format!("server error: {e}"))
 }
 
-async fn mock_upstream(listen: std::net::SocketAddr) -> Result<(), String> {
-    let mock = aigw::mock_upstream::MockUpstream::start_on(listen)
+async fn mock_upstream(listen: std::net::SocketAddr, keep_calls: bool) -> Result<(), String> {
+    let mock = aigw::mock_upstream::MockUpstream::start_with(listen, keep_calls)
         .await
         .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
     println!(

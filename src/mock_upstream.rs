@@ -136,6 +136,8 @@ const MAX_KEPT_CALLS: usize = 10_000;
 
 #[derive(Default)]
 struct MockState {
+    /// Whether calls are kept for inspection (off for benchmarks: only counted).
+    keep_calls: bool,
     scripts: Mutex<Vec<Script>>,
     calls: Mutex<Vec<Call>>,
     count: std::sync::atomic::AtomicUsize,
@@ -164,6 +166,9 @@ impl MockState {
 
     fn record(&self, call: Call) {
         self.count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if !self.keep_calls {
+            return;
+        }
         let mut calls = self.calls.lock().unwrap_or_else(|p| p.into_inner());
         // Benchmarks send millions of calls: keep the most recent ones only.
         if calls.len() >= MAX_KEPT_CALLS {
@@ -186,11 +191,22 @@ impl MockUpstream {
         Self::start_on(SocketAddr::from(([127, 0, 0, 1], 0))).await
     }
 
-    /// Starts on `addr`.
+    /// Starts on `addr`, keeping every call for inspection.
     pub async fn start_on(addr: SocketAddr) -> std::io::Result<MockUpstream> {
+        Self::start_with(addr, true).await
+    }
+
+    /// Starts on `addr`; with `keep_calls` false calls are only counted (benchmarks).
+    pub async fn start_with(addr: SocketAddr, keep_calls: bool) -> std::io::Result<MockUpstream> {
         let listener = TcpListener::bind(addr).await?;
         let addr = listener.local_addr()?;
-        let state = Arc::new(MockState::default());
+        let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+            let _ = tcp.set_nodelay(true);
+        });
+        let state = Arc::new(MockState {
+            keep_calls,
+            ..MockState::default()
+        });
         let stop = CancellationToken::new();
         let app = router(state.clone());
         let s = stop.clone();

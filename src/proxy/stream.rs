@@ -90,12 +90,33 @@ impl Stream for ProxyStream {
             }
             match this.upstream.as_mut().poll_next(cx) {
                 Poll::Ready(Some(Ok(chunk))) => {
-                    let out = this.tap.feed(&chunk);
+                    let mut out = bytes::BytesMut::from(&this.tap.feed(&chunk)[..]);
+                    // Whatever else the upstream already sent goes out in the same write; nothing
+                    // waits for more (a Pending upstream ends the batch at once).
+                    while out.len() < 64 * 1024 {
+                        match this.upstream.as_mut().poll_next(cx) {
+                            Poll::Ready(Some(Ok(more))) => out.extend_from_slice(&this.tap.feed(&more)),
+                            Poll::Ready(Some(Err(e))) => {
+                                tracing::warn!(error = %e, "upstream stream broke");
+                                this.ended = true;
+                                out.extend_from_slice(&this.tap.finish());
+                                this.finish(true, false);
+                                break;
+                            }
+                            Poll::Ready(None) => {
+                                this.ended = true;
+                                out.extend_from_slice(&this.tap.finish());
+                                this.finish(false, false);
+                                break;
+                            }
+                            Poll::Pending => break,
+                        }
+                    }
                     if out.is_empty() {
                         continue;
                     }
                     this.ttfb.get_or_insert_with(|| this.started.elapsed());
-                    return Poll::Ready(Some(Ok(out)));
+                    return Poll::Ready(Some(Ok(out.freeze())));
                 }
                 Poll::Ready(Some(Err(e))) => {
                     tracing::warn!(error = %e, "upstream stream broke");

@@ -116,7 +116,7 @@ pub struct LogPage {
 /// Inserts a batch of records in one statement per `BATCH` rows.
 pub async fn insert_batch(store: &Store, records: &[LogRecord]) -> StoreResult<()> {
     for chunk in records.chunks(BATCH) {
-        let mut b = SqlBuilder::new(&format!("INSERT INTO request_logs ({COLUMNS}) VALUES "));
+        let mut b = SqlBuilder::new(store, &format!("INSERT INTO request_logs ({COLUMNS}) VALUES "));
         for (i, r) in chunk.iter().enumerate() {
             b.push(if i == 0 { "(" } else { ", (" });
             b.bind(r.request_id.clone())
@@ -181,7 +181,7 @@ pub async fn insert_batch(store: &Store, records: &[LogRecord]) -> StoreResult<(
 /// Logs matching `f`, newest first, one page.
 pub async fn query(store: &Store, f: &LogFilter) -> StoreResult<LogPage> {
     let limit = f.limit.unwrap_or(50).clamp(1, 500);
-    let mut b = SqlBuilder::new("SELECT * FROM request_logs WHERE workspace_id = ");
+    let mut b = SqlBuilder::new(store, "SELECT * FROM request_logs WHERE workspace_id = ");
     b.bind(f.workspace_id);
     if let Some(v) = f.from {
         b.push(" AND ts >= ").bind(v);
@@ -251,9 +251,15 @@ impl LogSink {
     }
 }
 
-/// Starts the writer; it drains the queue into the store in batches until `stop`, then writes
-/// what is left.
-pub fn start_writer(store: Store, stop: CancellationToken, tasks: &tokio_util::task::TaskTracker) -> LogSink {
+/// Starts the writer: it collects records for one flush interval (or until a batch is full) and
+/// writes them in one statement, so a busy gateway writes a few large batches a second and an
+/// idle one nothing; at `stop` it writes what is left.
+pub fn start_writer(
+    store: Store,
+    flush_interval: Duration,
+    stop: CancellationToken,
+    tasks: &tokio_util::task::TaskTracker,
+) -> LogSink {
     let (tx, mut rx) = mpsc::unbounded_channel::<LogRecord>();
     let depth = Arc::new(AtomicI64::new(0));
     let d = depth.clone();
@@ -266,10 +272,15 @@ pub fn start_writer(store: Store, stop: CancellationToken, tasks: &tokio_util::t
             };
             let Some(first) = first else { break };
             batch.push(first);
+            let deadline = tokio::time::Instant::now() + flush_interval;
             while batch.len() < BATCH * 4 {
-                match rx.try_recv() {
-                    Ok(r) => batch.push(r),
-                    Err(_) => break,
+                tokio::select! {
+                    r = rx.recv() => match r {
+                        Some(r) => batch.push(r),
+                        None => break,
+                    },
+                    () = tokio::time::sleep_until(deadline) => break,
+                    () = stop.cancelled() => break,
                 }
             }
             write_with_retry(&store, &mut batch, &d, &stop).await;

@@ -48,21 +48,25 @@ impl StoreError {
 /// Result of a store call.
 pub type StoreResult<T> = Result<T, StoreError>;
 
-/// Builds SQL with `$n` placeholders, which both backends accept (sqlx's `QueryBuilder` writes
-/// `?` for the `Any` driver, which Postgres rejects). Used for dynamic filters and batches.
-#[derive(Default)]
+/// Builds SQL for dynamic filters and batches with each backend's placeholders: `$n` for
+/// Postgres, `?` for SQLite (sqlx's `QueryBuilder` writes `?` for the `Any` driver, which Postgres
+/// rejects; and SQLite looks named parameters up linearly, so a 500-row batch of `$n` costs
+/// quadratic time).
 pub struct SqlBuilder<'q> {
     sql: String,
     args: sqlx::any::AnyArguments<'q>,
     count: usize,
+    numbered: bool,
 }
 
 impl<'q> SqlBuilder<'q> {
-    /// Starts with `sql`.
-    pub fn new(sql: &str) -> Self {
+    /// Starts with `sql`, for `store`'s backend.
+    pub fn new(store: &Store, sql: &str) -> Self {
         SqlBuilder {
             sql: sql.to_owned(),
-            ..SqlBuilder::default()
+            args: sqlx::any::AnyArguments::default(),
+            count: 0,
+            numbered: store.backend == Backend::Postgres,
         }
     }
 
@@ -79,8 +83,12 @@ impl<'q> SqlBuilder<'q> {
     {
         use sqlx::Arguments;
         self.count += 1;
-        self.sql.push('$');
-        self.sql.push_str(&self.count.to_string());
+        if self.numbered {
+            self.sql.push('$');
+            self.sql.push_str(&self.count.to_string());
+        } else {
+            self.sql.push('?');
+        }
         // Encoding into AnyArguments only fails for types the Any driver lacks, which the type
         // bound already excludes.
         let _ = self.args.add(value);
@@ -124,6 +132,17 @@ impl Store {
             .log_statements(tracing::log::LevelFilter::Trace)
             .log_slow_statements(tracing::log::LevelFilter::Warn, Duration::from_secs(1));
         let pool = AnyPoolOptions::new()
+            .after_connect(move |conn, _meta| {
+                Box::pin(async move {
+                    if backend == Backend::Sqlite {
+                        use sqlx::Executor;
+                        // WAL with NORMAL sync: no fsync per commit, still never corrupt; a power
+                        // loss may lose the last commits (the documented flush-interval bound).
+                        conn.execute("PRAGMA synchronous = NORMAL").await?;
+                    }
+                    Ok(())
+                })
+            })
             .max_connections(match backend {
                 Backend::Sqlite => 4,
                 Backend::Postgres => 16,

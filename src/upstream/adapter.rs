@@ -68,7 +68,7 @@ impl Usage {
 /// The outgoing request for one attempt.
 pub struct Outgoing {
     /// Full URL.
-    pub url: String,
+    pub url: reqwest::Url,
     /// JSON body.
     pub body: Bytes,
 }
@@ -83,7 +83,7 @@ pub fn outgoing(
     upstream_model: &str,
 ) -> Outgoing {
     body.insert("model".to_owned(), Value::String(upstream_model.to_owned()));
-    let url = format!("{}{}", cred.base_url, endpoint.path());
+    let url = cred.url(endpoint).clone();
     let bytes = serde_json::to_vec(body).unwrap_or_default();
     Outgoing {
         url,

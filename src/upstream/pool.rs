@@ -42,6 +42,20 @@ pub struct Credential {
     pub quota_group: Option<String>,
     /// Public model name → upstream model name.
     pub models: HashMap<String, String>,
+    /// Parsed URLs of the chat, embeddings and messages endpoints (parsed once, not per request).
+    pub urls: [reqwest::Url; 3],
+}
+
+impl Credential {
+    /// The URL of `endpoint` on this credential's provider.
+    pub fn url(&self, endpoint: super::adapter::Endpoint) -> &reqwest::Url {
+        use super::adapter::Endpoint;
+        match endpoint {
+            Endpoint::ChatCompletions => &self.urls[0],
+            Endpoint::Embeddings => &self.urls[1],
+            Endpoint::Messages => &self.urls[2],
+        }
+    }
 }
 
 /// A public model of a workspace: price, fallbacks, and the credentials that serve it.
@@ -126,7 +140,8 @@ impl Routes {
                 Some(c) => creds.push(Arc::new(c)),
                 None => tracing::error!(
                     upstream = %u.name,
-                    "cannot open this upstream's secret (different master key?); it is not routed"
+                    "cannot open this upstream's secret (different master key?) or parse its base URL; \
+                     it is not routed"
                 ),
             }
         }
@@ -172,12 +187,15 @@ impl Routes {
 fn credential(u: &UpstreamRow, master: &MasterKey) -> Option<Credential> {
     let secret = master.open(&u.secret_sealed).ok()?;
     let provider: Provider = u.provider.parse().ok()?;
+    let base_url = u.base_url.trim_end_matches('/').to_owned();
+    let url = |path: &str| reqwest::Url::parse(&format!("{base_url}{path}")).ok();
+    let urls = [url("/chat/completions")?, url("/embeddings")?, url("/messages")?];
     Some(Credential {
         id: u.id,
         workspace_id: u.workspace_id,
         name: u.name.clone(),
         provider,
-        base_url: u.base_url.trim_end_matches('/').to_owned(),
+        base_url,
         secret: Secret::new(secret),
         priority: u.priority,
         weight: u.weight.max(1),
@@ -191,5 +209,6 @@ fn credential(u: &UpstreamRow, master: &MasterKey) -> Option<Credential> {
             .into_iter()
             .map(|m| (m.name, m.upstream))
             .collect(),
+        urls,
     })
 }

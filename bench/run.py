@@ -1,0 +1,211 @@
+#!/usr/bin/env python3
+"""The proxy benchmark: the mock upstream called directly vs. through aigw (release build, request
+logging on, SQLite), non-streamed and streamed, with wrk on loopback.
+
+Prints, per path and mode: requests/s at 50 connections; p50/p99/p99.9 latency at 1 and at 50
+connections; aigw CPU time per request; aigw peak RSS. Usage:
+
+    cargo build --release && python3 bench/run.py [--duration 10] [--policies 0|4]
+
+Needs wrk (Debian: apt-get install wrk). Traffic goes to 127.0.0.1 only.
+"""
+
+import argparse
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BIN = os.path.join(ROOT, "target", "release", "aigw")
+KEY = "sk-aigw-BenchKey0123456789abcdefghijklmn"
+CRED = "bench-upstream-key"
+TICK = os.sysconf("SC_CLK_TCK")
+
+RESOURCES = """
+[[workspace]]
+name = "bench"
+[[department]]
+workspace = "bench"
+name = "eng"
+[[member]]
+workspace = "bench"
+department = "eng"
+email = "bench@bench.test"
+role = "member"
+[[api_key]]
+member = "bench@bench.test"
+name = "load"
+key = "{key}"
+[[upstream]]
+workspace = "bench"
+name = "mock"
+provider = "openai-compatible"
+base_url = "http://127.0.0.1:{mock}/v1"
+api_key = "{cred}"
+models = ["gpt-4o-mini"]
+max_in_flight = 1024
+[[model]]
+workspace = "bench"
+name = "gpt-4o-mini"
+price = {{ prompt = 0.15, completion = 0.60 }}
+"""
+
+POLICIES = """
+[[policy]]
+workspace = "bench"
+subject = "apikey"
+target = "bench@bench.test/load"
+metric = "total_tokens"
+window = "day"
+limit = 1000000000000
+[[policy]]
+workspace = "bench"
+subject = "member"
+target = "bench@bench.test"
+metric = "requests"
+window = "minute"
+limit = 1000000000000
+[[policy]]
+workspace = "bench"
+subject = "dept"
+target = "eng"
+metric = "credits"
+window = "month"
+limit = 1000000000000
+[[policy]]
+workspace = "bench"
+subject = "ws"
+target = "bench"
+metric = "requests"
+window = "5minutes"
+limit = 1000000000000
+"""
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_ready(url, proc):
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            sys.exit(f"process exited early: {proc.stderr.read().decode()}")
+        try:
+            with urllib.request.urlopen(url, timeout=1):
+                return
+        except Exception:
+            time.sleep(0.05)
+    sys.exit(f"{url} not ready")
+
+
+def cpu_seconds(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def peak_rss_mib(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def wrk(url, key, body, conns, duration):
+    env = dict(os.environ, BENCH_KEY=key, BENCH_BODY=body)
+    out = subprocess.run(
+        ["wrk", "-t1", f"-c{conns}", f"-d{duration}s", "--latency", "-s", os.path.join(ROOT, "bench", "post.lua"), url],
+        env=env, capture_output=True, text=True, check=True).stdout
+    m = re.search(r"BENCH (.*)", out)
+    if not m:
+        sys.exit(f"wrk printed no result:\n{out}")
+    r = {k: int(v) for k, v in (kv.split("=") for kv in m.group(1).split())}
+    r["rps"] = r["requests"] / (r["duration_us"] / 1e6)
+    return r
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--duration", type=int, default=10, help="seconds per run (default 10)")
+    ap.add_argument("--policies", type=int, choices=[0, 4], default=0,
+                    help="quota policies on every request: 0, or 4 (key, member, dept, ws)")
+    args = ap.parse_args()
+    if not shutil.which("wrk"):
+        sys.exit("wrk is not installed (Debian: apt-get install wrk)")
+    if not os.path.exists(BIN):
+        sys.exit(f"{BIN} is missing: run cargo build --release first")
+
+    tmp = tempfile.mkdtemp(prefix="aigw-bench-")
+    mock_port, gw_port = free_port(), free_port()
+    mock = subprocess.Popen([BIN, "mock-upstream", "--no-record", "--listen", f"127.0.0.1:{mock_port}"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    res = os.path.join(tmp, "resources.toml")
+    with open(res, "w") as f:
+        f.write(RESOURCES.format(key=KEY, mock=mock_port, cred=CRED))
+        if args.policies:
+            f.write(POLICIES)
+    env = {"PATH": os.environ.get("PATH", ""), "AIGW_LISTEN": f"127.0.0.1:{gw_port}",
+           "AIGW_DATABASE_URL": f"sqlite://{tmp}/aigw.db", "AIGW_LOG": "warn",
+           "AIGW_BOOTSTRAP_PASSWORD": "bench-owner-pass"}
+    gw = subprocess.Popen([BIN, "serve", "--resources", res], env=env, cwd=tmp,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        wait_ready(f"http://127.0.0.1:{mock_port}/__mock/calls", mock)
+        wait_ready(f"http://127.0.0.1:{gw_port}/readyz", gw)
+        direct = f"http://127.0.0.1:{mock_port}/v1/chat/completions"
+        through = f"http://127.0.0.1:{gw_port}/v1/chat/completions"
+        msg = [{"role": "user", "content": "Summarise the benchmark in one short sentence please"}]
+        bodies = {
+            "non-streamed": json.dumps({"model": "gpt-4o-mini", "messages": msg}),
+            "streamed": json.dumps({"model": "gpt-4o-mini", "stream": True, "messages": msg}),
+        }
+        # Warm up both paths (connections, caches, page faults).
+        for mode, body in bodies.items():
+            wrk(through, KEY, body, 50, 2)
+            wrk(direct, CRED, body, 50, 2)
+        results = {}
+        for mode, body in bodies.items():
+            for path, url, key in (("direct", direct, CRED), ("aigw", through, KEY)):
+                one = wrk(url, key, body, 1, args.duration)
+                before = cpu_seconds(gw.pid)
+                fifty = wrk(url, key, body, 50, args.duration)
+                cpu = cpu_seconds(gw.pid) - before
+                results[(mode, path)] = (one, fifty, cpu)
+        rss = peak_rss_mib(gw.pid)
+        rev = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+        print(f"# aigw proxy benchmark ({rev}, {args.duration} s per run, {args.policies} quota policies, "
+              f"request logs on, SQLite, {os.cpu_count()} cores)\n")
+        print("| mode | path | req/s @50 | p50 @1 | p99 @1 | p99.9 @1 | p50 @50 | p99 @50 | p99.9 @50 | errors |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
+        for (mode, path), (one, fifty, _) in results.items():
+            errs = one["errors"] + one["non2xx"] + fifty["errors"] + fifty["non2xx"]
+            print(f"| {mode} | {path} | {fifty['rps']:,.0f} | {one['p50']} µs | {one['p99']} µs | {one['p999']} µs | "
+                  f"{fifty['p50']} µs | {fifty['p99']} µs | {fifty['p999']} µs | {errs} |")
+        print()
+        for mode in bodies:
+            d1, d50, _ = results[(mode, "direct")]
+            a1, a50, cpu = results[(mode, "aigw")]
+            print(f"- {mode}: added latency @1 p50 {a1['p50'] - d1['p50']} µs, p99 {a1['p99'] - d1['p99']} µs; "
+                  f"aigw CPU {cpu / max(a50['requests'], 1) * 1e6:.1f} µs/request at 50 connections; "
+                  f"throughput {a50['rps'] / d50['rps'] * 100:.0f} % of direct")
+        print(f"- aigw peak RSS: {rss:.1f} MiB")
+    finally:
+        for p in (gw, mock):
+            p.terminate()
+            p.wait(timeout=20)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
