@@ -10,12 +10,12 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use axum::Router;
-use axum::serve::ListenerExt;
 use axum::extract::{Request, State};
 use axum::http::{HeaderValue, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use axum::serve::ListenerExt;
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
