@@ -26,6 +26,7 @@ use crate::config::{Secret, Settings};
 use crate::crypto::{self, MasterKey};
 use crate::error::ApiError;
 use crate::proxy::auth::KeyResolver;
+use crate::quota::engine::{Policies, QuotaCounters};
 use crate::request_log::{self, LogSink};
 use crate::resources;
 use crate::store::{MemberStore, NewMember, Store, WorkspaceStore};
@@ -49,6 +50,10 @@ pub struct Inner {
     pub jwt_secret: Secret,
     /// The routing snapshot, swapped whole when the configuration changes.
     pub routes: ArcSwap<Routes>,
+    /// Every quota policy, swapped whole when the configuration changes.
+    pub policies: ArcSwap<Policies>,
+    /// Quota counters, flushed in batches.
+    pub quota: QuotaCounters,
     /// Gateway API keys on the request path.
     pub keys: KeyResolver,
     /// Queue of request logs for the batch writer.
@@ -144,6 +149,7 @@ impl Gateway {
                 source,
             })?;
         let routes = Routes::load(&store, &master_key).await?;
+        let policies = Policies::load(&store).await?;
         let epoch = store.config_epoch().await?;
         let shutdown = CancellationToken::new();
         let tasks = TaskTracker::new();
@@ -174,6 +180,8 @@ impl Gateway {
             master_key,
             jwt_secret,
             routes: ArcSwap::from_pointee(routes),
+            policies: ArcSwap::from_pointee(policies),
+            quota: QuotaCounters::default(),
             keys: KeyResolver::new(),
             logs,
             http,
@@ -182,6 +190,7 @@ impl Gateway {
             tasks,
         }));
         start_config_watch(state.clone(), epoch);
+        start_quota_flush(state.clone());
         Ok(Gateway { listener, state })
     }
 
@@ -313,12 +322,40 @@ fn start_config_watch(state: AppState, mut epoch: i64) {
     });
 }
 
+/// Flushes quota counters every flush interval, and once more at shutdown (after the last
+/// request finished), so a graceful stop loses nothing.
+fn start_quota_flush(state: AppState) {
+    let s = state.clone();
+    let every = Duration::from_millis(state.settings.flush_interval_ms);
+    state.tasks.spawn(async move {
+        loop {
+            let stopping = tokio::select! {
+                () = tokio::time::sleep(every) => false,
+                () = s.shutdown.cancelled() => true,
+            };
+            if let Err(e) = s.quota.flush(&s.store, s.clock.now(), s.settings.timezone).await {
+                tracing::warn!(error = %e, "quota flush failed; usage kept for the next flush");
+            }
+            if stopping {
+                break;
+            }
+        }
+    });
+}
+
 impl AppState {
     /// Reloads the routing snapshot and forgets cached keys; false if the store failed.
     pub async fn reload(&self) -> bool {
-        match Routes::load(&self.store, &self.master_key).await {
-            Ok(routes) => {
+        let loaded = async {
+            Ok::<_, crate::store::StoreError>((
+                Routes::load(&self.store, &self.master_key).await?,
+                Policies::load(&self.store).await?,
+            ))
+        };
+        match loaded.await {
+            Ok((routes, policies)) => {
                 self.routes.store(Arc::new(routes));
+                self.policies.store(Arc::new(policies));
                 self.keys.invalidate_all();
                 true
             }

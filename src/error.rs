@@ -10,6 +10,23 @@ pub const ERROR_SOURCE: HeaderName = HeaderName::from_static("x-aigw-error-sourc
 /// Header the official SDKs read to decide whether to retry by themselves.
 pub const SHOULD_RETRY: HeaderName = HeaderName::from_static("x-should-retry");
 
+/// What a quota refusal reports.
+#[derive(Debug)]
+pub struct QuotaRefusal {
+    /// `apikey`, `member`, `dept` or `ws`.
+    pub subject: &'static str,
+    /// The metric.
+    pub metric: &'static str,
+    /// The window, canonical form.
+    pub window: String,
+    /// The limit (credits as a decimal number).
+    pub limit: Value,
+    /// Used so far (same unit).
+    pub used: Value,
+    /// RFC 3339 with the zone's offset; none for `total`.
+    pub reset_at: Option<String>,
+}
+
 /// A refusal or failure produced by the gateway itself.
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
@@ -64,6 +81,9 @@ pub enum ApiError {
         /// The budget.
         seconds: u64,
     },
+    /// A guardrail quota is used up (LyRouter's contract, DESIGN.md §4).
+    #[error("rate limit exceeded on {} {}/{}", .0.subject, .0.metric, .0.window)]
+    QuotaExceeded(Box<QuotaRefusal>),
     /// The store is unavailable or failed.
     #[error("internal error; the request id identifies it in the gateway's logs")]
     Internal,
@@ -82,7 +102,7 @@ impl ApiError {
     pub fn status(&self) -> StatusCode {
         match self {
             ApiError::InvalidApiKey => StatusCode::UNAUTHORIZED,
-            ApiError::AuthThrottled { .. } => StatusCode::TOO_MANY_REQUESTS,
+            ApiError::AuthThrottled { .. } | ApiError::QuotaExceeded(_) => StatusCode::TOO_MANY_REQUESTS,
             ApiError::ModelNotFound { .. } | ApiError::RouteNotFound { .. } => StatusCode::NOT_FOUND,
             ApiError::InvalidRequest { .. } => StatusCode::BAD_REQUEST,
             ApiError::RequestTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
@@ -104,6 +124,7 @@ impl ApiError {
             ApiError::UpstreamUnreachable { .. } => "upstream_unreachable",
             ApiError::Timeout { .. } => "timeout",
             ApiError::Internal => "internal_error",
+            ApiError::QuotaExceeded(_) => "quota_exceeded",
         }
     }
 
@@ -111,7 +132,7 @@ impl ApiError {
     pub fn error_type(&self) -> &'static str {
         match self {
             ApiError::InvalidApiKey => "authentication_error",
-            ApiError::AuthThrottled { .. } => "rate_limit_error",
+            ApiError::AuthThrottled { .. } | ApiError::QuotaExceeded(_) => "rate_limit_error",
             ApiError::ModelNotFound { .. }
             | ApiError::InvalidRequest { .. }
             | ApiError::RequestTooLarge { .. }
@@ -141,6 +162,14 @@ impl ApiError {
         match self {
             ApiError::InvalidRequest { param: Some(p), .. } => error["param"] = json!(p),
             ApiError::ModelNotFound { .. } => error["param"] = json!("model"),
+            ApiError::QuotaExceeded(q) => {
+                error["subject"] = json!(q.subject);
+                error["metric"] = json!(q.metric);
+                error["window"] = json!(q.window);
+                error["limit"] = q.limit.clone();
+                error["used"] = q.used.clone();
+                error["reset_at"] = json!(q.reset_at);
+            }
             _ => {}
         }
         if let Some(s) = self.retry_after() {
@@ -165,6 +194,11 @@ impl IntoResponse for ApiError {
             if s > 60 {
                 h.insert(SHOULD_RETRY, HeaderValue::from_static("false"));
             }
+        }
+        // A used-up quota has no Retry-After (the client reads reset_at); the SDKs must not
+        // retry it by themselves (each retry is one more failure toward the key's breaker).
+        if matches!(self, ApiError::QuotaExceeded(_)) {
+            h.insert(SHOULD_RETRY, HeaderValue::from_static("false"));
         }
         resp.extensions_mut().insert(ErrorCode(self.code()));
         resp

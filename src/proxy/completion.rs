@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use crate::app::AppState;
 use crate::proxy::auth::Caller;
+use crate::quota::engine::QuotaDecision;
 use crate::request_log::LogRecord;
 use crate::upstream::adapter::{Endpoint, Usage};
 use crate::upstream::dispatch::Attempt;
@@ -92,6 +93,7 @@ pub struct Completion {
     record: LogRecord,
     attempts: Vec<Attempt>,
     route: Option<Arc<ModelRoute>>,
+    quota: Option<Arc<QuotaDecision>>,
 }
 
 impl Completion {
@@ -122,6 +124,7 @@ impl Completion {
             record,
             attempts: Vec::new(),
             route: None,
+            quota: None,
         }
     }
 
@@ -139,6 +142,19 @@ impl Completion {
     pub fn requested(&mut self, model: &str, stream: bool) {
         self.record.model_requested = Some(model.to_owned());
         self.record.stream = i64::from(stream);
+    }
+
+    /// Notes the quota check; usage is added to its counters when the request completes.
+    pub fn quota_checked(&mut self, decision: Arc<QuotaDecision>) {
+        self.record.would_refuse = decision.would_refuse();
+        self.quota = Some(decision);
+    }
+
+    /// Micro-credits of `usage` on the model that served (0 before one did).
+    pub fn credits(&self, usage: Usage) -> i64 {
+        self.route
+            .as_ref()
+            .map_or(0, |r| r.credits(usage.prompt, usage.completion))
     }
 
     /// The attempts list dispatch fills.
@@ -172,10 +188,11 @@ impl Completion {
     pub fn finish(mut self, outcome: Outcome) {
         let elapsed = self.started.elapsed();
         let usage = outcome.usage.unwrap_or_default();
-        let credits = self
-            .route
-            .as_ref()
-            .map_or(0, |r| r.credits(usage.prompt, usage.completion));
+        let credits = self.credits(usage);
+        // Counted after completion: only what an upstream served (client disconnect included).
+        if let (Some(_), Some(q)) = (&self.route, &self.quota) {
+            self.state.quota.record(q, usage, credits);
+        }
         let r = &mut self.record;
         r.status = i64::from(outcome.status);
         r.code = outcome.code;

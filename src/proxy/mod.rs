@@ -16,8 +16,15 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde_json::json;
 
+use std::sync::Arc;
+
+use chrono::{DateTime, Utc};
+
 use crate::app::{AppState, RequestId};
-use crate::error::{ApiError, ERROR_SOURCE};
+use crate::error::{ApiError, ERROR_SOURCE, QuotaRefusal};
+use crate::quota::engine::{QuotaDecision, display_value};
+use crate::quota::window::format_reset_at;
+use crate::quota::{self, Metric};
 use crate::upstream::adapter::{self, Endpoint, SseTap};
 use crate::upstream::dispatch::{self, Dispatched};
 use completion::{Completion, Outcome, Source};
@@ -29,6 +36,7 @@ pub fn routes() -> Router<AppState> {
         .route("/v1/embeddings", post(embeddings))
         .route("/v1/messages", post(messages))
         .route("/v1/models", get(models))
+        .route("/v1/quota", get(my_quota))
 }
 
 async fn chat_completions(state: State<AppState>, ip: ConnectInfo<SocketAddr>, req: Request) -> Response {
@@ -82,18 +90,46 @@ pub async fn handle(state: AppState, endpoint: Endpoint, peer: SocketAddr, req: 
     };
     completion.requested(&body.model, body.stream);
 
-    // 3. Route: the model and its fallback chain in the caller's workspace.
+    // 3. Quota pre-check: every policy on the key, member, department and workspace.
     let routes = state.routes.load();
-    let chain = routes
-        .workspaces
-        .get(&caller.workspace_id)
-        .map(|ws| ws.chain(&body.model))
-        .unwrap_or_default();
-    if chain.is_empty() {
-        return refuse(completion, ApiError::ModelNotFound { model: body.model });
+    let workspace = routes.workspaces.get(&caller.workspace_id);
+    let tz = workspace
+        .and_then(|w| w.timezone)
+        .unwrap_or(state.settings.timezone);
+    let now = state.clock.now();
+    let quota = match state
+        .quota
+        .check(&state.store, &state.policies.load(), &caller, now, tz)
+        .await
+    {
+        Ok(q) => Arc::new(q),
+        Err(e) => {
+            tracing::error!(error = %e, "quota check failed");
+            return refuse(completion, ApiError::Internal);
+        }
+    };
+    completion.quota_checked(quota.clone());
+    let untouched = |_: Metric| 0;
+    if let Some(s) = quota.refusal() {
+        let err = ApiError::QuotaExceeded(Box::new(QuotaRefusal {
+            subject: s.rule.subject.as_str(),
+            metric: s.rule.metric.as_str(),
+            window: s.rule.window.to_string(),
+            limit: display_value(s.rule.metric, s.rule.limit),
+            used: display_value(s.rule.metric, s.used),
+            reset_at: s.reset_at.as_ref().map(format_reset_at),
+        }));
+        return with_quota(refuse(completion, err), &quota, untouched, now);
     }
 
-    // 4. Dispatch within the time budget; failures are classified and the chain moves on.
+    // 4. Route: the model and its fallback chain in the caller's workspace.
+    let chain = workspace.map(|ws| ws.chain(&body.model)).unwrap_or_default();
+    if chain.is_empty() {
+        let resp = refuse(completion, ApiError::ModelNotFound { model: body.model });
+        return with_quota(resp, &quota, untouched, now);
+    }
+
+    // 5. Dispatch within the time budget; failures are classified and the chain moves on.
     let strip_usage =
         body.stream && endpoint == Endpoint::ChatCompletions && adapter::request_stream_usage(&mut body.json);
     let budget = Duration::from_secs(state.settings.request_timeout_secs);
@@ -113,7 +149,7 @@ pub async fn handle(state: AppState, endpoint: Endpoint, peer: SocketAddr, req: 
         seconds: state.settings.request_timeout_secs,
     }));
 
-    // 5. Respond; accounting runs when the response (or stream) is complete.
+    // 6. Respond; accounting runs when the response (or stream) is complete.
     match dispatched {
         Dispatched::Served {
             response,
@@ -139,7 +175,9 @@ pub async fn handle(state: AppState, endpoint: Endpoint, peer: SocketAddr, req: 
                     HeaderValue::from_static("text/event-stream"),
                 );
                 h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-                return resp;
+                // Headers leave before the body: only this request itself is known.
+                let one_request = |m: Metric| i64::from(m == Metric::Requests);
+                return with_quota(resp, &quota, one_request, now);
             }
             let bytes = match response.bytes().await {
                 Ok(b) => b,
@@ -152,14 +190,16 @@ pub async fn handle(state: AppState, endpoint: Endpoint, peer: SocketAddr, req: 
             };
             let usage = adapter::usage_of_body(endpoint, &bytes);
             let ttfb = completion.started().elapsed();
+            let credits = completion.credits(usage.unwrap_or_default());
             completion.finish(Outcome::ok(status, usage, Some(ttfb)));
+            let used_here = |m: Metric| quota::engine::amount(m, usage.unwrap_or_default(), credits);
             let mut resp = Response::new(Body::from(bytes));
             *resp.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::OK);
             resp.headers_mut().insert(
                 header::CONTENT_TYPE,
                 content_type.unwrap_or(HeaderValue::from_static("application/json")),
             );
-            resp
+            with_quota(resp, &quota, used_here, now)
         }
         Dispatched::UpstreamFailed(error) => {
             // After every candidate failed, the last upstream error goes back as is.
@@ -171,10 +211,24 @@ pub async fn handle(state: AppState, endpoint: Endpoint, peer: SocketAddr, req: 
             resp.headers_mut().extend(error.headers);
             resp.headers_mut()
                 .insert(ERROR_SOURCE, HeaderValue::from_static("upstream"));
-            resp
+            with_quota(resp, &quota, untouched, now)
         }
-        Dispatched::GatewayFailed(e) => refuse(completion, e),
+        Dispatched::GatewayFailed(e) => with_quota(refuse(completion, e), &quota, untouched, now),
     }
+}
+
+/// Adds the quota headers of `decision` to a response.
+fn with_quota(
+    mut resp: Response,
+    decision: &QuotaDecision,
+    extra: impl Fn(Metric) -> i64,
+    now: DateTime<Utc>,
+) -> Response {
+    if !decision.standings.is_empty() {
+        resp.headers_mut()
+            .extend(quota::headers::quota_headers(decision, extra, now));
+    }
+    resp
 }
 
 /// Answers a gateway refusal and logs it.
@@ -206,6 +260,68 @@ fn upstream_code(body: &[u8]) -> String {
         })
         .or_else(|| e.get("type").and_then(|t| t.as_str()).map(str::to_owned))
         .unwrap_or_else(|| "upstream_error".to_owned())
+}
+
+/// `GET /v1/quota`: every quota that applies to the calling key, as the "My quota" card shows it.
+async fn my_quota(
+    State(state): State<AppState>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    req: Request,
+) -> Response {
+    let caller = match state
+        .keys
+        .authenticate(&state.store, req.headers(), peer.ip())
+        .await
+    {
+        Ok(c) => c,
+        Err(e) => return e.into_response(),
+    };
+    let tz = state
+        .routes
+        .load()
+        .workspaces
+        .get(&caller.workspace_id)
+        .and_then(|w| w.timezone)
+        .unwrap_or(state.settings.timezone);
+    let decision = match state
+        .quota
+        .check(
+            &state.store,
+            &state.policies.load(),
+            &caller,
+            state.clock.now(),
+            tz,
+        )
+        .await
+    {
+        Ok(d) => d,
+        Err(e) => {
+            tracing::error!(error = %e, "quota read failed");
+            return ApiError::Internal.into_response();
+        }
+    };
+    axum::Json(json!({"object": "list", "data": quota_report(&decision)})).into_response()
+}
+
+/// The quotas of a decision as JSON rows: limit, used, remaining, reset.
+pub fn quota_report(decision: &QuotaDecision) -> Vec<serde_json::Value> {
+    decision
+        .standings
+        .iter()
+        .map(|s| {
+            let m = s.rule.metric;
+            json!({
+                "subject": s.rule.subject.as_str(),
+                "metric": m.as_str(),
+                "window": s.rule.window.to_string(),
+                "mode": s.rule.mode.as_str(),
+                "limit": display_value(m, s.rule.limit),
+                "used": display_value(m, s.used),
+                "remaining": display_value(m, s.remaining(0)),
+                "reset_at": s.reset_at.as_ref().map(format_reset_at),
+            })
+        })
+        .collect()
 }
 
 /// `GET /v1/models`: the models the caller's workspace offers.

@@ -1,5 +1,7 @@
 //! Guardrail quotas (DESIGN.md §4, LyRouter seed 003): policies on subject × metric × window.
 
+pub mod engine;
+pub mod headers;
 pub mod window;
 
 use serde::{Deserialize, Serialize};

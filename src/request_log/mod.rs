@@ -69,13 +69,15 @@ pub struct LogRecord {
     pub upstream_latency_ms: Option<i64>,
     /// Client address.
     pub client_ip: Option<String>,
+    /// Shadow policies that would have refused this request.
+    pub would_refuse: Option<String>,
 }
 
 const COLUMNS: &str = "request_id, ts, workspace_id, key_id, member_id, department_id, endpoint, model_requested, \
     model_served, upstream_id, attempts, attempts_detail, status, code, source, explanation, stream, prompt_tokens, \
-    completion_tokens, total_tokens, credits, usage_estimated, latency_ms, ttfb_ms, upstream_latency_ms, client_ip";
+    completion_tokens, total_tokens, credits, usage_estimated, latency_ms, ttfb_ms, upstream_latency_ms, client_ip, would_refuse";
 
-/// Most rows in one INSERT (26 columns each stays under every backend's parameter limit).
+/// Most rows in one INSERT (27 columns each stays under every backend's parameter limit).
 const BATCH: usize = 500;
 
 /// Filters of the log query (DESIGN.md §7).
@@ -170,6 +172,8 @@ pub async fn insert_batch(store: &Store, records: &[LogRecord]) -> StoreResult<(
                 .bind(r.upstream_latency_ms)
                 .push(", ")
                 .bind(r.client_ip.clone())
+                .push(", ")
+                .bind(r.would_refuse.clone())
                 .push(")");
         }
         let (sql, args) = b.finish();

@@ -7,4 +7,5 @@ mod binary;
 mod foundation;
 mod mock_upstream;
 mod proxy;
+mod quota;
 mod resources;

@@ -1,0 +1,407 @@
+//! The quota engine: which policies apply to a caller, whether one refuses, and the counters —
+//! kept in memory, checked without touching the database, and flushed in batches with an atomic
+//! upsert that returns the global total (so replicas on one Postgres enforce one quota).
+//!
+//! Worst-case overshoot (docs/quotas.md): the requests in flight when the limit is crossed, plus,
+//! with several gateways, the requests the others admit before their next flush learns the total.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Mutex;
+
+use chrono::{DateTime, FixedOffset, Utc};
+use chrono_tz::Tz;
+
+use super::window::{self, Window};
+use super::{Metric, Mode, SubjectKind};
+use crate::proxy::auth::Caller;
+use crate::store::{PolicyRow, PolicyStore, SqlBuilder, Store, StoreResult};
+use crate::upstream::adapter::Usage;
+
+/// A policy ready to evaluate.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PolicyRule {
+    /// Row id.
+    pub id: i64,
+    /// Whose usage.
+    pub subject: SubjectKind,
+    /// The one subject, or 0 for each.
+    pub target_id: i64,
+    /// For "each": only inside this department (0: the whole workspace).
+    pub scope_department_id: i64,
+    /// What is counted.
+    pub metric: Metric,
+    /// Over which window.
+    pub window: Window,
+    /// The limit (micro-credits for credits).
+    pub limit: i64,
+    /// Enforce or shadow.
+    pub mode: Mode,
+}
+
+/// Every policy, by workspace.
+#[derive(Debug, Default)]
+pub struct Policies {
+    by_workspace: HashMap<i64, Vec<PolicyRule>>,
+}
+
+impl Policies {
+    /// Loads every policy; a row that does not parse is skipped with an error in the log.
+    pub async fn load(store: &Store) -> StoreResult<Policies> {
+        let mut p = Policies::default();
+        for row in store.all_policies().await? {
+            match rule(&row) {
+                Some(r) => p.by_workspace.entry(row.workspace_id).or_default().push(r),
+                None => tracing::error!(policy = row.id, "unreadable policy row skipped"),
+            }
+        }
+        Ok(p)
+    }
+
+    /// The policies that apply to `caller`, with the subject each one counts.
+    pub fn applying_to<'a>(&'a self, caller: &Caller) -> Vec<(&'a PolicyRule, i64)> {
+        let Some(rules) = self.by_workspace.get(&caller.workspace_id) else {
+            return Vec::new();
+        };
+        rules
+            .iter()
+            .filter_map(|r| {
+                let subject_id = match r.subject {
+                    SubjectKind::Apikey => caller.key_id,
+                    SubjectKind::Member => caller.member_id,
+                    SubjectKind::Dept => caller.department_id?,
+                    SubjectKind::Ws => caller.workspace_id,
+                };
+                let named = r.target_id == subject_id;
+                let each = r.target_id == 0
+                    && (r.scope_department_id == 0 || Some(r.scope_department_id) == caller.department_id);
+                (named || each).then_some((r, subject_id))
+            })
+            .collect()
+    }
+}
+
+fn rule(row: &PolicyRow) -> Option<PolicyRule> {
+    Some(PolicyRule {
+        id: row.id,
+        subject: row.subject.parse().ok()?,
+        target_id: row.target_id,
+        scope_department_id: row.scope_department_id,
+        metric: row.metric.parse().ok()?,
+        window: row.time_window.parse().ok()?,
+        limit: row.limit_value,
+        mode: row.mode.parse().ok()?,
+    })
+}
+
+/// A counter's identity: subject, metric, window and window start — never the policy.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct CounterKey {
+    /// Subject kind.
+    pub subject: SubjectKind,
+    /// Subject id.
+    pub subject_id: i64,
+    /// Metric.
+    pub metric: Metric,
+    /// Window.
+    pub window: Window,
+    /// Window start, Unix seconds (0 for total).
+    pub start: i64,
+}
+
+#[derive(Debug, Default)]
+struct Counter {
+    /// The global total as of the last flush (or load).
+    global: i64,
+    /// Added here since the last flush.
+    pending: i64,
+    /// Taken by the flush under way, not yet in `global`.
+    flushing: i64,
+    /// Checked or added since the last flush (refreshed by the next one).
+    touched: bool,
+}
+
+/// One policy as it stands for this request.
+#[derive(Clone, Debug)]
+pub struct Standing {
+    /// The policy.
+    pub rule: PolicyRule,
+    /// Its counter.
+    pub key: CounterKey,
+    /// Used so far in the window.
+    pub used: i64,
+    /// When the client may come back: 1–2 min after the window's end; none for total.
+    pub reset_at: Option<DateTime<FixedOffset>>,
+    /// Length of the current window in seconds; none for total.
+    pub window_secs: Option<i64>,
+}
+
+impl Standing {
+    /// Whether the policy is used up (`used >= limit` refuses).
+    pub fn exhausted(&self) -> bool {
+        self.used >= self.rule.limit
+    }
+
+    /// What is left, after `extra` more.
+    pub fn remaining(&self, extra: i64) -> i64 {
+        (self.rule.limit - self.used - extra).max(0)
+    }
+
+    /// `<subject> <metric>/<window>`, as in the refusal message.
+    pub fn label(&self) -> String {
+        format!(
+            "{} {}/{}",
+            self.rule.subject.as_str(),
+            self.rule.metric.as_str(),
+            self.rule.window
+        )
+    }
+}
+
+/// The quota check of one request.
+#[derive(Clone, Debug, Default)]
+pub struct QuotaDecision {
+    /// Every policy that applies, as it stands.
+    pub standings: Vec<Standing>,
+}
+
+impl QuotaDecision {
+    /// The enforced policy that refuses, if any: of several, the one whose reset is latest
+    /// (`total` never resets, so it wins) — the one the client must really wait for.
+    pub fn refusal(&self) -> Option<&Standing> {
+        self.standings
+            .iter()
+            .filter(|s| s.rule.mode == Mode::Enforce && s.exhausted())
+            .max_by_key(|s| s.reset_at.map_or(i64::MAX, |r| r.timestamp()))
+    }
+
+    /// Shadow policies that would have refused, for the log.
+    pub fn would_refuse(&self) -> Option<String> {
+        let v: Vec<String> = self
+            .standings
+            .iter()
+            .filter(|s| s.rule.mode == Mode::Shadow && s.exhausted())
+            .map(Standing::label)
+            .collect();
+        (!v.is_empty()).then(|| v.join(", "))
+    }
+
+    /// Per metric, the tightest policy: least remaining, then earliest reset.
+    pub fn tightest(&self, extra: impl Fn(Metric) -> i64) -> Vec<(&Standing, i64)> {
+        let mut out: Vec<(&Standing, i64)> = Vec::new();
+        for metric in Metric::ALL {
+            let best = self
+                .standings
+                .iter()
+                .filter(|s| s.rule.metric == metric)
+                .map(|s| (s, s.remaining(extra(metric))))
+                .min_by_key(|(s, rem)| (*rem, s.reset_at.map_or(i64::MAX, |r| r.timestamp())));
+            if let Some(b) = best {
+                out.push(b);
+            }
+        }
+        out
+    }
+}
+
+/// Amount of `metric` in one completed request.
+pub fn amount(metric: Metric, usage: Usage, credits: i64) -> i64 {
+    let n = match metric {
+        Metric::Requests => 1,
+        Metric::TotalTokens => usage.total(),
+        Metric::PromptTokens => usage.prompt,
+        Metric::CompletionTokens => usage.completion,
+        Metric::Credits => return credits,
+    };
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+/// The in-memory counters of this gateway.
+#[derive(Default)]
+pub struct QuotaCounters {
+    counters: Mutex<HashMap<CounterKey, Counter>>,
+}
+
+impl QuotaCounters {
+    /// Evaluates every policy that applies to `caller` at `now` in `tz`. Reads the store only
+    /// for a counter this gateway has not seen yet (the first request of a window).
+    pub async fn check(
+        &self,
+        store: &Store,
+        policies: &Policies,
+        caller: &Caller,
+        now: DateTime<Utc>,
+        tz: Tz,
+    ) -> StoreResult<QuotaDecision> {
+        let applying = policies.applying_to(caller);
+        let mut standings = Vec::with_capacity(applying.len());
+        for (rule, subject_id) in applying {
+            let bounds = window::bounds(rule.window, now, tz);
+            let key = CounterKey {
+                subject: rule.subject,
+                subject_id,
+                metric: rule.metric,
+                window: rule.window,
+                start: bounds.map_or(0, |b| b.start.timestamp()),
+            };
+            let used = match self.used(&key) {
+                Some(u) => u,
+                None => self.load(store, &key).await?,
+            };
+            let subject_key = format!("{}:{}", rule.subject.as_str(), subject_id);
+            standings.push(Standing {
+                rule: rule.clone(),
+                key,
+                used,
+                reset_at: bounds.map(|b| window::reset_at(b.end, &subject_key, tz)),
+                window_secs: bounds.map(|b| (b.end - b.start).num_seconds()),
+            });
+        }
+        Ok(QuotaDecision { standings })
+    }
+
+    fn used(&self, key: &CounterKey) -> Option<i64> {
+        let mut map = self.counters.lock().unwrap_or_else(|p| p.into_inner());
+        let c = map.get_mut(key)?;
+        c.touched = true;
+        Some(c.global + c.pending + c.flushing)
+    }
+
+    async fn load(&self, store: &Store, key: &CounterKey) -> StoreResult<i64> {
+        let global: Option<i64> = sqlx::query_scalar(
+            "SELECT used FROM usage_counters WHERE subject = $1 AND subject_id = $2 AND metric = $3
+               AND time_window = $4 AND window_start = $5",
+        )
+        .bind(key.subject.as_str())
+        .bind(key.subject_id)
+        .bind(key.metric.as_str())
+        .bind(key.window.to_string())
+        .bind(key.start)
+        .fetch_optional(store.pool())
+        .await?;
+        let mut map = self.counters.lock().unwrap_or_else(|p| p.into_inner());
+        let c = map.entry(key.clone()).or_default();
+        c.global = c.global.max(global.unwrap_or(0));
+        c.touched = true;
+        Ok(c.global + c.pending + c.flushing)
+    }
+
+    /// Adds a completed request's usage to every counter of `decision` (each counter once).
+    pub fn record(&self, decision: &QuotaDecision, usage: Usage, credits: i64) {
+        let mut seen = HashSet::new();
+        let mut map = self.counters.lock().unwrap_or_else(|p| p.into_inner());
+        for s in &decision.standings {
+            if seen.insert(&s.key) {
+                let c = map.entry(s.key.clone()).or_default();
+                c.pending += amount(s.key.metric, usage, credits);
+                c.touched = true;
+            }
+        }
+    }
+
+    /// Writes the pending deltas (and refreshes the touched counters) with one upsert that
+    /// returns each global total; forgets counters of past windows. On failure the deltas stay
+    /// pending for the next flush: nothing is lost.
+    pub async fn flush(&self, store: &Store, now: DateTime<Utc>, tz: Tz) -> StoreResult<usize> {
+        let batch: Vec<(CounterKey, i64)> = {
+            let mut map = self.counters.lock().unwrap_or_else(|p| p.into_inner());
+            // Windows that have ended and hold nothing unwritten are done with.
+            map.retain(|k, c| {
+                c.pending != 0 || c.touched || window::window_start_key(k.window, now, tz) == k.start
+            });
+            // Every live counter is written (a zero delta just reads the total), so each gateway
+            // learns what the others used within one flush interval.
+            map.iter_mut()
+                .map(|(k, c)| {
+                    let d = std::mem::take(&mut c.pending);
+                    c.flushing = d;
+                    c.touched = false;
+                    (k.clone(), d)
+                })
+                .collect()
+        };
+        if batch.is_empty() {
+            return Ok(0);
+        }
+        let mut written = 0;
+        for chunk in batch.chunks(500) {
+            match upsert(store, chunk).await {
+                Ok(totals) => {
+                    let mut map = self.counters.lock().unwrap_or_else(|p| p.into_inner());
+                    for (key, total) in totals {
+                        if let Some(c) = map.get_mut(&key) {
+                            c.global = total;
+                            c.flushing = 0;
+                        }
+                    }
+                    written += chunk.len();
+                }
+                Err(e) => {
+                    // This chunk and every later one go back to pending.
+                    let done = written;
+                    let mut map = self.counters.lock().unwrap_or_else(|p| p.into_inner());
+                    for (key, _) in &batch[done..] {
+                        let c = map.entry(key.clone()).or_default();
+                        c.pending += std::mem::take(&mut c.flushing);
+                        c.touched = true;
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        Ok(written)
+    }
+}
+
+async fn upsert(store: &Store, chunk: &[(CounterKey, i64)]) -> StoreResult<Vec<(CounterKey, i64)>> {
+    let mut b = SqlBuilder::new(
+        store,
+        "INSERT INTO usage_counters (subject, subject_id, metric, time_window, window_start, used) VALUES ",
+    );
+    for (i, (k, d)) in chunk.iter().enumerate() {
+        b.push(if i == 0 { "(" } else { ", (" });
+        b.bind(k.subject.as_str())
+            .push(", ")
+            .bind(k.subject_id)
+            .push(", ")
+            .bind(k.metric.as_str());
+        b.push(", ")
+            .bind(k.window.to_string())
+            .push(", ")
+            .bind(k.start)
+            .push(", ")
+            .bind(*d)
+            .push(")");
+    }
+    b.push(
+        " ON CONFLICT (subject, subject_id, metric, time_window, window_start) \
+         DO UPDATE SET used = usage_counters.used + excluded.used \
+         RETURNING subject, subject_id, metric, time_window, window_start, used",
+    );
+    let (sql, args) = b.finish();
+    let rows: Vec<(String, i64, String, String, i64, i64)> =
+        sqlx::query_as_with(&sql, args).fetch_all(store.pool()).await?;
+    Ok(rows
+        .into_iter()
+        .filter_map(|(s, id, m, w, start, used)| {
+            Some((
+                CounterKey {
+                    subject: s.parse().ok()?,
+                    subject_id: id,
+                    metric: m.parse().ok()?,
+                    window: w.parse().ok()?,
+                    start,
+                },
+                used,
+            ))
+        })
+        .collect())
+}
+
+/// Rounds micro-credits to credits for people and headers; other metrics as they are.
+pub fn display_value(metric: Metric, v: i64) -> serde_json::Value {
+    if metric == Metric::Credits {
+        serde_json::json!(v as f64 / super::MICROS_PER_CREDIT)
+    } else {
+        serde_json::json!(v)
+    }
+}

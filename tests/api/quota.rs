@@ -1,0 +1,344 @@
+//! Guardrail quotas through the real HTTP surface (DESIGN.md §4, LyRouter seed 003).
+
+use std::time::Duration;
+
+use aigw::mock_upstream::MockUpstream;
+use chrono::DateTime;
+use serde_json::{Value, json};
+
+use crate::both_backends;
+use crate::helpers::{Setup, TestApp, TestDb, spawn_app};
+use crate::proxy::{KEY, resources};
+
+fn chat(stream: bool) -> Value {
+    // The mock counts 4 prompt words and answers 5: 9 tokens a request.
+    json!({"model": "gpt-4o-mini", "stream": stream, "messages": [{"role": "user", "content": "say hello to me"}]})
+}
+
+fn policy(subject: &str, target: &str, metric: &str, window: &str, limit: f64, mode: &str) -> String {
+    format!(
+        "\n[[policy]]\nworkspace = \"acme\"\nsubject = \"{subject}\"\ntarget = \"{target}\"\nmetric = \"{metric}\"\nwindow = \"{window}\"\nlimit = {limit}\nmode = \"{mode}\"\n"
+    )
+}
+
+async fn start(db: &TestDb, policies: &str) -> (TestApp, MockUpstream) {
+    let mock = MockUpstream::start().await.unwrap();
+    let app = spawn_app(db, Setup::resources(resources(&mock) + policies)).await;
+    (app, mock)
+}
+
+fn header(r: &reqwest::Response, name: &str) -> Option<String> {
+    r.headers().get(name).map(|v| v.to_str().unwrap().to_owned())
+}
+
+both_backends!(
+    crossing_request_completes_and_the_next_is_refused,
+    request_headers_count_down_and_reach_the_refusal,
+    streamed_responses_carry_quota_headers,
+    latest_reset_is_reported_and_windows_roll_over,
+    shadow_never_refuses_but_logs,
+    editing_a_policy_keeps_usage_across_a_restart,
+    quota_endpoint_lists_every_quota,
+);
+
+async fn crossing_request_completes_and_the_next_is_refused(db: TestDb) {
+    let (app, mock) = start(
+        &db,
+        &policy(
+            "apikey",
+            "ada@acme.test/ci",
+            "total_tokens",
+            "day",
+            10.0,
+            "enforce",
+        ),
+    )
+    .await;
+    for _ in 0..2 {
+        let r = app.post_json("/v1/chat/completions", KEY, &chat(false)).await;
+        assert_eq!(r.status(), 200, "under the limit before it, so it completes");
+    }
+    let r = app.post_json("/v1/chat/completions", KEY, &chat(false)).await;
+    assert_eq!(r.status(), 429);
+    assert!(
+        header(&r, "retry-after").is_none(),
+        "a used-up quota has no Retry-After"
+    );
+    assert_eq!(header(&r, "x-should-retry").as_deref(), Some("false"));
+    assert_eq!(header(&r, "x-aigw-error-source").as_deref(), Some("gateway"));
+    assert_eq!(
+        header(&r, "x-aigw-quota-total_tokens-limit").as_deref(),
+        Some("10")
+    );
+    assert_eq!(
+        header(&r, "x-aigw-quota-total_tokens-remaining").as_deref(),
+        Some("0")
+    );
+    let reset_header: i64 = header(&r, "x-aigw-quota-total_tokens-reset")
+        .unwrap()
+        .parse()
+        .unwrap();
+    let body: Value = r.json().await.unwrap();
+    let e = &body["error"];
+    assert_eq!(e["message"], "rate limit exceeded on apikey total_tokens/day");
+    assert_eq!(e["code"], "quota_exceeded");
+    assert_eq!(e["type"], "rate_limit_error");
+    assert_eq!(
+        (e["subject"].as_str(), e["metric"].as_str(), e["window"].as_str()),
+        (Some("apikey"), Some("total_tokens"), Some("day"))
+    );
+    assert_eq!((e["limit"].as_i64(), e["used"].as_i64()), (Some(10), Some(18)));
+    // The clock reads 2026-12-01 10:00 Beijing: the day ends at 2026-12-02T00:00+08:00.
+    let reset = DateTime::parse_from_rfc3339(e["reset_at"].as_str().unwrap()).unwrap();
+    assert_eq!(
+        reset.offset().local_minus_utc(),
+        8 * 3600,
+        "in the workspace's zone offset"
+    );
+    let end = DateTime::parse_from_rfc3339("2026-12-02T00:00:00+08:00").unwrap();
+    let after = (reset - end).num_seconds();
+    assert!(
+        (60..=120).contains(&after),
+        "reset_at is {after} s after the window end"
+    );
+    assert_eq!(reset_header, reset.timestamp());
+    assert_eq!(mock.call_count(), 2, "the refused request was not dispatched");
+    // The refused request does not count.
+    let r = app.post_json("/v1/chat/completions", KEY, &chat(false)).await;
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["error"]["used"], 18);
+    let logs = app.logs("acme", 4).await;
+    assert_eq!(logs[0].code.as_deref(), Some("quota_exceeded"));
+    assert_eq!(logs[0].source.as_deref(), Some("gateway"));
+    app.stop().await;
+}
+
+async fn request_headers_count_down_and_reach_the_refusal(db: TestDb) {
+    let (app, _mock) = start(
+        &db,
+        &policy("member", "ada@acme.test", "requests", "minute", 3.0, "enforce"),
+    )
+    .await;
+    for want in ["2", "1", "0"] {
+        let r = app.post_json("/v1/chat/completions", KEY, &chat(false)).await;
+        assert_eq!(r.status(), 200);
+        assert_eq!(header(&r, "x-aigw-quota-requests-limit").as_deref(), Some("3"));
+        assert_eq!(
+            header(&r, "x-aigw-quota-requests-remaining").as_deref(),
+            Some(want)
+        );
+        assert!(header(&r, "x-aigw-quota-requests-reset").is_some());
+        assert!(header(&r, "ratelimit-policy").unwrap().contains("q=3;w=60"));
+        assert!(header(&r, "ratelimit").unwrap().contains(&format!("r={want}")));
+    }
+    let r = app.post_json("/v1/chat/completions", KEY, &chat(false)).await;
+    assert_eq!(r.status(), 429);
+    assert_eq!(
+        header(&r, "x-aigw-quota-requests-remaining").as_deref(),
+        Some("0")
+    );
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(
+        body["error"]["message"],
+        "rate limit exceeded on member requests/minute"
+    );
+    app.stop().await;
+}
+
+async fn streamed_responses_carry_quota_headers(db: TestDb) {
+    let policies = policy("apikey", "ada@acme.test/ci", "requests", "day", 5.0, "enforce")
+        + &policy("ws", "acme", "total_tokens", "month", 1000.0, "enforce");
+    let (app, _mock) = start(&db, &policies).await;
+    let r = app.post_json("/v1/chat/completions", KEY, &chat(true)).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(
+        header(&r, "x-aigw-quota-requests-remaining").as_deref(),
+        Some("4")
+    );
+    assert_eq!(
+        header(&r, "x-aigw-quota-total_tokens-remaining").as_deref(),
+        Some("1000")
+    );
+    r.text().await.unwrap();
+    // After the stream, its tokens are counted.
+    let r = app.post_json("/v1/chat/completions", KEY, &chat(false)).await;
+    assert_eq!(
+        header(&r, "x-aigw-quota-total_tokens-remaining").as_deref(),
+        Some("982")
+    );
+    app.stop().await;
+}
+
+async fn latest_reset_is_reported_and_windows_roll_over(db: TestDb) {
+    let policies = policy("apikey", "*", "requests", "minute", 1.0, "enforce")
+        + &policy("member", "*", "requests", "day", 2.0, "enforce");
+    let (app, _mock) = start(&db, &policies).await;
+    assert_eq!(
+        app.post_json("/v1/chat/completions", KEY, &chat(false))
+            .await
+            .status(),
+        200
+    );
+    let r = app.post_json("/v1/chat/completions", KEY, &chat(false)).await;
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(
+        body["error"]["window"], "minute",
+        "only the minute policy refuses"
+    );
+    app.clock.advance(chrono::Duration::seconds(61));
+    assert_eq!(
+        app.post_json("/v1/chat/completions", KEY, &chat(false))
+            .await
+            .status(),
+        200,
+        "a new minute"
+    );
+    let r = app.post_json("/v1/chat/completions", KEY, &chat(false)).await;
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(
+        body["error"]["message"], "rate limit exceeded on member requests/day",
+        "both refuse: the later reset wins"
+    );
+    app.stop().await;
+}
+
+async fn shadow_never_refuses_but_logs(db: TestDb) {
+    let (app, _mock) = start(&db, &policy("apikey", "*", "requests", "day", 1.0, "shadow")).await;
+    for _ in 0..3 {
+        let r = app.post_json("/v1/chat/completions", KEY, &chat(false)).await;
+        assert_eq!(r.status(), 200, "shadow never refuses");
+        assert!(
+            header(&r, "x-aigw-quota-requests-limit").is_some(),
+            "but it is reported"
+        );
+    }
+    let logs = app.logs("acme", 3).await;
+    assert_eq!(logs[2].would_refuse, None);
+    assert_eq!(logs[0].would_refuse.as_deref(), Some("apikey requests/day"));
+    app.stop().await;
+}
+
+async fn editing_a_policy_keeps_usage_across_a_restart(db: TestDb) {
+    let file = |limit: f64| policy("apikey", "ada@acme.test/ci", "requests", "day", limit, "enforce");
+    let (app, mock) = start(&db, &file(10.0)).await;
+    for _ in 0..3 {
+        assert_eq!(
+            app.post_json("/v1/chat/completions", KEY, &chat(false))
+                .await
+                .status(),
+            200
+        );
+    }
+    app.stop().await; // graceful: flushes the counters
+    let stored: i64 = sqlx::query_scalar(
+        "SELECT used FROM usage_counters WHERE subject = 'apikey' AND metric = 'requests'",
+    )
+    .fetch_one(&sqlx::AnyPool::connect(&db.url).await.unwrap())
+    .await
+    .unwrap();
+    assert_eq!(stored, 3, "stored usage equals what completed");
+    // Lowering the limit below current usage refuses at once.
+    let app = spawn_app(&db, Setup::resources(resources(&mock) + &file(2.0))).await;
+    let r = app.post_json("/v1/chat/completions", KEY, &chat(false)).await;
+    assert_eq!(r.status(), 429);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(
+        (body["error"]["limit"].as_i64(), body["error"]["used"].as_i64()),
+        (Some(2), Some(3))
+    );
+    app.stop().await;
+}
+
+async fn quota_endpoint_lists_every_quota(db: TestDb) {
+    let policies = policy("apikey", "ada@acme.test/ci", "requests", "day", 5.0, "enforce")
+        + &policy("ws", "*", "credits", "total", 2.5, "enforce");
+    let (app, _mock) = start(&db, &policies).await;
+    app.post_json("/v1/chat/completions", KEY, &chat(false)).await;
+    let r = app
+        .client
+        .get(format!("{}/v1/quota", app.address))
+        .bearer_auth(KEY)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let body: Value = r.json().await.unwrap();
+    let rows = body["data"].as_array().unwrap();
+    assert_eq!(rows.len(), 2);
+    let req = rows.iter().find(|q| q["metric"] == "requests").unwrap();
+    assert_eq!(
+        (req["used"].as_i64(), req["remaining"].as_i64()),
+        (Some(1), Some(4))
+    );
+    let credits = rows.iter().find(|q| q["metric"] == "credits").unwrap();
+    assert_eq!(credits["limit"], 2.5);
+    assert_eq!(credits["reset_at"], Value::Null, "total never resets");
+    // 4 prompt tokens × 1 credit/M + 5 completion × 2 credits/M = 14 micro-credits.
+    assert_eq!(credits["used"], 0.000014);
+    let r = app
+        .client
+        .get(format!("{}/v1/quota", app.address))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401);
+    app.stop().await;
+}
+
+/// Two gateways on one Postgres enforce one quota, and stored usage equals what completed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_gateways_share_one_quota_on_postgres() {
+    let Some(db) = TestDb::postgres().await else {
+        return;
+    };
+    let mock = MockUpstream::start().await.unwrap();
+    let text = resources(&mock) + &policy("ws", "acme", "requests", "day", 100.0, "enforce");
+    let fast = |s: &mut aigw::Settings| s.flush_interval_ms = 10;
+    let a = spawn_app(
+        &db,
+        Setup {
+            settings: Box::new(fast),
+            ..Setup::resources(text.clone())
+        },
+    )
+    .await;
+    let b = spawn_app(
+        &db,
+        Setup {
+            settings: Box::new(fast),
+            ..Setup::resources(text)
+        },
+    )
+    .await;
+    let mut completed = 0;
+    for i in 0..200 {
+        let app = if i % 2 == 0 { &a } else { &b };
+        let status = app
+            .post_json("/v1/chat/completions", KEY, &chat(false))
+            .await
+            .status();
+        if status == 200 {
+            completed += 1;
+        } else {
+            assert_eq!(status, 429);
+        }
+        // Requests spaced by more than two flush intervals: each gateway knows the other's usage.
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    a.stop().await;
+    b.stop().await;
+    assert_eq!(
+        completed, 100,
+        "no overshoot when requests are spaced beyond two flush intervals"
+    );
+    assert_eq!(mock.call_count(), completed);
+    let stored: i64 =
+        sqlx::query_scalar("SELECT used FROM usage_counters WHERE subject = 'ws' AND metric = 'requests'")
+            .fetch_one(&sqlx::AnyPool::connect(&db.url).await.unwrap())
+            .await
+            .unwrap();
+    assert_eq!(
+        stored, completed as i64,
+        "stored usage equals what completed exactly"
+    );
+}
