@@ -54,6 +54,8 @@ pub struct Inner {
     pub policies: ArcSwap<Policies>,
     /// Quota counters, flushed in batches.
     pub quota: QuotaCounters,
+    /// Admin sign-in and tokens.
+    pub sessions: crate::admin::session::Sessions,
     /// Gateway API keys on the request path.
     pub keys: KeyResolver,
     /// Queue of request logs for the batch writer.
@@ -173,6 +175,7 @@ impl Gateway {
             .redirect(reqwest::redirect::Policy::none())
             .build()
             .map_err(|e| StartError::Config(format!("cannot build the HTTP client: {e}")))?;
+        let sessions = crate::admin::session::Sessions::new(jwt_secret.expose());
         let state = AppState(Arc::new(Inner {
             settings,
             store,
@@ -183,6 +186,7 @@ impl Gateway {
             policies: ArcSwap::from_pointee(policies),
             quota: QuotaCounters::default(),
             keys: KeyResolver::new(),
+            sessions,
             logs,
             http,
             metrics: crate::telemetry::metrics_handle(),
@@ -242,6 +246,7 @@ impl Gateway {
 pub fn router(state: AppState) -> Router {
     Router::new()
         .merge(crate::proxy::routes())
+        .merge(crate::admin::routes())
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))

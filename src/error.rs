@@ -35,6 +35,14 @@ pub enum ApiError {
         "invalid API key: provide a valid gateway key as `Authorization: Bearer sk-aigw-…` or `x-api-key`"
     )]
     InvalidApiKey,
+    /// Wrong email or password at sign-in.
+    #[error("invalid email or password")]
+    InvalidCredentials,
+    /// Missing, malformed, expired or forged admin token.
+    #[error(
+        "missing or invalid admin token: sign in at POST /admin/v1/auth/login and send `Authorization: Bearer <token>`"
+    )]
+    InvalidToken,
     /// Too many failed authentications from one address.
     #[error("too many failed authentication attempts from this address; retry in {retry_after} seconds")]
     AuthThrottled {
@@ -101,7 +109,9 @@ impl ApiError {
     /// HTTP status.
     pub fn status(&self) -> StatusCode {
         match self {
-            ApiError::InvalidApiKey => StatusCode::UNAUTHORIZED,
+            ApiError::InvalidApiKey | ApiError::InvalidCredentials | ApiError::InvalidToken => {
+                StatusCode::UNAUTHORIZED
+            }
             ApiError::AuthThrottled { .. } | ApiError::QuotaExceeded(_) => StatusCode::TOO_MANY_REQUESTS,
             ApiError::ModelNotFound { .. } | ApiError::RouteNotFound { .. } => StatusCode::NOT_FOUND,
             ApiError::InvalidRequest { .. } => StatusCode::BAD_REQUEST,
@@ -116,6 +126,8 @@ impl ApiError {
     pub fn code(&self) -> &'static str {
         match self {
             ApiError::InvalidApiKey => "invalid_api_key",
+            ApiError::InvalidCredentials => "invalid_credentials",
+            ApiError::InvalidToken => "invalid_token",
             ApiError::AuthThrottled { .. } => "auth_rate_limited",
             ApiError::ModelNotFound { .. } => "model_not_found",
             ApiError::InvalidRequest { .. } => "invalid_request_error",
@@ -131,7 +143,9 @@ impl ApiError {
     /// The OpenAI error `type`.
     pub fn error_type(&self) -> &'static str {
         match self {
-            ApiError::InvalidApiKey => "authentication_error",
+            ApiError::InvalidApiKey | ApiError::InvalidCredentials | ApiError::InvalidToken => {
+                "authentication_error"
+            }
             ApiError::AuthThrottled { .. } | ApiError::QuotaExceeded(_) => "rate_limit_error",
             ApiError::ModelNotFound { .. }
             | ApiError::InvalidRequest { .. }

@@ -1,6 +1,7 @@
 //! aigw: an OpenAI-compatible LLM API gateway for companies. See `DESIGN.md` for the contracts;
 //! [`app::Gateway`] is the entry point.
 
+pub mod admin;
 pub mod app;
 pub mod clock;
 pub mod config;

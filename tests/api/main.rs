@@ -3,6 +3,7 @@
 
 mod helpers;
 
+mod admin;
 mod binary;
 mod foundation;
 mod mock_upstream;

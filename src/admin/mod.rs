@@ -1,0 +1,165 @@
+//! The admin API under `/admin/v1/` (DESIGN.md §7, §8): JWT sign-in and what a signed-in member
+//! reads about themself. Every route requires a valid token unless it is the sign-in itself.
+
+pub mod session;
+
+use std::net::SocketAddr;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{ConnectInfo, State};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde::Deserialize;
+use serde_json::json;
+
+use crate::app::AppState;
+use crate::crypto;
+use crate::error::ApiError;
+use crate::proxy::auth::Caller;
+use crate::quota::engine::QuotaDecision;
+use crate::store::{KeyStore, MemberStore, WorkspaceStore};
+use session::Session;
+
+/// The admin routes.
+pub fn routes() -> Router<AppState> {
+    Router::new()
+        .route("/admin/v1/auth/login", post(login))
+        .route("/admin/v1/me", get(me))
+        .route("/admin/v1/me/quota", get(my_quota))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LoginRequest {
+    email: String,
+    password: String,
+}
+
+/// `POST /admin/v1/auth/login` `{email, password}` → `{token, expires_at}`.
+async fn login(
+    State(state): State<AppState>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    body: Bytes,
+) -> Response {
+    let req: LoginRequest = match serde_json::from_slice(&body) {
+        Ok(r) => r,
+        Err(e) => {
+            return ApiError::invalid(format!("expected {{\"email\", \"password\"}}: {e}"), None)
+                .into_response();
+        }
+    };
+    if let Err(retry_after) = state.sessions.may_try(peer.ip(), &req.email) {
+        return ApiError::AuthThrottled { retry_after }.into_response();
+    }
+    let member = match state.store.member_by_email(&req.email).await {
+        Ok(m) => m,
+        Err(e) => {
+            tracing::error!(error = %e, "sign-in lookup failed");
+            return ApiError::Internal.into_response();
+        }
+    };
+    // Verify against a dummy hash when the member is unknown, so timing tells nothing.
+    let hash = member.as_ref().and_then(|m| m.password_hash.clone());
+    let ok = crypto::verify_password(
+        &req.password,
+        hash.as_deref().unwrap_or(session::DUMMY_HASH.as_str()),
+    );
+    match member {
+        Some(m) if ok && hash.is_some() && m.active == 1 => {
+            let (token, expires_at) = state.sessions.issue(&m, state.clock.now());
+            axum::Json(json!({"token": token, "expires_at": expires_at.to_rfc3339(), "role": m.role}))
+                .into_response()
+        }
+        _ => {
+            state.sessions.failed(peer.ip(), &req.email);
+            ApiError::InvalidCredentials.into_response()
+        }
+    }
+}
+
+/// `GET /admin/v1/me`: who is signed in.
+async fn me(State(state): State<AppState>, session: Session) -> Response {
+    let member = match state.store.member(session.member_id).await {
+        Ok(Some(m)) => m,
+        Ok(None) => return ApiError::InvalidToken.into_response(),
+        Err(_) => return ApiError::Internal.into_response(),
+    };
+    let workspace = state.store.workspace(member.workspace_id).await.ok().flatten();
+    axum::Json(json!({
+        "id": member.id,
+        "email": member.email,
+        "role": member.role,
+        "workspace": workspace.map(|w| json!({"id": w.id, "name": w.name, "timezone": w.timezone})),
+        "department_id": member.department_id,
+    }))
+    .into_response()
+}
+
+/// `GET /admin/v1/me/quota`: every quota that applies to the signed-in member — their member,
+/// department and workspace policies, and the budgets on each of their keys.
+async fn my_quota(State(state): State<AppState>, session: Session) -> Response {
+    let member = match state.store.member(session.member_id).await {
+        Ok(Some(m)) => m,
+        Ok(None) => return ApiError::InvalidToken.into_response(),
+        Err(_) => return ApiError::Internal.into_response(),
+    };
+    let keys = match state.store.keys_of_member(member.id).await {
+        Ok(k) => k,
+        Err(_) => return ApiError::Internal.into_response(),
+    };
+    let tz = state
+        .routes
+        .load()
+        .workspaces
+        .get(&member.workspace_id)
+        .and_then(|w| w.timezone)
+        .unwrap_or(state.settings.timezone);
+    let policies = state.policies.load();
+    let now = state.clock.now();
+    let caller = |key_id: i64, key_name: &str| Caller {
+        key_id,
+        key_name: key_name.to_owned(),
+        member_id: member.id,
+        department_id: member.department_id,
+        workspace_id: member.workspace_id,
+    };
+    // Member, department and workspace quotas (no key: key id 0 matches no key policy).
+    let mut rows = Vec::new();
+    match state
+        .quota
+        .check(&state.store, &policies, &caller(0, ""), now, tz)
+        .await
+    {
+        Ok(d) => rows.extend(rows_of(&d, None)),
+        Err(_) => return ApiError::Internal.into_response(),
+    }
+    for k in &keys {
+        match state
+            .quota
+            .check(&state.store, &policies, &caller(k.id, &k.name), now, tz)
+            .await
+        {
+            Ok(mut d) => {
+                d.standings
+                    .retain(|s| s.rule.subject == crate::quota::SubjectKind::Apikey);
+                rows.extend(rows_of(&d, Some((k.id, &k.name))));
+            }
+            Err(_) => return ApiError::Internal.into_response(),
+        }
+    }
+    axum::Json(json!({"timezone": tz.name(), "quotas": rows})).into_response()
+}
+
+fn rows_of(d: &QuotaDecision, key: Option<(i64, &str)>) -> Vec<serde_json::Value> {
+    crate::proxy::quota_report(d)
+        .into_iter()
+        .map(|mut row| {
+            if let Some((id, name)) = key {
+                row["key_id"] = json!(id);
+                row["key_name"] = json!(name);
+            }
+            row
+        })
+        .collect()
+}
