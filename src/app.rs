@@ -54,6 +54,8 @@ pub struct Inner {
     pub policies: ArcSwap<Policies>,
     /// Quota counters, flushed in batches.
     pub quota: QuotaCounters,
+    /// Every key's error-rate breaker.
+    pub breakers: crate::breaker::Breakers,
     /// Admin sign-in and tokens.
     pub sessions: crate::admin::session::Sessions,
     /// Gateway API keys on the request path.
@@ -176,6 +178,8 @@ impl Gateway {
             .build()
             .map_err(|e| StartError::Config(format!("cannot build the HTTP client: {e}")))?;
         let sessions = crate::admin::session::Sessions::new(jwt_secret.expose());
+        let breakers = crate::breaker::Breakers::default();
+        breakers.load(&store).await?;
         let state = AppState(Arc::new(Inner {
             settings,
             store,
@@ -187,6 +191,7 @@ impl Gateway {
             quota: QuotaCounters::default(),
             keys: KeyResolver::new(),
             sessions,
+            breakers,
             logs,
             http,
             metrics: crate::telemetry::metrics_handle(),
@@ -291,8 +296,10 @@ async fn readyz(State(state): State<AppState>) -> Response {
 async fn metrics(State(state): State<AppState>) -> Response {
     let mut text = state.metrics.render();
     text.push_str(&format!(
-        "# TYPE aigw_log_queue_depth_now gauge\naigw_log_queue_depth_now {}\n",
-        state.logs.depth()
+        "# TYPE aigw_log_queue_depth_now gauge\naigw_log_queue_depth_now {}\n\
+         # TYPE aigw_breaker_open_keys gauge\naigw_breaker_open_keys {}\n",
+        state.logs.depth(),
+        state.breakers.open_keys(state.clock.now())
     ));
     (
         [(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")],
@@ -359,6 +366,10 @@ impl AppState {
         };
         match loaded.await {
             Ok((routes, policies)) => {
+                // Trips, blocks and bans written by another gateway.
+                if let Err(e) = self.breakers.load(&self.store).await {
+                    tracing::warn!(error = %e, "breaker reload failed");
+                }
                 self.routes.store(Arc::new(routes));
                 self.policies.store(Arc::new(policies));
                 self.keys.invalidate_all();

@@ -35,6 +35,22 @@ pub enum ApiError {
         "invalid API key: provide a valid gateway key as `Authorization: Bearer sk-aigw-…` or `x-api-key`"
     )]
     InvalidApiKey,
+    /// The key's breaker is open (DESIGN.md §5).
+    #[error("{message}")]
+    CircuitOpen {
+        /// Localised message (LyRouter's wording).
+        message: String,
+        /// Whole seconds to wait.
+        retry_after: u64,
+        /// End of the block, RFC 3339.
+        blocked_until: String,
+    },
+    /// The key is banned for good (DESIGN.md §5).
+    #[error("{message}")]
+    KeyBanned {
+        /// Localised message (first or later wording).
+        message: String,
+    },
     /// Wrong email or password at sign-in.
     #[error("invalid email or password")]
     InvalidCredentials,
@@ -112,7 +128,10 @@ impl ApiError {
             ApiError::InvalidApiKey | ApiError::InvalidCredentials | ApiError::InvalidToken => {
                 StatusCode::UNAUTHORIZED
             }
-            ApiError::AuthThrottled { .. } | ApiError::QuotaExceeded(_) => StatusCode::TOO_MANY_REQUESTS,
+            ApiError::AuthThrottled { .. } | ApiError::QuotaExceeded(_) | ApiError::CircuitOpen { .. } => {
+                StatusCode::TOO_MANY_REQUESTS
+            }
+            ApiError::KeyBanned { .. } => StatusCode::FORBIDDEN,
             ApiError::ModelNotFound { .. } | ApiError::RouteNotFound { .. } => StatusCode::NOT_FOUND,
             ApiError::InvalidRequest { .. } => StatusCode::BAD_REQUEST,
             ApiError::RequestTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
@@ -137,6 +156,8 @@ impl ApiError {
             ApiError::Timeout { .. } => "timeout",
             ApiError::Internal => "internal_error",
             ApiError::QuotaExceeded(_) => "quota_exceeded",
+            ApiError::CircuitOpen { .. } => "api_key_circuit_open",
+            ApiError::KeyBanned { .. } => "api_key_permanently_banned",
         }
     }
 
@@ -146,7 +167,10 @@ impl ApiError {
             ApiError::InvalidApiKey | ApiError::InvalidCredentials | ApiError::InvalidToken => {
                 "authentication_error"
             }
-            ApiError::AuthThrottled { .. } | ApiError::QuotaExceeded(_) => "rate_limit_error",
+            ApiError::AuthThrottled { .. } | ApiError::QuotaExceeded(_) | ApiError::CircuitOpen { .. } => {
+                "rate_limit_error"
+            }
+            ApiError::KeyBanned { .. } => "permission_error",
             ApiError::ModelNotFound { .. }
             | ApiError::InvalidRequest { .. }
             | ApiError::RequestTooLarge { .. }
@@ -160,7 +184,9 @@ impl ApiError {
     /// Seconds the client should wait before retrying, if the refusal names a wait.
     pub fn retry_after(&self) -> Option<u64> {
         match self {
-            ApiError::AuthThrottled { retry_after } => Some(*retry_after),
+            ApiError::AuthThrottled { retry_after } | ApiError::CircuitOpen { retry_after, .. } => {
+                Some(*retry_after)
+            }
             _ => None,
         }
     }
@@ -184,6 +210,7 @@ impl ApiError {
                 error["used"] = q.used.clone();
                 error["reset_at"] = json!(q.reset_at);
             }
+            ApiError::CircuitOpen { blocked_until, .. } => error["blocked_until"] = json!(blocked_until),
             _ => {}
         }
         if let Some(s) = self.retry_after() {
@@ -211,7 +238,7 @@ impl IntoResponse for ApiError {
         }
         // A used-up quota has no Retry-After (the client reads reset_at); the SDKs must not
         // retry it by themselves (each retry is one more failure toward the key's breaker).
-        if matches!(self, ApiError::QuotaExceeded(_)) {
+        if matches!(self, ApiError::QuotaExceeded(_) | ApiError::KeyBanned { .. }) {
             h.insert(SHOULD_RETRY, HeaderValue::from_static("false"));
         }
         resp.extensions_mut().insert(ErrorCode(self.code()));

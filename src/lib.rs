@@ -3,6 +3,7 @@
 
 pub mod admin;
 pub mod app;
+pub mod breaker;
 pub mod clock;
 pub mod config;
 pub mod crypto;

@@ -94,6 +94,8 @@ pub struct Completion {
     attempts: Vec<Attempt>,
     route: Option<Arc<ModelRoute>>,
     quota: Option<Arc<QuotaDecision>>,
+    /// Language of the gateway's own messages for this request.
+    pub locale: crate::config::Locale,
 }
 
 impl Completion {
@@ -116,6 +118,7 @@ impl Completion {
             client_ip: Some(client_ip),
             ..LogRecord::default()
         };
+        let state_locale = state.settings.locale;
         Completion {
             state,
             caller,
@@ -125,6 +128,7 @@ impl Completion {
             attempts: Vec::new(),
             route: None,
             quota: None,
+            locale: state_locale,
         }
     }
 
@@ -142,6 +146,15 @@ impl Completion {
     pub fn requested(&mut self, model: &str, stream: bool) {
         self.record.model_requested = Some(model.to_owned());
         self.record.stream = i64::from(stream);
+    }
+
+    /// What answering a ban needs, taken before `finish` consumes the completion.
+    pub fn ban_context(&self) -> super::BanContext {
+        super::BanContext {
+            state: self.state.clone(),
+            key_id: self.caller.key_id,
+            locale: self.locale,
+        }
     }
 
     /// Notes the quota check; usage is added to its counters when the request completes.
@@ -184,8 +197,9 @@ impl Completion {
             .join("; ")
     }
 
-    /// Records the end of the request: log, metrics.
-    pub fn finish(mut self, outcome: Outcome) {
+    /// Records the end of the request: usage, breaker outcome, log, metrics. Returns true when
+    /// this outcome banned the key (its answer then carries the ban's first wording).
+    pub fn finish(mut self, outcome: Outcome) -> bool {
         let elapsed = self.started.elapsed();
         let usage = outcome.usage.unwrap_or_default();
         let credits = self.credits(usage);
@@ -227,5 +241,28 @@ impl Completion {
             metrics::counter!("aigw_tokens_total", "kind" => "completion").increment(usage.completion);
         }
         self.state.logs.send(std::mem::take(&mut self.record));
+
+        // Every logged request's final status is a breaker outcome (status >= 400 fails).
+        let trip = self
+            .state
+            .breakers
+            .record(self.caller.key_id, self.state.clock.now(), outcome.status);
+        let banned = trip.as_ref().is_some_and(|t| t.banned);
+        if let Some(t) = trip {
+            tracing::warn!(
+                key = self.caller.key_id,
+                trip = t.trip,
+                banned = t.banned,
+                "API key breaker tripped"
+            );
+            let (state, key) = (self.state.clone(), self.caller.key_id);
+            // Trips are rare; persisting one never holds up the response.
+            self.state.tasks.spawn(async move {
+                if let Err(e) = crate::breaker::persist(&state.store, key, &t).await {
+                    tracing::error!(error = %e, key, "could not persist a breaker trip");
+                }
+            });
+        }
+        banned
     }
 }

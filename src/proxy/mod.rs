@@ -21,6 +21,8 @@ use std::sync::Arc;
 use chrono::{DateTime, Utc};
 
 use crate::app::{AppState, RequestId};
+use crate::breaker::Refusal;
+use crate::config::Locale;
 use crate::error::{ApiError, ERROR_SOURCE, QuotaRefusal};
 use crate::quota::engine::{QuotaDecision, display_value};
 use crate::quota::window::format_reset_at;
@@ -69,6 +71,12 @@ pub async fn handle(state: AppState, endpoint: Endpoint, peer: SocketAddr, req: 
             return e.into_response();
         }
     };
+    // 2. Breaker gate: an open or banned key is refused before anything else, neither counted
+    //    nor logged.
+    let locale = locale_of(&state, req.headers());
+    if let Err(refusal) = state.breakers.gate(caller.key_id, state.clock.now()) {
+        return breaker_error(&refusal, locale).into_response();
+    }
     let request_id = req
         .extensions()
         .get::<RequestId>()
@@ -81,8 +89,9 @@ pub async fn handle(state: AppState, endpoint: Endpoint, peer: SocketAddr, req: 
         request_id,
         peer.ip().to_string(),
     );
+    completion.locale = locale;
 
-    // 2. Read and check the body (size limit, JSON, required fields).
+    // 3. Read and check the body (size limit, JSON, required fields).
     let (parts, body) = req.into_parts();
     let mut body = match body::read(body, &parts.headers, state.settings.max_body_bytes, endpoint).await {
         Ok(b) => b,
@@ -90,7 +99,7 @@ pub async fn handle(state: AppState, endpoint: Endpoint, peer: SocketAddr, req: 
     };
     completion.requested(&body.model, body.stream);
 
-    // 3. Quota pre-check: every policy on the key, member, department and workspace.
+    // 4. Quota pre-check: every policy on the key, member, department and workspace.
     let routes = state.routes.load();
     let workspace = routes.workspaces.get(&caller.workspace_id);
     let tz = workspace
@@ -122,14 +131,14 @@ pub async fn handle(state: AppState, endpoint: Endpoint, peer: SocketAddr, req: 
         return with_quota(refuse(completion, err), &quota, untouched, now);
     }
 
-    // 4. Route: the model and its fallback chain in the caller's workspace.
+    // 5. Route: the model and its fallback chain in the caller's workspace.
     let chain = workspace.map(|ws| ws.chain(&body.model)).unwrap_or_default();
     if chain.is_empty() {
         let resp = refuse(completion, ApiError::ModelNotFound { model: body.model });
         return with_quota(resp, &quota, untouched, now);
     }
 
-    // 5. Dispatch within the time budget; failures are classified and the chain moves on.
+    // 6. Dispatch within the time budget; failures are classified and the chain moves on.
     let strip_usage =
         body.stream && endpoint == Endpoint::ChatCompletions && adapter::request_stream_usage(&mut body.json);
     let budget = Duration::from_secs(state.settings.request_timeout_secs);
@@ -149,7 +158,7 @@ pub async fn handle(state: AppState, endpoint: Endpoint, peer: SocketAddr, req: 
         seconds: state.settings.request_timeout_secs,
     }));
 
-    // 6. Respond; accounting runs when the response (or stream) is complete.
+    // 7. Respond; accounting runs when the response (or stream) is complete.
     match dispatched {
         Dispatched::Served {
             response,
@@ -191,7 +200,10 @@ pub async fn handle(state: AppState, endpoint: Endpoint, peer: SocketAddr, req: 
             let usage = adapter::usage_of_body(endpoint, &bytes);
             let ttfb = completion.started().elapsed();
             let credits = completion.credits(usage.unwrap_or_default());
-            completion.finish(Outcome::ok(status, usage, Some(ttfb)));
+            let ban = completion.ban_context();
+            if completion.finish(Outcome::ok(status, usage, Some(ttfb))) {
+                return ban.answer();
+            }
             let used_here = |m: Metric| quota::engine::amount(m, usage.unwrap_or_default(), credits);
             let mut resp = Response::new(Body::from(bytes));
             *resp.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::OK);
@@ -205,7 +217,10 @@ pub async fn handle(state: AppState, endpoint: Endpoint, peer: SocketAddr, req: 
             // After every candidate failed, the last upstream error goes back as is.
             let explanation = format!("Upstream: {}", completion.attempts_summary());
             let code = upstream_code(&error.body);
-            completion.finish(Outcome::failed(error.status, code, Source::Upstream, explanation));
+            let ban = completion.ban_context();
+            if completion.finish(Outcome::failed(error.status, code, Source::Upstream, explanation)) {
+                return ban.answer();
+            }
             let mut resp = Response::new(Body::from(error.body));
             *resp.status_mut() = StatusCode::from_u16(error.status).unwrap_or(StatusCode::BAD_GATEWAY);
             resp.headers_mut().extend(error.headers);
@@ -239,13 +254,57 @@ fn refuse(completion: Completion, e: ApiError) -> Response {
     } else {
         format!("Gateway: {e} [{summary}]")
     };
-    completion.finish(Outcome::failed(
+    let ban = completion.ban_context();
+    if completion.finish(Outcome::failed(
         e.status().as_u16(),
         e.code(),
         Source::Gateway,
         explanation,
-    ));
+    )) {
+        return ban.answer();
+    }
     e.into_response()
+}
+
+/// The language of the gateway's own messages: `Accept-Language: zh…` or the configured locale.
+fn locale_of(state: &AppState, headers: &axum::http::HeaderMap) -> Locale {
+    let zh = headers
+        .get(header::ACCEPT_LANGUAGE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.trim_start().to_ascii_lowercase().starts_with("zh"));
+    if zh { Locale::Zh } else { state.settings.locale }
+}
+
+/// The refusal of an open or banned breaker.
+fn breaker_error(refusal: &Refusal, locale: Locale) -> ApiError {
+    match refusal {
+        Refusal::Open {
+            retry_after,
+            blocked_until,
+        } => ApiError::CircuitOpen {
+            message: refusal.message(locale),
+            retry_after: *retry_after,
+            blocked_until: blocked_until.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+        },
+        Refusal::Banned { .. } => ApiError::KeyBanned {
+            message: refusal.message(locale),
+        },
+    }
+}
+
+/// What is needed to answer the request that banned its key.
+pub struct BanContext {
+    state: AppState,
+    key_id: i64,
+    locale: Locale,
+}
+
+impl BanContext {
+    /// The ban's first wording, told to the request whose outcome banned the key.
+    fn answer(self) -> Response {
+        self.state.breakers.announce(self.key_id);
+        breaker_error(&Refusal::Banned { first: true }, self.locale).into_response()
+    }
 }
 
 /// The upstream error's own code, for the log (`error.code`, else `error.type`).

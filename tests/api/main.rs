@@ -5,6 +5,7 @@ mod helpers;
 
 mod admin;
 mod binary;
+mod breaker;
 mod foundation;
 mod mock_upstream;
 mod proxy;

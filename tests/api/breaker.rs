@@ -1,0 +1,183 @@
+//! The per-key error-rate breaker through the HTTP surface, with the manual clock.
+
+use aigw::mock_upstream::MockUpstream;
+use serde_json::{Value, json};
+
+use crate::both_backends;
+use crate::helpers::{Setup, TestApp, TestDb, spawn_app};
+use crate::proxy::{KEY, resources};
+
+fn good() -> Value {
+    json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]})
+}
+
+/// A request the gateway refuses with 400 (a failure that never reaches the upstream).
+fn bad() -> Value {
+    json!({"model": "gpt-4o-mini", "messages": "not a list"})
+}
+
+async fn send(app: &TestApp, n: usize, body: &Value) -> Vec<u16> {
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        out.push(
+            app.post_json("/v1/chat/completions", KEY, body)
+                .await
+                .status()
+                .as_u16(),
+        );
+    }
+    out
+}
+
+async fn start(db: &TestDb, extra: &str) -> (TestApp, MockUpstream) {
+    let mock = MockUpstream::start().await.unwrap();
+    let app = spawn_app(db, Setup::resources(resources(&mock) + extra)).await;
+    (app, mock)
+}
+
+both_backends!(
+    ninety_one_failures_trip_and_ninety_do_not,
+    ladder_ban_wordings_and_restart,
+    quota_refusals_count_as_failures,
+);
+
+async fn ninety_one_failures_trip_and_ninety_do_not(db: TestDb) {
+    let (app, mock) = start(&db, "").await;
+    send(&app, 10, &good()).await;
+    send(&app, 90, &bad()).await;
+    assert_eq!(
+        send(&app, 1, &good()).await,
+        [200],
+        "100 requests, 90 failed: not more than 90 %"
+    );
+    app.clock.advance(chrono::Duration::seconds(61)); // the window empties
+    send(&app, 9, &good()).await;
+    assert!(send(&app, 91, &bad()).await.iter().all(|s| *s == 400));
+    let r = app.post_json("/v1/chat/completions", KEY, &good()).await;
+    assert_eq!(r.status(), 429);
+    assert_eq!(r.headers()["retry-after"], "30");
+    assert_eq!(r.headers()["x-aigw-error-source"], "gateway");
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "api_key_circuit_open");
+    assert_eq!(body["error"]["retry_after"], 30);
+    let until =
+        chrono::DateTime::parse_from_rfc3339(body["error"]["blocked_until"].as_str().unwrap()).unwrap();
+    assert_eq!((until.timestamp() - app.clock.now().timestamp()), 30);
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("retry in 30 seconds")
+    );
+    let calls = mock.call_count();
+    // Refused requests are neither counted nor logged, and do not extend the block.
+    app.clock.advance(chrono::Duration::seconds(10));
+    for _ in 0..150 {
+        let r = app.post_json("/v1/chat/completions", KEY, &good()).await;
+        assert_eq!(r.status(), 429);
+        assert_eq!(r.headers()["retry-after"], "20");
+    }
+    let r = app
+        .client
+        .post(format!("{}/v1/chat/completions", app.address))
+        .bearer_auth(KEY)
+        .header("accept-language", "zh-CN,zh;q=0.9")
+        .json(&good())
+        .send()
+        .await
+        .unwrap();
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(
+        body["error"]["message"],
+        "API Key 因最近 60 秒错误率过高已临时熔断，请在 20 秒后重试。"
+    );
+    assert_eq!(mock.call_count(), calls, "nothing went upstream");
+    let logs = app.logs("acme", 201).await;
+    assert_eq!(logs.len(), 201, "circuit-broken requests are not logged");
+    app.clock.advance(chrono::Duration::seconds(20));
+    assert_eq!(send(&app, 1, &good()).await, [200], "the block ends on time");
+    app.stop().await;
+}
+
+async fn ladder_ban_wordings_and_restart(db: TestDb) {
+    let (app, _mock) = start(&db, "").await;
+    for (trip, secs) in [(1, 30), (2, 120), (3, 600), (4, 43_200)] {
+        send(&app, 100, &bad()).await;
+        let r = app.post_json("/v1/chat/completions", KEY, &good()).await;
+        assert_eq!(r.status(), 429, "trip {trip}");
+        assert_eq!(
+            r.headers()["retry-after"].to_str().unwrap(),
+            secs.to_string(),
+            "trip {trip}"
+        );
+        assert_eq!(
+            r.headers().get("x-should-retry").is_some(),
+            secs > 60,
+            "trip {trip}"
+        );
+        app.clock.advance(chrono::Duration::seconds(secs));
+    }
+    let later = app.clock.now();
+    app.stop().await;
+    // A restart keeps the trips: the 5th bans.
+    let mock = MockUpstream::start().await.unwrap();
+    let app = spawn_app(
+        &db,
+        Setup {
+            start: later,
+            ..Setup::resources(resources(&mock))
+        },
+    )
+    .await;
+    let statuses = send(&app, 100, &bad()).await;
+    assert!(statuses[..99].iter().all(|s| *s == 400));
+    assert_eq!(statuses[99], 403, "the request that bans the key is told so");
+    let r = app.post_json("/v1/chat/completions", KEY, &good()).await;
+    assert_eq!(r.status(), 403);
+    assert_eq!(r.headers()["x-should-retry"], "false");
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "api_key_permanently_banned");
+    assert_eq!(
+        body["error"]["message"],
+        "This API key has been permanently banned and cannot be restored; delete it and create a new API key."
+    );
+    let r = app
+        .client
+        .post(format!("{}/v1/chat/completions", app.address))
+        .bearer_auth(KEY)
+        .header("accept-language", "zh")
+        .json(&good())
+        .send()
+        .await
+        .unwrap();
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(
+        body["error"]["message"],
+        "该 API Key 已被永久封禁，无法恢复，请删除后创建新的 API Key。"
+    );
+    app.clock.advance(chrono::Duration::days(400));
+    assert_eq!(send(&app, 1, &good()).await, [403], "a ban never ends");
+    let key_id = app.logs("acme", 1).await[0].key_id;
+    let history = aigw::breaker::history(&app.state.store, key_id).await.unwrap();
+    app.stop().await;
+    assert_eq!(history.len(), 5);
+    assert!(history[4].banned && history[4].requests == 100 && history[4].failures == 100);
+    let (app, _mock) = start(&db, "").await;
+    assert_eq!(send(&app, 1, &good()).await, [403], "the ban survives a restart");
+    app.stop().await;
+}
+
+async fn quota_refusals_count_as_failures(db: TestDb) {
+    let policy = "\n[[policy]]\nworkspace = \"acme\"\nsubject = \"apikey\"\ntarget = \"*\"\nmetric = \"requests\"\nwindow = \"minute\"\nlimit = 1\n";
+    let (app, _mock) = start(&db, policy).await;
+    let statuses = send(&app, 100, &good()).await;
+    assert_eq!(statuses[0], 200);
+    assert!(statuses[1..].iter().all(|s| *s == 429));
+    let r = app.post_json("/v1/chat/completions", KEY, &good()).await;
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(
+        body["error"]["code"], "api_key_circuit_open",
+        "99 quota refusals of 100 tripped the key"
+    );
+    app.stop().await;
+}
