@@ -348,6 +348,9 @@ fn start_quota_flush(state: AppState) {
             if let Err(e) = s.quota.flush(&s.store, s.clock.now(), s.settings.timezone).await {
                 tracing::warn!(error = %e, "quota flush failed; usage kept for the next flush");
             }
+            if let Err(e) = s.breakers.flush(&s.store, s.clock.now()).await {
+                tracing::warn!(error = %e, "breaker window flush failed; outcomes kept for the next flush");
+            }
             if stopping {
                 break;
             }

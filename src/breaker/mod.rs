@@ -10,7 +10,7 @@ use std::sync::Mutex;
 use chrono::{DateTime, Utc};
 
 use crate::config::Locale;
-use crate::store::{Store, StoreResult};
+use crate::store::{SqlBuilder, Store, StoreResult};
 
 /// Seconds of the sliding window.
 pub const WINDOW_SECS: i64 = 60;
@@ -39,6 +39,8 @@ pub struct KeyBreaker {
     pub banned: bool,
     /// Whether a refusal has already told the client about the ban (first wording once).
     announced: bool,
+    /// Requests and failures of the other gateways in the window, as of the last flush.
+    others: (u32, u32),
 }
 
 impl KeyBreaker {
@@ -48,6 +50,11 @@ impl KeyBreaker {
             .iter()
             .filter(|b| b.second > now_s - WINDOW_SECS && b.second <= now_s)
             .fold((0, 0), |(t, f), b| (t + b.total, f + b.failed))
+    }
+
+    fn clear_window(&mut self) {
+        self.buckets.iter_mut().for_each(|b| *b = Bucket::default());
+        self.others = (0, 0);
     }
 
     /// Adds one outcome; returns the trip it caused, if any.
@@ -66,13 +73,14 @@ impl KeyBreaker {
         }
         slot.total += 1;
         slot.failed += u32::from(failed);
-        let (total, failures) = self.window(now_s);
+        let (own_total, own_failures) = self.window(now_s);
+        let (total, failures) = (own_total + self.others.0, own_failures + self.others.1);
         // Trip: at least 100 requests and more than 90 % failed.
         if total < MIN_REQUESTS || failures * 10 <= total * 9 {
             return None;
         }
         // On a trip the window starts empty.
-        self.buckets.iter_mut().for_each(|b| *b = Bucket::default());
+        self.clear_window();
         self.trips += 1;
         let blocked_until = match LADDER_SECS.get(self.trips as usize - 1) {
             Some(secs) => Some(now_ms + secs * 1000),
@@ -155,6 +163,12 @@ impl Refusal {
 #[derive(Default)]
 pub struct Breakers {
     keys: Mutex<HashMap<i64, KeyBreaker>>,
+    /// Outcomes not yet written to the shared window: (key, second) → (total, failed).
+    pending: Mutex<HashMap<(i64, i64), (u32, u32)>>,
+    /// Keys whose window involves other gateways, to refresh at each flush.
+    shared: Mutex<std::collections::HashSet<i64>>,
+    /// One flush at a time.
+    flushing: tokio::sync::Mutex<()>,
 }
 
 impl Breakers {
@@ -173,6 +187,10 @@ impl Breakers {
                 ..KeyBreaker::default()
             });
             let trips = u32::try_from(trips).unwrap_or(u32::MAX);
+            if trips > k.trips {
+                // Another gateway tripped the key: the window starts empty here too.
+                k.clear_window();
+            }
             if trips >= k.trips {
                 k.trips = trips;
                 k.blocked_until = blocked_until.max(k.blocked_until);
@@ -224,6 +242,15 @@ impl Breakers {
             .entry(key_id)
             .or_default()
             .record(now.timestamp_millis(), status >= 400);
+        drop(keys);
+        if trip.is_none() {
+            let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+            let slot = pending
+                .entry((key_id, now.timestamp_millis().div_euclid(1000)))
+                .or_default();
+            slot.0 += 1;
+            slot.1 += u32::from(status >= 400);
+        }
         if let Some(t) = &trip {
             let step = if t.banned {
                 "ban".to_owned()
@@ -233,6 +260,76 @@ impl Breakers {
             metrics::counter!("aigw_breaker_trips_total", "step" => step).increment(1);
         }
         trip
+    }
+
+    /// Shares this gateway's outcomes with the others and learns theirs: adds the pending
+    /// per-second counts to the store, then reads every gateway's last 60 s for the keys
+    /// involved. Off the request path (the flush task).
+    pub async fn flush(&self, store: &Store, now: DateTime<Utc>) -> StoreResult<()> {
+        let _one_at_a_time = self.flushing.lock().await;
+        let batch: Vec<BucketDelta> =
+            std::mem::take(&mut *self.pending.lock().unwrap_or_else(|p| p.into_inner()))
+                .into_iter()
+                .collect();
+        let now_s = now.timestamp_millis().div_euclid(1000);
+        let keys: Vec<i64> = {
+            let mut shared = self.shared.lock().unwrap_or_else(|p| p.into_inner());
+            shared.extend(batch.iter().map(|((k, _), _)| *k));
+            shared.iter().copied().collect()
+        };
+        if keys.is_empty() {
+            return Ok(());
+        }
+        // What this gateway has counted itself, as of the batch just taken.
+        let own: HashMap<i64, (u32, u32)> = {
+            let map = self.keys.lock().unwrap_or_else(|p| p.into_inner());
+            keys.iter()
+                .map(|k| (*k, map.get(k).map_or((0, 0), |b| b.window(now_s))))
+                .collect()
+        };
+        if !batch.is_empty()
+            && let Err(e) = add_buckets(store, &batch).await
+        {
+            let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+            for (k, (t, f)) in batch {
+                let slot = pending.entry(k).or_default();
+                slot.0 += t;
+                slot.1 += f;
+            }
+            return Err(e);
+        }
+        let mut b = SqlBuilder::new(
+            store,
+            "SELECT key_id, CAST(SUM(total) AS BIGINT), CAST(SUM(failed) AS BIGINT) FROM breaker_buckets WHERE second > ",
+        );
+        b.bind(now_s - WINDOW_SECS).push(" AND key_id IN (");
+        for (i, k) in keys.iter().enumerate() {
+            if i > 0 {
+                b.push(", ");
+            }
+            b.bind(*k);
+        }
+        b.push(") GROUP BY key_id");
+        let (sql, args) = b.finish();
+        let rows: Vec<(i64, i64, i64)> = sqlx::query_as_with(&sql, args).fetch_all(store.pool()).await?;
+        let global: HashMap<i64, (i64, i64)> = rows.into_iter().map(|(k, t, f)| (k, (t, f))).collect();
+        let mut map = self.keys.lock().unwrap_or_else(|p| p.into_inner());
+        let mut shared = self.shared.lock().unwrap_or_else(|p| p.into_inner());
+        for k in keys {
+            let (gt, gf) = global.get(&k).copied().unwrap_or((0, 0));
+            let (ot, of) = own.get(&k).copied().unwrap_or((0, 0));
+            let others = (
+                u32::try_from((gt - i64::from(ot)).max(0)).unwrap_or(u32::MAX),
+                u32::try_from((gf - i64::from(of)).max(0)).unwrap_or(u32::MAX),
+            );
+            if let Some(kb) = map.get_mut(&k) {
+                kb.others = others;
+            }
+            if gt == 0 {
+                shared.remove(&k);
+            }
+        }
+        Ok(())
     }
 
     /// The breaker of one key, for admins.
@@ -253,20 +350,55 @@ impl Breakers {
     }
 }
 
-/// Persists a trip: the key's state and a history row.
+/// Outcomes of one key in one second: ((key, second), (requests, failures)).
+type BucketDelta = ((i64, i64), (u32, u32));
+
+async fn add_buckets(store: &Store, batch: &[BucketDelta]) -> StoreResult<()> {
+    for chunk in batch.chunks(500) {
+        let mut b = SqlBuilder::new(
+            store,
+            "INSERT INTO breaker_buckets (key_id, second, total, failed) VALUES ",
+        );
+        for (i, ((key, second), (t, f))) in chunk.iter().enumerate() {
+            b.push(if i == 0 { "(" } else { ", (" });
+            b.bind(*key).push(", ").bind(*second).push(", ");
+            b.bind(i64::from(*t)).push(", ").bind(i64::from(*f)).push(")");
+        }
+        b.push(
+            " ON CONFLICT (key_id, second) DO UPDATE SET total = breaker_buckets.total + excluded.total, \
+             failed = breaker_buckets.failed + excluded.failed",
+        );
+        let (sql, args) = b.finish();
+        sqlx::query_with(&sql, args).execute(store.pool()).await?;
+    }
+    Ok(())
+}
+
+/// Persists a trip: the key's state, a history row (once, whichever gateway tripped it first),
+/// and an empty shared window.
 pub async fn persist(store: &Store, key_id: i64, t: &Trip) -> StoreResult<()> {
-    sqlx::query(
+    let advanced = sqlx::query(
         "INSERT INTO breaker_state (key_id, trips, blocked_until, banned) VALUES ($1, $2, $3, $4)
          ON CONFLICT (key_id) DO UPDATE SET trips = excluded.trips, blocked_until = excluded.blocked_until,
            banned = excluded.banned
-         WHERE breaker_state.trips <= excluded.trips",
+         WHERE breaker_state.trips < excluded.trips",
     )
     .bind(key_id)
     .bind(i64::from(t.trip))
     .bind(t.blocked_until)
     .bind(i64::from(t.banned))
     .execute(store.pool())
-    .await?;
+    .await?
+    .rows_affected();
+    sqlx::query("DELETE FROM breaker_buckets WHERE key_id = $1 AND second <= $2")
+        .bind(key_id)
+        .bind(t.at.div_euclid(1000))
+        .execute(store.pool())
+        .await?;
+    if advanced == 0 {
+        // Another gateway recorded this trip already.
+        return store.bump_config_epoch().await;
+    }
     sqlx::query(
         "INSERT INTO breaker_trips (key_id, trip, at, requests, failures, blocked_until, banned)
          VALUES ($1, $2, $3, $4, $5, $6, $7)",

@@ -219,6 +219,8 @@ pub fn amount(metric: Metric, usage: Usage, credits: i64) -> i64 {
 #[derive(Default)]
 pub struct QuotaCounters {
     counters: Mutex<HashMap<CounterKey, Counter>>,
+    /// One flush at a time: a second one would see `flushing` deltas as written.
+    flushing: tokio::sync::Mutex<()>,
 }
 
 impl QuotaCounters {
@@ -302,6 +304,7 @@ impl QuotaCounters {
     /// returns each global total; forgets counters of past windows. On failure the deltas stay
     /// pending for the next flush: nothing is lost.
     pub async fn flush(&self, store: &Store, now: DateTime<Utc>, tz: Tz) -> StoreResult<usize> {
+        let _one_at_a_time = self.flushing.lock().await;
         let batch: Vec<(CounterKey, i64)> = {
             let mut map = self.counters.lock().unwrap_or_else(|p| p.into_inner());
             // Windows that have ended and hold nothing unwritten are done with.

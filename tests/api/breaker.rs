@@ -181,3 +181,61 @@ async fn quota_refusals_count_as_failures(db: TestDb) {
     );
     app.stop().await;
 }
+
+/// Two gateways on one Postgres see one breaker: 60 failing requests on each trip the key once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_gateways_share_one_breaker_on_postgres() {
+    let Some(db) = TestDb::postgres().await else {
+        return;
+    };
+    let mock = MockUpstream::start().await.unwrap();
+    let fast = |s: &mut aigw::Settings| s.flush_interval_ms = 10;
+    let a = spawn_app(
+        &db,
+        Setup {
+            settings: Box::new(fast),
+            ..Setup::resources(resources(&mock))
+        },
+    )
+    .await;
+    let b = spawn_app(
+        &db,
+        Setup {
+            settings: Box::new(fast),
+            ..Setup::resources(resources(&mock))
+        },
+    )
+    .await;
+    let mut refused = 0;
+    for _ in 0..60 {
+        for app in [&a, &b] {
+            let status = app.post_json("/v1/chat/completions", KEY, &bad()).await.status();
+            refused += usize::from(status == 429);
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(15)).await;
+    }
+    assert!(
+        refused > 0,
+        "neither gateway alone reached 100 requests, together they tripped the key"
+    );
+    // Within a second both refuse: the trip is shared.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_millis(1500);
+    loop {
+        let sa = a.post_json("/v1/chat/completions", KEY, &good()).await.status();
+        let sb = b.post_json("/v1/chat/completions", KEY, &good()).await.status();
+        if sa == 429 && sb == 429 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "both gateways refuse the tripped key ({sa}, {sb})"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let key_id = a.logs("acme", 1).await[0].key_id;
+    let history = aigw::breaker::history(&a.state.store, key_id).await.unwrap();
+    assert_eq!(history.len(), 1, "one trip, recorded once");
+    assert_eq!(history[0].trip, 1);
+    a.stop().await;
+    b.stop().await;
+}
