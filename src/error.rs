@@ -51,6 +51,12 @@ pub enum ApiError {
         /// Localised message (first or later wording).
         message: String,
     },
+    /// An admin resource that does not exist in the caller's workspace (or is not theirs).
+    #[error("{what} not found")]
+    NotFound {
+        /// What was looked for.
+        what: &'static str,
+    },
     /// Wrong email or password at sign-in.
     #[error("invalid email or password")]
     InvalidCredentials,
@@ -132,7 +138,9 @@ impl ApiError {
                 StatusCode::TOO_MANY_REQUESTS
             }
             ApiError::KeyBanned { .. } => StatusCode::FORBIDDEN,
-            ApiError::ModelNotFound { .. } | ApiError::RouteNotFound { .. } => StatusCode::NOT_FOUND,
+            ApiError::ModelNotFound { .. } | ApiError::RouteNotFound { .. } | ApiError::NotFound { .. } => {
+                StatusCode::NOT_FOUND
+            }
             ApiError::InvalidRequest { .. } => StatusCode::BAD_REQUEST,
             ApiError::RequestTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::UpstreamUnreachable { .. } => StatusCode::BAD_GATEWAY,
@@ -151,7 +159,7 @@ impl ApiError {
             ApiError::ModelNotFound { .. } => "model_not_found",
             ApiError::InvalidRequest { .. } => "invalid_request_error",
             ApiError::RequestTooLarge { .. } => "request_too_large",
-            ApiError::RouteNotFound { .. } => "not_found",
+            ApiError::RouteNotFound { .. } | ApiError::NotFound { .. } => "not_found",
             ApiError::UpstreamUnreachable { .. } => "upstream_unreachable",
             ApiError::Timeout { .. } => "timeout",
             ApiError::Internal => "internal_error",
@@ -174,7 +182,8 @@ impl ApiError {
             ApiError::ModelNotFound { .. }
             | ApiError::InvalidRequest { .. }
             | ApiError::RequestTooLarge { .. }
-            | ApiError::RouteNotFound { .. } => "invalid_request_error",
+            | ApiError::RouteNotFound { .. }
+            | ApiError::NotFound { .. } => "invalid_request_error",
             ApiError::UpstreamUnreachable { .. } | ApiError::Timeout { .. } | ApiError::Internal => {
                 "api_error"
             }

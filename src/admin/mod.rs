@@ -14,11 +14,12 @@ use serde::Deserialize;
 use serde_json::json;
 
 use crate::app::AppState;
+use crate::breaker;
 use crate::crypto;
 use crate::error::ApiError;
 use crate::proxy::auth::Caller;
 use crate::quota::engine::QuotaDecision;
-use crate::store::{KeyStore, MemberStore, WorkspaceStore};
+use crate::store::{KeyStore, MemberStore, Role, WorkspaceStore};
 use session::Session;
 
 /// The admin routes.
@@ -27,6 +28,7 @@ pub fn routes() -> Router<AppState> {
         .route("/admin/v1/auth/login", post(login))
         .route("/admin/v1/me", get(me))
         .route("/admin/v1/me/quota", get(my_quota))
+        .route("/admin/v1/keys/{id}/breaker", get(key_breaker))
 }
 
 #[derive(Deserialize)]
@@ -162,4 +164,56 @@ fn rows_of(d: &QuotaDecision, key: Option<(i64, &str)>) -> Vec<serde_json::Value
             row
         })
         .collect()
+}
+
+/// `GET /admin/v1/keys/{id}/breaker`: the key's breaker — trips so far, blocked until, banned —
+/// and the history of its trips. Owners and admins see every key of their workspace, members
+/// their own; any other key answers 404 (no existence leak). A ban cannot be lifted here or
+/// anywhere: delete the key and create a new one.
+async fn key_breaker(
+    State(state): State<AppState>,
+    session: Session,
+    axum::extract::Path(id): axum::extract::Path<i64>,
+) -> Response {
+    let (member, key) = match (
+        state.store.member(session.member_id).await,
+        state.store.key(id).await,
+    ) {
+        (Ok(Some(m)), Ok(k)) => (m, k),
+        (Ok(None), _) => return ApiError::InvalidToken.into_response(),
+        _ => return ApiError::Internal.into_response(),
+    };
+    let visible = key.as_ref().is_some_and(|k| {
+        k.workspace_id == member.workspace_id
+            && (k.member_id == member.id || matches!(member.role(), Role::Owner | Role::Admin))
+    });
+    let Some(key) = key.filter(|_| visible) else {
+        return ApiError::NotFound { what: "API key" }.into_response();
+    };
+    let row: Result<Option<(i64, Option<i64>, i64)>, _> =
+        sqlx::query_as("SELECT trips, blocked_until, banned FROM breaker_state WHERE key_id = $1")
+            .bind(key.id)
+            .fetch_optional(state.store.pool())
+            .await;
+    let (Ok(row), Ok(history)) = (row, breaker::history(&state.store, key.id).await) else {
+        return ApiError::Internal.into_response();
+    };
+    let (trips, blocked_until, banned) = row.unwrap_or((0, None, 0));
+    let now = state.clock.now().timestamp_millis();
+    let ms = |v: i64| chrono::DateTime::from_timestamp_millis(v).map(|t| t.to_rfc3339());
+    axum::Json(json!({
+        "key_id": key.id,
+        "trips": trips,
+        "banned": banned == 1,
+        "blocked_until": blocked_until.filter(|u| *u > now).and_then(ms),
+        "history": history.iter().map(|t| json!({
+            "trip": t.trip,
+            "at": ms(t.at),
+            "requests": t.requests,
+            "failures": t.failures,
+            "blocked_until": t.blocked_until.and_then(ms),
+            "banned": t.banned,
+        })).collect::<Vec<_>>(),
+    }))
+    .into_response()
 }

@@ -239,6 +239,8 @@ pub trait KeyStore {
     async fn delete_key(&self, id: i64) -> StoreResult<bool>;
     /// Keys of a member.
     async fn keys_of_member(&self, member_id: i64) -> StoreResult<Vec<ApiKeyRow>>;
+    /// The key with this id.
+    async fn key(&self, id: i64) -> StoreResult<Option<ApiKeyRow>>;
 }
 
 impl KeyStore for Store {
@@ -309,6 +311,12 @@ impl KeyStore for Store {
                 .fetch_all(self.pool())
                 .await?,
         )
+    }
+    async fn key(&self, id: i64) -> StoreResult<Option<ApiKeyRow>> {
+        Ok(sqlx::query_as("SELECT * FROM api_keys WHERE id = $1")
+            .bind(id)
+            .fetch_optional(self.pool())
+            .await?)
     }
 }
 

@@ -239,3 +239,65 @@ async fn two_gateways_share_one_breaker_on_postgres() {
     a.stop().await;
     b.stop().await;
 }
+
+both_backends!(admins_see_breaker_state_and_history);
+
+async fn admins_see_breaker_state_and_history(db: TestDb) {
+    let other = "\n[[member]]\nworkspace = \"acme\"\nemail = \"boss@acme.test\"\nrole = \"admin\"\npassword = \"boss-password-1\"\n[[workspace]]\nname = \"other\"\n[[member]]\nworkspace = \"other\"\nemail = \"eve@other.test\"\nrole = \"owner\"\npassword = \"eve-password-1\"\n";
+    let (app, _mock) = start(&db, other).await;
+    send(&app, 100, &bad()).await;
+    let key_id = app.logs("acme", 100).await[0].key_id;
+    let token = |email: &'static str, password: &'static str| {
+        let app = &app;
+        async move {
+            let r = app
+                .client
+                .post(format!("{}/admin/v1/auth/login", app.address))
+                .json(&json!({"email": email, "password": password}))
+                .send()
+                .await
+                .unwrap();
+            r.json::<Value>().await.unwrap()["token"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        }
+    };
+    let owner = token("boss@acme.test", "boss-password-1").await;
+    let url = format!("{}/admin/v1/keys/{key_id}/breaker", app.address);
+    // The trip is persisted off the request path: wait for it.
+    let mut body = Value::Null;
+    for _ in 0..100 {
+        body = app
+            .client
+            .get(&url)
+            .bearer_auth(&owner)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if body["trips"] == 1 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert_eq!(body["trips"], 1, "{body}");
+    assert_eq!(body["banned"], false);
+    assert!(body["blocked_until"].is_string());
+    assert_eq!(body["history"][0]["requests"], 100);
+    assert_eq!(body["history"][0]["failures"], 100);
+    let eve = token("eve@other.test", "eve-password-1").await;
+    let r = app.client.get(&url).bearer_auth(&eve).send().await.unwrap();
+    assert_eq!(r.status(), 404, "another workspace's key does not exist for them");
+    let r = app
+        .client
+        .get(format!("{}/admin/v1/keys/999999/breaker", app.address))
+        .bearer_auth(&owner)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+    app.stop().await;
+}
