@@ -359,6 +359,16 @@ fn start_quota_flush(state: AppState) {
 }
 
 impl AppState {
+    /// The zone a workspace's quota windows align to: its own, else the gateway's.
+    pub fn timezone_of(&self, workspace_id: i64) -> chrono_tz::Tz {
+        self.routes
+            .load()
+            .workspaces
+            .get(&workspace_id)
+            .and_then(|w| w.timezone)
+            .unwrap_or(self.settings.timezone)
+    }
+
     /// Reloads the routing snapshot and forgets cached keys; false if the store failed.
     pub async fn reload(&self) -> bool {
         let loaded = async {

@@ -110,13 +110,7 @@ async fn my_quota(State(state): State<AppState>, session: Session) -> Response {
         Ok(k) => k,
         Err(_) => return ApiError::Internal.into_response(),
     };
-    let tz = state
-        .routes
-        .load()
-        .workspaces
-        .get(&member.workspace_id)
-        .and_then(|w| w.timezone)
-        .unwrap_or(state.settings.timezone);
+    let tz = state.timezone_of(member.workspace_id);
     let policies = state.policies.load();
     let now = state.clock.now();
     let caller = |key_id: i64, key_name: &str| Caller {

@@ -335,13 +335,7 @@ async fn my_quota(
         Ok(c) => c,
         Err(e) => return e.into_response(),
     };
-    let tz = state
-        .routes
-        .load()
-        .workspaces
-        .get(&caller.workspace_id)
-        .and_then(|w| w.timezone)
-        .unwrap_or(state.settings.timezone);
+    let tz = state.timezone_of(caller.workspace_id);
     let decision = match state
         .quota
         .check(
