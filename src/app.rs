@@ -54,6 +54,8 @@ pub struct Inner {
     pub policies: ArcSwap<Policies>,
     /// Quota counters, flushed in batches.
     pub quota: QuotaCounters,
+    /// Learned locks on upstream credentials.
+    pub locks: crate::upstream::locks::Locks,
     /// Every key's error-rate breaker.
     pub breakers: crate::breaker::Breakers,
     /// Admin sign-in and tokens.
@@ -180,6 +182,8 @@ impl Gateway {
         let sessions = crate::admin::session::Sessions::new(jwt_secret.expose());
         let breakers = crate::breaker::Breakers::default();
         breakers.load(&store).await?;
+        let locks = crate::upstream::locks::Locks::default();
+        locks.load(&store, clock.now_ms()).await?;
         let state = AppState(Arc::new(Inner {
             settings,
             store,
@@ -192,6 +196,7 @@ impl Gateway {
             keys: KeyResolver::new(),
             sessions,
             breakers,
+            locks,
             logs,
             http,
             metrics: crate::telemetry::metrics_handle(),
@@ -320,6 +325,10 @@ fn start_config_watch(state: AppState, mut epoch: i64) {
             tokio::select! {
                 () = tokio::time::sleep(CONFIG_POLL) => {},
                 () = s.shutdown.cancelled() => break,
+            }
+            // Locks written by other gateways (every poll: they are not configuration changes).
+            if let Err(e) = s.locks.load(&s.store, s.clock.now_ms()).await {
+                tracing::warn!(error = %e, "lock poll failed");
             }
             match s.store.config_epoch().await {
                 Ok(now) if now != epoch => {

@@ -57,6 +57,12 @@ pub enum ApiError {
         /// What was looked for.
         what: &'static str,
     },
+    /// Every credential of every model in the chain is parked (DESIGN.md §6, LyRouter).
+    #[error("all upstream credentials for this model are rate limited")]
+    UpstreamQuotaExhausted {
+        /// Whole seconds until the earliest lock ends.
+        retry_after: u64,
+    },
     /// Wrong email or password at sign-in.
     #[error("invalid email or password")]
     InvalidCredentials,
@@ -134,9 +140,10 @@ impl ApiError {
             ApiError::InvalidApiKey | ApiError::InvalidCredentials | ApiError::InvalidToken => {
                 StatusCode::UNAUTHORIZED
             }
-            ApiError::AuthThrottled { .. } | ApiError::QuotaExceeded(_) | ApiError::CircuitOpen { .. } => {
-                StatusCode::TOO_MANY_REQUESTS
-            }
+            ApiError::AuthThrottled { .. }
+            | ApiError::QuotaExceeded(_)
+            | ApiError::CircuitOpen { .. }
+            | ApiError::UpstreamQuotaExhausted { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::KeyBanned { .. } => StatusCode::FORBIDDEN,
             ApiError::ModelNotFound { .. } | ApiError::RouteNotFound { .. } | ApiError::NotFound { .. } => {
                 StatusCode::NOT_FOUND
@@ -165,6 +172,7 @@ impl ApiError {
             ApiError::Internal => "internal_error",
             ApiError::QuotaExceeded(_) => "quota_exceeded",
             ApiError::CircuitOpen { .. } => "api_key_circuit_open",
+            ApiError::UpstreamQuotaExhausted { .. } => "upstream_quota_exhausted",
             ApiError::KeyBanned { .. } => "api_key_permanently_banned",
         }
     }
@@ -175,9 +183,10 @@ impl ApiError {
             ApiError::InvalidApiKey | ApiError::InvalidCredentials | ApiError::InvalidToken => {
                 "authentication_error"
             }
-            ApiError::AuthThrottled { .. } | ApiError::QuotaExceeded(_) | ApiError::CircuitOpen { .. } => {
-                "rate_limit_error"
-            }
+            ApiError::AuthThrottled { .. }
+            | ApiError::QuotaExceeded(_)
+            | ApiError::CircuitOpen { .. }
+            | ApiError::UpstreamQuotaExhausted { .. } => "rate_limit_error",
             ApiError::KeyBanned { .. } => "permission_error",
             ApiError::ModelNotFound { .. }
             | ApiError::InvalidRequest { .. }
@@ -193,9 +202,9 @@ impl ApiError {
     /// Seconds the client should wait before retrying, if the refusal names a wait.
     pub fn retry_after(&self) -> Option<u64> {
         match self {
-            ApiError::AuthThrottled { retry_after } | ApiError::CircuitOpen { retry_after, .. } => {
-                Some(*retry_after)
-            }
+            ApiError::AuthThrottled { retry_after }
+            | ApiError::CircuitOpen { retry_after, .. }
+            | ApiError::UpstreamQuotaExhausted { retry_after } => Some(*retry_after),
             _ => None,
         }
     }

@@ -239,12 +239,7 @@ impl MockUpstream {
 
     /// Forgets scripts and calls.
     pub fn reset(&self) {
-        self.state
-            .scripts
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clear();
-        self.state.calls.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        self.state.reset();
     }
 
     /// Every call received so far.

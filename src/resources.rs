@@ -575,6 +575,18 @@ async fn check(ctx: &Ctx<'_>, store: &Store, f: &ResourcesFile) -> Result<Plan, 
         .iter()
         .map(|m| (m.workspace.as_str(), m.name.as_str()))
         .collect();
+    // A fallback may name a declared model or one a credential of the file serves.
+    let file_served: HashSet<(&str, &str)> = f
+        .upstream
+        .iter()
+        .flat_map(|u| {
+            u.models.iter().map(move |sm| match sm {
+                ServedModelSpec::Same(n) | ServedModelSpec::Mapped { name: n, .. } => {
+                    (u.workspace.as_str(), n.as_str())
+                }
+            })
+        })
+        .collect();
     for (i, m) in f.model.iter().enumerate() {
         let e = |msg: String| ctx.entry("model", i, &m.name, msg);
         if m.name.trim().is_empty() {
@@ -595,6 +607,7 @@ async fn check(ctx: &Ctx<'_>, store: &Store, f: &ResourcesFile) -> Result<Plan, 
                 return Err(e("a model cannot fall back to itself".into()));
             }
             let known = file_models.contains(&(m.workspace.as_str(), fb.as_str()))
+                || file_served.contains(&(m.workspace.as_str(), fb.as_str()))
                 || match store.workspace_by_name(&m.workspace).await? {
                     Some(w) => store.model_by_name(w.id, fb).await?.is_some(),
                     None => false,

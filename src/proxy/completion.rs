@@ -188,7 +188,10 @@ impl Completion {
         self.attempts
             .iter()
             .map(|a| match (a.status, a.rule, &a.error) {
-                (Some(s), Some(rule), _) => format!("{} {s} ({rule})", a.credential),
+                (Some(s), Some(rule), _) => match &a.lock_until {
+                    Some(until) => format!("{} {s} ({rule}, locked until {until})", a.credential),
+                    None => format!("{} {s} ({rule})", a.credential),
+                },
                 (Some(s), None, _) => format!("{} {s}", a.credential),
                 (None, _, Some(e)) => format!("{} {e}", a.credential),
                 (None, _, None) => a.credential.clone(),

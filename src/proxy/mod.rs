@@ -150,6 +150,7 @@ pub async fn handle(state: AppState, endpoint: Endpoint, peer: SocketAddr, req: 
             &mut body.json,
             &chain,
             &parts.headers,
+            workspace.map(|w| &w.quota_groups),
             completion.attempts_mut(),
         ),
     )

@@ -2,6 +2,7 @@
 //! is classified (`classify.rs`) and the classification says where the request goes next. This
 //! is the one retry layer: the HTTP client never retries by itself.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -12,7 +13,8 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 
 use super::adapter::{self, Endpoint};
-use super::classify::{self, NextStep, UpstreamFailure};
+use super::classify::{self, Classification, LockModels, NextStep, Sharing, UpstreamFailure};
+use super::locks::{self, LockTarget};
 use super::pool::{Credential, ModelRoute};
 use crate::app::AppState;
 use crate::error::ApiError;
@@ -36,6 +38,9 @@ pub struct Attempt {
     /// What went wrong, when the connection failed.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// The lock the failure wrote, RFC 3339.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lock_until: Option<String>,
 }
 
 /// An upstream's error response, kept to pass back as is.
@@ -75,10 +80,14 @@ pub async fn dispatch(
     body: &mut Map<String, Value>,
     chain: &[Arc<ModelRoute>],
     headers: &HeaderMap,
+    quota_groups: Option<&HashMap<String, Vec<i64>>>,
     attempts: &mut Vec<Attempt>,
 ) -> Dispatched {
     let max_attempts = state.settings.max_attempts as usize;
     let mut last: Option<Dispatched> = None;
+    let now_ms = state.clock.now_ms();
+    // The earliest end among the locks that kept a candidate out (for upstream_quota_exhausted).
+    let mut earliest_lock: Option<i64> = None;
     'models: for model in chain {
         for cred in candidates(model, endpoint) {
             if attempts.len() >= max_attempts {
@@ -87,6 +96,14 @@ pub async fn dispatch(
             let Some(upstream_model) = cred.models.get(&model.name) else {
                 continue;
             };
+            // Filtered before dispatch: a banned credential, or a running lock on it or this model.
+            if state.locks.is_banned(cred.id) {
+                continue;
+            }
+            if let Some(until) = state.locks.parked_until(cred.id, upstream_model, now_ms) {
+                earliest_lock = Some(earliest_lock.map_or(until, |e| e.min(until)));
+                continue;
+            }
             let out = adapter::outgoing(endpoint, &cred, body, upstream_model);
             let started = Instant::now();
             let sent = request(state, endpoint, &cred, headers, out).send().await;
@@ -104,6 +121,7 @@ pub async fn dispatch(
                         status: None,
                         rule: None,
                         error: Some(what.clone()),
+                        lock_until: None,
                     });
                     last = Some(Dispatched::GatewayFailed(ApiError::UpstreamUnreachable {
                         message: what,
@@ -120,7 +138,9 @@ pub async fn dispatch(
                     status: Some(status),
                     rule: None,
                     error: None,
+                    lock_until: None,
                 });
+                state.locks.success(cred.id);
                 return Dispatched::Served {
                     response,
                     credential: cred,
@@ -137,10 +157,11 @@ pub async fn dispatch(
                 provider: cred.provider,
                 model: upstream_model,
                 now: state.clock.now(),
-                backoff_level: 0,
+                backoff_level: state.locks.backoff_level(cred.id),
                 gateway_busy: false,
             };
             let class = classify::classify(&failure);
+            let lock_until = park(state, &cred, upstream_model, &class, quota_groups);
             attempts.push(Attempt {
                 credential: cred.name.clone(),
                 credential_id: cred.id,
@@ -148,6 +169,7 @@ pub async fn dispatch(
                 status: Some(status),
                 rule: Some(class.rule.name()),
                 error: None,
+                lock_until: lock_until.map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)),
             });
             last = Some(Dispatched::UpstreamFailed(error));
             match class.next {
@@ -157,11 +179,71 @@ pub async fn dispatch(
             }
         }
     }
+    // Nothing was sent upstream because every candidate is parked.
+    if attempts.is_empty()
+        && let Some(until) = earliest_lock
+    {
+        let ms = u64::try_from(until - now_ms).unwrap_or(0);
+        return Dispatched::GatewayFailed(ApiError::UpstreamQuotaExhausted {
+            retry_after: ms.div_ceil(1000).max(1),
+        });
+    }
     last.unwrap_or_else(|| {
         Dispatched::GatewayFailed(ApiError::UpstreamUnreachable {
             message: "no upstream credential serves this model on this endpoint".to_owned(),
         })
     })
+}
+
+/// Writes what a classified failure parks (extend-only, persisted off the request path), bumps
+/// the credential's backoff level and sets its banned mark; returns the lock's end.
+fn park(
+    state: &AppState,
+    cred: &Credential,
+    upstream_model: &str,
+    class: &Classification,
+    quota_groups: Option<&HashMap<String, Vec<i64>>>,
+) -> Option<chrono::DateTime<chrono::Utc>> {
+    if class.bump_backoff {
+        state.locks.bump_backoff(cred.id);
+    }
+    if class.banned {
+        state.locks.ban(cred.id);
+    }
+    let mut rows = Vec::new();
+    if let Some(lock) = &class.lock {
+        // groot ADR 0008: an account-level failure rests every credential of the quota group.
+        let credentials = match (lock.sharing, &cred.quota_group) {
+            (Sharing::Account, Some(g)) => quota_groups
+                .and_then(|q| q.get(g))
+                .cloned()
+                .unwrap_or_else(|| vec![cred.id]),
+            _ => vec![cred.id],
+        };
+        let until = lock.until.timestamp_millis();
+        let rule = class.rule.name();
+        let mut targets = vec![match lock.models {
+            LockModels::One => LockTarget::Model(upstream_model.to_owned()),
+            LockModels::AllFree => LockTarget::AllFree,
+            LockModels::All => LockTarget::Credential,
+        }];
+        if lock.models == LockModels::AllFree && !classify::is_free_model(upstream_model) {
+            targets.push(LockTarget::Model(upstream_model.to_owned()));
+        }
+        for t in &targets {
+            rows.extend(state.locks.park(&credentials, t, until, rule));
+        }
+        tracing::info!(credential = %cred.name, model = upstream_model, rule, until = %lock.until, "upstream credential parked");
+    }
+    if !rows.is_empty() || class.banned {
+        let (s, banned) = (state.clone(), class.banned.then_some(cred.id));
+        state.tasks.spawn(async move {
+            if let Err(e) = locks::persist(&s.store, &rows, banned).await {
+                tracing::error!(error = %e, "could not persist upstream locks");
+            }
+        });
+    }
+    class.lock.as_ref().map(|l| l.until)
 }
 
 /// The chain model's credentials that serve `endpoint`, by priority, weighted random within a

@@ -3,6 +3,7 @@
 pub mod adapter;
 pub mod classify;
 pub mod dispatch;
+pub mod locks;
 pub mod pool;
 
 /// The kind of provider behind a credential.

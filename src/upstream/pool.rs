@@ -90,6 +90,8 @@ pub struct WorkspaceRoutes {
     pub timezone: Option<chrono_tz::Tz>,
     /// Public models by name.
     pub models: HashMap<String, Arc<ModelRoute>>,
+    /// Credentials of each quota group (groot ADR 0008: they rest together).
+    pub quota_groups: HashMap<String, Vec<i64>>,
 }
 
 impl WorkspaceRoutes {
@@ -131,6 +133,7 @@ impl Routes {
                 WorkspaceRoutes {
                     timezone: ws.timezone.as_deref().and_then(|t| t.parse().ok()),
                     models: HashMap::new(),
+                    quota_groups: HashMap::new(),
                 },
             );
         }
@@ -146,6 +149,12 @@ impl Routes {
             }
         }
         creds.sort_by_key(|c| (c.priority, c.id));
+        for c in &creds {
+            if let Some(g) = &c.quota_group {
+                let ws = routes.workspaces.entry(c.workspace_id).or_default();
+                ws.quota_groups.entry(g.clone()).or_default().push(c.id);
+            }
+        }
         let by_ws_model: HashMap<(i64, &str), &ModelRow> = models
             .iter()
             .map(|m| ((m.workspace_id, m.name.as_str()), m))

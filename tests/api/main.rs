@@ -11,3 +11,4 @@ mod mock_upstream;
 mod proxy;
 mod quota;
 mod resources;
+mod upstream;

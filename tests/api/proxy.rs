@@ -408,7 +408,8 @@ async fn last_upstream_error_goes_back_as_is(db: TestDb) {
     assert_eq!(log.source.as_deref(), Some("upstream"));
     assert_eq!(log.code.as_deref(), Some("rate_limit_exceeded"));
     assert!(
-        log.explanation.contains("primary 429 (provider_named_reset)"),
+        log.explanation
+            .contains("primary 429 (provider_named_reset, locked until 2026-12-01T02:00:07Z)"),
         "{}",
         log.explanation
     );

@@ -1,0 +1,249 @@
+//! Learned locks on upstream credentials: a model on a credential, every free model of it, or
+//! the whole credential, each parked until the end its failure's classification named. Kept in
+//! memory for the request path, persisted and shared through the store; a concurrent writer only
+//! ever extends a lock (kRouter; groot ADR 0008 "extend-only rests").
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Mutex;
+
+use super::classify::is_free_model;
+use crate::store::{Store, StoreResult};
+
+/// What a lock parks on one credential.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum LockTarget {
+    /// One upstream model.
+    Model(String),
+    /// Every `:free` model (they share one allowance).
+    AllFree,
+    /// The whole credential.
+    Credential,
+}
+
+impl LockTarget {
+    fn to_db(&self) -> String {
+        match self {
+            LockTarget::Model(m) => m.clone(),
+            LockTarget::AllFree => "*:free".to_owned(),
+            LockTarget::Credential => "*".to_owned(),
+        }
+    }
+
+    fn from_db(s: &str) -> LockTarget {
+        match s {
+            "*" => LockTarget::Credential,
+            "*:free" => LockTarget::AllFree,
+            m => LockTarget::Model(m.to_owned()),
+        }
+    }
+}
+
+/// A running lock.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LockEntry {
+    /// End, Unix ms.
+    pub until_ms: i64,
+    /// The classification rule that wrote it.
+    pub rule: String,
+}
+
+/// Every credential's locks, backoff level and banned mark.
+#[derive(Default)]
+pub struct Locks {
+    locks: Mutex<HashMap<(i64, LockTarget), LockEntry>>,
+    backoff: Mutex<HashMap<i64, u32>>,
+    banned: Mutex<HashSet<i64>>,
+}
+
+impl Locks {
+    /// The latest end of the running locks that park `upstream_model` on `credential`, if any.
+    pub fn parked_until(&self, credential: i64, upstream_model: &str, now_ms: i64) -> Option<i64> {
+        let locks = self.locks.lock().unwrap_or_else(|p| p.into_inner());
+        let mut targets = vec![
+            LockTarget::Credential,
+            LockTarget::Model(upstream_model.to_owned()),
+        ];
+        if is_free_model(upstream_model) {
+            targets.push(LockTarget::AllFree);
+        }
+        targets
+            .into_iter()
+            .filter_map(|t| locks.get(&(credential, t)).map(|e| e.until_ms))
+            .filter(|u| *u > now_ms)
+            .max()
+    }
+
+    /// Whether the credential carries the banned mark (until a connection test passes).
+    pub fn is_banned(&self, credential: i64) -> bool {
+        self.banned
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(&credential)
+    }
+
+    /// The credential's consecutive backoff failures.
+    pub fn backoff_level(&self, credential: i64) -> u32 {
+        self.backoff
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&credential)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// One more backoff failure in a row.
+    pub fn bump_backoff(&self, credential: i64) {
+        *self
+            .backoff
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(credential)
+            .or_default() += 1;
+    }
+
+    /// A success: the backoff level goes back to zero (kRouter rule 5).
+    pub fn success(&self, credential: i64) {
+        self.backoff
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&credential);
+    }
+
+    /// Parks `target` on each of `credentials` until `until_ms`, extending, never shortening.
+    /// Returns the rows to persist.
+    pub fn park(
+        &self,
+        credentials: &[i64],
+        target: &LockTarget,
+        until_ms: i64,
+        rule: &str,
+    ) -> Vec<(i64, LockTarget, LockEntry)> {
+        let mut locks = self.locks.lock().unwrap_or_else(|p| p.into_inner());
+        let mut out = Vec::new();
+        for c in credentials {
+            let e = locks.entry((*c, target.clone())).or_insert(LockEntry {
+                until_ms: 0,
+                rule: String::new(),
+            });
+            if until_ms > e.until_ms {
+                *e = LockEntry {
+                    until_ms,
+                    rule: rule.to_owned(),
+                };
+                out.push((*c, target.clone(), e.clone()));
+            }
+        }
+        out
+    }
+
+    /// Marks a credential banned.
+    pub fn ban(&self, credential: i64) {
+        self.banned
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(credential);
+    }
+
+    /// Running locks of a credential: (target, end, rule).
+    pub fn of(&self, credential: i64, now_ms: i64) -> Vec<(String, i64, String)> {
+        let locks = self.locks.lock().unwrap_or_else(|p| p.into_inner());
+        locks
+            .iter()
+            .filter(|((c, _), e)| *c == credential && e.until_ms > now_ms)
+            .map(|((_, t), e)| (t.to_db(), e.until_ms, e.rule.clone()))
+            .collect()
+    }
+
+    /// Merges the store's running locks and banned marks (other gateways, restarts).
+    pub async fn load(&self, store: &Store, now_ms: i64) -> StoreResult<()> {
+        let rows: Vec<(i64, String, i64, String)> = sqlx::query_as(
+            "SELECT credential_id, target, until_ms, rule FROM upstream_locks WHERE until_ms > $1",
+        )
+        .bind(now_ms)
+        .fetch_all(store.pool())
+        .await?;
+        let banned: Vec<i64> =
+            sqlx::query_scalar("SELECT credential_id FROM upstream_health WHERE banned = 1")
+                .fetch_all(store.pool())
+                .await?;
+        {
+            let mut locks = self.locks.lock().unwrap_or_else(|p| p.into_inner());
+            locks.retain(|_, e| e.until_ms > now_ms);
+            for (c, target, until_ms, rule) in rows {
+                let e = locks
+                    .entry((c, LockTarget::from_db(&target)))
+                    .or_insert(LockEntry {
+                        until_ms: 0,
+                        rule: String::new(),
+                    });
+                if until_ms > e.until_ms {
+                    *e = LockEntry { until_ms, rule };
+                }
+            }
+        }
+        self.banned
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend(banned);
+        Ok(())
+    }
+}
+
+/// Writes locks, extending and never shortening what another gateway wrote.
+pub async fn persist(
+    store: &Store,
+    rows: &[(i64, LockTarget, LockEntry)],
+    banned: Option<i64>,
+) -> StoreResult<()> {
+    for (c, t, e) in rows {
+        sqlx::query(
+            "INSERT INTO upstream_locks (credential_id, target, until_ms, rule) VALUES ($1, $2, $3, $4)
+             ON CONFLICT (credential_id, target) DO UPDATE SET
+               rule = CASE WHEN excluded.until_ms > upstream_locks.until_ms THEN excluded.rule ELSE upstream_locks.rule END,
+               until_ms = CASE WHEN excluded.until_ms > upstream_locks.until_ms THEN excluded.until_ms ELSE upstream_locks.until_ms END",
+        )
+        .bind(*c)
+        .bind(t.to_db())
+        .bind(e.until_ms)
+        .bind(e.rule.clone())
+        .execute(store.pool())
+        .await?;
+    }
+    if let Some(c) = banned {
+        sqlx::query(
+            "INSERT INTO upstream_health (credential_id, banned) VALUES ($1, 1)
+             ON CONFLICT (credential_id) DO UPDATE SET banned = 1",
+        )
+        .bind(c)
+        .execute(store.pool())
+        .await?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn locks_only_extend_and_cover_their_target() {
+        let l = Locks::default();
+        assert_eq!(l.park(&[1], &LockTarget::Model("m".into()), 1000, "a").len(), 1);
+        assert!(
+            l.park(&[1], &LockTarget::Model("m".into()), 500, "b").is_empty(),
+            "never shortened"
+        );
+        assert_eq!(l.parked_until(1, "m", 0), Some(1000));
+        assert_eq!(
+            l.parked_until(1, "other", 0),
+            None,
+            "another model on the same credential is free"
+        );
+        assert_eq!(l.parked_until(1, "m", 1000), None, "ended");
+        l.park(&[1, 2], &LockTarget::AllFree, 2000, "free");
+        assert_eq!(l.parked_until(2, "x:free", 0), Some(2000));
+        assert_eq!(l.parked_until(2, "paid", 0), None);
+        l.park(&[3], &LockTarget::Credential, 3000, "monthly");
+        assert_eq!(l.parked_until(3, "anything", 0), Some(3000));
+    }
+}
