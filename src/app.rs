@@ -183,7 +183,7 @@ impl Gateway {
         let breakers = crate::breaker::Breakers::default();
         breakers.load(&store).await?;
         let locks = crate::upstream::locks::Locks::default();
-        locks.load(&store, clock.now_ms()).await?;
+        locks.load(&store, clock.now_ms(), true).await?;
         let state = AppState(Arc::new(Inner {
             settings,
             store,
@@ -327,7 +327,7 @@ fn start_config_watch(state: AppState, mut epoch: i64) {
                 () = s.shutdown.cancelled() => break,
             }
             // Locks written by other gateways (every poll: they are not configuration changes).
-            if let Err(e) = s.locks.load(&s.store, s.clock.now_ms()).await {
+            if let Err(e) = s.locks.load(&s.store, s.clock.now_ms(), false).await {
                 tracing::warn!(error = %e, "lock poll failed");
             }
             match s.store.config_epoch().await {
@@ -388,6 +388,9 @@ impl AppState {
         };
         match loaded.await {
             Ok((routes, policies)) => {
+                if let Err(e) = self.locks.load(&self.store, self.clock.now_ms(), true).await {
+                    tracing::warn!(error = %e, "lock reload failed");
+                }
                 // Trips, blocks and bans written by another gateway.
                 if let Err(e) = self.breakers.load(&self.store).await {
                     tracing::warn!(error = %e, "breaker reload failed");

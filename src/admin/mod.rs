@@ -19,7 +19,7 @@ use crate::crypto;
 use crate::error::ApiError;
 use crate::proxy::auth::Caller;
 use crate::quota::engine::QuotaDecision;
-use crate::store::{KeyStore, MemberStore, Role, WorkspaceStore};
+use crate::store::{KeyStore, MemberStore, Role, UpstreamRow, UpstreamStore, WorkspaceStore};
 use session::Session;
 
 /// The admin routes.
@@ -29,6 +29,8 @@ pub fn routes() -> Router<AppState> {
         .route("/admin/v1/me", get(me))
         .route("/admin/v1/me/quota", get(my_quota))
         .route("/admin/v1/keys/{id}/breaker", get(key_breaker))
+        .route("/admin/v1/upstreams/{id}", get(upstream_detail))
+        .route("/admin/v1/upstreams/{id}/test", post(upstream_test))
 }
 
 #[derive(Deserialize)]
@@ -210,4 +212,132 @@ async fn key_breaker(
         })).collect::<Vec<_>>(),
     }))
     .into_response()
+}
+
+/// The credential `id` if the signed-in member may manage it (owner or admin of its workspace).
+async fn managed_upstream(state: &AppState, session: &Session, id: i64) -> Result<UpstreamRow, ApiError> {
+    let member = state
+        .store
+        .member(session.member_id)
+        .await
+        .map_err(|_| ApiError::Internal)?;
+    let member = member.ok_or(ApiError::InvalidToken)?;
+    let up = state.store.upstream(id).await.map_err(|_| ApiError::Internal)?;
+    up.filter(|u| u.workspace_id == member.workspace_id && matches!(member.role(), Role::Owner | Role::Admin))
+        .ok_or(ApiError::NotFound { what: "upstream" })
+}
+
+/// `GET /admin/v1/upstreams/{id}`: the credential (its secret is never returned) with its running
+/// locks — what is parked, by which rule, until when, time left — and `resumes_at`, the end of the
+/// latest running lock (the countdown, as kRouter shows it).
+async fn upstream_detail(
+    State(state): State<AppState>,
+    session: Session,
+    axum::extract::Path(id): axum::extract::Path<i64>,
+) -> Response {
+    let up = match managed_upstream(&state, &session, id).await {
+        Ok(u) => u,
+        Err(e) => return e.into_response(),
+    };
+    let now = state.clock.now().timestamp_millis();
+    let ms = |v: i64| chrono::DateTime::from_timestamp_millis(v).map(|t| t.to_rfc3339());
+    let mut locks = state.locks.of(up.id, now);
+    locks.sort_by_key(|(_, until, _)| *until);
+    let resumes_at = locks.last().map(|(_, until, _)| *until);
+    axum::Json(json!({
+        "id": up.id,
+        "name": up.name,
+        "provider": up.provider,
+        "base_url": up.base_url,
+        "models": up.served_models(),
+        "priority": up.priority,
+        "weight": up.weight,
+        "max_in_flight": up.max_in_flight,
+        "limits": {
+            "requests_per_minute": up.requests_per_minute,
+            "tokens_per_minute": up.tokens_per_minute,
+            "requests_per_day": up.requests_per_day,
+        },
+        "quota_group": up.quota_group,
+        "enabled": up.enabled == 1,
+        "banned": state.locks.is_banned(up.id),
+        "backoff_level": state.locks.backoff_level(up.id),
+        "locks": locks.iter().map(|(target, until, rule)| json!({
+            "target": target,
+            "rule": rule,
+            "until": ms(*until),
+            "seconds_left": (until - now + 999).div_euclid(1000),
+        })).collect::<Vec<_>>(),
+        "resumes_at": resumes_at.and_then(ms),
+    }))
+    .into_response()
+}
+
+/// `POST /admin/v1/upstreams/{id}/test`: sends a minimal real request (one token) with the
+/// credential; a success clears every lock, the backoff and the banned mark, on every gateway.
+async fn upstream_test(
+    State(state): State<AppState>,
+    session: Session,
+    axum::extract::Path(id): axum::extract::Path<i64>,
+) -> Response {
+    let up = match managed_upstream(&state, &session, id).await {
+        Ok(u) => u,
+        Err(e) => return e.into_response(),
+    };
+    let Ok(secret) = state.master_key.open(&up.secret_sealed) else {
+        return ApiError::invalid(
+            "this upstream's secret cannot be decrypted with the current master key",
+            None,
+        )
+        .into_response();
+    };
+    let Some(model) = up.served_models().into_iter().next() else {
+        return ApiError::invalid("this upstream serves no model to test with", None).into_response();
+    };
+    let anthropic = up.provider == "anthropic";
+    let base = up.base_url.trim_end_matches('/');
+    let body =
+        json!({"model": model.upstream, "max_tokens": 1, "messages": [{"role": "user", "content": "ping"}]});
+    let req = if anthropic {
+        state
+            .http
+            .post(format!("{base}/messages"))
+            .header("x-api-key", secret)
+            .header("anthropic-version", "2023-06-01")
+    } else {
+        state
+            .http
+            .post(format!("{base}/chat/completions"))
+            .bearer_auth(secret)
+    };
+    let started = std::time::Instant::now();
+    let result = tokio::time::timeout(std::time::Duration::from_secs(30), req.json(&body).send()).await;
+    let latency_ms = started.elapsed().as_millis() as u64;
+    match result {
+        Ok(Ok(r)) if r.status().is_success() => {
+            state.locks.clear(up.id);
+            if let Err(e) = crate::upstream::locks::clear(&state.store, up.id).await {
+                tracing::error!(error = %e, "could not clear the upstream's locks in the store");
+                return ApiError::Internal.into_response();
+            }
+            axum::Json(
+                json!({"ok": true, "status": r.status().as_u16(), "latency_ms": latency_ms, "cleared": true}),
+            )
+            .into_response()
+        }
+        Ok(Ok(r)) => {
+            let status = r.status().as_u16();
+            let text = r.text().await.unwrap_or_default();
+            let excerpt: String = text.chars().take(500).collect();
+            axum::Json(json!({"ok": false, "status": status, "latency_ms": latency_ms, "error": excerpt}))
+                .into_response()
+        }
+        Ok(Err(e)) => axum::Json(json!({"ok": false, "status": null, "latency_ms": latency_ms,
+            "error": format!("request failed: {}", e.without_url())}))
+        .into_response(),
+        Err(_) => axum::Json(
+            json!({"ok": false, "status": null, "latency_ms": latency_ms, "error": "timed out after 30 s"}),
+        )
+        .into_response(),
+    }
 }

@@ -330,6 +330,8 @@ pub trait UpstreamStore {
     async fn upstream_by_name(&self, workspace_id: i64, name: &str) -> StoreResult<Option<UpstreamRow>>;
     /// Every credential (all workspaces): the routing snapshot.
     async fn all_upstreams(&self) -> StoreResult<Vec<UpstreamRow>>;
+    /// The credential with this id.
+    async fn upstream(&self, id: i64) -> StoreResult<Option<UpstreamRow>>;
     /// Inserts (id 0) or updates (by id) a credential; returns its id.
     async fn save_upstream(&self, u: &UpstreamRow) -> StoreResult<i64>;
 }
@@ -347,6 +349,12 @@ impl UpstreamStore for Store {
     async fn all_upstreams(&self) -> StoreResult<Vec<UpstreamRow>> {
         Ok(sqlx::query_as("SELECT * FROM upstreams ORDER BY id")
             .fetch_all(self.pool())
+            .await?)
+    }
+    async fn upstream(&self, id: i64) -> StoreResult<Option<UpstreamRow>> {
+        Ok(sqlx::query_as("SELECT * FROM upstreams WHERE id = $1")
+            .bind(id)
+            .fetch_optional(self.pool())
             .await?)
     }
     async fn save_upstream(&self, u: &UpstreamRow) -> StoreResult<i64> {

@@ -154,8 +154,24 @@ impl Locks {
             .collect()
     }
 
-    /// Merges the store's running locks and banned marks (other gateways, restarts).
-    pub async fn load(&self, store: &Store, now_ms: i64) -> StoreResult<()> {
+    /// Forgets every lock, the banned mark and the backoff of a credential (a passed connection
+    /// test).
+    pub fn clear(&self, credential: i64) {
+        self.locks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|(c, _), _| *c != credential);
+        self.banned
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&credential);
+        self.success(credential);
+    }
+
+    /// Merges the store's running locks and banned marks (other gateways, restarts); with
+    /// `replace`, the store's view replaces this gateway's (after a configuration change, so a
+    /// connection test on another gateway clears the locks here too).
+    pub async fn load(&self, store: &Store, now_ms: i64, replace: bool) -> StoreResult<()> {
         let rows: Vec<(i64, String, i64, String)> = sqlx::query_as(
             "SELECT credential_id, target, until_ms, rule FROM upstream_locks WHERE until_ms > $1",
         )
@@ -168,7 +184,7 @@ impl Locks {
                 .await?;
         {
             let mut locks = self.locks.lock().unwrap_or_else(|p| p.into_inner());
-            locks.retain(|_, e| e.until_ms > now_ms);
+            locks.retain(|_, e| e.until_ms > now_ms && !replace);
             for (c, target, until_ms, rule) in rows {
                 let e = locks
                     .entry((c, LockTarget::from_db(&target)))
@@ -181,12 +197,26 @@ impl Locks {
                 }
             }
         }
-        self.banned
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .extend(banned);
+        let mut marks = self.banned.lock().unwrap_or_else(|p| p.into_inner());
+        if replace {
+            marks.clear();
+        }
+        marks.extend(banned);
         Ok(())
     }
+}
+
+/// Clears a credential's locks and banned mark in the store.
+pub async fn clear(store: &Store, credential: i64) -> StoreResult<()> {
+    sqlx::query("DELETE FROM upstream_locks WHERE credential_id = $1")
+        .bind(credential)
+        .execute(store.pool())
+        .await?;
+    sqlx::query("DELETE FROM upstream_health WHERE credential_id = $1")
+        .bind(credential)
+        .execute(store.pool())
+        .await?;
+    store.bump_config_epoch().await
 }
 
 /// Writes locks, extending and never shortening what another gateway wrote.

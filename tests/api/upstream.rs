@@ -220,3 +220,95 @@ async fn spend_cap_holds_the_credential_for_every_model(db: TestDb) {
     assert_eq!(mock.call_count(), 0);
     app.stop().await;
 }
+
+both_backends!(admins_see_locks_and_a_connection_test_clears_them);
+
+async fn admins_see_locks_and_a_connection_test_clears_them(db: TestDb) {
+    use aigw::store::{UpstreamStore, WorkspaceStore};
+    let mock = MockUpstream::start().await.unwrap();
+    let admin = "\n[[member]]\nworkspace = \"acme\"\nemail = \"boss@acme.test\"\nrole = \"admin\"\npassword = \"boss-password-1\"\n";
+    let app = spawn_app(&db, Setup::resources(pool(&mock) + admin)).await;
+    mock.script(
+        Script::any()
+            .header("retry-after", "120")
+            .error(429, json!({"error": {"message": "slow down"}})),
+    );
+    assert_eq!(
+        app.post_json("/v1/chat/completions", KEY, &chat("m1"))
+            .await
+            .status(),
+        429
+    );
+    let ws = app.state.store.workspace_by_name("acme").await.unwrap().unwrap();
+    let one = app
+        .state
+        .store
+        .upstream_by_name(ws.id, "one")
+        .await
+        .unwrap()
+        .unwrap();
+    let login: Value = app
+        .client
+        .post(format!("{}/admin/v1/auth/login", app.address))
+        .json(&json!({"email": "boss@acme.test", "password": "boss-password-1"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let token = login["token"].as_str().unwrap().to_owned();
+    let url = format!("{}/admin/v1/upstreams/{}", app.address, one.id);
+    let r = app.client.get(&url).bearer_auth(&token).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let text = r.text().await.unwrap();
+    assert!(!text.contains("cred-one"), "the secret is never returned");
+    let body: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(body["locks"][0]["target"], "m1");
+    assert_eq!(body["locks"][0]["rule"], "provider_named_reset");
+    assert_eq!(body["locks"][0]["seconds_left"], 120);
+    assert_eq!(body["resumes_at"], "2026-12-01T02:02:00+00:00");
+    // The mock recovers; the connection test passes and clears the lock.
+    mock.reset();
+    let r = app
+        .client
+        .post(format!("{url}/test"))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .unwrap();
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["ok"], true, "{body}");
+    assert_eq!(mock.calls()[0].credential.as_deref(), Some("cred-one"));
+    let body: Value = app
+        .client
+        .get(&url)
+        .bearer_auth(&token)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(body["locks"], json!([]));
+    assert_eq!(
+        app.post_json("/v1/chat/completions", KEY, &chat("m1"))
+            .await
+            .status(),
+        200
+    );
+    // Unknown ids and unauthenticated calls are refused.
+    let r = app
+        .client
+        .get(format!("{}/admin/v1/upstreams/99999", app.address))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+    assert_eq!(
+        app.get(&format!("/admin/v1/upstreams/{}", one.id)).await.status(),
+        401
+    );
+    app.stop().await;
+}
