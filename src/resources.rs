@@ -901,6 +901,12 @@ async fn apply(
             row.updated_at = now;
             store.save_upstream(&row).await?;
         }
+        // kRouter: a new secret clears the per-model locks, not the account holds.
+        if let Some(e) = &existing
+            && e.secret_sealed != row.secret_sealed
+        {
+            crate::upstream::locks::clear_model_locks(store, e.id).await?;
+        }
         tally(&mut s, existing.is_none(), changed);
     }
     for m in &f.model {

@@ -219,6 +219,16 @@ pub async fn clear(store: &Store, credential: i64) -> StoreResult<()> {
     store.bump_config_epoch().await
 }
 
+/// Clears a credential's per-model locks (its secret changed), keeping the account-wide holds
+/// (the whole credential, the shared free allowance) and the banned mark, which need a test.
+pub async fn clear_model_locks(store: &Store, credential: i64) -> StoreResult<()> {
+    sqlx::query("DELETE FROM upstream_locks WHERE credential_id = $1 AND target NOT IN ('*', '*:free')")
+        .bind(credential)
+        .execute(store.pool())
+        .await?;
+    Ok(())
+}
+
 /// Writes locks, extending and never shortening what another gateway wrote.
 pub async fn persist(
     store: &Store,

@@ -312,3 +312,52 @@ async fn admins_see_locks_and_a_connection_test_clears_them(db: TestDb) {
     );
     app.stop().await;
 }
+
+both_backends!(a_new_secret_clears_model_locks_not_account_holds);
+
+async fn a_new_secret_clears_model_locks_not_account_holds(db: TestDb) {
+    let (app, mock) = start(&db).await;
+    // "two" gets a per-model lock on m1; "one" a hold on the whole credential.
+    let cap = json!({"type": "error", "error": {"type": "invalid_request_error",
+        "message": "You have reached your specified API usage limits. You will regain access on 2026-12-20 at 00:00 UTC."}});
+    mock.script(Script::any().credential("cred-one").times(1).error(400, cap));
+    mock.script(
+        Script::any()
+            .credential("cred-two")
+            .times(1)
+            .header("retry-after", "600")
+            .error(429, json!({"error": {"message": "x"}})),
+    );
+    assert_eq!(
+        app.post_json("/v1/chat/completions", KEY, &chat("m1"))
+            .await
+            .status(),
+        429
+    );
+    let r = app.post_json("/v1/chat/completions", KEY, &chat("m1")).await;
+    assert_eq!(
+        r.json::<Value>().await.unwrap()["error"]["code"],
+        "upstream_quota_exhausted"
+    );
+    app.stop().await;
+    // Both secrets change in the resources file.
+    let text = pool(&mock)
+        .replace("cred-one", "cred-one-new")
+        .replace("cred-two", "cred-two-new");
+    let app = spawn_app(&db, Setup::resources(text)).await;
+    mock.reset();
+    assert_eq!(
+        app.post_json("/v1/chat/completions", KEY, &chat("m1"))
+            .await
+            .status(),
+        200
+    );
+    let calls = mock.calls();
+    assert_eq!(calls.len(), 1);
+    assert_eq!(
+        calls[0].credential.as_deref(),
+        Some("cred-two-new"),
+        "the model lock was cleared; the account hold was not"
+    );
+    app.stop().await;
+}
