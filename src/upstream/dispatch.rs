@@ -43,6 +43,21 @@ pub struct Attempt {
     pub lock_until: Option<String>,
 }
 
+impl Attempt {
+    /// An attempt of `model` on `cred`, outcome still to be filled in.
+    fn of(cred: &Credential, model: &ModelRoute) -> Self {
+        Attempt {
+            credential: cred.name.clone(),
+            credential_id: cred.id,
+            model: model.name.clone(),
+            status: None,
+            rule: None,
+            error: None,
+            lock_until: None,
+        }
+    }
+}
+
 /// An upstream's error response, kept to pass back as is.
 #[derive(Debug)]
 pub struct UpstreamError {
@@ -115,13 +130,8 @@ pub async fn dispatch(
                 Err(e) => {
                     let what = connection_error(&e);
                     attempts.push(Attempt {
-                        credential: cred.name.clone(),
-                        credential_id: cred.id,
-                        model: model.name.clone(),
-                        status: None,
-                        rule: None,
                         error: Some(what.clone()),
-                        lock_until: None,
+                        ..Attempt::of(&cred, model)
                     });
                     last = Some(Dispatched::GatewayFailed(ApiError::UpstreamUnreachable {
                         message: what,
@@ -132,13 +142,8 @@ pub async fn dispatch(
             let status = response.status().as_u16();
             if response.status().is_success() {
                 attempts.push(Attempt {
-                    credential: cred.name.clone(),
-                    credential_id: cred.id,
-                    model: model.name.clone(),
                     status: Some(status),
-                    rule: None,
-                    error: None,
-                    lock_until: None,
+                    ..Attempt::of(&cred, model)
                 });
                 state.locks.success(cred.id);
                 return Dispatched::Served {
@@ -163,13 +168,10 @@ pub async fn dispatch(
             let class = classify::classify(&failure);
             let lock_until = park(state, &cred, upstream_model, &class, quota_groups);
             attempts.push(Attempt {
-                credential: cred.name.clone(),
-                credential_id: cred.id,
-                model: model.name.clone(),
                 status: Some(status),
                 rule: Some(class.rule.name()),
-                error: None,
                 lock_until: lock_until.map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)),
+                ..Attempt::of(&cred, model)
             });
             last = Some(Dispatched::UpstreamFailed(error));
             match class.next {
