@@ -301,9 +301,7 @@ async fn readyz(State(state): State<AppState>) -> Response {
 async fn metrics(State(state): State<AppState>) -> Response {
     let mut text = state.metrics.render();
     text.push_str(&format!(
-        "# TYPE aigw_log_queue_depth_now gauge\naigw_log_queue_depth_now {}\n\
-         # TYPE aigw_breaker_open_keys gauge\naigw_breaker_open_keys {}\n",
-        state.logs.depth(),
+        "# TYPE aigw_breaker_open_keys gauge\naigw_breaker_open_keys {}\n",
         state.breakers.open_keys(state.clock.now())
     ));
     (

@@ -259,11 +259,6 @@ impl IntoResponse for ApiError {
         if matches!(self, ApiError::QuotaExceeded(_) | ApiError::KeyBanned { .. }) {
             h.insert(SHOULD_RETRY, HeaderValue::from_static("false"));
         }
-        resp.extensions_mut().insert(ErrorCode(self.code()));
         resp
     }
 }
-
-/// The code of a gateway error, left on the response for logging and metrics.
-#[derive(Clone, Copy, Debug)]
-pub struct ErrorCode(pub &'static str);

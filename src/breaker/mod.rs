@@ -332,15 +332,6 @@ impl Breakers {
         Ok(())
     }
 
-    /// The breaker of one key, for admins.
-    pub fn state(&self, key_id: i64) -> Option<KeyBreaker> {
-        self.keys
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&key_id)
-            .cloned()
-    }
-
     /// Keys blocked right now.
     pub fn open_keys(&self, now: DateTime<Utc>) -> usize {
         let keys = self.keys.lock().unwrap_or_else(|p| p.into_inner());

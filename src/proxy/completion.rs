@@ -132,11 +132,6 @@ impl Completion {
         }
     }
 
-    /// The calling key.
-    pub fn caller(&self) -> &Arc<Caller> {
-        &self.caller
-    }
-
     /// When the request started.
     pub fn started(&self) -> Instant {
         self.started

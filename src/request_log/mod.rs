@@ -248,11 +248,6 @@ impl LogSink {
             metrics::gauge!("aigw_log_queue_depth").set(d as f64);
         }
     }
-
-    /// Records queued and not yet written.
-    pub fn depth(&self) -> i64 {
-        self.depth.load(Ordering::Relaxed)
-    }
 }
 
 /// Starts the writer: it collects records for one flush interval (or until a batch is full) and

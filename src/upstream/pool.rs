@@ -10,6 +10,7 @@ use crate::crypto::MasterKey;
 use crate::store::{ModelRow, ModelStore, Store, StoreResult, UpstreamRow, UpstreamStore, WorkspaceStore};
 
 use super::Provider;
+use super::adapter::Endpoint;
 
 /// An upstream credential ready to dispatch to.
 #[derive(Debug)]
@@ -22,8 +23,6 @@ pub struct Credential {
     pub name: String,
     /// Provider kind.
     pub provider: Provider,
-    /// Base URL without trailing slash.
-    pub base_url: String,
     /// The opened secret (never logged).
     pub secret: Secret,
     /// Lower is tried first.
@@ -48,8 +47,7 @@ pub struct Credential {
 
 impl Credential {
     /// The URL of `endpoint` on this credential's provider.
-    pub fn url(&self, endpoint: super::adapter::Endpoint) -> &reqwest::Url {
-        use super::adapter::Endpoint;
+    pub fn url(&self, endpoint: Endpoint) -> &reqwest::Url {
         match endpoint {
             Endpoint::ChatCompletions => &self.urls[0],
             Endpoint::Embeddings => &self.urls[1],
@@ -197,14 +195,17 @@ fn credential(u: &UpstreamRow, master: &MasterKey) -> Option<Credential> {
     let secret = master.open(&u.secret_sealed).ok()?;
     let provider: Provider = u.provider.parse().ok()?;
     let base_url = u.base_url.trim_end_matches('/').to_owned();
-    let url = |path: &str| reqwest::Url::parse(&format!("{base_url}{path}")).ok();
-    let urls = [url("/chat/completions")?, url("/embeddings")?, url("/messages")?];
+    let url = |e: Endpoint| reqwest::Url::parse(&format!("{base_url}{}", e.path())).ok();
+    let urls = [
+        url(Endpoint::ChatCompletions)?,
+        url(Endpoint::Embeddings)?,
+        url(Endpoint::Messages)?,
+    ];
     Some(Credential {
         id: u.id,
         workspace_id: u.workspace_id,
         name: u.name.clone(),
         provider,
-        base_url,
         secret: Secret::new(secret),
         priority: u.priority,
         weight: u.weight.max(1),
