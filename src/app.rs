@@ -256,7 +256,8 @@ impl Gateway {
 pub fn router(state: AppState) -> Router {
     Router::new()
         .merge(crate::proxy::routes())
-        .merge(crate::admin::routes())
+        .merge(crate::admin::routes(state.clone()))
+        .merge(crate::console::routes())
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))

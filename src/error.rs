@@ -63,6 +63,26 @@ pub enum ApiError {
         /// Whole seconds until the earliest lock ends.
         retry_after: u64,
     },
+    /// The signed-in member's role may not do this (admin API).
+    #[error("{message}")]
+    Forbidden {
+        /// What was refused and which role it needs.
+        message: String,
+    },
+    /// A name already taken, or a change that would break an invariant (admin API).
+    #[error("{message}")]
+    Conflict {
+        /// What conflicts.
+        message: String,
+    },
+    /// A well-formed request with a field whose value is not acceptable (admin API).
+    #[error("{message}")]
+    InvalidField {
+        /// The field, as named in the request body or query.
+        field: String,
+        /// What is wrong with it.
+        message: String,
+    },
     /// Wrong email or password at sign-in.
     #[error("invalid email or password")]
     InvalidCredentials,
@@ -134,6 +154,14 @@ impl ApiError {
         }
     }
 
+    /// A 422 naming the field.
+    pub fn field(field: &str, message: impl Into<String>) -> Self {
+        ApiError::InvalidField {
+            field: field.to_owned(),
+            message: message.into(),
+        }
+    }
+
     /// HTTP status.
     pub fn status(&self) -> StatusCode {
         match self {
@@ -144,7 +172,9 @@ impl ApiError {
             | ApiError::QuotaExceeded(_)
             | ApiError::CircuitOpen { .. }
             | ApiError::UpstreamQuotaExhausted { .. } => StatusCode::TOO_MANY_REQUESTS,
-            ApiError::KeyBanned { .. } => StatusCode::FORBIDDEN,
+            ApiError::KeyBanned { .. } | ApiError::Forbidden { .. } => StatusCode::FORBIDDEN,
+            ApiError::Conflict { .. } => StatusCode::CONFLICT,
+            ApiError::InvalidField { .. } => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::ModelNotFound { .. } | ApiError::RouteNotFound { .. } | ApiError::NotFound { .. } => {
                 StatusCode::NOT_FOUND
             }
@@ -161,6 +191,9 @@ impl ApiError {
         match self {
             ApiError::InvalidApiKey => "invalid_api_key",
             ApiError::InvalidCredentials => "invalid_credentials",
+            ApiError::Forbidden { .. } => "forbidden",
+            ApiError::Conflict { .. } => "conflict",
+            ApiError::InvalidField { .. } => "invalid_field",
             ApiError::InvalidToken => "invalid_token",
             ApiError::AuthThrottled { .. } => "auth_rate_limited",
             ApiError::ModelNotFound { .. } => "model_not_found",
@@ -187,7 +220,8 @@ impl ApiError {
             | ApiError::QuotaExceeded(_)
             | ApiError::CircuitOpen { .. }
             | ApiError::UpstreamQuotaExhausted { .. } => "rate_limit_error",
-            ApiError::KeyBanned { .. } => "permission_error",
+            ApiError::KeyBanned { .. } | ApiError::Forbidden { .. } => "permission_error",
+            ApiError::Conflict { .. } | ApiError::InvalidField { .. } => "invalid_request_error",
             ApiError::ModelNotFound { .. }
             | ApiError::InvalidRequest { .. }
             | ApiError::RequestTooLarge { .. }
@@ -219,6 +253,7 @@ impl ApiError {
         });
         match self {
             ApiError::InvalidRequest { param: Some(p), .. } => error["param"] = json!(p),
+            ApiError::InvalidField { field, .. } => error["param"] = json!(field),
             ApiError::ModelNotFound { .. } => error["param"] = json!("model"),
             ApiError::QuotaExceeded(q) => {
                 error["subject"] = json!(q.subject);

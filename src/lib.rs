@@ -6,6 +6,7 @@ pub mod app;
 pub mod breaker;
 pub mod clock;
 pub mod config;
+pub mod console;
 pub mod crypto;
 pub mod error;
 pub mod mock_upstream;

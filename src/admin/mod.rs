@@ -1,343 +1,325 @@
-//! The admin API under `/admin/v1/` (DESIGN.md §7, §8): JWT sign-in and what a signed-in member
-//! reads about themself. Every route requires a valid token unless it is the sign-in itself.
+//! The admin API under `/admin/v1/` (DESIGN.md §3, §7, §8), described in `openapi.yaml`.
+//!
+//! Access is denied by default: [`ROUTES`] is the one table of every admin route with the least
+//! role it needs, the router is built from it, and [`guard`] checks every request against it
+//! before any handler runs (a route missing from the table cannot be reached). Handlers narrow
+//! further where the role is not the whole story: a member sees only their own keys and logs,
+//! and sets budgets only on keys they created. Everything is scoped to the caller's workspace; an
+//! id of another workspace answers 404, as if it did not exist.
 
+mod auth;
+mod keys;
+mod logs;
+mod models;
+mod policies;
 pub mod session;
-
-use std::net::SocketAddr;
+mod tenancy;
+mod upstreams;
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::{ConnectInfo, State};
+use axum::extract::{FromRequestParts, MatchedPath, Request, State};
+use axum::http::request::Parts;
+use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
-use serde::Deserialize;
-use serde_json::json;
+use serde::de::DeserializeOwned;
 
 use crate::app::AppState;
-use crate::breaker;
-use crate::crypto;
 use crate::error::ApiError;
-use crate::proxy::auth::Caller;
-use crate::quota::engine::QuotaDecision;
-use crate::store::{KeyStore, MemberStore, Role, UpstreamRow, UpstreamStore, WorkspaceStore};
-use session::Session;
+use crate::store::{AdminStore, AuditEntry, Role, StoreError};
+use session::Actor;
 
-/// The admin routes.
-pub fn routes() -> Router<AppState> {
-    Router::new()
-        .route("/admin/v1/auth/login", post(login))
-        .route("/admin/v1/me", get(me))
-        .route("/admin/v1/me/quota", get(my_quota))
-        .route("/admin/v1/keys/{id}/breaker", get(key_breaker))
-        .route("/admin/v1/upstreams/{id}", get(upstream_detail))
-        .route("/admin/v1/upstreams/{id}/test", post(upstream_test))
+/// The least role a route needs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Need {
+    /// No token (sign-in).
+    Public,
+    /// Any signed-in member.
+    Member,
+    /// An owner or admin.
+    Admin,
+    /// The owner.
+    Owner,
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct LoginRequest {
-    email: String,
-    password: String,
-}
-
-/// `POST /admin/v1/auth/login` `{email, password}` → `{token, expires_at}`.
-async fn login(
-    State(state): State<AppState>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
-    body: Bytes,
-) -> Response {
-    let req: LoginRequest = match serde_json::from_slice(&body) {
-        Ok(r) => r,
-        Err(e) => {
-            return ApiError::invalid(format!("expected {{\"email\", \"password\"}}: {e}"), None)
-                .into_response();
-        }
-    };
-    if let Err(retry_after) = state.sessions.may_try(peer.ip(), &req.email) {
-        return ApiError::AuthThrottled { retry_after }.into_response();
-    }
-    let member = match state.store.member_by_email(&req.email).await {
-        Ok(m) => m,
-        Err(e) => {
-            tracing::error!(error = %e, "sign-in lookup failed");
-            return ApiError::Internal.into_response();
-        }
-    };
-    // Verify against a dummy hash when the member is unknown, so timing tells nothing.
-    let hash = member.as_ref().and_then(|m| m.password_hash.clone());
-    let ok = crypto::verify_password(
-        &req.password,
-        hash.as_deref().unwrap_or(session::DUMMY_HASH.as_str()),
-    );
-    match member {
-        Some(m) if ok && hash.is_some() && m.active == 1 => {
-            let (token, expires_at) = state.sessions.issue(&m, state.clock.now());
-            axum::Json(json!({"token": token, "expires_at": expires_at.to_rfc3339(), "role": m.role}))
-                .into_response()
-        }
-        _ => {
-            state.sessions.failed(peer.ip(), &req.email);
-            ApiError::InvalidCredentials.into_response()
-        }
+impl Need {
+    /// Whether `role` meets this need.
+    pub fn allows(self, role: Role) -> bool {
+        let rank = match role {
+            Role::Member => Need::Member,
+            Role::Admin => Need::Admin,
+            Role::Owner => Need::Owner,
+        };
+        rank >= self
     }
 }
 
-/// `GET /admin/v1/me`: who is signed in.
-async fn me(State(state): State<AppState>, session: Session) -> Response {
-    let member = match state.store.member(session.member_id).await {
-        Ok(Some(m)) => m,
-        Ok(None) => return ApiError::InvalidToken.into_response(),
-        Err(_) => return ApiError::Internal.into_response(),
-    };
-    let workspace = state.store.workspace(member.workspace_id).await.ok().flatten();
-    axum::Json(json!({
-        "id": member.id,
-        "email": member.email,
-        "role": member.role,
-        "workspace": workspace.map(|w| json!({"id": w.id, "name": w.name, "timezone": w.timezone})),
-        "department_id": member.department_id,
-    }))
-    .into_response()
+/// One admin route: method (lowercase), path as the router matches it, least role.
+#[derive(Clone, Copy, Debug)]
+pub struct AdminRoute {
+    /// `get`, `post`, `patch` or `delete`.
+    pub method: &'static str,
+    /// The path template, e.g. `/admin/v1/keys/{id}`.
+    pub path: &'static str,
+    /// Who may call it.
+    pub need: Need,
 }
 
-/// `GET /admin/v1/me/quota`: every quota that applies to the signed-in member — their member,
-/// department and workspace policies, and the budgets on each of their keys.
-async fn my_quota(State(state): State<AppState>, session: Session) -> Response {
-    let member = match state.store.member(session.member_id).await {
-        Ok(Some(m)) => m,
-        Ok(None) => return ApiError::InvalidToken.into_response(),
-        Err(_) => return ApiError::Internal.into_response(),
-    };
-    let keys = match state.store.keys_of_member(member.id).await {
-        Ok(k) => k,
-        Err(_) => return ApiError::Internal.into_response(),
-    };
-    let tz = state.timezone_of(member.workspace_id);
-    let policies = state.policies.load();
-    let now = state.clock.now();
-    let caller = |key_id: i64, key_name: &str| Caller {
-        key_id,
-        key_name: key_name.to_owned(),
-        member_id: member.id,
-        department_id: member.department_id,
-        workspace_id: member.workspace_id,
-    };
-    // Member, department and workspace quotas (no key: key id 0 matches no key policy).
-    let mut rows = Vec::new();
-    match state
-        .quota
-        .check(&state.store, &policies, &caller(0, ""), now, tz)
-        .await
-    {
-        Ok(d) => rows.extend(rows_of(&d, None)),
-        Err(_) => return ApiError::Internal.into_response(),
-    }
-    for k in &keys {
-        match state
-            .quota
-            .check(&state.store, &policies, &caller(k.id, &k.name), now, tz)
-            .await
-        {
-            Ok(mut d) => {
-                d.standings
-                    .retain(|s| s.rule.subject == crate::quota::SubjectKind::Apikey);
-                rows.extend(rows_of(&d, Some((k.id, &k.name))));
-            }
-            Err(_) => return ApiError::Internal.into_response(),
+/// Builds both [`ROUTES`] and the router from one list, so they cannot disagree.
+macro_rules! admin_routes {
+    ($($method:ident $path:literal $need:ident => $handler:path;)*) => {
+        /// Every admin route with the least role it needs (the access table).
+        pub const ROUTES: &[AdminRoute] = &[
+            $(AdminRoute { method: stringify!($method), path: $path, need: Need::$need },)*
+        ];
+
+        fn table() -> Router<AppState> {
+            Router::new()$(.route($path, axum::routing::$method($handler)))*
         }
-    }
-    axum::Json(json!({"timezone": tz.name(), "quotas": rows})).into_response()
+    };
 }
 
-fn rows_of(d: &QuotaDecision, key: Option<(i64, &str)>) -> Vec<serde_json::Value> {
-    crate::proxy::quota_report(d)
-        .into_iter()
-        .map(|mut row| {
-            if let Some((id, name)) = key {
-                row["key_id"] = json!(id);
-                row["key_name"] = json!(name);
-            }
-            row
-        })
-        .collect()
+admin_routes! {
+    post "/admin/v1/auth/login" Public => auth::login;
+    post "/admin/v1/auth/logout" Member => auth::logout;
+    post "/admin/v1/auth/password" Member => auth::change_password;
+    get "/admin/v1/me" Member => auth::me;
+    get "/admin/v1/me/quota" Member => auth::my_quota;
+
+    get "/admin/v1/workspace" Member => tenancy::workspace;
+    patch "/admin/v1/workspace" Owner => tenancy::update_workspace;
+    get "/admin/v1/departments" Member => tenancy::departments;
+    post "/admin/v1/departments" Admin => tenancy::create_department;
+    patch "/admin/v1/departments/{id}" Admin => tenancy::update_department;
+    delete "/admin/v1/departments/{id}" Admin => tenancy::delete_department;
+    get "/admin/v1/members" Admin => tenancy::members;
+    post "/admin/v1/members" Admin => tenancy::invite_member;
+    get "/admin/v1/members/{id}" Admin => tenancy::member;
+    patch "/admin/v1/members/{id}" Admin => tenancy::update_member;
+    post "/admin/v1/members/{id}/reset-password" Admin => tenancy::reset_password;
+
+    get "/admin/v1/keys" Member => keys::list;
+    post "/admin/v1/keys" Member => keys::create;
+    get "/admin/v1/keys/{id}" Member => keys::get;
+    delete "/admin/v1/keys/{id}" Member => keys::delete;
+    get "/admin/v1/keys/{id}/breaker" Member => keys::breaker;
+
+    get "/admin/v1/policies" Member => policies::list;
+    post "/admin/v1/policies" Member => policies::create;
+    get "/admin/v1/policies/{id}" Member => policies::get;
+    patch "/admin/v1/policies/{id}" Member => policies::update;
+    delete "/admin/v1/policies/{id}" Member => policies::delete;
+
+    get "/admin/v1/upstreams" Admin => upstreams::list;
+    post "/admin/v1/upstreams" Admin => upstreams::create;
+    get "/admin/v1/upstreams/{id}" Admin => upstreams::get;
+    patch "/admin/v1/upstreams/{id}" Admin => upstreams::update;
+    delete "/admin/v1/upstreams/{id}" Admin => upstreams::delete;
+    post "/admin/v1/upstreams/{id}/test" Admin => upstreams::test;
+
+    get "/admin/v1/models" Member => models::list;
+    post "/admin/v1/models" Admin => models::create;
+    get "/admin/v1/models/{id}" Member => models::get;
+    patch "/admin/v1/models/{id}" Admin => models::update;
+    delete "/admin/v1/models/{id}" Admin => models::delete;
+
+    get "/admin/v1/logs" Member => logs::list;
+    get "/admin/v1/logs/export" Member => logs::export;
+    get "/admin/v1/logs/{request_id}" Member => logs::get;
+    get "/admin/v1/usage" Member => logs::usage;
+    get "/admin/v1/audit" Admin => logs::audit;
 }
 
-/// `GET /admin/v1/keys/{id}/breaker`: the key's breaker — trips so far, blocked until, banned —
-/// and the history of its trips. Owners and admins see every key of their workspace, members
-/// their own; any other key answers 404 (no existence leak). A ban cannot be lifted here or
-/// anywhere: delete the key and create a new one.
-async fn key_breaker(
+/// The admin routes, every one behind [`guard`].
+pub fn routes(state: AppState) -> Router<AppState> {
+    table().route_layer(middleware::from_fn_with_state(state, guard))
+}
+
+/// Denied by default: finds the route in [`ROUTES`], checks the token (signature, expiry,
+/// audience, the member still active and not signed out) and the role, and hands the handler an
+/// [`Actor`].
+async fn guard(
     State(state): State<AppState>,
-    session: Session,
-    axum::extract::Path(id): axum::extract::Path<i64>,
+    matched: MatchedPath,
+    mut req: Request,
+    next: Next,
 ) -> Response {
-    let (member, key) = match (
-        state.store.member(session.member_id).await,
-        state.store.key(id).await,
-    ) {
-        (Ok(Some(m)), Ok(k)) => (m, k),
-        (Ok(None), _) => return ApiError::InvalidToken.into_response(),
-        _ => return ApiError::Internal.into_response(),
+    let method = match req.method().as_str() {
+        "HEAD" => "get".to_owned(),
+        m => m.to_ascii_lowercase(),
     };
-    let visible = key.as_ref().is_some_and(|k| {
-        k.workspace_id == member.workspace_id
-            && (k.member_id == member.id || matches!(member.role(), Role::Owner | Role::Admin))
-    });
-    let Some(key) = key.filter(|_| visible) else {
-        return ApiError::NotFound { what: "API key" }.into_response();
-    };
-    let row: Result<Option<(i64, Option<i64>, i64)>, _> =
-        sqlx::query_as("SELECT trips, blocked_until, banned FROM breaker_state WHERE key_id = $1")
-            .bind(key.id)
-            .fetch_optional(state.store.pool())
-            .await;
-    let (Ok(row), Ok(history)) = (row, breaker::history(&state.store, key.id).await) else {
-        return ApiError::Internal.into_response();
-    };
-    let (trips, blocked_until, banned) = row.unwrap_or((0, None, 0));
-    let now = state.clock.now().timestamp_millis();
-    let ms = |v: i64| chrono::DateTime::from_timestamp_millis(v).map(|t| t.to_rfc3339());
-    axum::Json(json!({
-        "key_id": key.id,
-        "trips": trips,
-        "banned": banned == 1,
-        "blocked_until": blocked_until.filter(|u| *u > now).and_then(ms),
-        "history": history.iter().map(|t| json!({
-            "trip": t.trip,
-            "at": ms(t.at),
-            "requests": t.requests,
-            "failures": t.failures,
-            "blocked_until": t.blocked_until.and_then(ms),
-            "banned": t.banned,
-        })).collect::<Vec<_>>(),
-    }))
-    .into_response()
-}
-
-/// The credential `id` if the signed-in member may manage it (owner or admin of its workspace).
-async fn managed_upstream(state: &AppState, session: &Session, id: i64) -> Result<UpstreamRow, ApiError> {
-    let member = state
-        .store
-        .member(session.member_id)
-        .await
-        .map_err(|_| ApiError::Internal)?;
-    let member = member.ok_or(ApiError::InvalidToken)?;
-    let up = state.store.upstream(id).await.map_err(|_| ApiError::Internal)?;
-    up.filter(|u| u.workspace_id == member.workspace_id && matches!(member.role(), Role::Owner | Role::Admin))
-        .ok_or(ApiError::NotFound { what: "upstream" })
-}
-
-/// `GET /admin/v1/upstreams/{id}`: the credential (its secret is never returned) with its running
-/// locks — what is parked, by which rule, until when, time left — and `resumes_at`, the end of the
-/// latest running lock (the countdown, as kRouter shows it).
-async fn upstream_detail(
-    State(state): State<AppState>,
-    session: Session,
-    axum::extract::Path(id): axum::extract::Path<i64>,
-) -> Response {
-    let up = match managed_upstream(&state, &session, id).await {
-        Ok(u) => u,
-        Err(e) => return e.into_response(),
-    };
-    let now = state.clock.now().timestamp_millis();
-    let ms = |v: i64| chrono::DateTime::from_timestamp_millis(v).map(|t| t.to_rfc3339());
-    let mut locks = state.locks.of(up.id, now);
-    locks.sort_by_key(|(_, until, _)| *until);
-    let resumes_at = locks.last().map(|(_, until, _)| *until);
-    axum::Json(json!({
-        "id": up.id,
-        "name": up.name,
-        "provider": up.provider,
-        "base_url": up.base_url,
-        "models": up.served_models(),
-        "priority": up.priority,
-        "weight": up.weight,
-        "max_in_flight": up.max_in_flight,
-        "limits": {
-            "requests_per_minute": up.requests_per_minute,
-            "tokens_per_minute": up.tokens_per_minute,
-            "requests_per_day": up.requests_per_day,
-        },
-        "quota_group": up.quota_group,
-        "enabled": up.enabled == 1,
-        "banned": state.locks.is_banned(up.id),
-        "backoff_level": state.locks.backoff_level(up.id),
-        "locks": locks.iter().map(|(target, until, rule)| json!({
-            "target": target,
-            "rule": rule,
-            "until": ms(*until),
-            "seconds_left": (until - now + 999).div_euclid(1000),
-        })).collect::<Vec<_>>(),
-        "resumes_at": resumes_at.and_then(ms),
-    }))
-    .into_response()
-}
-
-/// `POST /admin/v1/upstreams/{id}/test`: sends a minimal real request (one token) with the
-/// credential; a success clears every lock, the backoff and the banned mark, on every gateway.
-async fn upstream_test(
-    State(state): State<AppState>,
-    session: Session,
-    axum::extract::Path(id): axum::extract::Path<i64>,
-) -> Response {
-    let up = match managed_upstream(&state, &session, id).await {
-        Ok(u) => u,
-        Err(e) => return e.into_response(),
-    };
-    let Ok(secret) = state.master_key.open(&up.secret_sealed) else {
-        return ApiError::invalid(
-            "this upstream's secret cannot be decrypted with the current master key",
-            None,
-        )
+    let Some(route) = ROUTES
+        .iter()
+        .find(|r| r.path == matched.as_str() && r.method == method)
+    else {
+        return ApiError::Forbidden {
+            message: "this route is not open to anyone".into(),
+        }
         .into_response();
     };
-    let Some(model) = up.served_models().into_iter().next() else {
-        return ApiError::invalid("this upstream serves no model to test with", None).into_response();
-    };
-    let anthropic = up.provider == "anthropic";
-    let base = up.base_url.trim_end_matches('/');
-    let body =
-        json!({"model": model.upstream, "max_tokens": 1, "messages": [{"role": "user", "content": "ping"}]});
-    let req = if anthropic {
-        state
-            .http
-            .post(format!("{base}/messages"))
-            .header("x-api-key", secret)
-            .header("anthropic-version", "2023-06-01")
-    } else {
-        state
-            .http
-            .post(format!("{base}/chat/completions"))
-            .bearer_auth(secret)
-    };
-    let started = std::time::Instant::now();
-    let result = tokio::time::timeout(std::time::Duration::from_secs(30), req.json(&body).send()).await;
-    let latency_ms = started.elapsed().as_millis() as u64;
-    match result {
-        Ok(Ok(r)) if r.status().is_success() => {
-            state.locks.clear(up.id);
-            if let Err(e) = crate::upstream::locks::clear(&state.store, up.id).await {
-                tracing::error!(error = %e, "could not clear the upstream's locks in the store");
-                return ApiError::Internal.into_response();
-            }
-            axum::Json(
-                json!({"ok": true, "status": r.status().as_u16(), "latency_ms": latency_ms, "cleared": true}),
-            )
-            .into_response()
-        }
-        Ok(Ok(r)) => {
-            let status = r.status().as_u16();
-            let text = r.text().await.unwrap_or_default();
-            let excerpt: String = text.chars().take(500).collect();
-            axum::Json(json!({"ok": false, "status": status, "latency_ms": latency_ms, "error": excerpt}))
-                .into_response()
-        }
-        Ok(Err(e)) => axum::Json(json!({"ok": false, "status": null, "latency_ms": latency_ms,
-            "error": format!("request failed: {}", e.without_url())}))
-        .into_response(),
-        Err(_) => axum::Json(
-            json!({"ok": false, "status": null, "latency_ms": latency_ms, "error": "timed out after 30 s"}),
-        )
-        .into_response(),
+    if route.need == Need::Public {
+        return next.run(req).await;
     }
+    let actor = match Actor::authenticate(&state, req.headers()).await {
+        Ok(a) => a,
+        Err(e) => return e.into_response(),
+    };
+    if !route.need.allows(actor.role()) {
+        let needed = match route.need {
+            Need::Owner => "the owner",
+            _ => "an owner or admin",
+        };
+        return ApiError::Forbidden {
+            message: format!(
+                "{} {} needs {needed}; you are signed in as {}",
+                req.method(),
+                matched.as_str(),
+                actor.role().as_str()
+            ),
+        }
+        .into_response();
+    }
+    req.extensions_mut().insert(actor);
+    next.run(req).await
+}
+
+/// A JSON body in the admin API's error format: malformed JSON, a wrong type, a missing or an
+/// unknown field is a 400 naming the field.
+pub struct Body<T>(pub T);
+
+impl<T: DeserializeOwned> axum::extract::FromRequest<AppState> for Body<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &AppState) -> Result<Self, ApiError> {
+        let bytes = Bytes::from_request(req, state)
+            .await
+            .map_err(|e| ApiError::invalid(format!("cannot read the request body: {e}"), None))?;
+        let bytes: &[u8] = if bytes.is_empty() { b"{}" } else { &bytes };
+        serde_json::from_slice(bytes).map(Body).map_err(|e| {
+            let message = e.to_string();
+            // serde names the field in backticks: "unknown field `x`", "missing field `y`".
+            let field = message.split('`').nth(1).map(str::to_owned);
+            ApiError::InvalidRequest {
+                message: format!("invalid JSON body: {message}"),
+                param: field.filter(|_| message.contains("field")),
+            }
+        })
+    }
+}
+
+/// Query parameters in the admin API's error format.
+pub struct Params<T>(pub T);
+
+impl<T: DeserializeOwned> FromRequestParts<AppState> for Params<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &AppState) -> Result<Self, ApiError> {
+        axum::extract::Query::<T>::try_from_uri(&parts.uri)
+            .map(|q| Params(q.0))
+            .map_err(|e| ApiError::invalid(format!("invalid query: {}", e.body_text()), None))
+    }
+}
+
+/// The `{id}` of a path: not a whole number identifies nothing, so 404.
+pub struct Id(pub i64);
+
+impl FromRequestParts<AppState> for Id {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        let axum::extract::Path(raw) = axum::extract::Path::<String>::from_request_parts(parts, state)
+            .await
+            .map_err(|_| ApiError::NotFound { what: "resource" })?;
+        raw.parse()
+            .map(Id)
+            .map_err(|_| ApiError::NotFound { what: "resource" })
+    }
+}
+
+/// A store failure on the admin path: logged, answered 500 without detail; a duplicate name 409.
+pub fn store_error(e: StoreError) -> ApiError {
+    if e.is_unique_violation() {
+        return ApiError::Conflict {
+            message: "a resource with this name already exists".into(),
+        };
+    }
+    tracing::error!(error = %e, "admin store call failed");
+    ApiError::Internal
+}
+
+/// The result of an admin handler.
+pub type AdminResult<T = Response> = Result<T, ApiError>;
+
+/// After a configuration change: announce it to every gateway and apply it here at once, so the
+/// next proxied request sees it.
+pub async fn config_changed(state: &AppState) -> AdminResult<()> {
+    state.store.bump_config_epoch().await.map_err(store_error)?;
+    state.reload().await;
+    Ok(())
+}
+
+/// Records a change in the audit log (a failure to record is logged, not shown to the caller:
+/// the change itself has happened).
+pub async fn audit(
+    state: &AppState,
+    actor: &Actor,
+    action: &str,
+    target_kind: &str,
+    target_id: i64,
+    before: Option<serde_json::Value>,
+    after: Option<serde_json::Value>,
+) {
+    let entry = AuditEntry {
+        workspace_id: actor.workspace_id(),
+        at: state.clock.now_ms(),
+        actor_id: actor.member.id,
+        actor_email: &actor.member.email,
+        action,
+        target_kind,
+        target_id,
+        before,
+        after,
+    };
+    if let Err(e) = state.store.audit(&entry).await {
+        tracing::error!(error = %e, action, target_kind, target_id, "could not write the audit log");
+    }
+}
+
+/// Unix ms as RFC 3339, for deadlines.
+pub fn rfc3339(ms: i64) -> Option<String> {
+    chrono::DateTime::from_timestamp_millis(ms).map(|t| t.to_rfc3339())
+}
+
+/// A name field: trimmed, 1–100 characters, no control characters.
+pub fn name_field(field: &str, value: &str) -> AdminResult<String> {
+    let v = value.trim();
+    if v.is_empty() || v.chars().count() > 100 || v.chars().any(char::is_control) {
+        return Err(ApiError::field(
+            field,
+            format!("{field} must be 1 to 100 characters without control characters"),
+        ));
+    }
+    Ok(v.to_owned())
+}
+
+/// Tells an absent field (`None`) from an explicit `null` (`Some(None)`) in a PATCH body.
+pub mod double_option {
+    use serde::{Deserialize, Deserializer};
+
+    /// Deserializes a present field, `null` included.
+    pub fn deserialize<'de, D: Deserializer<'de>, T: Deserialize<'de>>(
+        d: D,
+    ) -> Result<Option<Option<T>>, D::Error> {
+        Option::<T>::deserialize(d).map(Some)
+    }
+}
+
+/// `201 Created` with a JSON body.
+pub fn created(body: serde_json::Value) -> Response {
+    (axum::http::StatusCode::CREATED, axum::Json(body)).into_response()
+}
+
+/// `204 No Content`.
+pub fn no_content() -> Response {
+    axum::http::StatusCode::NO_CONTENT.into_response()
 }

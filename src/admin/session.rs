@@ -44,6 +44,9 @@ pub struct Claims {
     pub iss: String,
     /// Audience.
     pub aud: String,
+    /// The member's session epoch at issue: sign-out and password change bump it, which revokes
+    /// every token issued before.
+    pub sep: i64,
 }
 
 /// Issues and checks tokens; slows failed sign-ins.
@@ -127,6 +130,7 @@ impl Sessions {
             exp: exp.timestamp(),
             iss: ISSUER.to_owned(),
             aud: AUDIENCE.to_owned(),
+            sep: member.session_epoch,
         };
         let token =
             jsonwebtoken::encode(&Header::new(Algorithm::HS256), &claims, &self.encoding).unwrap_or_default();
@@ -146,21 +150,34 @@ impl Sessions {
     }
 }
 
-/// A signed-in member, extracted from `Authorization: Bearer <jwt>`.
+/// The signed-in member a request acts as: put into the request by the admin guard after the
+/// token, the member (active, same session epoch) and the route's role were checked.
 #[derive(Clone, Debug)]
-pub struct Session {
-    /// Member id.
-    pub member_id: i64,
-    /// Workspace id.
-    pub workspace_id: i64,
+pub struct Actor {
+    /// The member, as stored now (not as at sign-in).
+    pub member: MemberRow,
 }
 
-impl FromRequestParts<AppState> for Session {
-    type Rejection = ApiError;
+impl Actor {
+    /// The member's current role.
+    pub fn role(&self) -> crate::store::Role {
+        self.member.role()
+    }
 
-    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
-        let token = parts
-            .headers
+    /// The member's workspace.
+    pub fn workspace_id(&self) -> i64 {
+        self.member.workspace_id
+    }
+
+    /// Whether the member manages the workspace (owner or admin).
+    pub fn manages(&self) -> bool {
+        matches!(self.role(), crate::store::Role::Owner | crate::store::Role::Admin)
+    }
+
+    /// Checks `Authorization: Bearer <jwt>` and loads the member it names.
+    pub async fn authenticate(state: &AppState, headers: &axum::http::HeaderMap) -> Result<Actor, ApiError> {
+        use crate::store::MemberStore;
+        let token = headers
             .get(axum::http::header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "))
@@ -169,10 +186,27 @@ impl FromRequestParts<AppState> for Session {
             .sessions
             .verify(token.trim(), state.clock.now())
             .ok_or(ApiError::InvalidToken)?;
-        let member_id = claims.sub.parse().map_err(|_| ApiError::InvalidToken)?;
-        Ok(Session {
-            member_id,
-            workspace_id: claims.ws,
-        })
+        let member_id: i64 = claims.sub.parse().map_err(|_| ApiError::InvalidToken)?;
+        let member = state
+            .store
+            .member(member_id)
+            .await
+            .map_err(|_| ApiError::Internal)?
+            .filter(|m| m.active == 1 && m.session_epoch == claims.sep && m.workspace_id == claims.ws)
+            .ok_or(ApiError::InvalidToken)?;
+        Ok(Actor { member })
+    }
+}
+
+impl FromRequestParts<AppState> for Actor {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &AppState) -> Result<Self, Self::Rejection> {
+        // Only routes behind the admin guard take an Actor; one without it is a wiring bug.
+        parts
+            .extensions
+            .get::<Actor>()
+            .cloned()
+            .ok_or(ApiError::InvalidToken)
     }
 }

@@ -200,6 +200,15 @@ impl Breakers {
         Ok(())
     }
 
+    /// What the console shows of a key's breaker: lifetime trips, blocked until (Unix ms, if the
+    /// block is still running at `now_ms`), banned.
+    pub fn standing(&self, key_id: i64, now_ms: i64) -> (u32, Option<i64>, bool) {
+        let keys = self.keys.lock().unwrap_or_else(|p| p.into_inner());
+        keys.get(&key_id).map_or((0, None, false), |k| {
+            (k.trips, k.blocked_until.filter(|u| *u > now_ms), k.banned)
+        })
+    }
+
     /// The gate: whether `key_id` may pass at `now`.
     pub fn gate(&self, key_id: i64, now: DateTime<Utc>) -> Result<(), Refusal> {
         let mut keys = self.keys.lock().unwrap_or_else(|p| p.into_inner());

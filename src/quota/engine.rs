@@ -49,7 +49,7 @@ impl Policies {
     pub async fn load(store: &Store) -> StoreResult<Policies> {
         let mut p = Policies::default();
         for row in store.all_policies().await? {
-            match rule(&row) {
+            match PolicyRule::from_row(&row) {
                 Some(r) => p.by_workspace.entry(row.workspace_id).or_default().push(r),
                 None => tracing::error!(policy = row.id, "unreadable policy row skipped"),
             }
@@ -80,17 +80,20 @@ impl Policies {
     }
 }
 
-fn rule(row: &PolicyRow) -> Option<PolicyRule> {
-    Some(PolicyRule {
-        id: row.id,
-        subject: row.subject.parse().ok()?,
-        target_id: row.target_id,
-        scope_department_id: row.scope_department_id,
-        metric: row.metric.parse().ok()?,
-        window: row.time_window.parse().ok()?,
-        limit: row.limit_value,
-        mode: row.mode.parse().ok()?,
-    })
+impl PolicyRule {
+    /// The rule of a stored policy; none if a field does not parse (a damaged row).
+    pub fn from_row(row: &PolicyRow) -> Option<PolicyRule> {
+        Some(PolicyRule {
+            id: row.id,
+            subject: row.subject.parse().ok()?,
+            target_id: row.target_id,
+            scope_department_id: row.scope_department_id,
+            metric: row.metric.parse().ok()?,
+            window: row.time_window.parse().ok()?,
+            limit: row.limit_value,
+            mode: row.mode.parse().ok()?,
+        })
+    }
 }
 
 /// A counter's identity: subject, metric, window and window start — never the policy.
@@ -237,28 +240,40 @@ impl QuotaCounters {
         let applying = policies.applying_to(caller);
         let mut standings = Vec::with_capacity(applying.len());
         for (rule, subject_id) in applying {
-            let bounds = window::bounds(rule.window, now, tz);
-            let key = CounterKey {
-                subject: rule.subject,
-                subject_id,
-                metric: rule.metric,
-                window: rule.window,
-                start: bounds.map_or(0, |b| b.start.timestamp()),
-            };
-            let used = match self.used(&key) {
-                Some(u) => u,
-                None => self.load(store, &key).await?,
-            };
-            let subject_key = format!("{}:{}", rule.subject.as_str(), subject_id);
-            standings.push(Standing {
-                rule: rule.clone(),
-                key,
-                used,
-                reset_at: bounds.map(|b| window::reset_at(b.end, &subject_key, tz)),
-                window_secs: bounds.map(|b| (b.end - b.start).num_seconds()),
-            });
+            standings.push(self.standing(store, rule, subject_id, now, tz).await?);
         }
         Ok(QuotaDecision { standings })
+    }
+
+    /// How one policy stands for one subject at `now` (also what the console shows per policy).
+    pub async fn standing(
+        &self,
+        store: &Store,
+        rule: &PolicyRule,
+        subject_id: i64,
+        now: DateTime<Utc>,
+        tz: Tz,
+    ) -> StoreResult<Standing> {
+        let bounds = window::bounds(rule.window, now, tz);
+        let key = CounterKey {
+            subject: rule.subject,
+            subject_id,
+            metric: rule.metric,
+            window: rule.window,
+            start: bounds.map_or(0, |b| b.start.timestamp()),
+        };
+        let used = match self.used(&key) {
+            Some(u) => u,
+            None => self.load(store, &key).await?,
+        };
+        let subject_key = format!("{}:{}", rule.subject.as_str(), subject_id);
+        Ok(Standing {
+            rule: rule.clone(),
+            key,
+            used,
+            reset_at: bounds.map(|b| window::reset_at(b.end, &subject_key, tz)),
+            window_secs: bounds.map(|b| (b.end - b.start).num_seconds()),
+        })
     }
 
     fn used(&self, key: &CounterKey) -> Option<i64> {

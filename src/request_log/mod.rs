@@ -82,6 +82,7 @@ const BATCH: usize = 500;
 
 /// Filters of the log query (DESIGN.md §7).
 #[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct LogFilter {
     /// Only this workspace (always set by the caller).
     #[serde(skip)]
@@ -179,7 +180,35 @@ pub async fn insert_batch(store: &Store, records: &[LogRecord]) -> StoreResult<(
         let (sql, args) = b.finish();
         sqlx::query_with(&sql, args).execute(store.pool()).await?;
     }
+    // A key's "last used", written behind with its logs rather than on the request path.
+    let mut last_used: std::collections::HashMap<i64, i64> = std::collections::HashMap::new();
+    for r in records.iter().filter(|r| r.key_id > 0) {
+        let t = last_used.entry(r.key_id).or_default();
+        *t = (*t).max(r.ts);
+    }
+    for (key_id, ts) in last_used {
+        sqlx::query("UPDATE api_keys SET last_used_at = $1 WHERE id = $2 AND (last_used_at IS NULL OR last_used_at < $1)")
+            .bind(ts)
+            .bind(key_id)
+            .execute(store.pool())
+            .await?;
+    }
     Ok(())
+}
+
+/// The log of one request in a workspace.
+pub async fn by_request_id(
+    store: &Store,
+    workspace_id: i64,
+    request_id: &str,
+) -> StoreResult<Option<LogRecord>> {
+    Ok(
+        sqlx::query_as("SELECT * FROM request_logs WHERE workspace_id = $1 AND request_id = $2")
+            .bind(workspace_id)
+            .bind(request_id)
+            .fetch_optional(store.pool())
+            .await?,
+    )
 }
 
 /// Logs matching `f`, newest first, one page.

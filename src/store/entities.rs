@@ -84,6 +84,8 @@ pub struct MemberRow {
     pub active: i64,
     /// Unix ms.
     pub created_at: i64,
+    /// Bumped by sign-out and password change: tokens issued under an older epoch are refused.
+    pub session_epoch: i64,
 }
 
 impl MemberRow {
@@ -224,4 +226,29 @@ pub struct PolicyRow {
     pub created_at: i64,
     /// Unix ms.
     pub updated_at: i64,
+}
+
+/// One change made through the admin API.
+#[derive(Clone, Debug, PartialEq, Eq, sqlx::FromRow)]
+pub struct AuditRow {
+    /// Row id (ascending in time).
+    pub id: i64,
+    /// Workspace the change happened in.
+    pub workspace_id: i64,
+    /// Unix ms.
+    pub at: i64,
+    /// Member who made it.
+    pub actor_id: Option<i64>,
+    /// Their email at the time.
+    pub actor_email: Option<String>,
+    /// `create`, `update`, `delete`, `test`, …
+    pub action: String,
+    /// `policy`, `upstream`, `api_key`, `member`, `department`, `model`, `workspace`.
+    pub target_kind: String,
+    /// The changed row's id.
+    pub target_id: Option<i64>,
+    /// JSON of the row before (secrets never included).
+    pub before_json: Option<String>,
+    /// JSON of the row after (secrets never included).
+    pub after_json: Option<String>,
 }

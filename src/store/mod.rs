@@ -3,9 +3,11 @@
 //! and flags), and the behaviour suite runs on both. Each aggregate has its own trait, so the
 //! surface of, say, API keys is read in one place.
 
+mod admin;
 mod entities;
 mod tenancy;
 
+pub use admin::*;
 pub use entities::*;
 pub use tenancy::*;
 

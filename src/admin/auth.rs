@@ -1,0 +1,195 @@
+//! Sign-in, sign-out, password change, and what a signed-in member reads about themself.
+
+use std::net::SocketAddr;
+
+use axum::Json;
+use axum::extract::{ConnectInfo, State};
+use axum::response::IntoResponse;
+use serde::Deserialize;
+use serde_json::json;
+
+use super::session::{self, Actor};
+use super::{AdminResult, Body, no_content, store_error};
+use crate::app::AppState;
+use crate::crypto;
+use crate::error::ApiError;
+use crate::proxy::auth::Caller;
+use crate::quota::engine::QuotaDecision;
+use crate::store::{AdminStore, KeyStore, MemberStore, WorkspaceStore};
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LoginRequest {
+    email: String,
+    password: String,
+}
+
+/// `POST /admin/v1/auth/login` `{email, password}` → `{token, expires_at, role}`. Failed sign-ins
+/// are slowed per address and per email.
+pub async fn login(
+    State(state): State<AppState>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    Body(req): Body<LoginRequest>,
+) -> AdminResult {
+    if let Err(retry_after) = state.sessions.may_try(peer.ip(), &req.email) {
+        return Err(ApiError::AuthThrottled { retry_after });
+    }
+    let member = state
+        .store
+        .member_by_email(&req.email)
+        .await
+        .map_err(store_error)?;
+    // Verify against a dummy hash when the member is unknown, so timing tells nothing.
+    let hash = member.as_ref().and_then(|m| m.password_hash.clone());
+    let ok = crypto::verify_password(
+        &req.password,
+        hash.as_deref().unwrap_or(session::DUMMY_HASH.as_str()),
+    );
+    match member {
+        Some(m) if ok && hash.is_some() && m.active == 1 => {
+            let (token, expires_at) = state.sessions.issue(&m, state.clock.now());
+            Ok(
+                Json(json!({"token": token, "expires_at": expires_at.to_rfc3339(), "role": m.role}))
+                    .into_response(),
+            )
+        }
+        _ => {
+            state.sessions.failed(peer.ip(), &req.email);
+            Err(ApiError::InvalidCredentials)
+        }
+    }
+}
+
+/// `POST /admin/v1/auth/logout`: revokes every token of the signed-in member.
+pub async fn logout(State(state): State<AppState>, actor: Actor) -> AdminResult {
+    state
+        .store
+        .bump_session_epoch(actor.member.id)
+        .await
+        .map_err(store_error)?;
+    Ok(no_content())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PasswordChange {
+    current_password: String,
+    new_password: String,
+}
+
+/// `POST /admin/v1/auth/password` `{current_password, new_password}` → a fresh token; every
+/// earlier token of the member is revoked.
+pub async fn change_password(
+    State(state): State<AppState>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    actor: Actor,
+    Body(req): Body<PasswordChange>,
+) -> AdminResult {
+    let email = &actor.member.email;
+    if let Err(retry_after) = state.sessions.may_try(peer.ip(), email) {
+        return Err(ApiError::AuthThrottled { retry_after });
+    }
+    let current = actor
+        .member
+        .password_hash
+        .as_deref()
+        .unwrap_or(session::DUMMY_HASH.as_str());
+    if !crypto::verify_password(&req.current_password, current) {
+        state.sessions.failed(peer.ip(), email);
+        return Err(ApiError::field(
+            "current_password",
+            "current_password is not your password",
+        ));
+    }
+    check_password("new_password", &req.new_password)?;
+    let store = &state.store;
+    store
+        .set_member_password(actor.member.id, &crypto::hash_password(&req.new_password))
+        .await
+        .map_err(store_error)?;
+    store
+        .bump_session_epoch(actor.member.id)
+        .await
+        .map_err(store_error)?;
+    let member = store
+        .member(actor.member.id)
+        .await
+        .map_err(store_error)?
+        .ok_or(ApiError::InvalidToken)?;
+    let (token, expires_at) = state.sessions.issue(&member, state.clock.now());
+    Ok(Json(json!({"token": token, "expires_at": expires_at.to_rfc3339()})).into_response())
+}
+
+/// A password a member may choose: 8 to 200 characters.
+pub fn check_password(field: &str, password: &str) -> AdminResult<()> {
+    let n = password.chars().count();
+    if !(8..=200).contains(&n) {
+        return Err(ApiError::field(
+            field,
+            format!("{field} must be 8 to 200 characters"),
+        ));
+    }
+    Ok(())
+}
+
+/// `GET /admin/v1/me`: who is signed in.
+pub async fn me(State(state): State<AppState>, actor: Actor) -> AdminResult {
+    let m = &actor.member;
+    let workspace = state.store.workspace(m.workspace_id).await.map_err(store_error)?;
+    Ok(Json(json!({
+        "id": m.id,
+        "email": m.email,
+        "role": m.role,
+        "workspace": workspace.map(|w| json!({"id": w.id, "name": w.name, "timezone": state.timezone_of(w.id).name()})),
+        "department_id": m.department_id,
+    }))
+    .into_response())
+}
+
+/// `GET /admin/v1/me/quota`: every quota that applies to the signed-in member — their member,
+/// department and workspace policies, and the budgets on each of their keys.
+pub async fn my_quota(State(state): State<AppState>, actor: Actor) -> AdminResult {
+    let member = &actor.member;
+    let keys = state.store.keys_of_member(member.id).await.map_err(store_error)?;
+    let tz = state.timezone_of(member.workspace_id);
+    let policies = state.policies.load();
+    let now = state.clock.now();
+    let caller = |key_id: i64, key_name: &str| Caller {
+        key_id,
+        key_name: key_name.to_owned(),
+        member_id: member.id,
+        department_id: member.department_id,
+        workspace_id: member.workspace_id,
+    };
+    // Member, department and workspace quotas (no key: key id 0 matches no key policy).
+    let d = state
+        .quota
+        .check(&state.store, &policies, &caller(0, ""), now, tz)
+        .await
+        .map_err(store_error)?;
+    let mut rows = rows_of(&d, None);
+    for k in &keys {
+        let mut d = state
+            .quota
+            .check(&state.store, &policies, &caller(k.id, &k.name), now, tz)
+            .await
+            .map_err(store_error)?;
+        d.standings
+            .retain(|s| s.rule.subject == crate::quota::SubjectKind::Apikey);
+        rows.extend(rows_of(&d, Some((k.id, &k.name))));
+    }
+    Ok(Json(json!({"timezone": tz.name(), "quotas": rows})).into_response())
+}
+
+fn rows_of(d: &QuotaDecision, key: Option<(i64, &str)>) -> Vec<serde_json::Value> {
+    crate::proxy::quota_report(d)
+        .into_iter()
+        .map(|mut row| {
+            if let Some((id, name)) = key {
+                row["key_id"] = json!(id);
+                row["key_name"] = json!(name);
+            }
+            row
+        })
+        .collect()
+}

@@ -1,0 +1,277 @@
+//! Request logs (DESIGN.md §7), usage aggregates for the console's charts, and the audit log.
+//! A member reads only their own logs and usage; owners and admins the whole workspace.
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::header;
+use axum::response::IntoResponse;
+use chrono::{Offset, TimeZone};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::session::Actor;
+use super::{AdminResult, Params, store_error};
+use crate::app::AppState;
+use crate::error::ApiError;
+use crate::request_log::{self, LogFilter, LogRecord};
+use crate::store::{AdminStore, ApiKeyRow, Department, MemberRow, Table, UsageGrouping};
+
+/// The filter as the actor may use it: always their workspace; a member always their own logs.
+fn scoped(actor: &Actor, mut f: LogFilter) -> AdminResult<LogFilter> {
+    f.workspace_id = actor.workspace_id();
+    if !actor.manages() {
+        if f.member_id.is_some_and(|m| m != actor.member.id) {
+            return Err(ApiError::Forbidden {
+                message: "a member reads only their own logs".into(),
+            });
+        }
+        f.member_id = Some(actor.member.id);
+    }
+    if let Some(s) = &f.source
+        && !matches!(s.as_str(), "gateway" | "upstream")
+    {
+        return Err(ApiError::field("source", "source must be gateway or upstream"));
+    }
+    if f.limit.is_some_and(|l| !(1..=500).contains(&l)) {
+        return Err(ApiError::field("limit", "limit must be between 1 and 500"));
+    }
+    Ok(f)
+}
+
+/// `GET /admin/v1/logs`: newest first, filtered, one page; `next_cursor` fetches the next.
+pub async fn list(State(state): State<AppState>, actor: Actor, Params(f): Params<LogFilter>) -> AdminResult {
+    let page = request_log::query(&state.store, &scoped(&actor, f)?)
+        .await
+        .map_err(store_error)?;
+    Ok(Json(json!({"data": page.items, "next_cursor": page.next_cursor})).into_response())
+}
+
+/// `GET /admin/v1/logs/{request_id}`.
+pub async fn get(State(state): State<AppState>, actor: Actor, Path(request_id): Path<String>) -> AdminResult {
+    let r = request_log::by_request_id(&state.store, actor.workspace_id(), &request_id)
+        .await
+        .map_err(store_error)?
+        .filter(|r| actor.manages() || r.member_id == actor.member.id)
+        .ok_or(ApiError::NotFound { what: "request log" })?;
+    Ok(Json(r).into_response())
+}
+
+/// Rows at most in one CSV export.
+const EXPORT_MAX_ROWS: usize = 100_000;
+
+/// `GET /admin/v1/logs/export`: the filtered logs as CSV (at most 100,000 rows, newest first).
+pub async fn export(
+    State(state): State<AppState>,
+    actor: Actor,
+    Params(f): Params<LogFilter>,
+) -> AdminResult {
+    let mut f = scoped(&actor, f)?;
+    f.limit = Some(500);
+    let mut out = String::from(CSV_HEADER);
+    out.push('\n');
+    let mut rows = 0;
+    loop {
+        let page = request_log::query(&state.store, &f).await.map_err(store_error)?;
+        for r in &page.items {
+            csv_row(&mut out, r);
+            rows += 1;
+        }
+        match page.next_cursor {
+            Some(c) if rows < EXPORT_MAX_ROWS => f.cursor = Some(c),
+            _ => break,
+        }
+    }
+    Ok((
+        [
+            (header::CONTENT_TYPE, "text/csv; charset=utf-8"),
+            (
+                header::CONTENT_DISPOSITION,
+                "attachment; filename=\"aigw-logs.csv\"",
+            ),
+        ],
+        out,
+    )
+        .into_response())
+}
+
+const CSV_HEADER: &str = "id,request_id,ts,key_id,member_id,department_id,endpoint,model_requested,model_served,\
+upstream_id,attempts,status,code,source,explanation,stream,prompt_tokens,completion_tokens,total_tokens,credits,\
+usage_estimated,latency_ms,ttfb_ms,upstream_latency_ms,would_refuse";
+
+fn csv_row(out: &mut String, r: &LogRecord) {
+    let opt = |v: Option<i64>| v.map(|v| v.to_string()).unwrap_or_default();
+    let fields = [
+        r.id.to_string(),
+        csv_text(&r.request_id),
+        r.ts.to_string(),
+        r.key_id.to_string(),
+        r.member_id.to_string(),
+        opt(r.department_id),
+        csv_text(&r.endpoint),
+        csv_text(r.model_requested.as_deref().unwrap_or("")),
+        csv_text(r.model_served.as_deref().unwrap_or("")),
+        opt(r.upstream_id),
+        r.attempts.to_string(),
+        r.status.to_string(),
+        csv_text(r.code.as_deref().unwrap_or("")),
+        csv_text(r.source.as_deref().unwrap_or("")),
+        csv_text(&r.explanation),
+        r.stream.to_string(),
+        r.prompt_tokens.to_string(),
+        r.completion_tokens.to_string(),
+        r.total_tokens.to_string(),
+        r.credits.to_string(),
+        r.usage_estimated.to_string(),
+        r.latency_ms.to_string(),
+        opt(r.ttfb_ms),
+        opt(r.upstream_latency_ms),
+        csv_text(r.would_refuse.as_deref().unwrap_or("")),
+    ];
+    out.push_str(&fields.join(","));
+    out.push('\n');
+}
+
+/// RFC 4180 quoting; a leading `=`, `+`, `-` or `@` is prefixed with `'` so a spreadsheet does
+/// not run it as a formula.
+fn csv_text(v: &str) -> String {
+    let v = if v.starts_with(['=', '+', '-', '@']) {
+        format!("'{v}")
+    } else {
+        v.to_owned()
+    };
+    if v.contains([',', '"', '\n', '\r']) {
+        format!("\"{}\"", v.replace('"', "\"\""))
+    } else {
+        v
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UsageQuery {
+    #[serde(default)]
+    by: Option<String>,
+    /// Unix ms, inclusive; default 30 days before `to`.
+    #[serde(default)]
+    from: Option<i64>,
+    /// Unix ms, exclusive; default now.
+    #[serde(default)]
+    to: Option<i64>,
+}
+
+/// `GET /admin/v1/usage?by=day|key|member|dept|model&from&to`: requests, tokens and credits per
+/// group, from the request logs (a member: their own). Days are the workspace's calendar days
+/// (at its current UTC offset).
+pub async fn usage(
+    State(state): State<AppState>,
+    actor: Actor,
+    Params(q): Params<UsageQuery>,
+) -> AdminResult {
+    let by_name = q.by.as_deref().unwrap_or("day");
+    let by: UsageGrouping = by_name.parse().map_err(|m: String| ApiError::field("by", m))?;
+    let now = state.clock.now();
+    let to = q.to.unwrap_or(now.timestamp_millis() + 1);
+    let from = q.from.unwrap_or(to - 30 * 86_400_000);
+    if from >= to {
+        return Err(ApiError::field("from", "from must be before to"));
+    }
+    let ws = actor.workspace_id();
+    let tz = state.timezone_of(ws);
+    let offset_ms = i64::from(
+        tz.offset_from_utc_datetime(&now.naive_utc())
+            .fix()
+            .local_minus_utc(),
+    ) * 1000;
+    let member = (!actor.manages()).then_some(actor.member.id);
+    let rows = state
+        .store
+        .usage(ws, member, from, to, by, offset_ms)
+        .await
+        .map_err(store_error)?;
+    let store = &state.store;
+    let members: Vec<MemberRow> = store.rows_in(Table::Members, ws).await.map_err(store_error)?;
+    let keys: Vec<ApiKeyRow> = store.rows_in(Table::ApiKeys, ws).await.map_err(store_error)?;
+    let depts: Vec<Department> = store.rows_in(Table::Departments, ws).await.map_err(store_error)?;
+    let email = |id: i64| members.iter().find(|m| m.id == id).map(|m| m.email.clone());
+    let data: Vec<Value> = rows
+        .iter()
+        .map(|r| {
+            let id: Option<i64> = r.group_key.parse().ok();
+            let label = match by {
+                UsageGrouping::Day => id
+                    .and_then(|d| chrono::DateTime::from_timestamp(d * 86_400, 0))
+                    .map(|t| t.format("%Y-%m-%d").to_string()),
+                UsageGrouping::Key => id
+                    .and_then(|id| keys.iter().find(|k| k.id == id))
+                    .map(|k| format!("{}/{}", email(k.member_id).unwrap_or_default(), k.name)),
+                UsageGrouping::Member => id.and_then(email),
+                UsageGrouping::Dept => id
+                    .and_then(|id| depts.iter().find(|d| d.id == id))
+                    .map(|d| d.name.clone())
+                    .or(Some("(no department)".into())),
+                UsageGrouping::Model => Some(r.group_key.clone()),
+            };
+            json!({
+                "group": r.group_key,
+                "label": label.unwrap_or_else(|| r.group_key.clone()),
+                "requests": r.requests,
+                "prompt_tokens": r.prompt_tokens,
+                "completion_tokens": r.completion_tokens,
+                "total_tokens": r.total_tokens,
+                "credits": r.credits as f64 / crate::quota::MICROS_PER_CREDIT,
+            })
+        })
+        .collect();
+    Ok(Json(json!({"by": by_name, "from": from, "to": to, "data": data})).into_response())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuditQuery {
+    #[serde(default)]
+    cursor: Option<i64>,
+    #[serde(default)]
+    limit: Option<i64>,
+}
+
+/// `GET /admin/v1/audit`: who changed which guardrail, credential, key, member or model, when,
+/// from what to what; newest first.
+pub async fn audit(
+    State(state): State<AppState>,
+    actor: Actor,
+    Params(q): Params<AuditQuery>,
+) -> AdminResult {
+    let limit = q.limit.unwrap_or(50);
+    if !(1..=500).contains(&limit) {
+        return Err(ApiError::field("limit", "limit must be between 1 and 500"));
+    }
+    let mut rows = state
+        .store
+        .audit_page(actor.workspace_id(), q.cursor, limit + 1)
+        .await
+        .map_err(store_error)?;
+    let next_cursor = if rows.len() as i64 > limit {
+        rows.truncate(limit as usize);
+        rows.last().map(|r| r.id)
+    } else {
+        None
+    };
+    let parse = |v: &Option<String>| v.as_deref().and_then(|s| serde_json::from_str::<Value>(s).ok());
+    let data: Vec<Value> = rows
+        .iter()
+        .map(|r| {
+            json!({
+                "id": r.id,
+                "at": r.at,
+                "actor_id": r.actor_id,
+                "actor_email": r.actor_email,
+                "action": r.action,
+                "target_kind": r.target_kind,
+                "target_id": r.target_id,
+                "before": parse(&r.before_json),
+                "after": parse(&r.after_json),
+            })
+        })
+        .collect();
+    Ok(Json(json!({"data": data, "next_cursor": next_cursor})).into_response())
+}

@@ -1,0 +1,381 @@
+//! Guardrail quota policies (DESIGN.md §4) through the admin API, with who may set what:
+//! the owner any policy; an admin budgets on keys and limits on members whose role is `member`
+//! (no guardrail above its own); a member budgets on the keys they created, never on another's.
+
+use axum::Json;
+use axum::extract::State;
+use axum::response::IntoResponse;
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::session::Actor;
+use super::{AdminResult, Body, Id, audit, config_changed, created, no_content, store_error};
+use crate::app::AppState;
+use crate::error::ApiError;
+use crate::quota::engine::{PolicyRule, display_value};
+use crate::quota::window::{Window, format_reset_at};
+use crate::quota::{Metric, Mode, SubjectKind, credits_to_micros};
+use crate::store::{
+    AdminStore, ApiKeyRow, Department, MemberRow, PolicyRow, PolicyStore, Role, Table, WorkspaceStore,
+};
+
+/// The workspace's members, keys and departments: what policies name.
+struct Names {
+    workspace: String,
+    members: Vec<MemberRow>,
+    keys: Vec<ApiKeyRow>,
+    departments: Vec<Department>,
+}
+
+impl Names {
+    async fn load(state: &AppState, ws: i64) -> AdminResult<Names> {
+        let store = &state.store;
+        Ok(Names {
+            workspace: store
+                .workspace(ws)
+                .await
+                .map_err(store_error)?
+                .map(|w| w.name)
+                .unwrap_or_default(),
+            members: store.rows_in(Table::Members, ws).await.map_err(store_error)?,
+            keys: store.rows_in(Table::ApiKeys, ws).await.map_err(store_error)?,
+            departments: store.rows_in(Table::Departments, ws).await.map_err(store_error)?,
+        })
+    }
+
+    fn member(&self, id: i64) -> Option<&MemberRow> {
+        self.members.iter().find(|m| m.id == id)
+    }
+
+    fn key(&self, id: i64) -> Option<&ApiKeyRow> {
+        self.keys.iter().find(|k| k.id == id)
+    }
+
+    /// How the console names a policy's target.
+    fn label(&self, p: &PolicyRow) -> String {
+        if p.target_id == 0 {
+            return "*".into();
+        }
+        match p.subject.as_str() {
+            "apikey" => self.key(p.target_id).map_or_else(String::new, |k| {
+                let email = self.member(k.member_id).map_or("", |m| m.email.as_str());
+                format!("{email}/{}", k.name)
+            }),
+            "member" => self
+                .member(p.target_id)
+                .map(|m| m.email.clone())
+                .unwrap_or_default(),
+            "dept" => self
+                .departments
+                .iter()
+                .find(|d| d.id == p.target_id)
+                .map(|d| d.name.clone())
+                .unwrap_or_default(),
+            _ => self.workspace.clone(),
+        }
+    }
+}
+
+/// Whether `actor` may see, set, change or delete policy `p` (kind and target as stored).
+fn may_manage(actor: &Actor, names: &Names, p: &PolicyRow) -> bool {
+    match actor.role() {
+        Role::Owner => true,
+        Role::Admin => match p.subject.as_str() {
+            "apikey" => p.target_id != 0,
+            "member" => names
+                .member(p.target_id)
+                .is_some_and(|m| m.role() == Role::Member),
+            _ => false,
+        },
+        Role::Member => {
+            p.subject == "apikey"
+                && names
+                    .key(p.target_id)
+                    .is_some_and(|k| k.created_by == Some(actor.member.id))
+        }
+    }
+}
+
+/// Whether `actor` may read policy `p`: managers read every policy of the workspace.
+fn may_read(actor: &Actor, names: &Names, p: &PolicyRow) -> bool {
+    actor.manages() || may_manage(actor, names, p)
+}
+
+async fn policy_json(state: &AppState, names: &Names, p: &PolicyRow) -> AdminResult<Value> {
+    let metric: Metric = p.metric.parse().unwrap_or(Metric::Requests);
+    let mut v = json!({
+        "id": p.id,
+        "subject": p.subject,
+        "target_id": (p.target_id != 0).then_some(p.target_id),
+        "target": names.label(p),
+        "department_id": (p.scope_department_id != 0).then_some(p.scope_department_id),
+        "metric": p.metric,
+        "window": p.time_window,
+        "limit": display_value(metric, p.limit_value),
+        "mode": p.mode,
+        "used": null,
+        "remaining": null,
+        "reset_at": null,
+        "created_by": p.created_by,
+        "created_at": p.created_at,
+        "updated_at": p.updated_at,
+    });
+    // One named subject has one counter to show; "each" has one per subject.
+    if let Some(rule) = PolicyRule::from_row(p).filter(|r| r.target_id != 0) {
+        let tz = state.timezone_of(p.workspace_id);
+        let s = state
+            .quota
+            .standing(&state.store, &rule, rule.target_id, state.clock.now(), tz)
+            .await
+            .map_err(store_error)?;
+        v["used"] = display_value(metric, s.used);
+        v["remaining"] = display_value(metric, s.remaining(0));
+        v["reset_at"] = json!(s.reset_at.as_ref().map(format_reset_at));
+    }
+    Ok(v)
+}
+
+/// `GET /admin/v1/policies`: every policy the actor may read, with current usage.
+pub async fn list(State(state): State<AppState>, actor: Actor) -> AdminResult {
+    let names = Names::load(&state, actor.workspace_id()).await?;
+    let rows: Vec<PolicyRow> = state
+        .store
+        .rows_in(Table::Policies, actor.workspace_id())
+        .await
+        .map_err(store_error)?;
+    let mut data = Vec::new();
+    for p in rows.iter().filter(|p| may_read(&actor, &names, p)) {
+        data.push(policy_json(&state, &names, p).await?);
+    }
+    Ok(Json(json!({ "data": data })).into_response())
+}
+
+async fn visible(state: &AppState, actor: &Actor, names: &Names, id: i64) -> AdminResult<PolicyRow> {
+    let p: Option<PolicyRow> = state
+        .store
+        .row_in(Table::Policies, actor.workspace_id(), id)
+        .await
+        .map_err(store_error)?;
+    p.filter(|p| may_read(actor, names, p))
+        .ok_or(ApiError::NotFound { what: "policy" })
+}
+
+/// `GET /admin/v1/policies/{id}`.
+pub async fn get(State(state): State<AppState>, actor: Actor, Id(id): Id) -> AdminResult {
+    let names = Names::load(&state, actor.workspace_id()).await?;
+    let p = visible(&state, &actor, &names, id).await?;
+    Ok(Json(policy_json(&state, &names, &p).await?).into_response())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NewPolicy {
+    subject: String,
+    /// The one subject; null or absent: each subject of that kind.
+    #[serde(default)]
+    target_id: Option<i64>,
+    /// With "each": only inside this department.
+    #[serde(default)]
+    department_id: Option<i64>,
+    metric: String,
+    window: String,
+    limit: f64,
+    #[serde(default)]
+    mode: Option<String>,
+}
+
+fn parse_limit(metric: Metric, limit: f64) -> AdminResult<i64> {
+    if !(limit.is_finite() && limit >= 0.0 && limit < 9.0e15) {
+        return Err(ApiError::field("limit", "limit must be a non-negative number"));
+    }
+    if metric == Metric::Credits {
+        return Ok(credits_to_micros(limit));
+    }
+    if limit.fract() != 0.0 {
+        return Err(ApiError::field(
+            "limit",
+            format!("limit of {} must be a whole number", metric.as_str()),
+        ));
+    }
+    Ok(limit as i64)
+}
+
+fn parse_mode(mode: Option<&str>) -> AdminResult<Mode> {
+    mode.unwrap_or("enforce")
+        .parse()
+        .map_err(|m: String| ApiError::field("mode", m))
+}
+
+/// `POST /admin/v1/policies`.
+pub async fn create(State(state): State<AppState>, actor: Actor, Body(req): Body<NewPolicy>) -> AdminResult {
+    let subject: SubjectKind = req
+        .subject
+        .parse()
+        .map_err(|m: String| ApiError::field("subject", m))?;
+    let metric: Metric = req
+        .metric
+        .parse()
+        .map_err(|m: String| ApiError::field("metric", m))?;
+    let window: Window = req
+        .window
+        .parse()
+        .map_err(|e: crate::quota::window::WindowParseError| ApiError::field("window", e.to_string()))?;
+    let limit = parse_limit(metric, req.limit)?;
+    let mode = parse_mode(req.mode.as_deref())?;
+    let ws = actor.workspace_id();
+    let names = Names::load(&state, ws).await?;
+    let target_id = match (subject, req.target_id) {
+        // The workspace is one subject whichever way it is named.
+        (SubjectKind::Ws, None) => ws,
+        (_, None) => 0,
+        (_, Some(id)) => id,
+    };
+    if target_id != 0 {
+        if req.department_id.is_some() {
+            return Err(ApiError::field(
+                "department_id",
+                "department_id only narrows \"each\" (target_id null)",
+            ));
+        }
+        let exists = match subject {
+            SubjectKind::Apikey => names
+                .key(target_id)
+                .is_some_and(|k| actor.manages() || k.created_by == Some(actor.member.id)),
+            SubjectKind::Member => names.member(target_id).is_some(),
+            SubjectKind::Dept => names.departments.iter().any(|d| d.id == target_id),
+            SubjectKind::Ws => target_id == ws,
+        };
+        if !exists {
+            return Err(ApiError::field(
+                "target_id",
+                format!(
+                    "{} {target_id} does not exist in this workspace",
+                    subject.as_str()
+                ),
+            ));
+        }
+    } else if let Some(d) = req.department_id {
+        if !matches!(subject, SubjectKind::Apikey | SubjectKind::Member) {
+            return Err(ApiError::field(
+                "department_id",
+                "department_id narrows only apikey and member policies",
+            ));
+        }
+        if !names.departments.iter().any(|x| x.id == d) {
+            return Err(ApiError::field(
+                "department_id",
+                format!("department {d} does not exist in this workspace"),
+            ));
+        }
+    }
+    let now = state.clock.now_ms();
+    let mut row = PolicyRow {
+        id: 0,
+        workspace_id: ws,
+        subject: subject.as_str().to_owned(),
+        target_id,
+        scope_department_id: req.department_id.unwrap_or(0),
+        metric: metric.as_str().to_owned(),
+        time_window: window.to_string(),
+        limit_value: limit,
+        mode: mode.as_str().to_owned(),
+        created_by: Some(actor.member.id),
+        created_at: now,
+        updated_at: now,
+    };
+    if !may_manage(&actor, &names, &row) {
+        return Err(ApiError::Forbidden {
+            message: match actor.role() {
+                Role::Member => "a member sets budgets only on the API keys they created".into(),
+                _ => "an admin sets policies only on API keys and on members whose role is member; \
+                      department, workspace and \"each\" guardrails are the owner's"
+                    .into(),
+            },
+        });
+    }
+    row.id = state.store.save_policy(&row).await.map_err(store_error)?;
+    config_changed(&state).await?;
+    let body = policy_json(&state, &names, &row).await?;
+    audit(
+        &state,
+        &actor,
+        "create",
+        "policy",
+        row.id,
+        None,
+        Some(body.clone()),
+    )
+    .await;
+    Ok(created(body))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PolicyPatch {
+    #[serde(default)]
+    limit: Option<f64>,
+    #[serde(default)]
+    mode: Option<String>,
+}
+
+/// `PATCH /admin/v1/policies/{id}` `{limit?, mode?}`: usage is kept (counters belong to the
+/// subject, metric and window, not to the policy); a limit below current usage refuses at once.
+pub async fn update(
+    State(state): State<AppState>,
+    actor: Actor,
+    Id(id): Id,
+    Body(req): Body<PolicyPatch>,
+) -> AdminResult {
+    let names = Names::load(&state, actor.workspace_id()).await?;
+    let before = visible(&state, &actor, &names, id).await?;
+    if !may_manage(&actor, &names, &before) {
+        return Err(ApiError::Forbidden {
+            message: "you may read this policy but not change it".into(),
+        });
+    }
+    let metric: Metric = before.metric.parse().unwrap_or(Metric::Requests);
+    let mut after = before.clone();
+    if let Some(limit) = req.limit {
+        after.limit_value = parse_limit(metric, limit)?;
+    }
+    if req.mode.is_some() {
+        after.mode = parse_mode(req.mode.as_deref())?.as_str().to_owned();
+    }
+    after.updated_at = state.clock.now_ms();
+    after.created_by = Some(actor.member.id);
+    state.store.save_policy(&after).await.map_err(store_error)?;
+    config_changed(&state).await?;
+    let before_json = policy_json(&state, &names, &before).await?;
+    let after_json = policy_json(&state, &names, &after).await?;
+    audit(
+        &state,
+        &actor,
+        "update",
+        "policy",
+        id,
+        Some(before_json),
+        Some(after_json.clone()),
+    )
+    .await;
+    Ok(Json(after_json).into_response())
+}
+
+/// `DELETE /admin/v1/policies/{id}`: usage counters stay (a policy recreated later sees them).
+pub async fn delete(State(state): State<AppState>, actor: Actor, Id(id): Id) -> AdminResult {
+    let names = Names::load(&state, actor.workspace_id()).await?;
+    let before = visible(&state, &actor, &names, id).await?;
+    if !may_manage(&actor, &names, &before) {
+        return Err(ApiError::Forbidden {
+            message: "you may read this policy but not delete it".into(),
+        });
+    }
+    let before_json = policy_json(&state, &names, &before).await?;
+    state
+        .store
+        .delete_in(Table::Policies, actor.workspace_id(), id)
+        .await
+        .map_err(store_error)?;
+    config_changed(&state).await?;
+    audit(&state, &actor, "delete", "policy", id, Some(before_json), None).await;
+    Ok(no_content())
+}

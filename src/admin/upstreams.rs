@@ -1,0 +1,418 @@
+//! Upstream credentials (DESIGN.md §3, §6): the secret is write-only (sealed at rest, never
+//! returned, never logged); each credential shows its running locks and counts down to the end
+//! of the latest one; a connection test that succeeds clears every lock and the banned mark.
+
+use axum::Json;
+use axum::extract::State;
+use axum::response::IntoResponse;
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::session::Actor;
+use super::{
+    AdminResult, Body, Id, audit, config_changed, created, double_option, name_field, no_content, rfc3339,
+    store_error,
+};
+use crate::app::AppState;
+use crate::error::ApiError;
+use crate::store::{AdminStore, ServedModel, Table, UpstreamRow, UpstreamStore};
+use crate::upstream::Provider;
+
+/// The credential as the API shows it: everything but the secret, with its locks.
+fn upstream_json(state: &AppState, up: &UpstreamRow) -> Value {
+    let now = state.clock.now_ms();
+    let mut locks = state.locks.of(up.id, now);
+    locks.sort_by_key(|(_, until, _)| *until);
+    let resumes_at = locks.last().map(|(_, until, _)| *until);
+    json!({
+        "id": up.id,
+        "name": up.name,
+        "provider": up.provider,
+        "base_url": up.base_url,
+        "models": up.served_models(),
+        "priority": up.priority,
+        "weight": up.weight,
+        "max_in_flight": up.max_in_flight,
+        "limits": {
+            "requests_per_minute": up.requests_per_minute,
+            "tokens_per_minute": up.tokens_per_minute,
+            "requests_per_day": up.requests_per_day,
+        },
+        "quota_group": up.quota_group,
+        "enabled": up.enabled == 1,
+        "banned": state.locks.is_banned(up.id),
+        "backoff_level": state.locks.backoff_level(up.id),
+        "locks": locks.iter().map(|(target, until, rule)| json!({
+            "target": target,
+            "rule": rule,
+            "until": rfc3339(*until),
+            "seconds_left": (until - now + 999).div_euclid(1000),
+        })).collect::<Vec<_>>(),
+        "resumes_at": resumes_at.and_then(rfc3339),
+        "created_at": up.created_at,
+        "updated_at": up.updated_at,
+    })
+}
+
+async fn upstream_in(state: &AppState, actor: &Actor, id: i64) -> AdminResult<UpstreamRow> {
+    state
+        .store
+        .row_in(Table::Upstreams, actor.workspace_id(), id)
+        .await
+        .map_err(store_error)?
+        .ok_or(ApiError::NotFound { what: "upstream" })
+}
+
+/// `GET /admin/v1/upstreams`.
+pub async fn list(State(state): State<AppState>, actor: Actor) -> AdminResult {
+    let rows: Vec<UpstreamRow> = state
+        .store
+        .rows_in(Table::Upstreams, actor.workspace_id())
+        .await
+        .map_err(store_error)?;
+    let data: Vec<Value> = rows.iter().map(|u| upstream_json(&state, u)).collect();
+    Ok(Json(json!({ "data": data })).into_response())
+}
+
+/// `GET /admin/v1/upstreams/{id}`: the credential with its running locks — what is parked, by
+/// which rule, until when, time left — and `resumes_at`, the end of the latest running lock (the
+/// countdown, as kRouter shows it).
+pub async fn get(State(state): State<AppState>, actor: Actor, Id(id): Id) -> AdminResult {
+    let up = upstream_in(&state, &actor, id).await?;
+    Ok(Json(upstream_json(&state, &up)).into_response())
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+pub enum ModelInput {
+    Same(String),
+    Mapped {
+        name: String,
+        #[serde(default)]
+        upstream: Option<String>,
+    },
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsInput {
+    #[serde(default)]
+    requests_per_minute: Option<i64>,
+    #[serde(default)]
+    tokens_per_minute: Option<i64>,
+    #[serde(default)]
+    requests_per_day: Option<i64>,
+}
+
+/// A credential to create (name, provider and api_key required) or the fields to change.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpstreamInput {
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    provider: Option<String>,
+    #[serde(default)]
+    base_url: Option<String>,
+    /// Write-only.
+    #[serde(default)]
+    api_key: Option<String>,
+    #[serde(default)]
+    models: Option<Vec<ModelInput>>,
+    #[serde(default)]
+    priority: Option<i64>,
+    #[serde(default)]
+    weight: Option<i64>,
+    #[serde(default)]
+    max_in_flight: Option<i64>,
+    #[serde(default)]
+    limits: Option<LimitsInput>,
+    #[serde(default, with = "double_option")]
+    quota_group: Option<Option<String>>,
+    #[serde(default)]
+    enabled: Option<bool>,
+}
+
+/// Applies `input` over `row` (a new row for create), checking every field; returns whether the
+/// secret changed.
+fn apply(state: &AppState, row: &mut UpstreamRow, input: UpstreamInput, creating: bool) -> AdminResult<bool> {
+    if let Some(n) = &input.name {
+        row.name = name_field("name", n)?;
+    } else if creating {
+        return Err(ApiError::field("name", "name is required"));
+    }
+    let provider: Provider = match (&input.provider, creating) {
+        (Some(p), _) => p.parse().map_err(|m: String| ApiError::field("provider", m))?,
+        (None, true) => return Err(ApiError::field("provider", "provider is required")),
+        (None, false) => row
+            .provider
+            .parse()
+            .map_err(|m: String| ApiError::field("provider", m))?,
+    };
+    row.provider = provider.as_str().to_owned();
+    match (&input.base_url, provider.default_base_url()) {
+        (Some(b), _) => row.base_url = b.trim().trim_end_matches('/').to_owned(),
+        (None, Some(d)) if creating || input.provider.is_some() => row.base_url = d.to_owned(),
+        (None, None) if creating => {
+            return Err(ApiError::field(
+                "base_url",
+                "base_url is required for provider \"openai-compatible\"",
+            ));
+        }
+        _ => {}
+    }
+    let url_ok = (row.base_url.starts_with("http://") || row.base_url.starts_with("https://"))
+        && row.base_url.len() <= 2000
+        && !row.base_url.chars().any(|c| c.is_whitespace() || c.is_control());
+    if !url_ok {
+        return Err(ApiError::field(
+            "base_url",
+            "base_url must be an http:// or https:// URL",
+        ));
+    }
+    let mut secret_changed = false;
+    match &input.api_key {
+        Some(k) if k.trim().is_empty() || k.len() > 4096 || k.chars().any(char::is_control) => {
+            return Err(ApiError::field(
+                "api_key",
+                "api_key must be 1 to 4096 printable characters",
+            ));
+        }
+        Some(k) => {
+            let same =
+                !creating && state.master_key.open(&row.secret_sealed).ok().as_deref() == Some(k.as_str());
+            if !same {
+                row.secret_sealed = state.master_key.seal(k);
+                secret_changed = !creating;
+            }
+        }
+        None if creating => return Err(ApiError::field("api_key", "api_key is required")),
+        None => {}
+    }
+    if let Some(models) = input.models {
+        let mut served: Vec<ServedModel> = Vec::with_capacity(models.len());
+        for m in models {
+            let (name, upstream) = match m {
+                ModelInput::Same(n) => (n.clone(), n),
+                ModelInput::Mapped { name, upstream } => (name.clone(), upstream.unwrap_or(name)),
+            };
+            let name = name_field("models", &name)?;
+            let upstream = name_field("models", &upstream)?;
+            if served.iter().any(|s| s.name == name) {
+                return Err(ApiError::field(
+                    "models",
+                    format!("model {name:?} is listed twice"),
+                ));
+            }
+            served.push(ServedModel { name, upstream });
+        }
+        row.models = serde_json::to_string(&served).map_err(|_| ApiError::Internal)?;
+    }
+    for (field, value, min, target) in [
+        ("priority", input.priority, 0, &mut row.priority),
+        ("weight", input.weight, 1, &mut row.weight),
+        ("max_in_flight", input.max_in_flight, 1, &mut row.max_in_flight),
+    ] {
+        if let Some(v) = value {
+            if !(min..=1_000_000).contains(&v) {
+                return Err(ApiError::field(
+                    field,
+                    format!("{field} must be between {min} and 1000000"),
+                ));
+            }
+            *target = v;
+        }
+    }
+    if let Some(l) = input.limits {
+        for (field, v) in [
+            ("limits.requests_per_minute", l.requests_per_minute),
+            ("limits.tokens_per_minute", l.tokens_per_minute),
+            ("limits.requests_per_day", l.requests_per_day),
+        ] {
+            if v.is_some_and(|v| v < 1) {
+                return Err(ApiError::field(
+                    field,
+                    format!("{field} must be at least 1, or null for none"),
+                ));
+            }
+        }
+        row.requests_per_minute = l.requests_per_minute;
+        row.tokens_per_minute = l.tokens_per_minute;
+        row.requests_per_day = l.requests_per_day;
+    }
+    if let Some(g) = input.quota_group {
+        row.quota_group = match g {
+            Some(g) if !g.trim().is_empty() => Some(name_field("quota_group", &g)?),
+            _ => None,
+        };
+    }
+    if let Some(e) = input.enabled {
+        row.enabled = i64::from(e);
+    }
+    Ok(secret_changed)
+}
+
+/// `POST /admin/v1/upstreams`.
+pub async fn create(
+    State(state): State<AppState>,
+    actor: Actor,
+    Body(input): Body<UpstreamInput>,
+) -> AdminResult {
+    let now = state.clock.now_ms();
+    let mut row = UpstreamRow {
+        id: 0,
+        workspace_id: actor.workspace_id(),
+        name: String::new(),
+        provider: String::new(),
+        base_url: String::new(),
+        secret_sealed: String::new(),
+        models: "[]".into(),
+        priority: 0,
+        weight: 1,
+        max_in_flight: 64,
+        requests_per_minute: None,
+        tokens_per_minute: None,
+        requests_per_day: None,
+        quota_group: None,
+        enabled: 1,
+        created_at: now,
+        updated_at: now,
+    };
+    apply(&state, &mut row, input, true)?;
+    row.id = state.store.save_upstream(&row).await.map_err(store_error)?;
+    config_changed(&state).await?;
+    let body = upstream_json(&state, &row);
+    audit(
+        &state,
+        &actor,
+        "create",
+        "upstream",
+        row.id,
+        None,
+        Some(body.clone()),
+    )
+    .await;
+    Ok(created(body))
+}
+
+/// `PATCH /admin/v1/upstreams/{id}`: a new `api_key` clears the per-model locks and the backoff,
+/// not the account holds (kRouter).
+pub async fn update(
+    State(state): State<AppState>,
+    actor: Actor,
+    Id(id): Id,
+    Body(input): Body<UpstreamInput>,
+) -> AdminResult {
+    let before = upstream_in(&state, &actor, id).await?;
+    let mut row = before.clone();
+    let secret_changed = apply(&state, &mut row, input, false)?;
+    row.updated_at = state.clock.now_ms();
+    state.store.save_upstream(&row).await.map_err(store_error)?;
+    if secret_changed {
+        crate::upstream::locks::clear_model_locks(&state.store, id)
+            .await
+            .map_err(store_error)?;
+    }
+    config_changed(&state).await?;
+    let after = upstream_json(&state, &row);
+    let mut before_json = upstream_json(&state, &before);
+    if secret_changed {
+        before_json["api_key"] = json!("(replaced)");
+    }
+    audit(
+        &state,
+        &actor,
+        "update",
+        "upstream",
+        id,
+        Some(before_json),
+        Some(after.clone()),
+    )
+    .await;
+    Ok(Json(after).into_response())
+}
+
+/// `DELETE /admin/v1/upstreams/{id}`.
+pub async fn delete(State(state): State<AppState>, actor: Actor, Id(id): Id) -> AdminResult {
+    let before = upstream_in(&state, &actor, id).await?;
+    let before_json = upstream_json(&state, &before);
+    state
+        .store
+        .delete_in(Table::Upstreams, actor.workspace_id(), id)
+        .await
+        .map_err(store_error)?;
+    crate::upstream::locks::clear(&state.store, id)
+        .await
+        .map_err(store_error)?;
+    config_changed(&state).await?;
+    audit(&state, &actor, "delete", "upstream", id, Some(before_json), None).await;
+    Ok(no_content())
+}
+
+/// `POST /admin/v1/upstreams/{id}/test`: sends a minimal real request (one token) with the
+/// credential; a success clears every lock, the backoff and the banned mark, on every gateway.
+pub async fn test(State(state): State<AppState>, actor: Actor, Id(id): Id) -> AdminResult {
+    let up = upstream_in(&state, &actor, id).await?;
+    let Ok(secret) = state.master_key.open(&up.secret_sealed) else {
+        return Err(ApiError::Conflict {
+            message: "this upstream's secret cannot be decrypted with the current master key; set its api_key again"
+                .into(),
+        });
+    };
+    let Some(model) = up.served_models().into_iter().next() else {
+        return Err(ApiError::Conflict {
+            message: "this upstream serves no model to test with; add one to its models".into(),
+        });
+    };
+    let anthropic = up.provider == "anthropic";
+    let base = up.base_url.trim_end_matches('/');
+    let body =
+        json!({"model": model.upstream, "max_tokens": 1, "messages": [{"role": "user", "content": "ping"}]});
+    let req = if anthropic {
+        state
+            .http
+            .post(format!("{base}/messages"))
+            .header("x-api-key", secret)
+            .header("anthropic-version", "2023-06-01")
+    } else {
+        state
+            .http
+            .post(format!("{base}/chat/completions"))
+            .bearer_auth(secret)
+    };
+    let started = std::time::Instant::now();
+    let result = tokio::time::timeout(std::time::Duration::from_secs(30), req.json(&body).send()).await;
+    let latency_ms = started.elapsed().as_millis() as u64;
+    let outcome = match result {
+        Ok(Ok(r)) if r.status().is_success() => {
+            state.locks.clear(up.id);
+            crate::upstream::locks::clear(&state.store, up.id)
+                .await
+                .map_err(store_error)?;
+            config_changed(&state).await?;
+            json!({"ok": true, "status": r.status().as_u16(), "latency_ms": latency_ms, "cleared": true})
+        }
+        Ok(Ok(r)) => {
+            let status = r.status().as_u16();
+            let text = r.text().await.unwrap_or_default();
+            let excerpt: String = text.chars().take(500).collect();
+            json!({"ok": false, "status": status, "latency_ms": latency_ms, "cleared": false, "error": excerpt})
+        }
+        Ok(Err(e)) => json!({"ok": false, "status": null, "latency_ms": latency_ms, "cleared": false,
+            "error": format!("request failed: {}", e.without_url())}),
+        Err(_) => {
+            json!({"ok": false, "status": null, "latency_ms": latency_ms, "cleared": false, "error": "timed out after 30 s"})
+        }
+    };
+    audit(
+        &state,
+        &actor,
+        "test",
+        "upstream",
+        id,
+        None,
+        Some(outcome.clone()),
+    )
+    .await;
+    Ok(Json(outcome).into_response())
+}

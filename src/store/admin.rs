@@ -1,0 +1,299 @@
+//! What the admin API reads and writes beyond the request path's needs: rows addressed by id
+//! inside one workspace (an id of another workspace reads as absent, so the API answers 404 and
+//! leaks nothing), the audit log, and usage aggregates over the request logs.
+
+use serde::Serialize;
+
+use super::{AuditRow, SqlBuilder, Store, StoreResult};
+
+/// The tables the admin API addresses by id inside a workspace.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Table {
+    /// `departments`.
+    Departments,
+    /// `members`.
+    Members,
+    /// `api_keys`.
+    ApiKeys,
+    /// `upstreams`.
+    Upstreams,
+    /// `models`.
+    Models,
+    /// `policies`.
+    Policies,
+}
+
+impl Table {
+    fn name(self) -> &'static str {
+        match self {
+            Table::Departments => "departments",
+            Table::Members => "members",
+            Table::ApiKeys => "api_keys",
+            Table::Upstreams => "upstreams",
+            Table::Models => "models",
+            Table::Policies => "policies",
+        }
+    }
+}
+
+/// A change to record in the audit log.
+#[derive(Clone, Debug)]
+pub struct AuditEntry<'a> {
+    /// Workspace.
+    pub workspace_id: i64,
+    /// Unix ms.
+    pub at: i64,
+    /// Who.
+    pub actor_id: i64,
+    /// Their email.
+    pub actor_email: &'a str,
+    /// What they did.
+    pub action: &'a str,
+    /// To what kind of thing.
+    pub target_kind: &'a str,
+    /// Its id.
+    pub target_id: i64,
+    /// Before (no secrets).
+    pub before: Option<serde_json::Value>,
+    /// After (no secrets).
+    pub after: Option<serde_json::Value>,
+}
+
+/// Usage over the request logs, grouped one way.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UsageGrouping {
+    /// By calendar day in the workspace's zone.
+    Day,
+    /// By API key.
+    Key,
+    /// By member.
+    Member,
+    /// By department.
+    Dept,
+    /// By model served (or asked, when nothing served).
+    Model,
+}
+
+impl std::str::FromStr for UsageGrouping {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Ok(match s {
+            "day" => UsageGrouping::Day,
+            "key" => UsageGrouping::Key,
+            "member" => UsageGrouping::Member,
+            "dept" => UsageGrouping::Dept,
+            "model" => UsageGrouping::Model,
+            other => {
+                return Err(format!(
+                    "unknown grouping {other:?} (expected day, key, member, dept or model)"
+                ));
+            }
+        })
+    }
+}
+
+/// One group of a usage aggregate.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, sqlx::FromRow)]
+pub struct UsageRow {
+    /// The group: a day (`YYYY-MM-DD`), an id, or a model name.
+    pub group_key: String,
+    /// Requests.
+    pub requests: i64,
+    /// Prompt tokens.
+    pub prompt_tokens: i64,
+    /// Completion tokens.
+    pub completion_tokens: i64,
+    /// Total tokens.
+    pub total_tokens: i64,
+    /// Micro-credits.
+    pub credits: i64,
+}
+
+/// Admin reads and writes.
+#[expect(
+    async_fn_in_trait,
+    reason = "one concrete implementor, always called directly"
+)]
+pub trait AdminStore {
+    /// The row `id` of `table` if it belongs to `workspace_id`.
+    async fn row_in<T>(&self, table: Table, workspace_id: i64, id: i64) -> StoreResult<Option<T>>
+    where
+        T: for<'r> sqlx::FromRow<'r, sqlx::any::AnyRow> + Send + Unpin;
+    /// Every row of `table` in `workspace_id`, by id.
+    async fn rows_in<T>(&self, table: Table, workspace_id: i64) -> StoreResult<Vec<T>>
+    where
+        T: for<'r> sqlx::FromRow<'r, sqlx::any::AnyRow> + Send + Unpin;
+    /// Deletes row `id` of `table` if it belongs to `workspace_id`; whether it did.
+    async fn delete_in(&self, table: Table, workspace_id: i64, id: i64) -> StoreResult<bool>;
+    /// Renames a department.
+    async fn rename_department(&self, id: i64, name: &str) -> StoreResult<()>;
+    /// Activates or deactivates a member; deactivation also revokes their tokens.
+    async fn set_member_active(&self, id: i64, active: bool) -> StoreResult<()>;
+    /// Revokes every token of a member (sign-out, password change).
+    async fn bump_session_epoch(&self, id: i64) -> StoreResult<()>;
+    /// Records a change.
+    async fn audit(&self, e: &AuditEntry<'_>) -> StoreResult<()>;
+    /// A page of the audit log, newest first, ids below `cursor`.
+    async fn audit_page(
+        &self,
+        workspace_id: i64,
+        cursor: Option<i64>,
+        limit: i64,
+    ) -> StoreResult<Vec<AuditRow>>;
+    /// Usage of a workspace between two instants, grouped; optionally one member's only.
+    /// `offset_ms` shifts timestamps into the workspace's zone for day grouping.
+    async fn usage(
+        &self,
+        workspace_id: i64,
+        member_id: Option<i64>,
+        from_ms: i64,
+        to_ms: i64,
+        by: UsageGrouping,
+        offset_ms: i64,
+    ) -> StoreResult<Vec<UsageRow>>;
+}
+
+impl AdminStore for Store {
+    async fn row_in<T>(&self, table: Table, workspace_id: i64, id: i64) -> StoreResult<Option<T>>
+    where
+        T: for<'r> sqlx::FromRow<'r, sqlx::any::AnyRow> + Send + Unpin,
+    {
+        let sql = format!(
+            "SELECT * FROM {} WHERE id = $1 AND workspace_id = $2",
+            table.name()
+        );
+        Ok(sqlx::query_as(&sql)
+            .bind(id)
+            .bind(workspace_id)
+            .fetch_optional(self.pool())
+            .await?)
+    }
+
+    async fn rows_in<T>(&self, table: Table, workspace_id: i64) -> StoreResult<Vec<T>>
+    where
+        T: for<'r> sqlx::FromRow<'r, sqlx::any::AnyRow> + Send + Unpin,
+    {
+        let sql = format!(
+            "SELECT * FROM {} WHERE workspace_id = $1 ORDER BY id",
+            table.name()
+        );
+        Ok(sqlx::query_as(&sql)
+            .bind(workspace_id)
+            .fetch_all(self.pool())
+            .await?)
+    }
+
+    async fn delete_in(&self, table: Table, workspace_id: i64, id: i64) -> StoreResult<bool> {
+        let sql = format!("DELETE FROM {} WHERE id = $1 AND workspace_id = $2", table.name());
+        let r = sqlx::query(&sql)
+            .bind(id)
+            .bind(workspace_id)
+            .execute(self.pool())
+            .await?;
+        Ok(r.rows_affected() > 0)
+    }
+
+    async fn rename_department(&self, id: i64, name: &str) -> StoreResult<()> {
+        sqlx::query("UPDATE departments SET name = $1 WHERE id = $2")
+            .bind(name)
+            .bind(id)
+            .execute(self.pool())
+            .await?;
+        Ok(())
+    }
+
+    async fn set_member_active(&self, id: i64, active: bool) -> StoreResult<()> {
+        sqlx::query("UPDATE members SET active = $1, session_epoch = session_epoch + 1 WHERE id = $2")
+            .bind(i64::from(active))
+            .bind(id)
+            .execute(self.pool())
+            .await?;
+        Ok(())
+    }
+
+    async fn bump_session_epoch(&self, id: i64) -> StoreResult<()> {
+        sqlx::query("UPDATE members SET session_epoch = session_epoch + 1 WHERE id = $1")
+            .bind(id)
+            .execute(self.pool())
+            .await?;
+        Ok(())
+    }
+
+    async fn audit(&self, e: &AuditEntry<'_>) -> StoreResult<()> {
+        sqlx::query(
+            "INSERT INTO audit_log (workspace_id, at, actor_id, actor_email, action, target_kind, target_id,
+               before_json, after_json) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+        )
+        .bind(e.workspace_id)
+        .bind(e.at)
+        .bind(e.actor_id)
+        .bind(e.actor_email)
+        .bind(e.action)
+        .bind(e.target_kind)
+        .bind(e.target_id)
+        .bind(e.before.as_ref().map(|v| v.to_string()))
+        .bind(e.after.as_ref().map(|v| v.to_string()))
+        .execute(self.pool())
+        .await?;
+        Ok(())
+    }
+
+    async fn audit_page(
+        &self,
+        workspace_id: i64,
+        cursor: Option<i64>,
+        limit: i64,
+    ) -> StoreResult<Vec<AuditRow>> {
+        Ok(sqlx::query_as(
+            "SELECT * FROM audit_log WHERE workspace_id = $1 AND id < $2 ORDER BY id DESC LIMIT $3",
+        )
+        .bind(workspace_id)
+        .bind(cursor.unwrap_or(i64::MAX))
+        .bind(limit)
+        .fetch_all(self.pool())
+        .await?)
+    }
+
+    async fn usage(
+        &self,
+        workspace_id: i64,
+        member_id: Option<i64>,
+        from_ms: i64,
+        to_ms: i64,
+        by: UsageGrouping,
+        offset_ms: i64,
+    ) -> StoreResult<Vec<UsageRow>> {
+        // The day of a row in the workspace's zone is its shifted time divided by a day; the
+        // handler turns that day number into a date.
+        let group = match by {
+            UsageGrouping::Day => "CAST(((ts + {off}) / 86400000) AS TEXT)",
+            UsageGrouping::Key => "CAST(key_id AS TEXT)",
+            UsageGrouping::Member => "CAST(member_id AS TEXT)",
+            UsageGrouping::Dept => "COALESCE(CAST(department_id AS TEXT), '')",
+            UsageGrouping::Model => "COALESCE(model_served, model_requested, '')",
+        }
+        .replace("{off}", &offset_ms.to_string());
+        let mut b = SqlBuilder::new(
+            self,
+            &format!(
+                "SELECT {group} AS group_key, CAST(COUNT(*) AS BIGINT) AS requests,
+                   CAST(COALESCE(SUM(prompt_tokens), 0) AS BIGINT) AS prompt_tokens,
+                   CAST(COALESCE(SUM(completion_tokens), 0) AS BIGINT) AS completion_tokens,
+                   CAST(COALESCE(SUM(total_tokens), 0) AS BIGINT) AS total_tokens,
+                   CAST(COALESCE(SUM(credits), 0) AS BIGINT) AS credits
+                 FROM request_logs WHERE workspace_id = "
+            ),
+        );
+        b.bind(workspace_id)
+            .push(" AND ts >= ")
+            .bind(from_ms)
+            .push(" AND ts < ")
+            .bind(to_ms);
+        if let Some(m) = member_id {
+            b.push(" AND member_id = ").bind(m);
+        }
+        b.push(&format!(" GROUP BY {group} ORDER BY 1"));
+        let (sql, args) = b.finish();
+        Ok(sqlx::query_as_with(&sql, args).fetch_all(self.pool()).await?)
+    }
+}
