@@ -1,0 +1,253 @@
+// Guardrails: quota policies (subject × metric × window × limit, enforce or shadow) with the
+// current usage of each. Owners manage every policy; admins see them all and manage the ones
+// the API lets them (key budgets, member policies on role-member members).
+
+import { api } from '../api.js';
+import {
+  h, clear, table, bar, badge, alertBox, messageOf, fmtNum, fmtTime, countdown, dialog, confirmDialog,
+  field, select, handleSubmit, toast, busy, pageHeader, METRICS, metricLabel, windowLabel, idle,
+} from '../ui.js';
+
+export const SUBJECTS = [
+  ['member', 'Member'],
+  ['dept', 'Department'],
+  ['ws', 'Workspace'],
+  ['apikey', 'API key'],
+];
+const SUBJECT_NAMES = Object.fromEntries(SUBJECTS);
+const EACH_NAMES = { member: 'Each member', dept: 'Each department', ws: 'The workspace', apikey: 'Each API key' };
+
+export const WINDOWS = [
+  ['minute', 'Minute'],
+  ['minutes', 'N minutes'],
+  ['day', 'Day'],
+  ['month', 'Month'],
+  ['total', 'Total (never resets)'],
+];
+
+/** The window string from the form: "minute", "<N>minutes", "day", "month", "total". */
+function windowValue(fd) {
+  const w = fd.get('window');
+  return w === 'minutes' ? `${Number(fd.get('window_n'))}minutes` : w;
+}
+
+/** Validation shared by the create forms. */
+export function validatePolicy(fd) {
+  const errors = {};
+  if (fd.get('window') === 'minutes') {
+    const n = Number(fd.get('window_n'));
+    if (!Number.isInteger(n) || n < 1 || 1440 % n !== 0) {
+      errors.window_n = 'N must be a whole number of minutes that divides a day (1440), e.g. 5, 15, 60.';
+    }
+  }
+  const limit = Number(fd.get('limit'));
+  if (!(limit > 0)) errors.limit = 'The limit must be a number above 0.';
+  else if (fd.get('metric') !== 'credits' && !Number.isInteger(limit)) errors.limit = 'Requests and tokens are counted in whole numbers.';
+  return errors;
+}
+
+/** Metric, window (with N), limit and mode controls. */
+export function metricWindowFields(defaults = {}) {
+  const metric = select('metric', METRICS, defaults.metric || 'requests');
+  const windowSel = select('window', WINDOWS, defaults.window || 'day');
+  const n = h('input', { type: 'number', name: 'window_n', min: 1, max: 1440, step: 1, value: 5, inputmode: 'numeric' });
+  const nField = field('Minutes per window (N)', n, 'Windows start at midnight in the workspace time zone; N must divide 1440.');
+  const syncN = () => { nField.hidden = windowSel.value !== 'minutes'; n.disabled = nField.hidden; };
+  windowSel.addEventListener('change', syncN);
+  syncN();
+  const limit = h('input', { type: 'number', name: 'limit', required: true, min: 0, step: 'any', inputmode: 'decimal' });
+  return [
+    field('Metric', metric),
+    field('Window', windowSel),
+    nField,
+    field('Limit', limit, 'Requests at or above the limit are refused until the window resets.'),
+    modeFieldset('enforce'),
+  ];
+}
+
+export function modeFieldset(value) {
+  return h('fieldset.field.radios', { dataset: { name: 'mode' } },
+    h('legend', 'Mode'),
+    h('label', h('input', { type: 'radio', name: 'mode', value: 'enforce', checked: value === 'enforce' }), ' Enforce (refuse over the limit)'),
+    h('label', h('input', { type: 'radio', name: 'mode', value: 'shadow', checked: value === 'shadow' }), ' Shadow (report only)'));
+}
+
+function targetText(p) {
+  if (p.target_id === null || p.target_id === undefined) {
+    return `${EACH_NAMES[p.subject] || 'Each'}${p.department_name || p.department_id ? ` in ${p.department_name || `department ${p.department_id}`}` : ''}`;
+  }
+  return p.target || String(p.target_id);
+}
+
+function usageCell(p) {
+  if (p.used === null || p.used === undefined) return h('span.muted', 'counted per subject');
+  const label = `${targetText(p)} ${metricLabel(p.metric)}`;
+  return h('div.usage-cell', bar(Number(p.used), Number(p.limit), label), h('small', `${fmtNum(p.used)} / ${fmtNum(p.limit)}`));
+}
+
+function resetCell(p) {
+  if (p.target_id === null || p.target_id === undefined) return '—';
+  if (!p.reset_at) return p.window === 'total' ? 'never' : '—';
+  return h('span', h('time', { datetime: p.reset_at }, fmtTime(p.reset_at, { seconds: false })), h('br'), countdown(p.reset_at, 'now'));
+}
+
+/** The dialog to edit a policy's limit and mode. */
+export async function editPolicy(p) {
+  return dialog(`Edit guardrail`, (close) => {
+    const limit = h('input', { type: 'number', name: 'limit', required: true, min: 0, step: 'any', value: p.limit });
+    const form = h('form.form',
+      h('p', `${SUBJECT_NAMES[p.subject] || p.subject}: ${targetText(p)} — ${metricLabel(p.metric).toLowerCase()} ${windowLabel(p.window)}`),
+      field('Limit', limit),
+      modeFieldset(p.mode),
+      h('div.actions', h('button', { type: 'button', onclick: () => close() }, 'Cancel'), h('button.primary', { type: 'submit' }, 'Save')));
+    handleSubmit(form, {
+      validate: (fd) => (Number(fd.get('limit')) > 0 ? null : { limit: 'The limit must be a number above 0.' }),
+      send: async (fd) => {
+        await api.patch(`/policies/${p.id}`, { limit: Number(fd.get('limit')), mode: fd.get('mode') });
+        toast('Guardrail saved.');
+        close(true);
+      },
+    });
+    return form;
+  });
+}
+
+export async function deletePolicy(p) {
+  const ok = await confirmDialog('Delete guardrail', `Delete the ${metricLabel(p.metric).toLowerCase()} ${windowLabel(p.window)} limit on ${targetText(p)}? Usage counters are kept.`);
+  if (!ok) return false;
+  await api.del(`/policies/${p.id}`);
+  toast('Guardrail deleted.');
+  return true;
+}
+
+async function createPolicy(ctx, lists) {
+  return dialog('New guardrail', (close) => {
+    const subjects = ctx.role === 'owner' ? SUBJECTS : SUBJECTS.filter(([s]) => s === 'member' || s === 'apikey');
+    const subject = select('subject', subjects, 'member');
+    const scopeOne = h('input', { type: 'radio', name: 'scope', value: 'one', checked: true });
+    const scopeEach = h('input', { type: 'radio', name: 'scope', value: 'each' });
+    const scope = h('fieldset.field.radios', { dataset: { name: 'scope' } }, h('legend', 'Applies to'),
+      h('label', scopeOne, ' One subject'), h('label.each-label', scopeEach, h('span.each-text', ' Each member')));
+    const target = h('select', { name: 'target_id' });
+    const targetField = field('Subject', target);
+    const dept = select('department_id', [['', 'The whole workspace'], ...lists.departments.map((d) => [d.id, d.name])], '');
+    const deptField = field('Within', dept, 'Narrow "each" to the members or keys of one department.');
+
+    const sync = () => {
+      const s = subject.value;
+      const opts = {
+        member: lists.members.map((m) => [m.id, `${m.email}${m.role !== 'member' ? ` (${m.role})` : ''}`]),
+        dept: lists.departments.map((d) => [d.id, d.name]),
+        ws: [[ctx.workspace.id, ctx.workspace.name || 'This workspace']],
+        apikey: lists.keys.map((k) => [k.id, `${k.member_email || ''}/${k.name}`]),
+      }[s] || [];
+      const prev = target.value;
+      target.replaceChildren(h('option', { value: '' }, opts.length ? `Choose a ${SUBJECT_NAMES[s].toLowerCase()}…` : `No ${SUBJECT_NAMES[s].toLowerCase()} to choose`),
+        ...opts.map(([v, t]) => h('option', { value: v, selected: String(v) === prev || (s === 'ws') }, t)));
+      scope.querySelector('.each-text').textContent = ` ${EACH_NAMES[s]}`;
+      scope.querySelector('.each-label').hidden = s === 'ws';
+      if (s === 'ws') scopeOne.checked = true;
+      const each = scopeEach.checked;
+      targetField.hidden = each;
+      target.disabled = each;
+      target.required = !each;
+      deptField.hidden = !(each && (s === 'member' || s === 'apikey') && lists.departments.length);
+      dept.disabled = deptField.hidden;
+    };
+    subject.addEventListener('change', sync);
+    scope.addEventListener('change', sync);
+
+    const form = h('form.form',
+      field('Subject kind', subject),
+      scope, targetField, deptField,
+      ...metricWindowFields(),
+      h('div.actions', h('button', { type: 'button', onclick: () => close() }, 'Cancel'), h('button.primary', { type: 'submit' }, 'Create guardrail')));
+    sync();
+    handleSubmit(form, {
+      validate: (fd) => {
+        const errors = validatePolicy(fd);
+        if (fd.get('scope') === 'one' && !fd.get('target_id')) errors.target_id = 'Choose who this guardrail applies to.';
+        return errors;
+      },
+      send: async (fd) => {
+        const each = fd.get('scope') === 'each';
+        const body = {
+          subject: fd.get('subject'),
+          target_id: each ? null : Number(fd.get('target_id')),
+          metric: fd.get('metric'),
+          window: windowValue(fd),
+          limit: Number(fd.get('limit')),
+          mode: fd.get('mode'),
+        };
+        if (each && fd.get('department_id')) body.department_id = Number(fd.get('department_id'));
+        await api.post('/policies', body);
+        toast('Guardrail created.');
+        close(true);
+      },
+    });
+    return form;
+  }, { wide: true });
+}
+
+export { windowValue };
+
+export default {
+  title: 'Guardrails',
+  roles: ['owner', 'admin'],
+  async render(main, ctx) {
+    const body = h('div', h('p.loading', 'Loading guardrails…'));
+    const newBtn = h('button.primary', { type: 'button' }, 'New guardrail');
+    clear(main,
+      pageHeader('Guardrails', newBtn),
+      h('p.muted', 'Quotas on members, departments, the workspace and API keys. A request is refused once usage reaches the limit; shadow guardrails only report.'),
+      body);
+
+    const lists = { members: [], departments: [], keys: [] };
+    const loadLists = async () => {
+      const [members, departments, keys] = await Promise.allSettled([api.list('/members'), api.list('/departments'), api.list('/keys')]);
+      lists.members = members.status === 'fulfilled' ? members.value : [];
+      lists.departments = departments.status === 'fulfilled' ? departments.value : [];
+      lists.keys = keys.status === 'fulfilled' ? keys.value : [];
+    };
+
+    const load = async () => {
+      try {
+        const policies = await api.list('/policies');
+        const deptName = Object.fromEntries(lists.departments.map((d) => [d.id, d.name]));
+        policies.forEach((p) => { if (p.department_id) p.department_name = deptName[p.department_id]; });
+        clear(body, table([
+          { label: 'Subject', cell: (p) => SUBJECT_NAMES[p.subject] || p.subject },
+          { label: 'Applies to', cell: (p) => targetText(p) },
+          { label: 'Limit', cell: (p) => `${fmtNum(p.limit)} ${metricLabel(p.metric).toLowerCase()} ${windowLabel(p.window)}` },
+          { label: 'Usage', cell: usageCell },
+          { label: 'Remaining', cell: (p) => (p.remaining === null || p.remaining === undefined ? '—' : fmtNum(p.remaining)) },
+          { label: 'Resets', cell: resetCell },
+          { label: 'Mode', cell: (p) => (p.mode === 'shadow' ? badge('shadow', 'info') : badge('enforce', 'ok')) },
+          {
+            label: 'Actions',
+            class: 'actions-cell',
+            cell: (p) => [
+              h('button.small', { type: 'button', 'aria-label': `Edit guardrail on ${targetText(p)}`, onclick: async () => { if (await editPolicy(p)) load(); } }, 'Edit'),
+              h('button.small.danger', {
+                type: 'button',
+                'aria-label': `Delete guardrail on ${targetText(p)}`,
+                onclick: (e) => busy(e.currentTarget, async () => { if (await deletePolicy(p)) load(); }),
+              }, 'Delete'),
+            ],
+          },
+        ], policies, { empty: 'No guardrails yet. Create one to cap requests, tokens or credits.', caption: 'Guardrails' }));
+      } catch (err) {
+        clear(body, alertBox('error', messageOf(err)));
+      }
+    };
+
+    newBtn.addEventListener('click', async () => {
+      await loadLists();
+      if (await createPolicy(ctx, lists)) load();
+    });
+    await loadLists();
+    await load();
+    const timer = setInterval(() => { if (idle(body)) load(); }, 10000);
+    return () => clearInterval(timer);
+  },
+};

@@ -1,0 +1,168 @@
+// API keys: create (the key is shown once, with a copy button), budgets on my own keys (an
+// apikey guardrail), delete, and each key's breaker: trips, blocked-until countdown, banned.
+
+import { api } from '../api.js';
+import {
+  h, clear, table, badge, alertBox, messageOf, fmtNum, fmtTime, countdown, dialog, confirmDialog,
+  field, select, handleSubmit, toast, busy, pageHeader, secretDialog, metricLabel, windowLabel, bar, idle,
+} from '../ui.js';
+import { metricWindowFields, validatePolicy, windowValue, editPolicy, deletePolicy } from './guardrails.js';
+
+function breakerCell(k) {
+  const b = k.breaker || {};
+  if (b.banned) return badge('banned', 'danger', 'Banned for good after 5 trips: delete it and create a new key');
+  const parts = [];
+  if (b.blocked_until && new Date(b.blocked_until).getTime() > Date.now()) {
+    parts.push(badge('blocked', 'warn'), ' until ', h('time', { datetime: b.blocked_until }, fmtTime(b.blocked_until)), ' (', countdown(b.blocked_until, 'open again'), ')');
+  } else {
+    parts.push(badge('ok', 'ok'));
+  }
+  parts.push(h('small.muted', ` ${b.trips || 0} trip${b.trips === 1 ? '' : 's'}`));
+  return h('span.breaker', parts);
+}
+
+async function createKey(ctx, members) {
+  return dialog('New API key', (close) => {
+    const name = h('input', { name: 'name', required: true, maxLength: 64, autocomplete: 'off', placeholder: 'e.g. ci, laptop, billing-service' });
+    const fields = [field('Name', name, 'A name to recognise the key by; unique per member.')];
+    if (ctx.role !== 'member' && members.length) {
+      fields.push(field('For member', select('member_id', members.filter((m) => m.active !== false).map((m) => [m.id, m.email]), ctx.me.id)));
+    }
+    const form = h('form.form', ...fields,
+      h('div.actions', h('button', { type: 'button', onclick: () => close() }, 'Cancel'), h('button.primary', { type: 'submit' }, 'Create key')));
+    handleSubmit(form, {
+      validate: (fd) => (/^[\w.@-][\w .@/-]*$/.test(fd.get('name').trim()) ? null : { name: 'Use letters, digits, spaces, dots, dashes or underscores.' }),
+      send: async (fd) => {
+        const body = { name: fd.get('name').trim() };
+        if (fd.get('member_id') && Number(fd.get('member_id')) !== ctx.me.id) body.member_id = Number(fd.get('member_id'));
+        const created = await api.post('/keys', body);
+        close(created);
+      },
+    });
+    return form;
+  });
+}
+
+async function budgetDialog(key, policies, reload) {
+  await dialog(`Budget of key ${key.name}`, (close) => {
+    const mine = policies.filter((p) => p.subject === 'apikey' && p.target_id === key.id);
+    const list = mine.length
+      ? h('ul.plain.budget-list', mine.map((p) => h('li',
+        h('div', `${fmtNum(p.limit)} ${metricLabel(p.metric).toLowerCase()} ${windowLabel(p.window)}`, p.mode === 'shadow' ? [' ', badge('shadow', 'info')] : null),
+        p.used !== null && p.used !== undefined ? [bar(Number(p.used), Number(p.limit)), h('small', `${fmtNum(p.used)} used`)] : null,
+        h('div.row-actions',
+          h('button.small', { type: 'button', onclick: async () => { close(); if (await editPolicy(p)) reload(); } }, 'Edit'),
+          h('button.small.danger', { type: 'button', onclick: async () => { close(); try { if (await deletePolicy(p)) reload(); } catch (e) { toast(messageOf(e), 'error'); } } }, 'Delete')))))
+      : h('p.empty', 'No budget on this key yet: only member, department and workspace guardrails apply.');
+    const form = h('form.form', h('h3', 'Add a budget'), ...metricWindowFields({ metric: 'credits', window: 'month' }),
+      h('div.actions', h('button', { type: 'button', onclick: () => close() }, 'Close'), h('button.primary', { type: 'submit' }, 'Add budget')));
+    handleSubmit(form, {
+      validate: validatePolicy,
+      send: async (fd) => {
+        await api.post('/policies', {
+          subject: 'apikey', target_id: key.id, metric: fd.get('metric'), window: windowValue(fd), limit: Number(fd.get('limit')), mode: fd.get('mode'),
+        });
+        toast('Budget added.');
+        close();
+        reload();
+      },
+    });
+    return [list, form];
+  }, { wide: true });
+}
+
+async function breakerDialog(key) {
+  await dialog(`Breaker of key ${key.name}`, (close) => {
+    const body = h('div', h('p.loading', 'Loading…'));
+    api.get(`/keys/${key.id}/breaker`).then((b) => {
+      clear(body,
+        h('dl.kv',
+          h('dt', 'Trips'), h('dd', String(b.trips)),
+          h('dt', 'Banned'), h('dd', b.banned ? 'yes — delete the key and create a new one' : 'no'),
+          h('dt', 'Blocked until'), h('dd', b.blocked_until ? [fmtTime(b.blocked_until), ' (', countdown(b.blocked_until, 'open again'), ')'] : 'not blocked')),
+        h('p.hint', 'A key trips when more than 90 % of at least 100 requests failed within 60 s. Trips block it for 30 s, 2 min, 10 min, 12 h; the 5th trip bans it.'),
+        table([
+          { label: 'Trip', cell: (t) => String(t.trip) },
+          { label: 'At', cell: (t) => fmtTime(t.at) },
+          { label: 'Failed / requests', cell: (t) => `${fmtNum(t.failures)} / ${fmtNum(t.requests)}` },
+          { label: 'Blocked until', cell: (t) => (t.banned ? 'banned' : fmtTime(t.blocked_until)) },
+        ], b.history || [], { empty: 'This key never tripped.', caption: 'Trip history' }));
+    }).catch((err) => clear(body, alertBox('error', messageOf(err))));
+    return [body, h('div.actions', h('button', { type: 'button', onclick: () => close() }, 'Close'))];
+  });
+}
+
+export default {
+  title: 'API keys',
+  async render(main, ctx) {
+    const body = h('div', h('p.loading', 'Loading keys…'));
+    const newBtn = h('button.primary', { type: 'button' }, 'New API key');
+    clear(main,
+      pageHeader('API keys', newBtn),
+      h('p.muted', ctx.role === 'member'
+        ? 'Your gateway keys. Apps send one as "Authorization: Bearer sk-aigw-…" to this gateway\'s /v1 API.'
+        : 'Every gateway key in the workspace. Apps send one as "Authorization: Bearer sk-aigw-…" to this gateway\'s /v1 API.'),
+      body);
+    let members = [];
+    let policies = [];
+
+    const load = async () => {
+      try {
+        const [keys, pol] = await Promise.all([api.list('/keys'), api.list('/policies').catch(() => [])]);
+        policies = pol;
+        const budgets = (k) => policies.filter((p) => p.subject === 'apikey' && p.target_id === k.id);
+        const cols = [
+          { label: 'Name', cell: (k) => h('strong', k.name) },
+          { label: 'Key', cell: (k) => h('code', `${k.prefix || 'sk-aigw-'}…`) },
+        ];
+        if (ctx.role !== 'member') cols.push({ label: 'Member', cell: (k) => k.member_email || String(k.member_id) });
+        cols.push(
+          { label: 'Created', cell: (k) => fmtTime(k.created_at, { seconds: false }) },
+          { label: 'Last used', cell: (k) => (k.last_used_at ? fmtTime(k.last_used_at) : 'never') },
+          {
+            label: 'Budget',
+            cell: (k) => {
+              const b = budgets(k);
+              if (!b.length) return h('span.muted', 'none');
+              return h('ul.plain', b.map((p) => h('li', `${p.used !== null && p.used !== undefined ? `${fmtNum(p.used)} / ` : ''}${fmtNum(p.limit)} ${metricLabel(p.metric).toLowerCase()} ${windowLabel(p.window)}`)));
+            },
+          },
+          { label: 'Breaker', cell: breakerCell },
+          {
+            label: 'Actions',
+            class: 'actions-cell',
+            cell: (k) => [
+              (ctx.role !== 'member' || k.member_id === ctx.me.id || k.created_by === ctx.me.id)
+                ? h('button.small', { type: 'button', 'aria-label': `Budget of key ${k.name}`, onclick: () => budgetDialog(k, policies, load) }, 'Budget') : null,
+              h('button.small', { type: 'button', 'aria-label': `Breaker history of key ${k.name}`, onclick: () => breakerDialog(k) }, 'Breaker'),
+              h('button.small.danger', {
+                type: 'button',
+                'aria-label': `Delete key ${k.name}`,
+                onclick: (e) => busy(e.currentTarget, async () => {
+                  if (!(await confirmDialog('Delete API key', `Delete the key "${k.name}"? Apps using it stop working at once.`))) return;
+                  await api.del(`/keys/${k.id}`);
+                  toast(`Key ${k.name} deleted.`);
+                  load();
+                }),
+              }, 'Delete'),
+            ],
+          },
+        );
+        clear(body, table(cols, keys, { empty: 'No API keys yet. Create one to call the gateway.', caption: 'API keys' }));
+      } catch (err) {
+        clear(body, alertBox('error', messageOf(err)));
+      }
+    };
+
+    newBtn.addEventListener('click', async () => {
+      if (ctx.role !== 'member' && !members.length) members = await api.list('/members').catch(() => []);
+      const created = await createKey(ctx, members);
+      if (!created) return;
+      await secretDialog('Your new API key', `The key "${created.name}" was created. Copy it now:`, created.key, 'API key');
+      load();
+    });
+    await load();
+    const timer = setInterval(() => { if (idle(body)) load(); }, 10000);
+    return () => clearInterval(timer);
+  },
+};

@@ -1,0 +1,187 @@
+// Logs: every request the gateway answered (except circuit-broken ones) with filters, the
+// status explanation (who answered — Gateway or Upstream — and by which rule), attempts,
+// tokens, latency, a detail view and a CSV export of the same filters.
+
+import { api } from '../api.js';
+import {
+  h, clear, table, badge, alertBox, messageOf, fmtNum, fmtCredits, fmtTime, dialog, field, select, handleSubmit, toast, busy, pageHeader,
+} from '../ui.js';
+
+const RANGES = [
+  ['1h', 'Last hour', 3600e3],
+  ['24h', 'Last 24 hours', 24 * 3600e3],
+  ['7d', 'Last 7 days', 7 * 24 * 3600e3],
+  ['30d', 'Last 30 days', 30 * 24 * 3600e3],
+  ['custom', 'Custom…', 0],
+];
+
+const SOURCE_NAMES = { gateway: 'Gateway', upstream: 'Upstream' };
+
+function statusBadge(l) {
+  const s = Number(l.status);
+  const kind = s < 400 ? 'ok' : s === 429 ? 'warn' : 'danger';
+  return badge(String(l.status), kind);
+}
+
+function sourceText(l) {
+  if (!l.source) return Number(l.status) < 400 ? 'Upstream' : '—';
+  return SOURCE_NAMES[l.source] || l.source;
+}
+
+/** Turns the filter form into API query parameters. */
+function queryOf(fd) {
+  const q = {};
+  const range = fd.get('range');
+  if (range === 'custom') {
+    const from = fd.get('from') ? new Date(fd.get('from')).getTime() : '';
+    const to = fd.get('to') ? new Date(fd.get('to')).getTime() : '';
+    q.from = from; q.to = to;
+  } else {
+    const r = RANGES.find(([k]) => k === range);
+    q.from = Date.now() - r[2];
+  }
+  for (const k of ['key_id', 'member_id', 'model', 'status', 'source']) {
+    const v = (fd.get(k) || '').trim();
+    if (v) q[k] = v;
+  }
+  return q;
+}
+
+function attemptsOf(l) {
+  const raw = l.attempts_detail;
+  if (!raw) return [];
+  try {
+    const v = typeof raw === 'string' ? JSON.parse(raw) : raw;
+    return Array.isArray(v) ? v : [v];
+  } catch {
+    return [{ detail: String(raw) }];
+  }
+}
+
+async function showDetail(row, names) {
+  let l = row;
+  try { l = await api.get(`/logs/${encodeURIComponent(row.request_id)}`); } catch { /* keep the row we have */ }
+  const attempts = attemptsOf(l);
+  await dialog(`Request ${l.request_id}`, (close) => [
+    h('p', statusBadge(l), ' ', h('strong', l.code || (Number(l.status) < 400 ? 'success' : 'error')), ` — answered by ${sourceText(l)}`),
+    l.explanation ? alertBox(Number(l.status) < 400 ? 'info' : 'warn', l.explanation) : null,
+    h('dl.kv',
+      h('dt', 'Time'), h('dd', fmtTime(l.ts)),
+      h('dt', 'Endpoint'), h('dd', h('code', l.endpoint || '—')),
+      h('dt', 'Key'), h('dd', names.key(l.key_id)),
+      h('dt', 'Member'), h('dd', names.member(l.member_id)),
+      h('dt', 'Model asked / served'), h('dd', `${l.model_requested || '—'} / ${l.model_served || '—'}`),
+      h('dt', 'Upstream'), h('dd', names.upstream(l.upstream_id)),
+      h('dt', 'Streamed'), h('dd', l.stream ? 'yes' : 'no'),
+      h('dt', 'Tokens'), h('dd', `${fmtNum(l.prompt_tokens)} prompt + ${fmtNum(l.completion_tokens)} completion = ${fmtNum(l.total_tokens)}${l.usage_estimated ? ' (estimated)' : ''}`),
+      h('dt', 'Credits'), h('dd', fmtCredits(l.credits)),
+      h('dt', 'Latency'), h('dd', `${fmtNum(l.latency_ms)} ms total, ${fmtNum(l.ttfb_ms)} ms to first byte, ${fmtNum(l.upstream_latency_ms)} ms upstream`),
+      l.would_refuse ? [h('dt', 'Shadow guardrail'), h('dd', typeof l.would_refuse === 'string' ? l.would_refuse : 'a shadow guardrail would have refused this request')] : null),
+    h('h3', `Attempts (${l.attempts ?? attempts.length})`),
+    attempts.length
+      ? h('ol.attempts', attempts.map((a) => h('li', h('pre', JSON.stringify(a, null, 2)))))
+      : h('p.muted', 'No upstream was called.'),
+    h('div.actions', h('button', { type: 'button', onclick: () => close() }, 'Close')),
+  ], { wide: true });
+}
+
+export default {
+  title: 'Logs',
+  async render(main, ctx) {
+    const admin = ctx.role !== 'member';
+    const [keys, members, models, ups] = await Promise.all([
+      api.list('/keys').catch(() => []),
+      admin ? api.list('/members').catch(() => []) : Promise.resolve([]),
+      api.list('/models').catch(() => []),
+      admin ? api.list('/upstreams').catch(() => []) : Promise.resolve([]),
+    ]);
+    const keyName = Object.fromEntries(keys.map((k) => [k.id, admin && k.member_email ? `${k.member_email}/${k.name}` : k.name]));
+    const memberName = Object.fromEntries(members.map((m) => [m.id, m.email]));
+    if (!admin) memberName[ctx.me.id] = ctx.me.email;
+    const upName = Object.fromEntries(ups.map((u) => [u.id, u.name]));
+    const names = {
+      key: (id) => (id ? keyName[id] || `key #${id}` : '—'),
+      member: (id) => (id ? memberName[id] || `member #${id}` : '—'),
+      upstream: (id) => (id ? upName[id] || `upstream #${id}` : '—'),
+    };
+
+    const range = select('range', RANGES.map(([k, t]) => [k, t]), '24h');
+    const from = h('input', { type: 'datetime-local', name: 'from' });
+    const to = h('input', { type: 'datetime-local', name: 'to' });
+    const custom = h('div.custom-range', field('From (your local time)', from), field('To (your local time)', to));
+    const syncRange = () => { custom.hidden = range.value !== 'custom'; from.disabled = to.disabled = custom.hidden; };
+    range.addEventListener('change', syncRange);
+    syncRange();
+
+    const filters = h('form.filters', { 'aria-label': 'Log filters' },
+      field('Time', range),
+      custom,
+      field('Key', select('key_id', [['', 'Any key'], ...keys.map((k) => [k.id, keyName[k.id]])], ctx.params.get('key_id') || '')),
+      admin ? field('Member', select('member_id', [['', 'Any member'], ...members.map((m) => [m.id, m.email])], ctx.params.get('member_id') || '')) : null,
+      field('Model', select('model', [['', 'Any model'], ...models.map((m) => [m.name, m.name])], ctx.params.get('model') || '')),
+      field('Status', h('input', { name: 'status', type: 'number', min: 100, max: 599, inputmode: 'numeric', placeholder: 'e.g. 429', value: ctx.params.get('status') || '' })),
+      field('Source', select('source', [['', 'Any source'], ['gateway', 'Gateway'], ['upstream', 'Upstream']], ctx.params.get('source') || '')),
+      h('div.filter-actions', h('button.primary', { type: 'submit' }, 'Apply filters')));
+
+    const exportBtn = h('button', { type: 'button' }, 'Export CSV');
+    const refreshBtn = h('button', { type: 'button' }, 'Refresh');
+    const body = h('div', { 'aria-live': 'polite' }, h('p.loading', 'Loading logs…'));
+    const more = h('div.more');
+    clear(main, pageHeader('Logs', refreshBtn, exportBtn),
+      h('p.muted', admin ? 'Every request in the workspace. Prompts and completions are never stored.' : 'Your requests. Prompts and completions are never stored.'),
+      filters, body, more);
+
+    let rows = [];
+    let query = {};
+    const render = () => {
+      clear(body, table([
+        { label: 'Time', cell: (l) => fmtTime(l.ts) },
+        { label: 'Status', cell: (l) => [statusBadge(l), l.code ? h('small.code', ` ${l.code}`) : null] },
+        { label: 'Source', cell: (l) => h('span.source', { dataset: { source: l.source || '' } }, sourceText(l)) },
+        { label: 'Explanation', class: 'explanation', cell: (l) => l.explanation || (Number(l.status) < 400 ? 'Served' : '—') },
+        { label: 'Model', cell: (l) => (l.model_served && l.model_served !== l.model_requested ? `${l.model_requested} → ${l.model_served}` : l.model_requested || '—') },
+        { label: 'Key', cell: (l) => names.key(l.key_id) },
+        admin ? { label: 'Member', cell: (l) => names.member(l.member_id) } : null,
+        { label: 'Attempts', cell: (l) => fmtNum(l.attempts) },
+        { label: 'Tokens', cell: (l) => `${fmtNum(l.total_tokens)}${l.usage_estimated ? '*' : ''}` },
+        { label: 'Credits', cell: (l) => fmtCredits(l.credits) },
+        { label: 'Latency', cell: (l) => `${fmtNum(l.latency_ms)} ms` },
+        { label: 'Details', cell: (l) => h('button.small', { type: 'button', 'aria-label': `Details of request ${l.request_id}`, onclick: () => showDetail(l, names) }, 'Details') },
+      ].filter(Boolean), rows, { empty: 'No request matches these filters.', caption: 'Request logs' }));
+    };
+
+    const load = async (cursor) => {
+      try {
+        const r = await api.get('/logs', { ...query, cursor, limit: 50 });
+        rows = cursor ? rows.concat(r.data || []) : (r.data || []);
+        render();
+        clear(more, r.next_cursor
+          ? h('button', { type: 'button', onclick: (e) => busy(e.currentTarget, () => load(r.next_cursor)) }, 'Load more')
+          : (rows.length ? h('small.muted', `${rows.length} request${rows.length === 1 ? '' : 's'} shown.`) : null));
+      } catch (err) {
+        clear(body, alertBox('error', messageOf(err)));
+        clear(more);
+      }
+    };
+
+    handleSubmit(filters, {
+      validate: (fd) => {
+        const errors = {};
+        if (fd.get('range') === 'custom') {
+          if (!fd.get('from')) errors.from = 'Choose where the range starts.';
+          if (fd.get('from') && fd.get('to') && new Date(fd.get('from')) >= new Date(fd.get('to'))) errors.to = 'The end must be after the start.';
+        }
+        return errors;
+      },
+      send: async (fd) => { query = queryOf(fd); await load(); },
+    });
+    refreshBtn.addEventListener('click', (e) => busy(e.currentTarget, async () => { query = queryOf(new FormData(filters)); await load(); }));
+    exportBtn.addEventListener('click', (e) => busy(e.currentTarget, async () => {
+      const q = queryOf(new FormData(filters));
+      await api.download('/logs/export', q, `aigw-logs-${new Date().toISOString().slice(0, 19).replace(/[:T]/g, '-')}.csv`);
+      toast('CSV downloaded.');
+    }));
+    query = queryOf(new FormData(filters));
+    await load();
+  },
+};

@@ -1,0 +1,254 @@
+// Browser tests of the web console (issue 8): a real gateway with the mock upstream, Debian's
+// chromium driven by playwright-core. Run: `npm ci && npm test` here, after `cargo build`.
+// Screenshots go to test-output/console/.
+
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { readFile } from 'node:fs/promises';
+import {
+  startStack, openPage, signIn, chat, mockScript, mockCalls, shot,
+  OWNER, ADA, ADA_KEY, OWNER_KEY, PRIMARY_SECRET,
+} from './harness.mjs';
+
+let stack;
+const problems = [];
+const contexts = [];
+
+async function page(opts = {}) {
+  const { context, page: p } = await openPage(stack, { ...opts, problems });
+  contexts.push(context);
+  p.setDefaultTimeout(15000);
+  return p;
+}
+
+async function nav(p, name) {
+  const menu = p.getByRole('button', { name: 'Menu' });
+  if (await menu.isVisible()) await menu.click();
+  await p.getByRole('navigation', { name: 'Console' }).getByRole('link', { name, exact: true }).click();
+  await p.getByRole('heading', { level: 1, name, exact: true }).waitFor();
+}
+
+before(async () => { stack = await startStack(); });
+
+after(async () => {
+  for (const c of contexts) await c.close().catch(() => {});
+  if (stack) await stack.stop();
+});
+
+test('owner: a member guardrail is enforced on the next proxied request and the 429 shows in Logs as Gateway', async () => {
+  const p = await page();
+  await signIn(p, OWNER);
+  await p.getByRole('link', { name: 'Guardrails' }).waitFor();
+  await shot(p, 'desktop-overview');
+
+  await nav(p, 'Guardrails');
+  await p.getByRole('button', { name: 'New guardrail' }).click();
+  const dlg = p.getByRole('dialog', { name: 'New guardrail' });
+  // Validation before sending: no subject chosen, no limit.
+  await dlg.getByRole('button', { name: 'Create guardrail' }).click();
+  await dlg.getByText('Choose who this guardrail applies to.').first().waitFor();
+  await dlg.getByLabel('Subject kind').selectOption('member');
+  await dlg.getByLabel('Subject', { exact: true }).selectOption({ label: ADA.email });
+  await dlg.getByLabel('Metric').selectOption('requests');
+  await dlg.getByLabel('Window').selectOption('day');
+  await dlg.getByLabel('Limit').fill('1');
+  await dlg.getByLabel(/Enforce/).check();
+  await dlg.getByRole('button', { name: 'Create guardrail' }).click();
+  await dlg.waitFor({ state: 'detached' });
+  const row = p.getByRole('row').filter({ hasText: ADA.email });
+  await row.getByText('1 requests per day').waitFor();
+
+  // Proxied requests with the member's key until the gateway refuses one.
+  const statuses = [];
+  let refusal = null;
+  for (let i = 0; i < 5 && !refusal; i += 1) {
+    const r = await chat(stack, ADA_KEY);
+    statuses.push(r.status);
+    if (r.status === 429) refusal = r;
+  }
+  assert.ok(refusal, `no 429 after ${statuses.join(', ')}`);
+  assert.equal(refusal.body.error.code, 'quota_exceeded');
+  assert.equal(refusal.headers.get('x-aigw-error-source'), 'gateway');
+  assert.equal(statuses[0], 200, 'the first request is within the limit');
+
+  // The row shows the usage against the limit.
+  await p.reload();
+  await p.getByRole('row').filter({ hasText: ADA.email }).getByText('1 / 1').waitFor();
+  await shot(p, 'desktop-guardrails');
+
+  // Logs: filter by source Gateway and status 429.
+  await nav(p, 'Logs');
+  await p.getByLabel('Source').selectOption('gateway');
+  await p.getByLabel('Status').fill('429');
+  await p.getByRole('button', { name: 'Apply filters' }).click();
+  const logRow = p.getByRole('row').filter({ hasText: 'quota_exceeded' }).first();
+  await logRow.waitFor();
+  assert.match(await logRow.innerText(), /429/);
+  assert.match(await logRow.innerText(), /Gateway/);
+  assert.match(await logRow.innerText(), /ada@acme\.test/);
+  await shot(p, 'desktop-logs');
+  await logRow.getByRole('button', { name: /Details/ }).click();
+  const detail = p.getByRole('dialog', { name: /Request / });
+  await detail.getByText('answered by Gateway').waitFor();
+  await shot(p, 'desktop-log-detail');
+  await detail.getByRole('button', { name: 'Close', exact: true }).first().click();
+
+  // CSV export with the token, downloaded as a file.
+  const [download] = await Promise.all([p.waitForEvent('download'), p.getByRole('button', { name: 'Export CSV' }).click()]);
+  const csv = await readFile(await download.path(), 'utf8');
+  assert.match(csv, /quota_exceeded/);
+
+  // Loosen the guardrail for the next scenario (edit keeps the usage counter).
+  await nav(p, 'Guardrails');
+  await p.getByRole('row').filter({ hasText: ADA.email }).getByRole('button', { name: /Edit/ }).click();
+  const edit = p.getByRole('dialog', { name: 'Edit guardrail' });
+  await edit.getByLabel('Limit').fill('100');
+  await edit.getByRole('button', { name: 'Save' }).click();
+  await p.getByRole('row').filter({ hasText: ADA.email }).getByText('100 requests per day').waitFor();
+});
+
+test('member: signs in with the keyboard, creates a key shown once, uses it, sees My quota move', async () => {
+  const p = await page();
+  await p.goto('/console/');
+  // A wrong password shows the API's message, not a blank page.
+  await p.getByLabel('Email').fill(ADA.email);
+  await p.getByLabel('Password').fill('wrong-password');
+  await p.getByRole('button', { name: 'Sign in' }).click();
+  await p.getByRole('alert').filter({ hasText: /\S/ }).first().waitFor();
+  // Keyboard only: the email field has focus; Tab to the password, Enter to send.
+  await p.getByLabel('Email').focus();
+  await p.keyboard.press('Control+A');
+  await p.keyboard.type(ADA.email);
+  await p.keyboard.press('Tab');
+  await p.keyboard.press('Control+A');
+  await p.keyboard.type(ADA.password);
+  await p.keyboard.press('Enter');
+  await p.getByRole('heading', { name: 'My quota' }).waitFor();
+
+  // A member sees no admin pages.
+  const navLinks = await p.getByRole('navigation', { name: 'Console' }).getByRole('link').allInnerTexts();
+  for (const hidden of ['Guardrails', 'Upstreams', 'Members', 'Audit log']) assert.ok(!navLinks.includes(hidden), `${hidden} shown to a member`);
+
+  const memberQuota = p.locator('li.quota[data-subject="member"][data-metric="requests"]');
+  await memberQuota.waitFor();
+  const usedBefore = Number((await memberQuota.locator('.quota-used').innerText()).split('/')[0].replace(/[^\d.]/g, ''));
+  await shot(p, 'member-overview');
+
+  await nav(p, 'API keys');
+  await p.getByRole('button', { name: 'New API key' }).click();
+  const dlg = p.getByRole('dialog', { name: 'New API key' });
+  await dlg.getByRole('button', { name: 'Create key' }).click(); // empty name: refused before sending
+  await dlg.locator('.field-error').first().waitFor();
+  await dlg.getByLabel('Name').fill('laptop');
+  await dlg.getByRole('button', { name: 'Create key' }).click();
+  const shown = p.getByRole('dialog', { name: 'Your new API key' });
+  const keyField = shown.getByLabel('API key');
+  const key = await keyField.inputValue();
+  assert.match(key, /^sk-aigw-[0-9A-Za-z]{32}$/);
+  await shown.getByRole('button', { name: 'Copy' }).click();
+  await shown.getByText('Copied to the clipboard.').waitFor();
+  assert.equal(await p.evaluate(() => navigator.clipboard.readText()), key);
+  await shot(p, 'member-key-shown-once');
+  await shown.getByRole('button', { name: 'Done' }).click();
+  const keyRow = p.getByRole('row').filter({ hasText: 'laptop' });
+  await keyRow.waitFor();
+  assert.ok(!(await p.content()).includes(key), 'the plaintext key is not on the page after it was shown');
+
+  // A budget on my own key.
+  await keyRow.getByRole('button', { name: /Budget/ }).click();
+  const budget = p.getByRole('dialog', { name: /Budget of key laptop/ });
+  await budget.getByLabel('Metric').selectOption('requests');
+  await budget.getByLabel('Window').selectOption('minutes');
+  await budget.getByLabel('Minutes per window (N)').fill('7'); // does not divide 1440
+  await budget.getByLabel('Limit').fill('50');
+  await budget.getByRole('button', { name: 'Add budget' }).click();
+  await budget.getByText(/divides a day/).first().waitFor();
+  await budget.getByLabel('Minutes per window (N)').fill('15');
+  await budget.getByRole('button', { name: 'Add budget' }).click();
+  await budget.waitFor({ state: 'detached' });
+  await p.getByRole('row').filter({ hasText: 'laptop' }).getByText('50 requests per 15 minutes').waitFor();
+  await shot(p, 'member-keys');
+
+  const r = await chat(stack, key);
+  assert.equal(r.status, 200, JSON.stringify(r.body));
+
+  await nav(p, 'Overview');
+  await p.waitForFunction((before) => {
+    const el = document.querySelector('li.quota[data-subject="member"][data-metric="requests"] .quota-used');
+    return el && Number(el.textContent.split('/')[0].replace(/[^\d.]/g, '')) > before;
+  }, usedBefore, { timeout: 20000 });
+  const keyQuota = p.locator('li.quota[data-subject="apikey"]').filter({ hasText: 'laptop' });
+  await keyQuota.getByText('1 / 50 used').waitFor({ timeout: 20000 });
+  await shot(p, 'member-overview-after');
+
+  // Member's own logs show the request.
+  await nav(p, 'Logs');
+  await p.getByRole('row').filter({ hasText: 'laptop' }).first().waitFor();
+});
+
+test('upstream parked by the mock shows a countdown; Test connection clears it', async () => {
+  await mockScript(stack, {
+    credential: PRIMARY_SECRET,
+    times: 1,
+    status: 429,
+    headers: { 'retry-after': '120' },
+    body: { error: { message: 'Rate limit reached for requests', type: 'requests', code: 'rate_limit_exceeded' } },
+  });
+  const r = await chat(stack, OWNER_KEY);
+  assert.notEqual(r.status, 200, 'the scripted 429 reached the client');
+
+  const p = await page();
+  await signIn(p, OWNER);
+  await nav(p, 'Upstreams');
+  const card = p.locator('article.upstream[data-name="primary"]');
+  await card.getByText('parked', { exact: true }).waitFor();
+  const countdown = card.locator('.status-parked strong .countdown');
+  const first = await countdown.innerText();
+  assert.match(first, /^in (1m \d\ds|2m 00s)$/, first);
+  await p.waitForTimeout(1500);
+  assert.notEqual(await countdown.innerText(), first, 'the countdown ticks');
+  assert.match(await card.innerText(), /provider named when it resets/);
+  await shot(p, 'desktop-upstreams-parked');
+
+  await card.getByRole('button', { name: /Test connection/ }).click();
+  await card.getByText(/Connection OK .*Locks cleared/).waitFor();
+  await p.locator('article.upstream[data-name="primary"]').getByText('ready', { exact: true }).waitFor();
+  assert.equal(await p.locator('article.upstream[data-name="primary"] .status-parked').count(), 0);
+  await shot(p, 'desktop-upstreams');
+
+  const calls = await mockCalls(stack);
+  assert.ok(calls.calls.some((c) => c.credential === PRIMARY_SECRET && c.status === 200), 'the test reached the mock');
+  // Traffic flows again.
+  assert.equal((await chat(stack, OWNER_KEY)).status, 200);
+});
+
+test('screenshots of every page at desktop and phone width', async () => {
+  const PAGES = [
+    ['overview', 'Overview'], ['guardrails', 'Guardrails'], ['keys', 'API keys'], ['upstreams', 'Upstreams'],
+    ['models', 'Models'], ['logs', 'Logs'], ['usage', 'Usage'], ['members', 'Members'], ['audit', 'Audit log'], ['settings', 'Settings'],
+  ];
+  for (const [label, width, height] of [['desktop', 1280, 800], ['phone', 390, 844]]) {
+    const p = await page({ width, height });
+    await signIn(p, OWNER);
+    for (const [slug, title] of PAGES) {
+      await nav(p, title);
+      await p.locator('p.loading').first().waitFor({ state: 'detached' }).catch(() => {});
+      const errors = await p.locator('#main .alert-error').allInnerTexts();
+      assert.deepEqual(errors, [], `${title} shows an error at ${label} width`);
+      if (label === 'phone') {
+        const overflow = await p.evaluate(() => document.documentElement.scrollWidth - document.documentElement.clientWidth);
+        assert.ok(overflow <= 1, `${title} scrolls sideways at 390 px (${overflow} px)`);
+      }
+      await shot(p, `${label}-${slug}`);
+    }
+    if (label === 'desktop') {
+      // The usage charts are drawn.
+      await nav(p, 'Usage');
+      assert.ok(await p.locator('svg.chart rect.col').count() > 0);
+    }
+  }
+});
+
+test('no request left for another host and no page error', () => {
+  assert.deepEqual(problems, []);
+});
