@@ -46,12 +46,13 @@ test('owner: a member guardrail is enforced on the next proxied request and the 
   const dlg = p.getByRole('dialog', { name: 'New guardrail' });
   // Validation before sending: no subject chosen, no limit.
   await dlg.getByRole('button', { name: 'Create guardrail' }).click();
-  await dlg.getByText('Choose who this guardrail applies to.').first().waitFor();
+  await dlg.locator('.field-error').first().waitFor();
+  assert.equal(await dlg.getByLabel('Subject', { exact: true }).getAttribute('aria-invalid'), 'true');
   await dlg.getByLabel('Subject kind').selectOption('member');
   await dlg.getByLabel('Subject', { exact: true }).selectOption({ label: ADA.email });
-  await dlg.getByLabel('Metric').selectOption('requests');
-  await dlg.getByLabel('Window').selectOption('day');
-  await dlg.getByLabel('Limit').fill('1');
+  await dlg.getByLabel('Metric', { exact: true }).selectOption('requests');
+  await dlg.getByLabel('Window', { exact: true }).selectOption('day');
+  await dlg.getByLabel('Limit', { exact: true }).fill('1');
   await dlg.getByLabel(/Enforce/).check();
   await dlg.getByRole('button', { name: 'Create guardrail' }).click();
   await dlg.waitFor({ state: 'detached' });
@@ -102,7 +103,7 @@ test('owner: a member guardrail is enforced on the next proxied request and the 
   await nav(p, 'Guardrails');
   await p.getByRole('row').filter({ hasText: ADA.email }).getByRole('button', { name: /Edit/ }).click();
   const edit = p.getByRole('dialog', { name: 'Edit guardrail' });
-  await edit.getByLabel('Limit').fill('100');
+  await edit.getByLabel('Limit', { exact: true }).fill('100');
   await edit.getByRole('button', { name: 'Save' }).click();
   await p.getByRole('row').filter({ hasText: ADA.email }).getByText('100 requests per day').waitFor();
 });
@@ -157,10 +158,10 @@ test('member: signs in with the keyboard, creates a key shown once, uses it, see
   // A budget on my own key.
   await keyRow.getByRole('button', { name: /Budget/ }).click();
   const budget = p.getByRole('dialog', { name: /Budget of key laptop/ });
-  await budget.getByLabel('Metric').selectOption('requests');
-  await budget.getByLabel('Window').selectOption('minutes');
+  await budget.getByLabel('Metric', { exact: true }).selectOption('requests');
+  await budget.getByLabel('Window', { exact: true }).selectOption('minutes');
   await budget.getByLabel('Minutes per window (N)').fill('7'); // does not divide 1440
-  await budget.getByLabel('Limit').fill('50');
+  await budget.getByLabel('Limit', { exact: true }).fill('50');
   await budget.getByRole('button', { name: 'Add budget' }).click();
   await budget.getByText(/divides a day/).first().waitFor();
   await budget.getByLabel('Minutes per window (N)').fill('15');
