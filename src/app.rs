@@ -14,7 +14,6 @@ use axum::extract::{Request, State};
 use axum::http::{HeaderValue, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
 use axum::serve::ListenerExt;
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
@@ -252,15 +251,37 @@ impl Gateway {
     }
 }
 
+/// Builds `pub const ROUTES: &[(&str, &str)]` (method, path) and a function returning the router
+/// of exactly those routes from one table, so the list cannot drift from the router
+/// (`tests/api/openapi.rs` compares the lists with `openapi.yaml`).
+macro_rules! route_table {
+    ($(#[$doc:meta])* $vis:vis fn $name:ident; $($method:ident $path:literal => $handler:path;)*) => {
+        /// Every route of this module's router as `(method, path)`, the method in lowercase.
+        pub const ROUTES: &[(&str, &str)] = &[$((stringify!($method), $path),)*];
+
+        $(#[$doc])*
+        $vis fn $name() -> axum::Router<$crate::app::AppState> {
+            axum::Router::new()$(.route($path, axum::routing::$method($handler)))*
+        }
+    };
+}
+pub(crate) use route_table;
+
+route_table! {
+    /// The operations routes: liveness, readiness, Prometheus metrics.
+    fn ops_routes;
+    get "/healthz" => healthz;
+    get "/readyz" => readyz;
+    get "/metrics" => metrics;
+}
+
 /// The router: every route of the gateway.
 pub fn router(state: AppState) -> Router {
     Router::new()
         .merge(crate::proxy::routes())
         .merge(crate::admin::routes(state.clone()))
         .merge(crate::console::routes())
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics))
+        .merge(ops_routes())
         .fallback(not_found)
         .layer(middleware::from_fn(request_id))
         .with_state(state)

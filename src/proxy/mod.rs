@@ -8,12 +8,10 @@ pub mod stream;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use axum::Router;
 use axum::body::Body;
 use axum::extract::{ConnectInfo, Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
 use serde_json::json;
 
 use std::sync::Arc;
@@ -31,14 +29,14 @@ use crate::upstream::adapter::{self, Endpoint, SseTap};
 use crate::upstream::dispatch::{self, Dispatched};
 use completion::{Completion, Outcome, Source};
 
-/// The proxy's routes.
-pub fn routes() -> Router<AppState> {
-    Router::new()
-        .route("/v1/chat/completions", post(chat_completions))
-        .route("/v1/embeddings", post(embeddings))
-        .route("/v1/messages", post(messages))
-        .route("/v1/models", get(models))
-        .route("/v1/quota", get(my_quota))
+crate::app::route_table! {
+    /// The proxy's routes.
+    pub fn routes;
+    post "/v1/chat/completions" => chat_completions;
+    post "/v1/embeddings" => embeddings;
+    post "/v1/messages" => messages;
+    get "/v1/models" => models;
+    get "/v1/quota" => my_quota;
 }
 
 async fn chat_completions(state: State<AppState>, ip: ConnectInfo<SocketAddr>, req: Request) -> Response {
