@@ -21,6 +21,12 @@ export function h(spec, attrs, ...children) {
     else if (k === 'class') el.classList.add(...String(v).split(/\s+/).filter(Boolean));
     else if (k === 'dataset') Object.assign(el.dataset, v);
     else if (k === 'style' && typeof v === 'object') Object.assign(el.style, v);
+    else if (k === 'value') {
+      // The default (kept by form.reset()) and the current value; a textarea's default is its text.
+      if (el instanceof HTMLTextAreaElement) el.defaultValue = String(v);
+      else el.setAttribute('value', String(v));
+      el.value = String(v);
+    }
     else if (k in el && typeof v !== 'string' && k !== 'list') el[k] = v;
     else el.setAttribute(k, v === true ? '' : String(v));
   }

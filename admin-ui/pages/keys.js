@@ -23,7 +23,7 @@ function breakerCell(k) {
 
 async function createKey(ctx, members) {
   return dialog('New API key', (close) => {
-    const name = h('input', { name: 'name', required: true, maxLength: 64, autocomplete: 'off', placeholder: 'e.g. ci, laptop, billing-service' });
+    const name = h('input', { name: 'name', required: true, maxLength: 100, autocomplete: 'off', placeholder: 'e.g. ci, laptop, billing-service' });
     const fields = [field('Name', name, 'A name to recognise the key by; unique per member.')];
     if (ctx.role !== 'member' && members.length) {
       fields.push(field('For member', select('member_id', members.filter((m) => m.active !== false).map((m) => [m.id, m.email]), ctx.me.id)));
@@ -31,7 +31,12 @@ async function createKey(ctx, members) {
     const form = h('form.form', ...fields,
       h('div.actions', h('button', { type: 'button', onclick: () => close() }, 'Cancel'), h('button.primary', { type: 'submit' }, 'Create key')));
     handleSubmit(form, {
-      validate: (fd) => (/^[\w.@-][\w .@/-]*$/.test(fd.get('name').trim()) ? null : { name: 'Use letters, digits, spaces, dots, dashes or underscores.' }),
+      validate: (fd) => {
+        const v = fd.get('name').trim();
+        if (!v) return { name: 'Give the key a name.' };
+        if (v.includes('/')) return { name: 'A key name cannot contain "/".' };
+        return null;
+      },
       send: async (fd) => {
         const body = { name: fd.get('name').trim() };
         if (fd.get('member_id') && Number(fd.get('member_id')) !== ctx.me.id) body.member_id = Number(fd.get('member_id'));
@@ -113,7 +118,7 @@ export default {
         const budgets = (k) => policies.filter((p) => p.subject === 'apikey' && p.target_id === k.id);
         const cols = [
           { label: 'Name', cell: (k) => h('strong', k.name) },
-          { label: 'Key', cell: (k) => h('code', `${k.prefix || 'sk-aigw-'}…`) },
+          { label: 'Key', class: 'nowrap', cell: (k) => h('code', `${k.prefix || 'sk-aigw-'}…`) },
         ];
         if (ctx.role !== 'member') cols.push({ label: 'Member', cell: (k) => k.member_email || String(k.member_id) });
         cols.push(
@@ -127,7 +132,7 @@ export default {
               return h('ul.plain', b.map((p) => h('li', `${p.used !== null && p.used !== undefined ? `${fmtNum(p.used)} / ` : ''}${fmtNum(p.limit)} ${metricLabel(p.metric).toLowerCase()} ${windowLabel(p.window)}`)));
             },
           },
-          { label: 'Breaker', cell: breakerCell },
+          { label: 'Breaker', class: 'nowrap', cell: breakerCell },
           {
             label: 'Actions',
             class: 'actions-cell',

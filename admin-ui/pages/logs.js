@@ -17,6 +17,12 @@ const RANGES = [
 
 const SOURCE_NAMES = { gateway: 'Gateway', upstream: 'Upstream' };
 
+// Request logs carry credits as integer micro-credits (the stored value), unlike /usage and
+// /me/quota, which answer decimal credits.
+const MICROS_PER_CREDIT = 1e6;
+const logCredits = (l) => fmtCredits(l.credits === null || l.credits === undefined ? null : Number(l.credits) / MICROS_PER_CREDIT);
+const ms = (v) => (v === null || v === undefined ? '—' : `${fmtNum(v)} ms`);
+
 function statusBadge(l) {
   const s = Number(l.status);
   const kind = s < 400 ? 'ok' : s === 429 ? 'warn' : 'danger';
@@ -74,8 +80,8 @@ async function showDetail(row, names) {
       h('dt', 'Upstream'), h('dd', names.upstream(l.upstream_id)),
       h('dt', 'Streamed'), h('dd', l.stream ? 'yes' : 'no'),
       h('dt', 'Tokens'), h('dd', `${fmtNum(l.prompt_tokens)} prompt + ${fmtNum(l.completion_tokens)} completion = ${fmtNum(l.total_tokens)}${l.usage_estimated ? ' (estimated)' : ''}`),
-      h('dt', 'Credits'), h('dd', fmtCredits(l.credits)),
-      h('dt', 'Latency'), h('dd', `${fmtNum(l.latency_ms)} ms total, ${fmtNum(l.ttfb_ms)} ms to first byte, ${fmtNum(l.upstream_latency_ms)} ms upstream`),
+      h('dt', 'Credits'), h('dd', logCredits(l)),
+      h('dt', 'Latency'), h('dd', `${ms(l.latency_ms)} total, ${ms(l.ttfb_ms)} to first byte, ${ms(l.upstream_latency_ms)} upstream`),
       l.would_refuse ? [h('dt', 'Shadow guardrail'), h('dd', typeof l.would_refuse === 'string' ? l.would_refuse : 'a shadow guardrail would have refused this request')] : null),
     h('h3', `Attempts (${l.attempts ?? attempts.length})`),
     attempts.length
@@ -135,17 +141,17 @@ export default {
     let query = {};
     const render = () => {
       clear(body, table([
-        { label: 'Time', cell: (l) => fmtTime(l.ts) },
+        { label: 'Time', class: 'nowrap', cell: (l) => fmtTime(l.ts) },
         { label: 'Status', cell: (l) => [statusBadge(l), l.code ? h('small.code', ` ${l.code}`) : null] },
         { label: 'Source', cell: (l) => h('span.source', { dataset: { source: l.source || '' } }, sourceText(l)) },
         { label: 'Explanation', class: 'explanation', cell: (l) => l.explanation || (Number(l.status) < 400 ? 'Served' : '—') },
-        { label: 'Model', cell: (l) => (l.model_served && l.model_served !== l.model_requested ? `${l.model_requested} → ${l.model_served}` : l.model_requested || '—') },
-        { label: 'Key', cell: (l) => names.key(l.key_id) },
+        { label: 'Model', class: 'nowrap', cell: (l) => (l.model_served && l.model_served !== l.model_requested ? `${l.model_requested} → ${l.model_served}` : l.model_requested || '—') },
+        { label: 'Key', class: 'nowrap', cell: (l) => names.key(l.key_id) },
         admin ? { label: 'Member', cell: (l) => names.member(l.member_id) } : null,
         { label: 'Attempts', cell: (l) => fmtNum(l.attempts) },
         { label: 'Tokens', cell: (l) => `${fmtNum(l.total_tokens)}${l.usage_estimated ? '*' : ''}` },
-        { label: 'Credits', cell: (l) => fmtCredits(l.credits) },
-        { label: 'Latency', cell: (l) => `${fmtNum(l.latency_ms)} ms` },
+        { label: 'Credits', cell: logCredits },
+        { label: 'Latency', class: 'nowrap', cell: (l) => ms(l.latency_ms) },
         { label: 'Details', cell: (l) => h('button.small', { type: 'button', 'aria-label': `Details of request ${l.request_id}`, onclick: () => showDetail(l, names) }, 'Details') },
       ].filter(Boolean), rows, { empty: 'No request matches these filters.', caption: 'Request logs' }));
     };

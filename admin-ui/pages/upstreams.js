@@ -99,9 +99,9 @@ async function editUpstream(u) {
       field('Priority', num('priority', u.priority ?? 0), 'Lower is tried first.'),
       field('Weight', num('weight', u.weight ?? 1, { min: 1 }), 'Spreads load within a priority.'),
       field('Max in flight', num('max_in_flight', u.max_in_flight ?? '', { min: 1 }), 'Empty: no limit.'),
-      field('Requests per minute', num('rpm', u.limits?.requests_per_minute ?? '', { min: 1 })),
-      field('Tokens per minute', num('tpm', u.limits?.tokens_per_minute ?? '', { min: 1 })),
-      field('Requests per day', num('rpd', u.limits?.requests_per_day ?? '', { min: 1 })),
+      field('Requests per minute', num('limits.requests_per_minute', u.limits?.requests_per_minute ?? '', { min: 1 })),
+      field('Tokens per minute', num('limits.tokens_per_minute', u.limits?.tokens_per_minute ?? '', { min: 1 })),
+      field('Requests per day', num('limits.requests_per_day', u.limits?.requests_per_day ?? '', { min: 1 })),
       field('Quota group', h('input', { name: 'quota_group', value: u.quota_group || '', autocomplete: 'off' }), 'Credentials sharing one account quota rest together.'),
       h('div.field.checkbox', h('label', h('input', { type: 'checkbox', name: 'enabled', checked: u.enabled !== false }), ' Enabled')),
       h('div.actions.span-all', h('button', { type: 'button', onclick: () => close() }, 'Cancel'), h('button.primary', { type: 'submit' }, creating ? 'Create upstream' : 'Save')));
@@ -123,7 +123,7 @@ async function editUpstream(u) {
           priority: opt('priority') ?? 0,
           weight: opt('weight') ?? 1,
           max_in_flight: opt('max_in_flight'),
-          limits: { requests_per_minute: opt('rpm'), tokens_per_minute: opt('tpm'), requests_per_day: opt('rpd') },
+          limits: { requests_per_minute: opt('limits.requests_per_minute'), tokens_per_minute: opt('limits.tokens_per_minute'), requests_per_day: opt('limits.requests_per_day') },
           quota_group: fd.get('quota_group').trim() || null,
           enabled: fd.get('enabled') === 'on',
         };

@@ -23,7 +23,7 @@ function niceMax(v) {
 
 /** Vertical columns, one per day. */
 function columnChart(rows, metric, title) {
-  const W = 640; const H = 220; const L = 48; const B = 28; const T = 10;
+  const W = 900; const H = 260; const L = 48; const B = 28; const T = 10;
   const max = niceMax(Math.max(0, ...rows.map((r) => Number(r[metric]) || 0)));
   const bw = rows.length ? (W - L - 8) / rows.length : 0;
   const svg = s('svg', { viewBox: `0 0 ${W} ${H}`, class: 'chart', role: 'img', 'aria-label': title });
@@ -47,16 +47,16 @@ function columnChart(rows, metric, title) {
 /** Horizontal bars, largest first. */
 function barChart(rows, metric, title) {
   const sorted = [...rows].sort((a, b) => (Number(b[metric]) || 0) - (Number(a[metric]) || 0)).slice(0, 12);
-  const W = 640; const row = 26; const L = 190; const H = sorted.length * row + 8;
+  const W = 460; const row = 26; const L = 170; const H = sorted.length * row + 8;
   const max = Math.max(1e-9, ...sorted.map((r) => Number(r[metric]) || 0));
   const svg = s('svg', { viewBox: `0 0 ${W} ${H}`, class: 'chart', role: 'img', 'aria-label': title });
   svg.append(s('title', {}, title));
   sorted.forEach((r, i) => {
     const v = Number(r[metric]) || 0;
     const y = 4 + i * row;
-    const w = ((W - L - 90) * v) / max;
+    const w = ((W - L - 60) * v) / max;
     const label = String(r.label || r.group || '—');
-    svg.append(s('text', { x: L - 8, y: y + 16, class: 'axis', 'text-anchor': 'end' }, label.length > 28 ? `${label.slice(0, 27)}…` : label));
+    svg.append(s('text', { x: L - 8, y: y + 16, class: 'axis', 'text-anchor': 'end' }, label.length > 26 ? `${label.slice(0, 25)}…` : label));
     svg.append(s('rect', { x: L, y: y + 3, width: Math.max(1, w), height: row - 8, class: 'bar-h' }, s('title', {}, `${label}: ${fmtNum(v)}`)));
     svg.append(s('text', { x: L + w + 6, y: y + 16, class: 'value' }, fmtNum(v)));
   });

@@ -6,7 +6,7 @@ import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { readFile } from 'node:fs/promises';
 import {
-  startStack, openPage, signIn, chat, mockScript, mockCalls, shot,
+  startStack, openPage, signIn, chat, anthropicMessage, mockScript, mockCalls, shot,
   OWNER, ADA, ADA_KEY, OWNER_KEY, PRIMARY_SECRET,
 } from './harness.mjs';
 
@@ -223,6 +223,52 @@ test('upstream parked by the mock shows a countdown; Test connection clears it',
   assert.equal((await chat(stack, OWNER_KEY)).status, 200);
 });
 
+test('owner: invites a member (one-time password), sees API errors as messages, edits an upstream without seeing its secret', async () => {
+  const p = await page();
+  await signIn(p, OWNER);
+
+  await nav(p, 'Members');
+  await p.getByRole('button', { name: 'Invite member' }).click();
+  const invite = p.getByRole('dialog', { name: 'Invite a member' });
+  await invite.getByLabel('Email').fill('not-an-email');
+  await invite.getByRole('button', { name: 'Invite' }).click();
+  await invite.locator('.field-error').first().waitFor(); // refused before sending
+  await invite.getByLabel('Email').fill('grace@acme.test');
+  await invite.getByLabel('Department').selectOption({ label: 'research' });
+  await invite.getByRole('button', { name: 'Invite' }).click();
+  const otp = p.getByRole('dialog', { name: 'Member invited' });
+  assert.ok((await otp.getByLabel('One-time password').inputValue()).length >= 8);
+  await otp.getByRole('button', { name: 'Done' }).click();
+  await p.getByRole('row').filter({ hasText: 'grace@acme.test' }).waitFor();
+
+  // A conflict from the API is shown with the API's own message.
+  await nav(p, 'Models');
+  await p.getByRole('button', { name: 'New model' }).click();
+  const model = p.getByRole('dialog', { name: 'New model' });
+  await model.getByLabel('Name').fill('fast');
+  await model.getByRole('button', { name: 'Create model' }).click();
+  const err = model.locator('.form-error, .field-error').filter({ hasText: /\S/ }).first();
+  await err.waitFor();
+  assert.doesNotMatch(await err.innerText(), /^\s*$/);
+  await model.getByRole('button', { name: 'Cancel' }).click();
+
+  // The secret field is write-only: empty when editing, and saving without it keeps the secret.
+  await nav(p, 'Upstreams');
+  const card = p.locator('article.upstream[data-name="claude"]');
+  await card.getByRole('button', { name: /Edit/ }).click();
+  const edit = p.getByRole('dialog', { name: 'Edit claude' });
+  assert.equal(await edit.getByLabel('API key (secret)').inputValue(), '');
+  assert.equal(await edit.getByLabel('API key (secret)').getAttribute('type'), 'password');
+  await edit.getByLabel('Requests per day').fill('500');
+  await edit.getByRole('button', { name: 'Save' }).click();
+  await edit.waitFor({ state: 'detached' });
+  await p.locator('article.upstream[data-name="claude"]').getByText('500 req/day').waitFor();
+  const after = await anthropicMessage(stack, OWNER_KEY);
+  assert.equal(after.status, 200, `the secret was kept: ${JSON.stringify(after.body)}`);
+  const calls = await mockCalls(stack);
+  assert.equal(calls.calls.filter((c) => c.path.endsWith('/messages')).at(-1).credential, 'cred-claude');
+});
+
 test('screenshots of every page at desktop and phone width', async () => {
   const PAGES = [
     ['overview', 'Overview'], ['guardrails', 'Guardrails'], ['keys', 'API keys'], ['upstreams', 'Upstreams'],
@@ -245,7 +291,8 @@ test('screenshots of every page at desktop and phone width', async () => {
     if (label === 'desktop') {
       // The usage charts are drawn.
       await nav(p, 'Usage');
-      assert.ok(await p.locator('svg.chart rect.col').count() > 0);
+      await p.locator('svg.chart rect.col').first().waitFor({ state: 'attached' });
+      assert.ok(await p.locator('svg.chart rect.bar-h').count() > 0);
     }
   }
 });

@@ -235,6 +235,16 @@ export async function chat(stack, key, model = 'gpt-4o-mini') {
   return { status: r.status, body, headers: r.headers };
 }
 
+/** A proxied Anthropic-format message (to anthropic credentials), from node. */
+export async function anthropicMessage(stack, key, model = 'claude-sonnet') {
+  const r = await fetch(`${stack.base}/v1/messages`, {
+    method: 'POST',
+    headers: { 'x-api-key': key, 'anthropic-version': '2023-06-01', 'content-type': 'application/json' },
+    body: JSON.stringify({ model, max_tokens: 16, messages: [{ role: 'user', content: 'hello from the console test' }] }),
+  });
+  return { status: r.status, body: await r.json().catch(() => null) };
+}
+
 /** Adds a script to the mock upstream. */
 export async function mockScript(stack, script) {
   const r = await fetch(`${stack.mockUrl}/__mock/script`, {
