@@ -185,6 +185,14 @@ test('member: signs in with the keyboard, creates a key shown once, uses it, see
   // Member's own logs show the request.
   await nav(p, 'Logs');
   await p.getByRole('row').filter({ hasText: 'laptop' }).first().waitFor();
+
+  // Sign out revokes the token: the console is back at the sign-in form and the old token fails.
+  const token = await p.evaluate(() => sessionStorage.getItem('aigw.console.token'));
+  await p.getByRole('button', { name: 'Sign out' }).click();
+  await p.getByRole('heading', { name: 'Sign in to aigw' }).waitFor();
+  assert.equal(await p.evaluate(() => sessionStorage.getItem('aigw.console.token')), null);
+  const me = await fetch(`${stack.base}/admin/v1/me`, { headers: { authorization: `Bearer ${token}` } });
+  assert.equal(me.status, 401);
 });
 
 test('upstream parked by the mock shows a countdown; Test connection clears it', async () => {
