@@ -125,6 +125,14 @@ pub enum ApiError {
         /// Path.
         path: String,
     },
+    /// The route exists, but not with this method.
+    #[error("{method} is not allowed on {path}")]
+    MethodNotAllowed {
+        /// Method.
+        method: String,
+        /// Path.
+        path: String,
+    },
     /// The upstream could not be reached or answered garbage, and no candidate remained.
     #[error("upstream request failed: {message}")]
     UpstreamUnreachable {
@@ -174,6 +182,7 @@ impl ApiError {
             | ApiError::UpstreamQuotaExhausted { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::KeyBanned { .. } | ApiError::Forbidden { .. } => StatusCode::FORBIDDEN,
             ApiError::Conflict { .. } => StatusCode::CONFLICT,
+            ApiError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::InvalidField { .. } => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::ModelNotFound { .. } | ApiError::RouteNotFound { .. } | ApiError::NotFound { .. } => {
                 StatusCode::NOT_FOUND
@@ -192,6 +201,7 @@ impl ApiError {
             ApiError::InvalidApiKey => "invalid_api_key",
             ApiError::InvalidCredentials => "invalid_credentials",
             ApiError::Forbidden { .. } => "forbidden",
+            ApiError::MethodNotAllowed { .. } => "method_not_allowed",
             ApiError::Conflict { .. } => "conflict",
             ApiError::InvalidField { .. } => "invalid_field",
             ApiError::InvalidToken => "invalid_token",
@@ -221,7 +231,9 @@ impl ApiError {
             | ApiError::CircuitOpen { .. }
             | ApiError::UpstreamQuotaExhausted { .. } => "rate_limit_error",
             ApiError::KeyBanned { .. } | ApiError::Forbidden { .. } => "permission_error",
-            ApiError::Conflict { .. } | ApiError::InvalidField { .. } => "invalid_request_error",
+            ApiError::Conflict { .. } | ApiError::InvalidField { .. } | ApiError::MethodNotAllowed { .. } => {
+                "invalid_request_error"
+            }
             ApiError::ModelNotFound { .. }
             | ApiError::InvalidRequest { .. }
             | ApiError::RequestTooLarge { .. }

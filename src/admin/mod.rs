@@ -152,8 +152,10 @@ async fn guard(
         .iter()
         .find(|r| r.path == matched.as_str() && r.method == method)
     else {
-        return ApiError::Forbidden {
-            message: "this route is not open to anyone".into(),
+        // The path matched, the method did not (axum routes it here only for a method it knows).
+        return ApiError::MethodNotAllowed {
+            method: req.method().to_string(),
+            path: matched.as_str().to_owned(),
         }
         .into_response();
     };

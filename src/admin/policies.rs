@@ -185,7 +185,7 @@ pub struct NewPolicy {
 }
 
 fn parse_limit(metric: Metric, limit: f64) -> AdminResult<i64> {
-    if !(limit.is_finite() && limit >= 0.0 && limit < 9.0e15) {
+    if !(limit.is_finite() && (0.0..9.0e15).contains(&limit)) {
         return Err(ApiError::field("limit", "limit must be a non-negative number"));
     }
     if metric == Metric::Credits {

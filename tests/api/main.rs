@@ -4,6 +4,7 @@
 mod helpers;
 
 mod admin;
+mod admin_api;
 mod binary;
 mod breaker;
 mod foundation;
