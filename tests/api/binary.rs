@@ -112,6 +112,66 @@ fn serve_with_no_settings_runs_on_sqlite_and_stops_on_sigterm() {
     );
 }
 
+/// Signs in, sets and replaces an upstream secret, creates a key and changes the password, all
+/// at debug log level; returns every secret that passed through, none of which may be printed.
+fn through_the_admin_api(port: u16) -> Vec<String> {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let base = format!("http://127.0.0.1:{port}/admin/v1");
+        let http = reqwest::Client::new();
+        let login: serde_json::Value = http
+            .post(format!("{base}/auth/login"))
+            .json(&serde_json::json!({"email": "a@acme.test", "password": "owner-pw-123456"}))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let token = login["token"].as_str().unwrap().to_owned();
+        let (first, second) = ("sk-admin-set-secret-71c3a9", "sk-admin-replaced-secret-0d5e");
+        let created: serde_json::Value = http
+            .post(format!("{base}/upstreams"))
+            .bearer_auth(&token)
+            .json(&serde_json::json!({"name": "via-api", "provider": "openai", "api_key": first, "models": ["m"]}))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let id = created["id"].as_i64().unwrap();
+        let r = http
+            .patch(format!("{base}/upstreams/{id}"))
+            .bearer_auth(&token)
+            .json(&serde_json::json!({"api_key": second}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        let key: serde_json::Value = http
+            .post(format!("{base}/keys"))
+            .bearer_auth(&token)
+            .json(&serde_json::json!({"name": "made-here"}))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let plaintext = key["key"].as_str().unwrap().to_owned();
+        let r = http
+            .post(format!("{base}/auth/password"))
+            .bearer_auth(&token)
+            .json(&serde_json::json!({"current_password": "owner-pw-123456", "new_password": "owner-pw-654321"}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        vec![first.into(), second.into(), plaintext, token, "owner-pw-654321".into()]
+    })
+}
+
 #[test]
 fn secrets_never_reach_output_or_database() {
     let dir = tempfile::tempdir().unwrap();
@@ -136,8 +196,25 @@ fn secrets_never_reach_output_or_database() {
         .spawn()
         .unwrap();
     wait_healthy(port, &mut child);
+    let admin_secrets = through_the_admin_api(port);
     let (ok, out, err) = terminate(child);
     assert!(ok, "{err}");
+    // The generated master key and JWT secret live in aigw.keys, and nowhere else.
+    let keys_file = std::fs::read_to_string(dir.path().join("aigw.keys")).unwrap();
+    let generated_secrets: Vec<String> = keys_file
+        .lines()
+        .filter_map(|l| {
+            l.split_once('=')
+                .map(|(_, v)| v.trim().trim_matches('"').to_owned())
+        })
+        .filter(|v| v.len() >= 16)
+        .collect();
+    assert!(!generated_secrets.is_empty(), "{keys_file}");
+    for text in [&out, &err] {
+        for s in admin_secrets.iter().chain(&generated_secrets) {
+            assert!(!text.contains(s.as_str()), "a secret reached the output: {s}");
+        }
+    }
     let generated = out
         .lines()
         .find_map(|l| l.split("generated API key a@acme.test/gen: ").nth(1))
