@@ -137,7 +137,7 @@ export default {
             label: 'Actions',
             class: 'actions-cell',
             cell: (k) => [
-              (ctx.role !== 'member' || k.member_id === ctx.me.id || k.created_by === ctx.me.id)
+              (ctx.role !== 'member' || k.created_by === ctx.me.id) // members budget only keys they created
                 ? h('button.small', { type: 'button', 'aria-label': `Budget of key ${k.name}`, onclick: () => budgetDialog(k, policies, load) }, 'Budget') : null,
               h('button.small', { type: 'button', 'aria-label': `Breaker history of key ${k.name}`, onclick: () => breakerDialog(k) }, 'Breaker'),
               h('button.small.danger', {

@@ -7,7 +7,7 @@ import assert from 'node:assert/strict';
 import { readFile } from 'node:fs/promises';
 import {
   startStack, openPage, signIn, chat, anthropicMessage, mockScript, mockCalls, shot,
-  OWNER, ADA, ADA_KEY, OWNER_KEY, PRIMARY_SECRET,
+  OWNER, ADA, ADA_KEY, OWNER_KEY, FLAKY_KEY, PRIMARY_SECRET,
 } from './harness.mjs';
 
 let stack;
@@ -229,6 +229,32 @@ test('upstream parked by the mock shows a countdown; Test connection clears it',
   assert.ok(calls.calls.some((c) => c.credential === PRIMARY_SECRET && c.status === 200), 'the test reached the mock');
   // Traffic flows again.
   assert.equal((await chat(stack, OWNER_KEY)).status, 200);
+});
+
+test('a key whose requests keep failing trips its breaker: Keys shows it blocked with a countdown and the trip', async () => {
+  // 100 failing requests within 60 s (an unknown model) trip the key: blocked for 30 s.
+  const statuses = [];
+  for (let i = 0; i < 10; i += 1) {
+    const batch = await Promise.all(Array.from({ length: 10 }, () => chat(stack, FLAKY_KEY, 'no-such-model')));
+    statuses.push(...batch.map((r) => r.status));
+  }
+  assert.ok(statuses.every((st) => st >= 400), `statuses: ${[...new Set(statuses)]}`);
+  const blocked = await chat(stack, FLAKY_KEY);
+  assert.equal(blocked.status, 429);
+  assert.equal(blocked.body.error.code, 'api_key_circuit_open');
+
+  const p = await page();
+  await signIn(p, OWNER);
+  await nav(p, 'API keys');
+  const row = p.getByRole('row').filter({ hasText: 'flaky' });
+  await row.getByText('blocked', { exact: true }).waitFor();
+  assert.match(await row.locator('.countdown').innerText(), /^in \d+s$/);
+  assert.match(await row.innerText(), /1 trip\b/);
+  await shot(p, 'desktop-keys-breaker');
+  await row.getByRole('button', { name: /Breaker history/ }).click();
+  const dlg = p.getByRole('dialog', { name: 'Breaker of key flaky' });
+  await dlg.getByRole('row').filter({ hasText: '100 / 100' }).waitFor();
+  await dlg.getByRole('button', { name: 'Close', exact: true }).last().click();
 });
 
 test('owner: invites a member (one-time password), sees API errors as messages, edits an upstream without seeing its secret', async () => {

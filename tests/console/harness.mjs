@@ -18,6 +18,7 @@ export const OWNER = { email: 'owner@acme.test', password: 'owner-pass-123' };
 export const ADA = { email: 'ada@acme.test', password: 'ada-pass-1234' };
 export const ADA_KEY = 'sk-aigw-AdaFixedKey0123456789abcdefghijk';
 export const OWNER_KEY = 'sk-aigw-OwnerOpsKey0123456789abcdefghijk';
+export const FLAKY_KEY = 'sk-aigw-FlakyAppKey0123456789abcdefghijk';
 export const PRIMARY_SECRET = 'cred-primary';
 
 /** A free TCP port on 127.0.0.1 (closed again before it is used: good enough for tests). */
@@ -104,6 +105,11 @@ key = "${ADA_KEY}"
 member = "${OWNER.email}"
 name = "ops"
 key = "${OWNER_KEY}"
+
+[[api_key]]
+member = "${OWNER.email}"
+name = "flaky"
+key = "${FLAKY_KEY}"
 
 [[upstream]]
 workspace = "acme"
