@@ -10,15 +10,14 @@ import { metricWindowFields, validatePolicy, windowValue, editPolicy, deletePoli
 
 function breakerCell(k) {
   const b = k.breaker || {};
-  if (b.banned) return badge('banned', 'danger', 'Banned for good after 5 trips: delete it and create a new key');
-  const parts = [];
+  const trips = h('small.muted', `${b.trips || 0} trip${b.trips === 1 ? '' : 's'}`);
+  if (b.banned) return h('span.breaker', badge('banned', 'danger', 'Banned for good after 5 trips: delete it and create a new key'), ' ', trips);
   if (b.blocked_until && new Date(b.blocked_until).getTime() > Date.now()) {
-    parts.push(badge('blocked', 'warn'), ' until ', h('time', { datetime: b.blocked_until }, fmtTime(b.blocked_until)), ' (', countdown(b.blocked_until, 'open again'), ')');
-  } else {
-    parts.push(badge('ok', 'ok'));
+    return h('span.breaker',
+      badge('blocked', 'warn'), ' ', h('strong', countdown(b.blocked_until, 'open again')), h('br'),
+      h('small.muted', 'until ', h('time', { datetime: b.blocked_until }, fmtTime(b.blocked_until))), ' ', trips);
   }
-  parts.push(h('small.muted', ` ${b.trips || 0} trip${b.trips === 1 ? '' : 's'}`));
-  return h('span.breaker', parts);
+  return h('span.breaker', badge('ok', 'ok'), ' ', trips);
 }
 
 async function createKey(ctx, members) {
@@ -122,8 +121,8 @@ export default {
         ];
         if (ctx.role !== 'member') cols.push({ label: 'Member', cell: (k) => k.member_email || String(k.member_id) });
         cols.push(
-          { label: 'Created', cell: (k) => fmtTime(k.created_at, { seconds: false }) },
-          { label: 'Last used', cell: (k) => (k.last_used_at ? fmtTime(k.last_used_at) : 'never') },
+          { label: 'Created', class: 'nowrap', cell: (k) => h('span', { title: fmtTime(k.created_at) }, fmtTime(k.created_at).slice(0, 10)) },
+          { label: 'Last used', class: 'nowrap', cell: (k) => (k.last_used_at ? fmtTime(k.last_used_at, { seconds: false }) : 'never') },
           {
             label: 'Budget',
             cell: (k) => {
@@ -132,7 +131,7 @@ export default {
               return h('ul.plain', b.map((p) => h('li', `${p.used !== null && p.used !== undefined ? `${fmtNum(p.used)} / ` : ''}${fmtNum(p.limit)} ${metricLabel(p.metric).toLowerCase()} ${windowLabel(p.window)}`)));
             },
           },
-          { label: 'Breaker', class: 'nowrap', cell: breakerCell },
+          { label: 'Breaker', cell: breakerCell },
           {
             label: 'Actions',
             class: 'actions-cell',

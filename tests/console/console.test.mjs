@@ -250,6 +250,7 @@ test('a key whose requests keep failing trips its breaker: Keys shows it blocked
   await row.getByText('blocked', { exact: true }).waitFor();
   assert.match(await row.locator('.countdown').innerText(), /^in \d+s$/);
   assert.match(await row.innerText(), /1 trip\b/);
+  assert.ok(await row.getByRole('button', { name: /Delete key flaky/ }).isVisible());
   await shot(p, 'desktop-keys-breaker');
   await row.getByRole('button', { name: /Breaker history/ }).click();
   const dlg = p.getByRole('dialog', { name: 'Breaker of key flaky' });
