@@ -79,6 +79,7 @@ async function showDetail(row, names) {
       h('dt', 'Model asked / served'), h('dd', `${l.model_requested || '—'} / ${l.model_served || '—'}`),
       h('dt', 'Upstream'), h('dd', names.upstream(l.upstream_id)),
       h('dt', 'Streamed'), h('dd', l.stream ? 'yes' : 'no'),
+      h('dt', 'Client address'), h('dd', l.client_ip || '—'),
       h('dt', 'Tokens'), h('dd', `${fmtNum(l.prompt_tokens)} prompt + ${fmtNum(l.completion_tokens)} completion = ${fmtNum(l.total_tokens)}${l.usage_estimated ? ' (estimated)' : ''}`),
       h('dt', 'Credits'), h('dd', logCredits(l)),
       h('dt', 'Latency'), h('dd', `${ms(l.latency_ms)} total, ${ms(l.ttfb_ms)} to first byte, ${ms(l.upstream_latency_ms)} upstream`),
