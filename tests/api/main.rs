@@ -9,6 +9,7 @@ mod binary;
 mod breaker;
 mod foundation;
 mod mock_upstream;
+mod openapi;
 mod proxy;
 mod quota;
 mod resources;
