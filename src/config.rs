@@ -309,13 +309,16 @@ impl Settings {
         if self.slot_wait_ms > 60_000 {
             return bad("slot_wait_ms (AIGW_SLOT_WAIT_MS)", "must be at most 60000");
         }
-        if self.single_candidate_retry_min_ms > self.single_candidate_retry_max_ms
-            || self.single_candidate_retry_max_ms > 60_000
-        {
+        if self.single_candidate_retry_max_ms > 60_000 {
             return bad(
-                "single_candidate_retry_min_ms / single_candidate_retry_max_ms \
-                 (AIGW_SINGLE_CANDIDATE_RETRY_MIN_MS / _MAX_MS)",
-                "the minimum must not exceed the maximum, at most 60000",
+                "single_candidate_retry_max_ms (AIGW_SINGLE_CANDIDATE_RETRY_MAX_MS)",
+                "must be at most 60000",
+            );
+        }
+        if self.single_candidate_retry_min_ms > self.single_candidate_retry_max_ms {
+            return bad(
+                "single_candidate_retry_min_ms (AIGW_SINGLE_CANDIDATE_RETRY_MIN_MS)",
+                "must not exceed single_candidate_retry_max_ms",
             );
         }
         if !(10..=60_000).contains(&self.flush_interval_ms) {
@@ -426,6 +429,15 @@ mod tests {
             (&[("AIGW_MAX_BODY_BYTES", "0")], "AIGW_MAX_BODY_BYTES"),
             (&[("AIGW_DATABASE_URL", "mysql://x")], "AIGW_DATABASE_URL"),
             (&[("AIGW_FLUSH_INTERVAL_MS", "1")], "AIGW_FLUSH_INTERVAL_MS"),
+            (&[("AIGW_SLOT_WAIT_MS", "60001")], "AIGW_SLOT_WAIT_MS"),
+            (
+                &[("AIGW_SINGLE_CANDIDATE_RETRY_MAX_MS", "60001")],
+                "AIGW_SINGLE_CANDIDATE_RETRY_MAX_MS",
+            ),
+            (
+                &[("AIGW_SINGLE_CANDIDATE_RETRY_MIN_MS", "5000")],
+                "AIGW_SINGLE_CANDIDATE_RETRY_MIN_MS",
+            ),
         ];
         for (vars, name) in cases {
             let err = Settings::load(None, env(vars)).unwrap_err().to_string();
