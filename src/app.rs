@@ -55,6 +55,10 @@ pub struct Inner {
     pub quota: QuotaCounters,
     /// Learned locks on upstream credentials.
     pub locks: crate::upstream::locks::Locks,
+    /// Upstream credentials' own-limit usage and in-flight slots (in memory, per process).
+    pub admission: crate::upstream::admission::Admission,
+    /// Recent ambiguous 429s per quota group (groot ADR 0008 corroboration).
+    pub corroboration: crate::upstream::corroboration::Corroboration,
     /// Every key's error-rate breaker.
     pub breakers: crate::breaker::Breakers,
     /// Admin sign-in and tokens.
@@ -196,6 +200,8 @@ impl Gateway {
             sessions,
             breakers,
             locks,
+            admission: Default::default(),
+            corroboration: Default::default(),
             logs,
             http,
             metrics: crate::telemetry::metrics_handle(),

@@ -112,6 +112,14 @@ pub struct Settings {
     pub max_attempts: u32,
     /// Total time budget per request, in seconds.
     pub request_timeout_secs: u64,
+    /// How long a request waits for an in-flight slot when every candidate credential's slots
+    /// are full, in milliseconds (kRouter: then "credential busy", a short backoff).
+    pub slot_wait_ms: u64,
+    /// Shortest wait before the single-candidate retry, in milliseconds (groot ADR 0008: 1 to 3 s
+    /// with jitter).
+    pub single_candidate_retry_min_ms: u64,
+    /// Longest wait before the single-candidate retry, in milliseconds.
+    pub single_candidate_retry_max_ms: u64,
     /// How often in-memory counters and request logs are flushed to the store, in milliseconds.
     pub flush_interval_ms: u64,
     /// Request logs older than this many days are deleted.
@@ -136,6 +144,9 @@ impl Default for Settings {
             max_body_bytes: 32 * 1024 * 1024,
             max_attempts: 3,
             request_timeout_secs: 30,
+            slot_wait_ms: 1000,
+            single_candidate_retry_min_ms: 1000,
+            single_candidate_retry_max_ms: 3000,
             flush_interval_ms: 250,
             log_retention_days: 30,
             data_dir: PathBuf::new(),
@@ -159,6 +170,9 @@ struct FileSettings {
     max_body_bytes: Option<usize>,
     max_attempts: Option<u32>,
     request_timeout_secs: Option<u64>,
+    slot_wait_ms: Option<u64>,
+    single_candidate_retry_min_ms: Option<u64>,
+    single_candidate_retry_max_ms: Option<u64>,
     flush_interval_ms: Option<u64>,
     log_retention_days: Option<u32>,
     data_dir: Option<PathBuf>,
@@ -197,6 +211,13 @@ impl Settings {
             s.max_body_bytes = f.max_body_bytes.unwrap_or(s.max_body_bytes);
             s.max_attempts = f.max_attempts.unwrap_or(s.max_attempts);
             s.request_timeout_secs = f.request_timeout_secs.unwrap_or(s.request_timeout_secs);
+            s.slot_wait_ms = f.slot_wait_ms.unwrap_or(s.slot_wait_ms);
+            s.single_candidate_retry_min_ms = f
+                .single_candidate_retry_min_ms
+                .unwrap_or(s.single_candidate_retry_min_ms);
+            s.single_candidate_retry_max_ms = f
+                .single_candidate_retry_max_ms
+                .unwrap_or(s.single_candidate_retry_max_ms);
             s.flush_interval_ms = f.flush_interval_ms.unwrap_or(s.flush_interval_ms);
             s.log_retention_days = f.log_retention_days.unwrap_or(s.log_retention_days);
             s.data_dir = f.data_dir.unwrap_or(s.data_dir);
@@ -237,6 +258,15 @@ impl Settings {
         if let Some(v) = var("AIGW_REQUEST_TIMEOUT_SECS") {
             s.request_timeout_secs = parse_value("AIGW_REQUEST_TIMEOUT_SECS", &v)?;
         }
+        if let Some(v) = var("AIGW_SLOT_WAIT_MS") {
+            s.slot_wait_ms = parse_value("AIGW_SLOT_WAIT_MS", &v)?;
+        }
+        if let Some(v) = var("AIGW_SINGLE_CANDIDATE_RETRY_MIN_MS") {
+            s.single_candidate_retry_min_ms = parse_value("AIGW_SINGLE_CANDIDATE_RETRY_MIN_MS", &v)?;
+        }
+        if let Some(v) = var("AIGW_SINGLE_CANDIDATE_RETRY_MAX_MS") {
+            s.single_candidate_retry_max_ms = parse_value("AIGW_SINGLE_CANDIDATE_RETRY_MAX_MS", &v)?;
+        }
         if let Some(v) = var("AIGW_FLUSH_INTERVAL_MS") {
             s.flush_interval_ms = parse_value("AIGW_FLUSH_INTERVAL_MS", &v)?;
         }
@@ -274,6 +304,21 @@ impl Settings {
             return bad(
                 "request_timeout_secs (AIGW_REQUEST_TIMEOUT_SECS)",
                 "must be at least 1",
+            );
+        }
+        if self.slot_wait_ms > 60_000 {
+            return bad("slot_wait_ms (AIGW_SLOT_WAIT_MS)", "must be at most 60000");
+        }
+        if self.single_candidate_retry_max_ms > 60_000 {
+            return bad(
+                "single_candidate_retry_max_ms (AIGW_SINGLE_CANDIDATE_RETRY_MAX_MS)",
+                "must be at most 60000",
+            );
+        }
+        if self.single_candidate_retry_min_ms > self.single_candidate_retry_max_ms {
+            return bad(
+                "single_candidate_retry_min_ms (AIGW_SINGLE_CANDIDATE_RETRY_MIN_MS)",
+                "must not exceed single_candidate_retry_max_ms",
             );
         }
         if !(10..=60_000).contains(&self.flush_interval_ms) {
@@ -384,6 +429,15 @@ mod tests {
             (&[("AIGW_MAX_BODY_BYTES", "0")], "AIGW_MAX_BODY_BYTES"),
             (&[("AIGW_DATABASE_URL", "mysql://x")], "AIGW_DATABASE_URL"),
             (&[("AIGW_FLUSH_INTERVAL_MS", "1")], "AIGW_FLUSH_INTERVAL_MS"),
+            (&[("AIGW_SLOT_WAIT_MS", "60001")], "AIGW_SLOT_WAIT_MS"),
+            (
+                &[("AIGW_SINGLE_CANDIDATE_RETRY_MAX_MS", "60001")],
+                "AIGW_SINGLE_CANDIDATE_RETRY_MAX_MS",
+            ),
+            (
+                &[("AIGW_SINGLE_CANDIDATE_RETRY_MIN_MS", "5000")],
+                "AIGW_SINGLE_CANDIDATE_RETRY_MIN_MS",
+            ),
         ];
         for (vars, name) in cases {
             let err = Settings::load(None, env(vars)).unwrap_err().to_string();

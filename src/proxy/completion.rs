@@ -10,6 +10,7 @@ use crate::proxy::auth::Caller;
 use crate::quota::engine::QuotaDecision;
 use crate::request_log::LogRecord;
 use crate::upstream::adapter::{Endpoint, Usage};
+use crate::upstream::admission::Slot;
 use crate::upstream::dispatch::Attempt;
 use crate::upstream::pool::ModelRoute;
 
@@ -94,6 +95,9 @@ pub struct Completion {
     attempts: Vec<Attempt>,
     route: Option<Arc<ModelRoute>>,
     quota: Option<Arc<QuotaDecision>>,
+    /// The serving credential's in-flight slot, freed when this completion ends (finished, or
+    /// dropped with the stream when the client goes away).
+    slot: Option<Slot>,
     /// Language of the gateway's own messages for this request.
     pub locale: crate::config::Locale,
 }
@@ -128,6 +132,7 @@ impl Completion {
             attempts: Vec::new(),
             route: None,
             quota: None,
+            slot: None,
             locale: state_locale,
         }
     }
@@ -178,6 +183,11 @@ impl Completion {
         self.route = Some(route);
     }
 
+    /// Holds the serving credential's in-flight slot until the request completes.
+    pub fn hold(&mut self, slot: Slot) {
+        self.slot = Some(slot);
+    }
+
     /// What the attempts say, for the status explanation.
     pub fn attempts_summary(&self) -> String {
         self.attempts
@@ -205,6 +215,15 @@ impl Completion {
         if let (Some(_), Some(q)) = (&self.route, &self.quota) {
             self.state.quota.record(q, usage, credits);
         }
+        // The credential's own tokens/minute count what it served, in the minute it completed.
+        if let (Some(_), Some(credential)) = (&self.route, self.record.upstream_id)
+            && usage.total() > 0
+        {
+            self.state
+                .admission
+                .count_tokens(credential, usage.total(), self.state.clock.now_ms());
+        }
+        self.slot = None;
         let r = &mut self.record;
         r.status = i64::from(outcome.status);
         r.code = outcome.code;

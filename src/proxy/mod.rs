@@ -149,6 +149,7 @@ pub async fn handle(state: AppState, endpoint: Endpoint, peer: SocketAddr, req: 
             &chain,
             &parts.headers,
             workspace.map(|w| &w.quota_groups),
+            caller.key_id,
             completion.attempts_mut(),
         ),
     )
@@ -164,8 +165,11 @@ pub async fn handle(state: AppState, endpoint: Endpoint, peer: SocketAddr, req: 
             credential,
             model,
             upstream_latency,
+            slot,
         } => {
             completion.served_by(model, credential.id, upstream_latency);
+            // The credential's in-flight slot is freed when the request completes.
+            completion.hold(slot);
             let status = response.status().as_u16();
             let content_type = response.headers().get(header::CONTENT_TYPE).cloned();
             let is_sse = content_type

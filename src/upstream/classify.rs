@@ -14,7 +14,8 @@
 //!    credential-shaped 4xx, overloaded/capacity), then the status code.
 //!
 //! Whether credentials of one quota group rest together is groot's question ([`Sharing`]); the
-//! corroboration state an ambiguous 429 needs lives with the caller, which keeps this pure.
+//! corroboration state an ambiguous 429 needs lives with the caller (`corroboration.rs`), which
+//! keeps this pure.
 //!
 //! The caller bounds the body it reads from upstream; the whole of `body` is examined.
 
@@ -208,7 +209,8 @@ pub enum Sharing {
     /// Every credential in this credential's quota group (this one alone if it has none).
     Account,
     /// This credential now; every credential in its quota group once the caller has seen the
-    /// failure corroborated (3 such failures from 2 different credentials within 30 s).
+    /// failure corroborated (3 such failures from 2 different gateway API keys within 30 s on
+    /// the same quota group; see `corroboration.rs`).
     AccountIfCorroborated,
 }
 

@@ -1,6 +1,9 @@
-//! Dispatch: one attempt per candidate, in order, within the attempt and time budgets. A failure
-//! is classified (`classify.rs`) and the classification says where the request goes next. This
-//! is the one retry layer: the HTTP client never retries by itself.
+//! Dispatch: one attempt per candidate, in order, within the attempt and time budgets. Before an
+//! attempt, a candidate must be unlocked, within its own limits and hold a free in-flight slot
+//! (`admission.rs`); a failure is classified (`classify.rs`) and the classification says what to
+//! park and where the request goes next. This is the one retry layer: the HTTP client never
+//! retries by itself, and the only retry of the same credential is a single candidate's one retry
+//! of a 5xx or a connection failure (groot ADR 0008).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -13,6 +16,9 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 
 use super::adapter::{self, Endpoint};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use super::admission::{Refusal, Slot};
 use super::classify::{self, Classification, LockModels, NextStep, Sharing, UpstreamFailure};
 use super::locks::{self, LockTarget};
 use super::pool::{Credential, ModelRoute};
@@ -81,6 +87,8 @@ pub enum Dispatched {
         model: Arc<ModelRoute>,
         /// Time until the response headers.
         upstream_latency: Duration,
+        /// The credential's in-flight slot, to hold until the response (or stream) is complete.
+        slot: Slot,
     },
     /// Every candidate failed; this is the last upstream error.
     UpstreamFailed(UpstreamError),
@@ -88,7 +96,17 @@ pub enum Dispatched {
     GatewayFailed(ApiError),
 }
 
-/// Tries the chain's candidates in order. `attempts` collects every attempt for the log.
+/// The rule an attempt names in the log when it was retried (groot ADR 0008: one retry).
+pub const SINGLE_CANDIDATE_RETRY: &str = "single_candidate_retry";
+/// What the log says of a credential whose slots stayed full (kRouter's "busy, try another").
+const CREDENTIAL_BUSY: &str = "credential busy: no in-flight slot came free in time";
+
+/// Tries the chain's candidates in order. `attempts` collects every attempt for the log;
+/// `key_id` is the calling gateway API key (groot ADR 0008 corroboration counts keys).
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the request path's inputs, each borrowed from `proxy::handle`"
+)]
 pub async fn dispatch(
     state: &AppState,
     endpoint: Endpoint,
@@ -96,32 +114,157 @@ pub async fn dispatch(
     chain: &[Arc<ModelRoute>],
     headers: &HeaderMap,
     quota_groups: Option<&HashMap<String, Vec<i64>>>,
+    key_id: i64,
     attempts: &mut Vec<Attempt>,
 ) -> Dispatched {
-    let max_attempts = state.settings.max_attempts as usize;
-    let mut last: Option<Dispatched> = None;
+    let mut run = Run {
+        state,
+        endpoint,
+        headers,
+        quota_groups,
+        key_id,
+        deadline: Instant::now() + Duration::from_secs(state.settings.request_timeout_secs),
+        attempts,
+        sent: 0,
+        last: None,
+        earliest_free: None,
+    };
     let now_ms = state.clock.now_ms();
-    // The earliest end among the locks that kept a candidate out (for upstream_quota_exhausted).
-    let mut earliest_lock: Option<i64> = None;
     'models: for model in chain {
-        for cred in candidates(model, endpoint) {
-            if attempts.len() >= max_attempts {
+        let creds = candidates(model, endpoint);
+        // groot ADR 0008: one retry layer — only a request with a single candidate (one
+        // credential, no fallback) gets a retry of its own.
+        let single = chain.len() == 1 && creds.len() == 1;
+        // Candidates skipped because every in-flight slot was taken.
+        let mut busy: Vec<(Arc<Credential>, Arc<Semaphore>)> = Vec::new();
+        for cred in creds {
+            if run.out_of_attempts() {
                 break 'models;
             }
             let Some(upstream_model) = cred.models.get(&model.name) else {
                 continue;
             };
-            // Filtered before dispatch: a banned credential, or a running lock on it or this model.
-            if state.locks.is_banned(cred.id) {
+            if !run.available(&cred, upstream_model, now_ms) {
                 continue;
             }
-            if let Some(until) = state.locks.parked_until(cred.id, upstream_model, now_ms) {
-                earliest_lock = Some(earliest_lock.map_or(until, |e| e.min(until)));
+            // DESIGN.md §1: own limits and a free in-flight slot, checked before dispatch.
+            let slot = match state.admission.admit(&cred, now_ms) {
+                Ok(slot) => slot,
+                Err(Refusal::OwnLimit { until_ms }) => {
+                    run.free_at(until_ms);
+                    continue;
+                }
+                Err(Refusal::Busy(slots)) => {
+                    busy.push((cred, slots));
+                    continue;
+                }
+            };
+            match run
+                .attempt(body, &cred, model, upstream_model, slot, single)
+                .await
+            {
+                Step::Served(served) => return served,
+                Step::Failed(NextStep::NextCredential) => continue,
+                Step::Failed(NextStep::NextModel) => continue 'models,
+                Step::Failed(NextStep::Stop) => break 'models,
+            }
+        }
+        if busy.is_empty() || run.out_of_attempts() {
+            continue;
+        }
+        // kRouter rule 5: every candidate left is busy: wait briefly for a slot; if none comes
+        // free, each gets the gateway's own "credential busy" (short backoff) and the chain moves on.
+        let Some((i, permit)) = run.wait_for_slot(&busy).await else {
+            run.busy(&busy, model);
+            continue;
+        };
+        let cred = &busy[i].0;
+        let Some(upstream_model) = cred.models.get(&model.name) else {
+            continue;
+        };
+        let slot = match state.admission.admit_waited(cred, permit, state.clock.now_ms()) {
+            Ok(slot) => slot,
+            Err(until_ms) => {
+                run.free_at(until_ms);
                 continue;
             }
-            let out = adapter::outgoing(endpoint, &cred, body, upstream_model);
+        };
+        match run.attempt(body, cred, model, upstream_model, slot, single).await {
+            Step::Served(served) => return served,
+            Step::Failed(NextStep::NextCredential | NextStep::NextModel) => continue,
+            Step::Failed(NextStep::Stop) => break 'models,
+        }
+    }
+    run.finish()
+}
+
+/// The outcome of one attempt (with its retry, if any).
+enum Step {
+    /// Served; dispatch is over.
+    Served(Dispatched),
+    /// Failed; where the request goes now.
+    Failed(NextStep),
+}
+
+/// One request's walk through its candidates.
+struct Run<'a> {
+    state: &'a AppState,
+    endpoint: Endpoint,
+    headers: &'a HeaderMap,
+    quota_groups: Option<&'a HashMap<String, Vec<i64>>>,
+    key_id: i64,
+    /// The end of the request's time budget.
+    deadline: Instant,
+    attempts: &'a mut Vec<Attempt>,
+    /// Requests sent upstream so far (the attempt budget counts these).
+    sent: usize,
+    /// What to answer if nothing serves.
+    last: Option<Dispatched>,
+    /// The earliest instant (Unix ms) a skipped candidate is free again: the end of its lock,
+    /// the rollover of its own limit's window, or its busy backoff.
+    earliest_free: Option<i64>,
+}
+
+impl Run<'_> {
+    fn out_of_attempts(&self) -> bool {
+        self.sent >= self.state.settings.max_attempts as usize
+    }
+
+    fn free_at(&mut self, until_ms: i64) {
+        self.earliest_free = Some(self.earliest_free.map_or(until_ms, |e| e.min(until_ms)));
+    }
+
+    /// Filtered before dispatch: a banned credential, or a running lock on it or this model.
+    fn available(&mut self, cred: &Credential, upstream_model: &str, now_ms: i64) -> bool {
+        if self.state.locks.is_banned(cred.id) {
+            return false;
+        }
+        if let Some(until) = self.state.locks.parked_until(cred.id, upstream_model, now_ms) {
+            self.free_at(until);
+            return false;
+        }
+        true
+    }
+
+    /// Sends the request to `cred`, holding `slot`; on a failure, classifies it and parks what
+    /// it names. A single candidate gets one retry of a 5xx or a connection failure.
+    async fn attempt(
+        &mut self,
+        body: &mut Map<String, Value>,
+        cred: &Arc<Credential>,
+        model: &Arc<ModelRoute>,
+        upstream_model: &str,
+        slot: Slot,
+        single: bool,
+    ) -> Step {
+        let out = adapter::outgoing(self.endpoint, cred, body, upstream_model);
+        let mut builder = request(self.state, self.endpoint, cred, self.headers, out);
+        // The body is bytes, so the request clones; only a single candidate may need the copy.
+        let mut retry = if single { builder.try_clone() } else { None };
+        loop {
+            self.sent += 1;
             let started = Instant::now();
-            let sent = request(state, endpoint, &cred, headers, out).send().await;
+            let sent = builder.send().await;
             let upstream_latency = started.elapsed();
             metrics::histogram!("aigw_upstream_duration_seconds", "provider" => cred.provider.as_str())
                 .record(upstream_latency.as_secs_f64());
@@ -129,123 +272,260 @@ pub async fn dispatch(
                 Ok(r) => r,
                 Err(e) => {
                     let what = connection_error(&e);
-                    attempts.push(Attempt {
+                    let attempt = Attempt {
                         error: Some(what.clone()),
-                        ..Attempt::of(&cred, model)
-                    });
-                    last = Some(Dispatched::GatewayFailed(ApiError::UpstreamUnreachable {
+                        ..Attempt::of(cred, model)
+                    };
+                    // groot ADR 0008: a connection failure of a single candidate, nothing emitted.
+                    if let Some(again) = retry.take()
+                        && self.retry_pause(cred, upstream_model).await
+                    {
+                        self.attempts.push(Attempt {
+                            rule: Some(SINGLE_CANDIDATE_RETRY),
+                            ..attempt
+                        });
+                        builder = again;
+                        continue;
+                    }
+                    self.attempts.push(attempt);
+                    self.last = Some(Dispatched::GatewayFailed(ApiError::UpstreamUnreachable {
                         message: what,
                     }));
-                    continue;
+                    return Step::Failed(NextStep::NextCredential);
                 }
             };
             let status = response.status().as_u16();
             if response.status().is_success() {
-                attempts.push(Attempt {
+                self.attempts.push(Attempt {
                     status: Some(status),
-                    ..Attempt::of(&cred, model)
+                    ..Attempt::of(cred, model)
                 });
-                state.locks.success(cred.id);
-                return Dispatched::Served {
+                self.state.locks.success(cred.id);
+                return Step::Served(Dispatched::Served {
                     response,
-                    credential: cred,
+                    credential: cred.clone(),
                     model: model.clone(),
                     upstream_latency,
-                };
+                    slot,
+                });
             }
             let error = read_error(response).await;
+            // groot ADR 0008: a 5xx of a single candidate, nothing emitted, is retried once
+            // (kRouter: not a 529 overload, which a few seconds do not cure).
+            if (500..=599).contains(&status)
+                && status != 529
+                && let Some(again) = retry.take()
+                && self.retry_pause(cred, upstream_model).await
+            {
+                self.attempts.push(Attempt {
+                    status: Some(status),
+                    rule: Some(SINGLE_CANDIDATE_RETRY),
+                    ..Attempt::of(cred, model)
+                });
+                builder = again;
+                continue;
+            }
+            return Step::Failed(self.fail(cred, model, upstream_model, error));
+        }
+    }
+
+    /// groot ADR 0008: the pause before a single candidate's one retry, 1 to 3 s with jitter
+    /// (`single_candidate_retry_{min,max}_ms`). False — no retry — when the attempt budget is
+    /// spent, the pause would use up the time budget, or meanwhile the credential came to rest
+    /// (a lock or its banned mark) or reached an own limit; otherwise the retry is counted.
+    async fn retry_pause(&mut self, cred: &Credential, upstream_model: &str) -> bool {
+        let settings = &self.state.settings;
+        if self.out_of_attempts() {
+            return false;
+        }
+        let (min, max) = (
+            settings.single_candidate_retry_min_ms,
+            settings.single_candidate_retry_max_ms,
+        );
+        let pause = Duration::from_millis(rand::thread_rng().gen_range(min..=max));
+        if Instant::now() + pause >= self.deadline {
+            return false;
+        }
+        tokio::time::sleep(pause).await;
+        let now_ms = self.state.clock.now_ms();
+        !self.state.locks.is_banned(cred.id)
+            && self
+                .state
+                .locks
+                .parked_until(cred.id, upstream_model, now_ms)
+                .is_none()
+            && self.state.admission.admit_again(cred, now_ms)
+    }
+
+    /// Classifies an upstream error, parks what it names, and keeps it as the answer so far.
+    fn fail(
+        &mut self,
+        cred: &Credential,
+        model: &ModelRoute,
+        upstream_model: &str,
+        error: UpstreamError,
+    ) -> NextStep {
+        let class = {
             let text = String::from_utf8_lossy(&error.body);
-            let failure = UpstreamFailure {
-                status,
+            classify::classify(&UpstreamFailure {
+                status: error.status,
                 headers: &error.headers,
                 body: &text,
                 provider: cred.provider,
                 model: upstream_model,
-                now: state.clock.now(),
-                backoff_level: state.locks.backoff_level(cred.id),
+                now: self.state.clock.now(),
+                backoff_level: self.state.locks.backoff_level(cred.id),
                 gateway_busy: false,
-            };
-            let class = classify::classify(&failure);
-            let lock_until = park(state, &cred, upstream_model, &class, quota_groups);
-            attempts.push(Attempt {
-                status: Some(status),
-                rule: Some(class.rule.name()),
-                lock_until: lock_until.map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)),
-                ..Attempt::of(&cred, model)
-            });
-            last = Some(Dispatched::UpstreamFailed(error));
-            match class.next {
-                NextStep::NextCredential => continue,
-                NextStep::NextModel => continue 'models,
-                NextStep::Stop => break 'models,
-            }
+            })
+        };
+        let lock_until = self.park(cred, upstream_model, &class);
+        self.attempts.push(Attempt {
+            status: Some(error.status),
+            rule: Some(class.rule.name()),
+            lock_until: lock_until.map(rfc3339),
+            ..Attempt::of(cred, model)
+        });
+        self.last = Some(Dispatched::UpstreamFailed(error));
+        class.next
+    }
+
+    /// Waits, within `slot_wait_ms` and the time budget, for a slot of any busy candidate;
+    /// returns which one freed first.
+    async fn wait_for_slot(
+        &self,
+        busy: &[(Arc<Credential>, Arc<Semaphore>)],
+    ) -> Option<(usize, OwnedSemaphorePermit)> {
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        let wait = Duration::from_millis(self.state.settings.slot_wait_ms).min(left);
+        if busy.is_empty() || wait.is_zero() {
+            return None;
+        }
+        let waits = busy.iter().enumerate().map(|(i, (_, slots))| {
+            let slots = slots.clone();
+            Box::pin(async move { (i, slots.acquire_owned().await) })
+        });
+        match tokio::time::timeout(wait, futures::future::select_all(waits)).await {
+            Ok(((i, Ok(permit)), _, _)) => Some((i, permit)),
+            _ => None,
         }
     }
-    // Nothing was sent upstream because every candidate is parked.
-    if attempts.is_empty()
-        && let Some(until) = earliest_lock
-    {
-        let ms = u64::try_from(until - now_ms).unwrap_or(0);
-        return Dispatched::GatewayFailed(ApiError::UpstreamQuotaExhausted {
-            retry_after: ms.div_ceil(1000).max(1),
-        });
+
+    /// kRouter rule 5: no slot came free in time: the gateway's own "credential busy" on each
+    /// busy candidate, classified like any failure (the short backoff on that model).
+    fn busy(&mut self, busy: &[(Arc<Credential>, Arc<Semaphore>)], model: &ModelRoute) {
+        let now = self.state.clock.now();
+        for (cred, _) in busy {
+            let Some(upstream_model) = cred.models.get(&model.name) else {
+                continue;
+            };
+            let level = self.state.locks.backoff_level(cred.id);
+            let class = classify::classify(&UpstreamFailure::gateway_busy(
+                cred.provider,
+                upstream_model,
+                now,
+                level,
+            ));
+            let lock_until = self.park(cred, upstream_model, &class);
+            if let Some(until) = lock_until {
+                self.free_at(until.timestamp_millis());
+            }
+            self.attempts.push(Attempt {
+                rule: Some(class.rule.name()),
+                error: Some(CREDENTIAL_BUSY.to_owned()),
+                lock_until: lock_until.map(rfc3339),
+                ..Attempt::of(cred, model)
+            });
+        }
     }
-    last.unwrap_or_else(|| {
-        Dispatched::GatewayFailed(ApiError::UpstreamUnreachable {
-            message: "no upstream credential serves this model on this endpoint".to_owned(),
+
+    /// How dispatch ends when nothing served.
+    fn finish(self) -> Dispatched {
+        // Nothing was sent upstream: every candidate is parked, at its own limit, or busy.
+        if self.sent == 0
+            && let Some(until) = self.earliest_free
+        {
+            let ms = u64::try_from(until - self.state.clock.now_ms()).unwrap_or(0);
+            return Dispatched::GatewayFailed(ApiError::UpstreamQuotaExhausted {
+                retry_after: ms.div_ceil(1000).max(1),
+            });
+        }
+        self.last.unwrap_or_else(|| {
+            Dispatched::GatewayFailed(ApiError::UpstreamUnreachable {
+                message: "no upstream credential serves this model on this endpoint".to_owned(),
+            })
         })
-    })
+    }
+
+    /// Writes what a classified failure parks (extend-only, persisted off the request path),
+    /// bumps the credential's backoff level and sets its banned mark; returns the lock's end.
+    fn park(
+        &self,
+        cred: &Credential,
+        upstream_model: &str,
+        class: &Classification,
+    ) -> Option<chrono::DateTime<chrono::Utc>> {
+        let state = self.state;
+        if class.bump_backoff {
+            state.locks.bump_backoff(cred.id);
+        }
+        if class.banned {
+            state.locks.ban(cred.id);
+        }
+        let mut rows = Vec::new();
+        if let Some(lock) = &class.lock {
+            let group = |g: &String| {
+                self.quota_groups
+                    .and_then(|q| q.get(g))
+                    .cloned()
+                    .unwrap_or_else(|| vec![cred.id])
+            };
+            let credentials = match (lock.sharing, &cred.quota_group) {
+                // groot ADR 0008: an account-level failure rests every credential of the quota group.
+                (Sharing::Account, Some(g)) => group(g),
+                // groot ADR 0008: corroboration — an ambiguous 429 rests the quota group only once
+                // 3 such failures from 2 different gateway keys fell within 30 s; else its route.
+                (Sharing::AccountIfCorroborated, Some(g))
+                    if state.corroboration.observe(
+                        cred.workspace_id,
+                        g,
+                        state.clock.now_ms(),
+                        self.key_id,
+                    ) =>
+                {
+                    tracing::info!(credential = %cred.name, quota_group = %g, "ambiguous 429 corroborated; the quota group rests");
+                    group(g)
+                }
+                _ => vec![cred.id],
+            };
+            let until = lock.until.timestamp_millis();
+            let rule = class.rule.name();
+            let mut targets = vec![match lock.models {
+                LockModels::One => LockTarget::Model(upstream_model.to_owned()),
+                LockModels::AllFree => LockTarget::AllFree,
+                LockModels::All => LockTarget::Credential,
+            }];
+            if lock.models == LockModels::AllFree && !classify::is_free_model(upstream_model) {
+                targets.push(LockTarget::Model(upstream_model.to_owned()));
+            }
+            for t in &targets {
+                rows.extend(state.locks.park(&credentials, t, until, rule));
+            }
+            tracing::info!(credential = %cred.name, model = upstream_model, rule, until = %lock.until, "upstream credential parked");
+        }
+        if !rows.is_empty() || class.banned {
+            let (s, banned) = (state.clone(), class.banned.then_some(cred.id));
+            state.tasks.spawn(async move {
+                if let Err(e) = locks::persist(&s.store, &rows, banned).await {
+                    tracing::error!(error = %e, "could not persist upstream locks");
+                }
+            });
+        }
+        class.lock.as_ref().map(|l| l.until)
+    }
 }
 
-/// Writes what a classified failure parks (extend-only, persisted off the request path), bumps
-/// the credential's backoff level and sets its banned mark; returns the lock's end.
-fn park(
-    state: &AppState,
-    cred: &Credential,
-    upstream_model: &str,
-    class: &Classification,
-    quota_groups: Option<&HashMap<String, Vec<i64>>>,
-) -> Option<chrono::DateTime<chrono::Utc>> {
-    if class.bump_backoff {
-        state.locks.bump_backoff(cred.id);
-    }
-    if class.banned {
-        state.locks.ban(cred.id);
-    }
-    let mut rows = Vec::new();
-    if let Some(lock) = &class.lock {
-        // groot ADR 0008: an account-level failure rests every credential of the quota group.
-        let credentials = match (lock.sharing, &cred.quota_group) {
-            (Sharing::Account, Some(g)) => quota_groups
-                .and_then(|q| q.get(g))
-                .cloned()
-                .unwrap_or_else(|| vec![cred.id]),
-            _ => vec![cred.id],
-        };
-        let until = lock.until.timestamp_millis();
-        let rule = class.rule.name();
-        let mut targets = vec![match lock.models {
-            LockModels::One => LockTarget::Model(upstream_model.to_owned()),
-            LockModels::AllFree => LockTarget::AllFree,
-            LockModels::All => LockTarget::Credential,
-        }];
-        if lock.models == LockModels::AllFree && !classify::is_free_model(upstream_model) {
-            targets.push(LockTarget::Model(upstream_model.to_owned()));
-        }
-        for t in &targets {
-            rows.extend(state.locks.park(&credentials, t, until, rule));
-        }
-        tracing::info!(credential = %cred.name, model = upstream_model, rule, until = %lock.until, "upstream credential parked");
-    }
-    if !rows.is_empty() || class.banned {
-        let (s, banned) = (state.clone(), class.banned.then_some(cred.id));
-        state.tasks.spawn(async move {
-            if let Err(e) = locks::persist(&s.store, &rows, banned).await {
-                tracing::error!(error = %e, "could not persist upstream locks");
-            }
-        });
-    }
-    class.lock.as_ref().map(|l| l.until)
+fn rfc3339(t: chrono::DateTime<chrono::Utc>) -> String {
+    t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
 }
 
 /// The chain model's credentials that serve `endpoint`, by priority, weighted random within a

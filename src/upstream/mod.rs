@@ -1,7 +1,9 @@
 //! Upstream credentials: providers, failure classification, locks and dispatch (DESIGN.md §6).
 
 pub mod adapter;
+pub mod admission;
 pub mod classify;
+pub mod corroboration;
 pub mod dispatch;
 pub mod locks;
 pub mod pool;

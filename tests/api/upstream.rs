@@ -361,3 +361,506 @@ async fn a_new_secret_clears_model_locks_not_account_holds(db: TestDb) {
     );
     app.stop().await;
 }
+
+// ---------------------------------------------------------------------------------------------
+// Own limits, in-flight slots, corroboration and the single-candidate retry.
+
+/// A second gateway key of the same member (groot ADR 0008 corroboration counts keys).
+const OTHER_KEY: &str = "sk-aigw-OtherPoolKey0123456789abcdefghij";
+
+/// A workspace with the two keys and the given `[[upstream]]` blocks, each written as
+/// (name, base URL, secret, models, extra TOML lines).
+fn pool_of(upstreams: &[(&str, &str, &str, &str, &str)]) -> String {
+    let mut text = format!(
+        r#"
+[[workspace]]
+name = "acme"
+[[member]]
+workspace = "acme"
+email = "ada@acme.test"
+role = "member"
+[[api_key]]
+member = "ada@acme.test"
+name = "ci"
+key = "{KEY}"
+[[api_key]]
+member = "ada@acme.test"
+name = "other"
+key = "{OTHER_KEY}"
+"#
+    );
+    for (i, (name, url, secret, models, extra)) in upstreams.iter().enumerate() {
+        text.push_str(&format!(
+            "[[upstream]]\nworkspace = \"acme\"\nname = \"{name}\"\nprovider = \"openai-compatible\"\n\
+             base_url = \"{url}\"\napi_key = \"{secret}\"\nmodels = {models}\npriority = {i}\n{extra}\n"
+        ));
+    }
+    text
+}
+
+async fn credential_id(app: &TestApp, name: &str) -> i64 {
+    use aigw::store::{UpstreamStore, WorkspaceStore};
+    let ws = app.state.store.workspace_by_name("acme").await.unwrap().unwrap();
+    app.state
+        .store
+        .upstream_by_name(ws.id, name)
+        .await
+        .unwrap()
+        .unwrap()
+        .id
+}
+
+/// Waits (10 s at most) until `credential` has `n` requests in flight.
+async fn until_in_flight(app: &TestApp, credential: i64, n: usize) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while app.state.admission.in_flight(credential) != n {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "credential {credential} never had {n} requests in flight"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}
+
+fn credentials_called(mock: &MockUpstream) -> Vec<String> {
+    mock.calls()
+        .into_iter()
+        .map(|c| c.credential.unwrap_or_default())
+        .collect()
+}
+
+both_backends!(
+    own_limits_skip_a_credential_until_its_window_rolls_over,
+    a_pool_at_its_own_limits_answers_like_a_parked_one,
+    own_token_limits_count_after_completion,
+);
+
+async fn own_limits_skip_a_credential_until_its_window_rolls_over(db: TestDb) {
+    let mock = MockUpstream::start().await.unwrap();
+    let url = mock.base_url();
+    let text = pool_of(&[
+        (
+            "one",
+            &url,
+            "cred-one",
+            r#"["m1"]"#,
+            "limits = { requests_per_minute = 2 }",
+        ),
+        ("two", &url, "cred-two", r#"["m1"]"#, ""),
+    ]);
+    let app = spawn_app(&db, Setup::resources(text)).await;
+    for _ in 0..3 {
+        let r = app.post_json("/v1/chat/completions", KEY, &chat("m1")).await;
+        assert_eq!(r.status(), 200);
+    }
+    assert_eq!(
+        credentials_called(&mock),
+        ["cred-one", "cred-one", "cred-two"],
+        "the third request skips `one`, whose 2 requests/minute are used"
+    );
+    // The next UTC minute gives `one` its requests back.
+    app.clock.advance(chrono::Duration::seconds(60));
+    let r = app.post_json("/v1/chat/completions", KEY, &chat("m1")).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(mock.calls()[3].credential.as_deref(), Some("cred-one"));
+    app.stop().await;
+}
+
+async fn a_pool_at_its_own_limits_answers_like_a_parked_one(db: TestDb) {
+    let mock = MockUpstream::start().await.unwrap();
+    let url = mock.base_url();
+    let limits = "limits = { requests_per_minute = 1, requests_per_day = 3 }";
+    let text = pool_of(&[("solo", &url, "cred-solo", r#"["m1"]"#, limits)]);
+    let app = spawn_app(&db, Setup::resources(text)).await;
+    // The clock starts at 02:00:00 UTC: the minute rolls over in 60 s.
+    assert_eq!(
+        app.post_json("/v1/chat/completions", KEY, &chat("m1"))
+            .await
+            .status(),
+        200
+    );
+    let r = app.post_json("/v1/chat/completions", KEY, &chat("m1")).await;
+    assert_eq!(r.status(), 429);
+    assert_eq!(r.headers()["retry-after"], "60");
+    assert_eq!(r.headers()["x-aigw-error-source"], "gateway");
+    assert!(
+        !r.headers().contains_key("x-should-retry"),
+        "a wait of 60 s is the SDK's to wait out"
+    );
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "upstream_quota_exhausted");
+    assert_eq!(body["error"]["retry_after"], 60);
+    assert_eq!(mock.call_count(), 1, "nothing was sent upstream");
+    for _ in 0..2 {
+        app.clock.advance(chrono::Duration::seconds(60));
+        assert_eq!(
+            app.post_json("/v1/chat/completions", KEY, &chat("m1"))
+                .await
+                .status(),
+            200
+        );
+    }
+    // 3 requests today: the day's limit holds until 00:00 UTC (now 02:02:00).
+    app.clock.advance(chrono::Duration::seconds(60));
+    let r = app.post_json("/v1/chat/completions", KEY, &chat("m1")).await;
+    assert_eq!(r.status(), 429);
+    assert_eq!(r.headers()["x-should-retry"], "false");
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["error"]["retry_after"], 22 * 3600 - 3 * 60);
+    assert_eq!(mock.call_count(), 3);
+    app.clock.advance(chrono::Duration::seconds(22 * 3600 - 3 * 60));
+    assert_eq!(
+        app.post_json("/v1/chat/completions", KEY, &chat("m1"))
+            .await
+            .status(),
+        200,
+        "a new UTC day"
+    );
+    app.stop().await;
+}
+
+async fn own_token_limits_count_after_completion(db: TestDb) {
+    let mock = MockUpstream::start().await.unwrap();
+    let url = mock.base_url();
+    // The mock reports 1 prompt token for "hi" and 5 completion tokens: 6 a request.
+    let limits = "limits = { tokens_per_minute = 10 }";
+    let text = pool_of(&[
+        ("one", &url, "cred-one", r#"["m1"]"#, limits),
+        ("two", &url, "cred-two", r#"["m1"]"#, ""),
+    ]);
+    let app = spawn_app(&db, Setup::resources(text)).await;
+    assert_eq!(
+        app.post_json("/v1/chat/completions", KEY, &chat("m1"))
+            .await
+            .status(),
+        200
+    );
+    // A streamed request counts its tokens when the stream ends.
+    let stream = json!({"model": "m1", "stream": true, "messages": [{"role": "user", "content": "hi"}]});
+    let r = app.post_json("/v1/chat/completions", KEY, &stream).await;
+    assert_eq!(r.status(), 200);
+    assert!(r.text().await.unwrap().contains("[DONE]"));
+    assert_eq!(
+        app.post_json("/v1/chat/completions", KEY, &chat("m1"))
+            .await
+            .status(),
+        200
+    );
+    assert_eq!(
+        credentials_called(&mock),
+        ["cred-one", "cred-one", "cred-two"],
+        "12 tokens this minute: `one` is skipped (the request that crossed 10 completed)"
+    );
+    app.stop().await;
+}
+
+both_backends!(
+    a_credential_without_a_free_slot_is_skipped_until_the_stream_ends,
+    a_full_pool_waits_briefly_for_a_slot_then_answers_busy,
+);
+
+async fn a_credential_without_a_free_slot_is_skipped_until_the_stream_ends(db: TestDb) {
+    let mock = MockUpstream::start().await.unwrap();
+    let url = mock.base_url();
+    let text = pool_of(&[
+        ("one", &url, "cred-one", r#"["m1"]"#, "max_in_flight = 1"),
+        ("two", &url, "cred-two", r#"["m1"]"#, "max_in_flight = 1"),
+    ]);
+    let app = spawn_app(&db, Setup::resources(text)).await;
+    let one = credential_id(&app, "one").await;
+    mock.script(
+        Script::any()
+            .credential("cred-one")
+            .times(1)
+            .chunk_delay(300)
+            .words(50),
+    );
+    let stream = json!({"model": "m1", "stream": true, "messages": [{"role": "user", "content": "hi"}]});
+    let slow = app.post_json("/v1/chat/completions", KEY, &stream).await;
+    assert_eq!(slow.status(), 200);
+    assert_eq!(app.state.admission.in_flight(one), 1, "the stream holds its slot");
+    let r = app.post_json("/v1/chat/completions", KEY, &chat("m1")).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(
+        credentials_called(&mock),
+        ["cred-one", "cred-two"],
+        "`one` has no free slot: skipped, not waited for"
+    );
+    // The client goes away mid-stream: the slot is freed with the stream.
+    drop(slow);
+    until_in_flight(&app, one, 0).await;
+    let r = app.post_json("/v1/chat/completions", KEY, &chat("m1")).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(mock.calls()[2].credential.as_deref(), Some("cred-one"));
+    // A stream read to its end frees the slot too.
+    let r = app.post_json("/v1/chat/completions", KEY, &stream).await;
+    assert!(r.text().await.unwrap().contains("[DONE]"));
+    assert_eq!(app.state.admission.in_flight(one), 0);
+    app.stop().await;
+}
+
+async fn a_full_pool_waits_briefly_for_a_slot_then_answers_busy(db: TestDb) {
+    let mock = MockUpstream::start().await.unwrap();
+    let url = mock.base_url();
+    let text = pool_of(&[("solo", &url, "cred-solo", r#"["m1"]"#, "max_in_flight = 1")]);
+    let setup = Setup {
+        settings: Box::new(|s| s.slot_wait_ms = 400),
+        ..Setup::resources(text)
+    };
+    let app = spawn_app(&db, setup).await;
+    let solo = credential_id(&app, "solo").await;
+    let slow = |ms| Script {
+        delay_ms: Some(ms),
+        ..Script::any().times(1)
+    };
+    let send = |app: &TestApp| {
+        let (client, url) = (app.client.clone(), format!("{}/v1/chat/completions", app.address));
+        tokio::spawn(async move {
+            client
+                .post(url)
+                .bearer_auth(KEY)
+                .json(&chat("m1"))
+                .send()
+                .await
+                .unwrap()
+        })
+    };
+    // A slot that frees within the wait serves the waiting request.
+    mock.script(slow(100));
+    let first = send(&app);
+    until_in_flight(&app, solo, 1).await;
+    let r = app.post_json("/v1/chat/completions", KEY, &chat("m1")).await;
+    assert_eq!(r.status(), 200, "waited for the slot");
+    assert_eq!(first.await.unwrap().status(), 200);
+    assert_eq!(mock.call_count(), 2);
+    // A slot that stays taken: "credential busy", a 2 s backoff, and a parked pool's answer.
+    mock.script(slow(1500));
+    let first = send(&app);
+    until_in_flight(&app, solo, 1).await;
+    let r = app.post_json("/v1/chat/completions", KEY, &chat("m1")).await;
+    assert_eq!(r.status(), 429);
+    assert_eq!(r.headers()["retry-after"], "2");
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "upstream_quota_exhausted");
+    let log = app
+        .logs("acme", 3)
+        .await
+        .into_iter()
+        .find(|l| l.status == 429)
+        .unwrap();
+    let detail: Value = serde_json::from_str(&log.attempts_detail).unwrap();
+    assert_eq!(detail[0]["rule"], "backoff", "{detail}");
+    assert!(detail[0]["error"].as_str().unwrap().contains("credential busy"));
+    assert_eq!(first.await.unwrap().status(), 200);
+    assert_eq!(mock.call_count(), 3, "the busy request was not sent");
+    // The busy backoff ends after 2 s.
+    app.clock.advance(chrono::Duration::seconds(2));
+    assert_eq!(
+        app.post_json("/v1/chat/completions", KEY, &chat("m1"))
+            .await
+            .status(),
+        200
+    );
+    app.stop().await;
+}
+
+both_backends!(ambiguous_429s_rest_the_quota_group_when_corroborated);
+
+async fn ambiguous_429s_rest_the_quota_group_when_corroborated(db: TestDb) {
+    let mock = MockUpstream::start().await.unwrap();
+    let url = mock.base_url();
+    let models = r#"["m1", "m2", "m3", "m4"]"#;
+    let group = "quota_group = \"acct\"";
+    let text = pool_of(&[
+        ("one", &url, "cred-one", models, group),
+        ("two", &url, "cred-two", models, group),
+    ]);
+    let app = spawn_app(&db, Setup::resources(text)).await;
+    // No rate-limit headers, no provider marker, no error_type: groot's "ambiguous".
+    let ambiguous = json!({"error": {"message": "Too Many Requests", "code": 429}});
+    mock.script(Script::any().credential("cred-one").error(429, ambiguous.clone()));
+    // Three ambiguous failures from one key rest only their routes: `two` serves each time.
+    for model in ["m1", "m2", "m3"] {
+        let r = app.post_json("/v1/chat/completions", KEY, &chat(model)).await;
+        assert_eq!(r.status(), 200, "{model}");
+    }
+    assert_eq!(
+        credentials_called(&mock),
+        [
+            "cred-one", "cred-two", "cred-one", "cred-two", "cred-one", "cred-two"
+        ]
+    );
+    // A failure from a second key within 30 s corroborates: the whole group rests on m4.
+    app.clock.advance(chrono::Duration::seconds(10));
+    let r = app
+        .post_json("/v1/chat/completions", OTHER_KEY, &chat("m4"))
+        .await;
+    assert_eq!(r.status(), 429);
+    assert_eq!(r.headers()["x-aigw-error-source"], "upstream");
+    assert_eq!(r.json::<Value>().await.unwrap(), ambiguous);
+    assert_eq!(mock.call_count(), 7, "`two` was not tried: its account rests");
+    let r = app.post_json("/v1/chat/completions", KEY, &chat("m4")).await;
+    assert_eq!(r.status(), 429);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "upstream_quota_exhausted");
+    assert_eq!(body["error"]["retry_after"], 90, "the rate-limit wording's 90 s");
+    assert_eq!(mock.call_count(), 7);
+    app.stop().await;
+}
+
+both_backends!(
+    a_single_candidate_retries_a_5xx_once,
+    a_single_candidate_retries_a_dropped_connection,
+    the_single_retry_respects_the_attempt_and_time_budgets,
+);
+
+/// Settings with a short single-candidate retry pause (the default is 1 to 3 s).
+fn quick_retry(text: String) -> Setup {
+    Setup {
+        settings: Box::new(|s| {
+            s.single_candidate_retry_min_ms = 20;
+            s.single_candidate_retry_max_ms = 40;
+        }),
+        ..Setup::resources(text)
+    }
+}
+
+async fn a_single_candidate_retries_a_5xx_once(db: TestDb) {
+    let mock = MockUpstream::start().await.unwrap();
+    let url = mock.base_url();
+    let text = pool_of(&[
+        ("solo", &url, "cred-solo", r#"["m1"]"#, ""),
+        ("one", &url, "cred-one", r#"["m2"]"#, ""),
+        ("two", &url, "cred-two", r#"["m2"]"#, ""),
+    ]);
+    let app = spawn_app(&db, quick_retry(text)).await;
+    let boom = json!({"error": {"message": "upstream exploded", "type": "server_error"}});
+    // One 503, then success: the retry serves.
+    mock.script(
+        Script::any()
+            .credential("cred-solo")
+            .times(1)
+            .error(503, boom.clone()),
+    );
+    let r = app.post_json("/v1/chat/completions", KEY, &chat("m1")).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(credentials_called(&mock), ["cred-solo", "cred-solo"]);
+    let log = &app.logs("acme", 1).await[0];
+    assert_eq!((log.status, log.attempts), (200, 2));
+    let detail: Value = serde_json::from_str(&log.attempts_detail).unwrap();
+    assert_eq!(detail[0]["status"], 503);
+    assert_eq!(detail[0]["rule"], "single_candidate_retry");
+    assert!(
+        detail[0].get("lock_until").is_none(),
+        "a retried failure parks nothing"
+    );
+    // Two 500s: one retry only, then the error as is, and the route is parked.
+    mock.reset();
+    mock.script(
+        Script::any()
+            .credential("cred-solo")
+            .times(2)
+            .error(500, boom.clone()),
+    );
+    let r = app.post_json("/v1/chat/completions", KEY, &chat("m1")).await;
+    assert_eq!(r.status(), 500);
+    assert_eq!(r.json::<Value>().await.unwrap(), boom);
+    assert_eq!(mock.call_count(), 2);
+    let r = app.post_json("/v1/chat/completions", KEY, &chat("m1")).await;
+    assert_eq!(
+        r.json::<Value>().await.unwrap()["error"]["code"],
+        "upstream_quota_exhausted"
+    );
+    // Two candidates: no retry of the same credential, the next one serves.
+    mock.reset();
+    mock.script(Script::any().credential("cred-one").times(1).error(503, boom));
+    let r = app.post_json("/v1/chat/completions", KEY, &chat("m2")).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(credentials_called(&mock), ["cred-one", "cred-two"]);
+    app.stop().await;
+}
+
+/// A front for `target` that drops the first connection it accepts, before answering anything,
+/// and relays every later one.
+async fn drops_first_connection(target: std::net::SocketAddr) -> std::net::SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut first = true;
+        while let Ok((mut inbound, _)) = listener.accept().await {
+            if std::mem::take(&mut first) {
+                drop(inbound);
+                continue;
+            }
+            tokio::spawn(async move {
+                if let Ok(mut outbound) = tokio::net::TcpStream::connect(target).await {
+                    let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                }
+            });
+        }
+    });
+    addr
+}
+
+async fn a_single_candidate_retries_a_dropped_connection(db: TestDb) {
+    let mock = MockUpstream::start().await.unwrap();
+    let front = drops_first_connection(mock.addr()).await;
+    let url = format!("http://{front}/v1");
+    let text = pool_of(&[("solo", &url, "cred-solo", r#"["m1"]"#, "")]);
+    let app = spawn_app(&db, quick_retry(text)).await;
+    let r = app.post_json("/v1/chat/completions", KEY, &chat("m1")).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(
+        mock.call_count(),
+        1,
+        "the dropped connection never reached the mock"
+    );
+    let log = &app.logs("acme", 1).await[0];
+    assert_eq!(log.attempts, 2);
+    let detail: Value = serde_json::from_str(&log.attempts_detail).unwrap();
+    assert_eq!(detail[0]["rule"], "single_candidate_retry");
+    assert!(detail[0]["error"].is_string(), "{detail}");
+    app.stop().await;
+}
+
+async fn the_single_retry_respects_the_attempt_and_time_budgets(db: TestDb) {
+    let mock = MockUpstream::start().await.unwrap();
+    let url = mock.base_url();
+    let text = pool_of(&[("solo", &url, "cred-solo", r#"["m1"]"#, "")]);
+    let boom = json!({"error": {"message": "upstream exploded"}});
+    // One attempt per request: nothing left for a retry.
+    let setup = Setup {
+        settings: Box::new(|s| {
+            s.max_attempts = 1;
+            s.single_candidate_retry_min_ms = 20;
+            s.single_candidate_retry_max_ms = 40;
+        }),
+        ..Setup::resources(text.clone())
+    };
+    let app = spawn_app(&db, setup).await;
+    mock.script(Script::any().times(1).error(502, boom.clone()));
+    let r = app.post_json("/v1/chat/completions", KEY, &chat("m1")).await;
+    assert_eq!(r.status(), 502);
+    assert_eq!(mock.call_count(), 1);
+    app.stop().await;
+    // A pause longer than the time budget left: answered at once, not retried.
+    let setup = Setup {
+        settings: Box::new(|s| {
+            s.request_timeout_secs = 1;
+            s.single_candidate_retry_min_ms = 5_000;
+            s.single_candidate_retry_max_ms = 5_000;
+        }),
+        ..Setup::resources(text)
+    };
+    let app = spawn_app(&db, setup).await;
+    // A fresh clock: the 30 s lock of the 502 above has not ended; move past it.
+    app.clock.advance(chrono::Duration::seconds(31));
+    mock.reset();
+    mock.script(Script::any().times(1).error(502, boom));
+    let started = std::time::Instant::now();
+    let r = app.post_json("/v1/chat/completions", KEY, &chat("m1")).await;
+    assert_eq!(r.status(), 502);
+    assert!(started.elapsed() < std::time::Duration::from_secs(1));
+    assert_eq!(mock.call_count(), 1);
+    app.stop().await;
+}
