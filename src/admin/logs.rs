@@ -171,7 +171,8 @@ pub async fn usage(
     let by: UsageGrouping = by_name.parse().map_err(|m: String| ApiError::field("by", m))?;
     let now = state.clock.now();
     let to = q.to.unwrap_or(now.timestamp_millis() + 1);
-    let from = q.from.unwrap_or(to - 30 * 86_400_000);
+    // Saturating: `to` comes from the query, and near i64::MIN the subtraction would overflow.
+    let from = q.from.unwrap_or(to.saturating_sub(30 * 86_400_000));
     if from >= to {
         return Err(ApiError::field("from", "from must be before to"));
     }

@@ -197,6 +197,11 @@ impl<T: DeserializeOwned> axum::extract::FromRequest<AppState> for Body<T> {
             .await
             .map_err(|e| ApiError::invalid(format!("cannot read the request body: {e}"), None))?;
         let bytes: &[u8] = if bytes.is_empty() { b"{}" } else { &bytes };
+        // serde reads a struct from a JSON array too, field by field in order: refuse anything
+        // but an object (`[null]` must not become `{"first_field": null}`).
+        if bytes.trim_ascii_start().first() != Some(&b'{') {
+            return Err(ApiError::invalid("the request body must be a JSON object", None));
+        }
         serde_json::from_slice(bytes).map(Body).map_err(|e| {
             let message = e.to_string();
             // serde names the field in backticks: "unknown field `x`", "missing field `y`".

@@ -13,6 +13,11 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use serde_json::{Value, json};
+
+use crate::both_backends;
+use crate::helpers::{Setup, TestDb, spawn_app};
+
 /// (method in lowercase, path template).
 type Route = (String, String);
 
@@ -165,4 +170,58 @@ fn an_extra_route_on_either_side_is_reported() {
 #[should_panic(expected = "unexpected key")]
 fn an_unreadable_paths_block_fails_instead_of_being_skipped() {
     spec_operations("paths:\n  /a:\n    $ref: '#/x'\n");
+}
+
+both_backends!(what_schemathesis_found_stays_fixed);
+
+/// Two server bugs schemathesis found against this spec: a JSON array read as a struct, field by
+/// field (`[null, null]` took a member out of their department), and `to` near i64::MIN
+/// overflowing the default `from` of the usage query (a panic in debug builds).
+async fn what_schemathesis_found_stays_fixed(db: TestDb) {
+    let app = spawn_app(&db, Setup::default()).await;
+    let login: Value = app
+        .client
+        .post(format!("{}/admin/v1/auth/login", app.address))
+        .json(&json!({"email": "owner@example.test", "password": "owner-password"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let token = login["token"].as_str().unwrap();
+    let me: Value = app
+        .client
+        .get(format!("{}/admin/v1/me", app.address))
+        .bearer_auth(token)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    for body in ["[null, null]", " [\"member\"]", "\"x\"", "1"] {
+        let r = app
+            .client
+            .patch(format!("{}/admin/v1/members/{}", app.address, me["id"]))
+            .bearer_auth(token)
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 400, "{body}");
+        let e: Value = r.json().await.unwrap();
+        assert_eq!(e["error"]["code"], "invalid_request_error", "{body}");
+    }
+    let r = app
+        .client
+        .get(format!("{}/admin/v1/usage?to={}", app.address, i64::MIN))
+        .bearer_auth(token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 422);
+    let e: Value = r.json().await.unwrap();
+    assert_eq!(e["error"]["param"], "from");
 }
