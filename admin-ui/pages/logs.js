@@ -17,10 +17,7 @@ const RANGES = [
 
 const SOURCE_NAMES = { gateway: 'Gateway', upstream: 'Upstream' };
 
-// Request logs carry credits as integer micro-credits (the stored value), unlike /usage and
-// /me/quota, which answer decimal credits.
-const MICROS_PER_CREDIT = 1e6;
-const logCredits = (l) => fmtCredits(l.credits === null || l.credits === undefined ? null : Number(l.credits) / MICROS_PER_CREDIT);
+const logCredits = (l) => fmtCredits(l.credits ?? null);
 const ms = (v) => (v === null || v === undefined ? '—' : `${fmtNum(v)} ms`);
 
 function statusBadge(l) {

@@ -2,7 +2,7 @@
 //! A member reads only their own logs and usage; owners and admins the whole workspace.
 
 use axum::Json;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::header;
 use axum::response::IntoResponse;
 use chrono::{Offset, TimeZone};
@@ -10,7 +10,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::session::Actor;
-use super::{AdminResult, Params, store_error};
+use super::{AdminResult, Params, PathText, store_error};
 use crate::app::AppState;
 use crate::error::ApiError;
 use crate::request_log::{self, LogFilter, LogRecord};
@@ -43,17 +43,32 @@ pub async fn list(State(state): State<AppState>, actor: Actor, Params(f): Params
     let page = request_log::query(&state.store, &scoped(&actor, f)?)
         .await
         .map_err(store_error)?;
-    Ok(Json(json!({"data": page.items, "next_cursor": page.next_cursor})).into_response())
+    let data: Vec<Value> = page.items.iter().map(log_json).collect();
+    Ok(Json(json!({"data": data, "next_cursor": page.next_cursor})).into_response())
 }
 
 /// `GET /admin/v1/logs/{request_id}`.
-pub async fn get(State(state): State<AppState>, actor: Actor, Path(request_id): Path<String>) -> AdminResult {
+pub async fn get(State(state): State<AppState>, actor: Actor, PathText(request_id): PathText) -> AdminResult {
     let r = request_log::by_request_id(&state.store, actor.workspace_id(), &request_id)
         .await
         .map_err(store_error)?
         .filter(|r| actor.manages() || r.member_id == actor.member.id)
         .ok_or(ApiError::NotFound { what: "request log" })?;
-    Ok(Json(r).into_response())
+    Ok(Json(log_json(&r)).into_response())
+}
+
+/// A log as the API shows it: credits in credits (like every other admin answer, not the stored
+/// micro-credits), flags as booleans.
+fn log_json(r: &LogRecord) -> Value {
+    let mut v = serde_json::to_value(r).unwrap_or(Value::Null);
+    v["credits"] = json!(credits(r.credits));
+    v["stream"] = json!(r.stream == 1);
+    v["usage_estimated"] = json!(r.usage_estimated == 1);
+    v
+}
+
+fn credits(micros: i64) -> f64 {
+    micros as f64 / crate::quota::MICROS_PER_CREDIT
 }
 
 /// Rows at most in one CSV export.
@@ -120,7 +135,7 @@ fn csv_row(out: &mut String, r: &LogRecord) {
         r.prompt_tokens.to_string(),
         r.completion_tokens.to_string(),
         r.total_tokens.to_string(),
-        r.credits.to_string(),
+        credits(r.credits).to_string(),
         r.usage_estimated.to_string(),
         r.latency_ms.to_string(),
         opt(r.ttfb_ms),
@@ -219,7 +234,7 @@ pub async fn usage(
                 "prompt_tokens": r.prompt_tokens,
                 "completion_tokens": r.completion_tokens,
                 "total_tokens": r.total_tokens,
-                "credits": r.credits as f64 / crate::quota::MICROS_PER_CREDIT,
+                "credits": credits(r.credits),
             })
         })
         .collect();

@@ -243,6 +243,20 @@ impl FromRequestParts<AppState> for Id {
     }
 }
 
+/// A text segment of a path (e.g. a request id); one that does not decode identifies nothing.
+pub struct PathText(pub String);
+
+impl FromRequestParts<AppState> for PathText {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        axum::extract::Path::<String>::from_request_parts(parts, state)
+            .await
+            .map(|p| PathText(p.0))
+            .map_err(|_| ApiError::NotFound { what: "resource" })
+    }
+}
+
 /// A store failure on the admin path: logged, answered 500 without detail; a duplicate name 409.
 pub fn store_error(e: StoreError) -> ApiError {
     if e.is_unique_violation() {

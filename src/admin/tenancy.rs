@@ -41,8 +41,9 @@ fn workspace_json(state: &AppState, ws: &crate::store::Workspace) -> Value {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct WorkspacePatch {
-    /// An IANA zone, or null for the gateway's.
-    timezone: Option<String>,
+    /// An IANA zone, or null for the gateway's; absent keeps the current one.
+    #[serde(default, with = "double_option")]
+    timezone: Option<Option<String>>,
 }
 
 /// `PATCH /admin/v1/workspace` `{timezone}` (owner): the zone quota windows align to.
@@ -51,7 +52,10 @@ pub async fn update_workspace(
     actor: Actor,
     Body(req): Body<WorkspacePatch>,
 ) -> AdminResult {
-    if let Some(tz) = &req.timezone {
+    let Some(timezone) = req.timezone else {
+        return workspace(State(state), actor).await;
+    };
+    if let Some(tz) = &timezone {
         tz.parse::<chrono_tz::Tz>().map_err(|_| {
             ApiError::field(
                 "timezone",
@@ -62,7 +66,7 @@ pub async fn update_workspace(
     let store = &state.store;
     let before = store.workspace(actor.workspace_id()).await.map_err(store_error)?;
     store
-        .set_workspace_timezone(actor.workspace_id(), req.timezone.as_deref())
+        .set_workspace_timezone(actor.workspace_id(), timezone.as_deref())
         .await
         .map_err(store_error)?;
     config_changed(&state).await?;
