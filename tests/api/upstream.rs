@@ -864,3 +864,29 @@ async fn the_single_retry_respects_the_attempt_and_time_budgets(db: TestDb) {
     assert_eq!(mock.call_count(), 1);
     app.stop().await;
 }
+
+/// Replicas see each other's locks within a second: a credential parked through one gateway gets
+/// no traffic through the other.
+#[tokio::test]
+async fn a_lock_reaches_the_other_gateway_within_a_second() {
+    let Some(db) = TestDb::postgres().await else {
+        return;
+    };
+    let mock = MockUpstream::start().await.unwrap();
+    let a = spawn_app(&db, Setup::resources(pool(&mock))).await;
+    let b = spawn_app(&db, Setup::resources(pool(&mock))).await;
+    let limited = json!({"error": {"message": "slow down"}});
+    mock.script(Script::any().header("retry-after", "300").error(429, limited));
+    let r = a.post_json("/v1/chat/completions", KEY, &chat("m1")).await;
+    assert_eq!(r.status(), 429);
+    assert_eq!(mock.call_count(), 2, "both credentials tried and parked");
+    // The other gateway's first request after a second must already know: it sends nothing.
+    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    let r = b.post_json("/v1/chat/completions", KEY, &chat("m1")).await;
+    assert_eq!(r.status(), 429);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "upstream_quota_exhausted", "{body}");
+    assert_eq!(mock.call_count(), 2, "nothing sent upstream by the other gateway");
+    a.stop().await;
+    b.stop().await;
+}
