@@ -243,8 +243,7 @@ fn with_quota(
     now: DateTime<Utc>,
 ) -> Response {
     if !decision.standings.is_empty() {
-        resp.headers_mut()
-            .extend(quota::headers::quota_headers(decision, extra, now));
+        quota::headers::quota_headers(resp.headers_mut(), decision, extra, now);
     }
     resp
 }

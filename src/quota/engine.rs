@@ -5,7 +5,9 @@
 //! Worst-case overshoot (docs/quotas.md): the requests in flight when the limit is crossed, plus,
 //! with several gateways, the requests the others admit before their next flush learns the total.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
+
+use rustc_hash::FxHashMap;
 use std::sync::Mutex;
 
 use chrono::{DateTime, FixedOffset, Utc};
@@ -221,7 +223,8 @@ pub fn amount(metric: Metric, usage: Usage, credits: i64) -> i64 {
 /// The in-memory counters of this gateway.
 #[derive(Default)]
 pub struct QuotaCounters {
-    counters: Mutex<HashMap<CounterKey, Counter>>,
+    /// Looked up several times per request: Fx hashing (keys are ids, not attacker-chosen text).
+    counters: Mutex<FxHashMap<CounterKey, Counter>>,
     /// One flush at a time: a second one would see `flushing` deltas as written.
     flushing: tokio::sync::Mutex<()>,
 }
@@ -266,7 +269,14 @@ impl QuotaCounters {
             Some(u) => u,
             None => self.load(store, &key).await?,
         };
-        let subject_key = format!("{}:{}", rule.subject.as_str(), subject_id);
+        // "<subject>:<id>" spreads the reset per subject; written on the stack (hot path).
+        let mut buf = [0u8; 48];
+        let len = {
+            let mut w = &mut buf[..];
+            let _ = std::io::Write::write_fmt(&mut w, format_args!("{}:{subject_id}", rule.subject.as_str()));
+            48 - w.len()
+        };
+        let subject_key = std::str::from_utf8(&buf[..len]).unwrap_or_default();
         Ok(Standing {
             rule: rule.clone(),
             key,
@@ -304,10 +314,10 @@ impl QuotaCounters {
 
     /// Adds a completed request's usage to every counter of `decision` (each counter once).
     pub fn record(&self, decision: &QuotaDecision, usage: Usage, credits: i64) {
-        let mut seen = HashSet::new();
         let mut map = self.counters.lock().unwrap_or_else(|p| p.into_inner());
-        for s in &decision.standings {
-            if seen.insert(&s.key) {
+        for (i, s) in decision.standings.iter().enumerate() {
+            // A handful of standings: a scan beats hashing into a set.
+            if !decision.standings[..i].iter().any(|earlier| earlier.key == s.key) {
                 let c = map.entry(s.key.clone()).or_default();
                 c.pending += amount(s.key.metric, usage, credits);
                 c.touched = true;

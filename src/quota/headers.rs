@@ -1,34 +1,86 @@
 //! Quota response headers: `x-aigw-quota-<metric>-limit|remaining|reset` for the tightest policy
 //! of each metric, and the IETF `RateLimit-Policy` / `RateLimit` fields for the tightest overall.
 
+use std::fmt::Write;
+
 use axum::http::{HeaderMap, HeaderName, HeaderValue};
 use chrono::{DateTime, Utc};
 
 use super::Metric;
 use super::engine::{QuotaDecision, Standing, display_value};
 
-/// The headers for a response, `extra` being what this response itself uses of each metric
-/// (where the gateway knows it).
+/// `x-aigw-quota-<metric>-limit|remaining|reset`, by metric: static, so a response costs no
+/// header-name parsing.
+static NAMES: [[HeaderName; 3]; 5] = {
+    const fn n(s: &'static str) -> HeaderName {
+        HeaderName::from_static(s)
+    }
+    [
+        [
+            n("x-aigw-quota-requests-limit"),
+            n("x-aigw-quota-requests-remaining"),
+            n("x-aigw-quota-requests-reset"),
+        ],
+        [
+            n("x-aigw-quota-total_tokens-limit"),
+            n("x-aigw-quota-total_tokens-remaining"),
+            n("x-aigw-quota-total_tokens-reset"),
+        ],
+        [
+            n("x-aigw-quota-prompt_tokens-limit"),
+            n("x-aigw-quota-prompt_tokens-remaining"),
+            n("x-aigw-quota-prompt_tokens-reset"),
+        ],
+        [
+            n("x-aigw-quota-completion_tokens-limit"),
+            n("x-aigw-quota-completion_tokens-remaining"),
+            n("x-aigw-quota-completion_tokens-reset"),
+        ],
+        [
+            n("x-aigw-quota-credits-limit"),
+            n("x-aigw-quota-credits-remaining"),
+            n("x-aigw-quota-credits-reset"),
+        ],
+    ]
+};
+
+fn names(m: Metric) -> &'static [HeaderName; 3] {
+    &NAMES[match m {
+        Metric::Requests => 0,
+        Metric::TotalTokens => 1,
+        Metric::PromptTokens => 2,
+        Metric::CompletionTokens => 3,
+        Metric::Credits => 4,
+    }]
+}
+
+/// A metric's amount as a header value: a whole number, or decimal credits.
+fn amount(m: Metric, v: i64) -> HeaderValue {
+    if m == Metric::Credits {
+        HeaderValue::from_str(&display_value(m, v).to_string()).unwrap_or(HeaderValue::from_static("0"))
+    } else {
+        HeaderValue::from(v)
+    }
+}
+
+/// Adds the quota headers to a response's `h`, `extra` being what this response itself uses of
+/// each metric (where the gateway knows it).
 pub fn quota_headers(
+    h: &mut HeaderMap,
     decision: &QuotaDecision,
     extra: impl Fn(Metric) -> i64,
     now: DateTime<Utc>,
-) -> HeaderMap {
-    let mut h = HeaderMap::new();
+) {
     let tightest = decision.tightest(extra);
+    // Three per metric and the two RateLimit fields, in one growth of the map.
+    h.reserve(tightest.len() * 3 + 2);
     for (s, remaining) in &tightest {
         let m = s.rule.metric;
-        let name =
-            |suffix: &str| HeaderName::from_bytes(format!("x-aigw-quota-{}-{suffix}", m.as_str()).as_bytes());
-        let mut put = |suffix: &str, value: String| {
-            if let (Ok(n), Ok(v)) = (name(suffix), HeaderValue::from_str(&value)) {
-                h.insert(n, v);
-            }
-        };
-        put("limit", display_value(m, s.rule.limit).to_string());
-        put("remaining", display_value(m, *remaining).to_string());
+        let [limit, rem, reset] = names(m);
+        h.insert(limit.clone(), amount(m, s.rule.limit));
+        h.insert(rem.clone(), amount(m, *remaining));
         if let Some(r) = s.reset_at {
-            put("reset", r.timestamp().to_string());
+            h.insert(reset.clone(), HeaderValue::from(r.timestamp()));
         }
     }
     // Tightest overall: the smallest share left, then the earliest reset.
@@ -38,12 +90,6 @@ pub fn quota_headers(
             .then(reset_key(a).cmp(&reset_key(b)))
     });
     if let Some((s, remaining)) = overall {
-        let name = format!(
-            "{}-{}-{}",
-            s.rule.subject.as_str(),
-            s.rule.metric.as_str(),
-            s.rule.window
-        );
         let unit = |v: i64| {
             if s.rule.metric == Metric::Credits {
                 v / 1_000_000
@@ -51,13 +97,23 @@ pub fn quota_headers(
                 v
             }
         };
-        let mut policy = format!("\"{name}\";q={}", unit(s.rule.limit));
+        // Writing to a String cannot fail.
+        let mut policy = String::with_capacity(64);
+        let _ = write!(
+            policy,
+            "\"{}-{}-{}\"",
+            s.rule.subject.as_str(),
+            s.rule.metric.as_str(),
+            s.rule.window
+        );
+        let mut current = policy.clone();
+        let _ = write!(policy, ";q={}", unit(s.rule.limit));
         if let Some(w) = s.window_secs {
-            policy.push_str(&format!(";w={w}"));
+            let _ = write!(policy, ";w={w}");
         }
-        let mut current = format!("\"{name}\";r={}", unit(*remaining));
+        let _ = write!(current, ";r={}", unit(*remaining));
         if let Some(r) = s.reset_at {
-            current.push_str(&format!(";t={}", super::window::seconds_until_reset(&r, now)));
+            let _ = write!(current, ";t={}", super::window::seconds_until_reset(&r, now));
         }
         if let Ok(v) = HeaderValue::from_str(&policy) {
             h.insert(HeaderName::from_static("ratelimit-policy"), v);
@@ -66,7 +122,6 @@ pub fn quota_headers(
             h.insert(HeaderName::from_static("ratelimit"), v);
         }
     }
-    h
 }
 
 fn share(s: &Standing, remaining: i64) -> f64 {
