@@ -281,7 +281,7 @@ impl QuotaCounters {
             rule: rule.clone(),
             key,
             used,
-            reset_at: bounds.map(|b| window::reset_at(b.end, &subject_key, tz)),
+            reset_at: bounds.map(|b| window::reset_at(b.end, subject_key, tz)),
             window_secs: bounds.map(|b| (b.end - b.start).num_seconds()),
         })
     }
