@@ -11,6 +11,7 @@ Needs wrk (Debian: apt-get install wrk). Traffic goes to 127.0.0.1 only.
 """
 
 import argparse
+import statistics
 import json
 import os
 import re
@@ -135,11 +136,62 @@ def wrk(url, key, body, conns, duration):
     return r
 
 
+def start_gateway(tmp, mock_port, policies):
+    """An `aigw serve` with its own SQLite file and `policies` (0 or 4) quota policies."""
+    port = free_port()
+    home = os.path.join(tmp, f"gw-{policies}")
+    os.makedirs(home)
+    res = os.path.join(home, "resources.toml")
+    with open(res, "w") as f:
+        f.write(RESOURCES.format(key=KEY, mock=mock_port, cred=CRED))
+        if policies:
+            f.write(POLICIES)
+    env = {"PATH": os.environ.get("PATH", ""), "AIGW_LISTEN": f"127.0.0.1:{port}",
+           "AIGW_DATABASE_URL": f"sqlite://{home}/aigw.db", "AIGW_LOG": "warn",
+           "AIGW_BOOTSTRAP_PASSWORD": "bench-owner-pass"}
+    gw = subprocess.Popen([BIN, "serve", "--resources", res], env=env, cwd=home,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    return gw, port
+
+
+def compare_policies(gws, duration, rounds):
+    """Issue 4's check: 4 policies against none, measured in alternation so that the shared
+    machine's drift hits both alike; medians over the rounds."""
+    msg = [{"role": "user", "content": "Summarise the benchmark in one short sentence please"}]
+    body = json.dumps({"model": "gpt-4o-mini", "messages": msg})
+    runs = {0: [], 4: []}
+    for gw, port in gws:
+        wrk(f"http://127.0.0.1:{port}/v1/chat/completions", KEY, body, 50, 2)
+    for _ in range(rounds):
+        for n, (gw, port) in zip((0, 4), gws):
+            url = f"http://127.0.0.1:{port}/v1/chat/completions"
+            one = wrk(url, KEY, body, 1, duration)
+            before = cpu_seconds(gw.pid)
+            fifty = wrk(url, KEY, body, 50, duration)
+            cpu_us = (cpu_seconds(gw.pid) - before) / max(fifty["requests"], 1) * 1e6
+            runs[n].append((fifty["rps"], one["p99"], cpu_us))
+    med = {n: [statistics.median(r[i] for r in runs[n]) for i in range(3)] for n in runs}
+    rev = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    print(f"# 0 vs 4 quota policies ({rev}, non-streamed, {rounds} alternating rounds of {duration} s, medians)\n")
+    print("| policies | req/s @50 | p99 @1 | aigw CPU/request | rounds (req/s) |")
+    print("|---|---|---|---|---|")
+    for n in (0, 4):
+        rps, p99, cpu = med[n]
+        each = ", ".join(f"{r[0]:,.0f}" for r in runs[n])
+        print(f"| {n} | {rps:,.0f} | {p99:.0f} µs | {cpu:.1f} µs | {each} |")
+    print(f"\n- throughput with 4 policies: {(med[4][0] / med[0][0] - 1) * 100:+.1f} % "
+          f"(target: no more than 10 % lower)")
+    print(f"- p99 at 1 connection: {med[4][1] - med[0][1]:+.0f} µs (target: no more than 100 µs added)")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--duration", type=int, default=10, help="seconds per run (default 10)")
     ap.add_argument("--policies", type=int, choices=[0, 4], default=0,
                     help="quota policies on every request: 0, or 4 (key, member, dept, ws)")
+    ap.add_argument("--compare-policies", type=int, metavar="ROUNDS", default=0,
+                    help="instead: two gateways, one with 0 and one with 4 policies, measured in alternation "
+                         "for ROUNDS rounds (non-streamed); prints the medians and the difference")
     args = ap.parse_args()
     if not shutil.which("wrk"):
         sys.exit("wrk is not installed (Debian: apt-get install wrk)")
@@ -147,19 +199,23 @@ def main():
         sys.exit(f"{BIN} is missing: run cargo build --release first")
 
     tmp = tempfile.mkdtemp(prefix="aigw-bench-")
-    mock_port, gw_port = free_port(), free_port()
+    mock_port = free_port()
     mock = subprocess.Popen([BIN, "mock-upstream", "--no-record", "--listen", f"127.0.0.1:{mock_port}"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    res = os.path.join(tmp, "resources.toml")
-    with open(res, "w") as f:
-        f.write(RESOURCES.format(key=KEY, mock=mock_port, cred=CRED))
-        if args.policies:
-            f.write(POLICIES)
-    env = {"PATH": os.environ.get("PATH", ""), "AIGW_LISTEN": f"127.0.0.1:{gw_port}",
-           "AIGW_DATABASE_URL": f"sqlite://{tmp}/aigw.db", "AIGW_LOG": "warn",
-           "AIGW_BOOTSTRAP_PASSWORD": "bench-owner-pass"}
-    gw = subprocess.Popen([BIN, "serve", "--resources", res], env=env, cwd=tmp,
-                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    if args.compare_policies:
+        gws = [start_gateway(tmp, mock_port, n) for n in (0, 4)]
+        try:
+            wait_ready(f"http://127.0.0.1:{mock_port}/__mock/calls", mock)
+            for gw, port in gws:
+                wait_ready(f"http://127.0.0.1:{port}/readyz", gw)
+            compare_policies(gws, args.duration, args.compare_policies)
+        finally:
+            for p in [g for g, _ in gws] + [mock]:
+                p.terminate()
+                p.wait(timeout=20)
+            shutil.rmtree(tmp, ignore_errors=True)
+        return
+    gw, gw_port = start_gateway(tmp, mock_port, args.policies)
     try:
         wait_ready(f"http://127.0.0.1:{mock_port}/__mock/calls", mock)
         wait_ready(f"http://127.0.0.1:{gw_port}/readyz", gw)
