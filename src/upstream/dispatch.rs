@@ -129,6 +129,25 @@ pub async fn dispatch(
         last: None,
         earliest_free: None,
     };
+    // A model only Anthropic credentials serve, asked for on /v1/chat/completions (or the
+    // reverse): the request is at the wrong endpoint, nothing is unreachable.
+    if let Some(first) = chain.first()
+        && !chain
+            .iter()
+            .any(|m| m.credentials.iter().any(|c| endpoint.served_by(c.provider)))
+    {
+        let hint = match endpoint {
+            Endpoint::Messages => "it is served on POST /v1/chat/completions",
+            Endpoint::ChatCompletions | Endpoint::Embeddings => "it is served on POST /v1/messages",
+        };
+        return Dispatched::GatewayFailed(ApiError::invalid(
+            format!(
+                "no upstream credential serves the model `{}` on this endpoint; {hint}",
+                first.name
+            ),
+            Some("model"),
+        ));
+    }
     let now_ms = state.clock.now_ms();
     'models: for model in chain {
         let creds = candidates(model, endpoint);

@@ -259,7 +259,22 @@ async fn anthropic_messages_streamed_and_not(db: TestDb) {
             &json!({"model": "gpt-4o-mini", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]}),
         )
         .await;
-    assert_eq!(r.status(), 502);
+    assert_eq!(r.status(), 400, "the wrong endpoint is the request's mistake");
+    // The model exists, but only at the other endpoint: a 400 that says where, nothing sent.
+    let calls = mock.call_count();
+    let chat = json!({"model": "claude-sonnet", "messages": [{"role": "user", "content": "hi"}]});
+    let r = app.post_json("/v1/chat/completions", KEY, &chat).await;
+    assert_eq!(r.status(), 400);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["param"], "model");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("POST /v1/messages"),
+        "{v}"
+    );
+    assert_eq!(mock.call_count(), calls);
     app.stop().await;
 }
 
