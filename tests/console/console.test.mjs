@@ -170,8 +170,16 @@ test('member: signs in with the keyboard, creates a key shown once, uses it, see
   await p.getByRole('row').filter({ hasText: 'laptop' }).getByText('50 requests per 15 minutes').waitFor();
   await shot(p, 'member-keys');
 
+  // Request logs are written behind (one flush interval): count mine before, wait for one more.
+  const memberToken = await p.evaluate(() => sessionStorage.getItem('aigw.console.token'));
+  const myLogs = async () => {
+    const res = await fetch(`${stack.base}/admin/v1/logs?limit=500`, { headers: { authorization: `Bearer ${memberToken}` } });
+    return (await res.json()).data.length;
+  };
+  const logsBefore = await myLogs();
   const r = await chat(stack, key);
   assert.equal(r.status, 200, JSON.stringify(r.body));
+  for (let i = 0; i < 200 && (await myLogs()) <= logsBefore; i++) await new Promise((ok) => setTimeout(ok, 50));
 
   await nav(p, 'Overview');
   await p.waitForFunction((before) => {
