@@ -77,7 +77,13 @@ test('owner: a member guardrail is enforced on the next proxied request and the 
   await p.getByRole('row').filter({ hasText: ADA.email }).getByText('1 / 1').waitFor();
   await shot(p, 'desktop-guardrails');
 
-  // Logs: filter by source Gateway and status 429.
+  // Logs: filter by source Gateway and status 429 (the log is written behind: wait until it is).
+  const ownerToken = await p.evaluate(() => sessionStorage.getItem('aigw.console.token'));
+  for (let i = 0; i < 200; i += 1) {
+    const res = await fetch(`${stack.base}/admin/v1/logs?status=429&source=gateway`, { headers: { authorization: `Bearer ${ownerToken}` } });
+    if ((await res.json()).data.length > 0) break;
+    await new Promise((ok) => setTimeout(ok, 50));
+  }
   await nav(p, 'Logs');
   await p.getByLabel('Source').selectOption('gateway');
   await p.getByLabel('Status').fill('429');
