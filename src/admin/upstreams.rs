@@ -16,7 +16,9 @@ use super::{
 use crate::app::AppState;
 use crate::error::ApiError;
 use crate::store::{AdminStore, ServedModel, Table, UpstreamRow, UpstreamStore};
-use crate::upstream::Provider;
+use crate::upstream::adapter::{self, Endpoint};
+use crate::upstream::pool::Credential;
+use crate::upstream::{Provider, dispatch};
 
 /// The credential as the API shows it: everything but the secret, with its locks.
 fn upstream_json(state: &AppState, up: &UpstreamRow) -> Value {
@@ -353,7 +355,7 @@ pub async fn delete(State(state): State<AppState>, actor: Actor, Id(id): Id) -> 
 /// credential; a success clears every lock, the backoff and the banned mark, on every gateway.
 pub async fn test(State(state): State<AppState>, actor: Actor, Id(id): Id) -> AdminResult {
     let up = upstream_in(&state, &actor, id).await?;
-    let Ok(secret) = state.master_key.open(&up.secret_sealed) else {
+    let Some(cred) = Credential::from_row(&up, &state.master_key) else {
         return Err(ApiError::Conflict {
             message: "this upstream's secret cannot be decrypted with the current master key; set its api_key again"
                 .into(),
@@ -364,24 +366,19 @@ pub async fn test(State(state): State<AppState>, actor: Actor, Id(id): Id) -> Ad
             message: "this upstream serves no model to test with; add one to its models".into(),
         });
     };
-    let anthropic = up.provider == "anthropic";
-    let base = up.base_url.trim_end_matches('/');
-    let body =
-        json!({"model": model.upstream, "max_tokens": 1, "messages": [{"role": "user", "content": "ping"}]});
-    let req = if anthropic {
-        state
-            .http
-            .post(format!("{base}/messages"))
-            .header("x-api-key", secret)
-            .header("anthropic-version", "2023-06-01")
+    // The same request an attempt sends (auth and version headers), with a one-token body.
+    let endpoint = if cred.provider.speaks_anthropic() {
+        Endpoint::Messages
     } else {
-        state
-            .http
-            .post(format!("{base}/chat/completions"))
-            .bearer_auth(secret)
+        Endpoint::ChatCompletions
     };
+    let mut body = serde_json::Map::new();
+    body.insert("max_tokens".into(), json!(1));
+    body.insert("messages".into(), json!([{"role": "user", "content": "ping"}]));
+    let out = adapter::outgoing(endpoint, &cred, &mut body, &model.upstream);
+    let req = dispatch::request(&state, endpoint, &cred, &axum::http::HeaderMap::new(), out);
     let started = std::time::Instant::now();
-    let result = tokio::time::timeout(std::time::Duration::from_secs(30), req.json(&body).send()).await;
+    let result = tokio::time::timeout(std::time::Duration::from_secs(30), req.send()).await;
     let latency_ms = started.elapsed().as_millis() as u64;
     let outcome = match result {
         Ok(Ok(r)) if r.status().is_success() => {

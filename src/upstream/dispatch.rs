@@ -564,7 +564,8 @@ fn candidates(model: &ModelRoute, endpoint: Endpoint) -> Vec<Arc<Credential>> {
     keyed.into_iter().map(|(_, _, c)| c).collect()
 }
 
-fn request(
+/// The HTTP request of one attempt: the provider's auth and version headers on `out`.
+pub(crate) fn request(
     state: &AppState,
     endpoint: Endpoint,
     cred: &Credential,

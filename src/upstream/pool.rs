@@ -137,7 +137,7 @@ impl Routes {
         }
         let mut creds: Vec<Arc<Credential>> = Vec::new();
         for u in upstreams.iter().filter(|u| u.enabled == 1) {
-            match credential(u, master) {
+            match Credential::from_row(u, master) {
                 Some(c) => creds.push(Arc::new(c)),
                 None => tracing::error!(
                     upstream = %u.name,
@@ -191,34 +191,38 @@ impl Routes {
     }
 }
 
-fn credential(u: &UpstreamRow, master: &MasterKey) -> Option<Credential> {
-    let secret = master.open(&u.secret_sealed).ok()?;
-    let provider: Provider = u.provider.parse().ok()?;
-    let base_url = u.base_url.trim_end_matches('/').to_owned();
-    let url = |e: Endpoint| reqwest::Url::parse(&format!("{base_url}{}", e.path())).ok();
-    let urls = [
-        url(Endpoint::ChatCompletions)?,
-        url(Endpoint::Embeddings)?,
-        url(Endpoint::Messages)?,
-    ];
-    Some(Credential {
-        id: u.id,
-        workspace_id: u.workspace_id,
-        name: u.name.clone(),
-        provider,
-        secret: Secret::new(secret),
-        priority: u.priority,
-        weight: u.weight.max(1),
-        max_in_flight: u.max_in_flight.max(1),
-        requests_per_minute: u.requests_per_minute,
-        tokens_per_minute: u.tokens_per_minute,
-        requests_per_day: u.requests_per_day,
-        quota_group: u.quota_group.clone(),
-        models: u
-            .served_models()
-            .into_iter()
-            .map(|m| (m.name, m.upstream))
-            .collect(),
-        urls,
-    })
+impl Credential {
+    /// The credential of a stored row: none if its secret does not open with `master`, or its
+    /// provider or base URL does not parse.
+    pub fn from_row(u: &UpstreamRow, master: &MasterKey) -> Option<Credential> {
+        let secret = master.open(&u.secret_sealed).ok()?;
+        let provider: Provider = u.provider.parse().ok()?;
+        let base_url = u.base_url.trim_end_matches('/').to_owned();
+        let url = |e: Endpoint| reqwest::Url::parse(&format!("{base_url}{}", e.path())).ok();
+        let urls = [
+            url(Endpoint::ChatCompletions)?,
+            url(Endpoint::Embeddings)?,
+            url(Endpoint::Messages)?,
+        ];
+        Some(Credential {
+            id: u.id,
+            workspace_id: u.workspace_id,
+            name: u.name.clone(),
+            provider,
+            secret: Secret::new(secret),
+            priority: u.priority,
+            weight: u.weight.max(1),
+            max_in_flight: u.max_in_flight.max(1),
+            requests_per_minute: u.requests_per_minute,
+            tokens_per_minute: u.tokens_per_minute,
+            requests_per_day: u.requests_per_day,
+            quota_group: u.quota_group.clone(),
+            models: u
+                .served_models()
+                .into_iter()
+                .map(|m| (m.name, m.upstream))
+                .collect(),
+            urls,
+        })
+    }
 }
