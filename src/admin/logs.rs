@@ -13,6 +13,7 @@ use super::session::Actor;
 use super::{AdminResult, Params, PathText, store_error};
 use crate::app::AppState;
 use crate::error::ApiError;
+use crate::quota::micros_to_credits;
 use crate::request_log::{self, LogFilter, LogRecord};
 use crate::store::{AdminStore, ApiKeyRow, Department, MemberRow, Table, UsageGrouping};
 
@@ -61,14 +62,10 @@ pub async fn get(State(state): State<AppState>, actor: Actor, PathText(request_i
 /// micro-credits), flags as booleans.
 fn log_json(r: &LogRecord) -> Value {
     let mut v = serde_json::to_value(r).unwrap_or(Value::Null);
-    v["credits"] = json!(credits(r.credits));
+    v["credits"] = json!(micros_to_credits(r.credits));
     v["stream"] = json!(r.stream == 1);
     v["usage_estimated"] = json!(r.usage_estimated == 1);
     v
-}
-
-fn credits(micros: i64) -> f64 {
-    micros as f64 / crate::quota::MICROS_PER_CREDIT
 }
 
 /// Rows at most in one CSV export.
@@ -135,7 +132,7 @@ fn csv_row(out: &mut String, r: &LogRecord) {
         r.prompt_tokens.to_string(),
         r.completion_tokens.to_string(),
         r.total_tokens.to_string(),
-        credits(r.credits).to_string(),
+        micros_to_credits(r.credits).to_string(),
         r.usage_estimated.to_string(),
         r.latency_ms.to_string(),
         opt(r.ttfb_ms),
@@ -234,7 +231,7 @@ pub async fn usage(
                 "prompt_tokens": r.prompt_tokens,
                 "completion_tokens": r.completion_tokens,
                 "total_tokens": r.total_tokens,
-                "credits": credits(r.credits),
+                "credits": micros_to_credits(r.credits),
             })
         })
         .collect();

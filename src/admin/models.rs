@@ -11,7 +11,7 @@ use super::session::Actor;
 use super::{AdminResult, Body, Id, audit, config_changed, created, name_field, no_content, store_error};
 use crate::app::AppState;
 use crate::error::ApiError;
-use crate::quota::{MICROS_PER_CREDIT, credits_to_micros};
+use crate::quota::{credits_to_micros, micros_to_credits};
 use crate::store::{AdminStore, ModelRow, ModelStore, Table, UpstreamRow};
 
 fn model_json(m: &ModelRow, upstreams: &[UpstreamRow]) -> Value {
@@ -25,8 +25,8 @@ fn model_json(m: &ModelRow, upstreams: &[UpstreamRow]) -> Value {
         "name": m.name,
         "fallbacks": m.fallback_names(),
         "price": {
-            "prompt": m.price_prompt as f64 / MICROS_PER_CREDIT,
-            "completion": m.price_completion as f64 / MICROS_PER_CREDIT,
+            "prompt": micros_to_credits(m.price_prompt),
+            "completion": micros_to_credits(m.price_completion),
         },
         "served_by": served_by,
         "created_at": m.created_at,

@@ -428,7 +428,7 @@ async fn upsert(store: &Store, chunk: &[(CounterKey, i64)]) -> StoreResult<Vec<(
 /// Rounds micro-credits to credits for people and headers; other metrics as they are.
 pub fn display_value(metric: Metric, v: i64) -> serde_json::Value {
     if metric == Metric::Credits {
-        serde_json::json!(v as f64 / super::MICROS_PER_CREDIT)
+        serde_json::json!(super::micros_to_credits(v))
     } else {
         serde_json::json!(v)
     }

@@ -134,3 +134,8 @@ pub const MICROS_PER_CREDIT: f64 = 1_000_000.0;
 pub fn credits_to_micros(credits: f64) -> i64 {
     (credits * MICROS_PER_CREDIT).round() as i64
 }
+
+/// Integer micro-credits to credits, for people.
+pub fn micros_to_credits(micros: i64) -> f64 {
+    micros as f64 / MICROS_PER_CREDIT
+}
