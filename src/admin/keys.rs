@@ -9,13 +9,14 @@ use serde_json::{Value, json};
 
 use super::session::Actor;
 use super::{
-    AdminResult, Body, Id, audit, config_changed, created, name_field, no_content, rfc3339, store_error,
+    AdminResult, Body, Id, audit, config_changed, created, delete_policies, name_field, no_content, rfc3339,
+    store_error,
 };
 use crate::app::AppState;
 use crate::breaker;
 use crate::crypto;
 use crate::error::ApiError;
-use crate::store::{AdminStore, ApiKeyRow, KeyStore, MemberRow, PolicyRow, Table};
+use crate::store::{AdminStore, ApiKeyRow, KeyStore, MemberRow, Table};
 
 /// The key `id` if the actor may see it: their own, or any of the workspace for a manager.
 pub async fn visible_key(state: &AppState, actor: &Actor, id: i64) -> AdminResult<ApiKeyRow> {
@@ -152,21 +153,11 @@ pub async fn delete(State(state): State<AppState>, actor: Actor, Id(id): Id) -> 
     let k = visible_key(&state, &actor, id).await?;
     let members = members(&state, &actor).await?;
     let before = key_json(&state, &k, &members);
-    let store = &state.store;
-    let policies: Vec<PolicyRow> = store
-        .rows_in(Table::Policies, actor.workspace_id())
-        .await
-        .map_err(store_error)?;
-    for p in policies
-        .iter()
-        .filter(|p| p.subject == "apikey" && p.target_id == k.id)
-    {
-        store
-            .delete_in(Table::Policies, actor.workspace_id(), p.id)
-            .await
-            .map_err(store_error)?;
-    }
-    store.delete_key(k.id).await.map_err(store_error)?;
+    delete_policies(&state, actor.workspace_id(), |p| {
+        p.subject == "apikey" && p.target_id == k.id
+    })
+    .await?;
+    state.store.delete_key(k.id).await.map_err(store_error)?;
     config_changed(&state).await?;
     audit(&state, &actor, "delete", "api_key", k.id, Some(before), None).await;
     Ok(no_content())

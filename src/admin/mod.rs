@@ -306,6 +306,28 @@ pub async fn audit(
     }
 }
 
+/// Deletes the policies of workspace `ws` that `names` says refer to something going away (a
+/// key, a department), so none is left naming a missing subject.
+pub async fn delete_policies(
+    state: &AppState,
+    ws: i64,
+    names: impl Fn(&crate::store::PolicyRow) -> bool,
+) -> AdminResult<()> {
+    let policies: Vec<crate::store::PolicyRow> = state
+        .store
+        .rows_in(crate::store::Table::Policies, ws)
+        .await
+        .map_err(store_error)?;
+    for p in policies.iter().filter(|p| names(p)) {
+        state
+            .store
+            .delete_in(crate::store::Table::Policies, ws, p.id)
+            .await
+            .map_err(store_error)?;
+    }
+    Ok(())
+}
+
 /// Unix ms as RFC 3339, for deadlines.
 pub fn rfc3339(ms: i64) -> Option<String> {
     chrono::DateTime::from_timestamp_millis(ms).map(|t| t.to_rfc3339())

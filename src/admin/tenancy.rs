@@ -8,7 +8,8 @@ use serde_json::{Value, json};
 
 use super::session::Actor;
 use super::{
-    AdminResult, Body, Id, audit, config_changed, created, double_option, name_field, no_content, store_error,
+    AdminResult, Body, Id, audit, config_changed, created, delete_policies, double_option, name_field,
+    no_content, store_error,
 };
 use crate::app::AppState;
 use crate::crypto;
@@ -166,7 +167,12 @@ pub async fn update_department(
 pub async fn delete_department(State(state): State<AppState>, actor: Actor, Id(id): Id) -> AdminResult {
     let before = department(&state, &actor, id).await?;
     let store = &state.store;
-    sqlx_delete_policies_of_department(&state, actor.workspace_id(), id).await?;
+    // Policies on the department (as the one subject, or narrowing "each") would name a
+    // department that no longer exists: they go with it.
+    delete_policies(&state, actor.workspace_id(), |p| {
+        (p.subject == "dept" && p.target_id == id) || p.scope_department_id == id
+    })
+    .await?;
     store
         .delete_in(Table::Departments, actor.workspace_id(), id)
         .await
@@ -183,27 +189,6 @@ pub async fn delete_department(State(state): State<AppState>, actor: Actor, Id(i
     )
     .await;
     Ok(no_content())
-}
-
-/// Policies on a department (as the one subject, or narrowing "each") would name a department
-/// that no longer exists: they go with it.
-async fn sqlx_delete_policies_of_department(state: &AppState, ws: i64, dept: i64) -> AdminResult<()> {
-    let policies: Vec<crate::store::PolicyRow> = state
-        .store
-        .rows_in(Table::Policies, ws)
-        .await
-        .map_err(store_error)?;
-    for p in policies
-        .iter()
-        .filter(|p| (p.subject == "dept" && p.target_id == dept) || p.scope_department_id == dept)
-    {
-        state
-            .store
-            .delete_in(Table::Policies, ws, p.id)
-            .await
-            .map_err(store_error)?;
-    }
-    Ok(())
 }
 
 async fn department(state: &AppState, actor: &Actor, id: i64) -> AdminResult<Department> {
