@@ -68,7 +68,7 @@ pub struct Inner {
     /// Queue of request logs for the batch writer.
     pub logs: LogSink,
     /// The one HTTP client to upstreams (no retries of its own, no redirects).
-    pub http: reqwest::Client,
+    pub http: crate::upstream::http::Client,
     /// Prometheus rendering.
     pub metrics: PrometheusHandle,
     /// Cancelled when the gateway shuts down; background tasks watch it.
@@ -175,13 +175,7 @@ impl Gateway {
             shutdown.clone(),
             &tasks,
         );
-        let http = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(10))
-            .pool_idle_timeout(Duration::from_secs(90))
-            .tcp_nodelay(true)
-            .redirect(reqwest::redirect::Policy::none())
-            .build()
-            .map_err(|e| StartError::Config(format!("cannot build the HTTP client: {e}")))?;
+        let http = crate::upstream::http::Client::from_env().map_err(StartError::Config)?;
         let sessions = crate::admin::session::Sessions::new(jwt_secret.expose());
         let breakers = crate::breaker::Breakers::default();
         breakers.load(&store).await?;

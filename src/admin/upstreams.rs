@@ -376,9 +376,9 @@ pub async fn test(State(state): State<AppState>, actor: Actor, Id(id): Id) -> Ad
     body.insert("max_tokens".into(), json!(1));
     body.insert("messages".into(), json!([{"role": "user", "content": "ping"}]));
     let out = adapter::outgoing(endpoint, &cred, &mut body, &model.upstream);
-    let req = dispatch::request(&state, endpoint, &cred, &axum::http::HeaderMap::new(), out);
+    let req = dispatch::request(&cred, &axum::http::HeaderMap::new(), out);
     let started = std::time::Instant::now();
-    let result = tokio::time::timeout(std::time::Duration::from_secs(30), req.send()).await;
+    let result = tokio::time::timeout(std::time::Duration::from_secs(30), state.http.send(req)).await;
     let latency_ms = started.elapsed().as_millis() as u64;
     let outcome = match result {
         Ok(Ok(r)) if r.status().is_success() => {
@@ -391,12 +391,13 @@ pub async fn test(State(state): State<AppState>, actor: Actor, Id(id): Id) -> Ad
         }
         Ok(Ok(r)) => {
             let status = r.status().as_u16();
-            let text = r.text().await.unwrap_or_default();
-            let excerpt: String = text.chars().take(500).collect();
+            let body = http_body_util::BodyExt::collect(r.into_body()).await;
+            let text = body.map(|b| b.to_bytes()).unwrap_or_default();
+            let excerpt: String = String::from_utf8_lossy(&text).chars().take(500).collect();
             json!({"ok": false, "status": status, "latency_ms": latency_ms, "cleared": false, "error": excerpt})
         }
         Ok(Err(e)) => json!({"ok": false, "status": null, "latency_ms": latency_ms, "cleared": false,
-            "error": format!("request failed: {}", e.without_url())}),
+            "error": e.to_string()}),
         Err(_) => {
             json!({"ok": false, "status": null, "latency_ms": latency_ms, "cleared": false, "error": "timed out after 30 s"})
         }

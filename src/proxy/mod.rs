@@ -191,11 +191,11 @@ pub async fn handle(state: AppState, endpoint: Endpoint, peer: SocketAddr, req: 
                 let one_request = |m: Metric| i64::from(m == Metric::Requests);
                 return with_quota(resp, &quota, one_request, now);
             }
-            let bytes = match response.bytes().await {
-                Ok(b) => b,
+            let bytes = match http_body_util::BodyExt::collect(response.into_body()).await {
+                Ok(b) => b.to_bytes(),
                 Err(e) => {
                     let err = ApiError::UpstreamUnreachable {
-                        message: format!("reading the response failed: {}", e.without_url()),
+                        message: format!("reading the response failed: {e}"),
                     };
                     return refuse(completion, err);
                 }

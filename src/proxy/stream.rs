@@ -6,17 +6,16 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
+use axum::body::BodyDataStream;
 use bytes::Bytes;
 use futures::Stream;
 
 use super::completion::{Completion, Outcome, Source};
 use crate::upstream::adapter::{SseTap, Usage};
 
-type Upstream = Pin<Box<dyn Stream<Item = reqwest::Result<Bytes>> + Send>>;
-
 /// The body of a streamed response.
 pub struct ProxyStream {
-    upstream: Upstream,
+    upstream: BodyDataStream,
     tap: SseTap,
     completion: Option<Completion>,
     started: Instant,
@@ -28,10 +27,15 @@ pub struct ProxyStream {
 
 impl ProxyStream {
     /// Wraps an upstream byte stream.
-    pub fn new(upstream: reqwest::Response, tap: SseTap, completion: Completion, request_len: usize) -> Self {
+    pub fn new(
+        upstream: crate::upstream::http::Response,
+        tap: SseTap,
+        completion: Completion,
+        request_len: usize,
+    ) -> Self {
         let started = completion.started();
         ProxyStream {
-            upstream: Box::pin(upstream.bytes_stream()),
+            upstream: upstream.into_body().into_data_stream(),
             tap,
             completion: Some(completion),
             started,
@@ -88,13 +92,13 @@ impl Stream for ProxyStream {
             if this.ended {
                 return Poll::Ready(None);
             }
-            match this.upstream.as_mut().poll_next(cx) {
+            match Pin::new(&mut this.upstream).poll_next(cx) {
                 Poll::Ready(Some(Ok(chunk))) => {
                     let mut out = bytes::BytesMut::from(&this.tap.feed(&chunk)[..]);
                     // Whatever else the upstream already sent goes out in the same write; nothing
                     // waits for more (a Pending upstream ends the batch at once).
                     while out.len() < 64 * 1024 {
-                        match this.upstream.as_mut().poll_next(cx) {
+                        match Pin::new(&mut this.upstream).poll_next(cx) {
                             Poll::Ready(Some(Ok(more))) => out.extend_from_slice(&this.tap.feed(&more)),
                             Poll::Ready(Some(Err(e))) => {
                                 tracing::warn!(error = %e, "upstream stream broke");

@@ -68,7 +68,7 @@ impl Usage {
 /// The outgoing request for one attempt.
 pub struct Outgoing {
     /// Full URL.
-    pub url: reqwest::Url,
+    pub url: axum::http::Uri,
     /// JSON body.
     pub body: Bytes,
 }

@@ -9,8 +9,9 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use axum::http::HeaderMap;
+use axum::http::{HeaderMap, HeaderValue, Method, Request, header};
 use bytes::Bytes;
+use futures::StreamExt;
 use rand::Rng;
 use serde::Serialize;
 use serde_json::{Map, Value};
@@ -20,6 +21,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::admission::{Refusal, Slot};
 use super::classify::{self, Classification, LockModels, NextStep, Sharing, UpstreamFailure};
+use super::http;
 use super::locks::{self, LockTarget};
 use super::pool::{Credential, ModelRoute};
 use crate::app::AppState;
@@ -80,7 +82,7 @@ pub enum Dispatched {
     /// A candidate answered with success; the body is still to be read or streamed.
     Served {
         /// The response.
-        response: reqwest::Response,
+        response: http::Response,
         /// Who served it.
         credential: Arc<Credential>,
         /// Which public model.
@@ -277,20 +279,20 @@ impl Run<'_> {
         single: bool,
     ) -> Step {
         let out = adapter::outgoing(self.endpoint, cred, body, upstream_model);
-        let mut builder = request(self.state, self.endpoint, cred, self.headers, out);
-        // The body is bytes, so the request clones; only a single candidate may need the copy.
-        let mut retry = if single { builder.try_clone() } else { None };
+        let mut req = request(cred, self.headers, out);
+        // The body is bytes, so the request copies cheaply; only a single candidate may need it.
+        let mut retry = single.then(|| http::duplicate(&req));
         loop {
             self.sent += 1;
             let started = Instant::now();
-            let sent = builder.send().await;
+            let sent = self.state.http.send(req).await;
             let upstream_latency = started.elapsed();
             metrics::histogram!("aigw_upstream_duration_seconds", "provider" => cred.provider.as_str())
                 .record(upstream_latency.as_secs_f64());
             let response = match sent {
                 Ok(r) => r,
                 Err(e) => {
-                    let what = connection_error(&e);
+                    let what = e.to_string();
                     let attempt = Attempt {
                         error: Some(what.clone()),
                         ..Attempt::of(cred, model)
@@ -303,7 +305,7 @@ impl Run<'_> {
                             rule: Some(SINGLE_CANDIDATE_RETRY),
                             ..attempt
                         });
-                        builder = again;
+                        req = again;
                         continue;
                     }
                     self.attempts.push(attempt);
@@ -341,7 +343,7 @@ impl Run<'_> {
                     rule: Some(SINGLE_CANDIDATE_RETRY),
                     ..Attempt::of(cred, model)
                 });
-                builder = again;
+                req = again;
                 continue;
             }
             return Step::Failed(self.fail(cred, model, upstream_model, error));
@@ -409,9 +411,10 @@ impl Run<'_> {
     }
 
     /// Waits, within `slot_wait_ms` and the time budget, for a slot of any busy candidate;
-    /// returns which one freed first.
+    /// returns which one freed first. (`&mut`: a shared `Run` is not `Send`, for the response
+    /// body `last` may hold.)
     async fn wait_for_slot(
-        &self,
+        &mut self,
         busy: &[(Arc<Credential>, Arc<Semaphore>)],
     ) -> Option<(usize, OwnedSemaphorePermit)> {
         let left = self.deadline.saturating_duration_since(Instant::now());
@@ -566,50 +569,32 @@ fn candidates(model: &ModelRoute, endpoint: Endpoint) -> Vec<Arc<Credential>> {
 
 /// The HTTP request of one attempt: the provider's auth and version headers on `out`.
 pub(crate) fn request(
-    state: &AppState,
-    endpoint: Endpoint,
     cred: &Credential,
     client_headers: &HeaderMap,
     out: adapter::Outgoing,
-) -> reqwest::RequestBuilder {
-    let b = state
-        .http
-        .post(out.url)
-        .header(reqwest::header::CONTENT_TYPE, "application/json")
-        .body(out.body);
-    if endpoint == Endpoint::Messages {
+) -> Request<Bytes> {
+    let mut req = Request::new(out.body);
+    *req.method_mut() = Method::POST;
+    *req.uri_mut() = out.url;
+    let h = req.headers_mut();
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    if cred.provider.speaks_anthropic() {
+        h.insert("x-api-key", cred.auth.clone());
         let version = client_headers
             .get("anthropic-version")
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("2023-06-01");
-        let b = b
-            .header("x-api-key", cred.secret.expose())
-            .header("anthropic-version", version);
-        match client_headers.get("anthropic-beta") {
-            Some(beta) => b.header("anthropic-beta", beta.clone()),
-            None => b,
+            .cloned()
+            .unwrap_or(HeaderValue::from_static("2023-06-01"));
+        h.insert("anthropic-version", version);
+        if let Some(beta) = client_headers.get("anthropic-beta") {
+            h.insert("anthropic-beta", beta.clone());
         }
     } else {
-        b.bearer_auth(cred.secret.expose())
+        h.insert(header::AUTHORIZATION, cred.auth.clone());
     }
+    req
 }
 
-/// A connection failure described without the URL's secrets (none are in URLs) or internals.
-fn connection_error(e: &reqwest::Error) -> String {
-    let kind = if e.is_timeout() {
-        "timed out"
-    } else if e.is_connect() {
-        "connection failed"
-    } else {
-        "request failed"
-    };
-    match e.url().and_then(|u| u.host_str()) {
-        Some(host) => format!("{kind} ({host})"),
-        None => kind.to_owned(),
-    }
-}
-
-async fn read_error(response: reqwest::Response) -> UpstreamError {
+async fn read_error(response: http::Response) -> UpstreamError {
     let status = response.status().as_u16();
     let mut headers = HeaderMap::new();
     for (k, v) in response.headers() {
@@ -624,8 +609,8 @@ async fn read_error(response: reqwest::Response) -> UpstreamError {
         }
     }
     let mut body = Vec::new();
-    let mut stream = response;
-    while let Ok(Some(chunk)) = stream.chunk().await {
+    let mut stream = response.into_body().into_data_stream();
+    while let Some(Ok(chunk)) = stream.next().await {
         let room = MAX_ERROR_BODY.saturating_sub(body.len());
         body.extend_from_slice(&chunk[..chunk.len().min(room)]);
         if body.len() >= MAX_ERROR_BODY {

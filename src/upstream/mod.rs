@@ -5,6 +5,7 @@ pub mod admission;
 pub mod classify;
 pub mod corroboration;
 pub mod dispatch;
+pub mod http;
 pub mod locks;
 pub mod pool;
 

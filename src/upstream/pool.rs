@@ -5,7 +5,8 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use crate::config::Secret;
+use axum::http::{HeaderValue, Uri};
+
 use crate::crypto::MasterKey;
 use crate::store::{ModelRow, ModelStore, Store, StoreResult, UpstreamRow, UpstreamStore, WorkspaceStore};
 
@@ -23,8 +24,9 @@ pub struct Credential {
     pub name: String,
     /// Provider kind.
     pub provider: Provider,
-    /// The opened secret (never logged).
-    pub secret: Secret,
+    /// The auth header's value, made of the opened secret (`Bearer …`, or the bare key for
+    /// Anthropic); marked sensitive, so never printed.
+    pub auth: HeaderValue,
     /// Lower is tried first.
     pub priority: i64,
     /// Share within a priority.
@@ -41,13 +43,13 @@ pub struct Credential {
     pub quota_group: Option<String>,
     /// Public model name → upstream model name.
     pub models: HashMap<String, String>,
-    /// Parsed URLs of the chat, embeddings and messages endpoints (parsed once, not per request).
-    pub urls: [reqwest::Url; 3],
+    /// URLs of the chat, embeddings and messages endpoints (parsed once, not per request).
+    pub urls: [Uri; 3],
 }
 
 impl Credential {
     /// The URL of `endpoint` on this credential's provider.
-    pub fn url(&self, endpoint: Endpoint) -> &reqwest::Url {
+    pub fn url(&self, endpoint: Endpoint) -> &Uri {
         match endpoint {
             Endpoint::ChatCompletions => &self.urls[0],
             Endpoint::Embeddings => &self.urls[1],
@@ -192,13 +194,24 @@ impl Routes {
 }
 
 impl Credential {
-    /// The credential of a stored row: none if its secret does not open with `master`, or its
-    /// provider or base URL does not parse.
+    /// The credential of a stored row: none if its secret does not open with `master` (or makes
+    /// no header value), or its provider or base URL does not parse.
     pub fn from_row(u: &UpstreamRow, master: &MasterKey) -> Option<Credential> {
         let secret = master.open(&u.secret_sealed).ok()?;
         let provider: Provider = u.provider.parse().ok()?;
+        let mut auth = if provider.speaks_anthropic() {
+            HeaderValue::from_str(&secret)
+        } else {
+            HeaderValue::from_str(&format!("Bearer {secret}"))
+        }
+        .ok()?;
+        auth.set_sensitive(true);
         let base_url = u.base_url.trim_end_matches('/').to_owned();
-        let url = |e: Endpoint| reqwest::Url::parse(&format!("{base_url}{}", e.path())).ok();
+        // Parsed as a URL first: that percent-encodes and punycodes what a URI may not hold.
+        let url = |e: Endpoint| {
+            let url = reqwest::Url::parse(&format!("{base_url}{}", e.path())).ok()?;
+            url.as_str().parse::<Uri>().ok()
+        };
         let urls = [
             url(Endpoint::ChatCompletions)?,
             url(Endpoint::Embeddings)?,
@@ -209,7 +222,7 @@ impl Credential {
             workspace_id: u.workspace_id,
             name: u.name.clone(),
             provider,
-            secret: Secret::new(secret),
+            auth,
             priority: u.priority,
             weight: u.weight.max(1),
             max_in_flight: u.max_in_flight.max(1),

@@ -1,0 +1,250 @@
+//! The upstream HTTP client. Requests go out on hyper's pooled client (HTTP/1.1, or HTTP/2 where
+//! TLS negotiates it; rustls with the webpki roots), so the request path pays for no URL
+//! re-parsing, redirect or retry layer: dispatch is the one retry layer, and an upstream's
+//! redirect is passed back as its answer. When the environment names an outbound proxy
+//! (`HTTPS_PROXY`, `HTTP_PROXY` or `ALL_PROXY`, in either case), requests go through reqwest
+//! instead, which honours those variables and `NO_PROXY`.
+
+use std::fmt;
+use std::time::Duration;
+
+use axum::body::Body;
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::Client as Hyper;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+
+/// An upstream's response; its body is read, or streamed, by the caller.
+pub type Response = http::Response<Body>;
+
+/// How long a connection attempt may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long an idle pooled connection is kept.
+const POOL_IDLE: Duration = Duration::from_secs(90);
+/// The variables that name an outbound proxy.
+const PROXY_VARS: [&str; 6] = [
+    "HTTPS_PROXY",
+    "https_proxy",
+    "HTTP_PROXY",
+    "http_proxy",
+    "ALL_PROXY",
+    "all_proxy",
+];
+
+/// The client every upstream request goes out on; cheap to clone (the pool is shared).
+#[derive(Clone)]
+#[expect(
+    clippy::large_enum_variant,
+    reason = "one client per process, used in place; a box would add an indirection per request"
+)]
+pub enum Client {
+    /// Straight to the upstream.
+    Direct(Hyper<HttpsConnector<HttpConnector>, Full<Bytes>>),
+    /// Through the outbound proxy the environment names.
+    Proxied(reqwest::Client),
+}
+
+/// A request that got no response: what went wrong, and with which host (no URL, no secret).
+#[derive(Debug)]
+pub struct SendError {
+    kind: &'static str,
+    host: Option<String>,
+}
+
+impl fmt::Display for SendError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.host {
+            Some(host) => write!(f, "{} ({host})", self.kind),
+            None => f.write_str(self.kind),
+        }
+    }
+}
+
+impl Client {
+    /// The client this process uses: proxied when the environment names a proxy.
+    pub fn from_env() -> Result<Client, String> {
+        if proxy_named(|k| std::env::var_os(k).filter(|v| !v.is_empty()).is_some()) {
+            Client::proxied(None)
+        } else {
+            Ok(Client::direct())
+        }
+    }
+
+    /// Straight to the upstream, on a shared connection pool.
+    pub fn direct() -> Client {
+        let mut http = HttpConnector::new();
+        http.enforce_http(false);
+        http.set_nodelay(true);
+        http.set_connect_timeout(Some(CONNECT_TIMEOUT));
+        let https = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_webpki_roots()
+            .https_or_http()
+            .enable_all_versions()
+            .wrap_connector(http);
+        let client = Hyper::builder(TokioExecutor::new())
+            .pool_idle_timeout(POOL_IDLE)
+            .pool_timer(TokioTimer::new())
+            .timer(TokioTimer::new())
+            .build(https);
+        Client::Direct(client)
+    }
+
+    /// Through reqwest: via `proxy` when given, else via the proxy the environment names.
+    pub fn proxied(proxy: Option<&str>) -> Result<Client, String> {
+        let mut b = reqwest::Client::builder()
+            .connect_timeout(CONNECT_TIMEOUT)
+            .pool_idle_timeout(POOL_IDLE)
+            .tcp_nodelay(true)
+            .redirect(reqwest::redirect::Policy::none());
+        if let Some(p) = proxy {
+            b = b.proxy(reqwest::Proxy::all(p).map_err(|e| format!("bad proxy URL: {e}"))?);
+        }
+        b.build()
+            .map(Client::Proxied)
+            .map_err(|e| format!("cannot build the HTTP client: {e}"))
+    }
+
+    /// Sends `req` and waits for the response's head.
+    pub async fn send(&self, req: http::Request<Bytes>) -> Result<Response, SendError> {
+        let host = req.uri().host().map(str::to_owned);
+        match self {
+            Client::Direct(c) => match c.request(req.map(Full::new)).await {
+                Ok(resp) => Ok(resp.map(Body::new)),
+                Err(e) => {
+                    let timed_out = source_chain(&e).any(|s| {
+                        s.downcast_ref::<std::io::Error>()
+                            .is_some_and(|io| io.kind() == std::io::ErrorKind::TimedOut)
+                    });
+                    let kind = if timed_out {
+                        "timed out"
+                    } else if e.is_connect() {
+                        "connection failed"
+                    } else {
+                        "request failed"
+                    };
+                    Err(SendError { kind, host })
+                }
+            },
+            Client::Proxied(c) => {
+                let req = reqwest::Request::try_from(req).map_err(|_| SendError {
+                    kind: "request failed",
+                    host: host.clone(),
+                })?;
+                match c.execute(req).await {
+                    Ok(resp) => Ok(http::Response::from(resp).map(Body::new)),
+                    Err(e) => {
+                        let kind = if e.is_timeout() {
+                            "timed out"
+                        } else if e.is_connect() {
+                            "connection failed"
+                        } else {
+                            "request failed"
+                        };
+                        Err(SendError { kind, host })
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A copy of `req`, for a retry (the body is shared bytes).
+pub fn duplicate(req: &http::Request<Bytes>) -> http::Request<Bytes> {
+    let mut copy = http::Request::new(req.body().clone());
+    *copy.method_mut() = req.method().clone();
+    *copy.uri_mut() = req.uri().clone();
+    *copy.headers_mut() = req.headers().clone();
+    copy
+}
+
+/// Whether any proxy variable is set, as `is_set` tells.
+fn proxy_named(is_set: impl Fn(&str) -> bool) -> bool {
+    PROXY_VARS.iter().any(|k| is_set(k))
+}
+
+fn source_chain<'a>(
+    e: &'a (dyn std::error::Error + 'static),
+) -> impl Iterator<Item = &'a (dyn std::error::Error + 'static)> {
+    std::iter::successors(Some(e), |&e| e.source())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn any_proxy_variable_in_either_case_selects_the_proxied_client() {
+        let cases: &[(&[&str], bool)] = &[
+            (&[], false),
+            (&["NO_PROXY"], false),
+            (&["HTTPS_PROXY"], true),
+            (&["https_proxy"], true),
+            (&["HTTP_PROXY"], true),
+            (&["all_proxy"], true),
+        ];
+        for (set, proxied) in cases {
+            assert_eq!(proxy_named(|k| set.contains(&k)), *proxied, "{set:?}");
+        }
+    }
+
+    #[test]
+    fn send_error_names_the_host_only() {
+        let e = SendError {
+            kind: "connection failed",
+            host: Some("api.example.com".into()),
+        };
+        assert_eq!(e.to_string(), "connection failed (api.example.com)");
+    }
+
+    #[tokio::test]
+    async fn a_refused_connection_is_a_connection_failure() {
+        let port = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().port()
+        };
+        let req = http::Request::post(format!("http://127.0.0.1:{port}/v1/chat/completions"))
+            .body(Bytes::new())
+            .unwrap();
+        for client in [Client::direct(), Client::proxied(None).unwrap()] {
+            let e = client.send(duplicate(&req)).await.unwrap_err();
+            assert_eq!(e.to_string(), "connection failed (127.0.0.1)");
+        }
+    }
+
+    /// The proxied client goes through the proxy it is given: a relay that counts connections.
+    #[tokio::test]
+    async fn the_proxied_client_goes_through_the_proxy() {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use tokio::net::{TcpListener, TcpStream};
+
+        let upstream = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let upstream_addr = upstream.local_addr().unwrap();
+        let app = axum::Router::new().route("/v1/ping", axum::routing::post(|| async { "pong" }));
+        tokio::spawn(async move { axum::serve(upstream, app).await });
+
+        let relay = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let relay_addr = relay.local_addr().unwrap();
+        let relayed = Arc::new(AtomicUsize::new(0));
+        let count = relayed.clone();
+        tokio::spawn(async move {
+            while let Ok((mut client, _)) = relay.accept().await {
+                count.fetch_add(1, Ordering::SeqCst);
+                let mut server = TcpStream::connect(upstream_addr).await.unwrap();
+                tokio::spawn(async move { tokio::io::copy_bidirectional(&mut client, &mut server).await });
+            }
+        });
+
+        let client = Client::proxied(Some(&format!("http://{relay_addr}"))).unwrap();
+        let req = http::Request::post(format!("http://{upstream_addr}/v1/ping"))
+            .body(Bytes::from_static(b"{}"))
+            .unwrap();
+        let resp = client.send(req).await.unwrap();
+        assert_eq!(resp.status(), 200);
+        let body = http_body_util::BodyExt::collect(resp.into_body()).await.unwrap();
+        assert_eq!(body.to_bytes(), "pong");
+        assert_eq!(relayed.load(Ordering::SeqCst), 1);
+    }
+}
