@@ -77,8 +77,12 @@ const COLUMNS: &str = "request_id, ts, workspace_id, key_id, member_id, departme
     model_served, upstream_id, attempts, attempts_detail, status, code, source, explanation, stream, prompt_tokens, \
     completion_tokens, total_tokens, credits, usage_estimated, latency_ms, ttfb_ms, upstream_latency_ms, client_ip, would_refuse";
 
-/// Most rows in one INSERT (27 columns each stays under every backend's parameter limit).
-const BATCH: usize = 500;
+/// Most rows in one INSERT. A statement's arguments are built on a runtime worker, so it stays
+/// small (a fraction of a millisecond) and the writer, awaiting the database between statements,
+/// never holds a worker long enough to show in the request path's latency.
+const BATCH: usize = 100;
+/// Most rows one flush collects.
+const FLUSH_MAX: usize = 2000;
 
 /// Filters of the log query (DESIGN.md §7).
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -279,9 +283,9 @@ impl LogSink {
     }
 }
 
-/// Starts the writer: it collects records for one flush interval (or until a batch is full) and
-/// writes them in one statement, so a busy gateway writes a few large batches a second and an
-/// idle one nothing; at `stop` it writes what is left.
+/// Starts the writer: woken by a first record, it lets one flush interval pass and then writes
+/// everything queued, so a busy gateway writes a few large batches a second (and is woken as
+/// often, not once per request) and an idle one nothing; at `stop` it writes what is left.
 pub fn start_writer(
     store: Store,
     flush_interval: Duration,
@@ -292,7 +296,7 @@ pub fn start_writer(
     let depth = Arc::new(AtomicI64::new(0));
     let d = depth.clone();
     tasks.spawn(async move {
-        let mut batch = Vec::with_capacity(BATCH);
+        let mut batch = Vec::with_capacity(FLUSH_MAX);
         loop {
             let first = tokio::select! {
                 r = rx.recv() => r,
@@ -300,18 +304,25 @@ pub fn start_writer(
             };
             let Some(first) = first else { break };
             batch.push(first);
-            let deadline = tokio::time::Instant::now() + flush_interval;
-            while batch.len() < BATCH * 4 {
-                tokio::select! {
-                    r = rx.recv() => match r {
-                        Some(r) => batch.push(r),
-                        None => break,
-                    },
-                    () = tokio::time::sleep_until(deadline) => break,
-                    () = stop.cancelled() => break,
+            // The rest of the interval's records are taken when it ends, not one by one: a
+            // waiting receiver would be woken by every request, from the request's thread.
+            tokio::select! {
+                () = tokio::time::sleep(flush_interval) => {},
+                () = stop.cancelled() => {},
+            }
+            loop {
+                while batch.len() < FLUSH_MAX {
+                    match rx.try_recv() {
+                        Ok(r) => batch.push(r),
+                        Err(_) => break,
+                    }
+                }
+                let full = batch.len() >= FLUSH_MAX;
+                write_with_retry(&store, &mut batch, &d, &stop).await;
+                if !full {
+                    break;
                 }
             }
-            write_with_retry(&store, &mut batch, &d, &stop).await;
         }
         // Shutdown: the server has stopped taking requests; write what is still queued.
         rx.close();
