@@ -14,7 +14,6 @@ use axum::extract::{Request, State};
 use axum::http::{HeaderValue, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::serve::ListenerExt;
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -67,7 +66,8 @@ pub struct Inner {
     pub keys: KeyResolver,
     /// Queue of request logs for the batch writer.
     pub logs: LogSink,
-    /// The one HTTP client to upstreams (no retries of its own, no redirects).
+    /// The HTTP client to upstreams (no retries of its own, no redirects); each serving thread
+    /// uses one of the same kind with a connection pool of its own.
     pub http: crate::upstream::http::Client,
     /// Prometheus rendering.
     pub metrics: PrometheusHandle,
@@ -75,6 +75,16 @@ pub struct Inner {
     pub shutdown: CancellationToken,
     /// Background tasks, drained at shutdown.
     pub tasks: TaskTracker,
+    /// The main runtime, where background tasks run (requests run on the serving threads').
+    pub runtime: tokio::runtime::Handle,
+}
+
+impl AppState {
+    /// Runs `task` in the background on the main runtime, drained at shutdown (a serving thread's
+    /// runtime stops with its last request).
+    pub fn spawn_background(&self, task: impl Future<Output = ()> + Send + 'static) {
+        self.tasks.spawn_on(task, &self.runtime);
+    }
 }
 
 impl std::ops::Deref for AppState {
@@ -201,6 +211,7 @@ impl Gateway {
             metrics: crate::telemetry::metrics_handle(),
             shutdown,
             tasks,
+            runtime: tokio::runtime::Handle::current(),
         }));
         start_config_watch(state.clone(), epoch);
         start_quota_flush(state.clone());
@@ -224,28 +235,23 @@ impl Gateway {
         signal: impl Future<Output = ()> + Send + 'static,
     ) -> std::io::Result<()> {
         let state = self.state.clone();
-        let router = router(state.clone());
         let stop = state.shutdown.clone();
-        // Streamed chunks must leave at once: no Nagle delay on client connections.
-        let listener = self.listener.tap_io(|tcp| {
-            let _ = tcp.set_nodelay(true);
-        });
-        let serve = axum::serve(
-            listener,
-            router.into_make_service_with_connect_info::<SocketAddr>(),
-        )
-        .with_graceful_shutdown(async move {
+        let stopped = async move {
             tokio::select! {
                 () = signal => {},
                 () = stop.cancelled() => {},
             }
-        });
-        let result = serve.await;
+        };
+        let (result, threads) =
+            crate::serving::serve(self.listener, router(state.clone()), &state.http, stopped).await;
         // No request is running any more: stop the background tasks, which flush what they hold.
         state.shutdown.cancel();
         state.tasks.close();
         state.tasks.wait().await;
         state.store.close().await;
+        if let Some(threads) = threads {
+            threads.join().await;
+        }
         tracing::info!("aigw stopped");
         result
     }

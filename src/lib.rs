@@ -14,6 +14,7 @@ pub mod proxy;
 pub mod quota;
 pub mod request_log;
 pub mod resources;
+pub mod serving;
 pub mod store;
 pub mod telemetry;
 pub mod upstream;

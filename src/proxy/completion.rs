@@ -274,7 +274,7 @@ impl Completion {
             );
             let (state, key) = (self.state.clone(), self.caller.key_id);
             // Trips are rare; persisting one never holds up the response.
-            self.state.tasks.spawn(async move {
+            self.state.spawn_background(async move {
                 if let Err(e) = crate::breaker::persist(&state.store, key, &t).await {
                     tracing::error!(error = %e, key, "could not persist a breaker trip");
                 }

@@ -536,7 +536,7 @@ impl Run<'_> {
         }
         if !rows.is_empty() || class.banned {
             let (s, banned) = (state.clone(), class.banned.then_some(cred.id));
-            state.tasks.spawn(async move {
+            state.spawn_background(async move {
                 if let Err(e) = locks::persist(&s.store, &rows, banned).await {
                     tracing::error!(error = %e, "could not persist upstream locks");
                 }

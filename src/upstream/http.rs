@@ -3,7 +3,8 @@
 //! re-parsing, redirect or retry layer: dispatch is the one retry layer, and an upstream's
 //! redirect is passed back as its answer. When the environment names an outbound proxy
 //! (`HTTPS_PROXY`, `HTTP_PROXY` or `ALL_PROXY`, in either case), requests go through reqwest
-//! instead, which honours those variables and `NO_PROXY`.
+//! instead, which honours those variables and `NO_PROXY`. Each serving thread gets a pool of its
+//! own ([`use_own_pool`]): a connection's task then runs on the thread whose requests use it.
 
 use std::fmt;
 use std::time::Duration;
@@ -106,48 +107,85 @@ impl Client {
             .map_err(|e| format!("cannot build the HTTP client: {e}"))
     }
 
-    /// Sends `req` and waits for the response's head.
+    /// A client of the same kind with a pool of its own (a proxied client shares its pool).
+    fn fresh(&self) -> Client {
+        match self {
+            Client::Direct(_) => Client::direct(),
+            Client::Proxied(c) => Client::Proxied(c.clone()),
+        }
+    }
+
+    /// Sends `req` and waits for the response's head, on this thread's own pool if it has one.
     pub async fn send(&self, req: http::Request<Bytes>) -> Result<Response, SendError> {
         let host = req.uri().host().map(str::to_owned);
-        match self {
-            Client::Direct(c) => match c.request(req.map(Full::new)).await {
-                Ok(resp) => Ok(resp.map(Body::new)),
-                Err(e) => {
+        let pending = OWN.with(|own| own.get().unwrap_or(self).start(req));
+        pending.await.map_err(|kind| SendError { kind, host })
+    }
+
+    /// Starts sending `req`; the future owns what it needs.
+    fn start(
+        &self,
+        req: http::Request<Bytes>,
+    ) -> impl Future<Output = Result<Response, &'static str>> + use<> {
+        let pending = match self {
+            Client::Direct(c) => Pending::Direct(c.request(req.map(Full::new))),
+            Client::Proxied(c) => match reqwest::Request::try_from(req) {
+                Ok(req) => Pending::Proxied(Box::pin(c.execute(req))),
+                Err(_) => Pending::Invalid,
+            },
+        };
+        async move {
+            match pending {
+                Pending::Direct(f) => f.await.map(|r| r.map(Body::new)).map_err(|e| {
                     let timed_out = source_chain(&e).any(|s| {
                         s.downcast_ref::<std::io::Error>()
                             .is_some_and(|io| io.kind() == std::io::ErrorKind::TimedOut)
                     });
-                    let kind = if timed_out {
+                    if timed_out {
                         "timed out"
                     } else if e.is_connect() {
                         "connection failed"
                     } else {
                         "request failed"
-                    };
-                    Err(SendError { kind, host })
-                }
-            },
-            Client::Proxied(c) => {
-                let req = reqwest::Request::try_from(req).map_err(|_| SendError {
-                    kind: "request failed",
-                    host: host.clone(),
-                })?;
-                match c.execute(req).await {
-                    Ok(resp) => Ok(http::Response::from(resp).map(Body::new)),
-                    Err(e) => {
-                        let kind = if e.is_timeout() {
+                    }
+                }),
+                Pending::Proxied(f) => f
+                    .await
+                    .map(|r| http::Response::from(r).map(Body::new))
+                    .map_err(|e| {
+                        if e.is_timeout() {
                             "timed out"
                         } else if e.is_connect() {
                             "connection failed"
                         } else {
                             "request failed"
-                        };
-                        Err(SendError { kind, host })
-                    }
-                }
+                        }
+                    }),
+                Pending::Invalid => Err("request failed"),
             }
         }
     }
+}
+
+/// A request on its way.
+enum Pending {
+    Direct(hyper_util::client::legacy::ResponseFuture),
+    Proxied(std::pin::Pin<Box<dyn Future<Output = reqwest::Result<reqwest::Response>> + Send>>),
+    Invalid,
+}
+
+thread_local! {
+    /// The calling thread's own client, when it has one.
+    static OWN: std::cell::OnceCell<Client> = const { std::cell::OnceCell::new() };
+}
+
+/// Gives the calling thread a client of `shared`'s kind with its own connection pool. A serving
+/// thread calls this once: the connections its requests open are then driven by its own runtime
+/// and never wake another thread.
+pub fn use_own_pool(shared: &Client) {
+    OWN.with(|own| {
+        let _ = own.set(shared.fresh());
+    });
 }
 
 /// A copy of `req`, for a retry (the body is shared bytes).
