@@ -6,6 +6,8 @@ Prints, per path and mode: requests/s at 50 connections; p50/p99/p99.9 latency a
 connections; aigw CPU time per request; aigw peak RSS. Usage:
 
     cargo build --release && python3 bench/run.py [--duration 10] [--policies 0|4]
+    python3 bench/run.py --compare-policies ROUNDS         # 0 vs 4 policies, in alternation
+    python3 bench/run.py --compare-bin OTHER_AIGW [--rounds N]  # another build vs this one
 
 Needs wrk (Debian: apt-get install wrk). Traffic goes to 127.0.0.1 only.
 """
@@ -136,10 +138,10 @@ def wrk(url, key, body, conns, duration):
     return r
 
 
-def start_gateway(tmp, mock_port, policies):
-    """An `aigw serve` with its own SQLite file and `policies` (0 or 4) quota policies."""
+def start_gateway(tmp, mock_port, policies, binary=BIN, name=None):
+    """An `aigw serve` (of `binary`) with its own SQLite file and `policies` (0 or 4) quota policies."""
     port = free_port()
-    home = os.path.join(tmp, f"gw-{policies}")
+    home = os.path.join(tmp, name or f"gw-{policies}")
     os.makedirs(home)
     res = os.path.join(home, "resources.toml")
     with open(res, "w") as f:
@@ -149,39 +151,58 @@ def start_gateway(tmp, mock_port, policies):
     env = {"PATH": os.environ.get("PATH", ""), "AIGW_LISTEN": f"127.0.0.1:{port}",
            "AIGW_DATABASE_URL": f"sqlite://{home}/aigw.db", "AIGW_LOG": "warn",
            "AIGW_BOOTSTRAP_PASSWORD": "bench-owner-pass"}
-    gw = subprocess.Popen([BIN, "serve", "--resources", res], env=env, cwd=home,
+    gw = subprocess.Popen([binary, "serve", "--resources", res], env=env, cwd=home,
                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     return gw, port
 
 
-def compare_policies(gws, duration, rounds):
-    """Issue 4's check: 4 policies against none, measured in alternation so that the shared
-    machine's drift hits both alike; medians over the rounds."""
+def alternate(gws, labels, duration, rounds):
+    """The same non-streamed load on each gateway in turn, `rounds` times, so that the shared
+    machine's drift hits all alike. Per label: the rounds as (req/s @50, p99 @1, CPU µs/request
+    @50, p50 @1), and their medians."""
     msg = [{"role": "user", "content": "Summarise the benchmark in one short sentence please"}]
     body = json.dumps({"model": "gpt-4o-mini", "messages": msg})
-    runs = {0: [], 4: []}
+    runs = {n: [] for n in labels}
     for gw, port in gws:
         wrk(f"http://127.0.0.1:{port}/v1/chat/completions", KEY, body, 50, 2)
     for _ in range(rounds):
-        for n, (gw, port) in zip((0, 4), gws):
+        for n, (gw, port) in zip(labels, gws):
             url = f"http://127.0.0.1:{port}/v1/chat/completions"
             one = wrk(url, KEY, body, 1, duration)
             before = cpu_seconds(gw.pid)
             fifty = wrk(url, KEY, body, 50, duration)
             cpu_us = (cpu_seconds(gw.pid) - before) / max(fifty["requests"], 1) * 1e6
-            runs[n].append((fifty["rps"], one["p99"], cpu_us))
-    med = {n: [statistics.median(r[i] for r in runs[n]) for i in range(3)] for n in runs}
+            runs[n].append((fifty["rps"], one["p99"], cpu_us, one["p50"]))
+    med = {n: [statistics.median(r[i] for r in runs[n]) for i in range(4)] for n in runs}
+    return runs, med
+
+
+def compare_policies(gws, duration, rounds):
+    """Issue 4's check: 4 policies against none, measured in alternation; medians over the rounds."""
+    runs, med = alternate(gws, (0, 4), duration, rounds)
     rev = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     print(f"# 0 vs 4 quota policies ({rev}, non-streamed, {rounds} alternating rounds of {duration} s, medians)\n")
     print("| policies | req/s @50 | p99 @1 | aigw CPU/request | rounds (req/s) |")
     print("|---|---|---|---|---|")
     for n in (0, 4):
-        rps, p99, cpu = med[n]
+        rps, p99, cpu, _ = med[n]
         each = ", ".join(f"{r[0]:,.0f}" for r in runs[n])
         print(f"| {n} | {rps:,.0f} | {p99:.0f} µs | {cpu:.1f} µs | {each} |")
     print(f"\n- throughput with 4 policies: {(med[4][0] / med[0][0] - 1) * 100:+.1f} % "
           f"(target: no more than 10 % lower)")
     print(f"- p99 at 1 connection: {med[4][1] - med[0][1]:+.0f} µs (target: no more than 100 µs added)")
+
+
+def compare_binaries(gws, labels, duration, rounds):
+    """Two builds of aigw (say, before and after a change), measured in alternation; medians."""
+    runs, med = alternate(gws, labels, duration, rounds)
+    print(f"# two builds (non-streamed, no quota policies, {rounds} alternating rounds of {duration} s, medians)\n")
+    print("| build | req/s @50 | aigw CPU/request | p50 @1 | p99 @1 | rounds (req/s; CPU µs) |")
+    print("|---|---|---|---|---|---|")
+    for n in labels:
+        rps, p99, cpu, p50 = med[n]
+        each = ", ".join(f"{r[0]:,.0f}; {r[2]:.0f}" for r in runs[n])
+        print(f"| {n} | {rps:,.0f} | {cpu:.1f} µs | {p50:.0f} µs | {p99:.0f} µs | {each} |")
 
 
 def main():
@@ -192,6 +213,10 @@ def main():
     ap.add_argument("--compare-policies", type=int, metavar="ROUNDS", default=0,
                     help="instead: two gateways, one with 0 and one with 4 policies, measured in alternation "
                          "for ROUNDS rounds (non-streamed); prints the medians and the difference")
+    ap.add_argument("--compare-bin", metavar="OTHER_AIGW", default=None,
+                    help="instead: this build against OTHER_AIGW (another aigw binary, e.g. of an earlier commit), "
+                         "measured in alternation for --rounds rounds (non-streamed); prints the medians")
+    ap.add_argument("--rounds", type=int, default=5, help="rounds of --compare-bin (default 5)")
     args = ap.parse_args()
     if not shutil.which("wrk"):
         sys.exit("wrk is not installed (Debian: apt-get install wrk)")
@@ -202,13 +227,21 @@ def main():
     mock_port = free_port()
     mock = subprocess.Popen([BIN, "mock-upstream", "--no-record", "--listen", f"127.0.0.1:{mock_port}"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    if args.compare_policies:
-        gws = [start_gateway(tmp, mock_port, n) for n in (0, 4)]
+    if args.compare_policies or args.compare_bin:
+        if args.compare_bin:
+            labels = (args.compare_bin, "this build")
+            gws = [start_gateway(tmp, mock_port, 0, binary, name) for binary, name in
+                   ((os.path.abspath(args.compare_bin), "other"), (BIN, "this"))]
+        else:
+            gws = [start_gateway(tmp, mock_port, n) for n in (0, 4)]
         try:
             wait_ready(f"http://127.0.0.1:{mock_port}/__mock/calls", mock)
             for gw, port in gws:
                 wait_ready(f"http://127.0.0.1:{port}/readyz", gw)
-            compare_policies(gws, args.duration, args.compare_policies)
+            if args.compare_bin:
+                compare_binaries(gws, labels, args.duration, args.rounds)
+            else:
+                compare_policies(gws, args.duration, args.compare_policies)
         finally:
             for p in [g for g, _ in gws] + [mock]:
                 p.terminate()
