@@ -182,7 +182,8 @@ async fn quota_refusals_count_as_failures(db: TestDb) {
     app.stop().await;
 }
 
-/// Two gateways on one Postgres see one breaker: 60 failing requests on each trip the key once.
+/// Two gateways on one Postgres see one breaker: fewer than 100 failing requests on each trip the
+/// key once. (Up to 90 each: on a loaded machine the flushes that share the counts lag.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_gateways_share_one_breaker_on_postgres() {
     let Some(db) = TestDb::postgres().await else {
@@ -207,10 +208,13 @@ async fn two_gateways_share_one_breaker_on_postgres() {
     )
     .await;
     let mut refused = 0;
-    for _ in 0..60 {
+    for _ in 0..90 {
         for app in [&a, &b] {
             let status = app.post_json("/v1/chat/completions", KEY, &bad()).await.status();
             refused += usize::from(status == 429);
+        }
+        if refused > 0 {
+            break;
         }
         tokio::time::sleep(std::time::Duration::from_millis(15)).await;
     }
