@@ -117,9 +117,13 @@ impl Client {
 
     /// Sends `req` and waits for the response's head, on this thread's own pool if it has one.
     pub async fn send(&self, req: http::Request<Bytes>) -> Result<Response, SendError> {
-        let host = req.uri().host().map(str::to_owned);
+        // The authority is shared bytes: the host is copied out only when the request failed.
+        let authority = req.uri().authority().cloned();
         let pending = OWN.with(|own| own.get().unwrap_or(self).start(req));
-        pending.await.map_err(|kind| SendError { kind, host })
+        pending.await.map_err(|kind| SendError {
+            kind,
+            host: authority.map(|a| a.host().to_owned()),
+        })
     }
 
     /// Starts sending `req`; the future owns what it needs.
