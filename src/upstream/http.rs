@@ -145,29 +145,26 @@ impl Client {
                         s.downcast_ref::<std::io::Error>()
                             .is_some_and(|io| io.kind() == std::io::ErrorKind::TimedOut)
                     });
-                    if timed_out {
-                        "timed out"
-                    } else if e.is_connect() {
-                        "connection failed"
-                    } else {
-                        "request failed"
-                    }
+                    failure(timed_out, e.is_connect())
                 }),
                 Pending::Proxied(f) => f
                     .await
                     .map(|r| http::Response::from(r).map(Body::new))
-                    .map_err(|e| {
-                        if e.is_timeout() {
-                            "timed out"
-                        } else if e.is_connect() {
-                            "connection failed"
-                        } else {
-                            "request failed"
-                        }
-                    }),
+                    .map_err(|e| failure(e.is_timeout(), e.is_connect())),
                 Pending::Invalid => Err("request failed"),
             }
         }
+    }
+}
+
+/// What a request that got no response ran into, in the words of the request log.
+fn failure(timed_out: bool, connect: bool) -> &'static str {
+    if timed_out {
+        "timed out"
+    } else if connect {
+        "connection failed"
+    } else {
+        "request failed"
     }
 }
 
