@@ -328,9 +328,12 @@ async fn readyz(State(state): State<AppState>) -> Response {
 
 async fn metrics(State(state): State<AppState>) -> Response {
     let mut text = state.metrics.render();
+    // Gauges of this gateway's own state, read now rather than set on every request.
     text.push_str(&format!(
-        "# TYPE aigw_breaker_open_keys gauge\naigw_breaker_open_keys {}\n",
-        state.breakers.open_keys(state.clock.now())
+        "# TYPE aigw_breaker_open_keys gauge\naigw_breaker_open_keys {}\n\
+         # TYPE aigw_log_queue_depth gauge\naigw_log_queue_depth {}\n",
+        state.breakers.open_keys(state.clock.now()),
+        state.logs.queued()
     ));
     (
         [(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")],

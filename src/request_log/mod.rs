@@ -77,10 +77,12 @@ const COLUMNS: &str = "request_id, ts, workspace_id, key_id, member_id, departme
     model_served, upstream_id, attempts, attempts_detail, status, code, source, explanation, stream, prompt_tokens, \
     completion_tokens, total_tokens, credits, usage_estimated, latency_ms, ttfb_ms, upstream_latency_ms, client_ip, would_refuse";
 
-/// Most rows in one INSERT. A statement's arguments are built on a runtime worker, so it stays
-/// small (a fraction of a millisecond) and the writer, awaiting the database between statements,
-/// never holds a worker long enough to show in the request path's latency.
-const BATCH: usize = 100;
+/// Rows per INSERT statement, largest first. A flush is written as statements of exactly these
+/// sizes, so the database prepares each of these four statements once and then finds it in its
+/// statement cache (any other size would be parsed anew: thousands of placeholders). A
+/// statement's arguments are built on a runtime worker, so the largest stays small (a fraction of
+/// a millisecond) and never holds a worker long enough to show in the request path's latency.
+const STATEMENT_ROWS: [usize; 4] = [100, 20, 5, 1];
 /// Most rows one flush collects.
 const FLUSH_MAX: usize = 2000;
 
@@ -120,13 +122,23 @@ pub struct LogPage {
     pub next_cursor: Option<i64>,
 }
 
-/// Inserts a batch of records in one statement per `BATCH` rows.
+/// Inserts a batch of records in one transaction: all of them or none (a retry never writes a
+/// row twice), with one commit for the whole flush.
 pub async fn insert_batch(store: &Store, records: &[LogRecord]) -> StoreResult<()> {
-    for chunk in records.chunks(BATCH) {
+    let mut tx = store.pool().begin().await?;
+    let mut rest = records;
+    while !rest.is_empty() {
+        let rows = STATEMENT_ROWS
+            .into_iter()
+            .find(|&n| n <= rest.len())
+            .unwrap_or(1);
+        let (chunk, tail) = rest.split_at(rows);
+        rest = tail;
         let mut b = SqlBuilder::new(store, &format!("INSERT INTO request_logs ({COLUMNS}) VALUES "));
         for (i, r) in chunk.iter().enumerate() {
             b.push(if i == 0 { "(" } else { ", (" });
-            b.bind(r.request_id.clone())
+            // Text is bound borrowed: the records outlive the statement.
+            b.bind(r.request_id.as_str())
                 .push(", ")
                 .bind(r.ts)
                 .push(", ")
@@ -138,25 +150,25 @@ pub async fn insert_batch(store: &Store, records: &[LogRecord]) -> StoreResult<(
                 .push(", ")
                 .bind(r.department_id)
                 .push(", ");
-            b.bind(r.endpoint.clone())
+            b.bind(r.endpoint.as_str())
                 .push(", ")
-                .bind(r.model_requested.clone())
+                .bind(r.model_requested.as_deref())
                 .push(", ");
-            b.bind(r.model_served.clone())
+            b.bind(r.model_served.as_deref())
                 .push(", ")
                 .bind(r.upstream_id)
                 .push(", ")
                 .bind(r.attempts)
                 .push(", ");
-            b.bind(r.attempts_detail.clone())
+            b.bind(r.attempts_detail.as_str())
                 .push(", ")
                 .bind(r.status)
                 .push(", ")
-                .bind(r.code.clone())
+                .bind(r.code.as_deref())
                 .push(", ");
-            b.bind(r.source.clone())
+            b.bind(r.source.as_deref())
                 .push(", ")
-                .bind(r.explanation.clone())
+                .bind(r.explanation.as_str())
                 .push(", ")
                 .bind(r.stream)
                 .push(", ");
@@ -176,13 +188,13 @@ pub async fn insert_batch(store: &Store, records: &[LogRecord]) -> StoreResult<(
                 .push(", ")
                 .bind(r.upstream_latency_ms)
                 .push(", ")
-                .bind(r.client_ip.clone())
+                .bind(r.client_ip.as_deref())
                 .push(", ")
-                .bind(r.would_refuse.clone())
+                .bind(r.would_refuse.as_deref())
                 .push(")");
         }
         let (sql, args) = b.finish();
-        sqlx::query_with(&sql, args).execute(store.pool()).await?;
+        sqlx::query_with(&sql, args).execute(&mut *tx).await?;
     }
     // A key's "last used", written behind with its logs rather than on the request path.
     let mut last_used: std::collections::HashMap<i64, i64> = std::collections::HashMap::new();
@@ -194,9 +206,10 @@ pub async fn insert_batch(store: &Store, records: &[LogRecord]) -> StoreResult<(
         sqlx::query("UPDATE api_keys SET last_used_at = $1 WHERE id = $2 AND (last_used_at IS NULL OR last_used_at < $1)")
             .bind(ts)
             .bind(key_id)
-            .execute(store.pool())
+            .execute(&mut *tx)
             .await?;
     }
+    tx.commit().await?;
     Ok(())
 }
 
@@ -277,9 +290,13 @@ impl LogSink {
     /// Queues a record for the writer.
     pub fn send(&self, record: LogRecord) {
         if self.tx.send(record).is_ok() {
-            let d = self.depth.fetch_add(1, Ordering::Relaxed) + 1;
-            metrics::gauge!("aigw_log_queue_depth").set(d as f64);
+            self.depth.fetch_add(1, Ordering::Relaxed);
         }
+    }
+
+    /// Records queued and not yet written (`aigw_log_queue_depth`, read when scraped).
+    pub fn queued(&self) -> i64 {
+        self.depth.load(Ordering::Relaxed)
     }
 }
 
@@ -362,8 +379,7 @@ async fn write_with_retry(
             }
         }
     }
-    let d = depth.fetch_sub(batch.len() as i64, Ordering::Relaxed) - batch.len() as i64;
-    metrics::gauge!("aigw_log_queue_depth").set(d as f64);
+    depth.fetch_sub(batch.len() as i64, Ordering::Relaxed);
     batch.clear();
 }
 
