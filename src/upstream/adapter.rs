@@ -22,6 +22,9 @@ pub enum Endpoint {
 }
 
 impl Endpoint {
+    /// Every endpoint, in declaration order (`self as usize` indexes it).
+    pub const ALL: [Endpoint; 3] = [Endpoint::ChatCompletions, Endpoint::Embeddings, Endpoint::Messages];
+
     /// Path under the provider's base URL.
     pub fn path(self) -> &'static str {
         match self {
