@@ -105,7 +105,12 @@ pub fn is_api_key_shape(key: &str) -> bool {
 
 /// The SHA-256 of a key, hex: what the database stores instead of the key.
 pub fn hash_api_key(key: &str) -> String {
-    hex::encode(Sha256::digest(key.as_bytes()))
+    hex::encode(api_key_digest(key))
+}
+
+/// The SHA-256 of an API key, raw (`hash_api_key` is its hex form).
+pub fn api_key_digest(key: &str) -> [u8; 32] {
+    Sha256::digest(key.as_bytes()).into()
 }
 
 /// The part of a key shown in lists.

@@ -38,10 +38,10 @@ const UNKNOWN_TTL: Duration = Duration::from_secs(1);
 
 struct KeyExpiry;
 
-impl Expiry<String, Option<Arc<Caller>>> for KeyExpiry {
+impl Expiry<KeyDigest, Option<Arc<Caller>>> for KeyExpiry {
     fn expire_after_create(
         &self,
-        _key: &String,
+        _key: &KeyDigest,
         value: &Option<Arc<Caller>>,
         _now: Instant,
     ) -> Option<Duration> {
@@ -49,9 +49,12 @@ impl Expiry<String, Option<Arc<Caller>>> for KeyExpiry {
     }
 }
 
+/// A key's SHA-256, the cache's key (hex-encoded only for the store lookup on a miss).
+type KeyDigest = [u8; 32];
+
 /// Resolves keys and throttles failed attempts.
 pub struct KeyResolver {
-    cache: Cache<String, Option<Arc<Caller>>>,
+    cache: Cache<KeyDigest, Option<Arc<Caller>>>,
     failures: DefaultKeyedRateLimiter<IpAddr>,
 }
 
@@ -92,7 +95,7 @@ impl KeyResolver {
     ) -> Result<Arc<Caller>, ApiError> {
         let caller = match presented_key(headers) {
             Some(key) if crypto::is_api_key_shape(key) => {
-                self.lookup(store, crypto::hash_api_key(key)).await?
+                self.lookup(store, crypto::api_key_digest(key)).await?
             }
             _ => None,
         };
@@ -102,11 +105,11 @@ impl KeyResolver {
         }
     }
 
-    async fn lookup(&self, store: &Store, hash: String) -> Result<Option<Arc<Caller>>, ApiError> {
+    async fn lookup(&self, store: &Store, digest: KeyDigest) -> Result<Option<Arc<Caller>>, ApiError> {
         let store = store.clone();
         self.cache
-            .try_get_with(hash.clone(), async move {
-                let found = store.identity_by_hash(&hash).await?;
+            .try_get_with(digest, async move {
+                let found = store.identity_by_hash(&hex::encode(digest)).await?;
                 Ok::<_, crate::store::StoreError>(found.filter(|k| k.member_active == 1).map(|k| {
                     Arc::new(Caller {
                         key_id: k.key_id,
