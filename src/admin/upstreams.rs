@@ -372,10 +372,10 @@ pub async fn test(State(state): State<AppState>, actor: Actor, Id(id): Id) -> Ad
     } else {
         Endpoint::ChatCompletions
     };
-    let mut body = serde_json::Map::new();
-    body.insert("max_tokens".into(), json!(1));
-    body.insert("messages".into(), json!([{"role": "user", "content": "ping"}]));
-    let out = adapter::outgoing(endpoint, &cred, &mut body, &model.upstream);
+    let body: adapter::Fields =
+        serde_json::from_str(r#"{"max_tokens":1,"messages":[{"role":"user","content":"ping"}]}"#)
+            .unwrap_or_default();
+    let out = adapter::outgoing(endpoint, &cred, &body, &model.upstream);
     let req = dispatch::request(&cred, &axum::http::HeaderMap::new(), out);
     let started = std::time::Instant::now();
     let result = tokio::time::timeout(std::time::Duration::from_secs(30), state.http.send(req)).await;

@@ -3,16 +3,16 @@
 
 use axum::body::Body;
 use axum::http::HeaderMap;
-use serde_json::{Map, Value};
+use serde_json::value::RawValue;
 
 use crate::error::ApiError;
-use crate::upstream::adapter::Endpoint;
+use crate::upstream::adapter::{Endpoint, Fields};
 
 /// A checked request body.
 #[derive(Debug)]
 pub struct ProxyBody {
-    /// The JSON object, forwarded with the model rewritten.
-    pub json: Map<String, Value>,
+    /// The JSON object's fields, forwarded with the model rewritten.
+    pub fields: Fields,
     /// The public model asked for.
     pub model: String,
     /// Whether a stream was asked for.
@@ -56,7 +56,8 @@ fn is_length_limit(e: &axum::Error) -> bool {
     false
 }
 
-/// Checks a body already read.
+/// Checks a body already read. Nested values are validated as JSON but not built: only the
+/// fields checked here are read, each from its raw text.
 pub fn parse(bytes: &[u8], endpoint: Endpoint) -> Result<ProxyBody, ApiError> {
     if bytes.is_empty() {
         return Err(ApiError::invalid(
@@ -64,37 +65,38 @@ pub fn parse(bytes: &[u8], endpoint: Endpoint) -> Result<ProxyBody, ApiError> {
             None,
         ));
     }
-    let value: Value = serde_json::from_slice(bytes)
-        .map_err(|e| ApiError::invalid(format!("the request body is not valid JSON: {e}"), None))?;
-    let Value::Object(json) = value else {
-        return Err(ApiError::invalid("the request body must be a JSON object", None));
-    };
-    let model = match json.get("model") {
-        Some(Value::String(m)) if !m.trim().is_empty() => m.clone(),
-        Some(Value::String(_)) => return Err(ApiError::invalid("`model` must not be empty", Some("model"))),
-        Some(_) => return Err(ApiError::invalid("`model` must be a string", Some("model"))),
+    let fields: Fields = serde_json::from_slice(bytes).map_err(|e| match e.classify() {
+        // Well-formed JSON of another type than an object (an array, a string, a number).
+        serde_json::error::Category::Data => ApiError::invalid("the request body must be a JSON object", None),
+        _ => ApiError::invalid(format!("the request body is not valid JSON: {e}"), None),
+    })?;
+    let model = match fields.get("model").map(|v| value_as::<String>(v)) {
+        Some(Some(m)) if !m.trim().is_empty() => m,
+        Some(Some(_)) => return Err(ApiError::invalid("`model` must not be empty", Some("model"))),
+        Some(None) => return Err(ApiError::invalid("`model` must be a string", Some("model"))),
         None => return Err(ApiError::invalid("missing required field `model`", Some("model"))),
     };
-    let stream = match json.get("stream") {
-        None | Some(Value::Null) => false,
-        Some(Value::Bool(b)) => *b,
-        Some(_) => return Err(ApiError::invalid("`stream` must be a boolean", Some("stream"))),
+    let stream = match fields.get("stream").map(|v| value_as::<Option<bool>>(v)) {
+        None => false,
+        Some(Some(b)) => b.unwrap_or(false),
+        Some(None) => return Err(ApiError::invalid("`stream` must be a boolean", Some("stream"))),
     };
     match endpoint {
-        Endpoint::ChatCompletions | Endpoint::Messages => match json.get("messages") {
-            Some(Value::Array(a)) if !a.is_empty() => {
-                if let Some(i) = a.iter().position(|m| !m.is_object()) {
+        Endpoint::ChatCompletions | Endpoint::Messages => match fields.get("messages") {
+            Some(v) if starts(v, b'[') => {
+                let items: Vec<&RawValue> = serde_json::from_str(v.get()).unwrap_or_default();
+                if items.is_empty() {
+                    return Err(ApiError::invalid(
+                        "`messages` must not be empty",
+                        Some("messages"),
+                    ));
+                }
+                if let Some(i) = items.iter().position(|m| !starts(m, b'{')) {
                     return Err(ApiError::invalid(
                         format!("`messages[{i}]` must be an object"),
                         Some("messages"),
                     ));
                 }
-            }
-            Some(Value::Array(_)) => {
-                return Err(ApiError::invalid(
-                    "`messages` must not be empty",
-                    Some("messages"),
-                ));
             }
             Some(_) => return Err(ApiError::invalid("`messages` must be an array", Some("messages"))),
             None => {
@@ -108,8 +110,8 @@ pub fn parse(bytes: &[u8], endpoint: Endpoint) -> Result<ProxyBody, ApiError> {
             if stream {
                 return Err(ApiError::invalid("embeddings cannot be streamed", Some("stream")));
             }
-            match json.get("input") {
-                Some(Value::String(_) | Value::Array(_)) => {}
+            match fields.get("input") {
+                Some(v) if starts(v, b'"') || starts(v, b'[') => {}
                 Some(_) => {
                     return Err(ApiError::invalid(
                         "`input` must be a string or an array",
@@ -120,16 +122,16 @@ pub fn parse(bytes: &[u8], endpoint: Endpoint) -> Result<ProxyBody, ApiError> {
             }
         }
     }
-    if endpoint == Endpoint::Messages && !json.get("max_tokens").is_some_and(Value::is_u64) {
+    if endpoint == Endpoint::Messages && fields.get("max_tokens").and_then(value_as::<u64>).is_none() {
         return Err(ApiError::invalid(
             "missing or invalid `max_tokens` (a positive integer)",
             Some("max_tokens"),
         ));
     }
     if endpoint == Endpoint::ChatCompletions
-        && let Some(o) = json.get("stream_options")
-        && !o.is_object()
-        && !o.is_null()
+        && let Some(o) = fields.get("stream_options")
+        && !starts(o, b'{')
+        && o.get() != "null"
     {
         return Err(ApiError::invalid(
             "`stream_options` must be an object",
@@ -137,11 +139,21 @@ pub fn parse(bytes: &[u8], endpoint: Endpoint) -> Result<ProxyBody, ApiError> {
         ));
     }
     Ok(ProxyBody {
-        json,
+        fields,
         model,
         stream,
         len: bytes.len(),
     })
+}
+
+/// A raw value read as `T`, if it is one.
+fn value_as<'a, T: serde::Deserialize<'a>>(v: &'a RawValue) -> Option<T> {
+    serde_json::from_str(v.get()).ok()
+}
+
+/// Whether a raw value's text starts with `c` (`{` an object, `[` an array, `"` a string).
+fn starts(v: &RawValue, c: u8) -> bool {
+    v.get().as_bytes().first() == Some(&c)
 }
 
 #[cfg(test)]

@@ -5,6 +5,7 @@
 
 use bytes::{Bytes, BytesMut};
 use serde::Deserialize;
+use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 use super::Provider;
@@ -68,6 +69,84 @@ impl Usage {
     }
 }
 
+/// A JSON object's top-level fields, in the client's order, each value kept as the client wrote
+/// it. The gateway reads and rewrites a few fields (`model`, `stream_options`) and forwards the
+/// rest byte for byte, without building the nested values (a long conversation would be
+/// thousands of allocations). A repeated key keeps its last value, as a JSON map does.
+#[derive(Debug, Default)]
+pub struct Fields(Vec<(String, Box<RawValue>)>);
+
+impl Fields {
+    /// The raw value of `key`.
+    pub fn get(&self, key: &str) -> Option<&RawValue> {
+        self.0.iter().find(|(k, _)| k == key).map(|(_, v)| &**v)
+    }
+
+    /// Sets `key`: in place when present, else at the end.
+    pub fn set(&mut self, key: String, value: Box<RawValue>) {
+        match self.0.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, v)) => *v = value,
+            None => self.0.push((key, value)),
+        }
+    }
+
+    /// The object as JSON, with `model` as its `model` field.
+    pub fn to_json_with_model(&self, model: &str) -> Vec<u8> {
+        let len: usize = self.0.iter().map(|(k, v)| k.len() + v.get().len() + 4).sum();
+        let mut out = Vec::with_capacity(len + model.len() + 16);
+        out.push(b'{');
+        let mut has_model = false;
+        for (i, (k, v)) in self.0.iter().enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            write_json_str(&mut out, k);
+            out.push(b':');
+            if k == "model" {
+                has_model = true;
+                write_json_str(&mut out, model);
+            } else {
+                out.extend_from_slice(v.get().as_bytes());
+            }
+        }
+        if !has_model {
+            if !self.0.is_empty() {
+                out.push(b',');
+            }
+            out.extend_from_slice(b"\"model\":");
+            write_json_str(&mut out, model);
+        }
+        out.push(b'}');
+        out
+    }
+}
+
+/// Appends `s` as a JSON string.
+fn write_json_str(out: &mut Vec<u8>, s: &str) {
+    // Writing a string into a Vec cannot fail.
+    let _ = serde_json::to_writer(out, s);
+}
+
+impl<'de> Deserialize<'de> for Fields {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Object;
+        impl<'de> serde::de::Visitor<'de> for Object {
+            type Value = Fields;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Fields, A::Error> {
+                let mut fields = Fields(Vec::with_capacity(map.size_hint().unwrap_or(8)));
+                while let Some((k, v)) = map.next_entry::<String, Box<RawValue>>()? {
+                    fields.set(k, v);
+                }
+                Ok(fields)
+            }
+        }
+        d.deserialize_map(Object)
+    }
+}
+
 /// The outgoing request for one attempt.
 pub struct Outgoing {
     /// Full URL.
@@ -82,40 +161,35 @@ pub struct Outgoing {
 pub fn outgoing(
     endpoint: Endpoint,
     cred: &Credential,
-    body: &mut Map<String, Value>,
+    body: &Fields,
     upstream_model: &str,
 ) -> Outgoing {
-    body.insert("model".to_owned(), Value::String(upstream_model.to_owned()));
-    let url = cred.url(endpoint).clone();
-    let bytes = serde_json::to_vec(body).unwrap_or_default();
     Outgoing {
-        url,
-        body: Bytes::from(bytes),
+        url: cred.url(endpoint).clone(),
+        body: Bytes::from(body.to_json_with_model(upstream_model)),
     }
 }
 
 /// For an OpenAI-family stream: asks for the usage chunk; returns true when the client had not
 /// asked for it (so the gateway removes it again).
-pub fn request_stream_usage(body: &mut Map<String, Value>) -> bool {
-    let asked = body
+pub fn request_stream_usage(body: &mut Fields) -> bool {
+    // `stream_options` is an object or null (the body check refused anything else).
+    let mut options: Map<String, Value> = body
         .get("stream_options")
-        .and_then(|o| o.get("include_usage"))
-        .and_then(Value::as_bool)
-        == Some(true);
-    if asked {
+        .and_then(|o| serde_json::from_str::<Option<Map<String, Value>>>(o.get()).ok())
+        .flatten()
+        .unwrap_or_default();
+    if options.get("include_usage").and_then(Value::as_bool) == Some(true) {
         return false;
     }
-    match body.get_mut("stream_options") {
-        Some(Value::Object(o)) => {
-            o.insert("include_usage".to_owned(), Value::Bool(true));
+    options.insert("include_usage".to_owned(), Value::Bool(true));
+    match serde_json::value::to_raw_value(&options) {
+        Ok(raw) => {
+            body.set("stream_options".to_owned(), raw);
+            true
         }
-        _ => {
-            let mut o = Map::new();
-            o.insert("include_usage".to_owned(), Value::Bool(true));
-            body.insert("stream_options".to_owned(), Value::Object(o));
-        }
+        Err(_) => false,
     }
-    true
 }
 
 #[derive(Deserialize)]
@@ -462,11 +536,43 @@ mod tests {
 
     #[test]
     fn stream_usage_is_requested_once() {
-        let mut m: Map<String, Value> = serde_json::from_str(r#"{"stream":true}"#).unwrap();
+        let mut m: Fields = serde_json::from_str(r#"{"stream":true}"#).unwrap();
         assert!(request_stream_usage(&mut m));
-        assert_eq!(m["stream_options"]["include_usage"], true);
-        let mut m: Map<String, Value> =
+        assert_eq!(m.get("stream_options").unwrap().get(), r#"{"include_usage":true}"#);
+        let mut m: Fields =
             serde_json::from_str(r#"{"stream":true,"stream_options":{"include_usage":true}}"#).unwrap();
         assert!(!request_stream_usage(&mut m));
+        // The client's other options stay; null becomes an object.
+        let mut m: Fields = serde_json::from_str(r#"{"stream_options":{"x":1}}"#).unwrap();
+        assert!(request_stream_usage(&mut m));
+        assert_eq!(m.get("stream_options").unwrap().get(), r#"{"include_usage":true,"x":1}"#);
+        let mut m: Fields = serde_json::from_str(r#"{"stream_options":null}"#).unwrap();
+        assert!(request_stream_usage(&mut m));
+        assert_eq!(m.get("stream_options").unwrap().get(), r#"{"include_usage":true}"#);
+    }
+
+    #[test]
+    fn fields_forward_the_body_with_the_upstream_model() {
+        let body = r#"{"model":"public","messages":[{"role":"user","content":"h\u00e9 \"x\""}], "n" : 2,"model":"last"}"#;
+        let fields: Fields = serde_json::from_str(body).unwrap();
+        assert_eq!(fields.get("model").unwrap().get(), r#""last""#);
+        let out = String::from_utf8(fields.to_json_with_model("up/\"m\"")).unwrap();
+        assert_eq!(
+            out,
+            r#"{"model":"up/\"m\"","messages":[{"role":"user","content":"h\u00e9 \"x\""}],"n":2}"#
+        );
+        let fields: Fields = serde_json::from_str(r#"{"a\nb":true}"#).unwrap();
+        assert_eq!(
+            String::from_utf8(fields.to_json_with_model("m")).unwrap(),
+            r#"{"a\nb":true,"model":"m"}"#
+        );
+        assert!(serde_json::from_str::<Fields>("[1]").is_err());
+    }
+
+    #[test]
+    fn endpoints_index_all() {
+        for (i, e) in Endpoint::ALL.into_iter().enumerate() {
+            assert_eq!(e as usize, i);
+        }
     }
 }

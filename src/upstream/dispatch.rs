@@ -14,9 +14,9 @@ use bytes::Bytes;
 use futures::StreamExt;
 use rand::Rng;
 use serde::Serialize;
-use serde_json::{Map, Value};
 
-use super::adapter::{self, Endpoint};
+
+use super::adapter::{self, Endpoint, Fields};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::admission::{Refusal, Slot};
@@ -112,7 +112,7 @@ const CREDENTIAL_BUSY: &str = "credential busy: no in-flight slot came free in t
 pub async fn dispatch(
     state: &AppState,
     endpoint: Endpoint,
-    body: &mut Map<String, Value>,
+    body: &Fields,
     chain: &[Arc<ModelRoute>],
     headers: &HeaderMap,
     quota_groups: Option<&HashMap<String, Vec<i64>>>,
@@ -271,7 +271,7 @@ impl Run<'_> {
     /// it names. A single candidate gets one retry of a 5xx or a connection failure.
     async fn attempt(
         &mut self,
-        body: &mut Map<String, Value>,
+        body: &Fields,
         cred: &Arc<Credential>,
         model: &Arc<ModelRoute>,
         upstream_model: &str,
