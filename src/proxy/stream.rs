@@ -7,7 +7,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use axum::body::BodyDataStream;
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use futures::Stream;
 
 use super::completion::{Completion, Outcome, Source};
@@ -94,22 +94,23 @@ impl Stream for ProxyStream {
             }
             match Pin::new(&mut this.upstream).poll_next(cx) {
                 Poll::Ready(Some(Ok(chunk))) => {
-                    let mut out = bytes::BytesMut::from(&this.tap.feed(&chunk)[..]);
+                    let mut out = BytesMut::with_capacity(chunk.len());
+                    this.tap.feed(&chunk, &mut out);
                     // Whatever else the upstream already sent goes out in the same write; nothing
                     // waits for more (a Pending upstream ends the batch at once).
                     while out.len() < 64 * 1024 {
                         match Pin::new(&mut this.upstream).poll_next(cx) {
-                            Poll::Ready(Some(Ok(more))) => out.extend_from_slice(&this.tap.feed(&more)),
+                            Poll::Ready(Some(Ok(more))) => this.tap.feed(&more, &mut out),
                             Poll::Ready(Some(Err(e))) => {
                                 tracing::warn!(error = %e, "upstream stream broke");
                                 this.ended = true;
-                                out.extend_from_slice(&this.tap.finish());
+                                this.tap.finish(&mut out);
                                 this.finish(true, false);
                                 break;
                             }
                             Poll::Ready(None) => {
                                 this.ended = true;
-                                out.extend_from_slice(&this.tap.finish());
+                                this.tap.finish(&mut out);
                                 this.finish(false, false);
                                 break;
                             }
@@ -125,15 +126,17 @@ impl Stream for ProxyStream {
                 Poll::Ready(Some(Err(e))) => {
                     tracing::warn!(error = %e, "upstream stream broke");
                     this.ended = true;
-                    let rest = this.tap.finish();
+                    let mut rest = BytesMut::new();
+                    this.tap.finish(&mut rest);
                     this.finish(true, false);
-                    return Poll::Ready((!rest.is_empty()).then_some(Ok(rest)));
+                    return Poll::Ready((!rest.is_empty()).then(|| Ok(rest.freeze())));
                 }
                 Poll::Ready(None) => {
                     this.ended = true;
-                    let rest = this.tap.finish();
+                    let mut rest = BytesMut::new();
+                    this.tap.finish(&mut rest);
                     this.finish(false, false);
-                    return Poll::Ready((!rest.is_empty()).then_some(Ok(rest)));
+                    return Poll::Ready((!rest.is_empty()).then(|| Ok(rest.freeze())));
                 }
                 Poll::Pending => return Poll::Pending,
             }

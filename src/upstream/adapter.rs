@@ -3,7 +3,10 @@
 //! Anthropic's Messages API has its own. Streams are framed per SSE event and tapped for usage
 //! and mid-stream errors as they pass; nothing is buffered beyond one event.
 
+use std::sync::LazyLock;
+
 use bytes::{Bytes, BytesMut};
+use memchr::memmem::Finder;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
@@ -272,35 +275,45 @@ impl SseTap {
         }
     }
 
-    /// Feeds bytes from upstream; returns the complete events to forward (possibly empty).
-    pub fn feed(&mut self, chunk: &[u8]) -> Bytes {
-        self.pending.extend_from_slice(chunk);
-        let mut out = BytesMut::new();
-        while let Some((end, sep)) = event_end(&self.pending) {
-            let event = self.pending.split_to(end + sep).freeze();
-            self.inspect(&event, &mut out);
+    /// Feeds bytes from upstream; appends the complete events to forward to `out`. Events are
+    /// framed in `chunk` itself; only an incomplete last event is kept back (copied) for the
+    /// next chunk.
+    pub fn feed(&mut self, chunk: &[u8], out: &mut BytesMut) {
+        if self.pending.is_empty() {
+            let rest = self.forward_events(chunk, out);
+            self.pending.extend_from_slice(&chunk[rest..]);
+        } else {
+            self.pending.extend_from_slice(chunk);
+            let pending = std::mem::take(&mut self.pending);
+            let rest = self.forward_events(&pending, out);
+            self.pending = pending;
+            let _ = self.pending.split_to(rest);
         }
-        out.freeze()
     }
 
-    /// Whatever is left when the upstream ends (an unterminated last event).
-    pub fn finish(&mut self) -> Bytes {
-        let rest = std::mem::take(&mut self.pending).freeze();
-        if rest.iter().all(u8::is_ascii_whitespace) {
-            return Bytes::new();
+    /// Inspects and forwards each complete event of `buf`; returns where the incomplete rest
+    /// starts.
+    fn forward_events(&mut self, buf: &[u8], out: &mut BytesMut) -> usize {
+        let mut at = 0;
+        while let Some((end, sep)) = event_end(&buf[at..]) {
+            self.inspect(&buf[at..at + end + sep], out);
+            at += end + sep;
         }
-        let mut out = BytesMut::new();
-        self.inspect(&rest, &mut out);
-        out.freeze()
+        at
     }
 
-    fn inspect(&mut self, event: &Bytes, out: &mut BytesMut) {
-        let text = match std::str::from_utf8(event) {
-            Ok(t) => t,
-            Err(_) => {
-                out.extend_from_slice(event);
-                return;
-            }
+    /// Appends whatever is left when the upstream ends (an unterminated last event) to `out`.
+    pub fn finish(&mut self, out: &mut BytesMut) {
+        let rest = std::mem::take(&mut self.pending);
+        if !rest.iter().all(u8::is_ascii_whitespace) {
+            self.inspect(&rest, out);
+        }
+    }
+
+    fn inspect(&mut self, event: &[u8], out: &mut BytesMut) {
+        let Ok(text) = std::str::from_utf8(event) else {
+            out.extend_from_slice(event);
+            return;
         };
         if self.anthropic {
             self.inspect_anthropic(text);
@@ -313,37 +326,33 @@ impl SseTap {
             out.extend_from_slice(event);
             return;
         }
-        if data.contains("\"finish_reason\":\"error\"") || data.trim_start().starts_with("{\"error\"") {
+        let has = |needle: &Finder| needle.find(data.as_bytes()).is_some();
+        if has(&NEEDLES.finish_error) || data.trim_start().starts_with("{\"error\"") {
             self.error = Some(error_message(data));
         }
-        if data.contains("\"content\":\"") && !data.contains("\"content\":\"\"") {
+        if has(&NEEDLES.content) && !has(&NEEDLES.empty_content) {
             self.content_chunks += 1;
         }
         let mut usage_chunk = false;
-        if data.contains("\"usage\":{") || data.contains("\"usage\": {") {
-            if let Ok(v) = serde_json::from_str::<Value>(data) {
-                if let Some(u) = v
-                    .get("usage")
-                    .and_then(|u| serde_json::from_value::<OpenAiUsage>(u.clone()).ok())
-                {
-                    self.usage = Some(Usage {
-                        prompt: u.prompt_tokens,
-                        completion: u.completion_tokens,
-                    });
-                }
-                usage_chunk = v
-                    .get("choices")
-                    .and_then(Value::as_array)
-                    .is_some_and(Vec::is_empty);
+        if (has(&NEEDLES.usage_object) || has(&NEEDLES.usage_object_spaced))
+            && let Ok(chunk) = serde_json::from_str::<UsageChunk>(data)
+        {
+            if let Some(u) = chunk.usage.and_then(|u| serde_json::from_str::<OpenAiUsage>(u.get()).ok()) {
+                self.usage = Some(Usage {
+                    prompt: u.prompt_tokens,
+                    completion: u.completion_tokens,
+                });
             }
+            usage_chunk = chunk.choices.is_some_and(|c| {
+                let c = c.get();
+                c.starts_with('[') && c[1..].trim_start().starts_with(']')
+            });
         }
         if self.strip_usage {
             if usage_chunk {
                 return;
             }
-            if text.contains("\"usage\":null") {
-                let cleaned = text.replace(",\"usage\":null", "").replace("\"usage\":null,", "");
-                out.extend_from_slice(cleaned.as_bytes());
+            if without_usage_null(event, out) {
                 return;
             }
         }
@@ -384,14 +393,76 @@ impl SseTap {
     }
 }
 
-/// The end of the first complete event in `buf`: (index of the separator, its length).
+/// The end of the first complete event in `buf`: (index of the separator, its length), the
+/// separator being a blank line (`\n\n` or `\r\n\r\n`).
 fn event_end(buf: &[u8]) -> Option<(usize, usize)> {
-    let lf = buf.windows(2).position(|w| w == b"\n\n").map(|i| (i, 2));
-    let crlf = buf.windows(4).position(|w| w == b"\r\n\r\n").map(|i| (i, 4));
-    match (lf, crlf) {
-        (Some(a), Some(b)) => Some(if a.0 <= b.0 { a } else { b }),
-        (a, b) => a.or(b),
+    // Every separator holds a `\n`; at each, in order, look around it.
+    for i in memchr::memchr_iter(b'\n', buf) {
+        if i >= 1 && buf[i - 1] == b'\r' && buf[i + 1..].starts_with(b"\r\n") {
+            return Some((i - 1, 4));
+        }
+        if buf.get(i + 1) == Some(&b'\n') {
+            return Some((i, 2));
+        }
     }
+    None
+}
+
+/// The substrings an OpenAI-format event is searched for, each searcher built once.
+struct Needles {
+    finish_error: Finder<'static>,
+    content: Finder<'static>,
+    empty_content: Finder<'static>,
+    usage_object: Finder<'static>,
+    usage_object_spaced: Finder<'static>,
+    usage_null: Finder<'static>,
+}
+
+static NEEDLES: LazyLock<Needles> = LazyLock::new(|| Needles {
+    finish_error: Finder::new(b"\"finish_reason\":\"error\""),
+    content: Finder::new(b"\"content\":\""),
+    empty_content: Finder::new(b"\"content\":\"\""),
+    usage_object: Finder::new(b"\"usage\":{"),
+    usage_object_spaced: Finder::new(b"\"usage\": {"),
+    usage_null: Finder::new(USAGE_NULL),
+});
+
+const USAGE_NULL: &[u8] = b"\"usage\":null";
+
+/// The two fields of a chunk that tell whether it is the usage chunk.
+#[derive(Deserialize)]
+struct UsageChunk<'a> {
+    #[serde(borrow)]
+    usage: Option<&'a RawValue>,
+    #[serde(borrow)]
+    choices: Option<&'a RawValue>,
+}
+
+/// Appends `event` without its `"usage":null` fields (each with the comma joining it to a
+/// neighbour) to `out`; false, having appended nothing, when it has none.
+fn without_usage_null(event: &[u8], out: &mut BytesMut) -> bool {
+    let Some(first) = NEEDLES.usage_null.find(event) else {
+        return false;
+    };
+    let mut rest = event;
+    let mut at = Some(first);
+    while let Some(i) = at {
+        let end = i + USAGE_NULL.len();
+        if i > 0 && rest[i - 1] == b',' {
+            out.extend_from_slice(&rest[..i - 1]);
+            rest = &rest[end..];
+        } else if rest.get(end) == Some(&b',') {
+            out.extend_from_slice(&rest[..i]);
+            rest = &rest[end + 1..];
+        } else {
+            // The object's only field: kept, as there is no comma to take with it.
+            out.extend_from_slice(&rest[..end]);
+            rest = &rest[end..];
+        }
+        at = NEEDLES.usage_null.find(rest);
+    }
+    out.extend_from_slice(rest);
+    true
 }
 
 /// The `data:` payload of an event (multi-line data joined).
@@ -420,12 +491,12 @@ mod tests {
     use super::*;
 
     fn feed_all(tap: &mut SseTap, parts: &[&str]) -> String {
-        let mut out = String::new();
+        let mut out = BytesMut::new();
         for p in parts {
-            out.push_str(std::str::from_utf8(&tap.feed(p.as_bytes())).unwrap());
+            tap.feed(p.as_bytes(), &mut out);
         }
-        out.push_str(std::str::from_utf8(&tap.finish()).unwrap());
-        out
+        tap.finish(&mut out);
+        String::from_utf8(out.to_vec()).unwrap()
     }
 
     #[test]
@@ -467,6 +538,74 @@ mod tests {
                 completion: 2
             })
         );
+    }
+
+    #[test]
+    fn events_end_at_the_first_blank_line() {
+        let cases: &[(&str, Option<(usize, usize)>)] = &[
+            ("", None),
+            ("data: x", None),
+            ("data: x\n", None),
+            ("data: x\r\n\r", None),
+            ("data: x\n\n", Some((7, 2))),
+            ("data: x\r\n\r\ndata: y\n\n", Some((7, 4))),
+            ("a\nb\n\nc\r\n\r\n", Some((3, 2))),
+            ("a\r\nb\r\n\r\n", Some((4, 4))),
+            ("\n\n", Some((0, 2))),
+        ];
+        for (buf, want) in cases {
+            assert_eq!(event_end(buf.as_bytes()), *want, "{buf:?}");
+        }
+    }
+
+    #[test]
+    fn usage_null_fields_are_removed_with_their_comma() {
+        let cases: &[(&str, Option<&str>)] = &[
+            (r#"data: {"a":1}"#, None),
+            (r#"data: {"a":1,"usage":null}"#, Some(r#"data: {"a":1}"#)),
+            (r#"data: {"usage":null,"a":1}"#, Some(r#"data: {"a":1}"#)),
+            (r#"data: {"a":1,"usage":null,"b":2}"#, Some(r#"data: {"a":1,"b":2}"#)),
+            (r#"data: {"usage":null}"#, Some(r#"data: {"usage":null}"#)),
+            (
+                r#"data: {"x":{"usage":null},"usage":null}"#,
+                Some(r#"data: {"x":{"usage":null}}"#),
+            ),
+        ];
+        for (event, want) in cases {
+            let mut out = BytesMut::new();
+            let changed = without_usage_null(event.as_bytes(), &mut out);
+            assert_eq!(changed.then(|| std::str::from_utf8(&out).unwrap()), *want, "{event}");
+            assert_eq!(changed, !out.is_empty());
+        }
+    }
+
+    #[test]
+    fn any_split_of_a_stream_gives_the_same_output() {
+        let stream = "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}],\"usage\":null}\r\n\r\n\
+                      data: {\"choices\":[{\"delta\":{\"content\":\"b\"}}],\"usage\":null}\n\n\
+                      data: {\"choices\":[],\"usage\":{\"prompt_tokens\":4,\"completion_tokens\":2}}\n\n\
+                      data: [DONE]\n\n";
+        let whole = feed_all(&mut SseTap::new(Endpoint::ChatCompletions, true), &[stream]);
+        assert_eq!(
+            whole,
+            "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\r\n\r\n\
+             data: {\"choices\":[{\"delta\":{\"content\":\"b\"}}]}\n\n\
+             data: [DONE]\n\n"
+        );
+        for size in 1..8 {
+            let parts: Vec<&str> = stream
+                .as_bytes()
+                .chunks(size)
+                .map(|c| std::str::from_utf8(c).unwrap())
+                .collect();
+            let mut tap = SseTap::new(Endpoint::ChatCompletions, true);
+            assert_eq!(feed_all(&mut tap, &parts), whole, "chunks of {size}");
+            assert_eq!(tap.usage, Some(Usage { prompt: 4, completion: 2 }));
+            assert_eq!((tap.content_chunks, tap.finished), (2, true));
+        }
+        // An unterminated last event still goes out at the end.
+        let mut tap = SseTap::new(Endpoint::ChatCompletions, false);
+        assert_eq!(feed_all(&mut tap, &["data: {\"a\":1}\n\ndata: {\"b\""]), "data: {\"a\":1}\n\ndata: {\"b\"");
     }
 
     #[test]
