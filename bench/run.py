@@ -8,8 +8,10 @@ connections; aigw CPU time per request; aigw peak RSS. Usage:
     cargo build --release && python3 bench/run.py [--duration 10] [--policies 0|4]
     python3 bench/run.py --compare-policies ROUNDS         # 0 vs 4 policies, in alternation
     python3 bench/run.py --compare-bin OTHER_AIGW [--rounds N]  # another build vs this one
+    python3 bench/run.py --instructions [--duration 12] [--bin AIGW]  # instructions per request
 
-Needs wrk (Debian: apt-get install wrk). Traffic goes to 127.0.0.1 only.
+Needs wrk (Debian: apt-get install wrk), and valgrind for --instructions. Traffic goes to
+127.0.0.1 only.
 """
 
 import argparse
@@ -98,8 +100,8 @@ def free_port():
         return s.getsockname()[1]
 
 
-def wait_ready(url, proc):
-    deadline = time.time() + 30
+def wait_ready(url, proc, timeout=30):
+    deadline = time.time() + timeout
     while time.time() < deadline:
         if proc.poll() is not None:
             sys.exit(f"process exited early: {proc.stderr.read().decode()}")
@@ -138,8 +140,10 @@ def wrk(url, key, body, conns, duration):
     return r
 
 
-def start_gateway(tmp, mock_port, policies, binary=BIN, name=None):
-    """An `aigw serve` (of `binary`) with its own SQLite file and `policies` (0 or 4) quota policies."""
+def start_gateway(tmp, mock_port, policies, binary=None, name=None):
+    """An `aigw serve` (of `binary`, default BIN) with its own SQLite file and `policies` (0 or 4)
+    quota policies."""
+    binary = binary or BIN
     port = free_port()
     home = os.path.join(tmp, name or f"gw-{policies}")
     os.makedirs(home)
@@ -205,6 +209,55 @@ def compare_binaries(gws, labels, duration, rounds):
         print(f"| {n} | {rps:,.0f} | {cpu:.1f} µs | {p50:.0f} µs | {p99:.0f} µs | {each} |")
 
 
+def instructions(tmp, mock_port, duration):
+    """aigw's user-space instructions per request, counted by callgrind: unlike time, the count
+    hardly moves with what else the machine runs, so it compares two builds on a noisy host. The
+    gateway runs under valgrind (about 50 times slower) at 4 connections; counting starts after
+    a warm-up and ends after the log writer has flushed the counted requests."""
+    if not shutil.which("valgrind"):
+        sys.exit("valgrind is not installed (Debian: apt-get install valgrind)")
+    msg = [{"role": "user", "content": "Summarise the benchmark in one short sentence please"}]
+    print(f"# aigw instructions per request (callgrind, 4 connections, {duration} s counted per mode)\n")
+    print("| mode | requests counted | instructions/request |")
+    print("|---|---|---|")
+    for mode, stream in (("non-streamed", False), ("streamed", True)):
+        home = os.path.join(tmp, f"cg-{mode}")
+        os.makedirs(home)
+        port = free_port()
+        res = os.path.join(home, "resources.toml")
+        with open(res, "w") as f:
+            f.write(RESOURCES.format(key=KEY, mock=mock_port, cred=CRED))
+        env = {"PATH": os.environ.get("PATH", ""), "AIGW_LISTEN": f"127.0.0.1:{port}",
+               "AIGW_DATABASE_URL": f"sqlite://{home}/aigw.db", "AIGW_LOG": "warn",
+               "AIGW_BOOTSTRAP_PASSWORD": "bench-owner-pass"}
+        out = os.path.join(home, "callgrind.out")
+        gw = subprocess.Popen(["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}",
+                               BIN, "serve", "--resources", res], env=env, cwd=home,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            url = f"http://127.0.0.1:{port}/v1/chat/completions"
+            wait_ready(f"http://127.0.0.1:{port}/readyz", gw, timeout=120)
+            body = json.dumps({"model": "gpt-4o-mini", "stream": stream, "messages": msg})
+            wrk(url, KEY, body, 4, 3)
+            subprocess.run(["callgrind_control", "-i", "on", str(gw.pid)], capture_output=True, check=True)
+            r = wrk(url, KEY, body, 4, duration)
+            time.sleep(2)  # the log writer's flush of the counted requests (every 250 ms)
+            subprocess.run(["callgrind_control", "-i", "off", str(gw.pid)], capture_output=True, check=True)
+            subprocess.run(["callgrind_control", "-d", str(gw.pid)], capture_output=True, check=True)
+        finally:
+            gw.terminate()
+            gw.wait(timeout=60)
+        dumps = [os.path.join(home, n) for n in os.listdir(home) if n.startswith("callgrind.out")]
+        total = 0
+        for d in dumps:
+            with open(d) as f:
+                m = re.search(r"^totals: (\d+)", f.read(), re.M)
+            total = max(total, int(m.group(1)) if m else 0)
+        if r["errors"] or r["non2xx"] or not r["requests"]:
+            sys.exit(f"{mode}: {r['errors']} errors, {r['non2xx']} non-2xx of {r['requests']} requests")
+        print(f"| {mode} | {r['requests']:,} | {total / r['requests']:,.0f} |")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--duration", type=int, default=10, help="seconds per run (default 10)")
@@ -217,7 +270,13 @@ def main():
                     help="instead: this build against OTHER_AIGW (another aigw binary, e.g. of an earlier commit), "
                          "measured in alternation for --rounds rounds (non-streamed); prints the medians")
     ap.add_argument("--rounds", type=int, default=5, help="rounds of --compare-bin (default 5)")
+    ap.add_argument("--instructions", action="store_true",
+                    help="instead: aigw's instructions per request under callgrind (valgrind), non-streamed "
+                         "and streamed; --duration seconds counted per mode (12 is enough)")
+    ap.add_argument("--bin", default=None, help="the aigw binary to measure (default target/release/aigw)")
     args = ap.parse_args()
+    global BIN
+    BIN = os.path.abspath(args.bin) if args.bin else BIN
     if not shutil.which("wrk"):
         sys.exit("wrk is not installed (Debian: apt-get install wrk)")
     if not os.path.exists(BIN):
@@ -227,6 +286,15 @@ def main():
     mock_port = free_port()
     mock = subprocess.Popen([BIN, "mock-upstream", "--no-record", "--listen", f"127.0.0.1:{mock_port}"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    if args.instructions:
+        try:
+            wait_ready(f"http://127.0.0.1:{mock_port}/__mock/calls", mock)
+            instructions(tmp, mock_port, args.duration)
+        finally:
+            mock.terminate()
+            mock.wait(timeout=20)
+            shutil.rmtree(tmp, ignore_errors=True)
+        return
     if args.compare_policies or args.compare_bin:
         if args.compare_bin:
             labels = (args.compare_bin, "this build")
