@@ -300,11 +300,18 @@ pub const REQUEST_ID: axum::http::HeaderName = axum::http::HeaderName::from_stat
 #[derive(Clone, Copy, Debug)]
 pub struct RequestId(pub uuid::Uuid);
 
+impl RequestId {
+    /// The id as text (hyphenated, lower case), written into `buf` without `fmt`.
+    pub fn encode(self, buf: &mut [u8; 36]) -> &str {
+        self.0.hyphenated().encode_lower(buf)
+    }
+}
+
 async fn request_id(mut req: Request, next: Next) -> Response {
     let id = uuid::Uuid::now_v7();
     req.extensions_mut().insert(RequestId(id));
     let mut resp = next.run(req).await;
-    if let Ok(v) = HeaderValue::from_str(&id.to_string()) {
+    if let Ok(v) = HeaderValue::from_str(RequestId(id).encode(&mut [0; 36])) {
         resp.headers_mut().insert(REQUEST_ID, v);
     }
     resp

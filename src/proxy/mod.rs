@@ -78,7 +78,7 @@ pub async fn handle(state: AppState, endpoint: Endpoint, peer: SocketAddr, req: 
     let request_id = req
         .extensions()
         .get::<RequestId>()
-        .map(|r| r.0.to_string())
+        .map(|r| r.encode(&mut [0; 36]).to_owned())
         .unwrap_or_default();
     let mut completion = Completion::start(
         state.clone(),
