@@ -196,8 +196,10 @@ pub async fn insert_batch(store: &Store, records: &[LogRecord]) -> StoreResult<(
         let (sql, args) = b.finish();
         sqlx::query_with(&sql, args).execute(&mut *tx).await?;
     }
-    // A key's "last used", written behind with its logs rather than on the request path.
-    let mut last_used: std::collections::HashMap<i64, i64> = std::collections::HashMap::new();
+    // A key's "last used", written behind with its logs rather than on the request path; in
+    // ascending key order, so that two gateways' flushes lock the rows in the same order (in a
+    // transaction, any other order can deadlock on Postgres).
+    let mut last_used: std::collections::BTreeMap<i64, i64> = std::collections::BTreeMap::new();
     for r in records.iter().filter(|r| r.key_id > 0) {
         let t = last_used.entry(r.key_id).or_default();
         *t = (*t).max(r.ts);
