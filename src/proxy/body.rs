@@ -67,16 +67,18 @@ pub fn parse(bytes: &[u8], endpoint: Endpoint) -> Result<ProxyBody, ApiError> {
     }
     let fields: Fields = serde_json::from_slice(bytes).map_err(|e| match e.classify() {
         // Well-formed JSON of another type than an object (an array, a string, a number).
-        serde_json::error::Category::Data => ApiError::invalid("the request body must be a JSON object", None),
+        serde_json::error::Category::Data => {
+            ApiError::invalid("the request body must be a JSON object", None)
+        }
         _ => ApiError::invalid(format!("the request body is not valid JSON: {e}"), None),
     })?;
-    let model = match fields.get("model").map(|v| value_as::<String>(v)) {
+    let model = match fields.get("model").map(value_as::<String>) {
         Some(Some(m)) if !m.trim().is_empty() => m,
         Some(Some(_)) => return Err(ApiError::invalid("`model` must not be empty", Some("model"))),
         Some(None) => return Err(ApiError::invalid("`model` must be a string", Some("model"))),
         None => return Err(ApiError::invalid("missing required field `model`", Some("model"))),
     };
-    let stream = match fields.get("stream").map(|v| value_as::<Option<bool>>(v)) {
+    let stream = match fields.get("stream").map(value_as::<Option<bool>>) {
         None => false,
         Some(Some(b)) => b.unwrap_or(false),
         Some(None) => return Err(ApiError::invalid("`stream` must be a boolean", Some("stream"))),

@@ -137,8 +137,9 @@ pub async fn handle(state: AppState, endpoint: Endpoint, peer: SocketAddr, req: 
     }
 
     // 6. Dispatch within the time budget; failures are classified and the chain moves on.
-    let strip_usage =
-        body.stream && endpoint == Endpoint::ChatCompletions && adapter::request_stream_usage(&mut body.fields);
+    let strip_usage = body.stream
+        && endpoint == Endpoint::ChatCompletions
+        && adapter::request_stream_usage(&mut body.fields);
     let budget = Duration::from_secs(state.settings.request_timeout_secs);
     let dispatched = tokio::time::timeout(
         budget,

@@ -128,10 +128,7 @@ pub async fn insert_batch(store: &Store, records: &[LogRecord]) -> StoreResult<(
     let mut tx = store.pool().begin().await?;
     let mut rest = records;
     while !rest.is_empty() {
-        let rows = STATEMENT_ROWS
-            .into_iter()
-            .find(|&n| n <= rest.len())
-            .unwrap_or(1);
+        let rows = STATEMENT_ROWS.into_iter().find(|&n| n <= rest.len()).unwrap_or(1);
         let (chunk, tail) = rest.split_at(rows);
         rest = tail;
         let mut b = SqlBuilder::new(store, &format!("INSERT INTO request_logs ({COLUMNS}) VALUES "));

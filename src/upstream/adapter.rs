@@ -27,7 +27,11 @@ pub enum Endpoint {
 
 impl Endpoint {
     /// Every endpoint, in declaration order (`self as usize` indexes it).
-    pub const ALL: [Endpoint; 3] = [Endpoint::ChatCompletions, Endpoint::Embeddings, Endpoint::Messages];
+    pub const ALL: [Endpoint; 3] = [
+        Endpoint::ChatCompletions,
+        Endpoint::Embeddings,
+        Endpoint::Messages,
+    ];
 
     /// Path under the provider's base URL.
     pub fn path(self) -> &'static str {
@@ -161,12 +165,7 @@ pub struct Outgoing {
 /// Builds the attempt's request body: the client's JSON with the upstream model name, and for an
 /// OpenAI-family stream the usage chunk requested (`strip_usage` tells whether the client asked
 /// for it itself).
-pub fn outgoing(
-    endpoint: Endpoint,
-    cred: &Credential,
-    body: &Fields,
-    upstream_model: &str,
-) -> Outgoing {
+pub fn outgoing(endpoint: Endpoint, cred: &Credential, body: &Fields, upstream_model: &str) -> Outgoing {
     Outgoing {
         url: cred.url(endpoint).clone(),
         body: Bytes::from(body.to_json_with_model(upstream_model)),
@@ -337,7 +336,10 @@ impl SseTap {
         if (has(&NEEDLES.usage_object) || has(&NEEDLES.usage_object_spaced))
             && let Ok(chunk) = serde_json::from_str::<UsageChunk>(data)
         {
-            if let Some(u) = chunk.usage.and_then(|u| serde_json::from_str::<OpenAiUsage>(u.get()).ok()) {
+            if let Some(u) = chunk
+                .usage
+                .and_then(|u| serde_json::from_str::<OpenAiUsage>(u.get()).ok())
+            {
                 self.usage = Some(Usage {
                     prompt: u.prompt_tokens,
                     completion: u.completion_tokens,
@@ -564,7 +566,10 @@ mod tests {
             (r#"data: {"a":1}"#, None),
             (r#"data: {"a":1,"usage":null}"#, Some(r#"data: {"a":1}"#)),
             (r#"data: {"usage":null,"a":1}"#, Some(r#"data: {"a":1}"#)),
-            (r#"data: {"a":1,"usage":null,"b":2}"#, Some(r#"data: {"a":1,"b":2}"#)),
+            (
+                r#"data: {"a":1,"usage":null,"b":2}"#,
+                Some(r#"data: {"a":1,"b":2}"#),
+            ),
             (r#"data: {"usage":null}"#, Some(r#"data: {"usage":null}"#)),
             (
                 r#"data: {"x":{"usage":null},"usage":null}"#,
@@ -574,7 +579,11 @@ mod tests {
         for (event, want) in cases {
             let mut out = BytesMut::new();
             let changed = without_usage_null(event.as_bytes(), &mut out);
-            assert_eq!(changed.then(|| std::str::from_utf8(&out).unwrap()), *want, "{event}");
+            assert_eq!(
+                changed.then(|| std::str::from_utf8(&out).unwrap()),
+                *want,
+                "{event}"
+            );
             assert_eq!(changed, !out.is_empty());
         }
     }
@@ -600,12 +609,21 @@ mod tests {
                 .collect();
             let mut tap = SseTap::new(Endpoint::ChatCompletions, true);
             assert_eq!(feed_all(&mut tap, &parts), whole, "chunks of {size}");
-            assert_eq!(tap.usage, Some(Usage { prompt: 4, completion: 2 }));
+            assert_eq!(
+                tap.usage,
+                Some(Usage {
+                    prompt: 4,
+                    completion: 2
+                })
+            );
             assert_eq!((tap.content_chunks, tap.finished), (2, true));
         }
         // An unterminated last event still goes out at the end.
         let mut tap = SseTap::new(Endpoint::ChatCompletions, false);
-        assert_eq!(feed_all(&mut tap, &["data: {\"a\":1}\n\ndata: {\"b\""]), "data: {\"a\":1}\n\ndata: {\"b\"");
+        assert_eq!(
+            feed_all(&mut tap, &["data: {\"a\":1}\n\ndata: {\"b\""]),
+            "data: {\"a\":1}\n\ndata: {\"b\""
+        );
     }
 
     #[test]
@@ -677,17 +695,26 @@ mod tests {
     fn stream_usage_is_requested_once() {
         let mut m: Fields = serde_json::from_str(r#"{"stream":true}"#).unwrap();
         assert!(request_stream_usage(&mut m));
-        assert_eq!(m.get("stream_options").unwrap().get(), r#"{"include_usage":true}"#);
+        assert_eq!(
+            m.get("stream_options").unwrap().get(),
+            r#"{"include_usage":true}"#
+        );
         let mut m: Fields =
             serde_json::from_str(r#"{"stream":true,"stream_options":{"include_usage":true}}"#).unwrap();
         assert!(!request_stream_usage(&mut m));
         // The client's other options stay; null becomes an object.
         let mut m: Fields = serde_json::from_str(r#"{"stream_options":{"x":1}}"#).unwrap();
         assert!(request_stream_usage(&mut m));
-        assert_eq!(m.get("stream_options").unwrap().get(), r#"{"include_usage":true,"x":1}"#);
+        assert_eq!(
+            m.get("stream_options").unwrap().get(),
+            r#"{"include_usage":true,"x":1}"#
+        );
         let mut m: Fields = serde_json::from_str(r#"{"stream_options":null}"#).unwrap();
         assert!(request_stream_usage(&mut m));
-        assert_eq!(m.get("stream_options").unwrap().get(), r#"{"include_usage":true}"#);
+        assert_eq!(
+            m.get("stream_options").unwrap().get(),
+            r#"{"include_usage":true}"#
+        );
     }
 
     #[test]

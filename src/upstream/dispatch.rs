@@ -15,7 +15,6 @@ use futures::StreamExt;
 use rand::Rng;
 use serde::Serialize;
 
-
 use super::adapter::{self, Endpoint, Fields};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
