@@ -5,7 +5,7 @@
 
 use std::sync::LazyLock;
 
-use bytes::{Bytes, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
 use memchr::memmem::Finder;
 use serde::Deserialize;
 use serde_json::value::RawValue;
@@ -162,9 +162,9 @@ pub struct Outgoing {
     pub body: Bytes,
 }
 
-/// Builds the attempt's request body: the client's JSON with the upstream model name, and for an
-/// OpenAI-family stream the usage chunk requested (`strip_usage` tells whether the client asked
-/// for it itself).
+/// Builds the attempt's request: the credential's URL for `endpoint`, and the client's JSON with
+/// the upstream model name (the usage chunk of a stream is asked for before, by
+/// [`request_stream_usage`]).
 pub fn outgoing(endpoint: Endpoint, cred: &Credential, body: &Fields, upstream_model: &str) -> Outgoing {
     Outgoing {
         url: cred.url(endpoint).clone(),
@@ -282,11 +282,11 @@ impl SseTap {
             let rest = self.forward_events(chunk, out);
             self.pending.extend_from_slice(&chunk[rest..]);
         } else {
-            self.pending.extend_from_slice(chunk);
-            let pending = std::mem::take(&mut self.pending);
-            let rest = self.forward_events(&pending, out);
-            self.pending = pending;
-            let _ = self.pending.split_to(rest);
+            let mut buf = std::mem::take(&mut self.pending);
+            buf.extend_from_slice(chunk);
+            let rest = self.forward_events(&buf, out);
+            buf.advance(rest);
+            self.pending = buf;
         }
     }
 
