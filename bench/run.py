@@ -209,11 +209,12 @@ def compare_binaries(gws, labels, duration, rounds):
         print(f"| {n} | {rps:,.0f} | {cpu:.1f} µs | {p50:.0f} µs | {p99:.0f} µs | {each} |")
 
 
-def instructions(tmp, mock_port, duration):
+def instructions(tmp, mock_port, duration, keep=None):
     """aigw's user-space instructions per request, counted by callgrind: unlike time, the count
     hardly moves with what else the machine runs, so it compares two builds on a noisy host. The
     gateway runs under valgrind (about 50 times slower) at 4 connections; counting starts after
-    a warm-up and ends after the log writer has flushed the counted requests."""
+    a warm-up and ends after the log writer has flushed the counted requests. With `keep`, each
+    mode's profile is copied there (`non-streamed.out`, `streamed.out`) for callgrind_annotate."""
     if not shutil.which("valgrind"):
         sys.exit("valgrind is not installed (Debian: apt-get install valgrind)")
     msg = [{"role": "user", "content": "Summarise the benchmark in one short sentence please"}]
@@ -248,11 +249,15 @@ def instructions(tmp, mock_port, duration):
             gw.terminate()
             gw.wait(timeout=60)
         dumps = [os.path.join(home, n) for n in os.listdir(home) if n.startswith("callgrind.out")]
-        total = 0
+        total, counted = 0, None
         for d in dumps:
             with open(d) as f:
                 m = re.search(r"^totals: (\d+)", f.read(), re.M)
-            total = max(total, int(m.group(1)) if m else 0)
+            if m and int(m.group(1)) > total:
+                total, counted = int(m.group(1)), d
+        if keep and counted:
+            os.makedirs(keep, exist_ok=True)
+            shutil.copy(counted, os.path.join(keep, f"{mode}.out"))
         if r["errors"] or r["non2xx"] or not r["requests"]:
             sys.exit(f"{mode}: {r['errors']} errors, {r['non2xx']} non-2xx of {r['requests']} requests")
         print(f"| {mode} | {r['requests']:,} | {total / r['requests']:,.0f} |")
@@ -273,6 +278,8 @@ def main():
     ap.add_argument("--instructions", action="store_true",
                     help="instead: aigw's instructions per request under callgrind (valgrind), non-streamed "
                          "and streamed; --duration seconds counted per mode (12 is enough)")
+    ap.add_argument("--keep-profiles", metavar="DIR", default=None,
+                    help="with --instructions: copy each mode's callgrind profile into DIR")
     ap.add_argument("--bin", default=None, help="the aigw binary to measure (default target/release/aigw)")
     args = ap.parse_args()
     global BIN
@@ -289,7 +296,7 @@ def main():
     if args.instructions:
         try:
             wait_ready(f"http://127.0.0.1:{mock_port}/__mock/calls", mock)
-            instructions(tmp, mock_port, args.duration)
+            instructions(tmp, mock_port, args.duration, args.keep_profiles)
         finally:
             mock.terminate()
             mock.wait(timeout=20)
