@@ -242,8 +242,14 @@ impl Gateway {
                 () = stop.cancelled() => {},
             }
         };
-        let (result, threads) =
-            crate::serving::serve(self.listener, router(state.clone()), &state.http, stopped).await;
+        let (result, threads) = crate::serving::serve(
+            self.listener,
+            router(state.clone()),
+            &state.http,
+            Duration::from_micros(state.settings.idle_poll_us),
+            stopped,
+        )
+        .await;
         // No request is running any more: stop the background tasks, which flush what they hold.
         state.shutdown.cancel();
         state.tasks.close();

@@ -15,6 +15,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::{CancellationToken, DropGuard};
 
+use crate::idle_poll;
 use crate::upstream::http::{self, Client};
 
 /// A connection accepted by the main runtime, on its way to a serving thread.
@@ -44,11 +45,13 @@ impl Threads {
 
 /// Serves `router` on `listener` with one serving thread per core until `stop` resolves, then
 /// stops accepting and lets the running requests finish. Dropping the returned future (or the
-/// [`Threads`]) ends the serving threads too.
+/// [`Threads`]) ends the serving threads too. A serving thread polls for I/O for at most
+/// `idle_poll` before it sleeps ([`idle_poll`]; zero: never).
 pub async fn serve(
     listener: TcpListener,
     router: Router,
     upstream: &Client,
+    idle_poll: std::time::Duration,
     stop: impl Future<Output = ()>,
 ) -> (io::Result<()>, Option<Threads>) {
     let count = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -73,7 +76,9 @@ pub async fn serve(
         let spawned = std::thread::Builder::new()
             .name(format!("aigw-serve-{i}"))
             .spawn(move || {
-                let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+                let mut builder = tokio::runtime::Builder::new_current_thread();
+                let poller = idle_poll::install(builder.enable_all(), idle_poll);
+                let rt = match builder.build() {
                     Ok(rt) => rt,
                     Err(e) => {
                         let _ = done.send(Err(e));
@@ -91,6 +96,9 @@ pub async fn serve(
                             tick.tick().await;
                         }
                     });
+                    if let Some(unparked) = poller {
+                        idle_poll::spawn_poller(unparked);
+                    }
                     let app = router.into_make_service_with_connect_info::<SocketAddr>();
                     // Streamed chunks must leave at once: no Nagle delay on client connections.
                     let lane = Lane { rx, local }.tap_io(|tcp| {
