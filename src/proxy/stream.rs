@@ -62,6 +62,10 @@ impl ProxyStream {
         let Some(completion) = self.completion.take() else {
             return;
         };
+        if !client_gone && !self.held.is_empty() {
+            // The upstream ended with the first bytes still held: they leave now.
+            self.ttfb.get_or_insert_with(|| self.started.elapsed());
+        }
         let complete = self.tap.finished && !client_gone;
         let (usage, estimated) = match (self.tap.usage, complete) {
             (Some(u), true) => (u, false),

@@ -85,6 +85,7 @@ both_backends!(
     last_upstream_error_goes_back_as_is,
     failover_to_the_next_credential_and_model,
     slow_stream_arrives_chunk_by_chunk,
+    a_stream_sent_at_once_goes_out_in_one_write,
     client_disconnect_still_logs_delivered_tokens,
     mid_stream_error_is_passed_logged_and_counted,
     deleted_key_stops_working_within_a_second,
@@ -491,6 +492,51 @@ async fn slow_stream_arrives_chunk_by_chunk(db: TestDb) {
     assert!(
         done_at - first_at > Duration::from_millis(600),
         "{first_at:?} .. {done_at:?}"
+    );
+    app.stop().await;
+}
+
+/// The mock writes a whole stream at once: aigw passes its events on in one HTTP chunk (one
+/// write) rather than one per event. Counted in the chunked encoding, which a raw client sees
+/// whatever TCP did with the bytes.
+async fn a_stream_sent_at_once_goes_out_in_one_write(db: TestDb) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (app, _mock) = start(&db).await;
+    let body = chat(true).to_string();
+    let host = app.address.trim_start_matches("http://");
+    let mut tcp = tokio::net::TcpStream::connect(host).await.unwrap();
+    let request = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: {host}\r\nauthorization: Bearer {KEY}\r\n\
+         content-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    tcp.write_all(request.as_bytes()).await.unwrap();
+    let mut raw = Vec::new();
+    tcp.read_to_end(&mut raw).await.unwrap();
+    let text = String::from_utf8(raw).unwrap();
+    let (head, mut rest) = text.split_once("\r\n\r\n").unwrap();
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert!(
+        head.to_ascii_lowercase().contains("transfer-encoding: chunked"),
+        "{head}"
+    );
+    let mut chunks = Vec::new();
+    loop {
+        let (size, after) = rest.split_once("\r\n").unwrap();
+        let size = usize::from_str_radix(size, 16).unwrap();
+        if size == 0 {
+            break;
+        }
+        chunks.push(&after[..size]);
+        rest = &after[size + 2..];
+    }
+    let events: usize = chunks.iter().map(|c| c.matches("data: ").count()).sum();
+    assert!(events >= 7, "the whole stream arrived: {chunks:?}");
+    assert!(chunks.concat().trim_end().ends_with("data: [DONE]"));
+    assert!(
+        chunks.len() <= 2,
+        "{events} events in {} writes: {chunks:?}",
+        chunks.len()
     );
     app.stop().await;
 }
