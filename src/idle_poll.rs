@@ -41,6 +41,8 @@ thread_local! {
     static WINDOW: Cell<Duration> = const { Cell::new(Duration::ZERO) };
     /// When this thread last ran out of work, while it is idle.
     static IDLE_SINCE: Cell<Option<Instant>> = const { Cell::new(None) };
+    /// When the poller last stopped, and the last work it had seen then.
+    static POLLED: Cell<Option<(Instant, Instant)>> = const { Cell::new(None) };
 }
 
 /// Adds idle polling of at most `most` to a current-thread runtime being built; call
@@ -53,9 +55,15 @@ pub fn install(rt: &mut tokio::runtime::Builder, most: Duration) -> Option<Arc<N
     let unparked = Arc::new(Notify::new());
     let wake = unparked.clone();
     rt.on_thread_park(|| {
+        let now = Instant::now();
+        // Idle since the poller's last work if it has just stopped polling, else from now.
+        let since = match POLLED.with(Cell::take) {
+            Some((stopped, last_work)) if now - stopped <= BUSY => last_work,
+            _ => now,
+        };
         IDLE_SINCE.with(|s| {
             if s.get().is_none() {
-                s.set(Some(Instant::now()));
+                s.set(Some(since));
             }
         });
     })
@@ -93,7 +101,7 @@ pub fn spawn_poller(unparked: Arc<Notify>) {
                     break;
                 }
             }
-            IDLE_SINCE.with(|s| s.set(Some(last_work)));
+            POLLED.with(|p| p.set(Some((Instant::now(), last_work))));
         }
     });
 }

@@ -179,8 +179,11 @@ pub async fn handle(state: AppState, endpoint: Endpoint, peer: SocketAddr, req: 
                 .is_some_and(|v| v.starts_with("text/event-stream"));
             if body.stream && is_sse {
                 let tap = SseTap::new(endpoint, strip_usage);
-                let stream = stream::ProxyStream::new(response, tap, completion, body.len);
-                let mut resp = Response::new(Body::from_stream(stream));
+                let mut stream = stream::ProxyStream::new(response, tap, completion, body.len);
+                // What the upstream has already sent leaves with the head, in one write.
+                let first = futures::StreamExt::next(&mut stream).await;
+                let body = futures::StreamExt::chain(futures::stream::iter(first), stream);
+                let mut resp = Response::new(Body::from_stream(body));
                 *resp.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::OK);
                 let h = resp.headers_mut();
                 h.insert(

@@ -1,4 +1,5 @@
-//! A streamed response passed through event by event as it arrives. The stream owns the request's
+//! A streamed response passed through as it arrives (what arrived together leaves in one write,
+//! nothing waits for more). The stream owns the request's
 //! [`Completion`]: it finishes it when the upstream ends, and — through `Drop` — when the client
 //! goes away mid-stream, with the tokens delivered so far.
 
@@ -56,6 +57,13 @@ impl ProxyStream {
             held: BytesMut::new(),
             yielded: 0,
         }
+    }
+
+    /// Sends what is held.
+    fn release(&mut self) -> Result<Bytes, std::io::Error> {
+        self.ttfb.get_or_insert_with(|| self.started.elapsed());
+        self.yielded = 0;
+        Ok(self.held.split().freeze())
     }
 
     fn finish(&mut self, upstream_broke: bool, client_gone: bool) {
@@ -142,15 +150,6 @@ impl Stream for ProxyStream {
                 Poll::Pending => return Poll::Ready(Some(this.release())),
             }
         }
-    }
-}
-
-impl ProxyStream {
-    /// Sends what is held.
-    fn release(&mut self) -> Result<Bytes, std::io::Error> {
-        self.ttfb.get_or_insert_with(|| self.started.elapsed());
-        self.yielded = 0;
-        Ok(self.held.split().freeze())
     }
 }
 
