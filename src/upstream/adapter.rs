@@ -310,32 +310,38 @@ impl SseTap {
     }
 
     fn inspect(&mut self, event: &[u8], out: &mut BytesMut) {
-        let Ok(text) = std::str::from_utf8(event) else {
-            out.extend_from_slice(event);
-            return;
-        };
         if self.anthropic {
-            self.inspect_anthropic(text);
+            if let Ok(text) = std::str::from_utf8(event) {
+                self.inspect_anthropic(text);
+            }
             out.extend_from_slice(event);
             return;
         }
-        let data = data_of(text);
-        if data.trim() == "[DONE]" {
+        // Read as bytes: each search is one pass over the event, and nothing is decoded unless
+        // it is parsed.
+        let data = data_of(event);
+        if data.trim_ascii() == b"[DONE]" {
             self.finished = true;
             out.extend_from_slice(event);
             return;
         }
-        let has = |needle: &Finder| needle.find(data.as_bytes()).is_some();
-        if has(&NEEDLES.finish_error) || data.trim_start().starts_with("{\"error\"") {
-            self.error = Some(error_message(data));
+        if NEEDLES.finish_error.find(data).is_some() || data.starts_with(b"{\"error\"") {
+            self.error = Some(error_message(std::str::from_utf8(data).unwrap_or_default()));
         }
-        if has(&NEEDLES.content) && !has(&NEEDLES.empty_content) {
+        if let Some(i) = NEEDLES.content.find(data)
+            && NEEDLES.empty_content.find(&data[i..]).is_none()
+        {
             self.content_chunks += 1;
         }
+        // `"usage":` followed by an object (the usage chunk, perhaps) or by null.
+        let (mut usage_object, mut usage_null) = (false, false);
+        for i in NEEDLES.usage.find_iter(data) {
+            let after = data[i + USAGE.len()..].trim_ascii_start();
+            usage_object |= after.starts_with(b"{");
+            usage_null |= after.starts_with(b"null");
+        }
         let mut usage_chunk = false;
-        if (has(&NEEDLES.usage_object) || has(&NEEDLES.usage_object_spaced))
-            && let Ok(chunk) = serde_json::from_str::<UsageChunk>(data)
-        {
+        if usage_object && let Ok(chunk) = serde_json::from_slice::<UsageChunk>(data) {
             if let Some(u) = chunk
                 .usage
                 .and_then(|u| serde_json::from_str::<OpenAiUsage>(u.get()).ok())
@@ -354,7 +360,7 @@ impl SseTap {
             if usage_chunk {
                 return;
             }
-            if without_usage_null(event, out) {
+            if usage_null && without_usage_null(event, out) {
                 return;
             }
         }
@@ -369,7 +375,7 @@ impl SseTap {
             .unwrap_or_default();
         match kind {
             "message_start" => {
-                if let Ok(v) = serde_json::from_str::<Value>(data_of(text))
+                if let Ok(v) = serde_json::from_slice::<Value>(data_of(text.as_bytes()))
                     && let Some(u) = v.pointer("/message/usage")
                     && let Ok(u) = serde_json::from_value::<AnthropicUsage>(u.clone())
                 {
@@ -380,7 +386,7 @@ impl SseTap {
                 }
             }
             "message_delta" => {
-                if let Ok(v) = serde_json::from_str::<Value>(data_of(text))
+                if let Ok(v) = serde_json::from_slice::<Value>(data_of(text.as_bytes()))
                     && let Some(out) = v.pointer("/usage/output_tokens").and_then(Value::as_u64)
                 {
                     let u = self.usage.get_or_insert_default();
@@ -389,7 +395,10 @@ impl SseTap {
             }
             "content_block_delta" => self.content_chunks += 1,
             "message_stop" => self.finished = true,
-            "error" => self.error = Some(error_message(data_of(text))),
+            "error" => {
+                let data = std::str::from_utf8(data_of(text.as_bytes())).unwrap_or_default();
+                self.error = Some(error_message(data));
+            }
             _ => {}
         }
     }
@@ -415,8 +424,7 @@ struct Needles {
     finish_error: Finder<'static>,
     content: Finder<'static>,
     empty_content: Finder<'static>,
-    usage_object: Finder<'static>,
-    usage_object_spaced: Finder<'static>,
+    usage: Finder<'static>,
     usage_null: Finder<'static>,
 }
 
@@ -424,11 +432,11 @@ static NEEDLES: LazyLock<Needles> = LazyLock::new(|| Needles {
     finish_error: Finder::new(b"\"finish_reason\":\"error\""),
     content: Finder::new(b"\"content\":\""),
     empty_content: Finder::new(b"\"content\":\"\""),
-    usage_object: Finder::new(b"\"usage\":{"),
-    usage_object_spaced: Finder::new(b"\"usage\": {"),
+    usage: Finder::new(USAGE),
     usage_null: Finder::new(USAGE_NULL),
 });
 
+const USAGE: &[u8] = b"\"usage\":";
 const USAGE_NULL: &[u8] = b"\"usage\":null";
 
 /// The two fields of a chunk that tell whether it is the usage chunk.
@@ -467,14 +475,17 @@ fn without_usage_null(event: &[u8], out: &mut BytesMut) -> bool {
     true
 }
 
-/// The `data:` payload of an event (multi-line data joined).
-fn data_of(event: &str) -> &str {
-    // Providers send one data line per event; take the first.
-    event
-        .lines()
-        .find_map(|l| l.strip_prefix("data:"))
-        .map(str::trim_start)
-        .unwrap_or_default()
+/// The `data:` payload of an event: its first data line (providers send one per event).
+fn data_of(event: &[u8]) -> &[u8] {
+    let mut rest = event;
+    while !rest.is_empty() {
+        let end = memchr::memchr(b'\n', rest).unwrap_or(rest.len());
+        if let Some(d) = rest[..end].strip_prefix(b"data:") {
+            return d.strip_suffix(b"\r").unwrap_or(d).trim_ascii_start();
+        }
+        rest = rest.get(end + 1..).unwrap_or_default();
+    }
+    b""
 }
 
 fn error_message(data: &str) -> String {
@@ -491,6 +502,21 @@ fn error_message(data: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn data_of_takes_the_first_data_line() {
+        let cases: &[(&str, &str)] = &[
+            ("data: {\"a\":1}", "{\"a\":1}"),
+            ("data:{\"a\":1}\r", "{\"a\":1}"),
+            ("event: message_start\ndata: {}\ndata: [x]", "{}"),
+            ("event: ping\r\ndata:   [DONE]\r", "[DONE]"),
+            (": comment\nid: 7", ""),
+            ("", ""),
+        ];
+        for (event, data) in cases {
+            assert_eq!(data_of(event.as_bytes()), data.as_bytes(), "{event:?}");
+        }
+    }
 
     fn feed_all(tap: &mut SseTap, parts: &[&str]) -> String {
         let mut out = BytesMut::new();
