@@ -9,8 +9,9 @@ connections; aigw CPU time per request; aigw peak RSS. Usage:
     python3 bench/run.py --compare-policies ROUNDS         # 0 vs 4 policies, in alternation
     python3 bench/run.py --compare-bin OTHER_AIGW [--rounds N]  # another build vs this one
     python3 bench/run.py --instructions [--duration 12] [--bin AIGW]  # instructions per request
+    python3 bench/run.py --syscalls [--duration 5] [--bin AIGW]  # system calls per request
 
-Needs wrk (Debian: apt-get install wrk), and valgrind for --instructions. Traffic goes to
+Needs wrk (Debian: apt-get install wrk), valgrind for --instructions, strace for --syscalls. Traffic goes to
 127.0.0.1 only.
 """
 
@@ -19,6 +20,7 @@ import statistics
 import json
 import os
 import re
+import signal
 import shutil
 import socket
 import subprocess
@@ -266,6 +268,60 @@ def instructions(tmp, mock_port, duration, keep=None):
         print(f"| {mode} | {r['requests']:,} | {total / r['requests']:,.0f} |")
 
 
+def syscalls(tmp, mock_port, duration):
+    """aigw's system calls per request, counted by `strace -f -c` (all threads, so the log
+    writer's share too) during a run at one connection, non-streamed and streamed: how many reads
+    and writes a request costs, which the instruction count does not show. Idle polling is off
+    here: its polls (`epoll_wait`, `sched_yield`) replace sleeping, not work of the request."""
+    if not shutil.which("strace"):
+        sys.exit("strace is not installed (Debian: apt-get install strace)")
+    msg = [{"role": "user", "content": "Summarise the benchmark in one short sentence please"}]
+    shown = ("writev", "recvfrom", "sendto", "epoll_wait", "futex", "pwrite64")
+    print(f"# aigw system calls per request (strace -f -c, 1 connection, {duration} s per mode)\n")
+    print("| mode | requests | " + " | ".join(shown) + " | all |")
+    print("|---|---|" + "---|" * (len(shown) + 1))
+    for mode, stream in (("non-streamed", False), ("streamed", True)):
+        home = os.path.join(tmp, f"st-{mode}")
+        os.makedirs(home)
+        port = free_port()
+        res = os.path.join(home, "resources.toml")
+        with open(res, "w") as f:
+            f.write(RESOURCES.format(key=KEY, mock=mock_port, cred=CRED))
+        env = {"PATH": os.environ.get("PATH", ""), "AIGW_LISTEN": f"127.0.0.1:{port}",
+               "AIGW_DATABASE_URL": f"sqlite://{home}/aigw.db", "AIGW_LOG": "warn",
+               "AIGW_BOOTSTRAP_PASSWORD": "bench-owner-pass", "AIGW_IDLE_POLL_US": "0"}
+        gw = subprocess.Popen([BIN, "serve", "--resources", res], env=env, cwd=home,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        try:
+            url = f"http://127.0.0.1:{port}/v1/chat/completions"
+            wait_ready(f"http://127.0.0.1:{port}/readyz", gw)
+            body = json.dumps({"model": "gpt-4o-mini", "stream": stream, "messages": msg})
+            wrk(url, KEY, body, 1, 2)
+            time.sleep(1)  # the warm-up's logs are written before counting starts
+            out = os.path.join(home, "strace.txt")
+            tracer = subprocess.Popen(["strace", "-f", "-c", "-o", out, "-p", str(gw.pid)],
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            time.sleep(1)  # attached to every thread
+            r = wrk(url, KEY, body, 1, duration)
+            time.sleep(1)  # the counted requests' logs are written
+            tracer.send_signal(signal.SIGINT)
+            tracer.wait(timeout=30)
+        finally:
+            gw.terminate()
+            gw.wait(timeout=20)
+        calls = {}
+        with open(out) as f:
+            for line in f:
+                cols = line.split()
+                if len(cols) >= 5 and cols[0][0].isdigit() and cols[-1] != "total":
+                    calls[cols[-1]] = int(cols[3])
+        if r["errors"] or r["non2xx"] or not r["requests"]:
+            sys.exit(f"{mode}: {r['errors']} errors, {r['non2xx']} non-2xx of {r['requests']} requests")
+        per = lambda n: f"{n / r['requests']:.2f}"
+        print(f"| {mode} | {r['requests']:,} | " + " | ".join(per(calls.get(c, 0)) for c in shown)
+              + f" | {per(sum(calls.values()))} |")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--duration", type=int, default=10, help="seconds per run (default 10)")
@@ -281,6 +337,9 @@ def main():
     ap.add_argument("--instructions", action="store_true",
                     help="instead: aigw's instructions per request under callgrind (valgrind), non-streamed "
                          "and streamed; --duration seconds counted per mode (12 is enough)")
+    ap.add_argument("--syscalls", action="store_true",
+                    help="instead: aigw's system calls per request under strace at 1 connection, non-streamed "
+                         "and streamed; --duration seconds counted per mode")
     ap.add_argument("--keep-profiles", metavar="DIR", default=None,
                     help="with --instructions: copy each mode's callgrind profile into DIR")
     ap.add_argument("--bin", default=None, help="the aigw binary to measure (default target/release/aigw)")
@@ -296,10 +355,13 @@ def main():
     mock_port = free_port()
     mock = subprocess.Popen([BIN, "mock-upstream", "--no-record", "--listen", f"127.0.0.1:{mock_port}"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    if args.instructions:
+    if args.instructions or args.syscalls:
         try:
             wait_ready(f"http://127.0.0.1:{mock_port}/__mock/calls", mock)
-            instructions(tmp, mock_port, args.duration, args.keep_profiles)
+            if args.syscalls:
+                syscalls(tmp, mock_port, args.duration)
+            else:
+                instructions(tmp, mock_port, args.duration, args.keep_profiles)
         finally:
             mock.terminate()
             mock.wait(timeout=20)
