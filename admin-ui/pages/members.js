@@ -98,12 +98,15 @@ export default {
         clear(body, alertBox('error', messageOf(err)));
       }
     };
+    let loaded;
     newBtn.addEventListener('click', async () => {
+      await loaded; // the button is there before the departments are: offer them all
       const m = await invite(ctx, departments);
       if (!m) return;
       await secretDialog('Member invited', `${m.email} can sign in with this one-time password:`, m.one_time_password, 'One-time password');
       load();
     });
-    await load();
+    loaded = load();
+    await loaded;
   },
 };

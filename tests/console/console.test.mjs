@@ -279,6 +279,12 @@ test('owner: invites a member (one-time password), sees API errors as messages, 
   const p = await page();
   await signIn(p, OWNER);
 
+  // The Invite button shows before the page's lists have loaded: a slow department list must
+  // still be offered in full to a quick click.
+  await p.route((url) => url.pathname.endsWith('/departments'), async (route) => {
+    await new Promise((resolve) => setTimeout(resolve, 500));
+    await route.continue();
+  });
   await nav(p, 'Members');
   await p.getByRole('button', { name: 'Invite member' }).click();
   const invite = p.getByRole('dialog', { name: 'Invite a member' });
