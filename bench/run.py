@@ -142,9 +142,9 @@ def wrk(url, key, body, conns, duration):
     return r
 
 
-def start_gateway(tmp, mock_port, policies, binary=None, name=None):
+def start_gateway(tmp, mock_port, policies, binary=None, name=None, env=None, wrap=()):
     """An `aigw serve` (of `binary`, default BIN) with its own SQLite file and `policies` (0 or 4)
-    quota policies."""
+    quota policies, in `tmp/name`; `env` adds settings, `wrap` runs it under a tool (valgrind)."""
     binary = binary or BIN
     port = free_port()
     home = os.path.join(tmp, name or f"gw-{policies}")
@@ -156,8 +156,8 @@ def start_gateway(tmp, mock_port, policies, binary=None, name=None):
             f.write(POLICIES)
     env = {"PATH": os.environ.get("PATH", ""), "AIGW_LISTEN": f"127.0.0.1:{port}",
            "AIGW_DATABASE_URL": f"sqlite://{home}/aigw.db", "AIGW_LOG": "warn",
-           "AIGW_BOOTSTRAP_PASSWORD": "bench-owner-pass"}
-    gw = subprocess.Popen([binary, "serve", "--resources", res], env=env, cwd=home,
+           "AIGW_BOOTSTRAP_PASSWORD": "bench-owner-pass", **(env or {})}
+    gw = subprocess.Popen([*wrap, binary, "serve", "--resources", res], env=env, cwd=home,
                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     return gw, port
 
@@ -225,21 +225,12 @@ def instructions(tmp, mock_port, duration, keep=None):
     print("|---|---|---|")
     for mode, stream in (("non-streamed", False), ("streamed", True)):
         home = os.path.join(tmp, f"cg-{mode}")
-        os.makedirs(home)
-        port = free_port()
-        res = os.path.join(home, "resources.toml")
-        with open(res, "w") as f:
-            f.write(RESOURCES.format(key=KEY, mock=mock_port, cred=CRED))
-        env = {"PATH": os.environ.get("PATH", ""), "AIGW_LISTEN": f"127.0.0.1:{port}",
-               "AIGW_DATABASE_URL": f"sqlite://{home}/aigw.db", "AIGW_LOG": "warn",
-               "AIGW_BOOTSTRAP_PASSWORD": "bench-owner-pass",
-               # Idle polling off: the instructions of a thread waiting for work are not the
-               # request's, and under valgrind it would spin for most of the run.
-               "AIGW_IDLE_POLL_US": "0"}
         out = os.path.join(home, "callgrind.out")
-        gw = subprocess.Popen(["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}",
-                               BIN, "serve", "--resources", res], env=env, cwd=home,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        # Idle polling off: the instructions of a thread waiting for work are not the request's,
+        # and under valgrind it would spin for most of the run.
+        gw, port = start_gateway(tmp, mock_port, 0, name=f"cg-{mode}", env={"AIGW_IDLE_POLL_US": "0"},
+                                 wrap=("valgrind", "--tool=callgrind", "--instr-atstart=no",
+                                       f"--callgrind-out-file={out}"))
         try:
             url = f"http://127.0.0.1:{port}/v1/chat/completions"
             wait_ready(f"http://127.0.0.1:{port}/readyz", gw, timeout=120)
@@ -282,16 +273,7 @@ def syscalls(tmp, mock_port, duration):
     print("|---|---|" + "---|" * (len(shown) + 1))
     for mode, stream in (("non-streamed", False), ("streamed", True)):
         home = os.path.join(tmp, f"st-{mode}")
-        os.makedirs(home)
-        port = free_port()
-        res = os.path.join(home, "resources.toml")
-        with open(res, "w") as f:
-            f.write(RESOURCES.format(key=KEY, mock=mock_port, cred=CRED))
-        env = {"PATH": os.environ.get("PATH", ""), "AIGW_LISTEN": f"127.0.0.1:{port}",
-               "AIGW_DATABASE_URL": f"sqlite://{home}/aigw.db", "AIGW_LOG": "warn",
-               "AIGW_BOOTSTRAP_PASSWORD": "bench-owner-pass", "AIGW_IDLE_POLL_US": "0"}
-        gw = subprocess.Popen([BIN, "serve", "--resources", res], env=env, cwd=home,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        gw, port = start_gateway(tmp, mock_port, 0, name=f"st-{mode}", env={"AIGW_IDLE_POLL_US": "0"})
         try:
             url = f"http://127.0.0.1:{port}/v1/chat/completions"
             wait_ready(f"http://127.0.0.1:{port}/readyz", gw)
