@@ -26,14 +26,8 @@ pub struct ProxyStream {
     ended: bool,
     /// Events read and not yet sent.
     held: BytesMut,
-    /// Scheduler rounds given to the upstream's task since the last chunk.
-    yielded: u8,
 }
 
-/// Scheduler rounds the upstream connection's task gets to hand over its next chunk before what
-/// is held is sent: with hyper's client it takes two (measured: the next chunk, when already
-/// read, arrives on the second).
-const HANDOVER_ROUNDS: u8 = 2;
 /// Most bytes sent in one write.
 const WRITE_MAX: usize = 64 * 1024;
 
@@ -55,14 +49,12 @@ impl ProxyStream {
             request_len,
             ended: false,
             held: BytesMut::new(),
-            yielded: 0,
         }
     }
 
     /// Sends what is held.
     fn release(&mut self) -> Result<Bytes, std::io::Error> {
         self.ttfb.get_or_insert_with(|| self.started.elapsed());
-        self.yielded = 0;
         Ok(self.held.split().freeze())
     }
 
@@ -111,11 +103,10 @@ impl ProxyStream {
 impl Stream for ProxyStream {
     type Item = Result<Bytes, std::io::Error>;
 
-    /// Everything the upstream has already sent goes out in one write: the upstream connection's
-    /// task hands its body over one chunk at a time (one per SSE event, typically), so when it
-    /// has nothing ready this stream lets the scheduler run it ([`HANDOVER_ROUNDS`]) before
-    /// sending what it holds. Nothing waits for the network: a few microseconds per chunk, and
-    /// one write (and one wake-up of the client) per batch instead of one per event.
+    /// Everything the upstream has already sent goes out in one write: the upstream body is read
+    /// until it has nothing ready (it drives its own connection, so that is when the socket has
+    /// nothing more), and what was read then leaves together. Nothing waits for the network: one
+    /// write (and one wake-up of the client) per batch instead of one per event.
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let this = &mut *self;
         loop {
@@ -125,7 +116,6 @@ impl Stream for ProxyStream {
             match Pin::new(&mut this.upstream).poll_next(cx) {
                 Poll::Ready(Some(Ok(chunk))) => {
                     this.tap.feed(&chunk, &mut this.held);
-                    this.yielded = 0;
                     if this.held.len() >= WRITE_MAX {
                         return Poll::Ready(Some(this.release()));
                     }
@@ -142,11 +132,6 @@ impl Stream for ProxyStream {
                     this.finish(false, false);
                 }
                 Poll::Pending if this.held.is_empty() => return Poll::Pending,
-                Poll::Pending if this.yielded < HANDOVER_ROUNDS => {
-                    this.yielded += 1;
-                    cx.waker().wake_by_ref();
-                    return Poll::Pending;
-                }
                 Poll::Pending => return Poll::Ready(Some(this.release())),
             }
         }

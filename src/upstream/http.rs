@@ -1,28 +1,27 @@
-//! The upstream HTTP client. Requests go out on hyper's pooled client (HTTP/1.1, or HTTP/2 where
-//! TLS negotiates it; rustls with the webpki roots), so the request path pays for no URL
-//! re-parsing, redirect or retry layer: dispatch is the one retry layer, and an upstream's
-//! redirect is passed back as its answer. When the environment names an outbound proxy
+//! The upstream HTTP client. Requests go out over HTTP/1.1 on pooled connections that the
+//! request's own task drives ([`conns`](super::conns); rustls with the webpki roots), so the
+//! request path pays for no URL re-parsing, redirect or retry layer: dispatch is the one retry
+//! layer, and an upstream's redirect is passed back as its answer. When the environment names an outbound proxy
 //! (`HTTPS_PROXY`, `HTTP_PROXY` or `ALL_PROXY`, in either case), requests go through reqwest
 //! instead, which honours those variables and `NO_PROXY`. Each serving thread gets a pool of its
 //! own ([`use_own_pool`]): a connection's task then runs on the thread whose requests use it.
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
 use bytes::Bytes;
-use http_body_util::Full;
-use hyper_rustls::HttpsConnector;
-use hyper_util::client::legacy::Client as Hyper;
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
+
+use super::conns::{Failure, Pool};
 
 /// An upstream's response; its body is read, or streamed, by the caller.
 pub type Response = http::Response<Body>;
 
 /// How long a connection attempt may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-/// How long an idle pooled connection is kept.
+/// How long an idle pooled connection is kept (by reqwest; [`Pool`] keeps its own the same time).
 const POOL_IDLE: Duration = Duration::from_secs(90);
 /// The variables that name an outbound proxy.
 const PROXY_VARS: [&str; 6] = [
@@ -36,13 +35,9 @@ const PROXY_VARS: [&str; 6] = [
 
 /// The client every upstream request goes out on; cheap to clone (the pool is shared).
 #[derive(Clone)]
-#[expect(
-    clippy::large_enum_variant,
-    reason = "one client per process, used in place; a box would add an indirection per request"
-)]
 pub enum Client {
     /// Straight to the upstream.
-    Direct(Hyper<HttpsConnector<HttpConnector>, Full<Bytes>>),
+    Direct(Arc<Pool>),
     /// Through the outbound proxy the environment names.
     Proxied(reqwest::Client),
 }
@@ -73,7 +68,8 @@ impl Client {
         }
     }
 
-    /// Straight to the upstream, on a shared connection pool.
+    /// Straight to the upstream, on a shared connection pool. HTTP/1.1 only: a connection is
+    /// driven by the one request that uses it.
     pub fn direct() -> Client {
         let mut http = HttpConnector::new();
         http.enforce_http(false);
@@ -82,14 +78,9 @@ impl Client {
         let https = hyper_rustls::HttpsConnectorBuilder::new()
             .with_webpki_roots()
             .https_or_http()
-            .enable_all_versions()
+            .enable_http1()
             .wrap_connector(http);
-        let client = Hyper::builder(TokioExecutor::new())
-            .pool_idle_timeout(POOL_IDLE)
-            .pool_timer(TokioTimer::new())
-            .timer(TokioTimer::new())
-            .build(https);
-        Client::Direct(client)
+        Client::Direct(Arc::new(Pool::new(https)))
     }
 
     /// Through reqwest: via `proxy` when given, else via the proxy the environment names.
@@ -132,7 +123,7 @@ impl Client {
         req: http::Request<Bytes>,
     ) -> impl Future<Output = Result<Response, &'static str>> + use<> {
         let pending = match self {
-            Client::Direct(c) => Pending::Direct(c.request(req.map(Full::new))),
+            Client::Direct(pool) => Pending::Direct(Box::pin(pool.clone().send(req))),
             Client::Proxied(c) => match reqwest::Request::try_from(req) {
                 Ok(req) => Pending::Proxied(Box::pin(c.execute(req))),
                 Err(_) => Pending::Invalid,
@@ -140,12 +131,16 @@ impl Client {
         };
         async move {
             match pending {
-                Pending::Direct(f) => f.await.map(|r| r.map(Body::new)).map_err(|e| {
-                    let timed_out = source_chain(&e).any(|s| {
-                        s.downcast_ref::<std::io::Error>()
-                            .is_some_and(|io| io.kind() == std::io::ErrorKind::TimedOut)
-                    });
-                    failure(timed_out, e.is_connect())
+                Pending::Direct(f) => f.await.map_err(|e| match e {
+                    Failure::Connect(e) => {
+                        let timed_out = source_chain(&*e).any(|s| {
+                            s.downcast_ref::<std::io::Error>()
+                                .is_some_and(|io| io.kind() == std::io::ErrorKind::TimedOut)
+                        });
+                        failure(timed_out, true)
+                    }
+                    Failure::Send(e) => failure(e.is_timeout(), false),
+                    Failure::BadUrl => "request failed",
                 }),
                 Pending::Proxied(f) => f
                     .await
@@ -170,7 +165,7 @@ fn failure(timed_out: bool, connect: bool) -> &'static str {
 
 /// A request on its way.
 enum Pending {
-    Direct(hyper_util::client::legacy::ResponseFuture),
+    Direct(std::pin::Pin<Box<dyn Future<Output = Result<Response, Failure>> + Send>>),
     Proxied(std::pin::Pin<Box<dyn Future<Output = reqwest::Result<reqwest::Response>> + Send>>),
     Invalid,
 }

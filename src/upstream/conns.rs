@@ -1,0 +1,390 @@
+//! Upstream HTTP/1.1 connections, each driven by the task of the request that uses it.
+//!
+//! hyper's pooled client runs every connection as a task of its own and passes the response
+//! across through channels: each chunk of a streamed body costs a scheduler round of both tasks,
+//! and the serving task re-polls its whole stack for it. Here the request's own task drives the
+//! connection: while it waits for the head or for the next chunk it polls the connection itself,
+//! so whatever the socket already holds is read in the same poll, and when the connection has
+//! nothing more, nothing more has arrived.
+//!
+//! Between requests a connection waits in the pool, unpolled. It is polled once when it is
+//! taken out, so one that the upstream closed meanwhile is dropped there; a request that a
+//! pooled connection closed under before it was written goes out once more on a new one.
+
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use bytes::Bytes;
+use http::uri::{Authority, Scheme};
+use http_body::Frame;
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::client::conn::http1;
+use hyper_rustls::{HttpsConnector, MaybeHttpsStream};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioIo;
+use rustc_hash::FxHashMap;
+use tower_service::Service;
+
+/// How long an idle connection is kept.
+const IDLE_FOR: Duration = Duration::from_secs(90);
+/// How often idle connections of every upstream are checked for age.
+const SWEEP_EVERY: Duration = Duration::from_secs(30);
+
+type Io = MaybeHttpsStream<TokioIo<tokio::net::TcpStream>>;
+type Conn = Pin<Box<http1::Connection<Io, Full<Bytes>>>>;
+type Key = (Scheme, Authority);
+
+/// Idle connections per upstream (scheme and authority), most recently used last.
+pub struct Pool {
+    connector: HttpsConnector<HttpConnector>,
+    idle: Mutex<Idle>,
+}
+
+#[derive(Default)]
+struct Idle {
+    by_upstream: FxHashMap<Key, Vec<Parked>>,
+    swept: Option<Instant>,
+}
+
+/// An idle connection.
+struct Parked {
+    sender: http1::SendRequest<Full<Bytes>>,
+    conn: Conn,
+    since: Instant,
+}
+
+/// A connection in use: its request's response body drives it, and gives it back at the end.
+struct Lease {
+    pool: Arc<Pool>,
+    key: Key,
+    sender: http1::SendRequest<Full<Bytes>>,
+    /// `None` once the connection has ended (closed or failed).
+    conn: Option<Conn>,
+}
+
+/// Why a request got no response: at the connection, or after it.
+pub enum Failure {
+    Connect(Box<dyn std::error::Error + Send + Sync>),
+    Send(hyper::Error),
+    /// The URL has no scheme or host.
+    BadUrl,
+}
+
+impl Pool {
+    /// An empty pool that opens connections with `connector` (which must offer HTTP/1.1 only).
+    pub fn new(connector: HttpsConnector<HttpConnector>) -> Pool {
+        Pool {
+            connector,
+            idle: Mutex::new(Idle::default()),
+        }
+    }
+
+    /// Sends `req` (with an absolute URL) and waits for the response's head. The response's
+    /// body drives the connection from then on.
+    pub async fn send(self: Arc<Self>, req: http::Request<Bytes>) -> Result<http::Response<Body>, Failure> {
+        let (mut parts, body) = req.into_parts();
+        let (Some(scheme), Some(authority)) = (parts.uri.scheme().cloned(), parts.uri.authority().cloned())
+        else {
+            return Err(Failure::BadUrl);
+        };
+        // On the wire: the path alone, and the host in its header.
+        let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+        parts.uri = http::Uri::try_from(path).map_err(|_| Failure::BadUrl)?;
+        if !parts.headers.contains_key(http::header::HOST) {
+            let host = authority.as_str().rsplit('@').next().unwrap_or_default();
+            let host = http::HeaderValue::from_str(host).map_err(|_| Failure::BadUrl)?;
+            parts.headers.insert(http::header::HOST, host);
+        }
+        let key = (scheme, authority);
+        let mut req = http::Request::from_parts(parts, Full::new(body));
+        loop {
+            let (mut lease, reused) = match self.take(&key) {
+                Some(lease) => (lease, true),
+                None => (self.connect(key.clone()).await?, false),
+            };
+            match lease.exchange(req).await {
+                Ok(response) => {
+                    return Ok(response.map(|body| {
+                        Body::new(Driven {
+                            body,
+                            lease: Some(lease),
+                        })
+                    }));
+                }
+                // A pooled connection closed before the request went out: once more on a new one.
+                Err(mut e) if reused && e.message().is_some() => {
+                    req = e.take_message().expect("checked");
+                }
+                Err(e) => return Err(Failure::Send(e.into_error())),
+            }
+        }
+    }
+
+    /// A new connection to `key`'s upstream.
+    async fn connect(self: &Arc<Self>, key: Key) -> Result<Lease, Failure> {
+        let uri = http::Uri::builder()
+            .scheme(key.0.clone())
+            .authority(key.1.clone())
+            .path_and_query("/")
+            .build()
+            .map_err(|_| Failure::BadUrl)?;
+        let io = self.connector.clone().call(uri).await.map_err(Failure::Connect)?;
+        let (sender, conn) = http1::Builder::new()
+            .handshake(io)
+            .await
+            .map_err(|e| Failure::Connect(e.into()))?;
+        Ok(Lease {
+            pool: self.clone(),
+            key,
+            sender,
+            conn: Some(Box::pin(conn)),
+        })
+    }
+
+    /// An idle connection to `key`'s upstream that is still open, if there is one.
+    fn take(self: &Arc<Self>, key: &Key) -> Option<Lease> {
+        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        let parked = idle.by_upstream.get_mut(key)?;
+        let now = Instant::now();
+        while let Some(mut p) = parked.pop() {
+            if now.duration_since(p.since) > IDLE_FOR {
+                // The rest are older still.
+                parked.clear();
+                break;
+            }
+            // One poll reads what came while it was idle: a close ends it.
+            let open = p
+                .conn
+                .as_mut()
+                .poll(&mut Context::from_waker(Waker::noop()))
+                .is_pending();
+            if open && p.sender.is_ready() {
+                return Some(Lease {
+                    pool: self.clone(),
+                    key: key.clone(),
+                    sender: p.sender,
+                    conn: Some(p.conn),
+                });
+            }
+        }
+        None
+    }
+
+    /// Parks an idle connection; now and then drops those idle too long, of every upstream.
+    fn park(&self, key: Key, sender: http1::SendRequest<Full<Bytes>>, conn: Conn) {
+        let now = Instant::now();
+        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        if idle.swept.is_none_or(|at| now.duration_since(at) > SWEEP_EVERY) {
+            idle.swept = Some(now);
+            idle.by_upstream.retain(|_, parked| {
+                parked.retain(|p| now.duration_since(p.since) <= IDLE_FOR);
+                !parked.is_empty()
+            });
+        }
+        idle.by_upstream.entry(key).or_default().push(Parked {
+            sender,
+            conn,
+            since: now,
+        });
+    }
+
+    /// How many idle connections are parked (for tests).
+    #[cfg(test)]
+    fn parked(&self) -> usize {
+        let idle = self.idle.lock().unwrap();
+        idle.by_upstream.values().map(Vec::len).sum()
+    }
+}
+
+impl Lease {
+    /// Sends `req` on this connection and drives it until the response's head has arrived.
+    async fn exchange(
+        &mut self,
+        req: http::Request<Full<Bytes>>,
+    ) -> Result<http::Response<Incoming>, hyper::client::conn::TrySendError<http::Request<Full<Bytes>>>> {
+        let mut response = std::pin::pin!(self.sender.try_send_request(req));
+        std::future::poll_fn(|cx| {
+            self.drive(cx);
+            response.as_mut().poll(cx)
+        })
+        .await
+    }
+
+    /// Lets the connection read and write what it can; drops it once it has ended (which also
+    /// fails whatever still waited on it).
+    fn drive(&mut self, cx: &mut Context<'_>) {
+        if let Some(conn) = &mut self.conn
+            && conn.as_mut().poll(cx).is_ready()
+        {
+            self.conn = None;
+        }
+    }
+
+    /// The response has been read to its end: the connection goes back to the pool, unless it
+    /// has ended or cannot take another request.
+    fn give_back(mut self, cx: &mut Context<'_>) {
+        // One more poll lets it settle into waiting for the next request.
+        self.drive(cx);
+        if let Some(conn) = self.conn
+            && self.sender.is_ready()
+        {
+            self.pool.park(self.key, self.sender, conn);
+        }
+    }
+}
+
+/// An upstream response's body, driving its connection as it is read.
+struct Driven {
+    body: Incoming,
+    /// `None` once the body has ended.
+    lease: Option<Lease>,
+}
+
+impl http_body::Body for Driven {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let this = self.get_mut();
+        let mut polled = Pin::new(&mut this.body).poll_frame(cx);
+        if polled.is_pending()
+            && let Some(lease) = &mut this.lease
+        {
+            // Nothing waiting: let the connection read its socket, then look again.
+            lease.drive(cx);
+            polled = Pin::new(&mut this.body).poll_frame(cx);
+        }
+        if let Poll::Ready(None) = polled
+            && let Some(lease) = this.lease.take()
+        {
+            lease.give_back(cx);
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::BodyExt;
+
+    fn pool() -> Arc<Pool> {
+        let mut http = HttpConnector::new();
+        http.enforce_http(false);
+        let https = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_webpki_roots()
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(http);
+        Arc::new(Pool::new(https))
+    }
+
+    /// An upstream that answers each request with its path and counts connections.
+    async fn upstream() -> (std::net::SocketAddr, Arc<std::sync::atomic::AtomicUsize>) {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let count = accepted.clone();
+        tokio::spawn(async move {
+            while let Ok((tcp, _)) = listener.accept().await {
+                count.fetch_add(1, Ordering::SeqCst);
+                let svc = hyper::service::service_fn(|req: http::Request<Incoming>| async move {
+                    let host = req.headers()[http::header::HOST].to_str().unwrap().to_owned();
+                    let text = format!("{} {} {host}", req.uri(), req.uri().path());
+                    Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(Bytes::from(text))))
+                });
+                tokio::spawn(
+                    hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(tcp), svc),
+                );
+            }
+        });
+        (addr, accepted)
+    }
+
+    async fn get(pool: &Arc<Pool>, url: &str) -> String {
+        let req = http::Request::post(url).body(Bytes::new()).unwrap();
+        let Ok(resp) = pool.clone().send(req).await else {
+            panic!("no response from {url}");
+        };
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        String::from_utf8(body.to_vec()).unwrap()
+    }
+
+    #[tokio::test]
+    async fn requests_go_out_in_origin_form_and_reuse_the_connection() {
+        let (addr, accepted) = upstream().await;
+        let pool = pool();
+        for path in ["/v1/a?x=1", "/v1/b"] {
+            let got = get(&pool, &format!("http://{addr}{path}")).await;
+            let bare = path.split('?').next().unwrap();
+            assert_eq!(got, format!("{path} {bare} {addr}"));
+        }
+        assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 1);
+        assert_eq!(pool.parked(), 1);
+    }
+
+    /// A pooled connection that the upstream closed while it was idle is not used: the request
+    /// goes out on a new one and succeeds.
+    #[tokio::test]
+    async fn a_connection_closed_while_idle_is_replaced() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        // Each connection answers one request and then closes, without saying so in a header.
+        tokio::spawn(async move {
+            while let Ok((mut tcp, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let mut buf = [0u8; 4096];
+                    let _ = tcp.read(&mut buf).await;
+                    let _ = tcp
+                        .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                        .await;
+                });
+            }
+        });
+        let pool = pool();
+        for _ in 0..3 {
+            assert_eq!(get(&pool, &format!("http://{addr}/")).await, "ok");
+            // Let the close arrive.
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn a_dropped_body_does_not_return_its_connection() {
+        let (addr, accepted) = upstream().await;
+        let pool = pool();
+        let req = http::Request::post(format!("http://{addr}/"))
+            .body(Bytes::new())
+            .unwrap();
+        let Ok(resp) = pool.clone().send(req).await else {
+            panic!("no response");
+        };
+        drop(resp);
+        assert_eq!(pool.parked(), 0);
+        assert!(get(&pool, &format!("http://{addr}/x")).await.starts_with("/x"));
+        assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn a_url_without_a_host_is_refused() {
+        let req = http::Request::post("/v1/chat").body(Bytes::new()).unwrap();
+        assert!(matches!(pool().send(req).await, Err(Failure::BadUrl)));
+    }
+}
