@@ -7,11 +7,13 @@ connections; aigw CPU time per request; aigw peak RSS. Usage:
 
     cargo build --release && python3 bench/run.py [--duration 10] [--policies 0|4]
     python3 bench/run.py --compare-policies ROUNDS         # 0 vs 4 policies, in alternation
-    python3 bench/run.py --compare-bin OTHER_AIGW [--rounds N]  # another build vs this one
+    python3 bench/run.py --compare-bin OTHER_AIGW [--rounds N] [--streamed]  # another build vs this one
     python3 bench/run.py --instructions [--duration 12] [--bin AIGW]  # instructions per request
     python3 bench/run.py --syscalls [--duration 5] [--bin AIGW]  # system calls per request
+    python3 bench/run.py --waits [--duration 3]  # who held the CPU while wrk or the mock waited
 
-Needs wrk (Debian: apt-get install wrk), valgrind for --instructions, strace for --syscalls. Traffic goes to
+Needs wrk (Debian: apt-get install wrk), valgrind for --instructions, strace for --syscalls, perf
+for --waits. Traffic goes to
 127.0.0.1 only.
 """
 
@@ -162,12 +164,12 @@ def start_gateway(tmp, mock_port, policies, binary=None, name=None, env=None, wr
     return gw, port
 
 
-def alternate(gws, labels, duration, rounds):
-    """The same non-streamed load on each gateway in turn, `rounds` times, so that the shared
-    machine's drift hits all alike. Per label: the rounds as (req/s @50, p99 @1, CPU µs/request
-    @50, p50 @1), and their medians."""
+def alternate(gws, labels, duration, rounds, stream=False):
+    """The same load (non-streamed, or streamed) on each gateway in turn, `rounds` times, so that
+    the shared machine's drift hits all alike. Per label: the rounds as (req/s @50, p99 @1, CPU
+    µs/request @50, p50 @1), and their medians."""
     msg = [{"role": "user", "content": "Summarise the benchmark in one short sentence please"}]
-    body = json.dumps({"model": "gpt-4o-mini", "messages": msg})
+    body = json.dumps({"model": "gpt-4o-mini", "stream": stream, "messages": msg})
     runs = {n: [] for n in labels}
     for gw, port in gws:
         wrk(f"http://127.0.0.1:{port}/v1/chat/completions", KEY, body, 50, 2)
@@ -199,10 +201,11 @@ def compare_policies(gws, duration, rounds):
     print(f"- p99 at 1 connection: {med[4][1] - med[0][1]:+.0f} µs (target: no more than 100 µs added)")
 
 
-def compare_binaries(gws, labels, duration, rounds):
+def compare_binaries(gws, labels, duration, rounds, stream=False):
     """Two builds of aigw (say, before and after a change), measured in alternation; medians."""
-    runs, med = alternate(gws, labels, duration, rounds)
-    print(f"# two builds (non-streamed, no quota policies, {rounds} alternating rounds of {duration} s, medians)\n")
+    runs, med = alternate(gws, labels, duration, rounds, stream)
+    mode = "streamed" if stream else "non-streamed"
+    print(f"# two builds ({mode}, no quota policies, {rounds} alternating rounds of {duration} s, medians)\n")
     print("| build | req/s @50 | aigw CPU/request | p50 @1 | p99 @1 | rounds (req/s; CPU µs) |")
     print("|---|---|---|---|---|---|")
     for n in labels:
@@ -304,6 +307,67 @@ def syscalls(tmp, mock_port, duration):
               + f" | {per(sum(calls.values()))} |")
 
 
+def waits(tmp, mock, mock_port, duration, threshold_ms=0.3):
+    """Where the 1-connection tail comes from: `perf sched record` on all CPUs during a non-streamed
+    run at one connection through aigw, then, for every wake-up of wrk or of the mock that waited
+    longer than `threshold_ms` for a CPU, which threads ran on that CPU meanwhile (summed by
+    process and thread name). The figures are under perf, which itself takes CPU (it is listed)."""
+    if not shutil.which("perf"):
+        sys.exit("perf is not installed (Debian: apt-get install linux-perf)")
+    msg = [{"role": "user", "content": "Summarise the benchmark in one short sentence please"}]
+    body = json.dumps({"model": "gpt-4o-mini", "messages": msg})
+    gw, port = start_gateway(tmp, mock_port, 0, name="waits")
+    data = os.path.join(tmp, "perf.data")
+    try:
+        wait_ready(f"http://127.0.0.1:{port}/readyz", gw)
+        url = f"http://127.0.0.1:{port}/v1/chat/completions"
+        wrk(url, KEY, body, 50, 2)
+        perf = subprocess.Popen(["perf", "sched", "record", "-a", "-o", data, "--", "sleep", str(duration + 1)],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(0.5)
+        r = wrk(url, KEY, body, 1, duration)
+        perf.wait(timeout=duration + 60)
+    finally:
+        gw.terminate()
+        gw.wait(timeout=20)
+    hist = subprocess.run(["perf", "sched", "timehist", "-i", data], capture_output=True, text=True,
+                          errors="replace").stdout
+    owner = {str(gw.pid): "aigw", str(mock.pid): "mock"}
+    runs, waited = {}, []  # per CPU: (start, end, who); wake-ups of wrk and the mock that waited
+    for line in hist.splitlines():
+        cols = line.split()
+        if len(cols) < 6 or not cols[0][0].isdigit():
+            continue
+        try:
+            end, cpu = float(cols[0]), cols[1]
+            delay, ran = float(cols[-2]) / 1e3, float(cols[-1]) / 1e3
+        except ValueError:
+            continue
+        task = " ".join(cols[2:-3])
+        name, _, ids = task.partition("[")
+        pid = ids.rstrip("]").split("/")[-1]
+        who = f"{owner[pid]}: {name}" if pid in owner else name
+        runs.setdefault(cpu, []).append((end - ran, end, who))
+        if (who.startswith("mock") or name == "wrk") and delay * 1e3 > threshold_ms:
+            waited.append((cpu, end - ran - delay, end - ran))
+    blame, longest = {}, {}
+    for cpu, start, until in waited:
+        for a, b, who in runs[cpu]:
+            overlap = min(b, until) - max(a, start)
+            if overlap > 0:
+                blame[who] = blame.get(who, 0) + overlap
+                longest[who] = max(longest.get(who, 0), b - a)
+    total = sum(b - a for _, a, b in waited)
+    print(f"# who held the CPU while wrk or the mock waited > {threshold_ms} ms "
+          f"(perf sched, 1 connection through aigw, non-streamed, {duration} s)\n")
+    print(f"- requests: {r['requests']:,}; p50 {r['p50']} µs, p99 {r['p99']} µs (under perf)")
+    print(f"- such waits: {len(waited):,}, {total * 1e3:.1f} ms in all\n")
+    print("| thread (process) | ms on that CPU during the waits | its longest such run, ms |")
+    print("|---|---|---|")
+    for who, t in sorted(blame.items(), key=lambda kv: -kv[1])[:12]:
+        print(f"| {who} | {t * 1e3:.1f} | {longest[who] * 1e3:.2f} |")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--duration", type=int, default=10, help="seconds per run (default 10)")
@@ -315,6 +379,7 @@ def main():
     ap.add_argument("--compare-bin", metavar="OTHER_AIGW", default=None,
                     help="instead: this build against OTHER_AIGW (another aigw binary, e.g. of an earlier commit), "
                          "measured in alternation for --rounds rounds (non-streamed); prints the medians")
+    ap.add_argument("--streamed", action="store_true", help="with --compare-bin: compare streamed requests")
     ap.add_argument("--rounds", type=int, default=5, help="rounds of --compare-bin (default 5)")
     ap.add_argument("--instructions", action="store_true",
                     help="instead: aigw's instructions per request under callgrind (valgrind), non-streamed "
@@ -322,6 +387,9 @@ def main():
     ap.add_argument("--syscalls", action="store_true",
                     help="instead: aigw's system calls per request under strace at 1 connection, non-streamed "
                          "and streamed; --duration seconds counted per mode")
+    ap.add_argument("--waits", action="store_true",
+                    help="instead: under perf sched at 1 connection, which threads held the CPU while wrk or "
+                         "the mock waited for one; --duration seconds (3 is enough)")
     ap.add_argument("--keep-profiles", metavar="DIR", default=None,
                     help="with --instructions: copy each mode's callgrind profile into DIR")
     ap.add_argument("--bin", default=None, help="the aigw binary to measure (default target/release/aigw)")
@@ -337,10 +405,12 @@ def main():
     mock_port = free_port()
     mock = subprocess.Popen([BIN, "mock-upstream", "--no-record", "--listen", f"127.0.0.1:{mock_port}"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    if args.instructions or args.syscalls:
+    if args.instructions or args.syscalls or args.waits:
         try:
             wait_ready(f"http://127.0.0.1:{mock_port}/__mock/calls", mock)
-            if args.syscalls:
+            if args.waits:
+                waits(tmp, mock, mock_port, args.duration)
+            elif args.syscalls:
                 syscalls(tmp, mock_port, args.duration)
             else:
                 instructions(tmp, mock_port, args.duration, args.keep_profiles)
@@ -361,7 +431,7 @@ def main():
             for gw, port in gws:
                 wait_ready(f"http://127.0.0.1:{port}/readyz", gw)
             if args.compare_bin:
-                compare_binaries(gws, labels, args.duration, args.rounds)
+                compare_binaries(gws, labels, args.duration, args.rounds, args.streamed)
             else:
                 compare_policies(gws, args.duration, args.compare_policies)
         finally:

@@ -1,10 +1,11 @@
 //! The upstream HTTP client. Requests go out over HTTP/1.1 on pooled connections that the
 //! request's own task drives ([`conns`](super::conns); rustls with the webpki roots), so the
 //! request path pays for no URL re-parsing, redirect or retry layer: dispatch is the one retry
-//! layer, and an upstream's redirect is passed back as its answer. When the environment names an outbound proxy
-//! (`HTTPS_PROXY`, `HTTP_PROXY` or `ALL_PROXY`, in either case), requests go through reqwest
-//! instead, which honours those variables and `NO_PROXY`. Each serving thread gets a pool of its
-//! own ([`use_own_pool`]): a connection's task then runs on the thread whose requests use it.
+//! layer, and an upstream's redirect is passed back as its answer. When the environment names an
+//! outbound proxy (`HTTPS_PROXY`, `HTTP_PROXY` or `ALL_PROXY`, in either case), requests go
+//! through reqwest instead, which honours those variables and `NO_PROXY`. Each serving thread
+//! gets a pool of its own ([`use_own_pool`]), so its connections are registered with its own
+//! runtime and never wake another thread.
 
 use std::fmt;
 use std::sync::Arc;
@@ -176,8 +177,8 @@ thread_local! {
 }
 
 /// Gives the calling thread a client of `shared`'s kind with its own connection pool. A serving
-/// thread calls this once: the connections its requests open are then driven by its own runtime
-/// and never wake another thread.
+/// thread calls this once: the connections its requests open are then registered with its own
+/// runtime, and its pool's lock is never contended.
 pub fn use_own_pool(shared: &Client) {
     OWN.with(|own| {
         let _ = own.set(shared.fresh());
