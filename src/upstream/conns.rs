@@ -68,7 +68,9 @@ struct Lease {
 
 /// Why a request got no response: at the connection, or after it.
 pub enum Failure {
+    /// No connection: refused, timed out, name or TLS failure.
     Connect(Box<dyn std::error::Error + Send + Sync>),
+    /// Connected, but the exchange failed before a response's head.
     Send(hyper::Error),
     /// The URL has no scheme or host.
     BadUrl,
