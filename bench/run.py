@@ -13,8 +13,7 @@ connections; aigw CPU time per request; aigw peak RSS. Usage:
     python3 bench/run.py --waits [--duration 3]  # who held the CPU while wrk or the mock waited
 
 Needs wrk (Debian: apt-get install wrk), valgrind for --instructions, strace for --syscalls, perf
-for --waits. Traffic goes to
-127.0.0.1 only.
+for --waits. Traffic goes to 127.0.0.1 only.
 """
 
 import argparse
@@ -378,7 +377,8 @@ def main():
                          "for ROUNDS rounds (non-streamed); prints the medians and the difference")
     ap.add_argument("--compare-bin", metavar="OTHER_AIGW", default=None,
                     help="instead: this build against OTHER_AIGW (another aigw binary, e.g. of an earlier commit), "
-                         "measured in alternation for --rounds rounds (non-streamed); prints the medians")
+                         "measured in alternation for --rounds rounds (non-streamed, or --streamed); prints the "
+                         "medians")
     ap.add_argument("--streamed", action="store_true", help="with --compare-bin: compare streamed requests")
     ap.add_argument("--rounds", type=int, default=5, help="rounds of --compare-bin (default 5)")
     ap.add_argument("--instructions", action="store_true",
