@@ -10,7 +10,7 @@ connections; aigw CPU time per request; aigw peak RSS. Usage:
     python3 bench/run.py --compare-bin OTHER_AIGW [--rounds N] [--streamed]  # another build vs this one
     python3 bench/run.py --instructions [--duration 12] [--bin AIGW]  # instructions per request
     python3 bench/run.py --syscalls [--duration 5] [--bin AIGW]  # system calls per request
-    python3 bench/run.py --waits [--duration 3]  # who held the CPU while wrk or the mock waited
+    python3 bench/run.py --waits [--duration 3] [--wait-ms 0.3]  # who held the CPU while wrk or the mock waited
 
 Needs wrk (Debian: apt-get install wrk), valgrind for --instructions, strace for --syscalls, perf
 for --waits. Traffic goes to 127.0.0.1 only.
@@ -390,6 +390,8 @@ def main():
     ap.add_argument("--waits", action="store_true",
                     help="instead: under perf sched at 1 connection, which threads held the CPU while wrk or "
                          "the mock waited for one; --duration seconds (3 is enough)")
+    ap.add_argument("--wait-ms", type=float, default=0.3,
+                    help="with --waits: count the waits longer than this (default 0.3 ms)")
     ap.add_argument("--keep-profiles", metavar="DIR", default=None,
                     help="with --instructions: copy each mode's callgrind profile into DIR")
     ap.add_argument("--bin", default=None, help="the aigw binary to measure (default target/release/aigw)")
@@ -409,7 +411,7 @@ def main():
         try:
             wait_ready(f"http://127.0.0.1:{mock_port}/__mock/calls", mock)
             if args.waits:
-                waits(tmp, mock, mock_port, args.duration)
+                waits(tmp, mock, mock_port, args.duration, args.wait_ms)
             elif args.syscalls:
                 syscalls(tmp, mock_port, args.duration)
             else:
