@@ -329,7 +329,7 @@ def waits(tmp, mock, mock_port, duration, threshold_ms=0.3):
     finally:
         gw.terminate()
         gw.wait(timeout=20)
-    hist = subprocess.run(["perf", "sched", "timehist", "-i", data], capture_output=True, text=True,
+    hist = subprocess.run(["perf", "sched", "timehist", "-w", "-i", data], capture_output=True, text=True,
                           errors="replace").stdout
     owner = {str(gw.pid): "aigw", str(mock.pid): "mock"}
     runs, waited = {}, []  # per CPU: (start, end, who); wake-ups of wrk and the mock that waited
@@ -365,6 +365,65 @@ def waits(tmp, mock, mock_port, duration, threshold_ms=0.3):
     print("|---|---|---|")
     for who, t in sorted(blame.items(), key=lambda kv: -kv[1])[:12]:
         print(f"| {who} | {t * 1e3:.1f} | {longest[who] * 1e3:.2f} |")
+    hops(hist, str(mock.pid))
+
+
+HOPS = ("aigw in", "mock waits", "mock runs", "aigw out", "wrk waits")
+
+
+def hops(hist, mock_pid):
+    """The request's hops, from the scheduler's switches and wake-ups: wrk sleeps after sending ->
+    (aigw in) the mock is woken -> (mock waits) it runs -> (mock runs) it sleeps after answering ->
+    (aigw out) wrk is woken -> (wrk waits) wrk runs. Only cycles in which wrk slept can be
+    followed (aigw's serving thread polls, so its own part shows only as the time between)."""
+    events = []
+    for line in hist.splitlines():
+        cols = line.split()
+        if len(cols) < 4 or not cols[0][0].isdigit():
+            continue
+        t = float(cols[0])
+        if "awakened:" in cols:
+            events.append((t, "wake", " ".join(cols[cols.index("awakened:") + 1:])))
+            continue
+        try:
+            ran = float(cols[-1]) / 1e3
+        except ValueError:
+            continue
+        task = " ".join(cols[2:-3])
+        events += [(t - ran, "in", task), (t, "out", task)]
+    events.sort(key=lambda e: e[0])
+    cycles, cur = [], None
+    for t, kind, task in events:
+        if task.startswith("wrk["):
+            if kind == "out":
+                cur = {"start": t}
+            elif cur and kind == "wake" and "mock out" in cur:
+                cur["wrk woken"] = t
+            elif cur and kind == "in" and "wrk woken" in cur:
+                cur["wrk in"] = t
+                cycles.append(cur)
+                cur = None
+        elif cur and task.endswith(f"/{mock_pid}]"):
+            if kind == "wake" and "mock woken" not in cur:
+                cur["mock woken"] = t
+            elif kind == "in" and "mock woken" in cur and "mock in" not in cur:
+                cur["mock in"] = t
+            elif kind == "out" and "mock in" in cur:
+                cur["mock out"] = t
+    marks = ("start", "mock woken", "mock in", "mock out", "wrk woken", "wrk in")
+    rows = [[c[b] - c[a] for a, b in zip(marks, marks[1:])] for c in cycles]
+    if not rows:
+        return
+    slow = [r for r in rows if sum(r) > 500e-6]
+    pct = lambda v, q: sorted(v)[min(int(len(v) * q), len(v) - 1)] * 1e6
+    print(f"\n# the request's hops ({len(rows):,} cycles in which wrk slept; "
+          f"{len(slow)} took over 500 µs)\n")
+    print("| hop | p50 µs | p99 µs | p99.9 µs | longest hop of the slow cycles |")
+    print("|---|---|---|---|---|")
+    for i, hop in enumerate(HOPS):
+        col = [r[i] for r in rows]
+        longest = sum(1 for r in slow if max(range(len(HOPS)), key=lambda j: r[j]) == i)
+        print(f"| {hop} | {pct(col, .5):.0f} | {pct(col, .99):.0f} | {pct(col, .999):.0f} | {longest} |")
 
 
 def main():
