@@ -368,6 +368,62 @@ mod tests {
         }
     }
 
+    /// A raw upstream: answers each request on a connection with `answer` (then reads the next).
+    async fn raw_upstream(answer: &'static [u8]) -> std::net::SocketAddr {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut tcp, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let mut buf = [0u8; 4096];
+                    while let Ok(n) = tcp.read(&mut buf).await {
+                        if n == 0 || tcp.write_all(answer).await.is_err() {
+                            break;
+                        }
+                    }
+                });
+            }
+        });
+        addr
+    }
+
+    /// What the upstream's answer leaves in the pool: a connection it keeps open goes back, one it
+    /// said it closes does not; a chunked body arrives whole.
+    #[tokio::test]
+    async fn the_answer_decides_whether_the_connection_is_kept() {
+        let cases: &[(&[u8], &str, usize)] = &[
+            (b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok", "ok", 1),
+            (
+                b"HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-length: 2\r\n\r\nok",
+                "ok",
+                0,
+            ),
+            (b"HTTP/1.0 200 OK\r\ncontent-length: 2\r\n\r\nok", "ok", 0),
+            (
+                b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n",
+                "abcde",
+                1,
+            ),
+        ];
+        for (answer, body, kept) in cases {
+            let addr = raw_upstream(answer).await;
+            let pool = pool();
+            assert_eq!(get(&pool, &format!("http://{addr}/")).await, *body);
+            assert_eq!(pool.parked(), *kept, "{}", String::from_utf8_lossy(answer));
+        }
+    }
+
+    /// A response that is not HTTP is a send failure, not a hang or a panic.
+    #[tokio::test]
+    async fn a_garbled_answer_is_a_send_failure() {
+        let addr = raw_upstream(b"SSH-2.0-OpenSSH_9.2\r\n").await;
+        let req = http::Request::post(format!("http://{addr}/"))
+            .body(Bytes::new())
+            .unwrap();
+        assert!(matches!(pool().send(req).await, Err(Failure::Send(_))));
+    }
+
     #[tokio::test]
     async fn a_dropped_body_does_not_return_its_connection() {
         let (addr, accepted) = upstream().await;
