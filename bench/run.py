@@ -526,6 +526,8 @@ def main():
                 results[(mode, path)] = (one, fifty, cpu)
         rss = peak_rss_mib(gw.pid)
         rev = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+        if args.bin:
+            rev = BIN  # another build than this checkout's
         print(f"# aigw proxy benchmark ({rev}, {args.duration} s per run, {args.policies} quota policies, "
               f"request logs on, SQLite, {os.cpu_count()} cores)\n")
         print("| mode | path | req/s @50 | p50 @1 | p99 @1 | p99.9 @1 | p50 @50 | p99 @50 | p99.9 @50 | errors |")
