@@ -345,21 +345,8 @@ mod tests {
     /// goes out on a new one and succeeds.
     #[tokio::test]
     async fn a_connection_closed_while_idle_is_replaced() {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
         // Each connection answers one request and then closes, without saying so in a header.
-        tokio::spawn(async move {
-            while let Ok((mut tcp, _)) = listener.accept().await {
-                tokio::spawn(async move {
-                    let mut buf = [0u8; 4096];
-                    let _ = tcp.read(&mut buf).await;
-                    let _ = tcp
-                        .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
-                        .await;
-                });
-            }
-        });
+        let addr = raw_upstream(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok", false).await;
         let pool = pool();
         for _ in 0..3 {
             assert_eq!(get(&pool, &format!("http://{addr}/")).await, "ok");
@@ -368,8 +355,9 @@ mod tests {
         }
     }
 
-    /// A raw upstream: answers each request on a connection with `answer` (then reads the next).
-    async fn raw_upstream(answer: &'static [u8]) -> std::net::SocketAddr {
+    /// A raw upstream: answers each request on a connection with `answer`; with `keep_open`
+    /// false, closes the connection after the first.
+    async fn raw_upstream(answer: &'static [u8], keep_open: bool) -> std::net::SocketAddr {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
@@ -378,7 +366,7 @@ mod tests {
                 tokio::spawn(async move {
                     let mut buf = [0u8; 4096];
                     while let Ok(n) = tcp.read(&mut buf).await {
-                        if n == 0 || tcp.write_all(answer).await.is_err() {
+                        if n == 0 || tcp.write_all(answer).await.is_err() || !keep_open {
                             break;
                         }
                     }
@@ -407,7 +395,7 @@ mod tests {
             ),
         ];
         for (answer, body, kept) in cases {
-            let addr = raw_upstream(answer).await;
+            let addr = raw_upstream(answer, true).await;
             let pool = pool();
             assert_eq!(get(&pool, &format!("http://{addr}/")).await, *body);
             assert_eq!(pool.parked(), *kept, "{}", String::from_utf8_lossy(answer));
@@ -417,7 +405,7 @@ mod tests {
     /// A response that is not HTTP is a send failure, not a hang or a panic.
     #[tokio::test]
     async fn a_garbled_answer_is_a_send_failure() {
-        let addr = raw_upstream(b"SSH-2.0-OpenSSH_9.2\r\n").await;
+        let addr = raw_upstream(b"SSH-2.0-OpenSSH_9.2\r\n", true).await;
         let req = http::Request::post(format!("http://{addr}/"))
             .body(Bytes::new())
             .unwrap();
