@@ -29,8 +29,8 @@ use hyper_util::rt::TokioIo;
 use rustc_hash::FxHashMap;
 use tower_service::Service;
 
-/// How long an idle connection is kept.
-const IDLE_FOR: Duration = Duration::from_secs(90);
+/// How long an idle connection is kept (by this pool and by the proxied client's).
+pub const IDLE_FOR: Duration = Duration::from_secs(90);
 /// How often idle connections of every upstream are checked for age.
 const SWEEP_EVERY: Duration = Duration::from_secs(30);
 

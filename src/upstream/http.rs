@@ -15,15 +15,13 @@ use axum::body::Body;
 use bytes::Bytes;
 use hyper_util::client::legacy::connect::HttpConnector;
 
-use super::conns::{Failure, Pool};
+use super::conns::{Failure, IDLE_FOR, Pool};
 
 /// An upstream's response; its body is read, or streamed, by the caller.
 pub type Response = http::Response<Body>;
 
 /// How long a connection attempt may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-/// How long an idle pooled connection is kept (by reqwest; [`Pool`] keeps its own the same time).
-const POOL_IDLE: Duration = Duration::from_secs(90);
 /// The variables that name an outbound proxy.
 const PROXY_VARS: [&str; 6] = [
     "HTTPS_PROXY",
@@ -88,7 +86,7 @@ impl Client {
     pub fn proxied(proxy: Option<&str>) -> Result<Client, String> {
         let mut b = reqwest::Client::builder()
             .connect_timeout(CONNECT_TIMEOUT)
-            .pool_idle_timeout(POOL_IDLE)
+            .pool_idle_timeout(IDLE_FOR)
             .tcp_nodelay(true)
             .redirect(reqwest::redirect::Policy::none());
         if let Some(p) = proxy {
