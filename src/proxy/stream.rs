@@ -120,16 +120,15 @@ impl Stream for ProxyStream {
                         return Poll::Ready(Some(this.release()));
                     }
                 }
-                Poll::Ready(Some(Err(e))) => {
-                    tracing::warn!(error = %e, "upstream stream broke");
+                // The upstream ended: broken (an error) or complete.
+                Poll::Ready(end) => {
+                    let broke = end.is_some();
+                    if let Some(Err(e)) = end {
+                        tracing::warn!(error = %e, "upstream stream broke");
+                    }
                     this.ended = true;
                     this.tap.finish(&mut this.held);
-                    this.finish(true, false);
-                }
-                Poll::Ready(None) => {
-                    this.ended = true;
-                    this.tap.finish(&mut this.held);
-                    this.finish(false, false);
+                    this.finish(broke, false);
                 }
                 Poll::Pending if this.held.is_empty() => return Poll::Pending,
                 Poll::Pending => return Poll::Ready(Some(this.release())),
