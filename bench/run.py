@@ -34,6 +34,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.join(ROOT, "target", "release", "aigw")
 KEY = "sk-aigw-BenchKey0123456789abcdefghijklmn"
 CRED = "bench-upstream-key"
+
+
+def chat_body(stream):
+    """The benchmark's chat completion request, streamed or not."""
+    msg = [{"role": "user", "content": "Summarise the benchmark in one short sentence please"}]
+    return json.dumps({"model": "gpt-4o-mini", **({"stream": True} if stream else {}), "messages": msg})
 TICK = os.sysconf("SC_CLK_TCK")
 
 RESOURCES = """
@@ -167,8 +173,7 @@ def alternate(gws, labels, duration, rounds, stream=False):
     """The same load (non-streamed, or streamed) on each gateway in turn, `rounds` times, so that
     the shared machine's drift hits all alike. Per label: the rounds as (req/s @50, p99 @1, CPU
     µs/request @50, p50 @1), and their medians."""
-    msg = [{"role": "user", "content": "Summarise the benchmark in one short sentence please"}]
-    body = json.dumps({"model": "gpt-4o-mini", "stream": stream, "messages": msg})
+    body = chat_body(stream)
     runs = {n: [] for n in labels}
     for gw, port in gws:
         wrk(f"http://127.0.0.1:{port}/v1/chat/completions", KEY, body, 50, 2)
@@ -221,7 +226,6 @@ def instructions(tmp, mock_port, duration, keep=None):
     mode's profile is copied there (`non-streamed.out`, `streamed.out`) for callgrind_annotate."""
     if not shutil.which("valgrind"):
         sys.exit("valgrind is not installed (Debian: apt-get install valgrind)")
-    msg = [{"role": "user", "content": "Summarise the benchmark in one short sentence please"}]
     print(f"# aigw instructions per request (callgrind, 4 connections, {duration} s counted per mode)\n")
     print("| mode | requests counted | instructions/request |")
     print("|---|---|---|")
@@ -236,7 +240,7 @@ def instructions(tmp, mock_port, duration, keep=None):
         try:
             url = f"http://127.0.0.1:{port}/v1/chat/completions"
             wait_ready(f"http://127.0.0.1:{port}/readyz", gw, timeout=120)
-            body = json.dumps({"model": "gpt-4o-mini", "stream": stream, "messages": msg})
+            body = chat_body(stream)
             wrk(url, KEY, body, 4, 3)
             subprocess.run(["callgrind_control", "-i", "on", str(gw.pid)], capture_output=True, check=True)
             r = wrk(url, KEY, body, 4, duration)
@@ -268,7 +272,6 @@ def syscalls(tmp, mock_port, duration):
     here: its polls (`epoll_wait`, `sched_yield`) replace sleeping, not work of the request."""
     if not shutil.which("strace"):
         sys.exit("strace is not installed (Debian: apt-get install strace)")
-    msg = [{"role": "user", "content": "Summarise the benchmark in one short sentence please"}]
     shown = ("writev", "recvfrom", "sendto", "epoll_wait", "futex", "pwrite64")
     print(f"# aigw system calls per request (strace -f -c, 1 connection, {duration} s per mode)\n")
     print("| mode | requests | " + " | ".join(shown) + " | all |")
@@ -279,7 +282,7 @@ def syscalls(tmp, mock_port, duration):
         try:
             url = f"http://127.0.0.1:{port}/v1/chat/completions"
             wait_ready(f"http://127.0.0.1:{port}/readyz", gw)
-            body = json.dumps({"model": "gpt-4o-mini", "stream": stream, "messages": msg})
+            body = chat_body(stream)
             wrk(url, KEY, body, 1, 2)
             time.sleep(1)  # the warm-up's logs are written before counting starts
             out = os.path.join(home, "strace.txt")
@@ -313,8 +316,7 @@ def waits(tmp, mock, mock_port, duration, threshold_ms=0.3):
     process and thread name). The figures are under perf, which itself takes CPU (it is listed)."""
     if not shutil.which("perf"):
         sys.exit("perf is not installed (Debian: apt-get install linux-perf)")
-    msg = [{"role": "user", "content": "Summarise the benchmark in one short sentence please"}]
-    body = json.dumps({"model": "gpt-4o-mini", "messages": msg})
+    body = chat_body(False)
     gw, port = start_gateway(tmp, mock_port, 0, name="waits")
     data = os.path.join(tmp, "perf.data")
     try:
@@ -329,20 +331,10 @@ def waits(tmp, mock, mock_port, duration, threshold_ms=0.3):
     finally:
         gw.terminate()
         gw.wait(timeout=20)
-    hist = subprocess.run(["perf", "sched", "timehist", "-w", "-i", data], capture_output=True, text=True,
-                          errors="replace").stdout
+    events = timehist(data)
     owner = {str(gw.pid): "aigw", str(mock.pid): "mock"}
     runs, waited = {}, []  # per CPU: (start, end, who); wake-ups of wrk and the mock that waited
-    for line in hist.splitlines():
-        cols = line.split()
-        if len(cols) < 6 or not cols[0][0].isdigit():
-            continue
-        try:
-            end, cpu = float(cols[0]), cols[1]
-            delay, ran = float(cols[-2]) / 1e3, float(cols[-1]) / 1e3
-        except ValueError:
-            continue
-        task = " ".join(cols[2:-3])
+    for end, cpu, task, delay, ran in (e[1:] for e in events if e[0] == "switch"):
         name, _, ids = task.partition("[")
         pid = ids.rstrip("]").split("/")[-1]
         who = f"{owner[pid]}: {name}" if pid in owner else name
@@ -365,32 +357,46 @@ def waits(tmp, mock, mock_port, duration, threshold_ms=0.3):
     print("|---|---|---|")
     for who, t in sorted(blame.items(), key=lambda kv: -kv[1])[:12]:
         print(f"| {who} | {t * 1e3:.1f} | {longest[who] * 1e3:.2f} |")
-    hops(hist, str(mock.pid))
+    hops(events, str(mock.pid))
 
 
-HOPS = ("aigw in", "mock waits", "mock runs", "aigw out", "wrk waits")
-
-
-def hops(hist, mock_pid):
-    """The request's hops, from the scheduler's switches and wake-ups: wrk sleeps after sending ->
-    (aigw in) the mock is woken -> (mock waits) it runs -> (mock runs) it sleeps after answering ->
-    (aigw out) wrk is woken -> (wrk waits) wrk runs. Only cycles in which wrk slept can be
-    followed (aigw's serving thread polls, so its own part shows only as the time between)."""
+def timehist(data):
+    """`perf sched timehist -w` of the record `data`, read once, in its order: switches, as
+    ("switch", end, cpu, task, how long it waited for the CPU, how long it ran), in seconds; and
+    wake-ups, as ("wake", time, task woken)."""
+    hist = subprocess.run(["perf", "sched", "timehist", "-w", "-i", data], capture_output=True, text=True,
+                          errors="replace").stdout
     events = []
     for line in hist.splitlines():
         cols = line.split()
         if len(cols) < 4 or not cols[0][0].isdigit():
             continue
-        t = float(cols[0])
         if "awakened:" in cols:
-            events.append((t, "wake", " ".join(cols[cols.index("awakened:") + 1:])))
+            events.append(("wake", float(cols[0]), " ".join(cols[cols.index("awakened:") + 1:])))
             continue
         try:
-            ran = float(cols[-1]) / 1e3
+            end, delay, ran = float(cols[0]), float(cols[-2]) / 1e3, float(cols[-1]) / 1e3
         except ValueError:
             continue
-        task = " ".join(cols[2:-3])
-        events += [(t - ran, "in", task), (t, "out", task)]
+        events.append(("switch", end, cols[1], " ".join(cols[2:-3]), delay, ran))
+    return events
+
+
+HOPS = ("aigw in", "mock waits", "mock runs", "aigw out", "wrk waits")
+
+
+def hops(timeline, mock_pid):
+    """The request's hops, from the scheduler's switches and wake-ups: wrk sleeps after sending ->
+    (aigw in) the mock is woken -> (mock waits) it runs -> (mock runs) it sleeps after answering ->
+    (aigw out) wrk is woken -> (wrk waits) wrk runs. Only cycles in which wrk slept can be
+    followed (aigw's serving thread polls, so its own part shows only as the time between)."""
+    events = []
+    for e in timeline:
+        if e[0] == "wake":
+            events.append((e[1], "wake", e[2]))
+        else:
+            end, task, ran = e[1], e[3], e[5]
+            events += [(end - ran, "in", task), (end, "out", task)]
     events.sort(key=lambda e: e[0])
     cycles, cur = [], None
     for t, kind, task in events:
@@ -507,11 +513,7 @@ def main():
         wait_ready(f"http://127.0.0.1:{gw_port}/readyz", gw)
         direct = f"http://127.0.0.1:{mock_port}/v1/chat/completions"
         through = f"http://127.0.0.1:{gw_port}/v1/chat/completions"
-        msg = [{"role": "user", "content": "Summarise the benchmark in one short sentence please"}]
-        bodies = {
-            "non-streamed": json.dumps({"model": "gpt-4o-mini", "messages": msg}),
-            "streamed": json.dumps({"model": "gpt-4o-mini", "stream": True, "messages": msg}),
-        }
+        bodies = {"non-streamed": chat_body(False), "streamed": chat_body(True)}
         # Warm up both paths (connections, caches, page faults).
         for mode, body in bodies.items():
             wrk(through, KEY, body, 50, 2)
