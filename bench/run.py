@@ -3,9 +3,11 @@
 logging on, SQLite), non-streamed and streamed, with wrk on loopback.
 
 Prints, per path and mode: requests/s at 50 connections; p50/p99/p99.9 latency at 1 and at 50
-connections; aigw CPU time per request; aigw peak RSS. Usage:
+connections; aigw CPU time per request; aigw peak RSS. At one connection the latencies are timed
+by bench/probe.rs, as recorded, and also with wrk's correction for coordinated omission applied to
+the same samples ("corrected"); at 50 connections they are wrk's (corrected). Usage:
 
-    cargo build --release && python3 bench/run.py [--duration 10] [--policies 0|4]
+    cargo build --release --bin aigw --example probe && python3 bench/run.py [--duration 10] [--policies 0|4]
     python3 bench/run.py --compare-policies ROUNDS         # 0 vs 4 policies, in alternation
     python3 bench/run.py --compare-bin OTHER_AIGW [--rounds N] [--streamed]  # another build vs this one
     python3 bench/run.py --instructions [--duration 12] [--bin AIGW]  # instructions per request
@@ -32,6 +34,7 @@ import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.join(ROOT, "target", "release", "aigw")
+PROBE = os.path.join(ROOT, "target", "release", "examples", "probe")
 KEY = "sk-aigw-BenchKey0123456789abcdefghijklmn"
 CRED = "bench-upstream-key"
 
@@ -149,6 +152,22 @@ def wrk(url, key, body, conns, duration):
     return r
 
 
+def probe(url, key, body, duration):
+    """One connection, timed per request by bench/probe.rs: the recorded p50/p99/p99.9, `over500`
+    (requests slower than 500 µs), and `cp99` (wrk's correction for coordinated omission applied to
+    the same samples, as wrk reports its own percentiles)."""
+    addr, path = url.removeprefix("http://").split("/", 1)
+    out = subprocess.run([PROBE, addr, "/" + path, key, str(duration)], input=body,
+                         capture_output=True, text=True, check=True).stdout
+    m = re.search(r"PROBE (.*)", out)
+    if not m:
+        sys.exit(f"the probe printed no result:\n{out}")
+    r = {k: int(v) for k, v in (kv.split("=") for kv in m.group(1).split())}
+    r["rps"] = r["requests"] / (r["duration_us"] / 1e6)
+    r["non2xx"] = 0  # counted in errors
+    return r
+
+
 def start_gateway(tmp, mock_port, policies, binary=None, name=None, env=None, wrap=()):
     """An `aigw serve` (of `binary`, default BIN) with its own SQLite file and `policies` (0 or 4)
     quota policies, in `tmp/name`; `env` adds settings, `wrap` runs it under a tool (valgrind)."""
@@ -172,7 +191,7 @@ def start_gateway(tmp, mock_port, policies, binary=None, name=None, env=None, wr
 def alternate(gws, labels, duration, rounds, stream=False):
     """The same load (non-streamed, or streamed) on each gateway in turn, `rounds` times, so that
     the shared machine's drift hits all alike. Per label: the rounds as (req/s @50, p99 @1, CPU
-    µs/request @50, p50 @1), and their medians."""
+    µs/request @50, p50 @1, corrected p99 @1, requests over 500 µs @1), and their medians."""
     body = chat_body(stream)
     runs = {n: [] for n in labels}
     for gw, port in gws:
@@ -180,12 +199,12 @@ def alternate(gws, labels, duration, rounds, stream=False):
     for _ in range(rounds):
         for n, (gw, port) in zip(labels, gws):
             url = f"http://127.0.0.1:{port}/v1/chat/completions"
-            one = wrk(url, KEY, body, 1, duration)
+            one = probe(url, KEY, body, duration)
             before = cpu_seconds(gw.pid)
             fifty = wrk(url, KEY, body, 50, duration)
             cpu_us = (cpu_seconds(gw.pid) - before) / max(fifty["requests"], 1) * 1e6
-            runs[n].append((fifty["rps"], one["p99"], cpu_us, one["p50"]))
-    med = {n: [statistics.median(r[i] for r in runs[n]) for i in range(4)] for n in runs}
+            runs[n].append((fifty["rps"], one["p99"], cpu_us, one["p50"], one["cp99"], one["over500"]))
+    med = {n: [statistics.median(r[i] for r in runs[n]) for i in range(6)] for n in runs}
     return runs, med
 
 
@@ -197,7 +216,7 @@ def compare_policies(gws, duration, rounds):
     print("| policies | req/s @50 | p99 @1 | aigw CPU/request | rounds (req/s) |")
     print("|---|---|---|---|---|")
     for n in (0, 4):
-        rps, p99, cpu, _ = med[n]
+        rps, p99, cpu, _, _, _ = med[n]
         each = ", ".join(f"{r[0]:,.0f}" for r in runs[n])
         print(f"| {n} | {rps:,.0f} | {p99:.0f} µs | {cpu:.1f} µs | {each} |")
     print(f"\n- throughput with 4 policies: {(med[4][0] / med[0][0] - 1) * 100:+.1f} % "
@@ -210,12 +229,13 @@ def compare_binaries(gws, labels, duration, rounds, stream=False):
     runs, med = alternate(gws, labels, duration, rounds, stream)
     mode = "streamed" if stream else "non-streamed"
     print(f"# two builds ({mode}, no quota policies, {rounds} alternating rounds of {duration} s, medians)\n")
-    print("| build | req/s @50 | aigw CPU/request | p50 @1 | p99 @1 | rounds (req/s; CPU µs) |")
-    print("|---|---|---|---|---|---|")
+    print("| build | req/s @50 | aigw CPU/request | p50 @1 | p99 @1 | p99 @1 corrected | >500 µs @1 "
+          "| rounds (req/s; CPU µs; >500 µs) |")
+    print("|---|---|---|---|---|---|---|---|")
     for n in labels:
-        rps, p99, cpu, p50 = med[n]
-        each = ", ".join(f"{r[0]:,.0f}; {r[2]:.0f}" for r in runs[n])
-        print(f"| {n} | {rps:,.0f} | {cpu:.1f} µs | {p50:.0f} µs | {p99:.0f} µs | {each} |")
+        rps, p99, cpu, p50, cp99, slow = med[n]
+        each = ", ".join(f"{r[0]:,.0f}; {r[2]:.0f}; {r[5]}" for r in runs[n])
+        print(f"| {n} | {rps:,.0f} | {cpu:.1f} µs | {p50:.0f} µs | {p99:.0f} µs | {cp99:.0f} µs | {slow:.0f} | {each} |")
 
 
 def instructions(tmp, mock_port, duration, keep=None):
@@ -465,8 +485,9 @@ def main():
     BIN = os.path.abspath(args.bin) if args.bin else BIN
     if not shutil.which("wrk"):
         sys.exit("wrk is not installed (Debian: apt-get install wrk)")
-    if not os.path.exists(BIN):
-        sys.exit(f"{BIN} is missing: run cargo build --release first")
+    for needed in (BIN, PROBE):
+        if not os.path.exists(needed):
+            sys.exit(f"{needed} is missing: run cargo build --release --bin aigw --example probe first")
 
     tmp = tempfile.mkdtemp(prefix="aigw-bench-")
     mock_port = free_port()
@@ -521,7 +542,7 @@ def main():
         results = {}
         for mode, body in bodies.items():
             for path, url, key in (("direct", direct, CRED), ("aigw", through, KEY)):
-                one = wrk(url, key, body, 1, args.duration)
+                one = probe(url, key, body, args.duration)
                 before = cpu_seconds(gw.pid)
                 fifty = wrk(url, key, body, 50, args.duration)
                 cpu = cpu_seconds(gw.pid) - before
@@ -532,17 +553,20 @@ def main():
             rev = BIN  # another build than this checkout's
         print(f"# aigw proxy benchmark ({rev}, {args.duration} s per run, {args.policies} quota policies, "
               f"request logs on, SQLite, {os.cpu_count()} cores)\n")
-        print("| mode | path | req/s @50 | p50 @1 | p99 @1 | p99.9 @1 | p50 @50 | p99 @50 | p99.9 @50 | errors |")
-        print("|---|---|---|---|---|---|---|---|---|---|")
+        print("| mode | path | req/s @50 | p50 @1 | p99 @1 | p99.9 @1 | p99 @1 corrected | >500 µs @1 "
+              "| p50 @50 | p99 @50 | p99.9 @50 | errors |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|")
         for (mode, path), (one, fifty, _) in results.items():
             errs = one["errors"] + one["non2xx"] + fifty["errors"] + fifty["non2xx"]
             print(f"| {mode} | {path} | {fifty['rps']:,.0f} | {one['p50']} µs | {one['p99']} µs | {one['p999']} µs | "
+                  f"{one['cp99']} µs | {one['over500']} of {one['requests']:,} | "
                   f"{fifty['p50']} µs | {fifty['p99']} µs | {fifty['p999']} µs | {errs} |")
         print()
         for mode in bodies:
             d1, d50, _ = results[(mode, "direct")]
             a1, a50, cpu = results[(mode, "aigw")]
-            print(f"- {mode}: added latency @1 p50 {a1['p50'] - d1['p50']} µs, p99 {a1['p99'] - d1['p99']} µs; "
+            print(f"- {mode}: added latency @1 p50 {a1['p50'] - d1['p50']} µs, p99 {a1['p99'] - d1['p99']} µs "
+                  f"(corrected: {a1['cp99'] - d1['cp99']} µs); "
                   f"aigw CPU {cpu / max(a50['requests'], 1) * 1e6:.1f} µs/request at 50 connections; "
                   f"throughput {a50['rps'] / d50['rps'] * 100:.0f} % of direct")
         print(f"- aigw peak RSS: {rss:.1f} MiB")
