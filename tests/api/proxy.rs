@@ -753,3 +753,46 @@ async fn log_query_filters_and_pages(db: TestDb) {
     assert_eq!(aigw::request_log::prune(store, all[0].ts + 1).await.unwrap(), 7);
     app.stop().await;
 }
+
+both_backends!(a_flush_writes_every_record_once_whatever_its_size);
+
+async fn a_flush_writes_every_record_once_whatever_its_size(db: TestDb) {
+    use aigw::request_log::{LogFilter, LogRecord, insert_batch, query};
+    let (app, _mock) = start(&db).await;
+    let store = &app.state.store;
+    // Flushes are written as statements of 100, 20, 5 and 1 rows: sizes below, at and between
+    // them.
+    let sizes = [1usize, 4, 5, 19, 20, 21, 99, 100, 127];
+    let mut expected = Vec::new();
+    for (flush, n) in sizes.into_iter().enumerate() {
+        let records: Vec<LogRecord> = (0..n)
+            .map(|i| LogRecord {
+                request_id: format!("flush{flush}-row{i}"),
+                ts: 1_700_000_000_000 + expected.len() as i64 + i as i64,
+                workspace_id: 4242,
+                endpoint: "chat.completions".into(),
+                status: 200,
+                prompt_tokens: i as i64,
+                explanation: format!("row {i} of {n}"),
+                ..LogRecord::default()
+            })
+            .collect();
+        insert_batch(store, &records).await.unwrap();
+        expected.extend(records);
+    }
+    let page = query(
+        store,
+        &LogFilter {
+            workspace_id: 4242,
+            limit: Some(500),
+            ..LogFilter::default()
+        },
+    )
+    .await
+    .unwrap();
+    let mut stored: Vec<LogRecord> = page.items.into_iter().map(|r| LogRecord { id: 0, ..r }).collect();
+    stored.sort_by_key(|r| r.ts);
+    assert_eq!(stored.len(), sizes.iter().sum::<usize>());
+    assert_eq!(stored, expected);
+    app.stop().await;
+}
