@@ -157,11 +157,11 @@ def probe(url, key, body, duration):
     (requests slower than 500 µs), and `cp99` (wrk's correction for coordinated omission applied to
     the same samples, as wrk reports its own percentiles)."""
     addr, path = url.removeprefix("http://").split("/", 1)
-    out = subprocess.run([PROBE, addr, "/" + path, key, str(duration)], input=body,
-                         capture_output=True, text=True, check=True).stdout
-    m = re.search(r"PROBE (.*)", out)
-    if not m:
-        sys.exit(f"the probe printed no result:\n{out}")
+    done = subprocess.run([PROBE, addr, "/" + path, key, str(duration)], input=body,
+                          capture_output=True, text=True)
+    m = re.search(r"PROBE (.*)", done.stdout)
+    if done.returncode != 0 or not m:
+        sys.exit(f"the probe failed against {url}:\n{done.stdout}{done.stderr}")
     r = {k: int(v) for k, v in (kv.split("=") for kv in m.group(1).split())}
     r["rps"] = r["requests"] / (r["duration_us"] / 1e6)
     r["non2xx"] = 0  # counted in errors
@@ -371,7 +371,7 @@ def waits(tmp, mock, mock_port, duration, threshold_ms=0.3):
     total = sum(b - a for _, a, b in waited)
     print(f"# who held the CPU while wrk or the mock waited > {threshold_ms} ms "
           f"(perf sched, 1 connection through aigw, non-streamed, {duration} s)\n")
-    print(f"- requests: {r['requests']:,}; p50 {r['p50']} µs, p99 {r['p99']} µs (under perf)")
+    print(f"- requests: {r['requests']:,}; p50 {r['p50']} µs, p99 {r['p99']} µs (wrk's, corrected for coordinated omission; under perf)")
     print(f"- such waits: {len(waited):,}, {total * 1e3:.1f} ms in all\n")
     print("| thread (process) | ms on that CPU during the waits | its longest such run, ms |")
     print("|---|---|---|")
