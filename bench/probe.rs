@@ -203,7 +203,8 @@ mod tests {
     #[test]
     fn the_correction_adds_the_requests_a_stall_held_back_as_wrk_does() {
         // (latencies µs, interval µs, corrected counts as (µs, count), p50, p99)
-        let cases: [(&[u64], u64, &[(usize, u64)], u64, u64); 3] = [
+        type Case = (&'static [u64], u64, &'static [(usize, u64)], u64, u64);
+        let cases: [Case; 3] = [
             // Nothing slower than two intervals: unchanged.
             (&[10, 12, 19], 10, &[(10, 1), (12, 1), (19, 1)], 12, 19),
             // 35 µs at a 10 µs interval also stands for requests at 25 and 15 (not 5: not above
