@@ -238,11 +238,13 @@ async fn two_gateways_share_one_breaker_on_postgres() {
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
     let key_id = a.logs("acme", 1).await[0].key_id;
-    let history = aigw::breaker::history(&a.state.store, key_id).await.unwrap();
-    assert_eq!(history.len(), 1, "one trip, recorded once");
-    assert_eq!(history[0].trip, 1);
+    // Trips are persisted in the background; stopping drains that, so read the history after.
     a.stop().await;
     b.stop().await;
+    let store = aigw::store::Store::connect(&db.url).await.unwrap();
+    let history = aigw::breaker::history(&store, key_id).await.unwrap();
+    assert_eq!(history.len(), 1, "one trip, recorded once");
+    assert_eq!(history[0].trip, 1);
 }
 
 both_backends!(admins_see_breaker_state_and_history);
@@ -283,7 +285,7 @@ async fn admins_see_breaker_state_and_history(db: TestDb) {
             .json()
             .await
             .unwrap();
-        if body["trips"] == 1 {
+        if body["history"].as_array().is_some_and(|h| !h.is_empty()) {
             break;
         }
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
