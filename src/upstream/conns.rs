@@ -285,15 +285,12 @@ mod tests {
     use super::*;
     use http_body_util::BodyExt;
 
+    /// The production client's pool (its connector: HTTP/1.1 only, timeouts, no delay).
     fn pool() -> Arc<Pool> {
-        let mut http = HttpConnector::new();
-        http.enforce_http(false);
-        let https = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_webpki_roots()
-            .https_or_http()
-            .enable_http1()
-            .wrap_connector(http);
-        Arc::new(Pool::new(https))
+        match crate::upstream::http::Client::direct() {
+            crate::upstream::http::Client::Direct(pool) => pool,
+            crate::upstream::http::Client::Proxied(_) => unreachable!("direct() is never proxied"),
+        }
     }
 
     /// An upstream that answers each request with its path and counts connections.
