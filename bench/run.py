@@ -37,12 +37,6 @@ BIN = os.path.join(ROOT, "target", "release", "aigw")
 PROBE = os.path.join(ROOT, "target", "release", "examples", "probe")
 KEY = "sk-aigw-BenchKey0123456789abcdefghijklmn"
 CRED = "bench-upstream-key"
-
-
-def chat_body(stream):
-    """The benchmark's chat completion request, streamed or not."""
-    msg = [{"role": "user", "content": "Summarise the benchmark in one short sentence please"}]
-    return json.dumps({"model": "gpt-4o-mini", **({"stream": True} if stream else {}), "messages": msg})
 TICK = os.sysconf("SC_CLK_TCK")
 
 RESOURCES = """
@@ -104,6 +98,12 @@ metric = "requests"
 window = "5minutes"
 limit = 1000000000000
 """
+
+
+def chat_body(stream):
+    """The benchmark's chat completion request, streamed or not."""
+    msg = [{"role": "user", "content": "Summarise the benchmark in one short sentence please"}]
+    return json.dumps({"model": "gpt-4o-mini", **({"stream": True} if stream else {}), "messages": msg})
 
 
 def free_port():
@@ -485,7 +485,9 @@ def main():
     BIN = os.path.abspath(args.bin) if args.bin else BIN
     if not shutil.which("wrk"):
         sys.exit("wrk is not installed (Debian: apt-get install wrk)")
-    for needed in (BIN, PROBE):
+    # The probe times one connection in the full run and in the comparisons.
+    timed_by_probe = not (args.instructions or args.syscalls or args.waits)
+    for needed in (BIN, PROBE) if timed_by_probe else (BIN,):
         if not os.path.exists(needed):
             sys.exit(f"{needed} is missing: run cargo build --release --bin aigw --example probe first")
 
