@@ -72,6 +72,19 @@ pub fn parse(bytes: &[u8], endpoint: Endpoint) -> Result<ProxyBody, ApiError> {
         }
         _ => ApiError::invalid(format!("the request body is not valid JSON: {e}"), None),
     })?;
+    // Bodies are forwarded as their raw text, which serde_json checks for UTF-8 but not for
+    // escapes that decode to no character: refuse those the same way as raw invalid UTF-8.
+    if let Some(at) = lone_surrogate_escape(bytes) {
+        let (line, column) = line_column(bytes, at);
+        return Err(ApiError::invalid(
+            format!(
+                "the request body is not valid JSON: lone surrogate in string escape `{}` \
+                 at line {line} column {column}",
+                String::from_utf8_lossy(bytes.get(at..at + 6).unwrap_or_default())
+            ),
+            None,
+        ));
+    }
     let model = match fields.get("model").map(value_as::<String>) {
         Some(Some(m)) if !m.trim().is_empty() => m,
         Some(Some(_)) => return Err(ApiError::invalid("`model` must not be empty", Some("model"))),
@@ -146,6 +159,63 @@ pub fn parse(bytes: &[u8], endpoint: Endpoint) -> Result<ProxyBody, ApiError> {
         stream,
         len: bytes.len(),
     })
+}
+
+/// The byte offset of the first `\uXXXX` escape in well-formed JSON text that is half of a
+/// UTF-16 surrogate pair without its other half (a high one not directly followed by a low one,
+/// or a low one alone).
+///
+/// Ordinary bodies pay one `memmem` pass: the escape-by-escape walk runs only when some `\u`
+/// is followed by `d8`–`df` (any case).
+fn lone_surrogate_escape(json: &[u8]) -> Option<usize> {
+    let looks_like_surrogate = |at: usize| {
+        matches!(json.get(at + 2), Some(b'd' | b'D'))
+            && matches!(json.get(at + 3), Some(b'8'..=b'9' | b'a'..=b'f' | b'A'..=b'F'))
+    };
+    if !memchr::memmem::find_iter(json, b"\\u").any(looks_like_surrogate) {
+        return None;
+    }
+    // In well-formed JSON a backslash occurs only inside a string, and each one starts an
+    // escape: `\uXXXX` (6 bytes) or a two-byte one such as `\\` or `\"`.
+    let mut from = 0;
+    // A high surrogate escape at `.0` whose low half must be the escape starting at `.1`.
+    let mut awaiting_low: Option<(usize, usize)> = None;
+    while let Some(found) = json.get(from..).and_then(|rest| memchr::memchr(b'\\', rest)) {
+        let at = from + found;
+        let unit = (json.get(at + 1) == Some(&b'u'))
+            .then(|| json.get(at + 2..at + 6).and_then(hex_code_unit))
+            .flatten();
+        from = at + if unit.is_some() { 6 } else { 2 };
+        match awaiting_low.take() {
+            Some((_, next)) if next == at && matches!(unit, Some(0xDC00..=0xDFFF)) => continue,
+            Some((high, _)) => return Some(high),
+            None => {}
+        }
+        match unit {
+            Some(0xD800..=0xDBFF) => awaiting_low = Some((at, from)),
+            Some(0xDC00..=0xDFFF) => return Some(at),
+            _ => {}
+        }
+    }
+    awaiting_low.map(|(high, _)| high)
+}
+
+/// Four hex digits as a UTF-16 code unit.
+fn hex_code_unit(digits: &[u8]) -> Option<u16> {
+    if digits.len() != 4 || !digits.iter().all(u8::is_ascii_hexdigit) {
+        return None;
+    }
+    std::str::from_utf8(digits)
+        .ok()
+        .and_then(|d| u16::from_str_radix(d, 16).ok())
+}
+
+/// The 1-based line and column (in bytes) of `offset`, for an error message.
+fn line_column(text: &[u8], offset: usize) -> (usize, usize) {
+    let before = text.get(..offset).unwrap_or(text);
+    let line = 1 + memchr::memchr_iter(b'\n', before).count();
+    let column = offset - memchr::memrchr(b'\n', before).map_or(0, |nl| nl + 1) + 1;
+    (line, column)
 }
 
 /// A raw value read as `T`, if it is one.
@@ -252,6 +322,80 @@ mod tests {
             assert_eq!(json["error"]["param"].as_str(), *param, "{body}");
             assert!(err.to_string().contains(needle), "{body}: {err}");
         }
+    }
+
+    /// Every lone surrogate escape is refused like raw invalid UTF-8; pairs and escaped
+    /// backslashes that merely look like escapes pass.
+    #[test]
+    fn lone_surrogate_escapes_are_refused_like_invalid_utf8() {
+        let cases: &[(&str, bool)] = &[
+            (r#""\ud800""#, true),
+            (r#""\udfff""#, true),
+            (r#""\uDBFF""#, true),
+            (r#""\uDc00""#, true),
+            (r#""x\ud800y""#, true),
+            (r#""\ud800\u0041""#, true),
+            (r#""\ud800\n""#, true),
+            (r#""\ud800\ud800\udc00""#, true),
+            (r#""\ud83d\ude00\ud83d""#, true),
+            (r#""\udc00\ud800""#, true),
+            (r#"["\ud800","\udc00"]"#, true),
+            (r#""\\\ud800""#, true),
+            (r#""\ud83d\ude00""#, false),
+            (r#""\uD83D\uDE00""#, false),
+            (r#""\ud800\udc00\udbff\udfff""#, false),
+            (r#""\\ud800""#, false),
+            (r#""\\\\ud800 \\udfff""#, false),
+            (r#""\u00e9\ud7ff\ue000\n\"\\""#, false),
+            (r#""plain""#, false),
+        ];
+        let raw_utf8 = parse(
+            b"{\"model\":\"m\",\"messages\":[{\"content\":\"\xed\xa0\x80\"}]}",
+            Endpoint::ChatCompletions,
+        )
+        .expect_err("raw invalid UTF-8");
+        for (content, refused) in cases {
+            let body = format!(r#"{{"model":"m","messages":[{{"content":{content}}}]}}"#);
+            let got = parse(body.as_bytes(), Endpoint::ChatCompletions);
+            match (got, refused) {
+                (Ok(_), false) => {}
+                (Err(e), true) => {
+                    assert_eq!(
+                        (
+                            e.status(),
+                            e.body()["error"]["code"].clone(),
+                            e.body()["error"]["param"].clone()
+                        ),
+                        (
+                            raw_utf8.status(),
+                            raw_utf8.body()["error"]["code"].clone(),
+                            raw_utf8.body()["error"]["param"].clone()
+                        ),
+                        "{content}"
+                    );
+                    let message = e.to_string();
+                    assert!(
+                        message.starts_with("the request body is not valid JSON: ")
+                            && message.contains("surrogate")
+                            && message.contains("at line 1 column "),
+                        "{content}: {message}"
+                    );
+                }
+                (got, _) => panic!("{content}: expected refused = {refused}, got {got:?}"),
+            }
+        }
+        // A surrogate in a field name, and one on a later line, name their place too.
+        let e = parse(b"{\"model\":\"m\",\n\"\\udfff\":1}", Endpoint::ChatCompletions).unwrap_err();
+        assert!(
+            e.to_string().starts_with("the request body is not valid JSON: "),
+            "{e}"
+        );
+        let e = parse(
+            b"{\"model\":\"m\",\n  \"messages\":[{\"content\":\"\\ud800\"}]}",
+            Endpoint::ChatCompletions,
+        )
+        .unwrap_err();
+        assert!(e.to_string().ends_with("at line 2 column 27"), "{e}");
     }
 
     #[test]

@@ -81,6 +81,7 @@ both_backends!(
     embeddings_and_models,
     anthropic_messages_streamed_and_not,
     bad_requests_get_clear_errors_and_are_logged,
+    a_lone_surrogate_escape_is_refused_like_invalid_utf8,
     unknown_keys_are_refused_and_throttled,
     last_upstream_error_goes_back_as_is,
     failover_to_the_next_credential_and_model,
@@ -356,6 +357,78 @@ async fn bad_requests_get_clear_errors_and_are_logged(db: TestDb) {
             .any(|l| l.code.as_deref() == Some("request_too_large"))
     );
     assert!(logs.iter().all(|l| l.explanation.starts_with("Gateway: ")));
+    app.stop().await;
+}
+
+/// A `\uXXXX` escape that is half a surrogate pair names no character: refused before anything
+/// goes upstream, with the same answer as raw invalid UTF-8; a whole pair passes.
+async fn a_lone_surrogate_escape_is_refused_like_invalid_utf8(db: TestDb) {
+    let (app, mock) = start(&db).await;
+    let url = format!("{}/v1/chat/completions", app.address);
+    let send = |content: &[u8]| {
+        let mut body = br#"{"model":"gpt-4o-mini","messages":[{"role":"user","content":""#.to_vec();
+        body.extend_from_slice(content);
+        body.extend_from_slice(br#""}]}"#);
+        app.client
+            .post(&url)
+            .bearer_auth(KEY)
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+    };
+    let refusal = async |r: reqwest::Response| {
+        let status = r.status().as_u16();
+        let source = r
+            .headers()
+            .get("x-aigw-error-source")
+            .map(|v| v.to_str().unwrap().to_owned());
+        let v: Value = r.json().await.unwrap();
+        let message = v["error"]["message"].as_str().unwrap_or_default().to_owned();
+        let prefix = message.split(':').next().unwrap_or_default().to_owned();
+        (
+            (
+                status,
+                source,
+                v["error"]["type"].clone(),
+                v["error"]["code"].clone(),
+            ),
+            prefix,
+            message,
+        )
+    };
+    // Raw bytes of the UTF-8 encoding of U+D800, which is not UTF-8.
+    let (raw, raw_prefix, _) = refusal(send(b"hi \xed\xa0\x80").await.unwrap()).await;
+    assert_eq!((raw.0, raw.1.as_deref()), (400, Some("gateway")));
+    for lone in [
+        r"hi \ud800",
+        r"\udfff",
+        r"\uD83D then text",
+        r"\ud83d\u0041",
+        r"\udc00\ud83d",
+        r"\\\udbff",
+    ] {
+        let (shape, prefix, message) = refusal(send(lone.as_bytes()).await.unwrap()).await;
+        assert_eq!(shape, raw, "{lone}: {message}");
+        assert_eq!(prefix, raw_prefix, "{lone}: {message}");
+        assert!(message.contains("surrogate"), "{lone}: {message}");
+    }
+    assert_eq!(mock.call_count(), 0, "nothing went upstream");
+
+    for fine in [r"\ud83d\ude00", r"\uD83D\uDE00 and \u00e9", r"\\ud800 is text"] {
+        let r = send(fine.as_bytes()).await.unwrap();
+        assert_eq!(r.status(), 200, "{fine}: {}", r.text().await.unwrap());
+    }
+    let sent: Vec<String> = mock
+        .calls()
+        .iter()
+        .map(|c| {
+            c.body["messages"][0]["content"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned()
+        })
+        .collect();
+    assert_eq!(sent, ["😀", "😀 and é", r"\ud800 is text"]);
     app.stop().await;
 }
 
