@@ -143,10 +143,14 @@ fn csv_row(out: &mut String, r: &LogRecord) {
     out.push('\n');
 }
 
-/// RFC 4180 quoting; a leading `=`, `+`, `-` or `@` is prefixed with `'` so a spreadsheet does
-/// not run it as a formula.
+/// Leading characters that make a spreadsheet read a cell as a formula (OWASP CSV injection):
+/// `=`, `+`, `-`, `@`, and TAB and CR, which some spreadsheets skip before looking for one.
+const FORMULA_STARTS: [char; 6] = ['=', '+', '-', '@', '\t', '\r'];
+
+/// RFC 4180 quoting; a cell starting with one of [`FORMULA_STARTS`] is prefixed with `'` so a
+/// spreadsheet shows it as text instead of running it.
 fn csv_text(v: &str) -> String {
-    let v = if v.starts_with(['=', '+', '-', '@']) {
+    let v = if v.starts_with(FORMULA_STARTS) {
         format!("'{v}")
     } else {
         v.to_owned()
@@ -287,4 +291,40 @@ pub async fn audit(
         })
         .collect();
     Ok(Json(json!({"data": data, "next_cursor": next_cursor})).into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::csv_text;
+
+    /// OWASP CSV injection: a cell a spreadsheet would read as a formula (or that starts with a
+    /// character some spreadsheets strip before reading one) is prefixed with `'`; RFC 4180
+    /// quoting is kept.
+    #[test]
+    fn text_cells_are_neutralised_and_quoted() {
+        let cases = [
+            ("plain", "plain"),
+            ("", ""),
+            ("gpt-4o-mini", "gpt-4o-mini"),
+            ("=1+2", "'=1+2"),
+            ("+1", "'+1"),
+            ("-1", "'-1"),
+            ("@SUM(A1)", "'@SUM(A1)"),
+            ("\t=1+2", "'\t=1+2"),
+            ("\tx", "'\tx"),
+            ("\r=1+2", "\"'\r=1+2\""),
+            ("\rx", "\"'\rx\""),
+            (
+                "=HYPERLINK(\"http://x\",\"y\")",
+                "\"'=HYPERLINK(\"\"http://x\"\",\"\"y\"\")\"",
+            ),
+            ("a,b", "\"a,b\""),
+            ("say \"hi\"", "\"say \"\"hi\"\"\""),
+            ("line\nbreak", "\"line\nbreak\""),
+            ("a=b", "a=b"),
+        ];
+        for (cell, written) in cases {
+            assert_eq!(csv_text(cell), written, "{cell:?}");
+        }
+    }
 }

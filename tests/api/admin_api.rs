@@ -1303,6 +1303,29 @@ async fn logs_usage_and_csv_export(db: TestDb) {
     }
     assert!(ci["last_used_at"].as_i64().is_some(), "{ci}");
     assert_eq!(ci["member_email"], "ada@acme.test");
+
+    // Text a client chose (here the model asked for) cannot become a spreadsheet formula, even
+    // behind a TAB or a CR that some spreadsheets skip.
+    for model in ["=1+2", "\t=1+2", "\r=1+2", "@SUM(A1)"] {
+        let bad = json!({"model": model, "messages": [{"role": "user", "content": "hi"}]});
+        assert_eq!(
+            app.post_json("/v1/chat/completions", KEY, &bad).await.status(),
+            404
+        );
+    }
+    app.logs("acme", 7).await;
+    let r = app
+        .client
+        .get(format!("{}/admin/v1/logs/export?status=404", app.address))
+        .bearer_auth(&owner)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let csv = r.text().await.unwrap();
+    for cell in [",'=1+2,", ",'\t=1+2,", ",\"'\r=1+2\",", ",'@SUM(A1),"] {
+        assert!(csv.contains(cell), "{cell:?} in {csv}");
+    }
     app.stop().await;
 }
 
