@@ -948,7 +948,9 @@ async fn apply(
             time_window: window,
             limit_value: *limit,
             mode: mode.as_str().to_owned(),
-            created_by: existing.as_ref().and_then(|e| e.created_by),
+            // Set by the file, i.e. by its operator: read-only to members, even when it takes
+            // over a budget a member had set on their own key.
+            created_by: None,
             created_at: existing.as_ref().map_or(now, |e| e.created_at),
             updated_at: existing.as_ref().map_or(now, |e| e.updated_at),
         };

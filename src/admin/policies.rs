@@ -1,6 +1,10 @@
 //! Guardrail quota policies (DESIGN.md §4) through the admin API, with who may set what:
 //! the owner any policy; an admin budgets on keys and limits on members whose role is `member`
 //! (no guardrail above its own); a member budgets on the keys they created, never on another's.
+//!
+//! A policy records who last set it (`created_by`; none for the resources file). A member reads
+//! every budget on the keys they created but changes or deletes only the ones they set
+//! themselves: a limit an owner or admin put over them (or the file declares) is theirs to keep.
 
 use axum::Json;
 use axum::extract::State;
@@ -76,8 +80,8 @@ impl Names {
     }
 }
 
-/// Whether `actor` may see, set, change or delete policy `p` (kind and target as stored).
-fn may_manage(actor: &Actor, names: &Names, p: &PolicyRow) -> bool {
+/// Whether `actor` may set a policy of `p`'s kind and target: the access rule of the subject.
+fn may_target(actor: &Actor, names: &Names, p: &PolicyRow) -> bool {
     match actor.role() {
         Role::Owner => true,
         Role::Admin => match p.subject.as_str() {
@@ -96,9 +100,29 @@ fn may_manage(actor: &Actor, names: &Names, p: &PolicyRow) -> bool {
     }
 }
 
-/// Whether `actor` may read policy `p`: managers read every policy of the workspace.
+/// Whether `actor` may change or delete policy `p` as stored: its target is theirs to set and,
+/// for a member, they set it themselves (DESIGN §3: a member sets budgets, it does not lift the
+/// limits set over it).
+fn may_manage(actor: &Actor, names: &Names, p: &PolicyRow) -> bool {
+    may_target(actor, names, p) && (actor.role() != Role::Member || p.created_by == Some(actor.member.id))
+}
+
+/// Whether `actor` may read policy `p`: managers read every policy of the workspace, a member
+/// every budget on the keys they created.
 fn may_read(actor: &Actor, names: &Names, p: &PolicyRow) -> bool {
-    actor.manages() || may_manage(actor, names, p)
+    actor.manages() || may_target(actor, names, p)
+}
+
+/// Why `actor` may read policy `p` but not change or delete it (`change` names the action).
+fn read_only(actor: &Actor, change: &str) -> ApiError {
+    ApiError::Forbidden {
+        message: match actor.role() {
+            Role::Member => {
+                format!("this policy was set by an owner or admin; only an owner or admin can {change} it")
+            }
+            _ => format!("you may read this policy but not {change} it"),
+        },
+    }
 }
 
 async fn policy_json(state: &AppState, names: &Names, p: &PolicyRow) -> AdminResult<Value> {
@@ -283,7 +307,7 @@ pub async fn create(State(state): State<AppState>, actor: Actor, Body(req): Body
         created_at: now,
         updated_at: now,
     };
-    if !may_manage(&actor, &names, &row) {
+    if !may_target(&actor, &names, &row) {
         return Err(ApiError::Forbidden {
             message: match actor.role() {
                 Role::Member => "a member sets budgets only on the API keys they created".into(),
@@ -329,9 +353,7 @@ pub async fn update(
     let names = Names::load(&state, actor.workspace_id()).await?;
     let before = visible(&state, &actor, &names, id).await?;
     if !may_manage(&actor, &names, &before) {
-        return Err(ApiError::Forbidden {
-            message: "you may read this policy but not change it".into(),
-        });
+        return Err(read_only(&actor, "change"));
     }
     let metric: Metric = before.metric.parse().unwrap_or(Metric::Requests);
     let mut after = before.clone();
@@ -342,6 +364,7 @@ pub async fn update(
         after.mode = parse_mode(req.mode.as_deref())?.as_str().to_owned();
     }
     after.updated_at = state.clock.now_ms();
+    // The limit is now this actor's: one an owner or admin changed is read-only to the member.
     after.created_by = Some(actor.member.id);
     state.store.save_policy(&after).await.map_err(store_error)?;
     config_changed(&state).await?;
@@ -365,9 +388,7 @@ pub async fn delete(State(state): State<AppState>, actor: Actor, Id(id): Id) -> 
     let names = Names::load(&state, actor.workspace_id()).await?;
     let before = visible(&state, &actor, &names, id).await?;
     if !may_manage(&actor, &names, &before) {
-        return Err(ApiError::Forbidden {
-            message: "you may read this policy but not delete it".into(),
-        });
+        return Err(read_only(&actor, "delete"));
     }
     let before_json = policy_json(&state, &names, &before).await?;
     state

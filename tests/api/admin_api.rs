@@ -129,6 +129,7 @@ both_backends!(
     the_upstream_secret_is_write_only,
     members_are_invited_changed_and_deactivated,
     logs_usage_and_csv_export,
+    a_member_changes_only_the_budgets_it_set,
 );
 
 /// The roles of the matrix, with the member who signs in (none: no token).
@@ -148,6 +149,29 @@ fn role_allows(need: Need, role: &str) -> bool {
     }
 }
 
+/// Who last set the policy that a `/admin/v1/policies/{id}` request names, always a budget on
+/// a key the caller created: the caller itself, or the owner over them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum SetBy {
+    Caller,
+    Owner,
+}
+
+/// The policy setters a route's rows run with: both for a route on one policy, else the caller.
+fn setters(route: &AdminRoute) -> &'static [SetBy] {
+    if route.path == "/admin/v1/policies/{id}" {
+        &[SetBy::Caller, SetBy::Owner]
+    } else {
+        &[SetBy::Caller]
+    }
+}
+
+/// Whether `role` may make `route`'s request beyond the access table: a member reads the
+/// budgets on its keys but changes only the ones it set itself (DESIGN §3).
+fn setter_allows(route: &AdminRoute, role: &str, set_by: SetBy) -> bool {
+    !(role == "member" && set_by == SetBy::Owner && matches!(route.method, "patch" | "delete"))
+}
+
 /// A concrete request for `route` that `email` is entitled to make when its role allows it:
 /// path ids point at fresh things the caller owns, bodies are valid and unique. Returns the
 /// path, the body, and the token to send (logout and password change get a throwaway one).
@@ -156,6 +180,7 @@ async fn sample(
     mock: &MockUpstream,
     route: &AdminRoute,
     email: Option<&str>,
+    set_by: SetBy,
     request_id: &str,
 ) -> (String, Option<Value>, Option<String>) {
     let owner = admin.login("owner@acme.test").await;
@@ -272,9 +297,13 @@ async fn sample(
         (m, "/admin/v1/policies/{id}") => {
             let body = json!({"subject": "apikey", "target_id": fresh_key().await, "metric": "requests",
                 "window": "day", "limit": 10});
+            let setter = match set_by {
+                SetBy::Caller => &me,
+                SetBy::Owner => &owner,
+            };
             let id = id_of(
                 admin
-                    .ok(Method::POST, "/admin/v1/policies", &me, Some(body))
+                    .ok(Method::POST, "/admin/v1/policies", setter, Some(body))
                     .await,
             );
             let patch = (m == "patch").then(|| json!({"limit": 20}));
@@ -318,34 +347,57 @@ async fn every_route_for_every_role(db: TestDb) {
     let request_id = app.logs("acme", 1).await[0].request_id.clone();
 
     let mut checked = 0;
+    let mut refused_by_setter = 0;
     for route in ROUTES {
         for (role, email) in ROLES {
-            let (path, body, token) = sample(&admin, &mock, route, email, &request_id).await;
-            let method = Method::from_bytes(route.method.to_uppercase().as_bytes()).unwrap();
-            let (status, v) = admin.call(method, &path, token.as_deref(), body).await;
-            let what = format!("{} {} as {role}", route.method, route.path);
-            if role_allows(route.need, role) {
-                assert!(
-                    (200..300).contains(&status),
-                    "{what}: expected success, got {status} {v}"
+            for &set_by in setters(route) {
+                let (path, body, token) = sample(&admin, &mock, route, email, set_by, &request_id).await;
+                let method = Method::from_bytes(route.method.to_uppercase().as_bytes()).unwrap();
+                let (status, v) = admin.call(method, &path, token.as_deref(), body).await;
+                let what = format!(
+                    "{} {} as {role}, policy set by {set_by:?}",
+                    route.method, route.path
                 );
-            } else if role == "anonymous" {
-                assert_eq!(
-                    (status, v["error"]["code"].as_str()),
-                    (401, Some("invalid_token")),
-                    "{what}"
-                );
-            } else {
-                assert_eq!(
-                    (status, v["error"]["code"].as_str()),
-                    (403, Some("forbidden")),
-                    "{what}"
-                );
+                if !role_allows(route.need, role) && role == "anonymous" {
+                    assert_eq!(
+                        (status, v["error"]["code"].as_str()),
+                        (401, Some("invalid_token")),
+                        "{what}"
+                    );
+                } else if !role_allows(route.need, role) {
+                    assert_eq!(
+                        (status, v["error"]["code"].as_str()),
+                        (403, Some("forbidden")),
+                        "{what}"
+                    );
+                } else if !setter_allows(route, role, set_by) {
+                    assert_eq!(
+                        (status, v["error"]["code"].as_str()),
+                        (403, Some("forbidden")),
+                        "{what}"
+                    );
+                    let message = v["error"]["message"].as_str().unwrap_or_default();
+                    assert!(
+                        message.contains("set by an owner or admin"),
+                        "{what}: the refusal says who can change it: {message}"
+                    );
+                    refused_by_setter += 1;
+                } else {
+                    assert!(
+                        (200..300).contains(&status),
+                        "{what}: expected success, got {status} {v}"
+                    );
+                }
+                checked += 1;
             }
-            checked += 1;
         }
     }
-    assert_eq!(checked, ROUTES.len() * 4);
+    let rows: usize = ROUTES.iter().map(|r| setters(r).len() * ROLES.len()).sum();
+    assert_eq!(checked, rows);
+    assert_eq!(
+        refused_by_setter, 2,
+        "a member's PATCH and DELETE of an owner's policy"
+    );
     assert!(ROUTES.len() >= 40, "the table covers the whole API");
     app.stop().await;
 }
@@ -589,6 +641,193 @@ async fn a_guardrail_change_is_enforced_on_the_next_request_and_audited(db: Test
         )
         .await;
     assert_eq!(status, 404);
+    app.stop().await;
+}
+
+/// A limit set over a member by an owner or admin (or by the resources file) is read-only to
+/// that member, on its own key too; the member keeps full control of the budgets it set itself;
+/// owners and admins change everything as before.
+async fn a_member_changes_only_the_budgets_it_set(db: TestDb) {
+    let mock = MockUpstream::start().await.unwrap();
+    let app = spawn_app(&db, Setup::resources(resources(&mock))).await;
+    let admin = Admin { app: &app };
+    let (ada, owner, admin_token) = (
+        admin.login("ada@acme.test").await,
+        admin.login("owner@acme.test").await,
+        admin.login("admin@acme.test").await,
+    );
+    let key = admin
+        .ok(
+            Method::POST,
+            "/admin/v1/keys",
+            &ada,
+            Some(json!({"name": "laptop"})),
+        )
+        .await;
+    let key_id = key["id"].as_i64().unwrap();
+    let plaintext = key["key"].as_str().unwrap().to_owned();
+    let budget = |metric: &str, limit: i64| json!({"subject": "apikey", "target_id": key_id, "metric": metric, "window": "day", "limit": limit});
+    let set = async |token: &str, metric: &str, limit: i64| {
+        admin
+            .ok(
+                Method::POST,
+                "/admin/v1/policies",
+                token,
+                Some(budget(metric, limit)),
+            )
+            .await["id"]
+            .as_i64()
+            .unwrap()
+    };
+    let path = |id: i64| format!("/admin/v1/policies/{id}");
+    let lift = json!({"limit": 1_000_000_000});
+    let refused = async |method: Method, id: i64, body: Option<Value>| {
+        let (status, v) = admin.call(method.clone(), &path(id), Some(&ada), body).await;
+        assert_eq!(
+            (status, v["error"]["code"].as_str()),
+            (403, Some("forbidden")),
+            "{method} policy {id}: {v}"
+        );
+        let message = v["error"]["message"].as_str().unwrap_or_default().to_owned();
+        assert!(
+            message.contains("set by an owner or admin") && message.contains("only an owner or admin can"),
+            "{method}: the refusal names who can change it: {message}"
+        );
+    };
+
+    // The owner caps ada's key at 2 requests a day: ada sees it, and can neither lift it nor
+    // delete it.
+    let capped = set(&owner, "requests", 2).await;
+    let seen = admin.ok(Method::GET, &path(capped), &ada, None).await;
+    assert_eq!(
+        (seen["limit"].as_i64(), seen["created_by"].is_i64()),
+        (Some(2), true)
+    );
+    let listed = admin.ok(Method::GET, "/admin/v1/policies", &ada, None).await;
+    assert!(
+        listed["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["id"] == capped)
+    );
+    refused(Method::PATCH, capped, Some(lift.clone())).await;
+    refused(Method::PATCH, capped, Some(json!({"mode": "shadow"}))).await;
+    refused(Method::DELETE, capped, None).await;
+    let after = admin.ok(Method::GET, &path(capped), &owner, None).await;
+    assert_eq!(
+        (after["limit"].as_i64(), after["mode"].as_str()),
+        (Some(2), Some("enforce"))
+    );
+    let chat = json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]});
+    let statuses = [
+        app.post_json("/v1/chat/completions", &plaintext, &chat)
+            .await
+            .status(),
+        app.post_json("/v1/chat/completions", &plaintext, &chat)
+            .await
+            .status(),
+        app.post_json("/v1/chat/completions", &plaintext, &chat)
+            .await
+            .status(),
+    ];
+    assert_eq!(
+        statuses.map(|s| s.as_u16()),
+        [200, 200, 429],
+        "the cap still holds"
+    );
+
+    // An admin's budget on the key is read-only to ada too; the admin changes the owner's.
+    let admins = set(&admin_token, "total_tokens", 100_000).await;
+    refused(Method::PATCH, admins, Some(lift.clone())).await;
+    refused(Method::DELETE, admins, None).await;
+    admin
+        .ok(
+            Method::PATCH,
+            &path(capped),
+            &admin_token,
+            Some(json!({"limit": 3})),
+        )
+        .await;
+
+    // Ada's own budget on her own key is hers: she changes and deletes it.
+    let own = set(&ada, "prompt_tokens", 500).await;
+    let changed = admin
+        .ok(Method::PATCH, &path(own), &ada, Some(json!({"limit": 900})))
+        .await;
+    assert_eq!(changed["limit"], 900);
+    admin.ok(Method::DELETE, &path(own), &ada, None).await;
+
+    // Once an owner changes a budget ada set, the limit is the owner's: read-only to her.
+    let own = set(&ada, "completion_tokens", 500).await;
+    admin
+        .ok(Method::PATCH, &path(own), &owner, Some(json!({"limit": 100})))
+        .await;
+    refused(Method::PATCH, own, Some(lift.clone())).await;
+    refused(Method::DELETE, own, None).await;
+
+    // The owner changes and deletes everything as before.
+    for id in [capped, admins, own] {
+        admin
+            .ok(Method::PATCH, &path(id), &owner, Some(json!({"limit": 7})))
+            .await;
+        admin.ok(Method::DELETE, &path(id), &owner, None).await;
+    }
+    app.stop().await;
+
+    // A policy from the resources file counts as set by an owner or admin, whether it is new
+    // or takes over a budget ada had set herself.
+    let app = spawn_app(&db, Setup::resources(resources(&mock))).await;
+    let admin = Admin { app: &app };
+    let ada = admin.login("ada@acme.test").await;
+    let hers = admin
+        .ok(
+            Method::POST,
+            "/admin/v1/policies",
+            &ada,
+            Some(budget("requests", 5)),
+        )
+        .await["id"]
+        .as_i64()
+        .unwrap();
+    app.stop().await;
+    let file_policy = |metric: &str| {
+        format!(
+            "\n[[policy]]\nworkspace = \"acme\"\nsubject = \"apikey\"\ntarget = \"ada@acme.test/laptop\"\n\
+             metric = \"{metric}\"\nwindow = \"day\"\nlimit = 4\n"
+        )
+    };
+    let text = resources(&mock) + &file_policy("requests") + &file_policy("total_tokens");
+    let app = spawn_app(&db, Setup::resources(text)).await;
+    let admin = Admin { app: &app };
+    let ada = admin.login("ada@acme.test").await;
+    let listed = admin.ok(Method::GET, "/admin/v1/policies", &ada, None).await;
+    let from_file: Vec<i64> = listed["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            assert!(p["created_by"].is_null(), "{p}");
+            p["id"].as_i64().unwrap()
+        })
+        .collect();
+    assert_eq!(from_file.len(), 2, "{listed}");
+    assert!(
+        from_file.contains(&hers),
+        "the file took over ada's budget in place"
+    );
+    let refused = async |method: Method, id: i64, body: Option<Value>| {
+        let (status, v) = admin.call(method.clone(), &path(id), Some(&ada), body).await;
+        assert_eq!(
+            (status, v["error"]["code"].as_str()),
+            (403, Some("forbidden")),
+            "{method} file policy {id}: {v}"
+        );
+    };
+    for id in from_file {
+        refused(Method::PATCH, id, Some(lift.clone())).await;
+        refused(Method::DELETE, id, None).await;
+    }
     app.stop().await;
 }
 
