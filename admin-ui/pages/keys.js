@@ -47,16 +47,22 @@ async function createKey(ctx, members) {
   });
 }
 
-async function budgetDialog(key, policies, reload) {
+/** Why a member may not change a budget: the API lets members change only the ones they set. */
+const SET_OVER_YOU = 'Set by an owner or admin: only an owner or admin can change or delete it.';
+
+async function budgetDialog(ctx, key, policies, reload) {
   await dialog(`Budget of key ${key.name}`, (close) => {
     const mine = policies.filter((p) => p.subject === 'apikey' && p.target_id === key.id);
+    const readOnly = (p) => ctx.role === 'member' && p.created_by !== ctx.me.id;
     const list = mine.length
       ? h('ul.plain.budget-list', mine.map((p) => h('li',
         h('div', `${fmtNum(p.limit)} ${metricLabel(p.metric).toLowerCase()} ${windowLabel(p.window)}`, p.mode === 'shadow' ? [' ', badge('shadow', 'info')] : null),
         p.used !== null && p.used !== undefined ? [bar(Number(p.used), Number(p.limit)), h('small', `${fmtNum(p.used)} used`)] : null,
-        h('div.row-actions',
-          h('button.small', { type: 'button', onclick: async () => { close(); if (await editPolicy(p)) reload(); } }, 'Edit'),
-          h('button.small.danger', { type: 'button', onclick: async () => { close(); try { if (await deletePolicy(p)) reload(); } catch (e) { toast(messageOf(e), 'error'); } } }, 'Delete')))))
+        readOnly(p)
+          ? h('p.hint.read-only', SET_OVER_YOU)
+          : h('div.row-actions',
+            h('button.small', { type: 'button', onclick: async () => { close(); if (await editPolicy(p)) reload(); } }, 'Edit'),
+            h('button.small.danger', { type: 'button', onclick: async () => { close(); try { if (await deletePolicy(p)) reload(); } catch (e) { toast(messageOf(e), 'error'); } } }, 'Delete')))))
       : h('p.empty', 'No budget on this key yet: only member, department and workspace guardrails apply.');
     const form = h('form.form', h('h3', 'Add a budget'), ...metricWindowFields({ metric: 'credits', window: 'month' }),
       h('div.actions', h('button', { type: 'button', onclick: () => close() }, 'Close'), h('button.primary', { type: 'submit' }, 'Add budget')));
@@ -137,7 +143,7 @@ export default {
             class: 'actions-cell',
             cell: (k) => [
               (ctx.role !== 'member' || k.created_by === ctx.me.id) // members budget only keys they created
-                ? h('button.small', { type: 'button', 'aria-label': `Budget of key ${k.name}`, onclick: () => budgetDialog(k, policies, load) }, 'Budget') : null,
+                ? h('button.small', { type: 'button', 'aria-label': `Budget of key ${k.name}`, onclick: () => budgetDialog(ctx, k, policies, load) }, 'Budget') : null,
               h('button.small', { type: 'button', 'aria-label': `Breaker history of key ${k.name}`, onclick: () => breakerDialog(k) }, 'Breaker'),
               h('button.small.danger', {
                 type: 'button',

@@ -174,6 +174,34 @@ test('member: signs in with the keyboard, creates a key shown once, uses it, see
   await budget.getByRole('button', { name: 'Add budget' }).click();
   await budget.waitFor({ state: 'detached' });
   await p.getByRole('row').filter({ hasText: 'laptop' }).getByText('50 requests per 15 minutes').waitFor();
+
+  // A budget the owner puts on my key is shown but offers no Edit or Delete: the API refuses a
+  // member's change to a limit set over them, and the dialog says who can change it.
+  const json = { 'content-type': 'application/json' };
+  const ownerToken = (await (await fetch(`${stack.base}/admin/v1/auth/login`, { method: 'POST', headers: json, body: JSON.stringify(OWNER) })).json()).token;
+  const adaToken = await p.evaluate(() => sessionStorage.getItem('aigw.console.token'));
+  const myKeys = (await (await fetch(`${stack.base}/admin/v1/keys`, { headers: { authorization: `Bearer ${adaToken}` } })).json()).data;
+  const laptop = myKeys.find((k) => k.name === 'laptop');
+  const set = await fetch(`${stack.base}/admin/v1/policies`, {
+    method: 'POST',
+    headers: { ...json, authorization: `Bearer ${ownerToken}` },
+    body: JSON.stringify({ subject: 'apikey', target_id: laptop.id, metric: 'total_tokens', window: 'month', limit: 1000000 }),
+  });
+  assert.equal(set.status, 201, await set.text());
+  await nav(p, 'Overview');
+  await nav(p, 'API keys');
+  await p.getByRole('row').filter({ hasText: 'laptop' }).getByText('1,000,000 total tokens per month').waitFor();
+  await p.getByRole('row').filter({ hasText: 'laptop' }).getByRole('button', { name: /Budget/ }).click();
+  const budgets = p.getByRole('dialog', { name: /Budget of key laptop/ });
+  const ownersBudget = budgets.getByRole('listitem').filter({ hasText: 'total tokens per month' });
+  const myBudget = budgets.getByRole('listitem').filter({ hasText: '50 requests per 15 minutes' });
+  await ownersBudget.getByText('only an owner or admin can change or delete it').waitFor();
+  assert.equal(await ownersBudget.getByRole('button').count(), 0, 'no Edit or Delete on the owner\'s budget');
+  assert.equal(await myBudget.getByRole('button', { name: 'Edit' }).count(), 1);
+  assert.equal(await myBudget.getByRole('button', { name: 'Delete' }).count(), 1);
+  await shot(p, 'member-budget-set-by-owner');
+  await budgets.getByText('Close', { exact: true }).click(); // the text button; the × is labelled Close too
+  await budgets.waitFor({ state: 'detached' });
   await shot(p, 'member-keys');
 
   // Request logs are written behind (one flush interval): count mine before, wait for one more.
