@@ -185,7 +185,8 @@ impl Gateway {
             shutdown.clone(),
             &tasks,
         );
-        let http = crate::upstream::http::Client::from_env().map_err(StartError::Config)?;
+        let connect_timeout = Duration::from_secs(settings.connect_timeout_secs);
+        let http = crate::upstream::http::Client::from_env(connect_timeout).map_err(StartError::Config)?;
         let sessions = crate::admin::session::Sessions::new(jwt_secret.expose());
         let breakers = crate::breaker::Breakers::default();
         breakers.load(&store).await?;

@@ -87,6 +87,9 @@ impl FromStr for LogFormat {
     }
 }
 
+/// The longest any deadline setting may be, in seconds: a day.
+const MAX_WAIT_SECS: u64 = 86_400;
+
 /// The gateway's settings, fully resolved.
 #[derive(Clone, Debug)]
 pub struct Settings {
@@ -110,8 +113,19 @@ pub struct Settings {
     pub max_body_bytes: usize,
     /// Upstream attempts per request, across credentials and fallback models.
     pub max_attempts: u32,
-    /// Total time budget per request, in seconds.
+    /// A non-streamed request's whole time, head and body, across every upstream attempt, in
+    /// seconds (the official SDKs wait 600 s).
     pub request_timeout_secs: u64,
+    /// How long opening a connection to an upstream may take, in seconds; short, so that an
+    /// unreachable upstream fails over quickly.
+    pub connect_timeout_secs: u64,
+    /// A streamed request's time until the upstream's first byte, across every upstream attempt,
+    /// in seconds.
+    pub stream_first_byte_timeout_secs: u64,
+    /// The longest gap between two chunks of an upstream stream, in seconds.
+    pub stream_idle_timeout_secs: u64,
+    /// How long the client may take to send its whole request body, in seconds.
+    pub client_body_timeout_secs: u64,
     /// How long a request waits for an in-flight slot when every candidate credential's slots
     /// are full, in milliseconds (kRouter: then "credential busy", a short backoff).
     pub slot_wait_ms: u64,
@@ -146,7 +160,11 @@ impl Default for Settings {
             bootstrap_password: None,
             max_body_bytes: 32 * 1024 * 1024,
             max_attempts: 3,
-            request_timeout_secs: 30,
+            request_timeout_secs: 600,
+            connect_timeout_secs: 5,
+            stream_first_byte_timeout_secs: 600,
+            stream_idle_timeout_secs: 120,
+            client_body_timeout_secs: 60,
             slot_wait_ms: 1000,
             single_candidate_retry_min_ms: 1000,
             single_candidate_retry_max_ms: 3000,
@@ -174,6 +192,10 @@ struct FileSettings {
     max_body_bytes: Option<usize>,
     max_attempts: Option<u32>,
     request_timeout_secs: Option<u64>,
+    connect_timeout_secs: Option<u64>,
+    stream_first_byte_timeout_secs: Option<u64>,
+    stream_idle_timeout_secs: Option<u64>,
+    client_body_timeout_secs: Option<u64>,
     slot_wait_ms: Option<u64>,
     single_candidate_retry_min_ms: Option<u64>,
     single_candidate_retry_max_ms: Option<u64>,
@@ -216,6 +238,12 @@ impl Settings {
             s.max_body_bytes = f.max_body_bytes.unwrap_or(s.max_body_bytes);
             s.max_attempts = f.max_attempts.unwrap_or(s.max_attempts);
             s.request_timeout_secs = f.request_timeout_secs.unwrap_or(s.request_timeout_secs);
+            s.connect_timeout_secs = f.connect_timeout_secs.unwrap_or(s.connect_timeout_secs);
+            s.stream_first_byte_timeout_secs = f
+                .stream_first_byte_timeout_secs
+                .unwrap_or(s.stream_first_byte_timeout_secs);
+            s.stream_idle_timeout_secs = f.stream_idle_timeout_secs.unwrap_or(s.stream_idle_timeout_secs);
+            s.client_body_timeout_secs = f.client_body_timeout_secs.unwrap_or(s.client_body_timeout_secs);
             s.slot_wait_ms = f.slot_wait_ms.unwrap_or(s.slot_wait_ms);
             s.single_candidate_retry_min_ms = f
                 .single_candidate_retry_min_ms
@@ -264,6 +292,18 @@ impl Settings {
         if let Some(v) = var("AIGW_REQUEST_TIMEOUT_SECS") {
             s.request_timeout_secs = parse_value("AIGW_REQUEST_TIMEOUT_SECS", &v)?;
         }
+        if let Some(v) = var("AIGW_CONNECT_TIMEOUT_SECS") {
+            s.connect_timeout_secs = parse_value("AIGW_CONNECT_TIMEOUT_SECS", &v)?;
+        }
+        if let Some(v) = var("AIGW_STREAM_FIRST_BYTE_TIMEOUT_SECS") {
+            s.stream_first_byte_timeout_secs = parse_value("AIGW_STREAM_FIRST_BYTE_TIMEOUT_SECS", &v)?;
+        }
+        if let Some(v) = var("AIGW_STREAM_IDLE_TIMEOUT_SECS") {
+            s.stream_idle_timeout_secs = parse_value("AIGW_STREAM_IDLE_TIMEOUT_SECS", &v)?;
+        }
+        if let Some(v) = var("AIGW_CLIENT_BODY_TIMEOUT_SECS") {
+            s.client_body_timeout_secs = parse_value("AIGW_CLIENT_BODY_TIMEOUT_SECS", &v)?;
+        }
         if let Some(v) = var("AIGW_SLOT_WAIT_MS") {
             s.slot_wait_ms = parse_value("AIGW_SLOT_WAIT_MS", &v)?;
         }
@@ -309,11 +349,33 @@ impl Settings {
         if self.max_attempts == 0 {
             return bad("max_attempts (AIGW_MAX_ATTEMPTS)", "must be at least 1");
         }
-        if self.request_timeout_secs == 0 {
-            return bad(
+        // Every wait is bounded, by at most a day (a deadline is an instant; a day keeps its sum
+        // far from overflowing).
+        for (name, secs) in [
+            (
                 "request_timeout_secs (AIGW_REQUEST_TIMEOUT_SECS)",
-                "must be at least 1",
-            );
+                self.request_timeout_secs,
+            ),
+            (
+                "connect_timeout_secs (AIGW_CONNECT_TIMEOUT_SECS)",
+                self.connect_timeout_secs,
+            ),
+            (
+                "stream_first_byte_timeout_secs (AIGW_STREAM_FIRST_BYTE_TIMEOUT_SECS)",
+                self.stream_first_byte_timeout_secs,
+            ),
+            (
+                "stream_idle_timeout_secs (AIGW_STREAM_IDLE_TIMEOUT_SECS)",
+                self.stream_idle_timeout_secs,
+            ),
+            (
+                "client_body_timeout_secs (AIGW_CLIENT_BODY_TIMEOUT_SECS)",
+                self.client_body_timeout_secs,
+            ),
+        ] {
+            if !(1..=MAX_WAIT_SECS).contains(&secs) {
+                return bad(name, "must be 1..=86400 (seconds)");
+            }
         }
         if self.slot_wait_ms > 60_000 {
             return bad("slot_wait_ms (AIGW_SLOT_WAIT_MS)", "must be at most 60000");
@@ -415,6 +477,17 @@ mod tests {
         assert_eq!(s.timezone, chrono_tz::Asia::Shanghai);
         assert_eq!(s.max_body_bytes, 32 * 1024 * 1024);
         assert_eq!(s.idle_poll_us, 200);
+        // Deadlines fit for LLM traffic: the official SDKs wait 600 s for an answer.
+        assert_eq!(
+            (
+                s.request_timeout_secs,
+                s.connect_timeout_secs,
+                s.stream_first_byte_timeout_secs,
+                s.stream_idle_timeout_secs,
+                s.client_body_timeout_secs
+            ),
+            (600, 5, 600, 120, 60)
+        );
         assert_eq!(s.secrets_dir(), PathBuf::from("."));
     }
 
@@ -445,6 +518,20 @@ mod tests {
             (&[("AIGW_SLOT_WAIT_MS", "60001")], "AIGW_SLOT_WAIT_MS"),
             (&[("AIGW_IDLE_POLL_US", "10001")], "AIGW_IDLE_POLL_US"),
             (&[("AIGW_IDLE_POLL_US", "-1")], "AIGW_IDLE_POLL_US"),
+            (&[("AIGW_REQUEST_TIMEOUT_SECS", "0")], "AIGW_REQUEST_TIMEOUT_SECS"),
+            (&[("AIGW_CONNECT_TIMEOUT_SECS", "0")], "AIGW_CONNECT_TIMEOUT_SECS"),
+            (
+                &[("AIGW_STREAM_FIRST_BYTE_TIMEOUT_SECS", "86401")],
+                "AIGW_STREAM_FIRST_BYTE_TIMEOUT_SECS",
+            ),
+            (
+                &[("AIGW_STREAM_IDLE_TIMEOUT_SECS", "0")],
+                "AIGW_STREAM_IDLE_TIMEOUT_SECS",
+            ),
+            (
+                &[("AIGW_CLIENT_BODY_TIMEOUT_SECS", "x")],
+                "AIGW_CLIENT_BODY_TIMEOUT_SECS",
+            ),
             (
                 &[("AIGW_SINGLE_CANDIDATE_RETRY_MAX_MS", "60001")],
                 "AIGW_SINGLE_CANDIDATE_RETRY_MAX_MS",

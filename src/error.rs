@@ -139,10 +139,14 @@ pub enum ApiError {
         /// What happened (no secrets: the URL's host and the error kind).
         message: String,
     },
-    /// The request ran out of its time budget.
-    #[error("the request exceeded its time budget of {seconds} s")]
-    Timeout {
-        /// The budget.
+    /// An upstream deadline passed (DESIGN.md §9: every wait is bounded): what did not come in
+    /// time, and the setting that bounds it.
+    #[error("{0}")]
+    Timeout(crate::deadline::Missed),
+    /// The client did not send its whole request body within `client_body_timeout_secs`.
+    #[error("the request body did not arrive within {seconds} s (client_body_timeout_secs)")]
+    RequestTimeout {
+        /// The bound.
         seconds: u64,
     },
     /// A guardrail quota is used up (LyRouter's contract, DESIGN.md §4).
@@ -190,7 +194,8 @@ impl ApiError {
             ApiError::InvalidRequest { .. } => StatusCode::BAD_REQUEST,
             ApiError::RequestTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::UpstreamUnreachable { .. } => StatusCode::BAD_GATEWAY,
-            ApiError::Timeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+            ApiError::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
+            ApiError::RequestTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             ApiError::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -211,7 +216,8 @@ impl ApiError {
             ApiError::RequestTooLarge { .. } => "request_too_large",
             ApiError::RouteNotFound { .. } | ApiError::NotFound { .. } => "not_found",
             ApiError::UpstreamUnreachable { .. } => "upstream_unreachable",
-            ApiError::Timeout { .. } => "timeout",
+            ApiError::Timeout(_) => "timeout",
+            ApiError::RequestTimeout { .. } => "request_timeout",
             ApiError::Internal => "internal_error",
             ApiError::QuotaExceeded(_) => "quota_exceeded",
             ApiError::CircuitOpen { .. } => "api_key_circuit_open",
@@ -237,11 +243,10 @@ impl ApiError {
             ApiError::ModelNotFound { .. }
             | ApiError::InvalidRequest { .. }
             | ApiError::RequestTooLarge { .. }
+            | ApiError::RequestTimeout { .. }
             | ApiError::RouteNotFound { .. }
             | ApiError::NotFound { .. } => "invalid_request_error",
-            ApiError::UpstreamUnreachable { .. } | ApiError::Timeout { .. } | ApiError::Internal => {
-                "api_error"
-            }
+            ApiError::UpstreamUnreachable { .. } | ApiError::Timeout(_) | ApiError::Internal => "api_error",
         }
     }
 
@@ -283,6 +288,26 @@ impl ApiError {
         }
         json!({ "error": error })
     }
+
+    /// The error as the last event of a stream whose head has gone, in the format the client's
+    /// endpoint streams: OpenAI's `data: {"error":…}` (the body a non-streamed answer carries),
+    /// or Anthropic's `event: error`.
+    pub fn stream_event(&self, anthropic: bool) -> String {
+        if anthropic {
+            let data = json!({"type": "error", "error": {"type": self.anthropic_type(), "message": self.to_string()}});
+            format!("event: error\ndata: {data}\n\n")
+        } else {
+            format!("data: {}\n\n", self.body())
+        }
+    }
+
+    /// The error `type` in Anthropic's words, where they differ from OpenAI's.
+    fn anthropic_type(&self) -> &'static str {
+        match self {
+            ApiError::Timeout(_) => "timeout_error",
+            _ => self.error_type(),
+        }
+    }
 }
 
 impl IntoResponse for ApiError {
@@ -307,5 +332,60 @@ impl IntoResponse for ApiError {
             h.insert(SHOULD_RETRY, HeaderValue::from_static("false"));
         }
         resp
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::deadline::{Missed, Wait};
+
+    #[test]
+    fn a_timeout_mid_stream_is_the_endpoints_own_error_event() {
+        let e = ApiError::Timeout(Missed {
+            wait: Wait::StreamIdle,
+            seconds: 120,
+        });
+        let openai = e.stream_event(false);
+        let data: Value = serde_json::from_str(
+            openai
+                .strip_prefix("data: ")
+                .and_then(|d| d.strip_suffix("\n\n"))
+                .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(data, e.body(), "the same body as before the head");
+        assert_eq!(data["error"]["code"], "timeout");
+        let anthropic = e.stream_event(true);
+        let data: Value = serde_json::from_str(
+            anthropic
+                .strip_prefix("event: error\ndata: ")
+                .and_then(|d| d.strip_suffix("\n\n"))
+                .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(data["type"], "error");
+        assert_eq!(data["error"]["type"], "timeout_error");
+        assert!(
+            data["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("stream_idle_timeout_secs")
+        );
+    }
+
+    #[test]
+    fn deadlines_answer_with_their_status_and_code() {
+        let upstream = ApiError::Timeout(Missed {
+            wait: Wait::Answer,
+            seconds: 600,
+        });
+        let client = ApiError::RequestTimeout { seconds: 60 };
+        assert_eq!((upstream.status().as_u16(), upstream.code()), (504, "timeout"));
+        assert_eq!(
+            (client.status().as_u16(), client.code()),
+            (408, "request_timeout")
+        );
+        assert_eq!(client.error_type(), "invalid_request_error");
     }
 }

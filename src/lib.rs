@@ -8,6 +8,7 @@ pub mod clock;
 pub mod config;
 pub mod console;
 pub mod crypto;
+pub mod deadline;
 pub mod error;
 pub mod idle_poll;
 pub mod mock_upstream;

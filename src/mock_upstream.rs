@@ -4,7 +4,7 @@
 //! and Anthropic messages (streamed or not). By default every call succeeds with deterministic
 //! usage; a [`Script`] makes calls for one credential and/or model answer with any status,
 //! headers and body (each provider error shape of `shared/seeds/`), a delay, slow chunks, a
-//! mid-stream error, or a dropped connection. It records every call so tests can assert that
+//! mid-stream error, a dropped connection, or a head followed by a body that stalls. It records every call so tests can assert that
 //! nothing was sent upstream. Control it in-process ([`MockUpstream`]) or over HTTP:
 //! `POST /__mock/script` (a [`Script`] as JSON), `GET /__mock/calls`, `POST /__mock/reset`.
 
@@ -19,6 +19,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
@@ -66,6 +67,13 @@ pub struct Script {
     /// Override the reported usage: prompt tokens.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prompt_tokens: Option<u64>,
+    /// Send the status and headers at once, then wait this long before the body (a stream:
+    /// before its first event).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stall_after_head_ms: Option<u64>,
+    /// Streamed: after this many content chunks, send nothing more and keep the connection open.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stall_after_chunks: Option<u32>,
 }
 
 impl Script {
@@ -127,7 +135,7 @@ pub struct Call {
     /// Status answered.
     pub status: u16,
     /// Usage reported in the answer: (prompt, completion) tokens; for a stream, what the full
-    /// stream reports (a dropped stream reports nothing).
+    /// stream reports (a dropped or stalled stream reports nothing).
     pub usage: Option<(u64, u64)>,
 }
 
@@ -395,7 +403,7 @@ impl Incoming {
                 .insert("content-type", "application/json".parse().ok()?);
         }
         self.apply_headers(&mut resp);
-        Some(resp)
+        Some(stall_after_head(self, resp))
     }
 
     fn apply_headers(&self, resp: &mut Response) {
@@ -422,12 +430,26 @@ fn json_response(inc: &Incoming, body: Value) -> Response {
         *resp.status_mut() = s;
     }
     inc.apply_headers(&mut resp);
-    resp
+    stall_after_head(inc, resp)
+}
+
+/// The script's stall between the head and the body: the head leaves at once, the body after.
+fn stall_after_head(inc: &Incoming, resp: Response) -> Response {
+    let Some(ms) = inc.script.stall_after_head_ms else {
+        return resp;
+    };
+    let (mut parts, body) = resp.into_parts();
+    // The length is known only once the body comes: the head must not promise it.
+    parts.headers.remove("content-length");
+    let stall = futures::stream::once(tokio::time::sleep(Duration::from_millis(ms)))
+        .filter_map(|()| async { None::<Result<Bytes, axum::Error>> });
+    let body = stall.chain(body.into_data_stream());
+    Response::from_parts(parts, Body::from_stream(body))
 }
 
 /// An SSE response whose events are produced with the script's chunk delay; `None` drops the
-/// connection.
-fn sse_response(inc: &Incoming, events: Vec<Option<String>>) -> Response {
+/// connection; with `stall`, the last event is followed by nothing, the connection kept open.
+fn sse_response(inc: &Incoming, events: Vec<Option<String>>, stall: bool) -> Response {
     let delay = inc.script.chunk_delay_ms.unwrap_or(0);
     let stream = futures::stream::unfold(events.into_iter(), move |mut it| async move {
         let next = it.next()?;
@@ -439,13 +461,18 @@ fn sse_response(inc: &Incoming, events: Vec<Option<String>>) -> Response {
             None => Some((Err(std::io::Error::other("mock: dropped connection")), it)),
         }
     });
-    let mut resp = Response::new(Body::from_stream(stream));
+    let stalled = if stall {
+        futures::stream::pending().boxed()
+    } else {
+        futures::stream::empty().boxed()
+    };
+    let mut resp = Response::new(Body::from_stream(stream.chain(stalled)));
     resp.headers_mut().insert(
         "content-type",
         axum::http::HeaderValue::from_static("text/event-stream"),
     );
     inc.apply_headers(&mut resp);
-    resp
+    stall_after_head(inc, resp)
 }
 
 async fn chat(State(st): State<Arc<MockState>>, headers: HeaderMap, raw: Bytes) -> Response {
@@ -489,9 +516,15 @@ async fn chat(State(st): State<Arc<MockState>>, headers: HeaderMap, raw: Bytes) 
     };
     let mut events = vec![chunk(json!({"role": "assistant", "content": ""}), Value::Null)];
     let mut reported = Some((prompt, completion));
+    let mut stall = false;
     for (i, w) in words.iter().enumerate() {
         if inc.script.drop_after_chunks == Some(i as u32) {
             events.push(None);
+            reported = None;
+            break;
+        }
+        if inc.script.stall_after_chunks == Some(i as u32) {
+            stall = true;
             reported = None;
             break;
         }
@@ -517,7 +550,7 @@ async fn chat(State(st): State<Arc<MockState>>, headers: HeaderMap, raw: Bytes) 
         events.push(Some("data: [DONE]\n\n".to_owned()));
     }
     inc.record(&st, 200, reported);
-    sse_response(&inc, events)
+    sse_response(&inc, events, stall)
 }
 
 async fn embeddings(State(st): State<Arc<MockState>>, headers: HeaderMap, raw: Bytes) -> Response {
@@ -577,9 +610,15 @@ async fn messages(State(st): State<Arc<MockState>>, headers: HeaderMap, raw: Byt
         ),
     ];
     let mut reported = Some((input, output));
+    let mut stall = false;
     for (i, w) in words.iter().enumerate() {
         if inc.script.drop_after_chunks == Some(i as u32) {
             events.push(None);
+            reported = None;
+            break;
+        }
+        if inc.script.stall_after_chunks == Some(i as u32) {
+            stall = true;
             reported = None;
             break;
         }
@@ -609,7 +648,7 @@ async fn messages(State(st): State<Arc<MockState>>, headers: HeaderMap, raw: Byt
         events.push(ev("message_stop", json!({"type": "message_stop"})));
     }
     inc.record(&st, 200, reported);
-    sse_response(&inc, events)
+    sse_response(&inc, events, stall)
 }
 
 async fn models(State(st): State<Arc<MockState>>, headers: HeaderMap) -> Response {

@@ -21,11 +21,13 @@ pub struct ProxyBody {
     pub len: usize,
 }
 
-/// Reads at most `limit` bytes (413 beyond) and checks the body for `endpoint`.
+/// Reads at most `limit` bytes (413 beyond), all of them within `timeout_secs` (408 beyond), and
+/// checks the body for `endpoint`.
 pub async fn read(
     body: Body,
     headers: &HeaderMap,
     limit: usize,
+    timeout_secs: u64,
     endpoint: Endpoint,
 ) -> Result<ProxyBody, ApiError> {
     let declared = headers
@@ -35,7 +37,14 @@ pub async fn read(
     if declared.is_some_and(|n| n > limit as u64) {
         return Err(ApiError::RequestTooLarge { limit });
     }
-    let bytes = axum::body::to_bytes(body, limit).await.map_err(|e| {
+    // A client that announces a body and never finishes it must not hold a request open.
+    let within = std::time::Duration::from_secs(timeout_secs);
+    let read = tokio::time::timeout(within, axum::body::to_bytes(body, limit))
+        .await
+        .map_err(|_| ApiError::RequestTimeout {
+            seconds: timeout_secs,
+        })?;
+    let bytes = read.map_err(|e| {
         if is_length_limit(&e) {
             ApiError::RequestTooLarge { limit }
         } else {

@@ -8,13 +8,14 @@ use std::time::{Duration, Instant};
 use metrics::{Counter, Histogram};
 
 use crate::app::AppState;
+use crate::deadline::Missed;
 use crate::proxy::auth::Caller;
 use crate::quota::engine::QuotaDecision;
 use crate::request_log::LogRecord;
 use crate::upstream::adapter::{Endpoint, Usage};
 use crate::upstream::admission::Slot;
-use crate::upstream::dispatch::Attempt;
-use crate::upstream::pool::ModelRoute;
+use crate::upstream::dispatch::{self, Attempt};
+use crate::upstream::pool::{Credential, ModelRoute};
 
 /// Who produced an error.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -128,6 +129,8 @@ pub struct Completion {
     record: LogRecord,
     attempts: Vec<Attempt>,
     route: Option<Arc<ModelRoute>>,
+    /// The credential that served (its answer may still be read).
+    credential: Option<Arc<Credential>>,
     quota: Option<Arc<QuotaDecision>>,
     /// The serving credential's in-flight slot, freed when this completion ends (finished, or
     /// dropped with the stream when the client goes away).
@@ -165,6 +168,7 @@ impl Completion {
             record,
             attempts: Vec::new(),
             route: None,
+            credential: None,
             quota: None,
             slot: None,
             locale: state_locale,
@@ -174,6 +178,11 @@ impl Completion {
     /// When the request started.
     pub fn started(&self) -> Instant {
         self.started
+    }
+
+    /// The endpoint the client called (its format is the answer's).
+    pub fn endpoint(&self) -> Endpoint {
+        self.endpoint
     }
 
     /// Notes the model asked for and whether it streams.
@@ -210,11 +219,33 @@ impl Completion {
     }
 
     /// Notes who served the request.
-    pub fn served_by(&mut self, route: Arc<ModelRoute>, credential_id: i64, upstream_latency: Duration) {
+    pub fn served_by(
+        &mut self,
+        route: Arc<ModelRoute>,
+        credential: Arc<Credential>,
+        upstream_latency: Duration,
+    ) {
         self.record.model_served = Some(route.name.clone());
-        self.record.upstream_id = Some(credential_id);
+        self.record.upstream_id = Some(credential.id);
         self.record.upstream_latency_ms = Some(upstream_latency.as_millis() as i64);
         self.route = Some(route);
+        self.credential = Some(credential);
+    }
+
+    /// A deadline passed while the serving credential's answer was read (its body stalled): the
+    /// credential is classified and parked as for an upstream 5xx, and its attempt in the log
+    /// says so.
+    pub fn serving_timed_out(&mut self, missed: &Missed) {
+        let (Some(cred), Some(route)) = (&self.credential, &self.route) else {
+            return;
+        };
+        let Some(upstream_model) = cred.models.get(&route.name) else {
+            return;
+        };
+        // The served attempt is the last one; it gets the classification of its stall.
+        let mut attempt = self.attempts.pop().unwrap_or_else(|| Attempt::of(cred, route));
+        dispatch::time_out(&self.state, cred, upstream_model, missed, &mut attempt);
+        self.attempts.push(attempt);
     }
 
     /// Holds the serving credential's in-flight slot until the request completes.

@@ -21,6 +21,7 @@ use chrono::{DateTime, Utc};
 use crate::app::{AppState, RequestId};
 use crate::breaker::Refusal;
 use crate::config::Locale;
+use crate::deadline::Deadline;
 use crate::error::{ApiError, ERROR_SOURCE, QuotaRefusal};
 use crate::quota::engine::{QuotaDecision, display_value};
 use crate::quota::window::format_reset_at;
@@ -89,9 +90,17 @@ pub async fn handle(state: AppState, endpoint: Endpoint, peer: SocketAddr, req: 
     );
     completion.locale = locale;
 
-    // 3. Read and check the body (size limit, JSON, required fields).
+    // 3. Read and check the body (size and time limits, JSON, required fields).
     let (parts, body) = req.into_parts();
-    let mut body = match body::read(body, &parts.headers, state.settings.max_body_bytes, endpoint).await {
+    let settings = &state.settings;
+    let read = body::read(
+        body,
+        &parts.headers,
+        settings.max_body_bytes,
+        settings.client_body_timeout_secs,
+        endpoint,
+    );
+    let mut body = match read.await {
         Ok(b) => b,
         Err(e) => return refuse(completion, e),
     };
@@ -136,28 +145,24 @@ pub async fn handle(state: AppState, endpoint: Endpoint, peer: SocketAddr, req: 
         return with_quota(resp, &quota, untouched, now);
     }
 
-    // 6. Dispatch within the time budget; failures are classified and the chain moves on.
+    // 6. Dispatch within the deadline (the whole answer, or a stream's first byte); failures are
+    //    classified and the chain moves on.
     let strip_usage = body.stream
         && endpoint == Endpoint::ChatCompletions
         && adapter::request_stream_usage(&mut body.fields);
-    let budget = Duration::from_secs(state.settings.request_timeout_secs);
-    let dispatched = tokio::time::timeout(
-        budget,
-        dispatch::dispatch(
-            &state,
-            endpoint,
-            &body.fields,
-            &chain,
-            &parts.headers,
-            workspace.map(|w| &w.quota_groups),
-            caller.key_id,
-            completion.attempts_mut(),
-        ),
+    let deadline = Deadline::for_request(&state.settings, body.stream);
+    let dispatched = dispatch::dispatch(
+        &state,
+        endpoint,
+        &body.fields,
+        &chain,
+        &parts.headers,
+        workspace.map(|w| &w.quota_groups),
+        caller.key_id,
+        deadline,
+        completion.attempts_mut(),
     )
-    .await
-    .unwrap_or(Dispatched::GatewayFailed(ApiError::Timeout {
-        seconds: state.settings.request_timeout_secs,
-    }));
+    .await;
 
     // 7. Respond; accounting runs when the response (or stream) is complete.
     match dispatched {
@@ -168,7 +173,7 @@ pub async fn handle(state: AppState, endpoint: Endpoint, peer: SocketAddr, req: 
             upstream_latency,
             slot,
         } => {
-            completion.served_by(model, credential.id, upstream_latency);
+            completion.served_by(model, credential, upstream_latency);
             // The credential's in-flight slot is freed when the request completes.
             completion.hold(slot);
             let status = response.status().as_u16();
@@ -179,9 +184,14 @@ pub async fn handle(state: AppState, endpoint: Endpoint, peer: SocketAddr, req: 
                 .is_some_and(|v| v.starts_with("text/event-stream"));
             if body.stream && is_sse {
                 let tap = SseTap::new(endpoint, strip_usage);
-                let mut stream = stream::ProxyStream::new(response, tap, completion, body.len);
+                let idle = Duration::from_secs(state.settings.stream_idle_timeout_secs);
+                let mut stream =
+                    stream::ProxyStream::new(response, tap, completion, body.len, deadline, idle);
                 // What the upstream has already sent leaves with the head, in one write.
                 let first = futures::StreamExt::next(&mut stream).await;
+                if let Some((completion, e)) = stream.timed_out_before_the_head() {
+                    return with_quota(refuse(completion, e), &quota, untouched, now);
+                }
                 let body = futures::StreamExt::chain(futures::stream::iter(first), stream);
                 let mut resp = Response::new(Body::from_stream(body));
                 *resp.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::OK);
@@ -195,9 +205,16 @@ pub async fn handle(state: AppState, endpoint: Endpoint, peer: SocketAddr, req: 
                 let one_request = |m: Metric| i64::from(m == Metric::Requests);
                 return with_quota(resp, &quota, one_request, now);
             }
-            let bytes = match http_body_util::BodyExt::collect(response.into_body()).await {
-                Ok(b) => b.to_bytes(),
-                Err(e) => {
+            let read = deadline.bound(http_body_util::BodyExt::collect(response.into_body()));
+            let bytes = match read.await {
+                Some(Ok(b)) => b.to_bytes(),
+                // The head came, the body did not: the credential rests as for a 5xx.
+                None => {
+                    completion.serving_timed_out(&deadline.missed());
+                    let resp = refuse(completion, deadline.error());
+                    return with_quota(resp, &quota, untouched, now);
+                }
+                Some(Err(e)) => {
                     let err = ApiError::UpstreamUnreachable {
                         message: format!("reading the response failed: {e}"),
                     };

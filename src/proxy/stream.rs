@@ -1,6 +1,7 @@
 //! A streamed response passed through as it arrives (what arrived together leaves in one write,
 //! nothing waits for more). The stream owns the request's
-//! [`Completion`]: it finishes it when the upstream ends, and — through `Drop` — when the client
+//! [`Completion`]: it finishes it when the upstream ends, when the upstream misses a deadline —
+//! its first byte, or the next chunk within the idle gap — and, through `Drop`, when the client
 //! goes away mid-stream, with the tokens delivered so far.
 
 use std::pin::Pin;
@@ -10,9 +11,12 @@ use std::time::{Duration, Instant};
 use axum::body::BodyDataStream;
 use bytes::{Bytes, BytesMut};
 use futures::Stream;
+use tokio::time::Sleep;
 
 use super::completion::{Completion, Outcome, Source};
-use crate::upstream::adapter::{SseTap, Usage};
+use crate::deadline::{Deadline, Missed, Wait};
+use crate::error::ApiError;
+use crate::upstream::adapter::{Endpoint, SseTap, Usage};
 
 /// The body of a streamed response.
 pub struct ProxyStream {
@@ -26,18 +30,33 @@ pub struct ProxyStream {
     ended: bool,
     /// Events read and not yet sent.
     held: BytesMut,
+    /// The upstream's first byte is due by this deadline.
+    first_byte: Deadline,
+    /// The longest gap between two upstream chunks.
+    idle: Duration,
+    /// When the upstream last sent a chunk; none before its first.
+    last_chunk: Option<tokio::time::Instant>,
+    /// Fires no later than the deadline now due: the first byte's, then the idle gap's after the
+    /// last chunk. Moved only when it fires early (chunks came since), not on every chunk.
+    timer: Pin<Box<Sleep>>,
+    /// A deadline that passed before a byte went to the client: the request is answered with a
+    /// 504 instead of a stream.
+    unsent_timeout: Option<ApiError>,
 }
 
 /// Most bytes sent in one write.
 const WRITE_MAX: usize = 64 * 1024;
 
 impl ProxyStream {
-    /// Wraps an upstream byte stream.
+    /// Wraps an upstream byte stream whose first byte is due by `first_byte`, and each later
+    /// chunk within `idle` of the one before.
     pub fn new(
         upstream: crate::upstream::http::Response,
         tap: SseTap,
         completion: Completion,
         request_len: usize,
+        first_byte: Deadline,
+        idle: Duration,
     ) -> Self {
         let started = completion.started();
         ProxyStream {
@@ -49,7 +68,76 @@ impl ProxyStream {
             request_len,
             ended: false,
             held: BytesMut::new(),
+            first_byte,
+            idle,
+            last_chunk: None,
+            timer: Box::pin(tokio::time::sleep_until(first_byte.at())),
+            unsent_timeout: None,
         }
+    }
+
+    /// The completion and the 504 of a deadline that passed before any byte went to the client
+    /// (the stream then yielded nothing): the request is answered as a gateway refusal.
+    pub fn timed_out_before_the_head(&mut self) -> Option<(Completion, ApiError)> {
+        let error = self.unsent_timeout.take()?;
+        self.completion.take().map(|c| (c, error))
+    }
+
+    /// Notes a chunk from the upstream: the idle gap starts again.
+    fn chunk_came(&mut self) {
+        let now = tokio::time::Instant::now();
+        if self.last_chunk.replace(now).is_none() {
+            // The first byte: from now on the idle gap is due, sooner than the first byte was.
+            self.timer.as_mut().reset(now + self.idle);
+        }
+    }
+
+    /// Whether the deadline now due has passed; registers the wake-up otherwise.
+    fn deadline_passed(&mut self, cx: &mut Context<'_>) -> Option<Missed> {
+        loop {
+            if self.timer.as_mut().poll(cx).is_pending() {
+                return None;
+            }
+            let Some(last) = self.last_chunk else {
+                return Some(self.first_byte.missed());
+            };
+            let due = last + self.idle;
+            if tokio::time::Instant::now() >= due {
+                return Some(Missed {
+                    wait: Wait::StreamIdle,
+                    seconds: self.idle.as_secs(),
+                });
+            }
+            // Chunks came since the timer was set: it waits for the gap after the last one.
+            self.timer.as_mut().reset(due);
+        }
+    }
+
+    /// A deadline passed: the credential is parked as for a 5xx; if bytes went to the client
+    /// already, a final error event in the endpoint's format ends the stream and the request is
+    /// logged with what was delivered; if not, the request is left to be answered with a 504.
+    fn time_out(&mut self, missed: Missed) {
+        self.ended = true;
+        if self.tap.finished {
+            // The answer was whole (`[DONE]`, `message_stop`); only the connection lingered.
+            self.finish(false, false, None);
+            return;
+        }
+        let Some(completion) = self.completion.as_mut() else {
+            return;
+        };
+        completion.serving_timed_out(&missed);
+        let anthropic = completion.endpoint() == Endpoint::Messages;
+        let error = ApiError::Timeout(missed);
+        if self.ttfb.is_none() {
+            self.unsent_timeout = Some(error);
+            return;
+        }
+        // What the upstream sent of an unfinished event stays back: the error event follows the
+        // last whole one.
+        self.held
+            .extend_from_slice(error.stream_event(anthropic).as_bytes());
+        self.finish(false, false, Some(&error));
     }
 
     /// Sends what is held.
@@ -58,7 +146,7 @@ impl ProxyStream {
         Ok(self.held.split().freeze())
     }
 
-    fn finish(&mut self, upstream_broke: bool, client_gone: bool) {
+    fn finish(&mut self, upstream_broke: bool, client_gone: bool, timeout: Option<&ApiError>) {
         let Some(completion) = self.completion.take() else {
             return;
         };
@@ -82,7 +170,12 @@ impl ProxyStream {
         let mut outcome = Outcome::ok(200, Some(usage), self.ttfb);
         outcome.estimated = estimated;
         let summary = completion.attempts_summary();
-        if let Some(message) = self.tap.error.take() {
+        if let Some(e) = timeout {
+            metrics::counter!("aigw_stream_errors_total").increment(1);
+            outcome.code = Some(e.code().to_owned());
+            outcome.source = Some(Source::Gateway);
+            outcome.explanation = format!("Gateway: {e}; usage estimated [{summary}]");
+        } else if let Some(message) = self.tap.error.take() {
             metrics::counter!("aigw_stream_errors_total").increment(1);
             outcome.code = Some("upstream_stream_error".to_owned());
             outcome.source = Some(Source::Upstream);
@@ -115,6 +208,7 @@ impl Stream for ProxyStream {
             }
             match Pin::new(&mut this.upstream).poll_next(cx) {
                 Poll::Ready(Some(Ok(chunk))) => {
+                    this.chunk_came();
                     this.tap.feed(&chunk, &mut this.held);
                     if this.held.len() >= WRITE_MAX {
                         return Poll::Ready(Some(this.release()));
@@ -128,9 +222,12 @@ impl Stream for ProxyStream {
                     }
                     this.ended = true;
                     this.tap.finish(&mut this.held);
-                    this.finish(broke, false);
+                    this.finish(broke, false, None);
                 }
-                Poll::Pending if this.held.is_empty() => return Poll::Pending,
+                Poll::Pending if this.held.is_empty() => match this.deadline_passed(cx) {
+                    Some(missed) => this.time_out(missed),
+                    None => return Poll::Pending,
+                },
                 Poll::Pending => return Poll::Ready(Some(this.release())),
             }
         }
@@ -140,6 +237,6 @@ impl Stream for ProxyStream {
 impl Drop for ProxyStream {
     fn drop(&mut self) {
         // Still holding the completion: the client went away before the end.
-        self.finish(false, true);
+        self.finish(false, true, None);
     }
 }

@@ -115,6 +115,22 @@ impl<'a> UpstreamFailure<'a> {
             gateway_busy: true,
         }
     }
+
+    /// A deadline passed while the upstream kept the gateway waiting: no response head, or a body
+    /// that stalled (DESIGN.md §9). Classified as the upstream's own 504 would be: kRouter rule 5's
+    /// server error, 30 s on that model, the next credential.
+    pub fn timed_out(provider: Provider, model: &'a str, now: DateTime<Utc>, backoff_level: u32) -> Self {
+        Self {
+            status: 504,
+            headers: LazyLock::force(&NO_HEADERS),
+            body: "",
+            provider,
+            model,
+            now,
+            backoff_level,
+            gateway_busy: false,
+        }
+    }
 }
 
 /// The rule that decided a classification, in kRouter's check order.
@@ -2127,6 +2143,25 @@ mod tests {
                 until: at("2026-03-15T10:20:32Z")
             })
         );
+    }
+
+    #[test]
+    fn a_deadline_passed_is_a_server_error() {
+        let now = at(NOW);
+        for provider in [Provider::OpenAi, Provider::Anthropic, Provider::OpenRouter] {
+            let got = classify(&UpstreamFailure::timed_out(provider, "m", now, 3));
+            assert_eq!(got.rule, Rule::ServerError, "{provider:?}");
+            assert_eq!(got.next, NextStep::NextCredential);
+            assert!(!got.bump_backoff && !got.banned);
+            assert_eq!(
+                got.lock,
+                Some(Lock {
+                    models: One,
+                    sharing: Route,
+                    until: at("2026-03-15T10:21:00Z")
+                })
+            );
+        }
     }
 
     #[test]

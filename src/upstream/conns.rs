@@ -85,6 +85,11 @@ impl Pool {
         }
     }
 
+    /// An empty pool that opens connections as this one does.
+    pub fn fresh(&self) -> Pool {
+        Pool::new(self.connector.clone())
+    }
+
     /// Sends `req` (with an absolute URL) and waits for the response's head. The response's
     /// body drives the connection from then on.
     pub async fn send(self: Arc<Self>, req: http::Request<Bytes>) -> Result<http::Response<Body>, Failure> {
@@ -287,7 +292,7 @@ mod tests {
 
     /// The production client's pool (its connector: HTTP/1.1 only, timeouts, no delay).
     fn pool() -> Arc<Pool> {
-        match crate::upstream::http::Client::direct() {
+        match crate::upstream::http::Client::direct(Duration::from_secs(5)) {
             crate::upstream::http::Client::Direct(pool) => pool,
             crate::upstream::http::Client::Proxied(_) => unreachable!("direct() is never proxied"),
         }

@@ -1,4 +1,6 @@
-//! Dispatch: one attempt per candidate, in order, within the attempt and time budgets. Before an
+//! Dispatch: one attempt per candidate, in order, within the attempt budget and the request's
+//! [`Deadline`], which bounds every wait here (a response head, an error body, a free slot, a
+//! retry's pause); a deadline passed on an upstream is classified as its 5xx would be. Before an
 //! attempt, a candidate must be unlocked, within its own limits and hold a free in-flight slot
 //! (`admission.rs`); a failure is classified (`classify.rs`) and the classification says what to
 //! park and where the request goes next. This is the one retry layer: the HTTP client never
@@ -11,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use axum::http::{HeaderMap, HeaderValue, Method, Request, header};
 use bytes::Bytes;
+use chrono::{DateTime, Utc};
 use futures::StreamExt;
 use rand::Rng;
 use serde::Serialize;
@@ -24,6 +27,7 @@ use super::http;
 use super::locks::{self, LockTarget};
 use super::pool::{Credential, ModelRoute};
 use crate::app::AppState;
+use crate::deadline::{Deadline, Missed};
 use crate::error::ApiError;
 
 /// Most bytes of an upstream error body read (and passed back).
@@ -52,7 +56,7 @@ pub struct Attempt {
 
 impl Attempt {
     /// An attempt of `model` on `cred`, outcome still to be filled in.
-    fn of(cred: &Credential, model: &ModelRoute) -> Self {
+    pub fn of(cred: &Credential, model: &ModelRoute) -> Self {
         Attempt {
             credential: cred.name.clone(),
             credential_id: cred.id,
@@ -102,8 +106,8 @@ pub const SINGLE_CANDIDATE_RETRY: &str = "single_candidate_retry";
 /// What the log says of a credential whose slots stayed full (kRouter's "busy, try another").
 const CREDENTIAL_BUSY: &str = "credential busy: no in-flight slot came free in time";
 
-/// Tries the chain's candidates in order. `attempts` collects every attempt for the log;
-/// `key_id` is the calling gateway API key (groot ADR 0008 corroboration counts keys).
+/// Tries the chain's candidates in order until `deadline`. `attempts` collects every attempt for
+/// the log; `key_id` is the calling gateway API key (groot ADR 0008 corroboration counts keys).
 #[expect(
     clippy::too_many_arguments,
     reason = "the request path's inputs, each borrowed from `proxy::handle`"
@@ -116,6 +120,7 @@ pub async fn dispatch(
     headers: &HeaderMap,
     quota_groups: Option<&HashMap<String, Vec<i64>>>,
     key_id: i64,
+    deadline: Deadline,
     attempts: &mut Vec<Attempt>,
 ) -> Dispatched {
     let mut run = Run {
@@ -124,7 +129,7 @@ pub async fn dispatch(
         headers,
         quota_groups,
         key_id,
-        deadline: Instant::now() + Duration::from_secs(state.settings.request_timeout_secs),
+        deadline,
         attempts,
         sent: 0,
         last: None,
@@ -158,7 +163,7 @@ pub async fn dispatch(
         // Candidates skipped because every in-flight slot was taken.
         let mut busy: Vec<(Arc<Credential>, Arc<Semaphore>)> = Vec::new();
         for cred in creds {
-            if run.out_of_attempts() {
+            if run.spent() {
                 break 'models;
             }
             let Some(upstream_model) = cred.models.get(&model.name) else {
@@ -189,7 +194,7 @@ pub async fn dispatch(
                 Step::Failed(NextStep::Stop) => break 'models,
             }
         }
-        if busy.is_empty() || run.out_of_attempts() {
+        if busy.is_empty() || run.spent() {
             continue;
         }
         // kRouter rule 5: every candidate left is busy: wait briefly for a slot; if none comes
@@ -234,7 +239,7 @@ struct Run<'a> {
     quota_groups: Option<&'a HashMap<String, Vec<i64>>>,
     key_id: i64,
     /// The end of the request's time budget.
-    deadline: Instant,
+    deadline: Deadline,
     attempts: &'a mut Vec<Attempt>,
     /// Requests sent upstream so far (the attempt budget counts these).
     sent: usize,
@@ -246,8 +251,9 @@ struct Run<'a> {
 }
 
 impl Run<'_> {
-    fn out_of_attempts(&self) -> bool {
-        self.sent >= self.state.settings.max_attempts as usize
+    /// Whether the attempt budget or the time budget is spent.
+    fn spent(&self) -> bool {
+        self.sent >= self.state.settings.max_attempts as usize || self.deadline.passed()
     }
 
     fn free_at(&mut self, until_ms: i64) {
@@ -284,7 +290,9 @@ impl Run<'_> {
         loop {
             self.sent += 1;
             let started = Instant::now();
-            let sent = self.state.http.send(req).await;
+            let Some(sent) = self.deadline.bound(self.state.http.send(req)).await else {
+                return self.timed_out(cred, upstream_model, Attempt::of(cred, model));
+            };
             let upstream_latency = started.elapsed();
             metrics::histogram!("aigw_upstream_duration_seconds", "provider" => cred.provider.as_str())
                 .record(upstream_latency.as_secs_f64());
@@ -329,7 +337,13 @@ impl Run<'_> {
                     slot,
                 });
             }
-            let error = read_error(response).await;
+            let Some(error) = self.deadline.bound(read_error(response)).await else {
+                let attempt = Attempt {
+                    status: Some(status),
+                    ..Attempt::of(cred, model)
+                };
+                return self.timed_out(cred, upstream_model, attempt);
+            };
             // groot ADR 0008: a 5xx of a single candidate, nothing emitted, is retried once
             // (kRouter: not a 529 overload, which a few seconds do not cure).
             if (500..=599).contains(&status)
@@ -349,13 +363,23 @@ impl Run<'_> {
         }
     }
 
+    /// The deadline passed while `attempt` waited for a head or an error body: the credential is
+    /// classified and parked as for a 5xx, and with the budget spent no other candidate is tried.
+    fn timed_out(&mut self, cred: &Credential, upstream_model: &str, mut attempt: Attempt) -> Step {
+        let missed = self.deadline.missed();
+        time_out(self.state, cred, upstream_model, &missed, &mut attempt);
+        self.attempts.push(attempt);
+        self.last = Some(Dispatched::GatewayFailed(self.deadline.error()));
+        Step::Failed(NextStep::Stop)
+    }
+
     /// groot ADR 0008: the pause before a single candidate's one retry, 1 to 3 s with jitter
     /// (`single_candidate_retry_{min,max}_ms`). False — no retry — when the attempt budget is
     /// spent, the pause would use up the time budget, or meanwhile the credential came to rest
     /// (a lock or its banned mark) or reached an own limit; otherwise the retry is counted.
     async fn retry_pause(&mut self, cred: &Credential, upstream_model: &str) -> bool {
         let settings = &self.state.settings;
-        if self.out_of_attempts() {
+        if self.spent() {
             return false;
         }
         let (min, max) = (
@@ -363,7 +387,7 @@ impl Run<'_> {
             settings.single_candidate_retry_max_ms,
         );
         let pause = Duration::from_millis(rand::thread_rng().gen_range(min..=max));
-        if Instant::now() + pause >= self.deadline {
+        if pause >= self.deadline.left() {
             return false;
         }
         tokio::time::sleep(pause).await;
@@ -416,7 +440,7 @@ impl Run<'_> {
         &mut self,
         busy: &[(Arc<Credential>, Arc<Semaphore>)],
     ) -> Option<(usize, OwnedSemaphorePermit)> {
-        let left = self.deadline.saturating_duration_since(Instant::now());
+        let left = self.deadline.left();
         let wait = Duration::from_millis(self.state.settings.slot_wait_ms).min(left);
         if busy.is_empty() || wait.is_zero() {
             return None;
@@ -477,75 +501,111 @@ impl Run<'_> {
         })
     }
 
-    /// Writes what a classified failure parks (extend-only, persisted off the request path),
-    /// bumps the credential's backoff level and sets its banned mark; returns the lock's end.
-    fn park(
-        &self,
-        cred: &Credential,
-        upstream_model: &str,
-        class: &Classification,
-    ) -> Option<chrono::DateTime<chrono::Utc>> {
-        let state = self.state;
-        if class.bump_backoff {
-            state.locks.bump_backoff(cred.id);
-        }
-        if class.banned {
-            state.locks.ban(cred.id);
-        }
-        let mut rows = Vec::new();
-        if let Some(lock) = &class.lock {
-            let group = |g: &String| {
-                self.quota_groups
-                    .and_then(|q| q.get(g))
-                    .cloned()
-                    .unwrap_or_else(|| vec![cred.id])
-            };
-            let credentials = match (lock.sharing, &cred.quota_group) {
-                // groot ADR 0008: an account-level failure rests every credential of the quota group.
-                (Sharing::Account, Some(g)) => group(g),
-                // groot ADR 0008: corroboration — an ambiguous 429 rests the quota group only once
-                // 3 such failures from 2 different gateway keys fell within 30 s; else its route.
-                (Sharing::AccountIfCorroborated, Some(g))
-                    if state.corroboration.observe(
-                        cred.workspace_id,
-                        g,
-                        state.clock.now_ms(),
-                        self.key_id,
-                    ) =>
-                {
-                    tracing::info!(credential = %cred.name, quota_group = %g, "ambiguous 429 corroborated; the quota group rests");
-                    group(g)
-                }
-                _ => vec![cred.id],
-            };
-            let until = lock.until.timestamp_millis();
-            let rule = class.rule.name();
-            let mut targets = vec![match lock.models {
-                LockModels::One => LockTarget::Model(upstream_model.to_owned()),
-                LockModels::AllFree => LockTarget::AllFree,
-                LockModels::All => LockTarget::Credential,
-            }];
-            if lock.models == LockModels::AllFree && !classify::is_free_model(upstream_model) {
-                targets.push(LockTarget::Model(upstream_model.to_owned()));
-            }
-            for t in &targets {
-                rows.extend(state.locks.park(&credentials, t, until, rule));
-            }
-            tracing::info!(credential = %cred.name, model = upstream_model, rule, until = %lock.until, "upstream credential parked");
-        }
-        if !rows.is_empty() || class.banned {
-            let (s, banned) = (state.clone(), class.banned.then_some(cred.id));
-            state.spawn_background(async move {
-                if let Err(e) = locks::persist(&s.store, &rows, banned).await {
-                    tracing::error!(error = %e, "could not persist upstream locks");
-                }
-            });
-        }
-        class.lock.as_ref().map(|l| l.until)
+    /// Parks what a classified failure names; returns the lock's end.
+    fn park(&self, cred: &Credential, upstream_model: &str, class: &Classification) -> Option<DateTime<Utc>> {
+        park(
+            self.state,
+            self.quota_groups,
+            self.key_id,
+            cred,
+            upstream_model,
+            class,
+        )
     }
 }
 
-fn rfc3339(t: chrono::DateTime<chrono::Utc>) -> String {
+/// A deadline passed while `cred` kept the gateway waiting for `upstream_model` (no response
+/// head, an error body or an answer that stalled): classified as the upstream's own 504 would be
+/// and parked like one. `attempt` is noted with the rule, the lock and what did not come.
+pub fn time_out(
+    state: &AppState,
+    cred: &Credential,
+    upstream_model: &str,
+    missed: &Missed,
+    attempt: &mut Attempt,
+) {
+    let class = classify::classify(&UpstreamFailure::timed_out(
+        cred.provider,
+        upstream_model,
+        state.clock.now(),
+        state.locks.backoff_level(cred.id),
+    ));
+    // A server error rests this credential alone: no quota group is consulted.
+    let lock_until = park(state, None, 0, cred, upstream_model, &class);
+    tracing::warn!(credential = %cred.name, model = upstream_model, %missed, "upstream deadline passed");
+    attempt.rule = Some(class.rule.name());
+    attempt.lock_until = lock_until.map(rfc3339);
+    attempt.error = Some(missed.to_string());
+}
+
+/// Writes what a classified failure parks (extend-only, persisted off the request path), bumps
+/// the credential's backoff level and sets its banned mark; returns the lock's end. An
+/// account-wide lock rests `cred`'s quota group as `quota_groups` lists it (groot ADR 0008;
+/// `key_id` is the caller, for corroboration).
+fn park(
+    state: &AppState,
+    quota_groups: Option<&HashMap<String, Vec<i64>>>,
+    key_id: i64,
+    cred: &Credential,
+    upstream_model: &str,
+    class: &Classification,
+) -> Option<DateTime<Utc>> {
+    if class.bump_backoff {
+        state.locks.bump_backoff(cred.id);
+    }
+    if class.banned {
+        state.locks.ban(cred.id);
+    }
+    let mut rows = Vec::new();
+    if let Some(lock) = &class.lock {
+        let group = |g: &String| {
+            quota_groups
+                .and_then(|q| q.get(g))
+                .cloned()
+                .unwrap_or_else(|| vec![cred.id])
+        };
+        let credentials = match (lock.sharing, &cred.quota_group) {
+            // groot ADR 0008: an account-level failure rests every credential of the quota group.
+            (Sharing::Account, Some(g)) => group(g),
+            // groot ADR 0008: corroboration — an ambiguous 429 rests the quota group only once
+            // 3 such failures from 2 different gateway keys fell within 30 s; else its route.
+            (Sharing::AccountIfCorroborated, Some(g))
+                if state
+                    .corroboration
+                    .observe(cred.workspace_id, g, state.clock.now_ms(), key_id) =>
+            {
+                tracing::info!(credential = %cred.name, quota_group = %g, "ambiguous 429 corroborated; the quota group rests");
+                group(g)
+            }
+            _ => vec![cred.id],
+        };
+        let until = lock.until.timestamp_millis();
+        let rule = class.rule.name();
+        let mut targets = vec![match lock.models {
+            LockModels::One => LockTarget::Model(upstream_model.to_owned()),
+            LockModels::AllFree => LockTarget::AllFree,
+            LockModels::All => LockTarget::Credential,
+        }];
+        if lock.models == LockModels::AllFree && !classify::is_free_model(upstream_model) {
+            targets.push(LockTarget::Model(upstream_model.to_owned()));
+        }
+        for t in &targets {
+            rows.extend(state.locks.park(&credentials, t, until, rule));
+        }
+        tracing::info!(credential = %cred.name, model = upstream_model, rule, until = %lock.until, "upstream credential parked");
+    }
+    if !rows.is_empty() || class.banned {
+        let (s, banned) = (state.clone(), class.banned.then_some(cred.id));
+        state.spawn_background(async move {
+            if let Err(e) = locks::persist(&s.store, &rows, banned).await {
+                tracing::error!(error = %e, "could not persist upstream locks");
+            }
+        });
+    }
+    class.lock.as_ref().map(|l| l.until)
+}
+
+fn rfc3339(t: DateTime<Utc>) -> String {
     t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
 }
 

@@ -20,8 +20,6 @@ use super::conns::{Failure, IDLE_FOR, Pool};
 /// An upstream's response; its body is read, or streamed, by the caller.
 pub type Response = http::Response<Body>;
 
-/// How long a connection attempt may take.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// The variables that name an outbound proxy.
 const PROXY_VARS: [&str; 6] = [
     "HTTPS_PROXY",
@@ -58,22 +56,23 @@ impl fmt::Display for SendError {
 }
 
 impl Client {
-    /// The client this process uses: proxied when the environment names a proxy.
-    pub fn from_env() -> Result<Client, String> {
+    /// The client this process uses: proxied when the environment names a proxy. A connection
+    /// that does not open within `connect_timeout` fails (the request fails over).
+    pub fn from_env(connect_timeout: Duration) -> Result<Client, String> {
         if proxy_named(|k| std::env::var_os(k).filter(|v| !v.is_empty()).is_some()) {
-            Client::proxied(None)
+            Client::proxied(None, connect_timeout)
         } else {
-            Ok(Client::direct())
+            Ok(Client::direct(connect_timeout))
         }
     }
 
     /// Straight to the upstream, on a shared connection pool. HTTP/1.1 only: a connection is
     /// driven by the one request that uses it.
-    pub fn direct() -> Client {
+    pub fn direct(connect_timeout: Duration) -> Client {
         let mut http = HttpConnector::new();
         http.enforce_http(false);
         http.set_nodelay(true);
-        http.set_connect_timeout(Some(CONNECT_TIMEOUT));
+        http.set_connect_timeout(Some(connect_timeout));
         let https = hyper_rustls::HttpsConnectorBuilder::new()
             .with_webpki_roots()
             .https_or_http()
@@ -83,9 +82,9 @@ impl Client {
     }
 
     /// Through reqwest: via `proxy` when given, else via the proxy the environment names.
-    pub fn proxied(proxy: Option<&str>) -> Result<Client, String> {
+    pub fn proxied(proxy: Option<&str>, connect_timeout: Duration) -> Result<Client, String> {
         let mut b = reqwest::Client::builder()
-            .connect_timeout(CONNECT_TIMEOUT)
+            .connect_timeout(connect_timeout)
             .pool_idle_timeout(IDLE_FOR)
             .tcp_nodelay(true)
             .redirect(reqwest::redirect::Policy::none());
@@ -100,7 +99,7 @@ impl Client {
     /// A client of the same kind with a pool of its own (a proxied client shares its pool).
     fn fresh(&self) -> Client {
         match self {
-            Client::Direct(_) => Client::direct(),
+            Client::Direct(pool) => Client::Direct(Arc::new(pool.fresh())),
             Client::Proxied(c) => Client::Proxied(c.clone()),
         }
     }
@@ -240,10 +239,45 @@ mod tests {
         let req = http::Request::post(format!("http://127.0.0.1:{port}/v1/chat/completions"))
             .body(Bytes::new())
             .unwrap();
-        for client in [Client::direct(), Client::proxied(None).unwrap()] {
+        let connect = Duration::from_secs(5);
+        for client in [Client::direct(connect), Client::proxied(None, connect).unwrap()] {
             let e = client.send(duplicate(&req)).await.unwrap_err();
             assert_eq!(e.to_string(), "connection failed (127.0.0.1)");
         }
+    }
+
+    /// A connection the upstream never completes fails within the connect timeout, on either
+    /// client: a listener whose accept queue is full answers no further handshake.
+    #[tokio::test]
+    async fn a_connection_that_does_not_open_in_time_fails_as_timed_out() {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let listener = socket.listen(1).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mut queued = Vec::new();
+        while queued.len() < 16 {
+            let connect = tokio::net::TcpStream::connect(addr);
+            match tokio::time::timeout(Duration::from_millis(200), connect).await {
+                Ok(Ok(tcp)) => queued.push(tcp),
+                _ => break,
+            }
+        }
+        assert!(queued.len() < 16, "the accept queue never filled");
+        let req = http::Request::post(format!("http://{addr}/v1/chat/completions"))
+            .body(Bytes::new())
+            .unwrap();
+        let connect = Duration::from_millis(300);
+        for client in [Client::direct(connect), Client::proxied(None, connect).unwrap()] {
+            let started = std::time::Instant::now();
+            let e = client.send(duplicate(&req)).await.unwrap_err();
+            assert_eq!(e.to_string(), "timed out (127.0.0.1)");
+            assert!(
+                started.elapsed() < Duration::from_millis(900),
+                "{:?}",
+                started.elapsed()
+            );
+        }
+        drop(listener);
     }
 
     /// The proxied client goes through the proxy it is given: a relay that counts connections.
@@ -270,7 +304,7 @@ mod tests {
             }
         });
 
-        let client = Client::proxied(Some(&format!("http://{relay_addr}"))).unwrap();
+        let client = Client::proxied(Some(&format!("http://{relay_addr}")), Duration::from_secs(5)).unwrap();
         let req = http::Request::post(format!("http://{upstream_addr}/v1/ping"))
             .body(Bytes::from_static(b"{}"))
             .unwrap();

@@ -7,6 +7,7 @@ mod admin;
 mod admin_api;
 mod binary;
 mod breaker;
+mod deadlines;
 mod foundation;
 mod mock_upstream;
 mod openapi;
