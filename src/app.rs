@@ -294,6 +294,8 @@ pub fn router(state: AppState) -> Router {
         .merge(crate::admin::routes(state.clone()))
         .merge(crate::console::routes())
         .merge(ops_routes())
+        // After every route is in: it applies to the routes present (axum adds `Allow`).
+        .method_not_allowed_fallback(method_not_allowed)
         .fallback(not_found)
         .layer(middleware::from_fn(request_id))
         .with_state(state)
@@ -447,6 +449,13 @@ impl AppState {
                 false
             }
         }
+    }
+}
+
+async fn method_not_allowed(req: Request) -> ApiError {
+    ApiError::MethodNotAllowed {
+        method: req.method().to_string(),
+        path: req.uri().path().to_owned(),
     }
 }
 

@@ -13,4 +13,5 @@ mod openapi;
 mod proxy;
 mod quota;
 mod resources;
+mod serving;
 mod upstream;
