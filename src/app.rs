@@ -77,6 +77,8 @@ pub struct Inner {
     pub tasks: TaskTracker,
     /// The main runtime, where background tasks run (requests run on the serving threads').
     pub runtime: tokio::runtime::Handle,
+    /// Open client connections, counted against `max_client_connections`.
+    pub connections: crate::client_conn::ConnectionSlots,
 }
 
 impl AppState {
@@ -161,6 +163,7 @@ impl Gateway {
         }
         bootstrap_owner(&store, &settings, clock.now_ms()).await?;
 
+        crate::client_conn::raise_open_file_limit(settings.max_client_connections);
         let listener = TcpListener::bind(settings.listen)
             .await
             .map_err(|source| StartError::Listen {
@@ -192,6 +195,7 @@ impl Gateway {
         breakers.load(&store).await?;
         let locks = crate::upstream::locks::Locks::default();
         locks.load(&store, clock.now_ms(), true).await?;
+        let connections = crate::client_conn::ConnectionSlots::new(settings.max_client_connections);
         let state = AppState(Arc::new(Inner {
             settings,
             store,
@@ -213,6 +217,7 @@ impl Gateway {
             shutdown,
             tasks,
             runtime: tokio::runtime::Handle::current(),
+            connections,
         }));
         start_config_watch(state.clone(), epoch);
         start_quota_flush(state.clone());
@@ -248,6 +253,8 @@ impl Gateway {
             router(state.clone()),
             &state.http,
             Duration::from_micros(state.settings.idle_poll_us),
+            crate::client_conn::ClientLimits::new(&state.settings),
+            state.connections.clone(),
             stopped,
         )
         .await;
@@ -295,6 +302,8 @@ pub fn router(state: AppState) -> Router {
         .merge(crate::admin::routes(state.clone()))
         .merge(crate::console::routes())
         .merge(ops_routes())
+        // After every route is in: it applies to the routes present (axum adds `Allow`).
+        .method_not_allowed_fallback(method_not_allowed)
         .fallback(not_found)
         .layer(middleware::from_fn(request_id))
         .with_state(state)
@@ -345,9 +354,11 @@ async fn metrics(State(state): State<AppState>) -> Response {
     // Gauges of this gateway's own state, read now rather than set on every request.
     text.push_str(&format!(
         "# TYPE aigw_breaker_open_keys gauge\naigw_breaker_open_keys {}\n\
-         # TYPE aigw_log_queue_depth gauge\naigw_log_queue_depth {}\n",
+         # TYPE aigw_log_queue_depth gauge\naigw_log_queue_depth {}\n\
+         # TYPE aigw_client_connections gauge\naigw_client_connections {}\n",
         state.breakers.open_keys(state.clock.now()),
-        state.logs.queued()
+        state.logs.queued(),
+        state.connections.open()
     ));
     (
         [(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")],
@@ -448,6 +459,13 @@ impl AppState {
                 false
             }
         }
+    }
+}
+
+async fn method_not_allowed(req: Request) -> ApiError {
+    ApiError::MethodNotAllowed {
+        method: req.method().to_string(),
+        path: req.uri().path().to_owned(),
     }
 }
 

@@ -145,6 +145,15 @@ pub struct Settings {
     /// Most a serving thread polls for I/O before it sleeps, in microseconds (adaptive, as KVM's
     /// halt polling; 0 turns it off).
     pub idle_poll_us: u64,
+    /// Longest a client may take to send a request's line and headers, in seconds: from the
+    /// connection's accept, or from the first byte of a later request on a kept-alive connection.
+    pub client_header_timeout_secs: u64,
+    /// Longest a kept-alive client connection may wait for its next request, in seconds.
+    pub client_idle_timeout_secs: u64,
+    /// Most client connections open at once; past it a new connection is answered 503 and closed.
+    pub max_client_connections: usize,
+    /// Largest request line and headers accepted, in bytes; larger is refused with 431.
+    pub max_header_bytes: usize,
 }
 
 impl Default for Settings {
@@ -173,6 +182,10 @@ impl Default for Settings {
             data_dir: PathBuf::new(),
             log_format: LogFormat::Text,
             idle_poll_us: 200,
+            client_header_timeout_secs: 30,
+            client_idle_timeout_secs: 75,
+            max_client_connections: 10_000,
+            max_header_bytes: 16 * 1024,
         }
     }
 }
@@ -204,6 +217,10 @@ struct FileSettings {
     data_dir: Option<PathBuf>,
     log_format: Option<LogFormat>,
     idle_poll_us: Option<u64>,
+    client_header_timeout_secs: Option<u64>,
+    client_idle_timeout_secs: Option<u64>,
+    max_client_connections: Option<usize>,
+    max_header_bytes: Option<usize>,
 }
 
 /// A setting that could not be read; the message names the setting and where it came from.
@@ -256,6 +273,12 @@ impl Settings {
             s.data_dir = f.data_dir.unwrap_or(s.data_dir);
             s.log_format = f.log_format.unwrap_or(s.log_format);
             s.idle_poll_us = f.idle_poll_us.unwrap_or(s.idle_poll_us);
+            s.client_header_timeout_secs = f
+                .client_header_timeout_secs
+                .unwrap_or(s.client_header_timeout_secs);
+            s.client_idle_timeout_secs = f.client_idle_timeout_secs.unwrap_or(s.client_idle_timeout_secs);
+            s.max_client_connections = f.max_client_connections.unwrap_or(s.max_client_connections);
+            s.max_header_bytes = f.max_header_bytes.unwrap_or(s.max_header_bytes);
         }
 
         let var = |name: &str| env(name).filter(|v| !v.is_empty());
@@ -328,6 +351,18 @@ impl Settings {
         if let Some(v) = var("AIGW_IDLE_POLL_US") {
             s.idle_poll_us = parse_value("AIGW_IDLE_POLL_US", &v)?;
         }
+        if let Some(v) = var("AIGW_CLIENT_HEADER_TIMEOUT_SECS") {
+            s.client_header_timeout_secs = parse_value("AIGW_CLIENT_HEADER_TIMEOUT_SECS", &v)?;
+        }
+        if let Some(v) = var("AIGW_CLIENT_IDLE_TIMEOUT_SECS") {
+            s.client_idle_timeout_secs = parse_value("AIGW_CLIENT_IDLE_TIMEOUT_SECS", &v)?;
+        }
+        if let Some(v) = var("AIGW_MAX_CLIENT_CONNECTIONS") {
+            s.max_client_connections = parse_value("AIGW_MAX_CLIENT_CONNECTIONS", &v)?;
+        }
+        if let Some(v) = var("AIGW_MAX_HEADER_BYTES") {
+            s.max_header_bytes = parse_value("AIGW_MAX_HEADER_BYTES", &v)?;
+        }
         s.validate()?;
         Ok(s)
     }
@@ -394,6 +429,31 @@ impl Settings {
         }
         if self.idle_poll_us > 10_000 {
             return bad("idle_poll_us (AIGW_IDLE_POLL_US)", "must be at most 10000");
+        }
+        if !(1..=3600).contains(&self.client_header_timeout_secs) {
+            return bad(
+                "client_header_timeout_secs (AIGW_CLIENT_HEADER_TIMEOUT_SECS)",
+                "must be 1..=3600",
+            );
+        }
+        if !(1..=3600).contains(&self.client_idle_timeout_secs) {
+            return bad(
+                "client_idle_timeout_secs (AIGW_CLIENT_IDLE_TIMEOUT_SECS)",
+                "must be 1..=3600",
+            );
+        }
+        if self.max_client_connections == 0 {
+            return bad(
+                "max_client_connections (AIGW_MAX_CLIENT_CONNECTIONS)",
+                "must be at least 1",
+            );
+        }
+        // The HTTP/1 parser's buffer cannot be smaller than 8 KiB.
+        if !(8192..=1024 * 1024).contains(&self.max_header_bytes) {
+            return bad(
+                "max_header_bytes (AIGW_MAX_HEADER_BYTES)",
+                "must be 8192..=1048576",
+            );
         }
         if !(10..=60_000).contains(&self.flush_interval_ms) {
             return bad("flush_interval_ms (AIGW_FLUSH_INTERVAL_MS)", "must be 10..=60000");
@@ -488,6 +548,10 @@ mod tests {
             ),
             (600, 5, 600, 120, 60)
         );
+        assert_eq!(s.client_header_timeout_secs, 30);
+        assert_eq!(s.client_idle_timeout_secs, 75);
+        assert_eq!(s.max_client_connections, 10_000);
+        assert_eq!(s.max_header_bytes, 16 * 1024);
         assert_eq!(s.secrets_dir(), PathBuf::from("."));
     }
 
@@ -532,6 +596,19 @@ mod tests {
                 &[("AIGW_CLIENT_BODY_TIMEOUT_SECS", "x")],
                 "AIGW_CLIENT_BODY_TIMEOUT_SECS",
             ),
+            (
+                &[("AIGW_CLIENT_HEADER_TIMEOUT_SECS", "0")],
+                "AIGW_CLIENT_HEADER_TIMEOUT_SECS",
+            ),
+            (
+                &[("AIGW_CLIENT_IDLE_TIMEOUT_SECS", "3601")],
+                "AIGW_CLIENT_IDLE_TIMEOUT_SECS",
+            ),
+            (
+                &[("AIGW_MAX_CLIENT_CONNECTIONS", "0")],
+                "AIGW_MAX_CLIENT_CONNECTIONS",
+            ),
+            (&[("AIGW_MAX_HEADER_BYTES", "4096")], "AIGW_MAX_HEADER_BYTES"),
             (
                 &[("AIGW_SINGLE_CANDIDATE_RETRY_MAX_MS", "60001")],
                 "AIGW_SINGLE_CANDIDATE_RETRY_MAX_MS",

@@ -4,11 +4,12 @@
 
 use axum::Router;
 use axum::extract::Path;
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::{HeaderValue, header};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::get;
 
 use crate::app::AppState;
+use crate::error::ApiError;
 
 #[derive(rust_embed::RustEmbed)]
 #[folder = "admin-ui/"]
@@ -17,6 +18,8 @@ struct Files;
 /// The console's routes.
 pub fn routes() -> Router<AppState> {
     Router::new()
+        // Temporary: the root may serve something else one day; browsers cache a 308 for good.
+        .route("/", get(|| async { Redirect::temporary("/console/") }))
         .route("/console", get(|| async { Redirect::permanent("/console/") }))
         .route("/console/", get(|| async { file("index.html") }))
         .route(
@@ -31,7 +34,7 @@ const CSP: &str = "default-src 'self'; img-src 'self' data:; style-src 'self' 'u
 
 fn file(path: &str) -> Response {
     let Some(f) = Files::get(path) else {
-        return (StatusCode::NOT_FOUND, "no such console file").into_response();
+        return ApiError::NotFound { what: "console file" }.into_response();
     };
     let mime = match path.rsplit('.').next() {
         Some("html") => "text/html; charset=utf-8",

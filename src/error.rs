@@ -117,6 +117,21 @@ pub enum ApiError {
         /// The limit in bytes.
         limit: usize,
     },
+    /// The request line and headers exceed the configured limit (a protocol-level refusal).
+    #[error("the request line and headers exceed the limit of {limit} bytes")]
+    HeaderTooLarge {
+        /// The limit in bytes.
+        limit: usize,
+    },
+    /// The request target is longer than the HTTP parser accepts (a protocol-level refusal).
+    #[error("the request URI is too long")]
+    UriTooLong,
+    /// The gateway holds as many client connections as it may; this one is closed after the answer.
+    #[error("the gateway has reached its limit of {limit} open client connections; retry shortly")]
+    TooManyConnections {
+        /// The configured limit.
+        limit: usize,
+    },
     /// No such route.
     #[error("no route for {method} {path}")]
     RouteNotFound {
@@ -193,6 +208,9 @@ impl ApiError {
             }
             ApiError::InvalidRequest { .. } => StatusCode::BAD_REQUEST,
             ApiError::RequestTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::HeaderTooLarge { .. } => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            ApiError::UriTooLong => StatusCode::URI_TOO_LONG,
+            ApiError::TooManyConnections { .. } => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::UpstreamUnreachable { .. } => StatusCode::BAD_GATEWAY,
             ApiError::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
             ApiError::RequestTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
@@ -214,6 +232,9 @@ impl ApiError {
             ApiError::ModelNotFound { .. } => "model_not_found",
             ApiError::InvalidRequest { .. } => "invalid_request_error",
             ApiError::RequestTooLarge { .. } => "request_too_large",
+            ApiError::HeaderTooLarge { .. } => "request_header_too_large",
+            ApiError::UriTooLong => "uri_too_long",
+            ApiError::TooManyConnections { .. } => "too_many_connections",
             ApiError::RouteNotFound { .. } | ApiError::NotFound { .. } => "not_found",
             ApiError::UpstreamUnreachable { .. } => "upstream_unreachable",
             ApiError::Timeout(_) => "timeout",
@@ -244,9 +265,14 @@ impl ApiError {
             | ApiError::InvalidRequest { .. }
             | ApiError::RequestTooLarge { .. }
             | ApiError::RequestTimeout { .. }
+            | ApiError::HeaderTooLarge { .. }
+            | ApiError::UriTooLong
             | ApiError::RouteNotFound { .. }
             | ApiError::NotFound { .. } => "invalid_request_error",
-            ApiError::UpstreamUnreachable { .. } | ApiError::Timeout(_) | ApiError::Internal => "api_error",
+            ApiError::UpstreamUnreachable { .. }
+            | ApiError::Timeout(_)
+            | ApiError::TooManyConnections { .. }
+            | ApiError::Internal => "api_error",
         }
     }
 
@@ -256,6 +282,8 @@ impl ApiError {
             ApiError::AuthThrottled { retry_after }
             | ApiError::CircuitOpen { retry_after, .. }
             | ApiError::UpstreamQuotaExhausted { retry_after } => Some(*retry_after),
+            // A connection slot frees as soon as any client's request or idle time ends.
+            ApiError::TooManyConnections { .. } => Some(1),
             _ => None,
         }
     }
@@ -310,17 +338,16 @@ impl ApiError {
     }
 }
 
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let body = self.body();
-        let mut resp = (self.status(), axum::Json(body)).into_response();
-        let h = resp.headers_mut();
+impl ApiError {
+    /// The headers every rendering of this error carries (besides the content type and length).
+    fn headers(&self) -> axum::http::HeaderMap {
+        let mut h = axum::http::HeaderMap::new();
         h.insert(ERROR_SOURCE, HeaderValue::from_static("gateway"));
         if let Some(s) = self.retry_after() {
             h.insert(axum::http::header::RETRY_AFTER, HeaderValue::from(s));
             h.insert(
                 HeaderName::from_static("retry-after-ms"),
-                HeaderValue::from(s * 1000),
+                HeaderValue::from(s.saturating_mul(1000)),
             );
             if s > 60 {
                 h.insert(SHOULD_RETRY, HeaderValue::from_static("false"));
@@ -331,6 +358,41 @@ impl IntoResponse for ApiError {
         if matches!(self, ApiError::QuotaExceeded(_) | ApiError::KeyBanned { .. }) {
             h.insert(SHOULD_RETRY, HeaderValue::from_static("false"));
         }
+        h
+    }
+
+    /// The whole HTTP/1.1 response, `connection: close`, for a refusal written straight to a
+    /// client connection where no request reached the router (an over-capacity connection, a
+    /// request the HTTP parser refused). The same status, headers and body as `into_response`.
+    pub fn http1_response(&self) -> Vec<u8> {
+        use std::io::Write;
+        let body = self.body().to_string();
+        let status = self.status();
+        let mut out = Vec::with_capacity(256 + body.len());
+        let _ = write!(
+            out,
+            "HTTP/1.1 {} {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n",
+            status.as_u16(),
+            status.canonical_reason().unwrap_or(""),
+            body.len()
+        );
+        for (name, value) in &self.headers() {
+            out.extend_from_slice(name.as_str().as_bytes());
+            out.extend_from_slice(b": ");
+            out.extend_from_slice(value.as_bytes());
+            out.extend_from_slice(b"\r\n");
+        }
+        out.extend_from_slice(b"\r\n");
+        out.extend_from_slice(body.as_bytes());
+        out
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = self.body();
+        let mut resp = (self.status(), axum::Json(body)).into_response();
+        resp.headers_mut().extend(self.headers());
         resp
     }
 }
@@ -387,5 +449,29 @@ mod tests {
             (408, "request_timeout")
         );
         assert_eq!(client.error_type(), "invalid_request_error");
+    }
+
+    #[test]
+    fn a_raw_http1_refusal_is_the_same_answer_as_the_routed_one() {
+        let e = ApiError::TooManyConnections { limit: 10 };
+        let raw = String::from_utf8(e.http1_response()).unwrap();
+        let (head, body) = raw.split_once("\r\n\r\n").expect("a head and a body");
+        let mut lines = head.split("\r\n");
+        assert_eq!(lines.next(), Some("HTTP/1.1 503 Service Unavailable"));
+        let headers: Vec<(&str, &str)> = lines.filter_map(|l| l.split_once(": ")).collect();
+        let header = |n: &str| headers.iter().find(|(k, _)| *k == n).map(|(_, v)| *v);
+        assert_eq!(header("content-length"), Some(body.len().to_string().as_str()));
+        assert_eq!(header("content-type"), Some("application/json"));
+        assert_eq!(header("connection"), Some("close"));
+        assert_eq!(header("x-aigw-error-source"), Some("gateway"));
+        assert_eq!(header("retry-after"), Some("1"));
+        let routed = e.into_response();
+        for (name, value) in routed.headers() {
+            if name != axum::http::header::CONTENT_TYPE {
+                assert_eq!(header(name.as_str()), value.to_str().ok(), "{name}");
+            }
+        }
+        let body: Value = serde_json::from_str(body).unwrap();
+        assert_eq!(body["error"]["code"], "too_many_connections");
     }
 }

@@ -2,7 +2,8 @@
 //! each serving thread runs a single-threaded runtime and a pool of upstream connections of its
 //! own. A request — its client connection, its handler, its upstream connection — never changes
 //! thread, so it pays for no cross-thread wake-up; background work (log writer, flushes, config
-//! watch) stays on the main runtime.
+//! watch) stays on the main runtime. What happens on a client connection — its bounds, the cap,
+//! the refusals — is `crate::client_conn`'s, which does not depend on this layout.
 
 use std::future::Future;
 use std::io;
@@ -10,16 +11,18 @@ use std::net::SocketAddr;
 use std::thread::JoinHandle;
 
 use axum::Router;
-use axum::serve::ListenerExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::{CancellationToken, DropGuard};
+use tokio_util::task::TaskTracker;
 
+use crate::client_conn::{self, Acceptor, ClientLimits, ConnectionSlots, Slot};
 use crate::idle_poll;
 use crate::upstream::http::{self, Client};
 
-/// A connection accepted by the main runtime, on its way to a serving thread.
-type Handoff = (std::net::TcpStream, SocketAddr);
+/// A connection accepted by the main runtime, with its slot under the connection cap, on its way
+/// to a serving thread.
+type Handoff = (std::net::TcpStream, SocketAddr, Slot);
 
 /// The serving threads, kept alive after they stopped serving until [`Threads::join`]: database
 /// connections opened on a serving thread are driven by its runtime, and the gateway still uses
@@ -44,21 +47,20 @@ impl Threads {
 }
 
 /// Serves `router` on `listener` with one serving thread per core until `stop` resolves, then
-/// stops accepting and lets the running requests finish. Dropping the returned future (or the
-/// [`Threads`]) ends the serving threads too. A serving thread polls for I/O for at most
-/// `idle_poll` before it sleeps ([`idle_poll`]; zero: never).
+/// stops accepting and lets the running requests finish. Client connections are bounded by
+/// `limits` and counted in `slots`. Dropping the returned future (or the [`Threads`]) ends the
+/// serving threads too. A serving thread polls for I/O for at most `idle_poll` before it sleeps
+/// ([`idle_poll`]; zero: never).
 pub async fn serve(
     listener: TcpListener,
     router: Router,
     upstream: &Client,
     idle_poll: std::time::Duration,
+    limits: ClientLimits,
+    slots: ConnectionSlots,
     stop: impl Future<Output = ()>,
 ) -> (io::Result<()>, Option<Threads>) {
     let count = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let local = match listener.local_addr() {
-        Ok(a) => a,
-        Err(e) => return (Err(e), None),
-    };
     let stopping = CancellationToken::new();
     let stop_on_drop = stopping.clone().drop_guard();
     let release = CancellationToken::new();
@@ -69,9 +71,9 @@ pub async fn serve(
     let mut lanes = Vec::with_capacity(count);
     let mut drained = Vec::with_capacity(count);
     for i in 0..count {
-        let (tx, rx) = mpsc::unbounded_channel::<Handoff>();
+        let (tx, mut rx) = mpsc::unbounded_channel::<Handoff>();
         let (done, done_rx) = oneshot::channel::<io::Result<()>>();
-        let (router, upstream) = (router.clone(), upstream.clone());
+        let (router, upstream, limits) = (router.clone(), upstream.clone(), limits.clone());
         let (stopping, release) = (stopping.clone(), release.clone());
         let spawned = std::thread::Builder::new()
             .name(format!("aigw-serve-{i}"))
@@ -99,15 +101,33 @@ pub async fn serve(
                     if let Some(unparked) = poller {
                         idle_poll::spawn_poller(unparked);
                     }
-                    let app = router.into_make_service_with_connect_info::<SocketAddr>();
-                    // Streamed chunks must leave at once: no Nagle delay on client connections.
-                    let lane = Lane { rx, local }.tap_io(|tcp| {
-                        let _ = tcp.set_nodelay(true);
-                    });
-                    let served = axum::serve(lane, app)
-                        .with_graceful_shutdown(stopping.cancelled_owned())
-                        .await;
-                    let _ = done.send(served);
+                    let connections = TaskTracker::new();
+                    loop {
+                        let next = tokio::select! {
+                            next = rx.recv() => next,
+                            () = stopping.cancelled() => None,
+                        };
+                        // None: the accept loop stopped; the connections finish gracefully.
+                        let Some((tcp, peer, slot)) = next else { break };
+                        match TcpStream::from_std(tcp) {
+                            Ok(tcp) => {
+                                connections.spawn(client_conn::serve_connection(
+                                    tcp,
+                                    peer,
+                                    router.clone(),
+                                    limits.clone(),
+                                    slot,
+                                    stopping.clone(),
+                                ));
+                            }
+                            Err(e) => {
+                                tracing::warn!(error = %e, "could not take over an accepted connection")
+                            }
+                        }
+                    }
+                    connections.close();
+                    connections.wait().await;
+                    let _ = done.send(Ok(()));
                     release.cancelled().await;
                 });
             });
@@ -119,17 +139,12 @@ pub async fn serve(
         drained.push(done_rx);
     }
 
+    let mut acceptor = Acceptor::new(slots);
     let accept = async {
         for next in 0.. {
-            let (tcp, peer) = match listener.accept().await {
-                Ok(c) => c,
-                Err(e) => {
-                    accept_failed(e).await;
-                    continue;
-                }
-            };
+            let (tcp, peer, slot) = acceptor.accept(&listener).await;
             let Ok(tcp) = tcp.into_std() else { continue };
-            let _ = lanes[next % lanes.len()].send((tcp, peer));
+            let _ = lanes[next % lanes.len()].send((tcp, peer, slot));
         }
     };
     tokio::select! {
@@ -148,43 +163,4 @@ pub async fn serve(
         }
     }
     (result, Some(threads))
-}
-
-/// A failed accept: a connection reset before it was taken is nothing; anything else (out of
-/// file descriptors, say) is logged and waited out for a second, as axum's own listener does.
-async fn accept_failed(e: io::Error) {
-    use io::ErrorKind::{ConnectionAborted, ConnectionRefused, ConnectionReset};
-    if matches!(e.kind(), ConnectionAborted | ConnectionRefused | ConnectionReset) {
-        return;
-    }
-    tracing::error!(error = %e, "accepting a connection failed");
-    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
-}
-
-/// A serving thread's listener: the connections the accept loop hands it.
-struct Lane {
-    rx: mpsc::UnboundedReceiver<Handoff>,
-    local: SocketAddr,
-}
-
-impl axum::serve::Listener for Lane {
-    type Io = TcpStream;
-    type Addr = SocketAddr;
-
-    async fn accept(&mut self) -> (TcpStream, SocketAddr) {
-        loop {
-            let Some((tcp, peer)) = self.rx.recv().await else {
-                // The accept loop stopped: graceful shutdown ends this lane's serve.
-                return std::future::pending().await;
-            };
-            match TcpStream::from_std(tcp) {
-                Ok(tcp) => return (tcp, peer),
-                Err(e) => tracing::warn!(error = %e, "could not take over an accepted connection"),
-            }
-        }
-    }
-
-    fn local_addr(&self) -> io::Result<SocketAddr> {
-        Ok(self.local)
-    }
 }

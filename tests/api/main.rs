@@ -14,4 +14,5 @@ mod openapi;
 mod proxy;
 mod quota;
 mod resources;
+mod serving;
 mod upstream;

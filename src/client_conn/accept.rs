@@ -1,0 +1,267 @@
+//! Taking client connections: the connection cap, failed accepts, the open-file limit.
+
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+/// Over-capacity connections being answered at once; past this a connection is closed unanswered
+/// (each one holds a file descriptor for up to [`REFUSAL_LINGER`]).
+pub const REFUSALS_AT_ONCE: usize = 256;
+/// Longest an over-capacity connection is kept to deliver its answer.
+const REFUSAL_LINGER: Duration = Duration::from_secs(2);
+/// Most of the client's request read (and dropped) after the answer, so closing does not reset
+/// the connection before the client read the answer.
+const REFUSAL_DRAIN_BYTES: usize = 64 * 1024;
+/// File descriptors kept beyond the client connections: the database pool, upstream connections,
+/// refusals in progress, log files.
+const OTHER_DESCRIPTORS: u64 = 1024;
+/// At most one warning about failed accepts per this interval.
+const ACCEPT_WARNING_EVERY: Duration = Duration::from_secs(10);
+/// Pause after an accept failed for want of resources (out of descriptors): the waiting
+/// connection stays queued, and accepting again at once would only fail again.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+
+/// The open client connections, counted against `max_client_connections`. Shared by the accept
+/// loop (which takes a [`Slot`] per connection) and `/metrics`.
+#[derive(Clone)]
+pub struct ConnectionSlots {
+    slots: Arc<Semaphore>,
+    max: usize,
+}
+
+/// One open client connection's place under the cap, given back when dropped.
+pub struct Slot {
+    _permit: OwnedSemaphorePermit,
+}
+
+impl ConnectionSlots {
+    /// At most `max` connections at once.
+    pub fn new(max: usize) -> ConnectionSlots {
+        let max = max.min(Semaphore::MAX_PERMITS);
+        ConnectionSlots {
+            slots: Arc::new(Semaphore::new(max)),
+            max,
+        }
+    }
+
+    /// A slot, unless `max` connections are open.
+    pub fn try_take(&self) -> Option<Slot> {
+        Arc::clone(&self.slots)
+            .try_acquire_owned()
+            .ok()
+            .map(|permit| Slot { _permit: permit })
+    }
+
+    /// Client connections open now.
+    pub fn open(&self) -> usize {
+        self.max.saturating_sub(self.slots.available_permits())
+    }
+
+    /// The cap.
+    pub fn max(&self) -> usize {
+        self.max
+    }
+}
+
+/// The accept loop's side of client connections: each accepted connection gets a [`Slot`] or,
+/// past the cap, an immediate 503 in the gateway's shape and a close — so a client is answered
+/// fast instead of waiting in the listen queue, and the gateway never runs out of descriptors
+/// for its own work.
+pub struct Acceptor {
+    slots: ConnectionSlots,
+    /// The 503 answer, rendered once.
+    over_capacity: Bytes,
+    refusing: Arc<Semaphore>,
+    failures: AcceptFailures,
+}
+
+impl Acceptor {
+    /// Takes connections under `slots`.
+    pub fn new(slots: ConnectionSlots) -> Acceptor {
+        let over_capacity =
+            Bytes::from(crate::error::ApiError::TooManyConnections { limit: slots.max() }.http1_response());
+        Acceptor {
+            slots,
+            over_capacity,
+            refusing: Arc::new(Semaphore::new(REFUSALS_AT_ONCE)),
+            failures: AcceptFailures::default(),
+        }
+    }
+
+    /// The next client connection with its slot. Connections past the cap are answered and
+    /// closed in the background; failed accepts are warned about (at most every
+    /// [`ACCEPT_WARNING_EVERY`]) and, when the system is out of resources, waited out briefly.
+    pub async fn accept(&mut self, listener: &TcpListener) -> (TcpStream, SocketAddr, Slot) {
+        loop {
+            match listener.accept().await {
+                Ok((tcp, peer)) => match self.slots.try_take() {
+                    Some(slot) => return (tcp, peer, slot),
+                    None => self.refuse(tcp),
+                },
+                Err(e) => {
+                    if let Some(pause) = self.failed(&e) {
+                        tokio::time::sleep(pause).await;
+                    }
+                }
+            }
+        }
+    }
+
+    fn refuse(&self, tcp: TcpStream) {
+        metrics::counter!("aigw_client_connections_refused_total").increment(1);
+        // Past REFUSALS_AT_ONCE the connection is closed unanswered: a flood must not turn the
+        // answers themselves into a descriptor leak.
+        let Ok(permit) = Arc::clone(&self.refusing).try_acquire_owned() else {
+            return;
+        };
+        let answer = self.over_capacity.clone();
+        tokio::spawn(async move {
+            let _ = tokio::time::timeout(REFUSAL_LINGER, answer_and_close(tcp, &answer)).await;
+            drop(permit);
+        });
+    }
+
+    /// Logs a failed accept (rate-limited) and says how long to pause.
+    fn failed(&mut self, e: &io::Error) -> Option<Duration> {
+        use io::ErrorKind::{ConnectionAborted, ConnectionRefused, ConnectionReset};
+        // A connection reset before it was taken is the client's business.
+        if matches!(e.kind(), ConnectionAborted | ConnectionRefused | ConnectionReset) {
+            return None;
+        }
+        metrics::counter!("aigw_client_accept_failures_total").increment(1);
+        if let Some(unreported) = self.failures.failed(Instant::now()) {
+            tracing::warn!(
+                error = %e,
+                failures_not_logged = unreported,
+                open_client_connections = self.slots.open(),
+                "accepting a client connection failed; if out of file descriptors, raise the \
+                 hard open-file limit or lower max_client_connections"
+            );
+        }
+        Some(ACCEPT_BACKOFF)
+    }
+}
+
+/// Once the client started its request, writes the answer, ends the sending side, and reads what
+/// the client sends until it closes. An answer before the request would reach an HTTP client that
+/// is not reading yet, and some (hyper's) take it for a broken connection instead of an answer.
+async fn answer_and_close(mut tcp: TcpStream, answer: &[u8]) -> io::Result<()> {
+    let _ = tcp.set_nodelay(true);
+    let mut sink = [0u8; 4096];
+    if tcp.read(&mut sink).await? == 0 {
+        return Ok(());
+    }
+    tcp.write_all(answer).await?;
+    tcp.shutdown().await?;
+    let mut drained = 0;
+    while drained < REFUSAL_DRAIN_BYTES {
+        let n = tcp.read(&mut sink).await?;
+        if n == 0 {
+            break;
+        }
+        drained += n;
+    }
+    Ok(())
+}
+
+/// Rate limit of the failed-accept warning: the first failure warns, later ones within
+/// [`ACCEPT_WARNING_EVERY`] of the last warning are only counted, and the next warning says how
+/// many were not logged.
+#[derive(Debug, Default)]
+pub struct AcceptFailures {
+    last_warning: Option<Instant>,
+    unreported: u64,
+}
+
+impl AcceptFailures {
+    /// An accept failed at `now`: `Some(failures not logged since the last warning)` if this one
+    /// is to be logged.
+    pub fn failed(&mut self, now: Instant) -> Option<u64> {
+        match self.last_warning {
+            Some(last) if now.saturating_duration_since(last) < ACCEPT_WARNING_EVERY => {
+                self.unreported = self.unreported.saturating_add(1);
+                None
+            }
+            _ => {
+                self.last_warning = Some(now);
+                Some(std::mem::take(&mut self.unreported))
+            }
+        }
+    }
+}
+
+/// Raises the process's soft open-file limit to its hard limit, logs it, and warns when it
+/// cannot hold `max_client_connections` plus the gateway's own descriptors.
+pub fn raise_open_file_limit(max_client_connections: usize) {
+    let needed = u64::try_from(max_client_connections)
+        .unwrap_or(u64::MAX)
+        .saturating_add(OTHER_DESCRIPTORS);
+    match rlimit::increase_nofile_limit(u64::MAX) {
+        Ok(limit) if limit < needed => tracing::warn!(
+            open_file_limit = limit,
+            max_client_connections,
+            needed,
+            "the open-file limit is too low for max_client_connections: raise the hard limit \
+             (systemd LimitNOFILE=, docker --ulimit nofile=, ulimit -Hn) or lower \
+             max_client_connections"
+        ),
+        Ok(limit) => tracing::info!(open_file_limit = limit, max_client_connections, "open-file limit"),
+        Err(e) => tracing::warn!(error = %e, "cannot raise the open-file limit"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failed_accepts_warn_once_per_interval_and_count_the_rest() {
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let mut failures = AcceptFailures::default();
+        let cases = [
+            (0, Some(0)),
+            (1, None),
+            (5_000, None),
+            (9_999, None),
+            (10_000, Some(3)),
+            (10_001, None),
+            (25_000, Some(1)),
+            (40_000, Some(0)),
+        ];
+        for (ms, expected) in cases {
+            assert_eq!(failures.failed(at(ms)), expected, "at {ms} ms");
+        }
+    }
+
+    #[test]
+    fn slots_count_open_connections_up_to_the_cap() {
+        let slots = ConnectionSlots::new(2);
+        let a = slots.try_take().expect("first");
+        let b = slots.try_take().expect("second");
+        assert_eq!(slots.open(), 2);
+        assert!(slots.try_take().is_none(), "the cap holds");
+        drop(a);
+        assert_eq!(slots.open(), 1);
+        let _c = slots.try_take().expect("a freed slot is taken again");
+        drop(b);
+        assert_eq!(slots.open(), 1);
+    }
+
+    #[test]
+    fn the_soft_open_file_limit_is_raised_to_the_hard_one() {
+        const NOFILE: rlimit::Resource = rlimit::Resource::NOFILE;
+        let (_, hard) = rlimit::getrlimit(NOFILE).unwrap();
+        // One below the hard limit: low enough to see the raise, high enough for the other tests.
+        rlimit::setrlimit(NOFILE, hard - 1, hard).unwrap();
+        raise_open_file_limit(10);
+        let (soft, hard) = rlimit::getrlimit(NOFILE).unwrap();
+        assert_eq!(soft, hard);
+    }
+}

@@ -1,0 +1,240 @@
+//! Client connections, whichever runtime layout serves them: [`serve_connection`] serves one
+//! accepted connection (HTTP/1 or HTTP/2 without TLS) with the router until it ends, and
+//! [`Acceptor`] takes connections under the cap. `crate::serving` (one accept loop, a serving
+//! thread per core) calls both; a multi-threaded runtime would call them the same way:
+//!
+//! ```text
+//! let mut acceptor = Acceptor::new(state.connections.clone());
+//! loop {
+//!     let (tcp, peer, slot) = acceptor.accept(&listener).await;
+//!     tasks.spawn(serve_connection(tcp, peer, router.clone(), limits.clone(), slot, stopping.clone()));
+//! }
+//! ```
+//!
+//! Every wait on the client is bounded: the request line and headers by the header timeout, the
+//! wait for the next request on a kept-alive connection by the idle timeout (the phases are in
+//! `io`), the number of open connections by `max_client_connections`. A request the HTTP parser
+//! refuses is answered with the gateway's JSON error (`refusal`).
+
+mod accept;
+mod io;
+mod refusal;
+
+use std::convert::Infallible;
+use std::future::{Future, poll_fn};
+use std::net::SocketAddr;
+use std::pin::{Pin, pin};
+use std::sync::Arc;
+use std::task::{Context, Poll, ready};
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::ConnectInfo;
+use axum::http::{Request, Response};
+use bytes::Bytes;
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tower_service::Service;
+
+pub use accept::{Acceptor, ConnectionSlots, Slot, raise_open_file_limit};
+
+use io::{ClientIo, Expired, InService, Watch};
+use refusal::ParserRefusal;
+
+/// How client connections are served: the bounds from the settings and the HTTP server built
+/// from them. Cheap to clone.
+#[derive(Clone)]
+pub struct ClientLimits(Arc<LimitsInner>);
+
+struct LimitsInner {
+    header_timeout: Duration,
+    idle_timeout: Duration,
+    http: auto::Builder<TokioExecutor>,
+    /// The answers standing in for the HTTP parser's own, rendered once.
+    malformed: Bytes,
+    uri_too_long: Bytes,
+    header_too_large: Bytes,
+}
+
+impl ClientLimits {
+    /// The limits of `settings`.
+    pub fn new(settings: &crate::Settings) -> ClientLimits {
+        let max_header_bytes = settings.max_header_bytes;
+        let mut http = auto::Builder::new(TokioExecutor::new());
+        http.http1()
+            // The HTTP/1 read buffer: a request line and headers that do not fit are refused
+            // with 431 (hyper's own header-size option is not offered with HTTP/2 detection).
+            .max_buf_size(max_header_bytes)
+            // The header and idle timeouts are the connection watch's (`io`): hyper's header
+            // timer starts when it waits for the next request, so it would cut the idle wait.
+            .header_read_timeout(None);
+        http.http2()
+            .max_header_list_size(u32::try_from(max_header_bytes).unwrap_or(u32::MAX));
+        let render = |r: ParserRefusal| Bytes::from(r.error(max_header_bytes).http1_response());
+        ClientLimits(Arc::new(LimitsInner {
+            header_timeout: Duration::from_secs(settings.client_header_timeout_secs),
+            idle_timeout: Duration::from_secs(settings.client_idle_timeout_secs),
+            http,
+            malformed: render(ParserRefusal::Malformed),
+            uri_too_long: render(ParserRefusal::UriTooLong),
+            header_too_large: render(ParserRefusal::HeaderTooLarge),
+        }))
+    }
+
+    /// The whole HTTP/1.1 answer standing in for the parser's `refusal`.
+    fn parser_refusal(&self, refusal: ParserRefusal) -> Bytes {
+        match refusal {
+            ParserRefusal::Malformed => self.0.malformed.clone(),
+            ParserRefusal::UriTooLong => self.0.uri_too_long.clone(),
+            ParserRefusal::HeaderTooLarge => self.0.header_too_large.clone(),
+        }
+    }
+}
+
+/// Serves one accepted client connection with `router` until the client closes it, a bound of
+/// `limits` closes it, or — after `stopping` is cancelled — its running requests finished
+/// (graceful stop: HTTP/1 closes after the response in progress, HTTP/2 sends GOAWAY; a
+/// connection still sending a request head is closed at once). `slot` is given back when it ends. Handlers see the client's address as `ConnectInfo<SocketAddr>`.
+pub async fn serve_connection(
+    tcp: TcpStream,
+    peer: SocketAddr,
+    router: Router,
+    limits: ClientLimits,
+    slot: Slot,
+    stopping: CancellationToken,
+) {
+    let _slot = slot;
+    // Streamed chunks must leave at once: no Nagle delay on client connections.
+    let _ = tcp.set_nodelay(true);
+    let watch = Arc::new(Watch::new(limits.0.header_timeout, limits.0.idle_timeout));
+    let io = TokioIo::new(ClientIo::new(tcp, Arc::clone(&watch), limits.clone()));
+    let service = GatewayService {
+        router,
+        peer,
+        watch: Arc::clone(&watch),
+    };
+    let mut conn = pin!(limits.0.http.serve_connection(io, service));
+    let mut stop = pin!(stopping.cancelled());
+    let mut stop_sent = false;
+    let mut timer = pin!(tokio::time::sleep(limits.0.header_timeout));
+    let mut timer_at = None;
+    let ended = poll_fn(|cx: &mut Context<'_>| {
+        if !stop_sent && stop.as_mut().poll(cx).is_ready() {
+            stop_sent = true;
+            conn.as_mut().graceful_shutdown();
+        }
+        if let Poll::Ready(result) = conn.as_mut().poll(cx) {
+            return Poll::Ready(result.err().map(|e| e.to_string()));
+        }
+        // Every phase change on this task happened inside the poll above; one on another task
+        // (an HTTP/2 response ending) wakes this one.
+        watch.register(cx);
+        let Some((deadline, bound)) = watch.deadline() else {
+            return Poll::Pending;
+        };
+        if stop_sent && bound == Expired::Header {
+            // Stopping, and no request is in the router: a head not yet complete is not waited for.
+            return Poll::Ready(None);
+        }
+        // The timer is moved only to an earlier deadline; one that fires early is moved on then.
+        // So a busy kept-alive connection re-arms it about once per timeout, not per request.
+        if timer_at.is_none_or(|at| deadline < at) {
+            timer.as_mut().reset(deadline);
+            timer_at = Some(deadline);
+        }
+        while timer.as_mut().poll(cx).is_ready() {
+            if Instant::now() >= deadline {
+                metrics::counter!("aigw_client_connections_timed_out_total", "bound" => bound.label())
+                    .increment(1);
+                tracing::debug!(%peer, bound = bound.label(), "client connection timed out; closed");
+                return Poll::Ready(None);
+            }
+            timer.as_mut().reset(deadline);
+            timer_at = Some(deadline);
+        }
+        Poll::Pending
+    })
+    .await;
+    if let Some(e) = ended {
+        // A client that goes away mid-request or sends garbage is not the gateway's fault.
+        tracing::debug!(%peer, error = %e, "client connection ended with an error");
+    }
+}
+
+/// The router as the HTTP server calls it, once per request, on one connection.
+#[derive(Clone)]
+struct GatewayService {
+    router: Router,
+    peer: SocketAddr,
+    watch: Arc<Watch>,
+}
+
+impl hyper::service::Service<Request<Incoming>> for GatewayService {
+    type Response = Response<ServedBody>;
+    type Error = Infallible;
+    type Future = Served;
+
+    fn call(&self, mut req: Request<Incoming>) -> Served {
+        let in_service = InService::start(&self.watch);
+        req.extensions_mut().insert(ConnectInfo(self.peer));
+        // A `Router` is always ready (axum documents `poll_ready` as a no-op for it).
+        let mut router = self.router.clone();
+        Served {
+            response: router.call(req.map(axum::body::Body::new)),
+            in_service: Some(in_service),
+        }
+    }
+}
+
+/// A request in the router.
+struct Served {
+    response: axum::routing::future::RouteFuture<Infallible>,
+    in_service: Option<InService>,
+}
+
+impl Future for Served {
+    type Output = Result<Response<ServedBody>, Infallible>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        let response = match ready!(Pin::new(&mut this.response).poll(cx)) {
+            Ok(response) => response,
+            Err(never) => match never {},
+        };
+        let in_service = this.in_service.take();
+        Poll::Ready(Ok(response.map(|inner| ServedBody {
+            inner,
+            _in_service: in_service,
+        })))
+    }
+}
+
+/// A response body; the connection counts as in service until it ended or was dropped.
+pub struct ServedBody {
+    inner: axum::body::Body,
+    _in_service: Option<InService>,
+}
+
+impl http_body::Body for ServedBody {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, axum::Error>>> {
+        Pin::new(&mut self.get_mut().inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}

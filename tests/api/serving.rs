@@ -1,0 +1,462 @@
+//! Client connections, driven over raw TCP: the header and idle timeouts, the connection cap,
+//! and the protocol-level refusals (431, 400, 405) in the gateway's JSON error shape.
+//!
+//! No storage is involved, so each test runs on SQLite only.
+
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::helpers::{Setup, TestApp, TestDb, spawn_app};
+
+/// A gateway with these client timeouts (seconds) and connection cap.
+async fn start(db: &TestDb, header: u64, idle: u64, max_connections: usize) -> TestApp {
+    let setup = Setup {
+        settings: Box::new(move |s| {
+            s.client_header_timeout_secs = header;
+            s.client_idle_timeout_secs = idle;
+            s.max_client_connections = max_connections;
+        }),
+        ..Setup::default()
+    };
+    spawn_app(db, setup).await
+}
+
+async fn connect(app: &TestApp) -> TcpStream {
+    let addr = app.address.trim_start_matches("http://");
+    TcpStream::connect(addr).await.expect("connect")
+}
+
+/// A response read off a raw connection.
+#[derive(Debug)]
+struct RawResponse {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+}
+
+impl RawResponse {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    fn json(&self) -> Value {
+        serde_json::from_slice(&self.body).unwrap_or_else(|e| {
+            panic!(
+                "body is not JSON ({e}): {:?} (status {})",
+                String::from_utf8_lossy(&self.body),
+                self.status
+            )
+        })
+    }
+
+    /// Asserts the gateway's JSON error shape with `status` and `code`.
+    fn assert_gateway_error(&self, status: u16, code: &str) {
+        assert_eq!(self.status, status, "{self:?}");
+        assert_eq!(self.header("x-aigw-error-source"), Some("gateway"), "{self:?}");
+        assert!(
+            self.header("content-type")
+                .is_some_and(|v| v.starts_with("application/json")),
+            "{self:?}"
+        );
+        let body = self.json();
+        assert_eq!(body["error"]["code"], code, "{body}");
+        assert!(
+            body["error"]["message"].as_str().is_some_and(|m| !m.is_empty()),
+            "{body}"
+        );
+        assert!(body["error"]["type"].is_string(), "{body}");
+    }
+}
+
+/// Reads one response (head, then `content-length` bytes, or to the end when it has none).
+async fn read_response(tcp: &mut TcpStream) -> RawResponse {
+    let mut buf = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let head_end = loop {
+        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break i + 4;
+        }
+        let n = read_some(tcp, &mut buf, deadline).await;
+        assert!(
+            n > 0,
+            "connection closed before a response head: {:?}",
+            String::from_utf8_lossy(&buf)
+        );
+    };
+    let head = String::from_utf8_lossy(&buf[..head_end]).into_owned();
+    let mut lines = head.split("\r\n");
+    let status_line = lines.next().unwrap_or_default();
+    let status = status_line
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("bad status line {status_line:?}"));
+    let headers: Vec<(String, String)> = lines
+        .filter(|l| !l.is_empty())
+        .filter_map(|l| l.split_once(':'))
+        .map(|(n, v)| (n.trim().to_owned(), v.trim().to_owned()))
+        .collect();
+    let length = headers
+        .iter()
+        .find(|(n, _)| n.eq_ignore_ascii_case("content-length"))
+        .and_then(|(_, v)| v.parse::<usize>().ok());
+    let mut body = buf[head_end..].to_vec();
+    match length {
+        Some(len) => {
+            while body.len() < len {
+                let n = read_some(tcp, &mut body, deadline).await;
+                assert!(n > 0, "connection closed inside a body");
+            }
+            body.truncate(len);
+        }
+        None => while read_some(tcp, &mut body, deadline).await > 0 {},
+    }
+    RawResponse {
+        status,
+        headers,
+        body,
+    }
+}
+
+async fn read_some(tcp: &mut TcpStream, buf: &mut Vec<u8>, deadline: Instant) -> usize {
+    let mut chunk = [0u8; 8192];
+    let left = deadline.saturating_duration_since(Instant::now());
+    match tokio::time::timeout(left, tcp.read(&mut chunk)).await {
+        Ok(Ok(n)) => {
+            buf.extend_from_slice(&chunk[..n]);
+            n
+        }
+        Ok(Err(_)) => 0, // reset: closed
+        Err(_) => panic!(
+            "no answer within 5 s; read so far: {:?}",
+            String::from_utf8_lossy(buf)
+        ),
+    }
+}
+
+/// Sends `request` on a fresh connection and reads the one response.
+async fn exchange(app: &TestApp, request: &[u8]) -> RawResponse {
+    let mut tcp = connect(app).await;
+    tcp.write_all(request).await.expect("write");
+    read_response(&mut tcp).await
+}
+
+/// Waits for the gateway to close `tcp` (end of stream or reset) and returns how long that took;
+/// fails if it takes longer than `most` or if the gateway sends anything.
+async fn closed_within(tcp: &mut TcpStream, most: Duration) -> Duration {
+    let started = Instant::now();
+    let mut chunk = [0u8; 1024];
+    match tokio::time::timeout(most, tcp.read(&mut chunk)).await {
+        Ok(Ok(0)) | Ok(Err(_)) => started.elapsed(),
+        Ok(Ok(n)) => panic!(
+            "expected a silent close, got {:?}",
+            String::from_utf8_lossy(&chunk[..n])
+        ),
+        Err(_) => panic!("the connection was still open after {most:?}"),
+    }
+}
+
+/// Waits until the gateway counts `n` open client connections (10 s at most).
+async fn until_open_connections(app: &TestApp, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let open = app.state.connections.open();
+        if open == n {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "expected {n} open client connections, the gateway counts {open}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+const HEALTHZ: &[u8] = b"GET /healthz HTTP/1.1\r\nHost: gw\r\n\r\n";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_connection_is_closed_after_the_header_timeout() {
+    let db = TestDb::sqlite();
+    let app = start(&db, 1, 60, 100).await;
+    let mut tcp = connect(&app).await;
+    let took = closed_within(&mut tcp, Duration::from_secs(5)).await;
+    assert!(took >= Duration::from_millis(800), "closed too early: {took:?}");
+    until_open_connections(&app, 0).await;
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn half_a_header_is_closed_after_the_header_timeout() {
+    let db = TestDb::sqlite();
+    let app = start(&db, 1, 60, 100).await;
+    let mut tcp = connect(&app).await;
+    tcp.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nContent-")
+        .await
+        .unwrap();
+    // A byte now and then does not keep it open: the head must be complete in time.
+    let trickle = async {
+        for _ in 0..8 {
+            tokio::time::sleep(Duration::from_millis(250)).await;
+            if tcp.write_all(b"x").await.is_err() {
+                break;
+            }
+        }
+    };
+    let started = Instant::now();
+    trickle.await;
+    let took = started.elapsed() + closed_within(&mut tcp, Duration::from_secs(5)).await;
+    assert!(took < Duration::from_secs(4), "open for {took:?}");
+    until_open_connections(&app, 0).await;
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_keep_alive_connection_is_closed_after_the_idle_timeout() {
+    let db = TestDb::sqlite();
+    // The idle timeout, not the header timeout, bounds the wait for the next request.
+    let app = start(&db, 30, 1, 100).await;
+    let mut tcp = connect(&app).await;
+    tcp.write_all(HEALTHZ).await.unwrap();
+    assert_eq!(read_response(&mut tcp).await.status, 200);
+    let took = closed_within(&mut tcp, Duration::from_secs(5)).await;
+    assert!(took >= Duration::from_millis(800), "closed too early: {took:?}");
+    until_open_connections(&app, 0).await;
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keep_alive_connection_outlives_the_header_timeout_while_idle() {
+    let db = TestDb::sqlite();
+    let app = start(&db, 1, 30, 100).await;
+    let mut tcp = connect(&app).await;
+    tcp.write_all(HEALTHZ).await.unwrap();
+    assert_eq!(read_response(&mut tcp).await.status, 200);
+    // Twice the header timeout between two requests on the same connection.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    tcp.write_all(HEALTHZ).await.unwrap();
+    assert_eq!(read_response(&mut tcp).await.status, 200);
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_the_connection_cap_a_client_is_answered_at_once_and_served_once_a_slot_frees() {
+    let db = TestDb::sqlite();
+    let app = start(&db, 2, 60, 20).await;
+    let mut silent = Vec::new();
+    for _ in 0..20 {
+        silent.push(connect(&app).await);
+    }
+    until_open_connections(&app, 20).await;
+
+    // The 21st connection: a 503 in the gateway's shape at once, then closed.
+    let started = Instant::now();
+    let r = exchange(&app, HEALTHZ).await;
+    r.assert_gateway_error(503, "too_many_connections");
+    assert!(r.header("retry-after").is_some(), "{r:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "took {:?}",
+        started.elapsed()
+    );
+    // An HTTP client gets the same answer, fast.
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .build()
+        .unwrap();
+    let url = format!("{}/healthz", app.address);
+    let started = Instant::now();
+    let r = client.get(&url).send().await.expect("an answer, not a hang");
+    assert_eq!(r.status(), 503);
+    assert!(started.elapsed() < Duration::from_secs(1));
+
+    // The silent connections reach their header timeout; then a request gets through.
+    until_open_connections(&app, 0).await;
+    let r = client.get(&url).send().await.expect("request");
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.text().await.unwrap(), "ok");
+    drop(silent);
+    until_open_connections(&app, 0).await;
+    let metrics = app.get("/metrics").await.text().await.unwrap();
+    assert!(
+        metrics.contains("aigw_client_connections_refused_total 2"),
+        "{metrics}"
+    );
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn headers_too_large_are_a_431_in_the_gateway_shape() {
+    let db = TestDb::sqlite();
+    let app = spawn_app(&db, Setup::default()).await;
+    let big = "a".repeat(20 * 1024);
+    let request = format!("GET /healthz HTTP/1.1\r\nHost: gw\r\nX-Big: {big}\r\n\r\n");
+    let r = exchange(&app, request.as_bytes()).await;
+    r.assert_gateway_error(431, "request_header_too_large");
+    assert_eq!(r.header("connection"), Some("close"));
+    // Just under the limit is served.
+    let fits = "a".repeat(12 * 1024);
+    let request = format!("GET /healthz HTTP/1.1\r\nHost: gw\r\nX-Big: {fits}\r\n\r\n");
+    assert_eq!(exchange(&app, request.as_bytes()).await.status, 200);
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_requests_are_a_400_in_the_gateway_shape() {
+    let db = TestDb::sqlite();
+    let app = spawn_app(&db, Setup::default()).await;
+    let cases: &[(&str, &[u8])] = &[
+        (
+            "header line without a colon",
+            b"GET /healthz HTTP/1.1\r\nHost: gw\r\nNo colon here\r\n\r\n",
+        ),
+        (
+            "Content-Length: abc",
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nContent-Length: abc\r\n\r\n{}",
+        ),
+        (
+            "two conflicting Content-Lengths",
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n{}",
+        ),
+        ("bad request line", b"GET\r\n\r\n"),
+    ];
+    for (what, request) in cases {
+        let r = exchange(&app, request).await;
+        assert_eq!(r.status, 400, "{what}: {r:?}");
+        r.assert_gateway_error(400, "invalid_request_error");
+        assert_eq!(r.header("connection"), Some("close"), "{what}");
+    }
+    // The connection that follows is served as usual.
+    assert_eq!(exchange(&app, HEALTHZ).await.status, 200);
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_method_is_a_405_with_allow_in_the_gateway_shape() {
+    let db = TestDb::sqlite();
+    let app = spawn_app(&db, Setup::default()).await;
+    for (method, path, allow) in [
+        ("GET", "/v1/chat/completions", "POST"),
+        ("DELETE", "/v1/models", "GET,HEAD"),
+        ("POST", "/healthz", "GET,HEAD"),
+        ("GET", "/admin/v1/auth/login", "POST"),
+    ] {
+        let r = app
+            .client
+            .request(method.parse().unwrap(), format!("{}{path}", app.address))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 405, "{method} {path}");
+        assert_eq!(r.headers()["x-aigw-error-source"], "gateway", "{method} {path}");
+        assert_eq!(r.headers()["allow"], allow, "{method} {path}");
+        let body: Value = r.json().await.unwrap();
+        assert_eq!(
+            body["error"]["code"], "method_not_allowed",
+            "{method} {path}: {body}"
+        );
+    }
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_root_redirects_to_the_console() {
+    let db = TestDb::sqlite();
+    let app = spawn_app(&db, Setup::default()).await;
+    let client = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    for method in [reqwest::Method::GET, reqwest::Method::HEAD] {
+        let r = client
+            .request(method.clone(), format!("{}/", app.address))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 307, "{method}");
+        assert_eq!(r.headers()["location"], "/console/", "{method}");
+    }
+    // A console file that does not exist is a refusal like any other.
+    let r = app.get("/console/no-such-file.js").await;
+    assert_eq!(r.status(), 404);
+    assert_eq!(r.headers()["x-aigw-error-source"], "gateway");
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "not_found");
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_without_tls_is_served_and_its_idle_connection_closed() {
+    let db = TestDb::sqlite();
+    let app = start(&db, 30, 1, 100).await;
+    let client = reqwest::Client::builder()
+        .http2_prior_knowledge()
+        .build()
+        .unwrap();
+    let r = client
+        .get(format!("{}/healthz", app.address))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.version(), reqwest::Version::HTTP_2);
+    assert_eq!(r.text().await.unwrap(), "ok");
+    let r = client
+        .get(format!("{}/v1/chat/completions", app.address))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 405);
+    assert_eq!(r.headers()["x-aigw-error-source"], "gateway");
+    // The client keeps its connection; the gateway's idle timeout ends it.
+    until_open_connections(&app, 0).await;
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_graceful_stop_finishes_running_requests_and_waits_for_no_idle_client() {
+    use aigw::mock_upstream::{MockUpstream, Script};
+    use futures::StreamExt;
+
+    let db = TestDb::sqlite();
+    let mock = MockUpstream::start().await.unwrap();
+    // Default client bounds (30 s for a head, 75 s idle): the stop must not wait for them.
+    let app = spawn_app(&db, Setup::resources(crate::proxy::resources(&mock))).await;
+    mock.script(Script::any().chunk_delay(300).words(3));
+    let body = serde_json::json!({"model": "gpt-4o-mini", "stream": true,
+        "messages": [{"role": "user", "content": "hi"}]});
+    let running = app
+        .post_json("/v1/chat/completions", crate::proxy::KEY, &body)
+        .await;
+    assert_eq!(running.status(), 200);
+
+    let mut idle = connect(&app).await;
+    idle.write_all(HEALTHZ).await.unwrap();
+    assert_eq!(read_response(&mut idle).await.status, 200);
+    let mut half_head = connect(&app).await;
+    half_head
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: gw\r\n")
+        .await
+        .unwrap();
+    until_open_connections(&app, 3).await;
+
+    let started = Instant::now();
+    let stopped = tokio::spawn(app.stop());
+    let mut stream = running.bytes_stream();
+    let mut text = Vec::new();
+    while let Some(chunk) = stream.next().await {
+        text.extend_from_slice(&chunk.expect("the running stream is not cut"));
+    }
+    assert!(String::from_utf8_lossy(&text).contains("data: [DONE]"));
+    closed_within(&mut idle, Duration::from_secs(5)).await;
+    closed_within(&mut half_head, Duration::from_secs(5)).await;
+    tokio::time::timeout(Duration::from_secs(10), stopped)
+        .await
+        .expect("the stop did not wait for the client bounds")
+        .unwrap();
+    assert!(started.elapsed() < Duration::from_secs(10));
+}
