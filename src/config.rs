@@ -131,7 +131,16 @@ pub struct Settings {
     /// Most a serving thread polls for I/O before it sleeps, in microseconds (adaptive, as KVM's
     /// halt polling; 0 turns it off).
     pub idle_poll_us: u64,
+    /// Most tokens one call may report: usage from an upstream above it (in any count, or in
+    /// all) is invalid, and the gateway's estimate is counted instead.
+    pub max_usage_tokens: u64,
 }
+
+/// Default of `max_usage_tokens`: far above any model's context, far below any overflow.
+pub const DEFAULT_MAX_USAGE_TOKENS: u64 = 100_000_000;
+/// Highest `max_usage_tokens` accepted: a counter still takes millions of such calls before it
+/// saturates.
+const MAX_USAGE_TOKENS_LIMIT: u64 = 1_000_000_000_000;
 
 impl Default for Settings {
     fn default() -> Self {
@@ -155,6 +164,7 @@ impl Default for Settings {
             data_dir: PathBuf::new(),
             log_format: LogFormat::Text,
             idle_poll_us: 200,
+            max_usage_tokens: DEFAULT_MAX_USAGE_TOKENS,
         }
     }
 }
@@ -182,6 +192,7 @@ struct FileSettings {
     data_dir: Option<PathBuf>,
     log_format: Option<LogFormat>,
     idle_poll_us: Option<u64>,
+    max_usage_tokens: Option<u64>,
 }
 
 /// A setting that could not be read; the message names the setting and where it came from.
@@ -228,6 +239,7 @@ impl Settings {
             s.data_dir = f.data_dir.unwrap_or(s.data_dir);
             s.log_format = f.log_format.unwrap_or(s.log_format);
             s.idle_poll_us = f.idle_poll_us.unwrap_or(s.idle_poll_us);
+            s.max_usage_tokens = f.max_usage_tokens.unwrap_or(s.max_usage_tokens);
         }
 
         let var = |name: &str| env(name).filter(|v| !v.is_empty());
@@ -288,6 +300,9 @@ impl Settings {
         if let Some(v) = var("AIGW_IDLE_POLL_US") {
             s.idle_poll_us = parse_value("AIGW_IDLE_POLL_US", &v)?;
         }
+        if let Some(v) = var("AIGW_MAX_USAGE_TOKENS") {
+            s.max_usage_tokens = parse_value("AIGW_MAX_USAGE_TOKENS", &v)?;
+        }
         s.validate()?;
         Ok(s)
     }
@@ -340,6 +355,12 @@ impl Settings {
             return bad(
                 "log_retention_days (AIGW_LOG_RETENTION_DAYS)",
                 "must be at least 1",
+            );
+        }
+        if !(1..=MAX_USAGE_TOKENS_LIMIT).contains(&self.max_usage_tokens) {
+            return bad(
+                "max_usage_tokens (AIGW_MAX_USAGE_TOKENS)",
+                "must be 1..=1000000000000",
             );
         }
         if let Some(email) = &self.bootstrap_email
@@ -415,6 +436,7 @@ mod tests {
         assert_eq!(s.timezone, chrono_tz::Asia::Shanghai);
         assert_eq!(s.max_body_bytes, 32 * 1024 * 1024);
         assert_eq!(s.idle_poll_us, 200);
+        assert_eq!(s.max_usage_tokens, 100_000_000);
         assert_eq!(s.secrets_dir(), PathBuf::from("."));
     }
 
@@ -445,6 +467,12 @@ mod tests {
             (&[("AIGW_SLOT_WAIT_MS", "60001")], "AIGW_SLOT_WAIT_MS"),
             (&[("AIGW_IDLE_POLL_US", "10001")], "AIGW_IDLE_POLL_US"),
             (&[("AIGW_IDLE_POLL_US", "-1")], "AIGW_IDLE_POLL_US"),
+            (&[("AIGW_MAX_USAGE_TOKENS", "0")], "AIGW_MAX_USAGE_TOKENS"),
+            (&[("AIGW_MAX_USAGE_TOKENS", "-1")], "AIGW_MAX_USAGE_TOKENS"),
+            (
+                &[("AIGW_MAX_USAGE_TOKENS", "1000000000001")],
+                "AIGW_MAX_USAGE_TOKENS",
+            ),
             (
                 &[("AIGW_SINGLE_CANDIDATE_RETRY_MAX_MS", "60001")],
                 "AIGW_SINGLE_CANDIDATE_RETRY_MAX_MS",
@@ -467,6 +495,20 @@ mod tests {
         std::fs::write(&path, "listen = \"127.0.0.1:5000\"\nlisten_port = 3\n").unwrap();
         let err = Settings::load(Some(&path), env(&[])).unwrap_err().to_string();
         assert!(err.contains("listen_port") && err.contains("line 2"), "{err}");
+    }
+
+    #[test]
+    fn max_usage_tokens_from_file_and_env() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("aigw.toml");
+        std::fs::write(&path, "max_usage_tokens = 5000\n").unwrap();
+        let s = Settings::load(Some(&path), env(&[])).unwrap();
+        assert_eq!(s.max_usage_tokens, 5000);
+        let s = Settings::load(Some(&path), env(&[("AIGW_MAX_USAGE_TOKENS", "7000")])).unwrap();
+        assert_eq!(s.max_usage_tokens, 7000);
+        std::fs::write(&path, "max_usage_tokens = 0\n").unwrap();
+        let err = Settings::load(Some(&path), env(&[])).unwrap_err().to_string();
+        assert!(err.contains("max_usage_tokens"), "{err}");
     }
 
     #[test]

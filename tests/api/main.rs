@@ -14,3 +14,4 @@ mod proxy;
 mod quota;
 mod resources;
 mod upstream;
+mod usage;
