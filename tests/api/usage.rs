@@ -154,6 +154,7 @@ both_backends!(
     estimated_usage_still_enforces_the_quota,
     absurd_usage_never_blocks_the_other_counters,
     a_200_without_usage_is_estimated_and_flagged,
+    a_counter_the_database_refuses_holds_back_only_itself,
     the_ceiling_is_a_setting,
 );
 
@@ -479,4 +480,99 @@ async fn a_200_without_usage_is_estimated_and_flagged(db: TestDb) {
         assert!(log.explanation.contains("usage estimated"), "{}", log.explanation);
     }
     app.stop().await;
+}
+
+/// Makes the database refuse every write of ada's requests counter (a fault no usage can cause
+/// any more), or lifts that refusal.
+async fn refuse_adas_request_counter(db: &TestDb, refuse: bool) {
+    let pool = sqlx::AnyPool::connect(&db.url).await.unwrap();
+    let when = "NEW.subject = 'apikey' AND NEW.metric = 'requests' \
+                AND NEW.subject_id = (SELECT id FROM api_keys WHERE name = 'ci')";
+    let statements: Vec<String> = match (db.backend, refuse) {
+        ("postgres", true) => vec![
+            format!(
+                "CREATE FUNCTION refuse_counter() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
+                 IF {when} THEN RAISE EXCEPTION 'counter refused by the test'; END IF; \
+                 RETURN NEW; END $$"
+            ),
+            "CREATE TRIGGER refuse_counter BEFORE INSERT OR UPDATE ON usage_counters \
+             FOR EACH ROW EXECUTE FUNCTION refuse_counter()"
+                .to_owned(),
+        ],
+        ("postgres", false) => vec!["DROP TRIGGER refuse_counter ON usage_counters".to_owned()],
+        (_, true) => ["INSERT", "UPDATE"]
+            .iter()
+            .map(|op| {
+                format!(
+                    "CREATE TRIGGER refuse_counter_{op} BEFORE {op} ON usage_counters WHEN {when} \
+                     BEGIN SELECT RAISE(ABORT, 'counter refused by the test'); END"
+                )
+            })
+            .collect(),
+        (_, false) => vec![
+            "DROP TRIGGER refuse_counter_INSERT".to_owned(),
+            "DROP TRIGGER refuse_counter_UPDATE".to_owned(),
+        ],
+    };
+    for sql in statements {
+        sqlx::query(&sql).execute(&pool).await.unwrap();
+    }
+    pool.close().await;
+}
+
+async fn a_counter_the_database_refuses_holds_back_only_itself(db: TestDb) {
+    let mock = MockUpstream::start().await.unwrap();
+    let policies = policy("apikey", "*", "requests", "day", "1000", "enforce")
+        + &policy("apikey", "*", "total_tokens", "day", "1000000", "enforce");
+    let app = spawn_app(&db, Setup::resources(workspace(&mock, &policies))).await;
+    refuse_adas_request_counter(&db, true).await;
+    for _ in 0..2 {
+        send_ok(&app, "/v1/chat/completions", KEY, &chat(false)).await;
+    }
+    for _ in 0..3 {
+        send_ok(&app, "/v1/chat/completions", BOB_KEY, &chat(false)).await;
+    }
+    let logs = app.logs("acme", 5).await;
+    let requests_of = |key: i64| logs.iter().filter(|l| l.key_id == key).count();
+    let key_with = |n: usize| {
+        logs.iter()
+            .map(|l| l.key_id)
+            .find(|k| requests_of(*k) == n)
+            .unwrap()
+    };
+    let (ada, bob) = (key_with(2), key_with(3));
+    let s = &app.state;
+    let expected = |ada_requests: Option<i64>| {
+        let mut m = HashMap::from([
+            (("apikey".to_owned(), bob, "requests".to_owned()), 3),
+            (("apikey".to_owned(), bob, "total_tokens".to_owned()), 27),
+            (("apikey".to_owned(), ada, "total_tokens".to_owned()), 18),
+        ]);
+        if let Some(n) = ada_requests {
+            m.insert(("apikey".to_owned(), ada, "requests".to_owned()), n);
+        }
+        m
+    };
+    for _ in 0..3 {
+        let flushed = s
+            .quota
+            .flush(&s.store, app.clock.now(), s.settings.timezone)
+            .await;
+        assert!(flushed.is_err(), "ada's requests counter was refused");
+        assert_eq!(
+            stored_counters(&db).await,
+            expected(None),
+            "every other counter is written, once"
+        );
+    }
+    refuse_adas_request_counter(&db, false).await;
+    flush(&app).await;
+    flush(&app).await;
+    assert_eq!(
+        stored_counters(&db).await,
+        expected(Some(2)),
+        "written once refused no more"
+    );
+    app.stop().await;
+    assert_eq!(stored_counters(&db).await, expected(Some(2)));
 }
