@@ -154,6 +154,7 @@ both_backends!(
     estimated_usage_still_enforces_the_quota,
     absurd_usage_never_blocks_the_other_counters,
     a_200_without_usage_is_estimated_and_flagged,
+    counters_saturate_instead_of_overflowing,
     a_counter_the_database_refuses_holds_back_only_itself,
     the_ceiling_is_a_setting,
 );
@@ -479,6 +480,59 @@ async fn a_200_without_usage_is_estimated_and_flagged(db: TestDb) {
         );
         assert!(log.explanation.contains("usage estimated"), "{}", log.explanation);
     }
+    app.stop().await;
+}
+
+async fn counters_saturate_instead_of_overflowing(db: TestDb) {
+    let mock = MockUpstream::start().await.unwrap();
+    // A price so high that one request at the usage ceiling costs more micro-credits than a
+    // counter holds: every credits counter saturates, and the sum of two must too (in memory,
+    // in the flush's SQL, in the usage report).
+    let policies = policy("member", "*", "credits", "month", "1e300", "shadow")
+        + &policy("ws", "acme", "requests", "day", "1000", "enforce");
+    let text = workspace(&mock, &policies).replace(
+        "price = { prompt = 1.0, completion = 2.0 }",
+        "price = { prompt = 1e13, completion = 1e13 }",
+    );
+    let app = spawn_app(&db, Setup::resources(text.clone())).await;
+    mock.script(Script {
+        prompt_tokens: Some(99_999_000),
+        ..Script::any()
+    });
+    for _ in 0..2 {
+        send_ok(&app, "/v1/chat/completions", KEY, &chat(false)).await;
+        flush(&app).await;
+    }
+    let logs = app.logs("acme", 2).await;
+    assert!(
+        logs.iter()
+            .all(|l| l.credits == i64::MAX && l.usage_estimated == 0),
+        "credits saturate; the usage itself was valid"
+    );
+    let (status, report) = usage_report(&app, "member").await;
+    assert_eq!(status, 200, "{report}");
+    assert_eq!(report["data"][0]["requests"], 2);
+    assert_eq!(
+        report["data"][0]["credits"],
+        aigw::quota::micros_to_credits(i64::MAX)
+    );
+    app.stop().await;
+    let stored = stored_counters(&db).await;
+    let ada = &logs[0];
+    assert_eq!(
+        stored.get(&("member".into(), ada.member_id, "credits".into())),
+        Some(&i64::MAX)
+    );
+    assert_eq!(
+        stored.get(&("ws".into(), ada.workspace_id, "requests".into())),
+        Some(&2),
+        "the other counters of the batch are stored exactly"
+    );
+    // Read back after a restart.
+    let app = spawn_app(&db, Setup::resources(text)).await;
+    let r = app.post_json("/v1/chat/completions", KEY, &chat(false)).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["x-aigw-quota-requests-remaining"], "997");
     app.stop().await;
 }
 
