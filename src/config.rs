@@ -154,7 +154,16 @@ pub struct Settings {
     pub max_client_connections: usize,
     /// Largest request line and headers accepted, in bytes; larger is refused with 431.
     pub max_header_bytes: usize,
+    /// Most tokens one call may report: usage from an upstream above it (in any count, or in
+    /// all) is invalid, and the gateway's estimate is counted instead.
+    pub max_usage_tokens: u64,
 }
+
+/// Default of `max_usage_tokens`: far above any model's context, far below any overflow.
+pub const DEFAULT_MAX_USAGE_TOKENS: u64 = 100_000_000;
+/// Highest `max_usage_tokens` accepted: a counter still takes millions of such calls before it
+/// saturates.
+const MAX_USAGE_TOKENS_LIMIT: u64 = 1_000_000_000_000;
 
 impl Default for Settings {
     fn default() -> Self {
@@ -186,6 +195,7 @@ impl Default for Settings {
             client_idle_timeout_secs: 75,
             max_client_connections: 10_000,
             max_header_bytes: 16 * 1024,
+            max_usage_tokens: DEFAULT_MAX_USAGE_TOKENS,
         }
     }
 }
@@ -221,6 +231,7 @@ struct FileSettings {
     client_idle_timeout_secs: Option<u64>,
     max_client_connections: Option<usize>,
     max_header_bytes: Option<usize>,
+    max_usage_tokens: Option<u64>,
 }
 
 /// A setting that could not be read; the message names the setting and where it came from.
@@ -279,6 +290,7 @@ impl Settings {
             s.client_idle_timeout_secs = f.client_idle_timeout_secs.unwrap_or(s.client_idle_timeout_secs);
             s.max_client_connections = f.max_client_connections.unwrap_or(s.max_client_connections);
             s.max_header_bytes = f.max_header_bytes.unwrap_or(s.max_header_bytes);
+            s.max_usage_tokens = f.max_usage_tokens.unwrap_or(s.max_usage_tokens);
         }
 
         let var = |name: &str| env(name).filter(|v| !v.is_empty());
@@ -362,6 +374,9 @@ impl Settings {
         }
         if let Some(v) = var("AIGW_MAX_HEADER_BYTES") {
             s.max_header_bytes = parse_value("AIGW_MAX_HEADER_BYTES", &v)?;
+        }
+        if let Some(v) = var("AIGW_MAX_USAGE_TOKENS") {
+            s.max_usage_tokens = parse_value("AIGW_MAX_USAGE_TOKENS", &v)?;
         }
         s.validate()?;
         Ok(s)
@@ -464,6 +479,12 @@ impl Settings {
                 "must be at least 1",
             );
         }
+        if !(1..=MAX_USAGE_TOKENS_LIMIT).contains(&self.max_usage_tokens) {
+            return bad(
+                "max_usage_tokens (AIGW_MAX_USAGE_TOKENS)",
+                "must be 1..=1000000000000",
+            );
+        }
         if let Some(email) = &self.bootstrap_email
             && !email.contains('@')
         {
@@ -552,6 +573,7 @@ mod tests {
         assert_eq!(s.client_idle_timeout_secs, 75);
         assert_eq!(s.max_client_connections, 10_000);
         assert_eq!(s.max_header_bytes, 16 * 1024);
+        assert_eq!(s.max_usage_tokens, 100_000_000);
         assert_eq!(s.secrets_dir(), PathBuf::from("."));
     }
 
@@ -609,6 +631,12 @@ mod tests {
                 "AIGW_MAX_CLIENT_CONNECTIONS",
             ),
             (&[("AIGW_MAX_HEADER_BYTES", "4096")], "AIGW_MAX_HEADER_BYTES"),
+            (&[("AIGW_MAX_USAGE_TOKENS", "0")], "AIGW_MAX_USAGE_TOKENS"),
+            (&[("AIGW_MAX_USAGE_TOKENS", "-1")], "AIGW_MAX_USAGE_TOKENS"),
+            (
+                &[("AIGW_MAX_USAGE_TOKENS", "1000000000001")],
+                "AIGW_MAX_USAGE_TOKENS",
+            ),
             (
                 &[("AIGW_SINGLE_CANDIDATE_RETRY_MAX_MS", "60001")],
                 "AIGW_SINGLE_CANDIDATE_RETRY_MAX_MS",
@@ -631,6 +659,20 @@ mod tests {
         std::fs::write(&path, "listen = \"127.0.0.1:5000\"\nlisten_port = 3\n").unwrap();
         let err = Settings::load(Some(&path), env(&[])).unwrap_err().to_string();
         assert!(err.contains("listen_port") && err.contains("line 2"), "{err}");
+    }
+
+    #[test]
+    fn max_usage_tokens_from_file_and_env() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("aigw.toml");
+        std::fs::write(&path, "max_usage_tokens = 5000\n").unwrap();
+        let s = Settings::load(Some(&path), env(&[])).unwrap();
+        assert_eq!(s.max_usage_tokens, 5000);
+        let s = Settings::load(Some(&path), env(&[("AIGW_MAX_USAGE_TOKENS", "7000")])).unwrap();
+        assert_eq!(s.max_usage_tokens, 7000);
+        std::fs::write(&path, "max_usage_tokens = 0\n").unwrap();
+        let err = Settings::load(Some(&path), env(&[])).unwrap_err().to_string();
+        assert!(err.contains("max_usage_tokens"), "{err}");
     }
 
     #[test]

@@ -74,6 +74,20 @@ pub struct Script {
     /// Streamed: after this many content chunks, send nothing more and keep the connection open.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stall_after_chunks: Option<u32>,
+    /// Replaces every `usage` the answer reports (the body's, the stream's usage chunk,
+    /// Anthropic's `message_start` and `message_delta` usage) with this JSON value as is, however
+    /// absurd; `null` (also over HTTP) leaves usage out of the answer altogether.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "present"
+    )]
+    pub usage: Option<Value>,
+}
+
+/// A field that is present, `null` included (serde reads an `Option` field's `null` as absent).
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Value>, D::Error> {
+    Value::deserialize(d).map(Some)
 }
 
 impl Script {
@@ -117,6 +131,11 @@ impl Script {
         self.words = Some(n);
         self
     }
+    /// Report this `usage` value instead of the real one (`Value::Null`: no usage at all).
+    pub fn usage(mut self, usage: Value) -> Self {
+        self.usage = Some(usage);
+        self
+    }
 }
 
 /// One call the mock received.
@@ -135,7 +154,8 @@ pub struct Call {
     /// Status answered.
     pub status: u16,
     /// Usage reported in the answer: (prompt, completion) tokens; for a stream, what the full
-    /// stream reports (a dropped or stalled stream reports nothing).
+    /// stream reports (a dropped or stalled stream reports nothing; nor does a script's `usage`
+    /// override).
     pub usage: Option<(u64, u64)>,
 }
 
@@ -375,7 +395,23 @@ impl Incoming {
             .unwrap_or_else(|| count_words(&self.body).max(1))
     }
 
+    /// The `usage` value to report in place of `real`: the script's override if any (`None`:
+    /// leave usage out).
+    fn reported_usage(&self, real: Value) -> Option<Value> {
+        match &self.script.usage {
+            None => Some(real),
+            Some(Value::Null) => None,
+            Some(u) => Some(u.clone()),
+        }
+    }
+
+    /// What [`Call::usage`] records: none when the script overrode the usage.
+    fn recorded_usage(&self, real: Option<(u64, u64)>) -> Option<(u64, u64)> {
+        real.filter(|_| self.script.usage.is_none())
+    }
+
     fn record(&self, st: &MockState, status: u16, usage: Option<(u64, u64)>) {
+        let usage = self.recorded_usage(usage);
         st.record(Call {
             path: self.path.to_owned(),
             credential: self.credential.clone(),
@@ -487,18 +523,20 @@ async fn chat(State(st): State<Arc<MockState>>, headers: HeaderMap, raw: Bytes) 
     let completion = words.len() as u64;
     let id = format!("chatcmpl-mock-{}", uuid::Uuid::now_v7().simple());
     let created = chrono::Utc::now().timestamp();
-    let usage = json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion});
+    let usage = inc.reported_usage(
+        json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}),
+    );
     if !inc.stream {
         inc.record(&st, 200, Some((prompt, completion)));
-        return json_response(
-            &inc,
-            json!({
-                "id": id, "object": "chat.completion", "created": created, "model": model,
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": words.concat()},
-                             "finish_reason": "stop"}],
-                "usage": usage,
-            }),
-        );
+        let mut body = json!({
+            "id": id, "object": "chat.completion", "created": created, "model": model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": words.concat()},
+                         "finish_reason": "stop"}],
+        });
+        if let Some(u) = usage {
+            body["usage"] = u;
+        }
+        return json_response(&inc, body);
     }
     let include_usage = inc
         .body
@@ -542,7 +580,7 @@ async fn chat(State(st): State<Arc<MockState>>, headers: HeaderMap, raw: Bytes) 
     }
     if reported.is_some() {
         events.push(chunk(json!({}), json!("stop")));
-        if include_usage {
+        if include_usage && let Some(usage) = usage {
             let c = json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model,
                            "choices": [], "usage": usage});
             events.push(Some(format!("data: {c}\n\n")));
@@ -568,11 +606,11 @@ async fn embeddings(State(st): State<Arc<MockState>>, headers: HeaderMap, raw: B
         .map(|i| json!({"object": "embedding", "index": i, "embedding": [0.1, -0.2, 0.3, 0.0, 0.5, -0.6, 0.7, 0.8]}))
         .collect();
     inc.record(&st, 200, Some((prompt, 0)));
-    json_response(
-        &inc,
-        json!({"object": "list", "data": data, "model": inc.model.clone().unwrap_or_default(),
-               "usage": {"prompt_tokens": prompt, "total_tokens": prompt}}),
-    )
+    let mut body = json!({"object": "list", "data": data, "model": inc.model.clone().unwrap_or_default()});
+    if let Some(u) = inc.reported_usage(json!({"prompt_tokens": prompt, "total_tokens": prompt})) {
+        body["usage"] = u;
+    }
+    json_response(&inc, body)
 }
 
 async fn messages(State(st): State<Arc<MockState>>, headers: HeaderMap, raw: Bytes) -> Response {
@@ -588,21 +626,24 @@ async fn messages(State(st): State<Arc<MockState>>, headers: HeaderMap, raw: Byt
     let id = format!("msg_mock_{}", uuid::Uuid::now_v7().simple());
     if !inc.stream {
         inc.record(&st, 200, Some((input, output)));
-        return json_response(
-            &inc,
-            json!({"id": id, "type": "message", "role": "assistant", "model": model,
-                   "content": [{"type": "text", "text": words.concat()}],
-                   "stop_reason": "end_turn", "stop_sequence": null,
-                   "usage": {"input_tokens": input, "output_tokens": output}}),
-        );
+        let mut body = json!({"id": id, "type": "message", "role": "assistant", "model": model,
+               "content": [{"type": "text", "text": words.concat()}],
+               "stop_reason": "end_turn", "stop_sequence": null});
+        if let Some(u) = inc.reported_usage(json!({"input_tokens": input, "output_tokens": output})) {
+            body["usage"] = u;
+        }
+        return json_response(&inc, body);
     }
     let ev = |name: &str, data: Value| Some(format!("event: {name}\ndata: {data}\n\n"));
+    let mut start = json!({"id": id, "type": "message", "role": "assistant",
+           "model": model, "content": [], "stop_reason": null, "stop_sequence": null});
+    if let Some(u) = inc.reported_usage(json!({"input_tokens": input, "output_tokens": 1})) {
+        start["usage"] = u;
+    }
     let mut events = vec![
         ev(
             "message_start",
-            json!({"type": "message_start", "message": {"id": id, "type": "message", "role": "assistant",
-                   "model": model, "content": [], "stop_reason": null, "stop_sequence": null,
-                   "usage": {"input_tokens": input, "output_tokens": 1}}}),
+            json!({"type": "message_start", "message": start}),
         ),
         ev(
             "content_block_start",
@@ -640,11 +681,12 @@ async fn messages(State(st): State<Arc<MockState>>, headers: HeaderMap, raw: Byt
             "content_block_stop",
             json!({"type": "content_block_stop", "index": 0}),
         ));
-        events.push(ev(
-            "message_delta",
-            json!({"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": null},
-                   "usage": {"output_tokens": output}}),
-        ));
+        let mut delta =
+            json!({"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": null}});
+        if let Some(u) = inc.reported_usage(json!({"output_tokens": output})) {
+            delta["usage"] = u;
+        }
+        events.push(ev("message_delta", delta));
         events.push(ev("message_stop", json!({"type": "message_stop"})));
     }
     inc.record(&st, 200, reported);

@@ -43,8 +43,11 @@ pub struct Outcome {
     pub status: u16,
     /// Tokens used, if any.
     pub usage: Option<Usage>,
-    /// Whether `usage` is an estimate (stream cut short).
+    /// Whether `usage` is the gateway's estimate: a stream cut short, or an answer whose upstream
+    /// reported no usage or an invalid one.
     pub estimated: bool,
+    /// Why the upstream's usage was refused, if it was (warned about with the request's ids).
+    pub invalid_usage: Option<String>,
     /// Error code, if the request failed (or the stream broke).
     pub code: Option<String>,
     /// Who failed.
@@ -62,11 +65,26 @@ impl Outcome {
             status,
             usage,
             estimated: false,
+            invalid_usage: None,
             code: None,
             source: None,
             explanation: String::new(),
             ttfb,
         }
+    }
+
+    /// A successful response whose usage the upstream did not report validly: `estimate` is
+    /// counted, and the log says why.
+    pub fn estimated(
+        status: u16,
+        estimate: Usage,
+        invalid_usage: Option<&str>,
+        ttfb: Option<Duration>,
+    ) -> Self {
+        let mut outcome = Outcome::ok(status, Some(estimate), ttfb);
+        outcome.estimated = true;
+        outcome.invalid_usage = invalid_usage.map(str::to_owned);
+        outcome
     }
 
     /// A failure.
@@ -80,6 +98,7 @@ impl Outcome {
             status,
             usage: None,
             estimated: false,
+            invalid_usage: None,
             code: Some(code.into()),
             source: Some(source),
             explanation: explanation.into(),
@@ -290,13 +309,29 @@ impl Completion {
         }
         self.slot = None;
         let r = &mut self.record;
+        if let Some(why) = &outcome.invalid_usage {
+            tracing::warn!(
+                request_id = %r.request_id,
+                upstream = r.upstream_id,
+                model = r.model_served.as_deref().unwrap_or_default(),
+                reason = %why,
+                "upstream reported invalid usage; counting the gateway's estimate instead"
+            );
+        }
         r.status = i64::from(outcome.status);
         r.code = outcome.code;
         r.source = outcome.source.map(|s| s.as_str().to_owned());
         r.explanation = outcome.explanation;
-        r.prompt_tokens = usage.prompt as i64;
-        r.completion_tokens = usage.completion as i64;
-        r.total_tokens = usage.total() as i64;
+        if outcome.estimated && r.explanation.is_empty() {
+            r.explanation = match &outcome.invalid_usage {
+                Some(why) => format!("usage estimated: the upstream's usage was invalid ({why})"),
+                None => "usage estimated: the upstream reported none".to_owned(),
+            };
+        }
+        let tokens = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+        r.prompt_tokens = tokens(usage.prompt);
+        r.completion_tokens = tokens(usage.completion);
+        r.total_tokens = tokens(usage.total());
         r.credits = credits;
         r.usage_estimated = i64::from(outcome.estimated);
         r.latency_ms = elapsed.as_millis() as i64;

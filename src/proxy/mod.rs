@@ -26,8 +26,9 @@ use crate::error::{ApiError, ERROR_SOURCE, QuotaRefusal};
 use crate::quota::engine::{QuotaDecision, display_value};
 use crate::quota::window::format_reset_at;
 use crate::quota::{self, Metric};
-use crate::upstream::adapter::{self, Endpoint, SseTap};
+use crate::upstream::adapter::{self, Endpoint, SseTap, UsageReport};
 use crate::upstream::dispatch::{self, Dispatched};
+use crate::upstream::usage;
 use completion::{Completion, Outcome, Source};
 
 crate::app::route_table! {
@@ -183,7 +184,7 @@ pub async fn handle(state: AppState, endpoint: Endpoint, peer: SocketAddr, req: 
                 .and_then(|v| v.to_str().ok())
                 .is_some_and(|v| v.starts_with("text/event-stream"));
             if body.stream && is_sse {
-                let tap = SseTap::new(endpoint, strip_usage);
+                let tap = SseTap::new(endpoint, strip_usage, state.settings.max_usage_tokens);
                 let idle = Duration::from_secs(state.settings.stream_idle_timeout_secs);
                 let mut stream =
                     stream::ProxyStream::new(response, tap, completion, body.len, deadline, idle);
@@ -221,14 +222,25 @@ pub async fn handle(state: AppState, endpoint: Endpoint, peer: SocketAddr, req: 
                     return refuse(completion, err);
                 }
             };
-            let usage = adapter::usage_of_body(endpoint, &bytes);
-            let ttfb = completion.started().elapsed();
-            let credits = completion.credits(usage.unwrap_or_default());
+            // The upstream's usage is counted only if valid; else the gateway's estimate is.
+            let ceiling = state.settings.max_usage_tokens;
+            let reported = usage::of_body(endpoint, &bytes, ceiling);
+            let ttfb = Some(completion.started().elapsed());
+            let outcome = match &reported {
+                UsageReport::Valid(u) => Outcome::ok(status, Some(*u), ttfb),
+                _ => {
+                    let answer = usage::answer_tokens(endpoint, &bytes);
+                    let estimate = usage::estimate(body.len, answer, &reported, ceiling);
+                    Outcome::estimated(status, estimate, reported.invalid_reason(), ttfb)
+                }
+            };
+            let usage = outcome.usage.unwrap_or_default();
+            let credits = completion.credits(usage);
             let ban = completion.ban_context();
-            if completion.finish(Outcome::ok(status, usage, Some(ttfb))) {
+            if completion.finish(outcome) {
                 return ban.answer();
             }
-            let used_here = |m: Metric| quota::engine::amount(m, usage.unwrap_or_default(), credits);
+            let used_here = |m: Metric| quota::engine::amount(m, usage, credits);
             let mut resp = Response::new(Body::from(bytes));
             *resp.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::OK);
             resp.headers_mut().insert(

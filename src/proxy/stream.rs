@@ -16,7 +16,8 @@ use tokio::time::Sleep;
 use super::completion::{Completion, Outcome, Source};
 use crate::deadline::{Deadline, Missed, Wait};
 use crate::error::ApiError;
-use crate::upstream::adapter::{Endpoint, SseTap, Usage};
+use crate::upstream::adapter::{Endpoint, SseTap, UsageReport};
+use crate::upstream::usage;
 
 /// The body of a streamed response.
 pub struct ProxyStream {
@@ -155,20 +156,21 @@ impl ProxyStream {
             self.ttfb.get_or_insert_with(|| self.started.elapsed());
         }
         let complete = self.tap.finished && !client_gone;
-        let (usage, estimated) = match (self.tap.usage, complete) {
-            (Some(u), true) => (u, false),
-            // Cut short: count what was delivered (one token per content chunk) and the prompt
-            // the upstream reported, else a 4-bytes-per-token estimate of the request.
-            (reported, _) => (
-                Usage {
-                    prompt: reported.map_or((self.request_len as u64).div_ceil(4), |u| u.prompt),
-                    completion: self.tap.content_chunks.max(reported.map_or(0, |u| u.completion)),
-                },
-                true,
-            ),
+        let mut outcome = match (&self.tap.usage, complete) {
+            (UsageReport::Valid(u), true) => Outcome::ok(200, Some(*u), self.ttfb),
+            // Cut short, or reported invalidly or not at all: count what was delivered (one token
+            // per content chunk) and the prompt a valid report gave, else a 4-bytes-per-token
+            // estimate of the request.
+            (reported, _) => {
+                let estimate = usage::estimate(
+                    self.request_len,
+                    self.tap.content_chunks,
+                    reported,
+                    self.tap.ceiling(),
+                );
+                Outcome::estimated(200, estimate, reported.invalid_reason(), self.ttfb)
+            }
         };
-        let mut outcome = Outcome::ok(200, Some(usage), self.ttfb);
-        outcome.estimated = estimated;
         let summary = completion.attempts_summary();
         if let Some(e) = timeout {
             metrics::counter!("aigw_stream_errors_total").increment(1);

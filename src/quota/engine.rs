@@ -113,6 +113,9 @@ pub struct CounterKey {
     pub start: i64,
 }
 
+/// One counter as this gateway knows it. Every figure is in `0..=i64::MAX` and all arithmetic
+/// on them saturates: a counter at the top stays there (its quota used up) instead of wrapping
+/// round to a negative that no quota refuses.
 #[derive(Debug, Default)]
 struct Counter {
     /// The global total as of the last flush (or load).
@@ -123,6 +126,15 @@ struct Counter {
     flushing: i64,
     /// Checked or added since the last flush (refreshed by the next one).
     touched: bool,
+}
+
+impl Counter {
+    /// The total as this gateway sees it: the global one and what it has not written yet.
+    fn used(&self) -> i64 {
+        self.global
+            .saturating_add(self.pending)
+            .saturating_add(self.flushing)
+    }
 }
 
 /// One policy as it stands for this request.
@@ -148,7 +160,11 @@ impl Standing {
 
     /// What is left, after `extra` more.
     pub fn remaining(&self, extra: i64) -> i64 {
-        (self.rule.limit - self.used - extra).max(0)
+        self.rule
+            .limit
+            .saturating_sub(self.used)
+            .saturating_sub(extra)
+            .max(0)
     }
 
     /// `<subject> <metric>/<window>`, as in the refusal message.
@@ -208,14 +224,14 @@ impl QuotaDecision {
     }
 }
 
-/// Amount of `metric` in one completed request.
+/// Amount of `metric` in one completed request: never negative, so a counter only grows.
 pub fn amount(metric: Metric, usage: Usage, credits: i64) -> i64 {
     let n = match metric {
         Metric::Requests => 1,
         Metric::TotalTokens => usage.total(),
         Metric::PromptTokens => usage.prompt,
         Metric::CompletionTokens => usage.completion,
-        Metric::Credits => return credits,
+        Metric::Credits => return credits.max(0),
     };
     i64::try_from(n).unwrap_or(i64::MAX)
 }
@@ -290,7 +306,7 @@ impl QuotaCounters {
         let mut map = self.counters.lock().unwrap_or_else(|p| p.into_inner());
         let c = map.get_mut(key)?;
         c.touched = true;
-        Some(c.global + c.pending + c.flushing)
+        Some(c.used())
     }
 
     async fn load(&self, store: &Store, key: &CounterKey) -> StoreResult<i64> {
@@ -309,7 +325,7 @@ impl QuotaCounters {
         let c = map.entry(key.clone()).or_default();
         c.global = c.global.max(global.unwrap_or(0));
         c.touched = true;
-        Ok(c.global + c.pending + c.flushing)
+        Ok(c.used())
     }
 
     /// Adds a completed request's usage to every counter of `decision` (each counter once).
@@ -319,18 +335,25 @@ impl QuotaCounters {
             // A handful of standings: a scan beats hashing into a set.
             if !decision.standings[..i].iter().any(|earlier| earlier.key == s.key) {
                 let c = map.entry(s.key.clone()).or_default();
-                c.pending += amount(s.key.metric, usage, credits);
+                c.pending = c.pending.saturating_add(amount(s.key.metric, usage, credits));
                 c.touched = true;
             }
         }
     }
 
-    /// Writes the pending deltas (and refreshes the touched counters) with one upsert that
-    /// returns each global total; forgets counters of past windows. On failure the deltas stay
-    /// pending for the next flush: nothing is lost.
+    /// Writes the pending deltas (and refreshes the touched counters) with upserts that return
+    /// each global total, all in one transaction; forgets counters of past windows. Returns how
+    /// many counters were written, or the error of the first one that was not.
+    ///
+    /// Atomic per batch: a delta leaves `flushing` for `global` only once its transaction
+    /// committed, and goes back to pending only when it rolled back — never lost, never added
+    /// twice. No value can fail the batch: every delta is in `0..=i64::MAX` and the SQL saturates
+    /// at `i64::MAX` on both backends (SQLite would turn an overflowing sum into a REAL,
+    /// Postgres refuses it with "bigint out of range"). Should the database still refuse the
+    /// batch, it is written row by row, so one row it refuses holds back only itself.
     pub async fn flush(&self, store: &Store, now: DateTime<Utc>, tz: Tz) -> StoreResult<usize> {
         let _one_at_a_time = self.flushing.lock().await;
-        let batch: Vec<(CounterKey, i64)> = {
+        let mut batch: Vec<(CounterKey, i64)> = {
             let mut map = self.counters.lock().unwrap_or_else(|p| p.into_inner());
             // Windows that have ended and hold nothing unwritten are done with.
             map.retain(|k, c| {
@@ -340,7 +363,7 @@ impl QuotaCounters {
             // learns what the others used within one flush interval.
             map.iter_mut()
                 .map(|(k, c)| {
-                    let d = std::mem::take(&mut c.pending);
+                    let d = std::mem::take(&mut c.pending).max(0);
                     c.flushing = d;
                     c.touched = false;
                     (k.clone(), d)
@@ -350,37 +373,105 @@ impl QuotaCounters {
         if batch.is_empty() {
             return Ok(0);
         }
-        let mut written = 0;
-        for chunk in batch.chunks(500) {
-            match upsert(store, chunk).await {
-                Ok(totals) => {
-                    let mut map = self.counters.lock().unwrap_or_else(|p| p.into_inner());
-                    for (key, total) in totals {
-                        if let Some(c) = map.get_mut(&key) {
-                            c.global = total;
-                            c.flushing = 0;
-                        }
-                    }
-                    written += chunk.len();
-                }
-                Err(e) => {
-                    // This chunk and every later one go back to pending.
-                    let done = written;
-                    let mut map = self.counters.lock().unwrap_or_else(|p| p.into_inner());
-                    for (key, _) in &batch[done..] {
-                        let c = map.entry(key.clone()).or_default();
-                        c.pending += std::mem::take(&mut c.flushing);
-                        c.touched = true;
-                    }
-                    return Err(e);
-                }
+        // Rows are locked in one order by every gateway: two flushes on one Postgres never wait
+        // on each other in a circle.
+        batch.sort_by_cached_key(|(k, _)| {
+            (
+                k.subject.as_str(),
+                k.subject_id,
+                k.metric.as_str(),
+                k.window.to_string(),
+                k.start,
+            )
+        });
+        let written = write(store, &batch).await;
+        let totals: FxHashMap<&CounterKey, i64> = written.totals.iter().map(|(k, t)| (k, *t)).collect();
+        let mut map = self.counters.lock().unwrap_or_else(|p| p.into_inner());
+        for (key, delta) in &batch {
+            let c = map.entry(key.clone()).or_default();
+            if written.rolled_back.contains(key) {
+                // Not written: back to pending for the next flush.
+                c.pending = c.pending.saturating_add(std::mem::take(&mut c.flushing));
+                c.touched = true;
+            } else {
+                // Committed (a row that came back unreadable was still written).
+                c.global = totals
+                    .get(key)
+                    .copied()
+                    .unwrap_or_else(|| c.global.saturating_add(*delta));
+                c.flushing = 0;
             }
         }
-        Ok(written)
+        match written.error {
+            Some(e) => Err(e),
+            None => Ok(batch.len()),
+        }
     }
 }
 
-async fn upsert(store: &Store, chunk: &[(CounterKey, i64)]) -> StoreResult<Vec<(CounterKey, i64)>> {
+/// What a flush wrote.
+struct Written {
+    /// The new global total of each counter written.
+    totals: Vec<(CounterKey, i64)>,
+    /// The counters whose deltas were not written (their transaction rolled back).
+    rolled_back: rustc_hash::FxHashSet<CounterKey>,
+    /// The first error, if any counter was not written.
+    error: Option<crate::store::StoreError>,
+}
+
+/// Writes `batch` in one transaction; if the database refuses it (rather than being out of
+/// reach), row by row, so that a row it refuses holds back only itself.
+async fn write(store: &Store, batch: &[(CounterKey, i64)]) -> Written {
+    let all_back = |e| Written {
+        totals: Vec::new(),
+        rolled_back: batch.iter().map(|(k, _)| k.clone()).collect(),
+        error: Some(e),
+    };
+    match write_batch(store, batch).await {
+        Ok(totals) => Written {
+            totals,
+            rolled_back: Default::default(),
+            error: None,
+        },
+        Err(e) if batch.len() > 1 && e.is_refusal() => {
+            tracing::warn!(error = %e, rows = batch.len(), "quota flush refused; writing its counters one by one");
+            let mut w = Written {
+                totals: Vec::new(),
+                rolled_back: Default::default(),
+                error: None,
+            };
+            for row in batch {
+                match write_batch(store, std::slice::from_ref(row)).await {
+                    Ok(totals) => w.totals.extend(totals),
+                    Err(e) => {
+                        tracing::warn!(error = %e, counter = ?row.0, "quota counter not written; kept for the next flush");
+                        w.rolled_back.insert(row.0.clone());
+                        w.error.get_or_insert(e);
+                    }
+                }
+            }
+            w
+        }
+        Err(e) => all_back(e),
+    }
+}
+
+/// Upserts every delta of `batch` in one transaction; returns each counter's new global total.
+async fn write_batch(store: &Store, batch: &[(CounterKey, i64)]) -> StoreResult<Vec<(CounterKey, i64)>> {
+    let mut tx = store.pool().begin().await?;
+    let mut totals = Vec::with_capacity(batch.len());
+    for chunk in batch.chunks(500) {
+        totals.extend(upsert(store, &mut tx, chunk).await?);
+    }
+    tx.commit().await?;
+    Ok(totals)
+}
+
+async fn upsert(
+    store: &Store,
+    tx: &mut sqlx::Transaction<'static, sqlx::Any>,
+    chunk: &[(CounterKey, i64)],
+) -> StoreResult<Vec<(CounterKey, i64)>> {
     let mut b = SqlBuilder::new(
         store,
         "INSERT INTO usage_counters (subject, subject_id, metric, time_window, window_start, used) VALUES ",
@@ -400,14 +491,18 @@ async fn upsert(store: &Store, chunk: &[(CounterKey, i64)]) -> StoreResult<Vec<(
             .bind(*d)
             .push(")");
     }
+    // Saturating addition, the same on both backends: with `excluded.used` in 0..=i64::MAX the
+    // subtraction cannot overflow, and a total past i64::MAX stays at i64::MAX.
     b.push(
         " ON CONFLICT (subject, subject_id, metric, time_window, window_start) \
-         DO UPDATE SET used = usage_counters.used + excluded.used \
+         DO UPDATE SET used = CASE \
+           WHEN usage_counters.used > 9223372036854775807 - excluded.used THEN 9223372036854775807 \
+           ELSE usage_counters.used + excluded.used END \
          RETURNING subject, subject_id, metric, time_window, window_start, used",
     );
     let (sql, args) = b.finish();
     let rows: Vec<(String, i64, String, String, i64, i64)> =
-        sqlx::query_as_with(&sql, args).fetch_all(store.pool()).await?;
+        sqlx::query_as_with(&sql, args).fetch_all(&mut **tx).await?;
     Ok(rows
         .into_iter()
         .filter_map(|(s, id, m, w, start, used)| {
@@ -431,5 +526,109 @@ pub fn display_value(metric: Metric, v: i64) -> serde_json::Value {
         serde_json::json!(super::micros_to_credits(v))
     } else {
         serde_json::json!(v)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn standing(metric: Metric, limit: i64, used: i64) -> Standing {
+        Standing {
+            rule: PolicyRule {
+                id: 1,
+                subject: SubjectKind::Apikey,
+                target_id: 7,
+                scope_department_id: 0,
+                metric,
+                window: Window::Total,
+                limit,
+                mode: Mode::Enforce,
+            },
+            key: CounterKey {
+                subject: SubjectKind::Apikey,
+                subject_id: 7,
+                metric,
+                window: Window::Total,
+                start: 0,
+            },
+            used,
+            reset_at: None,
+            window_secs: None,
+        }
+    }
+
+    #[test]
+    fn counters_saturate_at_the_top() {
+        let counters = QuotaCounters::default();
+        let metrics = [Metric::Requests, Metric::TotalTokens, Metric::Credits];
+        let decision = QuotaDecision {
+            standings: metrics.iter().map(|m| standing(*m, 100, 0)).collect(),
+        };
+        let huge = Usage {
+            prompt: u64::MAX,
+            completion: u64::MAX,
+        };
+        for _ in 0..3 {
+            counters.record(&decision, huge, i64::MAX);
+        }
+        let used = |m: Metric| counters.used(&standing(m, 100, 0).key);
+        assert_eq!(used(Metric::Requests), Some(3));
+        assert_eq!(used(Metric::TotalTokens), Some(i64::MAX), "no wrap round");
+        assert_eq!(used(Metric::Credits), Some(i64::MAX));
+        // Whatever part of a counter holds what, its total stays at the top.
+        let mut map = counters.counters.lock().unwrap();
+        for c in map.values_mut() {
+            c.global = i64::MAX;
+            c.flushing = i64::MAX;
+        }
+        drop(map);
+        assert_eq!(used(Metric::Requests), Some(i64::MAX));
+        assert!(decision.standings.iter().all(|s| {
+            let mut s = s.clone();
+            s.used = used(s.rule.metric).unwrap_or_default();
+            s.exhausted()
+        }));
+    }
+
+    #[test]
+    fn amounts_are_never_negative() {
+        let usage = Usage {
+            prompt: u64::MAX,
+            completion: 1,
+        };
+        // (metric, credits, amount)
+        let cases = [
+            (Metric::Requests, 0, 1),
+            (Metric::PromptTokens, 0, i64::MAX),
+            (Metric::CompletionTokens, 0, 1),
+            (Metric::TotalTokens, 0, i64::MAX),
+            (Metric::Credits, -5, 0),
+            (Metric::Credits, i64::MIN, 0),
+            (Metric::Credits, i64::MAX, i64::MAX),
+        ];
+        for (metric, credits, want) in cases {
+            assert_eq!(amount(metric, usage, credits), want, "{metric:?} {credits}");
+        }
+    }
+
+    #[test]
+    fn remaining_saturates() {
+        // (limit, used, extra, remaining)
+        let cases = [
+            (10, 3, 2, 5),
+            (10, 30, 0, 0),
+            (i64::MAX, 0, i64::MAX, 0),
+            (0, i64::MAX, i64::MAX, 0),
+            (i64::MIN, i64::MAX, i64::MAX, 0),
+            (i64::MAX, i64::MIN, 0, i64::MAX),
+        ];
+        for (limit, used, extra, want) in cases {
+            assert_eq!(
+                standing(Metric::TotalTokens, limit, used).remaining(extra),
+                want,
+                "{limit} {used} {extra}"
+            );
+        }
     }
 }

@@ -4,7 +4,7 @@
 
 use serde::Serialize;
 
-use super::{AuditRow, SqlBuilder, Store, StoreResult};
+use super::{AuditRow, Backend, SqlBuilder, Store, StoreResult};
 
 /// The tables the admin API addresses by id inside a workspace.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -273,14 +273,26 @@ impl AdminStore for Store {
             UsageGrouping::Model => "COALESCE(model_served, model_requested, '')",
         }
         .replace("{off}", &offset_ms.to_string());
+        // Sums saturate at i64::MAX rather than fail the report (SQLite's SUM stops with
+        // "integer overflow", a Postgres sum past BIGINT does not cast back). SQLite's TOTAL adds
+        // as floats, exact up to 2^53, and its cast to INTEGER saturates.
+        let sum = |column: &str| match self.backend() {
+            Backend::Sqlite => format!("CAST(TOTAL({column}) AS INTEGER) AS {column}"),
+            Backend::Postgres => {
+                format!("CAST(LEAST(COALESCE(SUM({column}), 0), 9223372036854775807) AS BIGINT) AS {column}")
+            }
+        };
+        let (prompt, completion, total, credits) = (
+            sum("prompt_tokens"),
+            sum("completion_tokens"),
+            sum("total_tokens"),
+            sum("credits"),
+        );
         let mut b = SqlBuilder::new(
             self,
             &format!(
                 "SELECT {group} AS group_key, CAST(COUNT(*) AS BIGINT) AS requests,
-                   CAST(COALESCE(SUM(prompt_tokens), 0) AS BIGINT) AS prompt_tokens,
-                   CAST(COALESCE(SUM(completion_tokens), 0) AS BIGINT) AS completion_tokens,
-                   CAST(COALESCE(SUM(total_tokens), 0) AS BIGINT) AS total_tokens,
-                   CAST(COALESCE(SUM(credits), 0) AS BIGINT) AS credits
+                   {prompt}, {completion}, {total}, {credits}
                  FROM request_logs WHERE workspace_id = "
             ),
         );

@@ -41,6 +41,17 @@ pub enum StoreError {
 }
 
 impl StoreError {
+    /// Whether the database answered and refused the statement (or returned a value that does not
+    /// decode), rather than being out of reach: another statement may well succeed.
+    pub fn is_refusal(&self) -> bool {
+        matches!(
+            self,
+            StoreError::Database(
+                sqlx::Error::Database(_) | sqlx::Error::ColumnDecode { .. } | sqlx::Error::Decode(_)
+            )
+        )
+    }
+
     /// Whether the error is a unique-constraint violation (a duplicate name).
     pub fn is_unique_violation(&self) -> bool {
         matches!(self, StoreError::Database(sqlx::Error::Database(e)) if e.is_unique_violation())

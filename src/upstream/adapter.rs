@@ -13,6 +13,7 @@ use serde_json::{Map, Value};
 
 use super::Provider;
 use super::pool::Credential;
+pub use super::usage::{Usage, UsageReport};
 
 /// A proxied endpoint.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -57,22 +58,6 @@ impl Endpoint {
             Endpoint::Messages => provider.speaks_anthropic(),
             Endpoint::ChatCompletions | Endpoint::Embeddings => !provider.speaks_anthropic(),
         }
-    }
-}
-
-/// Tokens of one call.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Usage {
-    /// Prompt (input) tokens, cache reads and writes included.
-    pub prompt: u64,
-    /// Completion (output) tokens.
-    pub completion: u64,
-}
-
-impl Usage {
-    /// Prompt plus completion.
-    pub fn total(self) -> u64 {
-        self.prompt + self.completion
     }
 }
 
@@ -194,59 +179,6 @@ pub fn request_stream_usage(body: &mut Fields) -> bool {
     }
 }
 
-#[derive(Deserialize)]
-struct OpenAiUsage {
-    #[serde(default)]
-    prompt_tokens: u64,
-    #[serde(default)]
-    completion_tokens: u64,
-}
-
-#[derive(Deserialize)]
-struct AnthropicUsage {
-    #[serde(default)]
-    input_tokens: u64,
-    #[serde(default)]
-    output_tokens: u64,
-    #[serde(default)]
-    cache_creation_input_tokens: Option<u64>,
-    #[serde(default)]
-    cache_read_input_tokens: Option<u64>,
-}
-
-impl AnthropicUsage {
-    fn prompt(&self) -> u64 {
-        self.input_tokens
-            + self.cache_creation_input_tokens.unwrap_or(0)
-            + self.cache_read_input_tokens.unwrap_or(0)
-    }
-}
-
-#[derive(Deserialize)]
-struct WithUsage<U> {
-    usage: Option<U>,
-}
-
-/// Usage of a complete (not streamed) response body.
-pub fn usage_of_body(endpoint: Endpoint, body: &[u8]) -> Option<Usage> {
-    match endpoint {
-        Endpoint::Messages => serde_json::from_slice::<WithUsage<AnthropicUsage>>(body)
-            .ok()?
-            .usage
-            .map(|u| Usage {
-                prompt: u.prompt(),
-                completion: u.output_tokens,
-            }),
-        _ => serde_json::from_slice::<WithUsage<OpenAiUsage>>(body)
-            .ok()?
-            .usage
-            .map(|u| Usage {
-                prompt: u.prompt_tokens,
-                completion: u.completion_tokens,
-            }),
-    }
-}
-
 /// Watches a stream event by event: usage, delivered content chunks, mid-stream errors; and
 /// removes what the gateway itself asked for (the extra usage chunk and `"usage":null` fields).
 #[derive(Debug, Default)]
@@ -254,8 +186,10 @@ pub struct SseTap {
     anthropic: bool,
     strip_usage: bool,
     pending: BytesMut,
-    /// Usage reported by the upstream so far.
-    pub usage: Option<Usage>,
+    /// Most tokens a call may report (`max_usage_tokens`).
+    ceiling: u64,
+    /// Usage reported by the upstream so far, as checked.
+    pub usage: UsageReport,
     /// Content chunks forwarded to the client (an estimate of completion tokens).
     pub content_chunks: u64,
     /// A mid-stream error event passed to the client, with its message.
@@ -265,13 +199,19 @@ pub struct SseTap {
 }
 
 impl SseTap {
-    /// A tap for this endpoint.
-    pub fn new(endpoint: Endpoint, strip_usage: bool) -> Self {
+    /// A tap for this endpoint; usage blocks past `ceiling` tokens are invalid.
+    pub fn new(endpoint: Endpoint, strip_usage: bool, ceiling: u64) -> Self {
         SseTap {
             anthropic: endpoint == Endpoint::Messages,
             strip_usage,
+            ceiling,
             ..SseTap::default()
         }
+    }
+
+    /// Most tokens a call may report.
+    pub fn ceiling(&self) -> u64 {
+        self.ceiling
     }
 
     /// Feeds bytes from upstream; appends the complete events to forward to `out`. Events are
@@ -344,12 +284,10 @@ impl SseTap {
         if usage_object && let Ok(chunk) = serde_json::from_slice::<UsageChunk>(data) {
             if let Some(u) = chunk
                 .usage
-                .and_then(|u| serde_json::from_str::<OpenAiUsage>(u.get()).ok())
+                .and_then(|u| serde_json::from_str::<Value>(u.get()).ok())
             {
-                self.usage = Some(Usage {
-                    prompt: u.prompt_tokens,
-                    completion: u.completion_tokens,
-                });
+                let read = UsageReport::read(Endpoint::ChatCompletions, &u, self.ceiling);
+                self.usage.merge(read);
             }
             usage_chunk = chunk.choices.is_some_and(|c| {
                 let c = c.get();
@@ -377,20 +315,16 @@ impl SseTap {
             "message_start" => {
                 if let Ok(v) = serde_json::from_slice::<Value>(data_of(text.as_bytes()))
                     && let Some(u) = v.pointer("/message/usage")
-                    && let Ok(u) = serde_json::from_value::<AnthropicUsage>(u.clone())
                 {
-                    self.usage = Some(Usage {
-                        prompt: u.prompt(),
-                        completion: u.output_tokens,
-                    });
+                    self.usage
+                        .merge(UsageReport::read(Endpoint::Messages, u, self.ceiling));
                 }
             }
             "message_delta" => {
                 if let Ok(v) = serde_json::from_slice::<Value>(data_of(text.as_bytes()))
-                    && let Some(out) = v.pointer("/usage/output_tokens").and_then(Value::as_u64)
+                    && let Some(u) = v.get("usage")
                 {
-                    let u = self.usage.get_or_insert_default();
-                    u.completion = out;
+                    self.usage.merge_anthropic_delta(u, self.ceiling);
                 }
             }
             "content_block_delta" => self.content_chunks += 1,
@@ -503,6 +437,8 @@ fn error_message(data: &str) -> String {
 mod tests {
     use super::*;
 
+    const CEILING: u64 = 100_000_000;
+
     #[test]
     fn data_of_takes_the_first_data_line() {
         let cases: &[(&str, &str)] = &[
@@ -538,11 +474,11 @@ mod tests {
         let joined = events.concat();
         // Split at awkward places: the tap must frame events itself.
         let parts: Vec<&str> = vec![&joined[..10], &joined[10..95], &joined[95..]];
-        let mut tap = SseTap::new(Endpoint::ChatCompletions, true);
+        let mut tap = SseTap::new(Endpoint::ChatCompletions, true, CEILING);
         let out = feed_all(&mut tap, &parts);
         assert_eq!(
             tap.usage,
-            Some(Usage {
+            UsageReport::Valid(Usage {
                 prompt: 7,
                 completion: 2
             })
@@ -553,7 +489,7 @@ mod tests {
         assert!(tap.finished);
         assert_eq!(tap.content_chunks, 1);
 
-        let mut tap = SseTap::new(Endpoint::ChatCompletions, false);
+        let mut tap = SseTap::new(Endpoint::ChatCompletions, false, CEILING);
         let out = feed_all(&mut tap, &[&joined]);
         assert_eq!(
             out, joined,
@@ -561,7 +497,7 @@ mod tests {
         );
         assert_eq!(
             tap.usage,
-            Some(Usage {
+            UsageReport::Valid(Usage {
                 prompt: 7,
                 completion: 2
             })
@@ -620,7 +556,10 @@ mod tests {
                       data: {\"choices\":[{\"delta\":{\"content\":\"b\"}}],\"usage\":null}\n\n\
                       data: {\"choices\":[],\"usage\":{\"prompt_tokens\":4,\"completion_tokens\":2}}\n\n\
                       data: [DONE]\n\n";
-        let whole = feed_all(&mut SseTap::new(Endpoint::ChatCompletions, true), &[stream]);
+        let whole = feed_all(
+            &mut SseTap::new(Endpoint::ChatCompletions, true, CEILING),
+            &[stream],
+        );
         assert_eq!(
             whole,
             "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\r\n\r\n\
@@ -633,11 +572,11 @@ mod tests {
                 .chunks(size)
                 .map(|c| std::str::from_utf8(c).unwrap())
                 .collect();
-            let mut tap = SseTap::new(Endpoint::ChatCompletions, true);
+            let mut tap = SseTap::new(Endpoint::ChatCompletions, true, CEILING);
             assert_eq!(feed_all(&mut tap, &parts), whole, "chunks of {size}");
             assert_eq!(
                 tap.usage,
-                Some(Usage {
+                UsageReport::Valid(Usage {
                     prompt: 4,
                     completion: 2
                 })
@@ -645,7 +584,7 @@ mod tests {
             assert_eq!((tap.content_chunks, tap.finished), (2, true));
         }
         // An unterminated last event still goes out at the end.
-        let mut tap = SseTap::new(Endpoint::ChatCompletions, false);
+        let mut tap = SseTap::new(Endpoint::ChatCompletions, false, CEILING);
         assert_eq!(
             feed_all(&mut tap, &["data: {\"a\":1}\n\ndata: {\"b\""]),
             "data: {\"a\":1}\n\ndata: {\"b\""
@@ -654,13 +593,13 @@ mod tests {
 
     #[test]
     fn mid_stream_errors_are_noticed() {
-        let mut tap = SseTap::new(Endpoint::ChatCompletions, false);
+        let mut tap = SseTap::new(Endpoint::ChatCompletions, false, CEILING);
         feed_all(
             &mut tap,
             &["data: {\"error\":{\"message\":\"boom\"},\"choices\":[{\"finish_reason\":\"error\"}]}\n\n"],
         );
         assert_eq!(tap.error.as_deref(), Some("boom"));
-        let mut tap = SseTap::new(Endpoint::Messages, false);
+        let mut tap = SseTap::new(Endpoint::Messages, false, CEILING);
         feed_all(
             &mut tap,
             &[
@@ -672,7 +611,7 @@ mod tests {
 
     #[test]
     fn anthropic_usage_from_start_and_delta() {
-        let mut tap = SseTap::new(Endpoint::Messages, false);
+        let mut tap = SseTap::new(Endpoint::Messages, false, CEILING);
         let s = "event: message_start\r\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":12,\"cache_read_input_tokens\":3,\"output_tokens\":1}}}\r\n\r\n\
                  event: content_block_delta\ndata: {\"delta\":{\"text\":\"a\"}}\n\n\
                  event: message_delta\ndata: {\"usage\":{\"output_tokens\":9}}\n\n\
@@ -681,40 +620,13 @@ mod tests {
         assert_eq!(out, s);
         assert_eq!(
             tap.usage,
-            Some(Usage {
+            UsageReport::Valid(Usage {
                 prompt: 15,
                 completion: 9
             })
         );
         assert_eq!(tap.content_chunks, 1);
         assert!(tap.finished);
-    }
-
-    #[test]
-    fn body_usage() {
-        let u = usage_of_body(
-            Endpoint::ChatCompletions,
-            br#"{"usage":{"prompt_tokens":3,"completion_tokens":4}}"#,
-        );
-        assert_eq!(
-            u,
-            Some(Usage {
-                prompt: 3,
-                completion: 4
-            })
-        );
-        let u = usage_of_body(
-            Endpoint::Messages,
-            br#"{"usage":{"input_tokens":3,"output_tokens":4}}"#,
-        );
-        assert_eq!(
-            u,
-            Some(Usage {
-                prompt: 3,
-                completion: 4
-            })
-        );
-        assert_eq!(usage_of_body(Endpoint::Embeddings, b"not json"), None);
     }
 
     #[test]

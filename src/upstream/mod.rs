@@ -9,6 +9,7 @@ pub mod dispatch;
 pub mod http;
 pub mod locks;
 pub mod pool;
+pub mod usage;
 
 /// The kind of provider behind a credential.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -74,10 +74,11 @@ pub struct ModelRoute {
 }
 
 impl ModelRoute {
-    /// Micro-credits for this usage.
+    /// Micro-credits for this usage: never negative (a negative price counts as free), saturated
+    /// at `i64::MAX`.
     pub fn credits(&self, prompt: u64, completion: u64) -> i64 {
-        let micros = (i128::from(self.price_prompt) * i128::from(prompt)
-            + i128::from(self.price_completion) * i128::from(completion))
+        let cost = |price: i64, tokens: u64| i128::from(price.max(0)).saturating_mul(i128::from(tokens));
+        let micros = cost(self.price_prompt, prompt).saturating_add(cost(self.price_completion, completion))
             / 1_000_000;
         i64::try_from(micros).unwrap_or(i64::MAX)
     }
@@ -237,5 +238,45 @@ impl Credential {
                 .collect(),
             urls,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn route(price_prompt: i64, price_completion: i64) -> ModelRoute {
+        ModelRoute {
+            name: "m".into(),
+            price_prompt,
+            price_completion,
+            fallbacks: Vec::new(),
+            credentials: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn credits_never_overflow() {
+        /// (prices in micro-credits per million tokens, prompt and completion tokens, credits)
+        type Case = ((i64, i64), (u64, u64), i64);
+        let cases: &[Case] = &[
+            ((1_000_000, 2_000_000), (4, 5), 14),
+            ((150_000, 600_000), (1_000_000, 1_000_000), 750_000),
+            ((1, 1), (999_999, 0), 0),
+            ((0, 0), (u64::MAX, u64::MAX), 0),
+            ((i64::MAX, i64::MAX), (100_000_000, 100_000_000), i64::MAX),
+            ((i64::MAX, i64::MAX), (u64::MAX, u64::MAX), i64::MAX),
+            ((i64::MAX, 0), (1_000_000, 0), i64::MAX),
+            ((i64::MAX, 0), (999_999, 0), 9_223_362_813_482_738_952),
+            ((-1_000_000, 2_000_000), (u64::MAX, 5), 10),
+            ((i64::MIN, i64::MIN), (u64::MAX, u64::MAX), 0),
+        ];
+        for ((p, c), (prompt, completion), want) in cases {
+            assert_eq!(
+                route(*p, *c).credits(*prompt, *completion),
+                *want,
+                "{p} {c} {prompt} {completion}"
+            );
+        }
     }
 }

@@ -298,3 +298,41 @@ impl Drop for TestApp {
         }
     }
 }
+
+/// Warnings and errors every gateway of this test binary logged so far, one line each (a
+/// process-wide log subscriber, installed by the first call; call it before the requests whose
+/// lines a test looks for). Tests running at the same time share it: find your lines by a
+/// request id.
+pub fn logged_warnings() -> Vec<String> {
+    use std::sync::{Arc, Mutex};
+    #[derive(Clone)]
+    struct Sink(Arc<Mutex<Vec<u8>>>);
+    impl std::io::Write for Sink {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    static LINES: OnceLock<Sink> = OnceLock::new();
+    let sink = LINES.get_or_init(|| {
+        let sink = Sink(Arc::default());
+        let writer = sink.clone();
+        let _ = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::WARN)
+            .with_ansi(false)
+            .with_writer(move || writer.clone())
+            .try_init();
+        sink
+    });
+    let bytes = sink.0.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    String::from_utf8_lossy(&bytes)
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}

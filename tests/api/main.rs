@@ -16,3 +16,4 @@ mod quota;
 mod resources;
 mod serving;
 mod upstream;
+mod usage;
