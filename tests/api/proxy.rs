@@ -836,12 +836,15 @@ async fn a_flush_writes_every_record_once_whatever_its_size(db: TestDb) {
     // Flushes are written as statements of 100, 20, 5 and 1 rows: sizes below, at and between
     // them.
     let sizes = [1usize, 4, 5, 19, 20, 21, 99, 100, 127];
+    // Dated at the test clock's now: the retention task, whose first prune may run at any time
+    // during the test, must find nothing of these to delete.
+    let start_ms = app.clock.now().timestamp_millis();
     let mut expected = Vec::new();
     for (flush, n) in sizes.into_iter().enumerate() {
         let records: Vec<LogRecord> = (0..n)
             .map(|i| LogRecord {
                 request_id: format!("flush{flush}-row{i}"),
-                ts: 1_700_000_000_000 + expected.len() as i64 + i as i64,
+                ts: start_ms + expected.len() as i64 + i as i64,
                 workspace_id: 4242,
                 endpoint: "chat.completions".into(),
                 status: 200,
