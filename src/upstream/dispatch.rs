@@ -5,6 +5,7 @@
 //! retries by itself, and the only retry of the same credential is a single candidate's one retry
 //! of a 5xx or a connection failure (groot ADR 0008).
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -22,6 +23,7 @@ use super::admission::{Refusal, Slot};
 use super::classify::{self, Classification, LockModels, NextStep, Sharing, UpstreamFailure};
 use super::http;
 use super::locks::{self, LockTarget};
+use super::mask::SecretMask;
 use super::pool::{Credential, ModelRoute};
 use crate::app::AppState;
 use crate::error::ApiError;
@@ -291,7 +293,7 @@ impl Run<'_> {
             let response = match sent {
                 Ok(r) => r,
                 Err(e) => {
-                    let what = e.to_string();
+                    let what = cred.mask.mask_str(&e.to_string()).into_owned();
                     let attempt = Attempt {
                         error: Some(what.clone()),
                         ..Attempt::of(cred, model)
@@ -329,7 +331,7 @@ impl Run<'_> {
                     slot,
                 });
             }
-            let error = read_error(response).await;
+            let error = read_error(response, &cred.mask).await;
             // groot ADR 0008: a 5xx of a single candidate, nothing emitted, is retried once
             // (kRouter: not a 529 overload, which a few seconds do not cure).
             if (500..=599).contains(&status)
@@ -593,7 +595,11 @@ pub(crate) fn request(
     req
 }
 
-async fn read_error(response: http::Response) -> UpstreamError {
+/// An upstream's error answer, kept to pass back: the headers worth passing on and at most
+/// [`MAX_ERROR_BODY`] bytes of the body, the credential's secret masked out of both (DESIGN.md
+/// §9: an error body may echo the key; everything after this — classification, the answer, the
+/// log — sees only the masked bytes).
+async fn read_error(response: http::Response, mask: &SecretMask) -> UpstreamError {
     let status = response.status().as_u16();
     let mut headers = HeaderMap::new();
     for (k, v) in response.headers() {
@@ -604,7 +610,14 @@ async fn read_error(response: http::Response) -> UpstreamError {
             || name.starts_with("x-ratelimit-")
             || name.starts_with("anthropic-ratelimit-")
         {
-            headers.append(k.clone(), v.clone());
+            let masked = match mask.mask(v.as_bytes()) {
+                Cow::Borrowed(_) => v.clone(),
+                Cow::Owned(m) => match HeaderValue::from_bytes(&m) {
+                    Ok(m) => m,
+                    Err(_) => continue,
+                },
+            };
+            headers.append(k.clone(), masked);
         }
     }
     let mut body = Vec::new();
@@ -616,9 +629,13 @@ async fn read_error(response: http::Response) -> UpstreamError {
             break;
         }
     }
+    let body = match mask.mask(&body) {
+        Cow::Borrowed(_) => Bytes::from(body),
+        Cow::Owned(masked) => Bytes::from(masked),
+    };
     UpstreamError {
         status,
         headers,
-        body: Bytes::from(body),
+        body,
     }
 }

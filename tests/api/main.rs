@@ -13,4 +13,5 @@ mod openapi;
 mod proxy;
 mod quota;
 mod resources;
+mod untrusted_upstream;
 mod upstream;

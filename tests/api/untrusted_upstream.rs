@@ -1,0 +1,111 @@
+//! Upstreams are not trusted: an error that echoes the credential's key reaches neither the
+//! client nor the request log unmasked, and an answer that is not what its endpoint promises is a
+//! 502 `upstream_invalid_response` that parks the credential like a 5xx, the chain moving on.
+
+use aigw::mock_upstream::{MockUpstream, Script};
+use serde_json::{Value, json};
+
+use crate::both_backends;
+use crate::helpers::{Setup, TestApp, TestDb, spawn_app};
+use crate::proxy::KEY;
+
+/// The key of credential `one` (OpenAI's project-key shape).
+const SECRET_ONE: &str = "sk-proj-Tq3vX9bLm2Ry7Kd4Wz8Pf1Hs6Jn0Gc5Ae2Ui7Oo3Yt9Rx4wxyz";
+/// The key of credential `two`.
+const SECRET_TWO: &str = "sk-proj-Bb1Cc2Dd3Ee4Ff5Gg6Hh7Ii8Jj9Kk0Ll1Mm2Nn3Oo4Pp5Qq6abcd";
+
+/// `one` serves `m1` (first) and `solo` (alone); `two` serves `m1` (second).
+fn resources(mock: &MockUpstream) -> String {
+    let url = mock.base_url();
+    format!(
+        r#"
+[[workspace]]
+name = "acme"
+[[member]]
+workspace = "acme"
+email = "ada@acme.test"
+role = "member"
+[[api_key]]
+member = "ada@acme.test"
+name = "ci"
+key = "{KEY}"
+[[upstream]]
+workspace = "acme"
+name = "one"
+provider = "openai-compatible"
+base_url = "{url}"
+api_key = "{SECRET_ONE}"
+models = ["m1", "solo"]
+priority = 0
+[[upstream]]
+workspace = "acme"
+name = "two"
+provider = "openai-compatible"
+base_url = "{url}"
+api_key = "{SECRET_TWO}"
+models = ["m1"]
+priority = 1
+"#
+    )
+}
+
+async fn start(db: &TestDb) -> (TestApp, MockUpstream) {
+    let mock = MockUpstream::start().await.unwrap();
+    let app = spawn_app(db, Setup::resources(resources(&mock))).await;
+    (app, mock)
+}
+
+fn chat(model: &str) -> Value {
+    json!({"model": model, "messages": [{"role": "user", "content": "hi"}]})
+}
+
+/// Every spelling of `SECRET_ONE` that must not come out: whole, its first 12 characters, and
+/// the truncated forms the tests make the upstream print.
+fn assert_no_secret(what: &str, text: &str) {
+    for leak in [
+        SECRET_ONE,
+        &SECRET_ONE[..12],
+        "Tq3…wxyz",
+        "Tq3\\u2026wxyz",
+        "****wxyz",
+    ] {
+        assert!(!text.contains(leak), "{what} leaks {leak:?}: {text}");
+    }
+}
+
+both_backends!(an_error_body_echoing_the_key_is_masked);
+
+async fn an_error_body_echoing_the_key_is_masked(db: TestDb) {
+    let (app, mock) = start(&db).await;
+    // OpenAI's 401 wording, the key echoed whole and in JSON-escaped and starred truncations.
+    let body = format!(
+        r#"{{"error":{{"message":"Incorrect API key provided: sk-proj-Tq3…wxyz. You can find your API key at https://platform.openai.com/account/api-keys.","type":"invalid_request_error","param":null,"code":"invalid_api_key"}},"debug":{{"key":"{SECRET_ONE}","escaped":"sk-proj-Tq3\u2026wxyz","stars":"****wxyz"}}}}"#
+    );
+    mock.script(
+        Script::any()
+            .credential(SECRET_ONE)
+            .header("x-ratelimit-debug", &format!("key={SECRET_ONE}"))
+            .raw(401, "application/json", &body),
+    );
+    let r = app.post_json("/v1/chat/completions", KEY, &chat("solo")).await;
+    assert_eq!(r.status(), 401, "the upstream's status is passed on");
+    assert_eq!(r.headers()["x-aigw-error-source"], "upstream");
+    assert_eq!(r.headers()["x-ratelimit-debug"], "key=***");
+    let text = r.text().await.unwrap();
+    assert_no_secret("the answer", &text);
+    let answer: Value = serde_json::from_str(&text).expect("still JSON");
+    assert_eq!(
+        answer["error"]["message"],
+        "Incorrect API key provided: ***. You can find your API key at https://platform.openai.com/account/api-keys."
+    );
+    assert_eq!(answer["error"]["code"], "invalid_api_key");
+    assert_eq!(
+        answer["debug"],
+        json!({"key": "***", "escaped": "***", "stars": "***"})
+    );
+
+    let log = &app.logs("acme", 1).await[0];
+    assert_eq!((log.status, log.code.as_deref()), (401, Some("invalid_api_key")));
+    assert_no_secret("the request log", &format!("{log:?}"));
+    app.stop().await;
+}
