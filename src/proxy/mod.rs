@@ -178,7 +178,7 @@ pub async fn handle(state: AppState, endpoint: Endpoint, peer: SocketAddr, req: 
                 .and_then(|v| v.to_str().ok())
                 .is_some_and(|v| v.starts_with("text/event-stream"));
             if body.stream && is_sse {
-                let tap = SseTap::new(endpoint, strip_usage);
+                let tap = SseTap::new(endpoint, strip_usage).masking(credential.mask.clone());
                 let mut stream = stream::ProxyStream::new(response, tap, completion, body.len);
                 // What the upstream has already sent leaves with the head, in one write.
                 let first = futures::StreamExt::next(&mut stream).await;

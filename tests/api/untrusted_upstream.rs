@@ -73,7 +73,10 @@ fn assert_no_secret(what: &str, text: &str) {
     }
 }
 
-both_backends!(an_error_body_echoing_the_key_is_masked);
+both_backends!(
+    an_error_body_echoing_the_key_is_masked,
+    a_mid_stream_error_echoing_the_key_is_masked,
+);
 
 async fn an_error_body_echoing_the_key_is_masked(db: TestDb) {
     let (app, mock) = start(&db).await;
@@ -106,6 +109,40 @@ async fn an_error_body_echoing_the_key_is_masked(db: TestDb) {
 
     let log = &app.logs("acme", 1).await[0];
     assert_eq!((log.status, log.code.as_deref()), (401, Some("invalid_api_key")));
+    assert_no_secret("the request log", &format!("{log:?}"));
+    app.stop().await;
+}
+
+async fn a_mid_stream_error_echoing_the_key_is_masked(db: TestDb) {
+    let (app, mock) = start(&db).await;
+    let events = format!(
+        "data: {{\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"Hi\"}}}}]}}\n\n\
+         data: {{\"error\":{{\"message\":\"Incorrect API key provided: {SECRET_ONE}\",\"code\":401}},\
+         \"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"\"}},\"finish_reason\":\"error\"}}]}}\n\n\
+         data: [DONE]\n\n"
+    );
+    mock.script(
+        Script::any()
+            .credential(SECRET_ONE)
+            .raw(200, "text/event-stream", &events),
+    );
+    let mut body = chat("solo");
+    body["stream"] = json!(true);
+    let r = app.post_json("/v1/chat/completions", KEY, &body).await;
+    assert_eq!(r.status(), 200);
+    let text = r.text().await.unwrap();
+    assert_no_secret("the stream", &text);
+    assert!(text.contains("Incorrect API key provided: ***"), "{text}");
+    assert!(text.contains("\"content\":\"Hi\""), "the rest passes on: {text}");
+
+    let log = &app.logs("acme", 1).await[0];
+    assert_eq!(log.code.as_deref(), Some("upstream_stream_error"));
+    assert!(
+        log.explanation
+            .contains("mid-stream error: Incorrect API key provided: ***"),
+        "{}",
+        log.explanation
+    );
     assert_no_secret("the request log", &format!("{log:?}"));
     app.stop().await;
 }
