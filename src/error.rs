@@ -139,6 +139,14 @@ pub enum ApiError {
         /// What happened (no secrets: the URL's host and the error kind).
         message: String,
     },
+    /// The upstream answered something other than what the endpoint promises (a success that
+    /// is not the endpoint's JSON, an event stream to a request that asked for none, a status
+    /// outside 100–599), and no candidate remained.
+    #[error("the upstream's answer was not a valid response: {reason}")]
+    UpstreamInvalidResponse {
+        /// What was wrong with it (never the body itself).
+        reason: String,
+    },
     /// The request ran out of its time budget.
     #[error("the request exceeded its time budget of {seconds} s")]
     Timeout {
@@ -189,7 +197,9 @@ impl ApiError {
             }
             ApiError::InvalidRequest { .. } => StatusCode::BAD_REQUEST,
             ApiError::RequestTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            ApiError::UpstreamUnreachable { .. } => StatusCode::BAD_GATEWAY,
+            ApiError::UpstreamUnreachable { .. } | ApiError::UpstreamInvalidResponse { .. } => {
+                StatusCode::BAD_GATEWAY
+            }
             ApiError::Timeout { .. } => StatusCode::GATEWAY_TIMEOUT,
             ApiError::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -211,6 +221,7 @@ impl ApiError {
             ApiError::RequestTooLarge { .. } => "request_too_large",
             ApiError::RouteNotFound { .. } | ApiError::NotFound { .. } => "not_found",
             ApiError::UpstreamUnreachable { .. } => "upstream_unreachable",
+            ApiError::UpstreamInvalidResponse { .. } => "upstream_invalid_response",
             ApiError::Timeout { .. } => "timeout",
             ApiError::Internal => "internal_error",
             ApiError::QuotaExceeded(_) => "quota_exceeded",
@@ -239,9 +250,10 @@ impl ApiError {
             | ApiError::RequestTooLarge { .. }
             | ApiError::RouteNotFound { .. }
             | ApiError::NotFound { .. } => "invalid_request_error",
-            ApiError::UpstreamUnreachable { .. } | ApiError::Timeout { .. } | ApiError::Internal => {
-                "api_error"
-            }
+            ApiError::UpstreamUnreachable { .. }
+            | ApiError::UpstreamInvalidResponse { .. }
+            | ApiError::Timeout { .. }
+            | ApiError::Internal => "api_error",
         }
     }
 

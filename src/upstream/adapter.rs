@@ -92,6 +92,11 @@ impl Fields {
         self.0.iter().find(|(k, _)| k == key).map(|(_, v)| &**v)
     }
 
+    /// Whether the request asks for a stream (`"stream": true`).
+    pub fn asks_stream(&self) -> bool {
+        self.get("stream").is_some_and(|v| v.get() == "true")
+    }
+
     /// Sets `key`: in place when present, else at the end.
     pub fn set(&mut self, key: String, value: Box<RawValue>) {
         match self.0.iter_mut().find(|(k, _)| *k == key) {
@@ -254,6 +259,59 @@ pub fn usage_of_body(endpoint: Endpoint, body: &[u8]) -> Option<Usage> {
 /// its bytes come, neither kept back nor read: no usage, error or content is taken from it and
 /// nothing is removed from it.
 pub const MAX_EVENT_BYTES: usize = 1024 * 1024;
+
+/// The top-level fields that say what a complete answer is.
+#[derive(Deserialize)]
+struct AnswerShape<'a> {
+    #[serde(borrow)]
+    choices: Option<&'a RawValue>,
+    #[serde(borrow)]
+    data: Option<&'a RawValue>,
+    #[serde(borrow)]
+    content: Option<&'a RawValue>,
+    #[serde(borrow, rename = "type")]
+    kind: Option<&'a RawValue>,
+}
+
+/// Checks that a complete (not streamed) answer is what `endpoint` promises (DESIGN.md §9): one
+/// well-formed JSON object, whole, with the endpoint's defining field — `choices` (chat), `data`
+/// (embeddings) as arrays, `content` as an array or `"type":"message"` (messages). Fields beyond
+/// those are not looked at. The error says what is wrong without quoting the body.
+pub fn check_answer(endpoint: Endpoint, body: &[u8]) -> Result<(), String> {
+    let Some(&first) = body.trim_ascii_start().first() else {
+        return Err("an empty body".to_owned());
+    };
+    if first != b'{' {
+        return Err(if first == b'<' {
+            "not JSON (markup)".to_owned()
+        } else if serde_json::from_slice::<serde::de::IgnoredAny>(body).is_ok() {
+            "JSON, but not an object".to_owned()
+        } else {
+            "not JSON".to_owned()
+        });
+    }
+    let shape: AnswerShape = serde_json::from_slice(body).map_err(|e| match e.classify() {
+        serde_json::error::Category::Eof => "truncated JSON".to_owned(),
+        // Position only: a serde message may quote the body.
+        _ => format!("malformed JSON at line {} column {}", e.line(), e.column()),
+    })?;
+    let is_array = |v: Option<&RawValue>| v.is_some_and(|v| v.get().starts_with('['));
+    let ok = match endpoint {
+        Endpoint::ChatCompletions => is_array(shape.choices),
+        Endpoint::Embeddings => is_array(shape.data),
+        Endpoint::Messages => is_array(shape.content) || shape.kind.is_some_and(|k| k.get() == "\"message\""),
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err(match endpoint {
+            Endpoint::ChatCompletions => "a JSON object without a `choices` array",
+            Endpoint::Embeddings => "a JSON object without a `data` array",
+            Endpoint::Messages => "a JSON object that is not a message",
+        }
+        .to_owned())
+    }
+}
 
 /// Watches a stream event by event: usage, delivered content chunks, mid-stream errors; and
 /// removes what the gateway itself asked for (the extra usage chunk and `"usage":null` fields).
@@ -924,6 +982,80 @@ mod tests {
     fn endpoints_index_all() {
         for (i, e) in Endpoint::ALL.into_iter().enumerate() {
             assert_eq!(e as usize, i);
+        }
+    }
+
+    #[test]
+    fn complete_answers_must_be_the_endpoints_json() {
+        use Endpoint::{ChatCompletions as Chat, Embeddings, Messages};
+        let cases: &[(Endpoint, &str, Result<(), &str>)] = &[
+            (
+                Chat,
+                r#"{"id":"c","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"hi"}}],"usage":{"prompt_tokens":1,"completion_tokens":1}}"#,
+                Ok(()),
+            ),
+            (Chat, r#" {"choices":[],"extra":{"x":[1,2]}} "#, Ok(())),
+            (Chat, "", Err("an empty body")),
+            (Chat, "  \n", Err("an empty body")),
+            (
+                Chat,
+                "<html><body><h1>502 Bad Gateway</h1></body></html>",
+                Err("not JSON (markup)"),
+            ),
+            (
+                Chat,
+                r#"{"choices":[{"index":0,"message":{"#,
+                Err("truncated JSON"),
+            ),
+            (Chat, "[1,2]", Err("JSON, but not an object")),
+            (Chat, r#""ok""#, Err("JSON, but not an object")),
+            (Chat, "null", Err("JSON, but not an object")),
+            (Chat, "OK", Err("not JSON")),
+            (
+                Chat,
+                "data: {\"choices\":[]}\n\ndata: [DONE]\n\n",
+                Err("not JSON"),
+            ),
+            (
+                Chat,
+                r#"{"error":{"message":"upstream overloaded"}}"#,
+                Err("a JSON object without a `choices` array"),
+            ),
+            (
+                Chat,
+                r#"{"choices":null}"#,
+                Err("a JSON object without a `choices` array"),
+            ),
+            (Chat, r#"{"choices":[]} trailing"#, Err("malformed JSON")),
+            (
+                Embeddings,
+                r#"{"object":"list","data":[{"embedding":[0.1]}]}"#,
+                Ok(()),
+            ),
+            (
+                Embeddings,
+                r#"{"object":"list"}"#,
+                Err("a JSON object without a `data` array"),
+            ),
+            (
+                Messages,
+                r#"{"id":"m","type":"message","content":[{"type":"text","text":"hi"}]}"#,
+                Ok(()),
+            ),
+            (Messages, r#"{"type":"message"}"#, Ok(())),
+            (
+                Messages,
+                r#"{"type":"error","error":{"type":"overloaded_error"}}"#,
+                Err("a JSON object that is not a message"),
+            ),
+        ];
+        for (endpoint, body, want) in cases {
+            let got = check_answer(*endpoint, body.as_bytes());
+            match (got, want) {
+                (Ok(()), Ok(())) => {}
+                (Err(e), Err(w)) => assert!(e.starts_with(w), "{body}: {e}"),
+                (got, want) => panic!("{body}: got {got:?}, want {want:?}"),
+            }
         }
     }
 

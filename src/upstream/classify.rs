@@ -152,6 +152,9 @@ pub enum Rule {
     RequestError,
     /// A status outside 4xx/5xx (e.g. a redirect): kRouter's old 30 s default.
     OtherFailure,
+    /// DESIGN.md §9: an answer that is not what the endpoint promises (a success that is not
+    /// its JSON, a status outside 100–599), held like a 5xx.
+    InvalidResponse,
 }
 
 impl Rule {
@@ -174,6 +177,7 @@ impl Rule {
             Rule::ServerError => "server_error",
             Rule::RequestError => "request_error",
             Rule::OtherFailure => "other_failure",
+            Rule::InvalidResponse => "invalid_response",
         }
     }
 }
@@ -293,6 +297,19 @@ pub fn classify(f: &UpstreamFailure<'_>) -> Classification {
         .or_else(|| provider_named_reset(f, &ev))
         .or_else(|| rate_limit_wording(f, &ev))
         .unwrap_or_else(|| rule_table(f, &ev))
+}
+
+/// DESIGN.md §9: an upstream answer that is not what its endpoint promises is classified like a
+/// 5xx (kRouter rule 5's 30 s on that model, next credential): the upstream is broken, not the
+/// request and not the account.
+pub fn invalid_response(now: DateTime<Utc>) -> Classification {
+    Classification::hold(
+        Rule::InvalidResponse,
+        LockModels::One,
+        Sharing::Route,
+        after(now, SERVER_ERROR_HOLD),
+        NextStep::NextCredential,
+    )
 }
 
 /// kRouter rule 1: the two monthly allowances, held on the whole credential.
@@ -2297,6 +2314,7 @@ mod tests {
             Rule::ServerError,
             Rule::RequestError,
             Rule::OtherFailure,
+            Rule::InvalidResponse,
         ];
         let names: std::collections::HashSet<_> = rules.iter().map(Rule::name).collect();
         assert_eq!(names.len(), rules.len());
@@ -2304,5 +2322,22 @@ mod tests {
             n.bytes()
                 .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
         }));
+    }
+
+    #[test]
+    fn an_invalid_answer_is_held_like_a_5xx() {
+        let now = at(NOW);
+        let c = invalid_response(now);
+        assert_eq!(c.rule, Rule::InvalidResponse);
+        assert_eq!(c.next, NextCredential);
+        assert_eq!(
+            c.lock,
+            Some(Lock {
+                models: One,
+                sharing: Route,
+                until: now + SERVER_ERROR_HOLD,
+            })
+        );
+        assert!(!c.banned && !c.bump_backoff);
     }
 }

@@ -78,12 +78,30 @@ pub struct UpstreamError {
     pub body: Bytes,
 }
 
+/// What a candidate that served answered.
+pub enum Answer {
+    /// The event stream the request asked for, to pass on as it comes.
+    Stream(http::Response),
+    /// A complete answer, read whole and checked to be what the endpoint promises.
+    Complete(Complete),
+}
+
+/// A complete (not streamed) answer.
+pub struct Complete {
+    /// Status (a success).
+    pub status: u16,
+    /// The upstream's content type.
+    pub content_type: Option<HeaderValue>,
+    /// The body, the endpoint's JSON.
+    pub body: Bytes,
+}
+
 /// How dispatch ended.
 pub enum Dispatched {
-    /// A candidate answered with success; the body is still to be read or streamed.
+    /// A candidate answered with success.
     Served {
-        /// The response.
-        response: http::Response,
+        /// The stream to pass on, or the complete answer.
+        answer: Answer,
         /// Who served it.
         credential: Arc<Credential>,
         /// Which public model.
@@ -123,6 +141,7 @@ pub async fn dispatch(
     let mut run = Run {
         state,
         endpoint,
+        stream: body.asks_stream(),
         headers,
         quota_groups,
         key_id,
@@ -232,6 +251,8 @@ enum Step {
 struct Run<'a> {
     state: &'a AppState,
     endpoint: Endpoint,
+    /// Whether the request asked for a stream.
+    stream: bool,
     headers: &'a HeaderMap,
     quota_groups: Option<&'a HashMap<String, Vec<i64>>>,
     key_id: i64,
@@ -317,14 +338,38 @@ impl Run<'_> {
                 }
             };
             let status = response.status().as_u16();
+            // DESIGN.md §9: a status outside HTTP's range is no answer to pass on.
+            if !(100..=599).contains(&status) {
+                let reason = format!("status {status} is outside 100–599");
+                return Step::Failed(self.invalid(cred, model, upstream_model, status, reason));
+            }
             if response.status().is_success() {
+                let answer = match read_answer(self.endpoint, self.stream, response).await {
+                    Ok(answer) => answer,
+                    Err(Unread::Invalid(reason)) => {
+                        return Step::Failed(self.invalid(cred, model, upstream_model, status, reason));
+                    }
+                    // Like a connection failure: nothing parked, the next candidate is tried.
+                    Err(Unread::Broken(what)) => {
+                        let what = cred.mask.mask_str(&what).into_owned();
+                        self.attempts.push(Attempt {
+                            status: Some(status),
+                            error: Some(what.clone()),
+                            ..Attempt::of(cred, model)
+                        });
+                        self.last = Some(Dispatched::GatewayFailed(ApiError::UpstreamUnreachable {
+                            message: what,
+                        }));
+                        return Step::Failed(NextStep::NextCredential);
+                    }
+                };
                 self.attempts.push(Attempt {
                     status: Some(status),
                     ..Attempt::of(cred, model)
                 });
                 self.state.locks.success(cred.id);
                 return Step::Served(Dispatched::Served {
-                    response,
+                    answer,
                     credential: cred.clone(),
                     model: model.clone(),
                     upstream_latency,
@@ -408,6 +453,32 @@ impl Run<'_> {
             ..Attempt::of(cred, model)
         });
         self.last = Some(Dispatched::UpstreamFailed(error));
+        class.next
+    }
+
+    /// An answer that is not what the endpoint promises (DESIGN.md §9): parked like a 5xx, and
+    /// a 502 `upstream_invalid_response` is the request's answer so far.
+    fn invalid(
+        &mut self,
+        cred: &Credential,
+        model: &ModelRoute,
+        upstream_model: &str,
+        status: u16,
+        reason: String,
+    ) -> NextStep {
+        let class = classify::invalid_response(self.state.clock.now());
+        let lock_until = self.park(cred, upstream_model, &class);
+        tracing::warn!(credential = %cred.name, model = upstream_model, status, reason = %reason, "upstream answer refused");
+        self.attempts.push(Attempt {
+            status: Some(status),
+            rule: Some(class.rule.name()),
+            error: Some(reason.clone()),
+            lock_until: lock_until.map(rfc3339),
+            ..Attempt::of(cred, model)
+        });
+        self.last = Some(Dispatched::GatewayFailed(ApiError::UpstreamInvalidResponse {
+            reason,
+        }));
         class.next
     }
 
@@ -593,6 +664,44 @@ pub(crate) fn request(
         h.insert(header::AUTHORIZATION, cred.auth.clone());
     }
     req
+}
+
+/// Why a success was not served.
+enum Unread {
+    /// It is not what the endpoint promises.
+    Invalid(String),
+    /// Its body could not be read.
+    Broken(String),
+}
+
+/// A success: the event stream the request asked for, passed on as it comes; else the body,
+/// read whole and checked to be the endpoint's JSON. The one place a complete answer is read.
+async fn read_answer(endpoint: Endpoint, stream: bool, response: http::Response) -> Result<Answer, Unread> {
+    let content_type = response.headers().get(header::CONTENT_TYPE).cloned();
+    let is_sse = content_type
+        .as_ref()
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"));
+    if is_sse {
+        return if stream {
+            Ok(Answer::Stream(response))
+        } else {
+            Err(Unread::Invalid(
+                "an event stream to a request that asked for none".to_owned(),
+            ))
+        };
+    }
+    let status = response.status().as_u16();
+    let body = match http_body_util::BodyExt::collect(response.into_body()).await {
+        Ok(b) => b.to_bytes(),
+        Err(e) => return Err(Unread::Broken(format!("reading the response failed: {e}"))),
+    };
+    adapter::check_answer(endpoint, &body).map_err(Unread::Invalid)?;
+    Ok(Answer::Complete(Complete {
+        status,
+        content_type,
+        body,
+    }))
 }
 
 /// An upstream's error answer, kept to pass back: the headers worth passing on and at most

@@ -76,6 +76,9 @@ fn assert_no_secret(what: &str, text: &str) {
 both_backends!(
     an_error_body_echoing_the_key_is_masked,
     a_mid_stream_error_echoing_the_key_is_masked,
+    a_success_that_is_not_the_endpoints_json_is_a_502,
+    an_invalid_answer_parks_the_credential_and_the_chain_moves_on,
+    a_status_outside_http_is_a_502,
 );
 
 async fn an_error_body_echoing_the_key_is_masked(db: TestDb) {
@@ -144,5 +147,163 @@ async fn a_mid_stream_error_echoing_the_key_is_masked(db: TestDb) {
         log.explanation
     );
     assert_no_secret("the request log", &format!("{log:?}"));
+    app.stop().await;
+}
+
+async fn a_success_that_is_not_the_endpoints_json_is_a_502(db: TestDb) {
+    let (app, mock) = start(&db).await;
+    let embed = json!({"model": "solo", "input": "hi"});
+    let cases: &[(&str, &Value, &str, &str, &str)] = &[
+        (
+            "/v1/chat/completions",
+            &chat("solo"),
+            "text/html",
+            "<html><body><h1>502 Bad Gateway</h1><p>SENTINEL</p></body></html>",
+            "not JSON",
+        ),
+        (
+            "/v1/chat/completions",
+            &chat("solo"),
+            "application/json",
+            r#"{"id":"c","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"SENTINEL"#,
+            "truncated JSON",
+        ),
+        (
+            "/v1/chat/completions",
+            &chat("solo"),
+            "text/event-stream",
+            "data: {\"choices\":[{\"delta\":{\"content\":\"SENTINEL\"}}]}\n\ndata: [DONE]\n\n",
+            "an event stream to a request that asked for none",
+        ),
+        (
+            "/v1/chat/completions",
+            &chat("solo"),
+            "application/json",
+            r#"{"error":{"message":"SENTINEL overloaded"}}"#,
+            "without a `choices` array",
+        ),
+        (
+            "/v1/chat/completions",
+            &chat("solo"),
+            "application/json",
+            "",
+            "an empty body",
+        ),
+        (
+            "/v1/embeddings",
+            &embed,
+            "application/json",
+            r#"{"object":"list","SENTINEL":1}"#,
+            "without a `data` array",
+        ),
+    ];
+    for (i, (path, request, content_type, raw, reason)) in cases.iter().enumerate() {
+        mock.reset();
+        mock.script(Script::any().credential(SECRET_ONE).raw(200, content_type, raw));
+        let r = app.post_json(path, KEY, request).await;
+        assert_eq!(r.status(), 502, "{reason}");
+        assert_eq!(r.headers()["x-aigw-error-source"], "gateway");
+        let text = r.text().await.unwrap();
+        assert!(
+            !text.contains("SENTINEL"),
+            "the upstream's body is not passed on: {text}"
+        );
+        let answer: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(answer["error"]["code"], "upstream_invalid_response", "{reason}");
+        assert_eq!(answer["error"]["type"], "api_error");
+        assert!(
+            answer["error"]["message"].as_str().unwrap().contains(reason),
+            "{answer}"
+        );
+        assert_eq!(mock.call_count(), 1, "{reason}: no retry of an invalid answer");
+
+        let logs = app.logs("acme", i + 1).await;
+        let log = &logs[0];
+        assert_eq!(
+            (log.status, log.code.as_deref(), log.total_tokens),
+            (502, Some("upstream_invalid_response"), 0),
+            "{reason}"
+        );
+        assert!(
+            log.attempts_detail.contains("\"rule\":\"invalid_response\""),
+            "{}",
+            log.attempts_detail
+        );
+        // Parked like a 5xx: 30 s.
+        app.clock.advance(chrono::Duration::seconds(31));
+    }
+    app.stop().await;
+}
+
+async fn an_invalid_answer_parks_the_credential_and_the_chain_moves_on(db: TestDb) {
+    let (app, mock) = start(&db).await;
+    mock.script(
+        Script::any()
+            .credential(SECRET_ONE)
+            .raw(200, "text/html", "<html>captive portal</html>"),
+    );
+    let called = |mock: &MockUpstream| -> Vec<String> {
+        mock.calls()
+            .into_iter()
+            .map(|c| c.credential.unwrap_or_default())
+            .collect()
+    };
+    let r = app.post_json("/v1/chat/completions", KEY, &chat("m1")).await;
+    assert_eq!(
+        r.status(),
+        200,
+        "nothing was sent yet: the next credential serves"
+    );
+    let answer: Value = r.json().await.unwrap();
+    assert_eq!(answer["object"], "chat.completion");
+    assert_eq!(called(&mock), [SECRET_ONE, SECRET_TWO]);
+    let log = &app.logs("acme", 1).await[0];
+    assert_eq!((log.status, log.attempts), (200, 2));
+    assert!(log.total_tokens > 0, "the answer that served is counted");
+
+    // `one` is parked for 30 s, like after a 5xx.
+    let r = app.post_json("/v1/chat/completions", KEY, &chat("m1")).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(called(&mock), [SECRET_ONE, SECRET_TWO, SECRET_TWO]);
+    app.clock.advance(chrono::Duration::seconds(31));
+    let r = app.post_json("/v1/chat/completions", KEY, &chat("m1")).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(
+        called(&mock),
+        [SECRET_ONE, SECRET_TWO, SECRET_TWO, SECRET_ONE, SECRET_TWO]
+    );
+    app.stop().await;
+}
+
+async fn a_status_outside_http_is_a_502(db: TestDb) {
+    let (app, mock) = start(&db).await;
+    mock.script(Script::any().credential(SECRET_ONE).raw(
+        999,
+        "application/json",
+        r#"{"error":{"message":"odd"}}"#,
+    ));
+    let r = app.post_json("/v1/chat/completions", KEY, &chat("solo")).await;
+    assert_eq!(r.status(), 502, "never a 999 to the client");
+    let answer: Value = r.json().await.unwrap();
+    assert_eq!(answer["error"]["code"], "upstream_invalid_response");
+    assert!(
+        answer["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("status 999"),
+        "{answer}"
+    );
+    let log = &app.logs("acme", 1).await[0];
+    assert_eq!(
+        (log.status, log.code.as_deref()),
+        (502, Some("upstream_invalid_response"))
+    );
+    // Parked like a 5xx: the next request finds no candidate and sends nothing.
+    let r = app.post_json("/v1/chat/completions", KEY, &chat("solo")).await;
+    assert_eq!(r.status(), 429);
+    assert_eq!(mock.call_count(), 1);
+    // With another credential behind it, the chain moves on.
+    let r = app.post_json("/v1/chat/completions", KEY, &chat("m1")).await;
+    assert_eq!(r.status(), 200);
     app.stop().await;
 }
