@@ -14,7 +14,7 @@ const SECRET_ONE: &str = "sk-proj-Tq3vX9bLm2Ry7Kd4Wz8Pf1Hs6Jn0Gc5Ae2Ui7Oo3Yt9Rx4
 /// The key of credential `two`.
 const SECRET_TWO: &str = "sk-proj-Bb1Cc2Dd3Ee4Ff5Gg6Hh7Ii8Jj9Kk0Ll1Mm2Nn3Oo4Pp5Qq6abcd";
 
-/// `one` serves `m1` (first) and `solo` (alone); `two` serves `m1` (second).
+/// `one` serves `m1` (first) and `solo` (alone); `two` serves `m1` (second). `boss` is an admin.
 fn resources(mock: &MockUpstream) -> String {
     let url = mock.base_url();
     format!(
@@ -25,6 +25,11 @@ name = "acme"
 workspace = "acme"
 email = "ada@acme.test"
 role = "member"
+[[member]]
+workspace = "acme"
+email = "boss@acme.test"
+role = "admin"
+password = "boss-password-1"
 [[api_key]]
 member = "ada@acme.test"
 name = "ci"
@@ -79,6 +84,7 @@ both_backends!(
     a_success_that_is_not_the_endpoints_json_is_a_502,
     an_invalid_answer_parks_the_credential_and_the_chain_moves_on,
     a_status_outside_http_is_a_502,
+    the_connection_test_masks_the_key,
 );
 
 async fn an_error_body_echoing_the_key_is_masked(db: TestDb) {
@@ -305,5 +311,70 @@ async fn a_status_outside_http_is_a_502(db: TestDb) {
     // With another credential behind it, the chain moves on.
     let r = app.post_json("/v1/chat/completions", KEY, &chat("m1")).await;
     assert_eq!(r.status(), 200);
+    app.stop().await;
+}
+
+async fn the_connection_test_masks_the_key(db: TestDb) {
+    use aigw::store::{UpstreamStore, WorkspaceStore};
+    let (app, mock) = start(&db).await;
+    mock.script(Script::any().credential(SECRET_ONE).error(
+        401,
+        json!({"error": {"message": format!("Incorrect API key provided: {SECRET_ONE}"), "code": "invalid_api_key"}}),
+    ));
+    let ws = app.state.store.workspace_by_name("acme").await.unwrap().unwrap();
+    let one = app
+        .state
+        .store
+        .upstream_by_name(ws.id, "one")
+        .await
+        .unwrap()
+        .unwrap();
+    let login: Value = app
+        .client
+        .post(format!("{}/admin/v1/auth/login", app.address))
+        .json(&json!({"email": "boss@acme.test", "password": "boss-password-1"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let token = login["token"].as_str().unwrap().to_owned();
+    let r = app
+        .client
+        .post(format!("{}/admin/v1/upstreams/{}/test", app.address, one.id))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .unwrap();
+    let text = r.text().await.unwrap();
+    assert_no_secret("the connection test", &text);
+    let body: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(
+        (body["ok"].clone(), body["status"].clone()),
+        (json!(false), json!(401))
+    );
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap()
+            .contains("Incorrect API key provided: ***"),
+        "{body}"
+    );
+    let audit = app
+        .client
+        .get(format!("{}/admin/v1/audit", app.address))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        audit.contains("Incorrect API key provided: ***"),
+        "the test is audited: {audit}"
+    );
+    assert_no_secret("the audit log", &audit);
     app.stop().await;
 }
