@@ -154,6 +154,14 @@ pub enum ApiError {
         /// What happened (no secrets: the URL's host and the error kind).
         message: String,
     },
+    /// The upstream answered something other than what the endpoint promises (a success that
+    /// is not the endpoint's JSON, an event stream to a request that asked for none, a status
+    /// outside 100–599), and no candidate remained.
+    #[error("the upstream's answer was not a valid response: {reason}")]
+    UpstreamInvalidResponse {
+        /// What was wrong with it (never the body itself).
+        reason: String,
+    },
     /// An upstream deadline passed (DESIGN.md §9: every wait is bounded): what did not come in
     /// time, and the setting that bounds it.
     #[error("{0}")]
@@ -211,7 +219,9 @@ impl ApiError {
             ApiError::HeaderTooLarge { .. } => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             ApiError::UriTooLong => StatusCode::URI_TOO_LONG,
             ApiError::TooManyConnections { .. } => StatusCode::SERVICE_UNAVAILABLE,
-            ApiError::UpstreamUnreachable { .. } => StatusCode::BAD_GATEWAY,
+            ApiError::UpstreamUnreachable { .. } | ApiError::UpstreamInvalidResponse { .. } => {
+                StatusCode::BAD_GATEWAY
+            }
             ApiError::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
             ApiError::RequestTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             ApiError::Internal => StatusCode::INTERNAL_SERVER_ERROR,
@@ -237,6 +247,7 @@ impl ApiError {
             ApiError::TooManyConnections { .. } => "too_many_connections",
             ApiError::RouteNotFound { .. } | ApiError::NotFound { .. } => "not_found",
             ApiError::UpstreamUnreachable { .. } => "upstream_unreachable",
+            ApiError::UpstreamInvalidResponse { .. } => "upstream_invalid_response",
             ApiError::Timeout(_) => "timeout",
             ApiError::RequestTimeout { .. } => "request_timeout",
             ApiError::Internal => "internal_error",
@@ -270,6 +281,7 @@ impl ApiError {
             | ApiError::RouteNotFound { .. }
             | ApiError::NotFound { .. } => "invalid_request_error",
             ApiError::UpstreamUnreachable { .. }
+            | ApiError::UpstreamInvalidResponse { .. }
             | ApiError::Timeout(_)
             | ApiError::TooManyConnections { .. }
             | ApiError::Internal => "api_error",

@@ -83,6 +83,14 @@ pub struct Script {
         deserialize_with = "present"
     )]
     pub usage: Option<Value>,
+    /// Answer with exactly this body, with `status` (any, 200 when absent; even one outside
+    /// 100–599) and `content_type`, instead of the endpoint's own answer: a misbehaving upstream
+    /// (HTML, truncated JSON, an event stream to a request that asked for none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub raw_body: Option<String>,
+    /// The content type of a `raw_body` answer; none when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content_type: Option<String>,
 }
 
 /// A field that is present, `null` included (serde reads an `Option` field's `null` as absent).
@@ -119,6 +127,13 @@ impl Script {
     /// Add a response header.
     pub fn header(mut self, name: &str, value: &str) -> Self {
         self.headers.insert(name.to_owned(), value.to_owned());
+        self
+    }
+    /// Answer with exactly `body`, this status and content type.
+    pub fn raw(mut self, status: u16, content_type: &str, body: &str) -> Self {
+        self.status = Some(status);
+        self.content_type = Some(content_type.to_owned());
+        self.raw_body = Some(body.to_owned());
         self
     }
     /// Wait between streamed chunks.
@@ -423,8 +438,19 @@ impl Incoming {
         });
     }
 
-    /// The scripted error response, if the script asks for one.
+    /// The scripted raw answer, or else the scripted error response, if the script asks for one.
     fn scripted_error(&self, st: &MockState) -> Option<Response> {
+        if let Some(raw) = &self.script.raw_body {
+            let status = self.script.status.unwrap_or(200);
+            self.record(st, status, None);
+            let mut resp = Response::new(Body::from(raw.clone()));
+            *resp.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+            if let Some(ct) = &self.script.content_type {
+                resp.headers_mut().insert("content-type", ct.parse().ok()?);
+            }
+            self.apply_headers(&mut resp);
+            return Some(resp);
+        }
         let status = self.script.status.filter(|s| *s >= 400)?;
         self.record(st, status, None);
         let body = match &self.script.body {

@@ -393,6 +393,8 @@ pub async fn test(State(state): State<AppState>, actor: Actor, Id(id): Id) -> Ad
             let status = r.status().as_u16();
             let body = http_body_util::BodyExt::collect(r.into_body()).await;
             let text = body.map(|b| b.to_bytes()).unwrap_or_default();
+            // The body may echo the key: masked before it is shown or audited.
+            let text = cred.mask.mask(&text);
             let excerpt: String = String::from_utf8_lossy(&text).chars().take(500).collect();
             json!({"ok": false, "status": status, "latency_ms": latency_ms, "cleared": false, "error": excerpt})
         }

@@ -425,4 +425,104 @@ mod tests {
             .is_ok()
         );
     }
+
+    mod properties {
+        //! The body check reads untrusted bytes: it never panics, refuses with a 400 or accepts,
+        //! and accepts every well-formed body whatever its content.
+
+        use super::*;
+        use proptest::prelude::*;
+        use serde_json::{Value, json};
+
+        /// Any JSON value, nested a few levels.
+        fn json_value() -> impl Strategy<Value = Value> {
+            let leaf = prop_oneof![
+                Just(Value::Null),
+                any::<bool>().prop_map(Value::Bool),
+                any::<i64>().prop_map(Value::from),
+                any::<f64>().prop_map(|f| serde_json::Number::from_f64(f).map_or(Value::Null, Value::Number)),
+                "\\PC{0,20}".prop_map(Value::String),
+            ];
+            leaf.prop_recursive(3, 32, 6, |inner| {
+                prop_oneof![
+                    prop::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
+                    prop::collection::btree_map("\\PC{0,8}", inner, 0..6)
+                        .prop_map(|m| Value::Object(m.into_iter().collect())),
+                ]
+            })
+        }
+
+        fn endpoint() -> impl Strategy<Value = Endpoint> {
+            prop::sample::select(Endpoint::ALL.to_vec())
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(64))]
+
+            #[test]
+            fn prop_body_any_bytes_are_refused_or_accepted(
+                bytes in prop::collection::vec(any::<u8>(), 0..512),
+                endpoint in endpoint(),
+            ) {
+                if let Err(e) = parse(&bytes, endpoint) {
+                    prop_assert_eq!(e.status(), 400);
+                }
+            }
+
+            #[test]
+            fn prop_body_any_json_is_refused_or_accepted(value in json_value(), endpoint in endpoint()) {
+                let bytes = serde_json::to_vec(&value).unwrap();
+                match parse(&bytes, endpoint) {
+                    Ok(b) => prop_assert_eq!(Some(b.model.as_str()), value["model"].as_str()),
+                    Err(e) => prop_assert_eq!(e.status(), 400),
+                }
+            }
+
+            #[test]
+            fn prop_body_well_formed_bodies_are_accepted(
+                model in "\\PC{0,30}[a-z]\\PC{0,30}",
+                messages in prop::collection::vec(
+                    prop::collection::btree_map("\\PC{0,8}", json_value(), 0..4), 1..4),
+                stream in proptest::option::of(proptest::option::of(any::<bool>())),
+                options in proptest::option::of(proptest::option::of(
+                    prop::collection::btree_map("\\PC{0,8}", json_value(), 0..3))),
+                extra in prop::collection::btree_map("x_\\PC{0,8}", json_value(), 0..4),
+                max_tokens in 1u64..u64::MAX,
+                input in prop_oneof![
+                    "\\PC{0,40}".prop_map(Value::String),
+                    prop::collection::vec(json_value(), 0..4).prop_map(Value::Array),
+                ],
+                endpoint in endpoint(),
+            ) {
+                let mut body: serde_json::Map<String, Value> = extra.into_iter().collect();
+                body.insert("model".into(), json!(model));
+                match endpoint {
+                    Endpoint::Embeddings => {
+                        body.insert("input".into(), input);
+                    }
+                    _ => {
+                        body.insert("messages".into(), json!(messages));
+                        if let Some(s) = stream {
+                            body.insert("stream".into(), json!(s));
+                        }
+                    }
+                }
+                if endpoint == Endpoint::Messages {
+                    body.insert("max_tokens".into(), json!(max_tokens));
+                }
+                if endpoint == Endpoint::ChatCompletions && let Some(o) = options {
+                    body.insert("stream_options".into(), json!(o));
+                }
+                let bytes = serde_json::to_vec(&body).unwrap();
+                let checked = parse(&bytes, endpoint);
+                prop_assert!(checked.is_ok(), "{:?}: {}", checked.err(), String::from_utf8_lossy(&bytes));
+                let checked = checked.unwrap();
+                prop_assert_eq!(checked.model, model);
+                let streamed = endpoint != Endpoint::Embeddings && stream.flatten() == Some(true);
+                prop_assert_eq!(checked.stream, streamed);
+                prop_assert_eq!(checked.fields.asks_stream(), streamed);
+                prop_assert_eq!(checked.len, bytes.len());
+            }
+        }
+    }
 }

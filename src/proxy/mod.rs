@@ -27,7 +27,7 @@ use crate::quota::engine::{QuotaDecision, display_value};
 use crate::quota::window::format_reset_at;
 use crate::quota::{self, Metric};
 use crate::upstream::adapter::{self, Endpoint, SseTap, UsageReport};
-use crate::upstream::dispatch::{self, Dispatched};
+use crate::upstream::dispatch::{self, Answer, Complete, Dispatched};
 use crate::upstream::usage;
 use completion::{Completion, Outcome, Source};
 
@@ -168,59 +168,46 @@ pub async fn handle(state: AppState, endpoint: Endpoint, peer: SocketAddr, req: 
     // 7. Respond; accounting runs when the response (or stream) is complete.
     match dispatched {
         Dispatched::Served {
-            response,
+            answer,
             credential,
             model,
             upstream_latency,
             slot,
         } => {
-            completion.served_by(model, credential, upstream_latency);
+            completion.served_by(model, credential.clone(), upstream_latency);
             // The credential's in-flight slot is freed when the request completes.
             completion.hold(slot);
-            let status = response.status().as_u16();
-            let content_type = response.headers().get(header::CONTENT_TYPE).cloned();
-            let is_sse = content_type
-                .as_ref()
-                .and_then(|v| v.to_str().ok())
-                .is_some_and(|v| v.starts_with("text/event-stream"));
-            if body.stream && is_sse {
-                let tap = SseTap::new(endpoint, strip_usage, state.settings.max_usage_tokens);
-                let idle = Duration::from_secs(state.settings.stream_idle_timeout_secs);
-                let mut stream =
-                    stream::ProxyStream::new(response, tap, completion, body.len, deadline, idle);
-                // What the upstream has already sent leaves with the head, in one write.
-                let first = futures::StreamExt::next(&mut stream).await;
-                if let Some((completion, e)) = stream.timed_out_before_the_head() {
-                    return with_quota(refuse(completion, e), &quota, untouched, now);
+            let Complete {
+                status,
+                content_type,
+                body: bytes,
+            } = match answer {
+                Answer::Stream(response) => {
+                    let status = response.status().as_u16();
+                    let tap = SseTap::new(endpoint, strip_usage, state.settings.max_usage_tokens)
+                        .masking(credential.mask.clone());
+                    let idle = Duration::from_secs(state.settings.stream_idle_timeout_secs);
+                    let mut stream =
+                        stream::ProxyStream::new(response, tap, completion, body.len, deadline, idle);
+                    // What the upstream has already sent leaves with the head, in one write.
+                    let first = futures::StreamExt::next(&mut stream).await;
+                    if let Some((completion, e)) = stream.timed_out_before_the_head() {
+                        return with_quota(refuse(completion, e), &quota, untouched, now);
+                    }
+                    let body = futures::StreamExt::chain(futures::stream::iter(first), stream);
+                    let mut resp = Response::new(Body::from_stream(body));
+                    *resp.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::OK);
+                    let h = resp.headers_mut();
+                    h.insert(
+                        header::CONTENT_TYPE,
+                        HeaderValue::from_static("text/event-stream"),
+                    );
+                    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+                    // Headers leave before the body: only this request itself is known.
+                    let one_request = |m: Metric| i64::from(m == Metric::Requests);
+                    return with_quota(resp, &quota, one_request, now);
                 }
-                let body = futures::StreamExt::chain(futures::stream::iter(first), stream);
-                let mut resp = Response::new(Body::from_stream(body));
-                *resp.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::OK);
-                let h = resp.headers_mut();
-                h.insert(
-                    header::CONTENT_TYPE,
-                    HeaderValue::from_static("text/event-stream"),
-                );
-                h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-                // Headers leave before the body: only this request itself is known.
-                let one_request = |m: Metric| i64::from(m == Metric::Requests);
-                return with_quota(resp, &quota, one_request, now);
-            }
-            let read = deadline.bound(http_body_util::BodyExt::collect(response.into_body()));
-            let bytes = match read.await {
-                Some(Ok(b)) => b.to_bytes(),
-                // The head came, the body did not: the credential rests as for a 5xx.
-                None => {
-                    completion.serving_timed_out(&deadline.missed());
-                    let resp = refuse(completion, deadline.error());
-                    return with_quota(resp, &quota, untouched, now);
-                }
-                Some(Err(e)) => {
-                    let err = ApiError::UpstreamUnreachable {
-                        message: format!("reading the response failed: {e}"),
-                    };
-                    return refuse(completion, err);
-                }
+                Answer::Complete(complete) => complete,
             };
             // The upstream's usage is counted only if valid; else the gateway's estimate is.
             let ceiling = state.settings.max_usage_tokens;

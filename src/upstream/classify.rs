@@ -168,6 +168,9 @@ pub enum Rule {
     RequestError,
     /// A status outside 4xx/5xx (e.g. a redirect): kRouter's old 30 s default.
     OtherFailure,
+    /// DESIGN.md §9: an answer that is not what the endpoint promises (a success that is not
+    /// its JSON, a status outside 100–599), held like a 5xx.
+    InvalidResponse,
 }
 
 impl Rule {
@@ -190,6 +193,7 @@ impl Rule {
             Rule::ServerError => "server_error",
             Rule::RequestError => "request_error",
             Rule::OtherFailure => "other_failure",
+            Rule::InvalidResponse => "invalid_response",
         }
     }
 }
@@ -309,6 +313,19 @@ pub fn classify(f: &UpstreamFailure<'_>) -> Classification {
         .or_else(|| provider_named_reset(f, &ev))
         .or_else(|| rate_limit_wording(f, &ev))
         .unwrap_or_else(|| rule_table(f, &ev))
+}
+
+/// DESIGN.md §9: an upstream answer that is not what its endpoint promises is classified like a
+/// 5xx (kRouter rule 5's 30 s on that model, next credential): the upstream is broken, not the
+/// request and not the account.
+pub fn invalid_response(now: DateTime<Utc>) -> Classification {
+    Classification::hold(
+        Rule::InvalidResponse,
+        LockModels::One,
+        Sharing::Route,
+        after(now, SERVER_ERROR_HOLD),
+        NextStep::NextCredential,
+    )
 }
 
 /// kRouter rule 1: the two monthly allowances, held on the whole credential.
@@ -2332,6 +2349,7 @@ mod tests {
             Rule::ServerError,
             Rule::RequestError,
             Rule::OtherFailure,
+            Rule::InvalidResponse,
         ];
         let names: std::collections::HashSet<_> = rules.iter().map(Rule::name).collect();
         assert_eq!(names.len(), rules.len());
@@ -2339,5 +2357,168 @@ mod tests {
             n.bytes()
                 .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
         }));
+    }
+
+    #[test]
+    fn an_invalid_answer_is_held_like_a_5xx() {
+        let now = at(NOW);
+        let c = invalid_response(now);
+        assert_eq!(c.rule, Rule::InvalidResponse);
+        assert_eq!(c.next, NextCredential);
+        assert_eq!(
+            c.lock,
+            Some(Lock {
+                models: One,
+                sharing: Route,
+                until: now + SERVER_ERROR_HOLD,
+            })
+        );
+        assert!(!c.banned && !c.bump_backoff);
+    }
+
+    mod properties {
+        //! The reset parsers read untrusted header values and bodies: they never panic, and no
+        //! reset an upstream names holds a credential longer than the 6 h cap.
+
+        use super::*;
+        use proptest::prelude::*;
+
+        /// Strings near the forms the parsers accept, and anything else.
+        fn reset_text() -> impl Strategy<Value = String> {
+            prop_oneof![
+                "[0-9.]{0,24}",
+                "[0-9.hmsuµn]{0,24}",
+                "-?[0-9]{1,20}(\\.[0-9]{0,12})?",
+                "[0-9]{1,6}(h|m|s|ms|us|µs|ns)([0-9]{1,6}(h|m|s|ms))?",
+                "(Mon|Sun|Xyz), [0-9]{1,2} (Mar|Feb|Foo) [0-9]{4} [0-9]{2}:[0-9]{2}:[0-9]{2} GMT",
+                "[0-9]{4}-[0-9]{2}-[0-9]{2}(T[0-9]{2}:[0-9]{2}:[0-9]{2}(\\.[0-9]{1,9})?(Z|[+-][0-9]{2}:[0-9]{2}))?",
+                "\\PC{0,40}",
+            ]
+        }
+
+        /// Prose a provider may put a wait or a date in.
+        fn reset_prose() -> impl Strategy<Value = String> {
+            prop_oneof![
+                (
+                    "(resets|reset|try again|retry) in ",
+                    "[0-9. ]{0,8}(d|h|m|s|ms|days|hours|minutes)?( and )?[0-9]{0,4}[a-z]{0,7}"
+                )
+                    .prop_map(|(a, b)| format!("{a}{b}")),
+                ("(regain access on )?", reset_text(), "( at [0-9]{2}:[0-9]{2})?")
+                    .prop_map(|(a, b, c)| format!("{a}{b}{c}")),
+                "\\PC{0,60}",
+            ]
+        }
+
+        fn now() -> impl Strategy<Value = DateTime<Utc>> {
+            // 1970 to 2100, and the far ends chrono can represent.
+            prop_oneof![
+                (0i64..4_102_444_800).prop_map(|s| DateTime::from_timestamp(s, 0).unwrap_or_default()),
+                Just(DateTime::<Utc>::MAX_UTC),
+                Just(DateTime::<Utc>::MIN_UTC),
+            ]
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(64))]
+
+            #[test]
+            fn prop_reset_parsers_never_panic(value in reset_text(), prose in reset_prose(), now in now()) {
+                let _ = parse_retry_after(&value, now);
+                let _ = parse_reset_value(&value, now);
+                let _ = parse_go_duration(&value);
+                let _ = parse_worded_wait(&prose);
+                let _ = parse_named_date(&prose);
+                let _ = parse_named_date(&value);
+            }
+
+            #[test]
+            fn prop_named_resets_are_capped_at_six_hours(
+                status in prop::sample::select(vec![429u16, 503, 500, 402, 403, 408]),
+                retry_after in proptest::option::of(reset_text()),
+                window in proptest::option::of((
+                    prop::sample::select(vec![
+                        "x-ratelimit-reset",
+                        "x-ratelimit-reset-requests",
+                        "x-ratelimit-reset-tokens",
+                        "anthropic-ratelimit-requests-reset",
+                        "anthropic-ratelimit-tokens-reset",
+                    ]),
+                    reset_text(),
+                    proptest::option::of("-?[0-9]{1,3}"),
+                )),
+                prose in reset_prose(),
+                delay in "[0-9.]{0,12}(s|ms|m|h)?",
+                resets_in in "[0-9.e+-]{0,14}",
+                backoff_level in 0u32..40,
+                now in (1_600_000_000i64..2_200_000_000).prop_map(|s| DateTime::from_timestamp(s, 0).unwrap_or_default()),
+            ) {
+                let mut headers = http::HeaderMap::new();
+                if let Some(v) = retry_after.as_deref().and_then(|v| http::HeaderValue::from_str(v).ok()) {
+                    headers.insert("retry-after", v);
+                }
+                if let Some((name, value, remaining)) = &window {
+                    if let Ok(v) = http::HeaderValue::from_str(value) {
+                        headers.insert(*name, v);
+                    }
+                    if let Some(r) = remaining {
+                        let remaining_name = name.replace("-reset", "-remaining");
+                        if let (Ok(n), Ok(v)) = (http::HeaderName::from_bytes(remaining_name.as_bytes()), http::HeaderValue::from_str(r)) {
+                            headers.insert(n, v);
+                        }
+                    }
+                }
+                // Gemini's retryDelay and Codex's resets_in_seconds next to the prose.
+                let body = serde_json::json!({
+                    "error": {
+                        "message": prose,
+                        "type": "usage_limit_reached",
+                        "resets_in_seconds": resets_in,
+                        "details": [{"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": delay}],
+                    }
+                })
+                .to_string();
+                let c = classify(&UpstreamFailure {
+                    status,
+                    headers: &headers,
+                    body: &body,
+                    provider: Provider::OpenAi,
+                    model: "gpt-4o-mini",
+                    now,
+                    backoff_level,
+                    gateway_busy: false,
+                });
+                if let Some(lock) = c.lock {
+                    prop_assert!(lock.until > now, "{c:?}");
+                    prop_assert!(lock.until - now <= RESET_CAP, "{c:?} held past the cap");
+                }
+            }
+
+            #[test]
+            fn prop_classify_never_panics(
+                status in 0u16..1000,
+                headers in prop::collection::vec(("[a-z-]{1,30}", "\\PC{0,30}"), 0..6),
+                body in "\\PC{0,200}",
+                backoff_level in any::<u32>(),
+                now in now(),
+            ) {
+                let mut map = http::HeaderMap::new();
+                for (name, value) in &headers {
+                    if let (Ok(n), Ok(v)) = (http::HeaderName::from_bytes(name.as_bytes()), http::HeaderValue::from_str(value)) {
+                        map.append(n, v);
+                    }
+                }
+                let _ = classify(&UpstreamFailure {
+                    status,
+                    headers: &map,
+                    body: &body,
+                    provider: Provider::OpenRouter,
+                    model: "m:free",
+                    now,
+                    backoff_level,
+                    gateway_busy: false,
+                });
+            }
+        }
     }
 }

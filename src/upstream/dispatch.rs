@@ -7,6 +7,7 @@
 //! retries by itself, and the only retry of the same credential is a single candidate's one retry
 //! of a 5xx or a connection failure (groot ADR 0008).
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -25,6 +26,7 @@ use super::admission::{Refusal, Slot};
 use super::classify::{self, Classification, LockModels, NextStep, Sharing, UpstreamFailure};
 use super::http;
 use super::locks::{self, LockTarget};
+use super::mask::SecretMask;
 use super::pool::{Credential, ModelRoute};
 use crate::app::AppState;
 use crate::deadline::{Deadline, Missed};
@@ -80,12 +82,30 @@ pub struct UpstreamError {
     pub body: Bytes,
 }
 
+/// What a candidate that served answered.
+pub enum Answer {
+    /// The event stream the request asked for, to pass on as it comes.
+    Stream(http::Response),
+    /// A complete answer, read whole and checked to be what the endpoint promises.
+    Complete(Complete),
+}
+
+/// A complete (not streamed) answer.
+pub struct Complete {
+    /// Status (a success).
+    pub status: u16,
+    /// The upstream's content type.
+    pub content_type: Option<HeaderValue>,
+    /// The body, the endpoint's JSON.
+    pub body: Bytes,
+}
+
 /// How dispatch ended.
 pub enum Dispatched {
-    /// A candidate answered with success; the body is still to be read or streamed.
+    /// A candidate answered with success.
     Served {
-        /// The response.
-        response: http::Response,
+        /// The stream to pass on, or the complete answer.
+        answer: Answer,
         /// Who served it.
         credential: Arc<Credential>,
         /// Which public model.
@@ -126,6 +146,7 @@ pub async fn dispatch(
     let mut run = Run {
         state,
         endpoint,
+        stream: body.asks_stream(),
         headers,
         quota_groups,
         key_id,
@@ -235,6 +256,8 @@ enum Step {
 struct Run<'a> {
     state: &'a AppState,
     endpoint: Endpoint,
+    /// Whether the request asked for a stream.
+    stream: bool,
     headers: &'a HeaderMap,
     quota_groups: Option<&'a HashMap<String, Vec<i64>>>,
     key_id: i64,
@@ -299,7 +322,7 @@ impl Run<'_> {
             let response = match sent {
                 Ok(r) => r,
                 Err(e) => {
-                    let what = e.to_string();
+                    let what = cred.mask.mask_str(&e.to_string()).into_owned();
                     let attempt = Attempt {
                         error: Some(what.clone()),
                         ..Attempt::of(cred, model)
@@ -323,21 +346,56 @@ impl Run<'_> {
                 }
             };
             let status = response.status().as_u16();
+            // DESIGN.md §9: a status outside HTTP's range is no answer to pass on.
+            if !(100..=599).contains(&status) {
+                let reason = format!("status {status} is outside 100–599");
+                return Step::Failed(self.invalid(cred, model, upstream_model, status, reason));
+            }
             if response.status().is_success() {
+                let read = self
+                    .deadline
+                    .bound(read_answer(self.endpoint, self.stream, response));
+                let answer = match read.await {
+                    // The head came, the body did not in time: the credential rests as for a 5xx.
+                    None => {
+                        let attempt = Attempt {
+                            status: Some(status),
+                            ..Attempt::of(cred, model)
+                        };
+                        return self.timed_out(cred, upstream_model, attempt);
+                    }
+                    Some(Ok(answer)) => answer,
+                    Some(Err(Unread::Invalid(reason))) => {
+                        return Step::Failed(self.invalid(cred, model, upstream_model, status, reason));
+                    }
+                    // Like a connection failure: nothing parked, the next candidate is tried.
+                    Some(Err(Unread::Broken(what))) => {
+                        let what = cred.mask.mask_str(&what).into_owned();
+                        self.attempts.push(Attempt {
+                            status: Some(status),
+                            error: Some(what.clone()),
+                            ..Attempt::of(cred, model)
+                        });
+                        self.last = Some(Dispatched::GatewayFailed(ApiError::UpstreamUnreachable {
+                            message: what,
+                        }));
+                        return Step::Failed(NextStep::NextCredential);
+                    }
+                };
                 self.attempts.push(Attempt {
                     status: Some(status),
                     ..Attempt::of(cred, model)
                 });
                 self.state.locks.success(cred.id);
                 return Step::Served(Dispatched::Served {
-                    response,
+                    answer,
                     credential: cred.clone(),
                     model: model.clone(),
                     upstream_latency,
                     slot,
                 });
             }
-            let Some(error) = self.deadline.bound(read_error(response)).await else {
+            let Some(error) = self.deadline.bound(read_error(response, &cred.mask)).await else {
                 let attempt = Attempt {
                     status: Some(status),
                     ..Attempt::of(cred, model)
@@ -430,6 +488,32 @@ impl Run<'_> {
             ..Attempt::of(cred, model)
         });
         self.last = Some(Dispatched::UpstreamFailed(error));
+        class.next
+    }
+
+    /// An answer that is not what the endpoint promises (DESIGN.md §9): parked like a 5xx, and
+    /// a 502 `upstream_invalid_response` is the request's answer so far.
+    fn invalid(
+        &mut self,
+        cred: &Credential,
+        model: &ModelRoute,
+        upstream_model: &str,
+        status: u16,
+        reason: String,
+    ) -> NextStep {
+        let class = classify::invalid_response(self.state.clock.now());
+        let lock_until = self.park(cred, upstream_model, &class);
+        tracing::warn!(credential = %cred.name, model = upstream_model, status, reason = %reason, "upstream answer refused");
+        self.attempts.push(Attempt {
+            status: Some(status),
+            rule: Some(class.rule.name()),
+            error: Some(reason.clone()),
+            lock_until: lock_until.map(rfc3339),
+            ..Attempt::of(cred, model)
+        });
+        self.last = Some(Dispatched::GatewayFailed(ApiError::UpstreamInvalidResponse {
+            reason,
+        }));
         class.next
     }
 
@@ -653,7 +737,49 @@ pub(crate) fn request(
     req
 }
 
-async fn read_error(response: http::Response) -> UpstreamError {
+/// Why a success was not served.
+enum Unread {
+    /// It is not what the endpoint promises.
+    Invalid(String),
+    /// Its body could not be read.
+    Broken(String),
+}
+
+/// A success: the event stream the request asked for, passed on as it comes; else the body,
+/// read whole and checked to be the endpoint's JSON. The one place a complete answer is read.
+async fn read_answer(endpoint: Endpoint, stream: bool, response: http::Response) -> Result<Answer, Unread> {
+    let content_type = response.headers().get(header::CONTENT_TYPE).cloned();
+    let is_sse = content_type
+        .as_ref()
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"));
+    if is_sse {
+        return if stream {
+            Ok(Answer::Stream(response))
+        } else {
+            Err(Unread::Invalid(
+                "an event stream to a request that asked for none".to_owned(),
+            ))
+        };
+    }
+    let status = response.status().as_u16();
+    let body = match http_body_util::BodyExt::collect(response.into_body()).await {
+        Ok(b) => b.to_bytes(),
+        Err(e) => return Err(Unread::Broken(format!("reading the response failed: {e}"))),
+    };
+    adapter::check_answer(endpoint, &body).map_err(Unread::Invalid)?;
+    Ok(Answer::Complete(Complete {
+        status,
+        content_type,
+        body,
+    }))
+}
+
+/// An upstream's error answer, kept to pass back: the headers worth passing on and at most
+/// [`MAX_ERROR_BODY`] bytes of the body, the credential's secret masked out of both (DESIGN.md
+/// §9: an error body may echo the key; everything after this — classification, the answer, the
+/// log — sees only the masked bytes).
+async fn read_error(response: http::Response, mask: &SecretMask) -> UpstreamError {
     let status = response.status().as_u16();
     let mut headers = HeaderMap::new();
     for (k, v) in response.headers() {
@@ -664,7 +790,14 @@ async fn read_error(response: http::Response) -> UpstreamError {
             || name.starts_with("x-ratelimit-")
             || name.starts_with("anthropic-ratelimit-")
         {
-            headers.append(k.clone(), v.clone());
+            let masked = match mask.mask(v.as_bytes()) {
+                Cow::Borrowed(_) => v.clone(),
+                Cow::Owned(m) => match HeaderValue::from_bytes(&m) {
+                    Ok(m) => m,
+                    Err(_) => continue,
+                },
+            };
+            headers.append(k.clone(), masked);
         }
     }
     let mut body = Vec::new();
@@ -676,9 +809,13 @@ async fn read_error(response: http::Response) -> UpstreamError {
             break;
         }
     }
+    let body = match mask.mask(&body) {
+        Cow::Borrowed(_) => Bytes::from(body),
+        Cow::Owned(masked) => Bytes::from(masked),
+    };
     UpstreamError {
         status,
         headers,
-        body: Bytes::from(body),
+        body,
     }
 }

@@ -8,6 +8,7 @@ pub mod corroboration;
 pub mod dispatch;
 pub mod http;
 pub mod locks;
+pub mod mask;
 pub mod pool;
 pub mod usage;
 

@@ -12,6 +12,7 @@ use crate::store::{ModelRow, ModelStore, Store, StoreResult, UpstreamRow, Upstre
 
 use super::Provider;
 use super::adapter::Endpoint;
+use super::mask::SecretMask;
 
 /// An upstream credential ready to dispatch to.
 #[derive(Debug)]
@@ -27,6 +28,9 @@ pub struct Credential {
     /// The auth header's value, made of the opened secret (`Bearer …`, or the bare key for
     /// Anthropic); marked sensitive, so never printed.
     pub auth: HeaderValue,
+    /// The secret, ready to be masked out of what the upstream sends back (built once here,
+    /// not per request).
+    pub mask: Arc<SecretMask>,
     /// Lower is tried first.
     pub priority: i64,
     /// Share within a priority.
@@ -224,6 +228,7 @@ impl Credential {
             name: u.name.clone(),
             provider,
             auth,
+            mask: Arc::new(SecretMask::new(&secret)),
             priority: u.priority,
             weight: u.weight.max(1),
             max_in_flight: u.max_in_flight.max(1),

@@ -15,5 +15,6 @@ mod proxy;
 mod quota;
 mod resources;
 mod serving;
+mod untrusted_upstream;
 mod upstream;
 mod usage;
