@@ -66,8 +66,7 @@ pub struct Inner {
     pub keys: KeyResolver,
     /// Queue of request logs for the batch writer.
     pub logs: LogSink,
-    /// The HTTP client to upstreams (no retries of its own, no redirects); each serving thread
-    /// uses one of the same kind with a connection pool of its own.
+    /// The one HTTP client to upstreams (no retries of its own, no redirects).
     pub http: crate::upstream::http::Client,
     /// Prometheus rendering.
     pub metrics: PrometheusHandle,
@@ -75,15 +74,12 @@ pub struct Inner {
     pub shutdown: CancellationToken,
     /// Background tasks, drained at shutdown.
     pub tasks: TaskTracker,
-    /// The main runtime, where background tasks run (requests run on the serving threads').
-    pub runtime: tokio::runtime::Handle,
 }
 
 impl AppState {
-    /// Runs `task` in the background on the main runtime, drained at shutdown (a serving thread's
-    /// runtime stops with its last request).
+    /// Runs `task` in the background, drained at shutdown.
     pub fn spawn_background(&self, task: impl Future<Output = ()> + Send + 'static) {
-        self.tasks.spawn_on(task, &self.runtime);
+        self.tasks.spawn(task);
     }
 }
 
@@ -211,7 +207,6 @@ impl Gateway {
             metrics: crate::telemetry::metrics_handle(),
             shutdown,
             tasks,
-            runtime: tokio::runtime::Handle::current(),
         }));
         start_config_watch(state.clone(), epoch);
         start_quota_flush(state.clone());
@@ -242,22 +237,12 @@ impl Gateway {
                 () = stop.cancelled() => {},
             }
         };
-        let (result, threads) = crate::serving::serve(
-            self.listener,
-            router(state.clone()),
-            &state.http,
-            Duration::from_micros(state.settings.idle_poll_us),
-            stopped,
-        )
-        .await;
+        let result = crate::serving::serve(self.listener, router(state.clone()), stopped).await;
         // No request is running any more: stop the background tasks, which flush what they hold.
         state.shutdown.cancel();
         state.tasks.close();
         state.tasks.wait().await;
         state.store.close().await;
-        if let Some(threads) = threads {
-            threads.join().await;
-        }
         tracing::info!("aigw stopped");
         result
     }
