@@ -252,9 +252,7 @@ def instructions(tmp, mock_port, duration, keep=None):
     for mode, stream in (("non-streamed", False), ("streamed", True)):
         home = os.path.join(tmp, f"cg-{mode}")
         out = os.path.join(home, "callgrind.out")
-        # Idle polling off: the instructions of a thread waiting for work are not the request's,
-        # and under valgrind it would spin for most of the run.
-        gw, port = start_gateway(tmp, mock_port, 0, name=f"cg-{mode}", env={"AIGW_IDLE_POLL_US": "0"},
+        gw, port = start_gateway(tmp, mock_port, 0, name=f"cg-{mode}",
                                  wrap=("valgrind", "--tool=callgrind", "--instr-atstart=no",
                                        f"--callgrind-out-file={out}"))
         try:
@@ -298,7 +296,7 @@ def syscalls(tmp, mock_port, duration):
     print("|---|---|" + "---|" * (len(shown) + 1))
     for mode, stream in (("non-streamed", False), ("streamed", True)):
         home = os.path.join(tmp, f"st-{mode}")
-        gw, port = start_gateway(tmp, mock_port, 0, name=f"st-{mode}", env={"AIGW_IDLE_POLL_US": "0"})
+        gw, port = start_gateway(tmp, mock_port, 0, name=f"st-{mode}")
         try:
             url = f"http://127.0.0.1:{port}/v1/chat/completions"
             wait_ready(f"http://127.0.0.1:{port}/readyz", gw)
@@ -409,7 +407,7 @@ def hops(timeline, mock_pid):
     """The request's hops, from the scheduler's switches and wake-ups: wrk sleeps after sending ->
     (aigw in) the mock is woken -> (mock waits) it runs -> (mock runs) it sleeps after answering ->
     (aigw out) wrk is woken -> (wrk waits) wrk runs. Only cycles in which wrk slept can be
-    followed (aigw's serving thread polls, so its own part shows only as the time between)."""
+    followed."""
     events = []
     for e in timeline:
         if e[0] == "wake":

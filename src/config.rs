@@ -128,9 +128,6 @@ pub struct Settings {
     pub data_dir: PathBuf,
     /// Log line format.
     pub log_format: LogFormat,
-    /// Most a serving thread polls for I/O before it sleeps, in microseconds (adaptive, as KVM's
-    /// halt polling; 0 turns it off).
-    pub idle_poll_us: u64,
 }
 
 impl Default for Settings {
@@ -154,7 +151,6 @@ impl Default for Settings {
             log_retention_days: 30,
             data_dir: PathBuf::new(),
             log_format: LogFormat::Text,
-            idle_poll_us: 200,
         }
     }
 }
@@ -181,7 +177,6 @@ struct FileSettings {
     log_retention_days: Option<u32>,
     data_dir: Option<PathBuf>,
     log_format: Option<LogFormat>,
-    idle_poll_us: Option<u64>,
 }
 
 /// A setting that could not be read; the message names the setting and where it came from.
@@ -227,7 +222,6 @@ impl Settings {
             s.log_retention_days = f.log_retention_days.unwrap_or(s.log_retention_days);
             s.data_dir = f.data_dir.unwrap_or(s.data_dir);
             s.log_format = f.log_format.unwrap_or(s.log_format);
-            s.idle_poll_us = f.idle_poll_us.unwrap_or(s.idle_poll_us);
         }
 
         let var = |name: &str| env(name).filter(|v| !v.is_empty());
@@ -285,9 +279,6 @@ impl Settings {
         if let Some(v) = var("AIGW_LOG_FORMAT") {
             s.log_format = parse_value("AIGW_LOG_FORMAT", &v)?;
         }
-        if let Some(v) = var("AIGW_IDLE_POLL_US") {
-            s.idle_poll_us = parse_value("AIGW_IDLE_POLL_US", &v)?;
-        }
         s.validate()?;
         Ok(s)
     }
@@ -329,9 +320,6 @@ impl Settings {
                 "single_candidate_retry_min_ms (AIGW_SINGLE_CANDIDATE_RETRY_MIN_MS)",
                 "must not exceed single_candidate_retry_max_ms",
             );
-        }
-        if self.idle_poll_us > 10_000 {
-            return bad("idle_poll_us (AIGW_IDLE_POLL_US)", "must be at most 10000");
         }
         if !(10..=60_000).contains(&self.flush_interval_ms) {
             return bad("flush_interval_ms (AIGW_FLUSH_INTERVAL_MS)", "must be 10..=60000");
@@ -414,7 +402,6 @@ mod tests {
         assert_eq!(s.database_url, "sqlite://aigw.db");
         assert_eq!(s.timezone, chrono_tz::Asia::Shanghai);
         assert_eq!(s.max_body_bytes, 32 * 1024 * 1024);
-        assert_eq!(s.idle_poll_us, 200);
         assert_eq!(s.secrets_dir(), PathBuf::from("."));
     }
 
@@ -443,8 +430,6 @@ mod tests {
             (&[("AIGW_DATABASE_URL", "mysql://x")], "AIGW_DATABASE_URL"),
             (&[("AIGW_FLUSH_INTERVAL_MS", "1")], "AIGW_FLUSH_INTERVAL_MS"),
             (&[("AIGW_SLOT_WAIT_MS", "60001")], "AIGW_SLOT_WAIT_MS"),
-            (&[("AIGW_IDLE_POLL_US", "10001")], "AIGW_IDLE_POLL_US"),
-            (&[("AIGW_IDLE_POLL_US", "-1")], "AIGW_IDLE_POLL_US"),
             (
                 &[("AIGW_SINGLE_CANDIDATE_RETRY_MAX_MS", "60001")],
                 "AIGW_SINGLE_CANDIDATE_RETRY_MAX_MS",

@@ -9,7 +9,6 @@ pub mod config;
 pub mod console;
 pub mod crypto;
 pub mod error;
-pub mod idle_poll;
 pub mod mock_upstream;
 pub mod proxy;
 pub mod quota;
