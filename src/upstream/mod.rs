@@ -3,7 +3,6 @@
 pub mod adapter;
 pub mod admission;
 pub mod classify;
-pub mod conns;
 pub mod corroboration;
 pub mod dispatch;
 pub mod http;
