@@ -147,9 +147,27 @@ pub fn verify_password(password: &str, hash: &str) -> bool {
     })
 }
 
+/// Runs password work (argon2: tens of milliseconds of CPU per hash) on tokio's blocking pool, so
+/// it holds up no runtime worker and none of the requests that worker serves. `None` if the work
+/// panicked or the runtime is shutting down.
+pub async fn on_blocking_pool<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> Option<T> {
+    tokio::task::spawn_blocking(work).await.ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Password work leaves the runtime free: here it waits for a task of the same
+    /// single-threaded runtime, which could never run if the work held the runtime's thread.
+    #[tokio::test(flavor = "current_thread")]
+    async fn password_work_leaves_the_runtime_free() {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let work = on_blocking_pool(move || rx.recv_timeout(std::time::Duration::from_secs(5)).is_ok());
+        let other = tokio::spawn(async move { tx.send(()).is_ok() });
+        assert_eq!(work.await, Some(true));
+        assert!(other.await.unwrap());
+    }
 
     #[test]
     fn seal_round_trips_and_never_repeats() {

@@ -41,12 +41,15 @@ pub async fn login(
         .map_err(store_error)?;
     // Verify against a dummy hash when the member is unknown, so timing tells nothing.
     let hash = member.as_ref().and_then(|m| m.password_hash.clone());
-    let ok = crypto::verify_password(
-        &req.password,
-        hash.as_deref().unwrap_or(session::DUMMY_HASH.as_str()),
-    );
+    let has_hash = hash.is_some();
+    let password = req.password;
+    let ok = crypto::on_blocking_pool(move || {
+        crypto::verify_password(&password, hash.as_deref().unwrap_or(session::DUMMY_HASH.as_str()))
+    })
+    .await
+    .unwrap_or(false);
     match member {
-        Some(m) if ok && hash.is_some() && m.active == 1 => {
+        Some(m) if ok && has_hash && m.active == 1 => {
             let (token, expires_at) = state.sessions.issue(&m, state.clock.now());
             Ok(
                 Json(json!({"token": token, "expires_at": expires_at.to_rfc3339(), "role": m.role}))
@@ -89,22 +92,31 @@ pub async fn change_password(
     if let Err(retry_after) = state.sessions.may_try(peer.ip(), email) {
         return Err(ApiError::AuthThrottled { retry_after });
     }
-    let current = actor
-        .member
-        .password_hash
-        .as_deref()
-        .unwrap_or(session::DUMMY_HASH.as_str());
-    if !crypto::verify_password(&req.current_password, current) {
+    let current = actor.member.password_hash.clone();
+    let PasswordChange {
+        current_password,
+        new_password,
+    } = req;
+    let verified = crypto::on_blocking_pool(move || {
+        crypto::verify_password(
+            &current_password,
+            current.as_deref().unwrap_or(session::DUMMY_HASH.as_str()),
+        )
+    });
+    if !verified.await.unwrap_or(false) {
         state.sessions.failed(peer.ip(), email);
         return Err(ApiError::field(
             "current_password",
             "current_password is not your password",
         ));
     }
-    check_password("new_password", &req.new_password)?;
+    check_password("new_password", &new_password)?;
+    let hash = crypto::on_blocking_pool(move || crypto::hash_password(&new_password))
+        .await
+        .ok_or(ApiError::Internal)?;
     let store = &state.store;
     store
-        .set_member_password(actor.member.id, &crypto::hash_password(&req.new_password))
+        .set_member_password(actor.member.id, &hash)
         .await
         .map_err(store_error)?;
     store

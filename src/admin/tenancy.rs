@@ -309,7 +309,7 @@ pub async fn invite_member(
         });
     }
     let password = crypto::generate_password();
-    let hash = crypto::hash_password(&password);
+    let hash = one_time_password_hash(&password).await?;
     let m = state
         .store
         .create_member(
@@ -421,17 +421,23 @@ async fn owners_in(state: &AppState, ws: i64) -> AdminResult<usize> {
         .count())
 }
 
+/// The hash of a generated one-time password (argon2, on the blocking pool).
+async fn one_time_password_hash(password: &str) -> AdminResult<String> {
+    let password = password.to_owned();
+    crypto::on_blocking_pool(move || crypto::hash_password(&password))
+        .await
+        .ok_or(ApiError::Internal)
+}
+
 /// `POST /admin/v1/members/{id}/reset-password`: a new one-time password, shown once; the
 /// member's tokens are revoked.
 pub async fn reset_password(State(state): State<AppState>, actor: Actor, Id(id): Id) -> AdminResult {
     let m = member_in(&state, &actor, id).await?;
     may_assign(&actor, Some(m.role()), m.role())?;
     let password = crypto::generate_password();
+    let hash = one_time_password_hash(&password).await?;
     let store = &state.store;
-    store
-        .set_member_password(id, &crypto::hash_password(&password))
-        .await
-        .map_err(store_error)?;
+    store.set_member_password(id, &hash).await.map_err(store_error)?;
     store.bump_session_epoch(id).await.map_err(store_error)?;
     audit(&state, &actor, "reset_password", "member", id, None, None).await;
     Ok(Json(json!({"id": id, "one_time_password": password})).into_response())
