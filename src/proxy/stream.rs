@@ -103,10 +103,9 @@ impl ProxyStream {
 impl Stream for ProxyStream {
     type Item = Result<Bytes, std::io::Error>;
 
-    /// Everything the upstream has already sent goes out in one write: the upstream body is read
-    /// until it has nothing ready (it drives its own connection, so that is when the socket has
-    /// nothing more), and what was read then leaves together. Nothing waits for the network: one
-    /// write (and one wake-up of the client) per batch instead of one per event.
+    /// What the upstream body has ready goes out in one write: the body is read until it has
+    /// nothing ready, and the whole events read then leave together. Nothing waits for the
+    /// network: one write (and one wake-up of the client) per batch instead of one per event.
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let this = &mut *self;
         loop {
