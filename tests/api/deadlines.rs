@@ -159,7 +159,11 @@ async fn a_head_then_a_stalled_body_is_a_504_within_the_budget(db: TestDb) {
     assert_eq!(log.source.as_deref(), Some("gateway"));
     // The head came but no whole answer: the attempt failed, nothing served the request.
     assert_eq!(log.model_served, None);
-    assert!(log.attempts_detail.contains("\"status\":200"), "{}", log.attempts_detail);
+    assert!(
+        log.attempts_detail.contains("\"status\":200"),
+        "{}",
+        log.attempts_detail
+    );
     assert_classified_as_5xx(&log.attempts_detail);
     assert_parked(&app, &mock, "/v1/chat/completions", &chat(false)).await;
     app.stop().await;
