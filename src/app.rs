@@ -408,7 +408,7 @@ fn start_quota_flush(state: AppState) {
                 () = tokio::time::sleep(every) => false,
                 () = s.shutdown.cancelled() => true,
             };
-            if let Err(e) = s.quota.flush(&s.store, s.clock.now(), s.settings.timezone).await {
+            if let Err(e) = s.quota.flush(&s.store, s.clock.now()).await {
                 tracing::warn!(error = %e, "quota flush failed; usage kept for the next flush");
             }
             if let Err(e) = s.breakers.flush(&s.store, s.clock.now()).await {

@@ -116,8 +116,16 @@ pub struct CounterKey {
 /// One counter as this gateway knows it. Every figure is in `0..=i64::MAX` and all arithmetic
 /// on them saturates: a counter at the top stays there (its quota used up) instead of wrapping
 /// round to a negative that no quota refuses.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Counter {
+    /// When its window ends, computed in the zone its window was aligned in (the workspace's,
+    /// which need not be the gateway's); none for `total`, which never ends. The counter is
+    /// forgotten only after this instant: until then a check or a request in flight may still
+    /// need it, and one forgotten early would be recreated at 0.
+    ends: Option<DateTime<Utc>>,
+    /// Whether `global` is a total the store answered (a load or a flush). A counter made by
+    /// `record` alone is not: the next check reads the store before trusting it.
+    known: bool,
     /// The global total as of the last flush (or load).
     global: i64,
     /// Added here since the last flush.
@@ -129,6 +137,25 @@ struct Counter {
 }
 
 impl Counter {
+    /// A counter of a window ending at `ends`, with nothing known of its total yet.
+    fn new(ends: Option<DateTime<Utc>>) -> Counter {
+        Counter {
+            ends,
+            known: false,
+            global: 0,
+            pending: 0,
+            flushing: 0,
+            touched: false,
+        }
+    }
+
+    /// Whether a flush at `now` may forget it: its window has ended and nothing of it is unwritten
+    /// or was used since the last flush.
+    fn done_with(&self, now: DateTime<Utc>) -> bool {
+        let ended = self.ends.is_some_and(|end| end <= now);
+        ended && self.pending == 0 && self.flushing == 0 && !self.touched
+    }
+
     /// The total as this gateway sees it: the global one and what it has not written yet.
     fn used(&self) -> i64 {
         self.global
@@ -150,6 +177,8 @@ pub struct Standing {
     pub reset_at: Option<DateTime<FixedOffset>>,
     /// Length of the current window in seconds; none for total.
     pub window_secs: Option<i64>,
+    /// When the current window ends (in the zone it was aligned in); none for total.
+    pub window_end: Option<DateTime<Utc>>,
 }
 
 impl Standing {
@@ -281,9 +310,10 @@ impl QuotaCounters {
             window: rule.window,
             start: bounds.map_or(0, |b| b.start.timestamp()),
         };
+        let window_end = bounds.map(|b| b.end);
         let used = match self.used(&key) {
             Some(u) => u,
-            None => self.load(store, &key).await?,
+            None => self.load(store, &key, window_end).await?,
         };
         // "<subject>:<id>" spreads the reset per subject; written on the stack (hot path).
         let mut buf = [0u8; 48];
@@ -299,17 +329,19 @@ impl QuotaCounters {
             used,
             reset_at: bounds.map(|b| window::reset_at(b.end, subject_key, tz)),
             window_secs: bounds.map(|b| (b.end - b.start).num_seconds()),
+            window_end,
         })
     }
 
+    /// What this gateway knows `key` used, or none when the store must be read first.
     fn used(&self, key: &CounterKey) -> Option<i64> {
         let mut map = self.counters.lock().unwrap_or_else(|p| p.into_inner());
-        let c = map.get_mut(key)?;
+        let c = map.get_mut(key).filter(|c| c.known)?;
         c.touched = true;
         Some(c.used())
     }
 
-    async fn load(&self, store: &Store, key: &CounterKey) -> StoreResult<i64> {
+    async fn load(&self, store: &Store, key: &CounterKey, ends: Option<DateTime<Utc>>) -> StoreResult<i64> {
         let global: Option<i64> = sqlx::query_scalar(
             "SELECT used FROM usage_counters WHERE subject = $1 AND subject_id = $2 AND metric = $3
                AND time_window = $4 AND window_start = $5",
@@ -322,8 +354,9 @@ impl QuotaCounters {
         .fetch_optional(store.pool())
         .await?;
         let mut map = self.counters.lock().unwrap_or_else(|p| p.into_inner());
-        let c = map.entry(key.clone()).or_default();
+        let c = map.entry(key.clone()).or_insert_with(|| Counter::new(ends));
         c.global = c.global.max(global.unwrap_or(0));
+        c.known = true;
         c.touched = true;
         Ok(c.used())
     }
@@ -334,7 +367,9 @@ impl QuotaCounters {
         for (i, s) in decision.standings.iter().enumerate() {
             // A handful of standings: a scan beats hashing into a set.
             if !decision.standings[..i].iter().any(|earlier| earlier.key == s.key) {
-                let c = map.entry(s.key.clone()).or_default();
+                let c = map
+                    .entry(s.key.clone())
+                    .or_insert_with(|| Counter::new(s.window_end));
                 c.pending = c.pending.saturating_add(amount(s.key.metric, usage, credits));
                 c.touched = true;
             }
@@ -342,7 +377,8 @@ impl QuotaCounters {
     }
 
     /// Writes the pending deltas (and refreshes the touched counters) with upserts that return
-    /// each global total, all in one transaction; forgets counters of past windows. Returns how
+    /// each global total, all in one transaction; forgets counters whose own window has ended
+    /// (in the zone it was aligned in) and that hold nothing unwritten. Returns how
     /// many counters were written, or the error of the first one that was not.
     ///
     /// Atomic per batch: a delta leaves `flushing` for `global` only once its transaction
@@ -351,14 +387,11 @@ impl QuotaCounters {
     /// at `i64::MAX` on both backends (SQLite would turn an overflowing sum into a REAL,
     /// Postgres refuses it with "bigint out of range"). Should the database still refuse the
     /// batch, it is written row by row, so one row it refuses holds back only itself.
-    pub async fn flush(&self, store: &Store, now: DateTime<Utc>, tz: Tz) -> StoreResult<usize> {
+    pub async fn flush(&self, store: &Store, now: DateTime<Utc>) -> StoreResult<usize> {
         let _one_at_a_time = self.flushing.lock().await;
         let mut batch: Vec<(CounterKey, i64)> = {
             let mut map = self.counters.lock().unwrap_or_else(|p| p.into_inner());
-            // Windows that have ended and hold nothing unwritten are done with.
-            map.retain(|k, c| {
-                c.pending != 0 || c.touched || window::window_start_key(k.window, now, tz) == k.start
-            });
+            map.retain(|_, c| !c.done_with(now));
             // Every live counter is written (a zero delta just reads the total), so each gateway
             // learns what the others used within one flush interval.
             map.iter_mut()
@@ -388,17 +421,21 @@ impl QuotaCounters {
         let totals: FxHashMap<&CounterKey, i64> = written.totals.iter().map(|(k, t)| (k, *t)).collect();
         let mut map = self.counters.lock().unwrap_or_else(|p| p.into_inner());
         for (key, delta) in &batch {
-            let c = map.entry(key.clone()).or_default();
+            // Only a flush forgets counters, and this one holds the flush lock: every key is there.
+            let Some(c) = map.get_mut(key) else { continue };
             if written.rolled_back.contains(key) {
                 // Not written: back to pending for the next flush.
                 c.pending = c.pending.saturating_add(std::mem::take(&mut c.flushing));
                 c.touched = true;
             } else {
                 // Committed (a row that came back unreadable was still written).
-                c.global = totals
-                    .get(key)
-                    .copied()
-                    .unwrap_or_else(|| c.global.saturating_add(*delta));
+                match totals.get(key) {
+                    Some(total) => {
+                        c.global = *total;
+                        c.known = true;
+                    }
+                    None => c.global = c.global.saturating_add(*delta),
+                }
                 c.flushing = 0;
             }
         }
@@ -555,6 +592,7 @@ mod tests {
             used,
             reset_at: None,
             window_secs: None,
+            window_end: None,
         }
     }
 
@@ -571,6 +609,10 @@ mod tests {
         };
         for _ in 0..3 {
             counters.record(&decision, huge, i64::MAX);
+        }
+        // As if read from the store: only a known total is trusted by `used`.
+        for c in counters.counters.lock().unwrap().values_mut() {
+            c.known = true;
         }
         let used = |m: Metric| counters.used(&standing(m, 100, 0).key);
         assert_eq!(used(Metric::Requests), Some(3));
@@ -589,6 +631,116 @@ mod tests {
             s.used = used(s.rule.metric).unwrap_or_default();
             s.exhausted()
         }));
+    }
+
+    async fn temp_store() -> (tempfile::TempDir, Store) {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite:{}", dir.path().join("quota.db").display());
+        let store = Store::connect(&url).await.unwrap();
+        (dir, store)
+    }
+
+    fn at(text: &str) -> DateTime<Utc> {
+        DateTime::parse_from_rfc3339(text).unwrap().with_timezone(&Utc)
+    }
+
+    fn requests_per_day(subject_id: i64) -> PolicyRule {
+        PolicyRule {
+            id: subject_id,
+            subject: SubjectKind::Ws,
+            target_id: subject_id,
+            scope_department_id: 0,
+            metric: Metric::Requests,
+            window: Window::Day,
+            limit: 100,
+            mode: Mode::Enforce,
+        }
+    }
+
+    /// A counter is kept while its own window lasts, in the zone that window was aligned in
+    /// (not the gateway's), and forgotten at the first flush after it ends.
+    #[tokio::test]
+    async fn a_counter_is_forgotten_only_after_its_own_window_ends() {
+        let (_dir, store) = temp_store().await;
+        let counters = QuotaCounters::default();
+        let start = at("2026-12-01T02:00:00Z");
+        // (subject, zone its window is aligned in, when its day ends)
+        #[rustfmt::skip]
+        let rows = [
+            (1, chrono_tz::Asia::Shanghai, at("2026-12-01T16:00:00Z")),
+            (2, chrono_tz::UTC, at("2026-12-02T00:00:00Z")),
+            // 21:00 on 30 November in New York: its day ends first.
+            (3, chrono_tz::America::New_York, at("2026-12-01T05:00:00Z")),
+            (4, chrono_tz::Pacific::Kiritimati, at("2026-12-01T10:00:00Z")),
+        ];
+        let mut keys = Vec::new();
+        for (subject, tz, _) in rows {
+            let s = counters
+                .standing(&store, &requests_per_day(subject), subject, start, tz)
+                .await
+                .unwrap();
+            counters.record(
+                &QuotaDecision {
+                    standings: vec![s.clone()],
+                },
+                Usage::default(),
+                0,
+            );
+            keys.push(s.key);
+        }
+        counters.flush(&store, start).await.unwrap();
+        let flushes = [
+            at("2026-12-01T04:59:59Z"),
+            at("2026-12-01T05:00:00Z"),
+            at("2026-12-01T09:59:59Z"),
+            at("2026-12-01T10:00:00Z"),
+            at("2026-12-01T15:59:59Z"),
+            at("2026-12-01T16:00:00Z"),
+            at("2026-12-01T23:59:59Z"),
+            at("2026-12-02T00:00:00Z"),
+        ];
+        for now in flushes {
+            counters.flush(&store, now).await.unwrap();
+            let map = counters.counters.lock().unwrap();
+            for ((subject, tz, ends), key) in rows.iter().zip(&keys) {
+                assert_eq!(
+                    map.contains_key(key),
+                    now < *ends,
+                    "subject {subject} in {tz}, flush at {now}: its day ends at {ends}"
+                );
+            }
+        }
+    }
+
+    /// A counter made by `record` alone (its request checked before the counter was forgotten)
+    /// holds only this gateway's delta: the next check adds the stored total, never starts at 0.
+    #[tokio::test]
+    async fn a_counter_made_by_a_late_record_reads_the_store_first() {
+        let (_dir, store) = temp_store().await;
+        let now = at("2026-12-01T02:00:00Z");
+        let rule = requests_per_day(1);
+        let before = QuotaCounters::default();
+        let s = before
+            .standing(&store, &rule, 1, now, chrono_tz::UTC)
+            .await
+            .unwrap();
+        let decision = QuotaDecision { standings: vec![s] };
+        for _ in 0..7 {
+            before.record(&decision, Usage::default(), 0);
+        }
+        before.flush(&store, now).await.unwrap();
+        let counters = QuotaCounters::default();
+        counters.record(&decision, Usage::default(), 0);
+        assert_eq!(
+            counters.used(&decision.standings[0].key),
+            None,
+            "not trusted at 1"
+        );
+        let s = counters
+            .standing(&store, &rule, 1, now, chrono_tz::UTC)
+            .await
+            .unwrap();
+        assert_eq!(s.used, 8, "the stored 7 and the one not yet written");
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! Guardrail quotas through the real HTTP surface (DESIGN.md §4, LyRouter seed 003).
 
-use aigw::mock_upstream::MockUpstream;
+use aigw::mock_upstream::{MockUpstream, Script};
 use chrono::DateTime;
 use serde_json::{Value, json};
 
@@ -37,6 +37,7 @@ both_backends!(
     shadow_never_refuses_but_logs,
     editing_a_policy_keeps_usage_across_a_restart,
     quota_endpoint_lists_every_quota,
+    counter_outlives_flushes_when_the_workspace_zone_differs,
 );
 
 async fn crossing_request_completes_and_the_next_is_refused(db: TestDb) {
@@ -323,11 +324,7 @@ async fn two_gateways_share_one_quota_on_postgres() {
         // Both gateways flush twice before the next request — what the flush task does within
         // two intervals (docs/quotas.md); explicit so the test does not depend on timing.
         for g in [&a, &b, &a, &b] {
-            g.state
-                .quota
-                .flush(&g.state.store, g.clock.now(), g.state.settings.timezone)
-                .await
-                .unwrap();
+            g.state.quota.flush(&g.state.store, g.clock.now()).await.unwrap();
         }
     }
     a.stop().await;
@@ -346,4 +343,116 @@ async fn two_gateways_share_one_quota_on_postgres() {
         stored, completed as i64,
         "stored usage equals what completed exactly"
     );
+}
+
+/// Waits (10 s at most) until the gateway has `n` requests at upstream credential `name`.
+async fn until_in_flight(app: &TestApp, name: &str, n: usize) {
+    use aigw::store::{UpstreamStore, WorkspaceStore};
+    let store = &app.state.store;
+    let ws = store.workspace_by_name("acme").await.unwrap().unwrap();
+    let credential = store.upstream_by_name(ws.id, name).await.unwrap().unwrap().id;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while app.state.admission.in_flight(credential) != n {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{name} never had {n} requests in flight"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}
+
+/// Flushes the quota counters now, as the flush task does every interval.
+async fn flush(app: &TestApp) {
+    let s = &app.state;
+    s.quota.flush(&s.store, app.clock.now()).await.unwrap();
+}
+
+/// A workspace in UTC on a gateway in Asia/Shanghai (the default): its day window is not the
+/// gateway's. Flushes while a request is in flight must not forget the counter, or the request
+/// recreates it at 0 when it completes and the next requests are admitted past the limit. On
+/// one gateway the overshoot is bounded by the requests in flight (here: none but the slow one).
+async fn counter_outlives_flushes_when_the_workspace_zone_differs(db: TestDb) {
+    const LIMIT: i64 = 20;
+    let mock = MockUpstream::start().await.unwrap();
+    let text = resources(&mock).replacen("name = \"acme\"\n", "name = \"acme\"\ntimezone = \"UTC\"\n", 1)
+        + &policy("ws", "acme", "requests", "day", LIMIT as f64, "enforce");
+    let setup = Setup {
+        // Only the explicit flushes below run while the test does, so it does not hang on timing.
+        settings: Box::new(|s| s.flush_interval_ms = 60_000),
+        ..Setup::resources(text)
+    };
+    let app = spawn_app(&db, setup).await;
+    assert_eq!(app.state.settings.timezone, chrono_tz::Asia::Shanghai);
+    for _ in 0..LIMIT - 1 {
+        let r = app.post_json("/v1/chat/completions", KEY, &chat(false)).await;
+        assert_eq!(r.status(), 200);
+    }
+    flush(&app).await;
+    // One slow request takes the last unit; it is admitted and stays in flight.
+    mock.script(Script {
+        delay_ms: Some(1_000),
+        ..Script::any().times(1)
+    });
+    let slow = {
+        let (client, url) = (app.client.clone(), format!("{}/v1/chat/completions", app.address));
+        tokio::spawn(async move {
+            client
+                .post(url)
+                .bearer_auth(KEY)
+                .json(&chat(false))
+                .send()
+                .await
+                .unwrap()
+        })
+    };
+    until_in_flight(&app, "primary", 1).await;
+    // Flush intervals pass while it is in flight; the workspace's day has not ended.
+    for _ in 0..3 {
+        flush(&app).await;
+    }
+    assert_eq!(slow.await.unwrap().status(), 200, "admitted at 19 of 20");
+    // Concurrent requests while flushes run: the limit is reached, every one is refused.
+    let burst: Vec<_> = (0..10)
+        .map(|_| {
+            let (client, url) = (app.client.clone(), format!("{}/v1/chat/completions", app.address));
+            tokio::spawn(async move {
+                client
+                    .post(url)
+                    .bearer_auth(KEY)
+                    .json(&chat(false))
+                    .send()
+                    .await
+                    .unwrap()
+                    .status()
+            })
+        })
+        .collect();
+    let mut admitted = 0;
+    for (i, r) in burst.into_iter().enumerate() {
+        let status = r.await.unwrap();
+        if status == 200 {
+            admitted += 1;
+        } else {
+            assert_eq!(status, 429);
+        }
+        if i % 3 == 0 {
+            flush(&app).await;
+        }
+    }
+    flush(&app).await;
+    let stored: i64 =
+        sqlx::query_scalar("SELECT used FROM usage_counters WHERE subject = 'ws' AND metric = 'requests'")
+            .fetch_one(&sqlx::AnyPool::connect(&db.url).await.unwrap())
+            .await
+            .unwrap();
+    app.stop().await;
+    assert_eq!(
+        admitted, 0,
+        "nothing admitted past the limit after the slow request completed"
+    );
+    assert_eq!(
+        stored, LIMIT,
+        "stored usage is the limit: no overshoot beyond the one in flight"
+    );
+    assert_eq!(mock.call_count() as i64, LIMIT);
 }

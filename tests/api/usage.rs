@@ -101,7 +101,7 @@ async fn assert_warned(request_id: &str, text: &str) {
 async fn flush(app: &TestApp) {
     let s = &app.state;
     s.quota
-        .flush(&s.store, app.clock.now(), s.settings.timezone)
+        .flush(&s.store, app.clock.now())
         .await
         .expect("a flush never fails because of one counter's value");
 }
@@ -608,10 +608,7 @@ async fn a_counter_the_database_refuses_holds_back_only_itself(db: TestDb) {
         m
     };
     for _ in 0..3 {
-        let flushed = s
-            .quota
-            .flush(&s.store, app.clock.now(), s.settings.timezone)
-            .await;
+        let flushed = s.quota.flush(&s.store, app.clock.now()).await;
         assert!(flushed.is_err(), "ada's requests counter was refused");
         assert_eq!(
             stored_counters(&db).await,
