@@ -362,6 +362,97 @@ async fn a_new_secret_clears_model_locks_not_account_holds(db: TestDb) {
     app.stop().await;
 }
 
+both_backends!(a_new_secret_resets_the_backoff_on_every_gateway);
+
+/// kRouter: editing a credential's secret clears its per-model locks and its backoff level (not
+/// its account holds), on every gateway of the database, not only the one that took the edit.
+async fn a_new_secret_resets_the_backoff_on_every_gateway(db: TestDb) {
+    let mock = MockUpstream::start().await.unwrap();
+    let admin = "\n[[member]]\nworkspace = \"acme\"\nemail = \"boss@acme.test\"\nrole = \"admin\"\npassword = \"boss-password-1\"\n";
+    let text = pool_of(&[("solo", &mock.base_url(), "cred-solo", r#"["m1"]"#, "")]) + admin;
+    let a = spawn_app(&db, Setup::resources(text.clone())).await;
+    let b = spawn_app(&db, Setup::resources(text)).await;
+    let solo = credential_id(&a, "solo").await;
+    let token: Value = a
+        .client
+        .post(format!("{}/admin/v1/auth/login", a.address))
+        .json(&json!({"email": "boss@acme.test", "password": "boss-password-1"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let token = token["token"].as_str().unwrap().to_owned();
+    let upstream = |app: &TestApp| {
+        let req = app
+            .client
+            .get(format!("{}/admin/v1/upstreams/{solo}", app.address))
+            .bearer_auth(&token);
+        async move { req.send().await.unwrap().json::<Value>().await.unwrap() }
+    };
+    // Both gateways' clocks move together (they share the locks).
+    let advance = |secs: i64| {
+        a.clock.advance(chrono::Duration::seconds(secs));
+        b.clock.advance(chrono::Duration::seconds(secs));
+    };
+    let overloaded = json!({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}});
+    mock.script(Script::any().error(529, overloaded));
+    // kRouter rule 5: overloads in a row back off 2, 4, 8 s: level 3 through `a`, 2 through `b`
+    // (each gateway keeps its own level); the last one leaves m1 parked for 4 s.
+    for (app, wait) in [(&a, 2), (&a, 4), (&a, 8), (&b, 2), (&b, 0)] {
+        let r = app.post_json("/v1/chat/completions", KEY, &chat("m1")).await;
+        assert_eq!(r.status(), 529);
+        advance(wait);
+    }
+    assert_eq!(mock.call_count(), 5);
+    assert_eq!(upstream(&a).await["backoff_level"], 3);
+    assert_eq!(upstream(&b).await["backoff_level"], 2);
+    // The secret is edited through `a`.
+    let r = a
+        .client
+        .patch(format!("{}/admin/v1/upstreams/{solo}", a.address))
+        .bearer_auth(&token)
+        .json(&json!({"api_key": "cred-solo-new"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let after = upstream(&a).await;
+    assert_eq!(after["backoff_level"], 0, "{after}");
+    assert_eq!(after["locks"], json!([]), "the per-model lock is cleared");
+    // `b` learns of the edit through the configuration epoch, within a second or so.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let seen = upstream(&b).await;
+        if seen["backoff_level"] == 0 && seen["locks"] == json!([]) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "`b` kept the backoff or the lock: {seen}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    // The next overload parks 2 s again, not 16 s (through `a`) or 8 s (through `b`).
+    for app in [&a, &b] {
+        let r = app.post_json("/v1/chat/completions", KEY, &chat("m1")).await;
+        assert_eq!(r.status(), 529, "sent with the new secret, nothing parked");
+        assert_eq!(
+            mock.calls().last().unwrap().credential.as_deref(),
+            Some("cred-solo-new")
+        );
+        let r = app.post_json("/v1/chat/completions", KEY, &chat("m1")).await;
+        let body: Value = r.json().await.unwrap();
+        assert_eq!(body["error"]["code"], "upstream_quota_exhausted", "{body}");
+        assert_eq!(body["error"]["retry_after"], 2, "backoff from level 0: {body}");
+        advance(2);
+    }
+    assert_eq!(mock.call_count(), 7);
+    a.stop().await;
+    b.stop().await;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Own limits, in-flight slots, corroboration and the single-candidate retry.
 
