@@ -445,6 +445,11 @@ impl AppState {
                 if let Err(e) = self.locks.load(&self.store, self.clock.now_ms(), true).await {
                     tracing::warn!(error = %e, "lock reload failed");
                 }
+                // kRouter: an edited secret clears its per-model locks and backoff level on every
+                // gateway, this one included (the backoff level is kept in memory only).
+                for id in routes.secrets_replaced_since(&self.routes.load()) {
+                    self.locks.secret_replaced(id);
+                }
                 // Trips, blocks and bans written by another gateway.
                 if let Err(e) = self.breakers.load(&self.store).await {
                     tracing::warn!(error = %e, "breaker reload failed");

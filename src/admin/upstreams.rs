@@ -298,7 +298,8 @@ pub async fn create(
 }
 
 /// `PATCH /admin/v1/upstreams/{id}`: a new `api_key` clears the per-model locks and the backoff,
-/// not the account holds (kRouter).
+/// not the account holds (kRouter): here in the store, and in memory on every gateway when its
+/// configuration reload sees the secret changed (`Routes::secrets_replaced_since`).
 pub async fn update(
     State(state): State<AppState>,
     actor: Actor,

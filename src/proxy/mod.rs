@@ -159,7 +159,7 @@ pub async fn handle(state: AppState, endpoint: Endpoint, peer: SocketAddr, req: 
         &chain,
         &parts.headers,
         workspace.map(|w| &w.quota_groups),
-        caller.key_id,
+        caller.member_id,
         deadline,
         completion.attempts_mut(),
     )

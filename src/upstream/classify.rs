@@ -229,7 +229,7 @@ pub enum Sharing {
     /// Every credential in this credential's quota group (this one alone if it has none).
     Account,
     /// This credential now; every credential in its quota group once the caller has seen the
-    /// failure corroborated (3 such failures from 2 different gateway API keys within 30 s on
+    /// failure corroborated (3 such failures from 2 different members within 30 s on
     /// the same quota group; see `corroboration.rs`).
     AccountIfCorroborated,
 }

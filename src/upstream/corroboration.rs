@@ -1,7 +1,8 @@
 //! groot ADR 0008: an ambiguous 429 (one that names no account-level limit,
 //! [`Sharing::AccountIfCorroborated`](super::classify::Sharing)) rests only its route — that model
-//! on that credential — unless it is corroborated: 3 such failures from 2 different gateway API
-//! keys within 30 s on the same quota group rest the whole quota group.
+//! on that credential — unless it is corroborated: 3 such failures from 2 different members
+//! ("users") within 30 s on the same quota group rest the whole quota group. Members, not gateway
+//! API keys: one person with two keys is one witness.
 //!
 //! The classifier stays pure; this is the memory it needs. [`Witnesses`] is the rule on one
 //! group (pure, table-tested); [`Corroboration`] keeps one per quota group, in this process only
@@ -14,37 +15,37 @@ use std::sync::Mutex;
 pub const WINDOW_MS: i64 = 30_000;
 /// groot ADR 0008: this many ambiguous failures …
 pub const FAILURES: usize = 3;
-/// groot ADR 0008: … from at least this many different gateway API keys.
-pub const KEYS: usize = 2;
+/// groot ADR 0008: … from at least this many different members ("2 users").
+pub const MEMBERS: usize = 2;
 /// Most failures remembered per group; only the most recent matter.
 const KEPT: usize = 32;
 
-/// The recent ambiguous failures of one quota group: (Unix ms, gateway API key id).
+/// The recent ambiguous failures of one quota group: (Unix ms, member id).
 #[derive(Debug, Default)]
 pub struct Witnesses {
     seen: VecDeque<(i64, i64)>,
 }
 
 impl Witnesses {
-    /// Records one ambiguous failure seen at `at_ms` by `key_id`. True when it corroborates the
-    /// earlier ones — at least 3 failures from 2 different keys within the last 30 s — and the
-    /// group must rest; the witnesses then start over (the rest covers them).
-    pub fn observe(&mut self, at_ms: i64, key_id: i64) -> bool {
+    /// Records one ambiguous failure seen at `at_ms` by the member `member_id`. True when it
+    /// corroborates the earlier ones — at least 3 failures from 2 different members within the
+    /// last 30 s — and the group must rest; the witnesses then start over (the rest covers them).
+    pub fn observe(&mut self, at_ms: i64, member_id: i64) -> bool {
         self.seen.retain(|(t, _)| at_ms - t <= WINDOW_MS);
         if self.seen.len() >= KEPT {
             self.seen.pop_front();
         }
-        self.seen.push_back((at_ms, key_id));
-        let mut keys: Vec<i64> = Vec::with_capacity(KEYS);
-        for (_, k) in &self.seen {
-            if keys.len() >= KEYS {
+        self.seen.push_back((at_ms, member_id));
+        let mut members: Vec<i64> = Vec::with_capacity(MEMBERS);
+        for (_, m) in &self.seen {
+            if members.len() >= MEMBERS {
                 break;
             }
-            if !keys.contains(k) {
-                keys.push(*k);
+            if !members.contains(m) {
+                members.push(*m);
             }
         }
-        let corroborated = self.seen.len() >= FAILURES && keys.len() >= KEYS;
+        let corroborated = self.seen.len() >= FAILURES && members.len() >= MEMBERS;
         if corroborated {
             self.seen.clear();
         }
@@ -59,15 +60,16 @@ pub struct Corroboration {
 }
 
 impl Corroboration {
-    /// Records an ambiguous failure on `group` of `workspace_id`; true when the group must rest.
-    pub fn observe(&self, workspace_id: i64, group: &str, at_ms: i64, key_id: i64) -> bool {
+    /// Records an ambiguous failure on `group` of `workspace_id`, seen by the member `member_id`;
+    /// true when the group must rest.
+    pub fn observe(&self, workspace_id: i64, group: &str, at_ms: i64, member_id: i64) -> bool {
         let mut groups = self.groups.lock().unwrap_or_else(|p| p.into_inner());
         // Failures are rare; forget groups whose witnesses have all expired.
         groups.retain(|_, w| w.seen.back().is_some_and(|(t, _)| at_ms - t <= WINDOW_MS));
         groups
             .entry((workspace_id, group.to_owned()))
             .or_default()
-            .observe(at_ms, key_id)
+            .observe(at_ms, member_id)
     }
 }
 
@@ -76,16 +78,16 @@ mod tests {
     use super::*;
 
     #[test]
-    fn three_failures_from_two_keys_within_thirty_seconds() {
-        // (case, failures as (seconds, key), whether the last one rests the group)
+    fn three_failures_from_two_members_within_thirty_seconds() {
+        // (case, failures as (seconds, member), whether the last one rests the group)
         type Row = (&'static str, &'static [(i64, i64)], bool);
         let rows: &[Row] = &[
             ("one failure", &[(0, 1)], false),
-            ("two failures, two keys", &[(0, 1), (1, 2)], false),
-            ("three failures, one key", &[(0, 1), (1, 1), (2, 1)], false),
-            ("three failures, two keys", &[(0, 1), (1, 1), (2, 2)], true),
-            ("three failures, three keys", &[(0, 1), (1, 2), (2, 3)], true),
-            ("the second key first", &[(0, 2), (1, 1), (2, 1)], true),
+            ("two failures, two members", &[(0, 1), (1, 2)], false),
+            ("three failures, one member", &[(0, 1), (1, 1), (2, 1)], false),
+            ("three failures, two members", &[(0, 1), (1, 1), (2, 2)], true),
+            ("three failures, three members", &[(0, 1), (1, 2), (2, 3)], true),
+            ("the second member first", &[(0, 2), (1, 1), (2, 1)], true),
             (
                 "exactly 30 s apart still counts",
                 &[(0, 1), (15, 1), (30, 2)],
@@ -102,7 +104,7 @@ mod tests {
                 true,
             ),
             (
-                "many from one key, then another",
+                "many from one member, then another",
                 &[(0, 1), (1, 1), (2, 1), (3, 1), (4, 2)],
                 true,
             ),
@@ -115,8 +117,8 @@ mod tests {
         for (case, failures, want) in rows {
             let mut w = Witnesses::default();
             let mut last = false;
-            for (i, (secs, key)) in failures.iter().enumerate() {
-                last = w.observe(secs * 1000, *key);
+            for (i, (secs, member)) in failures.iter().enumerate() {
+                last = w.observe(secs * 1000, *member);
                 if i + 1 < failures.len() {
                     assert!(!last, "{case}: rested early, at failure {}", i + 1);
                 }

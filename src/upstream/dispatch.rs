@@ -127,7 +127,7 @@ pub const SINGLE_CANDIDATE_RETRY: &str = "single_candidate_retry";
 const CREDENTIAL_BUSY: &str = "credential busy: no in-flight slot came free in time";
 
 /// Tries the chain's candidates in order until `deadline`. `attempts` collects every attempt for
-/// the log; `key_id` is the calling gateway API key (groot ADR 0008 corroboration counts keys).
+/// the log; `member_id` is the caller's member (groot ADR 0008 corroboration counts members).
 #[expect(
     clippy::too_many_arguments,
     reason = "the request path's inputs, each borrowed from `proxy::handle`"
@@ -139,7 +139,7 @@ pub async fn dispatch(
     chain: &[Arc<ModelRoute>],
     headers: &HeaderMap,
     quota_groups: Option<&HashMap<String, Vec<i64>>>,
-    key_id: i64,
+    member_id: i64,
     deadline: Deadline,
     attempts: &mut Vec<Attempt>,
 ) -> Dispatched {
@@ -149,12 +149,13 @@ pub async fn dispatch(
         stream: body.asks_stream(),
         headers,
         quota_groups,
-        key_id,
+        member_id,
         deadline,
         attempts,
         sent: 0,
         last: None,
         earliest_free: None,
+        closed_groups: Vec::new(),
     };
     // A model only Anthropic credentials serve, asked for on /v1/chat/completions (or the
     // reverse): the request is at the wrong endpoint, nothing is unreachable.
@@ -215,6 +216,7 @@ pub async fn dispatch(
                 Step::Failed(NextStep::Stop) => break 'models,
             }
         }
+        busy.retain(|(cred, _)| !run.on_closed_group(cred));
         if busy.is_empty() || run.spent() {
             continue;
         }
@@ -260,7 +262,7 @@ struct Run<'a> {
     stream: bool,
     headers: &'a HeaderMap,
     quota_groups: Option<&'a HashMap<String, Vec<i64>>>,
-    key_id: i64,
+    member_id: i64,
     /// The end of the request's time budget.
     deadline: Deadline,
     attempts: &'a mut Vec<Attempt>,
@@ -271,6 +273,9 @@ struct Run<'a> {
     /// The earliest instant (Unix ms) a skipped candidate is free again: the end of its lock,
     /// the rollover of its own limit's window, or its busy backoff.
     earliest_free: Option<i64>,
+    /// Quota groups this request stopped walking: one of their credentials answered a failure
+    /// of the shared account quota (groot ADR 0008).
+    closed_groups: Vec<String>,
 }
 
 impl Run<'_> {
@@ -283,9 +288,10 @@ impl Run<'_> {
         self.earliest_free = Some(self.earliest_free.map_or(until_ms, |e| e.min(until_ms)));
     }
 
-    /// Filtered before dispatch: a banned credential, or a running lock on it or this model.
+    /// Filtered before dispatch: a banned credential, a running lock on it or this model, or a
+    /// quota group this request closed.
     fn available(&mut self, cred: &Credential, upstream_model: &str, now_ms: i64) -> bool {
-        if self.state.locks.is_banned(cred.id) {
+        if self.state.locks.is_banned(cred.id) || self.on_closed_group(cred) {
             return false;
         }
         if let Some(until) = self.state.locks.parked_until(cred.id, upstream_model, now_ms) {
@@ -585,12 +591,34 @@ impl Run<'_> {
         })
     }
 
-    /// Parks what a classified failure names; returns the lock's end.
-    fn park(&self, cred: &Credential, upstream_model: &str, class: &Classification) -> Option<DateTime<Utc>> {
+    /// Whether `cred` is on a quota group this request closed.
+    fn on_closed_group(&self, cred: &Credential) -> bool {
+        cred.quota_group
+            .as_ref()
+            .is_some_and(|g| self.closed_groups.contains(g))
+    }
+
+    /// Parks what a classified failure names; returns the lock's end. A failure of the shared
+    /// account quota — account-level, or ambiguous whether corroborated or not — closes the
+    /// credential's quota group for the rest of this request: groot ADR 0008, "the run stops
+    /// walking free routes … still moves to a route off the shared quota". Every credential and
+    /// every model of the group would spend the same quota.
+    fn park(
+        &mut self,
+        cred: &Credential,
+        upstream_model: &str,
+        class: &Classification,
+    ) -> Option<DateTime<Utc>> {
+        if let (Some(lock), Some(g)) = (&class.lock, &cred.quota_group)
+            && matches!(lock.sharing, Sharing::Account | Sharing::AccountIfCorroborated)
+            && !self.closed_groups.contains(g)
+        {
+            self.closed_groups.push(g.clone());
+        }
         park(
             self.state,
             self.quota_groups,
-            self.key_id,
+            self.member_id,
             cred,
             upstream_model,
             class,
@@ -625,11 +653,11 @@ pub fn time_out(
 /// Writes what a classified failure parks (extend-only, persisted off the request path), bumps
 /// the credential's backoff level and sets its banned mark; returns the lock's end. An
 /// account-wide lock rests `cred`'s quota group as `quota_groups` lists it (groot ADR 0008;
-/// `key_id` is the caller, for corroboration).
+/// `member_id` is the caller's member, for corroboration).
 fn park(
     state: &AppState,
     quota_groups: Option<&HashMap<String, Vec<i64>>>,
-    key_id: i64,
+    member_id: i64,
     cred: &Credential,
     upstream_model: &str,
     class: &Classification,
@@ -652,11 +680,11 @@ fn park(
             // groot ADR 0008: an account-level failure rests every credential of the quota group.
             (Sharing::Account, Some(g)) => group(g),
             // groot ADR 0008: corroboration — an ambiguous 429 rests the quota group only once
-            // 3 such failures from 2 different gateway keys fell within 30 s; else its route.
+            // 3 such failures from 2 different members fell within 30 s; else its route.
             (Sharing::AccountIfCorroborated, Some(g))
                 if state
                     .corroboration
-                    .observe(cred.workspace_id, g, state.clock.now_ms(), key_id) =>
+                    .observe(cred.workspace_id, g, state.clock.now_ms(), member_id) =>
             {
                 tracing::info!(credential = %cred.name, quota_group = %g, "ambiguous 429 corroborated; the quota group rests");
                 group(g)

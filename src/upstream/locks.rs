@@ -154,6 +154,19 @@ impl Locks {
             .collect()
     }
 
+    /// A new secret (kRouter: "editing its key … clears its per-model locks and resets the
+    /// backoff — but not a running account-wide hold or the banned mark"): forgets the
+    /// credential's per-model locks and its backoff level, keeps the whole-credential hold, the
+    /// shared free allowance's hold and the banned mark. Every gateway calls it when its
+    /// configuration reload sees the secret changed.
+    pub fn secret_replaced(&self, credential: i64) {
+        self.locks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|(c, target), _| *c != credential || !matches!(target, LockTarget::Model(_)));
+        self.success(credential);
+    }
+
     /// Forgets every lock, the banned mark and the backoff of a credential (a passed connection
     /// test).
     pub fn clear(&self, credential: i64) {
@@ -219,8 +232,9 @@ pub async fn clear(store: &Store, credential: i64) -> StoreResult<()> {
     store.bump_config_epoch().await
 }
 
-/// Clears a credential's per-model locks (its secret changed), keeping the account-wide holds
-/// (the whole credential, the shared free allowance) and the banned mark, which need a test.
+/// Clears a credential's per-model locks in the store (its secret changed), keeping the
+/// account-wide holds (the whole credential, the shared free allowance) and the banned mark,
+/// which need a test. The same as [`Locks::secret_replaced`] does in memory.
 pub async fn clear_model_locks(store: &Store, credential: i64) -> StoreResult<()> {
     sqlx::query("DELETE FROM upstream_locks WHERE credential_id = $1 AND target NOT IN ('*', '*:free')")
         .bind(credential)
@@ -285,5 +299,41 @@ mod tests {
         assert_eq!(l.parked_until(2, "paid", 0), None);
         l.park(&[3], &LockTarget::Credential, 3000, "monthly");
         assert_eq!(l.parked_until(3, "anything", 0), Some(3000));
+    }
+
+    #[test]
+    fn a_new_secret_forgets_model_locks_and_backoff_not_account_holds() {
+        let l = Locks::default();
+        l.park(&[1], &LockTarget::Model("m".into()), 1000, "backoff");
+        l.park(&[1], &LockTarget::AllFree, 2000, "free");
+        l.park(&[2], &LockTarget::Model("m".into()), 1000, "backoff");
+        l.park(&[3], &LockTarget::Credential, 3000, "monthly");
+        l.park(&[3], &LockTarget::Model("m".into()), 1000, "backoff");
+        l.ban(3);
+        for c in [1, 2, 3] {
+            for _ in 0..8 {
+                l.bump_backoff(c);
+            }
+        }
+        l.secret_replaced(1);
+        l.secret_replaced(3);
+        // (credential, model, parked until, backoff level, banned)
+        type Row = (i64, &'static str, Option<i64>, u32, bool);
+        let rows: &[Row] = &[
+            (1, "m", None, 0, false),
+            (1, "x:free", Some(2000), 0, false),
+            (2, "m", Some(1000), 8, false),
+            (3, "m", Some(3000), 0, true),
+        ];
+        for (c, model, until, level, banned) in rows {
+            assert_eq!(l.parked_until(*c, model, 0), *until, "{c} {model}");
+            assert_eq!(l.backoff_level(*c), *level, "{c}");
+            assert_eq!(l.is_banned(*c), *banned, "{c}");
+        }
+        assert_eq!(
+            l.of(3, 0).into_iter().map(|(t, _, _)| t).collect::<Vec<_>>(),
+            ["*"],
+            "the hold on the whole credential stays"
+        );
     }
 }

@@ -123,6 +123,10 @@ impl WorkspaceRoutes {
 pub struct Routes {
     /// By workspace id.
     pub workspaces: HashMap<i64, WorkspaceRoutes>,
+    /// A fingerprint of every stored credential's sealed secret, enabled or not, by id. Sealing
+    /// draws a fresh nonce and an unchanged secret keeps its ciphertext, so a fingerprint that
+    /// differs between two snapshots means the secret was edited.
+    pub secrets: HashMap<i64, u64>,
 }
 
 impl Routes {
@@ -142,6 +146,10 @@ impl Routes {
                 },
             );
         }
+        routes.secrets = upstreams
+            .iter()
+            .map(|u| (u.id, fingerprint(&u.secret_sealed)))
+            .collect();
         let mut creds: Vec<Arc<Credential>> = Vec::new();
         for u in upstreams.iter().filter(|u| u.enabled == 1) {
             match Credential::from_row(u, master) {
@@ -196,6 +204,27 @@ impl Routes {
         }
         Ok(routes)
     }
+
+    /// The credentials whose secret was edited since the `earlier` snapshot (a credential new
+    /// since then, or gone, was not edited).
+    pub fn secrets_replaced_since(&self, earlier: &Routes) -> Vec<i64> {
+        let mut ids: Vec<i64> = self
+            .secrets
+            .iter()
+            .filter(|(id, now)| earlier.secrets.get(id).is_some_and(|before| before != *now))
+            .map(|(id, _)| *id)
+            .collect();
+        ids.sort_unstable();
+        ids
+    }
+}
+
+/// A sealed secret's fingerprint: enough to tell two ciphertexts apart, nothing to open.
+fn fingerprint(sealed: &str) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::hash::DefaultHasher::new();
+    sealed.hash(&mut h);
+    h.finish()
 }
 
 impl Credential {
@@ -257,6 +286,56 @@ mod tests {
             price_completion,
             fallbacks: Vec::new(),
             credentials: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn an_edited_secret_is_told_apart_from_new_and_unchanged_ones() {
+        let snapshot = |secrets: &[(i64, &str)]| Routes {
+            workspaces: HashMap::new(),
+            secrets: secrets.iter().map(|(id, s)| (*id, fingerprint(s))).collect(),
+        };
+        // (case, earlier secrets, later secrets, the credentials whose secret was edited)
+        type Case = (
+            &'static str,
+            &'static [(i64, &'static str)],
+            &'static [(i64, &'static str)],
+            &'static [i64],
+        );
+        let cases: &[Case] = &[
+            (
+                "nothing changed",
+                &[(1, "a"), (2, "b")],
+                &[(1, "a"), (2, "b")],
+                &[],
+            ),
+            ("one edited", &[(1, "a"), (2, "b")], &[(1, "a"), (2, "c")], &[2]),
+            (
+                "both edited",
+                &[(1, "a"), (2, "b")],
+                &[(1, "x"), (2, "y")],
+                &[1, 2],
+            ),
+            (
+                "a new credential is not an edit",
+                &[(1, "a")],
+                &[(1, "a"), (2, "b")],
+                &[],
+            ),
+            (
+                "a deleted credential is not an edit",
+                &[(1, "a"), (2, "b")],
+                &[(1, "a")],
+                &[],
+            ),
+            ("the first snapshot", &[], &[(1, "a")], &[]),
+        ];
+        for (case, before, after, want) in cases {
+            assert_eq!(
+                snapshot(after).secrets_replaced_since(&snapshot(before)),
+                *want,
+                "{case}"
+            );
         }
     }
 

@@ -362,10 +362,101 @@ async fn a_new_secret_clears_model_locks_not_account_holds(db: TestDb) {
     app.stop().await;
 }
 
+both_backends!(a_new_secret_resets_the_backoff_on_every_gateway);
+
+/// kRouter: editing a credential's secret clears its per-model locks and its backoff level (not
+/// its account holds), on every gateway of the database, not only the one that took the edit.
+async fn a_new_secret_resets_the_backoff_on_every_gateway(db: TestDb) {
+    let mock = MockUpstream::start().await.unwrap();
+    let admin = "\n[[member]]\nworkspace = \"acme\"\nemail = \"boss@acme.test\"\nrole = \"admin\"\npassword = \"boss-password-1\"\n";
+    let text = pool_of(&[("solo", &mock.base_url(), "cred-solo", r#"["m1"]"#, "")]) + admin;
+    let a = spawn_app(&db, Setup::resources(text.clone())).await;
+    let b = spawn_app(&db, Setup::resources(text)).await;
+    let solo = credential_id(&a, "solo").await;
+    let token: Value = a
+        .client
+        .post(format!("{}/admin/v1/auth/login", a.address))
+        .json(&json!({"email": "boss@acme.test", "password": "boss-password-1"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let token = token["token"].as_str().unwrap().to_owned();
+    let upstream = |app: &TestApp| {
+        let req = app
+            .client
+            .get(format!("{}/admin/v1/upstreams/{solo}", app.address))
+            .bearer_auth(&token);
+        async move { req.send().await.unwrap().json::<Value>().await.unwrap() }
+    };
+    // Both gateways' clocks move together (they share the locks).
+    let advance = |secs: i64| {
+        a.clock.advance(chrono::Duration::seconds(secs));
+        b.clock.advance(chrono::Duration::seconds(secs));
+    };
+    let overloaded = json!({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}});
+    mock.script(Script::any().error(529, overloaded));
+    // kRouter rule 5: overloads in a row back off 2, 4, 8 s: level 3 through `a`, 2 through `b`
+    // (each gateway keeps its own level); the last one leaves m1 parked for 4 s.
+    for (app, wait) in [(&a, 2), (&a, 4), (&a, 8), (&b, 2), (&b, 0)] {
+        let r = app.post_json("/v1/chat/completions", KEY, &chat("m1")).await;
+        assert_eq!(r.status(), 529);
+        advance(wait);
+    }
+    assert_eq!(mock.call_count(), 5);
+    assert_eq!(upstream(&a).await["backoff_level"], 3);
+    assert_eq!(upstream(&b).await["backoff_level"], 2);
+    // The secret is edited through `a`.
+    let r = a
+        .client
+        .patch(format!("{}/admin/v1/upstreams/{solo}", a.address))
+        .bearer_auth(&token)
+        .json(&json!({"api_key": "cred-solo-new"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let after = upstream(&a).await;
+    assert_eq!(after["backoff_level"], 0, "{after}");
+    assert_eq!(after["locks"], json!([]), "the per-model lock is cleared");
+    // `b` learns of the edit through the configuration epoch, within a second or so.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let seen = upstream(&b).await;
+        if seen["backoff_level"] == 0 && seen["locks"] == json!([]) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "`b` kept the backoff or the lock: {seen}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    // The next overload parks 2 s again, not 16 s (through `a`) or 8 s (through `b`).
+    for app in [&a, &b] {
+        let r = app.post_json("/v1/chat/completions", KEY, &chat("m1")).await;
+        assert_eq!(r.status(), 529, "sent with the new secret, nothing parked");
+        assert_eq!(
+            mock.calls().last().unwrap().credential.as_deref(),
+            Some("cred-solo-new")
+        );
+        let r = app.post_json("/v1/chat/completions", KEY, &chat("m1")).await;
+        let body: Value = r.json().await.unwrap();
+        assert_eq!(body["error"]["code"], "upstream_quota_exhausted", "{body}");
+        assert_eq!(body["error"]["retry_after"], 2, "backoff from level 0: {body}");
+        advance(2);
+    }
+    assert_eq!(mock.call_count(), 7);
+    a.stop().await;
+    b.stop().await;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Own limits, in-flight slots, corroboration and the single-candidate retry.
 
-/// A second gateway key of the same member (groot ADR 0008 corroboration counts keys).
+/// A second gateway key of the same member (groot ADR 0008 corroboration counts members).
 const OTHER_KEY: &str = "sk-aigw-OtherPoolKey0123456789abcdefghij";
 
 /// A workspace with the two keys and the given `[[upstream]]` blocks, each written as
@@ -664,47 +755,118 @@ async fn a_full_pool_waits_briefly_for_a_slot_then_answers_busy(db: TestDb) {
     app.stop().await;
 }
 
-both_backends!(ambiguous_429s_rest_the_quota_group_when_corroborated);
+/// A second member, Bob, with one key: corroboration counts members, not keys.
+const BOB_KEY: &str = "sk-aigw-BobPoolKey0123456789abcdefghijkl";
 
-async fn ambiguous_429s_rest_the_quota_group_when_corroborated(db: TestDb) {
+fn with_bob(text: String) -> String {
+    text + &format!(
+        "[[member]]\nworkspace = \"acme\"\nemail = \"bob@acme.test\"\nrole = \"member\"\n\
+         [[api_key]]\nmember = \"bob@acme.test\"\nname = \"ci\"\nkey = \"{BOB_KEY}\"\n"
+    )
+}
+
+/// No rate-limit headers, no provider marker, no error_type: groot's "ambiguous" 429.
+fn ambiguous_429() -> Value {
+    json!({"error": {"message": "Too Many Requests", "code": 429}})
+}
+
+both_backends!(
+    an_ambiguous_429_closes_the_quota_group_for_the_request,
+    corroboration_counts_members_not_keys,
+);
+
+async fn an_ambiguous_429_closes_the_quota_group_for_the_request(db: TestDb) {
+    let mock = MockUpstream::start().await.unwrap();
+    let url = mock.base_url();
+    let group = "quota_group = \"acct\"";
+    // `one` and `two` share the account `acct`; `three` is off it. `m2` falls back to `m3`,
+    // served only by `two` (on the shared quota), then to `m4`, served only by `three`.
+    let text = pool_of(&[
+        ("one", &url, "cred-one", r#"["m1", "m2", "m5", "m6"]"#, group),
+        (
+            "two",
+            &url,
+            "cred-two",
+            r#"["m1", "m3", "m5", "m6", "m7"]"#,
+            group,
+        ),
+        ("three", &url, "cred-three", r#"["m1", "m4", "m7"]"#, ""),
+    ]) + "[[model]]\nworkspace = \"acme\"\nname = \"m2\"\nfallbacks = [\"m3\", \"m4\"]\n\
+          [[model]]\nworkspace = \"acme\"\nname = \"m6\"\nfallbacks = [\"m7\"]\n";
+    let app = spawn_app(&db, Setup::resources(text)).await;
+    mock.script(Script::any().credential("cred-one").error(429, ambiguous_429()));
+    // groot ADR 0008: the walk skips every other route of the shared quota, and still moves to a
+    // credential off it.
+    let r = app.post_json("/v1/chat/completions", KEY, &chat("m1")).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(
+        credentials_called(&mock),
+        ["cred-one", "cred-three"],
+        "`two` was skipped"
+    );
+    // The same for the fallback chain: `m3` on `two` is on the shared quota, `m4` is not.
+    mock.reset();
+    mock.script(Script::any().credential("cred-one").error(429, ambiguous_429()));
+    let r = app.post_json("/v1/chat/completions", KEY, &chat("m2")).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(credentials_called(&mock), ["cred-one", "cred-three"]);
+    assert_eq!(mock.calls()[1].model.as_deref(), Some("m4"));
+    // Nothing off the group: the upstream's 429 comes back as is after one call.
+    mock.reset();
+    mock.script(Script::any().credential("cred-one").error(429, ambiguous_429()));
+    let r = app.post_json("/v1/chat/completions", KEY, &chat("m5")).await;
+    assert_eq!(r.status(), 429);
+    assert_eq!(r.headers()["x-aigw-error-source"], "upstream");
+    assert_eq!(r.json::<Value>().await.unwrap(), ambiguous_429());
+    assert_eq!(credentials_called(&mock), ["cred-one"]);
+    // Only the route rests (not corroborated): the next request for m5 goes to `two`.
+    let r = app.post_json("/v1/chat/completions", KEY, &chat("m5")).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(credentials_called(&mock), ["cred-one", "cred-two"]);
+    // An account-level 429 (groot: `error_type: rate_limit_exceeded`) closes the group's other
+    // models too, not only the failed one: `m7` on `two` is skipped, `m7` on `three` serves.
+    mock.reset();
+    let account = json!({"error": {"message": "Too Many Requests", "error_type": "rate_limit_exceeded"}});
+    mock.script(Script::any().credential("cred-one").error(429, account));
+    let r = app.post_json("/v1/chat/completions", KEY, &chat("m6")).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(credentials_called(&mock), ["cred-one", "cred-three"]);
+    app.stop().await;
+}
+
+async fn corroboration_counts_members_not_keys(db: TestDb) {
     let mock = MockUpstream::start().await.unwrap();
     let url = mock.base_url();
     let models = r#"["m1", "m2", "m3", "m4"]"#;
     let group = "quota_group = \"acct\"";
-    let text = pool_of(&[
+    let text = with_bob(pool_of(&[
         ("one", &url, "cred-one", models, group),
         ("two", &url, "cred-two", models, group),
-    ]);
+    ]));
     let app = spawn_app(&db, Setup::resources(text)).await;
-    // No rate-limit headers, no provider marker, no error_type: groot's "ambiguous".
-    let ambiguous = json!({"error": {"message": "Too Many Requests", "code": 429}});
-    mock.script(Script::any().credential("cred-one").error(429, ambiguous.clone()));
-    // Three ambiguous failures from one key rest only their routes: `two` serves each time.
-    for model in ["m1", "m2", "m3"] {
-        let r = app.post_json("/v1/chat/completions", KEY, &chat(model)).await;
-        assert_eq!(r.status(), 200, "{model}");
+    mock.script(Script::any().credential("cred-one").error(429, ambiguous_429()));
+    // Three ambiguous failures within 30 s from one member's two keys (k1, k1, k2).
+    for (key, model) in [(KEY, "m1"), (KEY, "m2"), (OTHER_KEY, "m3")] {
+        let r = app.post_json("/v1/chat/completions", key, &chat(model)).await;
+        assert_eq!(r.status(), 429, "{model}");
+        app.clock.advance(chrono::Duration::seconds(5));
     }
-    assert_eq!(
-        credentials_called(&mock),
-        [
-            "cred-one", "cred-two", "cred-one", "cred-two", "cred-one", "cred-two"
-        ]
-    );
-    // A failure from a second key within 30 s corroborates: the whole group rests on m4.
-    app.clock.advance(chrono::Duration::seconds(10));
-    let r = app
-        .post_json("/v1/chat/completions", OTHER_KEY, &chat("m4"))
-        .await;
+    assert_eq!(mock.call_count(), 3);
+    // One member is one witness: only `one`'s route rests, `two` still serves m3.
+    let r = app.post_json("/v1/chat/completions", KEY, &chat("m3")).await;
+    assert_eq!(r.status(), 200, "the group was not rested by one member");
+    assert_eq!(mock.calls()[3].credential.as_deref(), Some("cred-two"));
+    // A failure from a second member within 30 s corroborates: the group rests on m4.
+    let r = app.post_json("/v1/chat/completions", BOB_KEY, &chat("m4")).await;
     assert_eq!(r.status(), 429);
-    assert_eq!(r.headers()["x-aigw-error-source"], "upstream");
-    assert_eq!(r.json::<Value>().await.unwrap(), ambiguous);
-    assert_eq!(mock.call_count(), 7, "`two` was not tried: its account rests");
+    assert_eq!(r.json::<Value>().await.unwrap(), ambiguous_429());
+    assert_eq!(mock.call_count(), 5);
     let r = app.post_json("/v1/chat/completions", KEY, &chat("m4")).await;
     assert_eq!(r.status(), 429);
     let body: Value = r.json().await.unwrap();
-    assert_eq!(body["error"]["code"], "upstream_quota_exhausted");
+    assert_eq!(body["error"]["code"], "upstream_quota_exhausted", "{body}");
     assert_eq!(body["error"]["retry_after"], 90, "the rate-limit wording's 90 s");
-    assert_eq!(mock.call_count(), 7);
+    assert_eq!(mock.call_count(), 5, "`two` rests with `one`: nothing sent");
     app.stop().await;
 }
 
