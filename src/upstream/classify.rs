@@ -7,11 +7,16 @@
 //! match:
 //!
 //! 1. monthly holds on the whole credential (Copilot 402, Anthropic spend caps);
-//! 2. OpenRouter's free daily cap (every `:free` model at once);
-//! 3. a reset time the provider names, earliest first, capped at 6 h, for any status;
-//! 4. a 429 worded like a rate limit that names no reset: 90 s (or the hours/days it names);
-//! 5. the table: text rules first (account-wide, no capacity, model gone, prompt too long,
-//!    credential-shaped 4xx, overloaded/capacity), then the status code.
+//! 2. OpenRouter's free daily cap on an OpenRouter credential's 429 (every free model at once);
+//! 3. a reset time the provider names (every named reset, the earliest), capped at 6 h, for any
+//!    status;
+//! 4. a 429 worded like a rate limit that names no reset: 90 s, unless the wording puts the reset
+//!    hours or days away (then the table's backoff);
+//! 5. the table: text rules first (account-wide, Kiro's monthly limit, no capacity, model gone,
+//!    prompt too long, credential-shaped 4xx, overloaded/capacity), then the status code.
+//!
+//! A new rule is one named function (or one named branch of the table) in this order, plus one
+//! row in the table test below.
 //!
 //! Whether credentials of one quota group rest together is groot's question ([`Sharing`]); the
 //! corroboration state an ambiguous 429 needs lives with the caller (`corroboration.rs`), which
@@ -34,8 +39,8 @@ const FREE_DAILY_HORIZON: TimeDelta = TimeDelta::hours(25);
 const FREE_DAILY_RETRY: TimeDelta = TimeDelta::minutes(1);
 /// kRouter rule 4: a per-minute window has cleared after 90 seconds.
 const RATE_LIMIT_GUESS: TimeDelta = TimeDelta::seconds(90);
-/// kRouter rule 4 veto: a reset at least this far away is not a per-minute window.
-const WORDED_RESET_FLOOR: TimeDelta = TimeDelta::hours(1);
+/// kRouter rule 4 veto: a reset worded at least this far away is not a per-minute window.
+const HOURS_OR_DAYS_AWAY: TimeDelta = TimeDelta::hours(1);
 /// kRouter rule 5: 401/402/403/404 and the credential-shaped 4xx.
 const AUTH_OR_NOT_FOUND_HOLD: TimeDelta = TimeDelta::minutes(2);
 /// kRouter rule 5: 500 to 504 (and kRouter's old default for anything unrecognised).
@@ -44,14 +49,21 @@ const SERVER_ERROR_HOLD: TimeDelta = TimeDelta::seconds(30);
 const NO_CAPACITY_HOLD: TimeDelta = TimeDelta::seconds(5);
 /// kRouter rule 5: suspended, deactivated, "verify your account".
 const ACCOUNT_WIDE_HOLD: TimeDelta = TimeDelta::hours(24);
+/// kRouter rule 5: Kiro's monthly limit, the first time since the credential's last success.
+const KIRO_MONTHLY_HOLD: TimeDelta = TimeDelta::days(30);
 /// kRouter rule 5: the backoff ceiling, five minutes.
 const BACKOFF_CEILING_SECS: i64 = 300;
 
-/// kRouter rule 4: the wording of a rate limit ("rate-limit" is the hyphenated spelling, as in
-/// OpenRouter's "temporarily rate-limited upstream").
-const RATE_LIMIT_WORDING: &[&str] = &["rate limit", "rate-limit", "too many requests", "quota reached"];
+/// kRouter rule 4: the wording of a per-minute rate limit, the seed's three phrases exactly.
+/// OpenRouter's provider-side "temporarily rate-limited upstream" is not among them: it takes the
+/// table's short backoff.
+const RATE_LIMIT_WORDING: &[&str] = &["rate limit", "too many requests", "quota reached"];
 /// kRouter rule 5: text that takes the whole credential out and marks it banned.
 const ACCOUNT_WIDE_WORDING: &[&str] = &["suspended", "deactivated", "verify your account"];
+/// kRouter rule 5: Kiro's monthly limit (`ServiceQuotaExceededException`, reason
+/// `MONTHLY_REQUEST_COUNT`, "You have reached the limit."); "reached the limit" matches any
+/// provider's error, as in kRouter.
+const KIRO_MONTHLY_WORDING: &[&str] = &["monthly_request_count", "reached the limit"];
 /// kRouter rule 5: the prompt does not fit this model; another model may take it.
 const PROMPT_TOO_LONG_WORDING: &[&str] = &[
     "prompt is too long",
@@ -146,10 +158,10 @@ pub enum Rule {
     ProviderNamedReset,
     /// kRouter rule 4: a 429 worded like a rate limit, naming no reset: 90 s.
     RateLimitWording,
-    /// kRouter rule 4 veto: a 429 whose wording puts the reset hours or days away.
-    WordedReset,
-    /// kRouter rule 5 text rule: suspended, deactivated, "verify your account".
+    /// kRouter rule 5 text rule: suspended, deactivated, "verify your account", any status.
     AccountWide,
+    /// kRouter rule 5 text rule: Kiro's monthly limit ("reached the limit"), any provider.
+    KiroMonthly,
     /// kRouter rule 5 text rule: Google's "no capacity available", naming no reset.
     NoCapacity,
     /// kRouter rule 5 text rule: the model does not exist (on this provider).
@@ -182,8 +194,8 @@ impl Rule {
             Rule::OpenRouterFreeDaily => "openrouter_free_daily",
             Rule::ProviderNamedReset => "provider_named_reset",
             Rule::RateLimitWording => "rate_limit_wording",
-            Rule::WordedReset => "worded_reset",
             Rule::AccountWide => "account_wide",
+            Rule::KiroMonthly => "kiro_monthly",
             Rule::NoCapacity => "no_capacity",
             Rule::ModelGone => "model_gone",
             Rule::PromptTooLong => "prompt_too_long",
@@ -203,8 +215,8 @@ impl Rule {
 pub enum LockModels {
     /// Only the model that failed.
     One,
-    /// Every `:free` model (see [`is_free_model`]) and the model that failed: they share one
-    /// allowance.
+    /// Every free model (see [`is_free_model`]: the `:free` variants and `openrouter/free`) and
+    /// the model that failed: they share one allowance.
     AllFree,
     /// The whole credential, every model.
     All,
@@ -362,10 +374,13 @@ fn monthly_hold(f: &UpstreamFailure<'_>, ev: &Evidence) -> Option<Classification
     ))
 }
 
-/// kRouter rule 2: OpenRouter's free daily cap, shared by every `:free` model of the account.
+/// kRouter rule 2: OpenRouter's free daily cap, shared by every free model of the account.
 fn openrouter_free_daily(f: &UpstreamFailure<'_>, ev: &Evidence) -> Option<Classification> {
-    // kRouter rule 2: only the daily cap; `free-models-per-min` falls through to the rules below.
-    if !ev.says("free-models-per-day") {
+    // kRouter rule 2: "on kRouter's OpenRouter provider, a 429 that mentions free-models-per-day":
+    // the same words from another provider, or on another status, fall through to the rules
+    // below. Only the daily cap; `free-models-per-min` falls through too.
+    let daily_cap = f.provider == Provider::OpenRouter && f.status == 429 && ev.says("free-models-per-day");
+    if !daily_cap {
         return None;
     }
     let named = ev
@@ -389,7 +404,8 @@ fn openrouter_free_daily(f: &UpstreamFailure<'_>, ev: &Evidence) -> Option<Class
     ))
 }
 
-/// kRouter rule 3: a reset the provider names, the earliest still ahead, capped at 6 h.
+/// kRouter rule 3: a reset the provider names, for any status: the earliest still ahead among
+/// all of them, capped at 6 h.
 fn provider_named_reset(f: &UpstreamFailure<'_>, ev: &Evidence) -> Option<Classification> {
     let mut resets = Vec::new();
     for (name, value) in &ev.headers {
@@ -421,44 +437,26 @@ fn provider_named_reset(f: &UpstreamFailure<'_>, ev: &Evidence) -> Option<Classi
     ))
 }
 
-/// kRouter rule 3: the rate-limit window headers (`x-ratelimit-reset*`,
-/// `anthropic-ratelimit-{requests,tokens}-reset`).
+/// kRouter rule 3: every rate-limit window reset header, `x-ratelimit-reset*` and
+/// `anthropic-ratelimit-*-reset` (requests, tokens, input-tokens, output-tokens, ...).
 ///
-/// Providers send these on every response, so they name the reset of a failure only on a 429;
-/// and when the response reports a window with nothing remaining, only the exhausted windows
-/// count (a request window resetting in 20 ms says nothing about an exhausted token window).
+/// The seed reads the whole family on any status and takes the earliest reset among them: a
+/// window's remaining count does not decide whether its reset counts.
 fn window_resets(f: &UpstreamFailure<'_>, ev: &Evidence) -> Vec<DateTime<Utc>> {
-    if f.status != 429 {
-        return Vec::new();
-    }
-    let mut windows = Vec::new();
-    for (name, value) in &ev.headers {
-        let remaining_name = if let Some(suffix) = name.strip_prefix("x-ratelimit-reset") {
-            format!("x-ratelimit-remaining{suffix}")
-        } else if let Some(kind) = name
+    ev.headers
+        .iter()
+        .filter(|(name, _)| is_window_reset_header(name))
+        .filter_map(|(_, value)| parse_reset_value(value, f.now))
+        .collect()
+}
+
+/// Whether a (lowercase) header name is one of the window reset families kRouter rule 3 reads.
+fn is_window_reset_header(name: &str) -> bool {
+    name.starts_with("x-ratelimit-reset")
+        || name
             .strip_prefix("anthropic-ratelimit-")
             .and_then(|rest| rest.strip_suffix("-reset"))
-            .filter(|kind| matches!(*kind, "requests" | "tokens"))
-        {
-            format!("anthropic-ratelimit-{kind}-remaining")
-        } else {
-            continue;
-        };
-        let Some(at) = parse_reset_value(value, f.now) else {
-            continue;
-        };
-        let exhausted = ev
-            .header(&remaining_name)
-            .and_then(|remaining| remaining.trim().parse::<f64>().ok())
-            .is_some_and(|remaining| remaining <= 0.0);
-        windows.push((at, exhausted));
-    }
-    let any_exhausted = windows.iter().any(|(_, exhausted)| *exhausted);
-    windows
-        .into_iter()
-        .filter(|(_, exhausted)| *exhausted || !any_exhausted)
-        .map(|(at, _)| at)
-        .collect()
+            .is_some_and(|window| !window.is_empty())
 }
 
 /// kRouter rule 3: Gemini's `google.rpc.RetryInfo.retryDelay` in `error.details[]`.
@@ -519,32 +517,25 @@ fn codex_usage_limit_resets(now: DateTime<Utc>, ev: &Evidence) -> Vec<DateTime<U
 
 /// kRouter rule 4: a 429 worded like a rate limit that named no reset above.
 fn rate_limit_wording(f: &UpstreamFailure<'_>, ev: &Evidence) -> Option<Classification> {
-    if f.status != 429 {
+    if f.status != 429 || !ev.says_any(RATE_LIMIT_WORDING) {
         return None;
     }
-    let (models, sharing) = limit_scope(f, ev);
-    // kRouter rule 4 veto: the wording puts the reset hours or days away; hold that long, capped
-    // at 6 h, rather than retrying a closed window every 90 s.
-    if let Some(wait) = parse_worded_wait(&ev.text).filter(|wait| *wait >= WORDED_RESET_FLOOR) {
-        return Some(Classification::hold(
-            Rule::WordedReset,
-            models,
-            sharing,
-            after(f.now, wait.min(RESET_CAP)),
-            NextStep::NextCredential,
-        ));
+    // kRouter rule 4 veto: the message says the reset is hours or days away ("Resets in 3h",
+    // "resets in 2 days"): not a per-minute window, so no 90 s guess; the table's backoff
+    // applies. A free-text wait is not a named reset: it parks nothing by itself.
+    let hours_or_days_away = parse_worded_wait(&ev.text).is_some_and(|wait| wait >= HOURS_OR_DAYS_AWAY);
+    if hours_or_days_away {
+        return None;
     }
     // kRouter rule 4: a per-minute window has cleared after 90 s.
-    if ev.says_any(RATE_LIMIT_WORDING) {
-        return Some(Classification::hold(
-            Rule::RateLimitWording,
-            models,
-            sharing,
-            after(f.now, RATE_LIMIT_GUESS),
-            NextStep::NextCredential,
-        ));
-    }
-    None
+    let (models, sharing) = limit_scope(f, ev);
+    Some(Classification::hold(
+        Rule::RateLimitWording,
+        models,
+        sharing,
+        after(f.now, RATE_LIMIT_GUESS),
+        NextStep::NextCredential,
+    ))
 }
 
 /// kRouter rule 5: the fixed table, text rules first and then the status code.
@@ -553,9 +544,9 @@ fn rule_table(f: &UpstreamFailure<'_>, ev: &Evidence) -> Classification {
         Classification::hold(rule, LockModels::One, Sharing::Route, after(f.now, hold), next)
     };
     // kRouter rule 5 text rule: suspension, deactivation, "verify your account" lock the whole
-    // credential for 24 h and mark it banned until a connection test passes. Only on a 4xx: a 5xx
-    // is the provider's trouble, not the account's.
-    if is_4xx(f.status) && ev.says_any(ACCOUNT_WIDE_WORDING) {
+    // credential for 24 h and mark it banned until a connection test passes, whatever the status:
+    // the wording is about the account, so a 500 saying so is believed like a 403.
+    if ev.says_any(ACCOUNT_WIDE_WORDING) {
         return Classification {
             banned: true,
             ..Classification::hold(
@@ -566,6 +557,12 @@ fn rule_table(f: &UpstreamFailure<'_>, ev: &Evidence) -> Classification {
                 NextStep::NextCredential,
             )
         };
+    }
+    // kRouter rule 5 text rule: Kiro's monthly limit locks the whole credential for 30 days, and
+    // for 30 days more each time it comes again before a success (the credential's failures in a
+    // row, which a success resets, say how often). Any provider, any status.
+    if ev.says_any(KIRO_MONTHLY_WORDING) {
+        return kiro_monthly(f);
     }
     // kRouter rule 5 text rule: "no capacity available" naming no reset (rule 3 took those that
     // did): 5 s on that model and stop, since another credential finds no spare capacity either.
@@ -617,6 +614,26 @@ fn rule_table(f: &UpstreamFailure<'_>, ev: &Evidence) -> Classification {
         500..=599 => one_model(Rule::ServerError, SERVER_ERROR_HOLD, NextStep::NextCredential),
         // Anything else (a redirect, a 2xx carrying an error): kRouter's old 30 s default.
         _ => one_model(Rule::OtherFailure, SERVER_ERROR_HOLD, NextStep::NextCredential),
+    }
+}
+
+/// kRouter rule 5: Kiro's monthly limit: 30 days on the whole credential, times one more for
+/// each failure of the credential in a row before it (its backoff level, reset by a success).
+/// The level is bumped so that a repeat before the next success holds longer.
+fn kiro_monthly(f: &UpstreamFailure<'_>) -> Classification {
+    let repeats = i32::try_from(f.backoff_level.saturating_add(1)).unwrap_or(i32::MAX);
+    let until = KIRO_MONTHLY_HOLD
+        .checked_mul(repeats)
+        .map_or(DateTime::<Utc>::MAX_UTC, |hold| after(f.now, hold));
+    Classification {
+        bump_backoff: true,
+        ..Classification::hold(
+            Rule::KiroMonthly,
+            LockModels::All,
+            Sharing::Route,
+            until,
+            NextStep::NextCredential,
+        )
     }
 }
 
@@ -1025,9 +1042,10 @@ fn is_iso_date(b: &[u8]) -> bool {
         })
 }
 
-/// Whether a model id is one of OpenRouter's free variants (`…:free`), which share one allowance.
+/// Whether a model id is one of OpenRouter's free models, which share one allowance: the `…:free`
+/// variants and the `openrouter/free` router (groot ADR 0008 treats it as shared).
 pub fn is_free_model(model: &str) -> bool {
-    model.ends_with(":free")
+    model.ends_with(":free") || model == "openrouter/free"
 }
 
 #[cfg(test)]
@@ -1100,6 +1118,7 @@ mod tests {
     const OPENROUTER_FREE_DAY_FAR: &str = r#"{"error":{"message":"Rate limit exceeded: free-models-per-day. Add 10 credits to unlock 1000 free model requests per day","code":429,"metadata":{"headers":{"X-RateLimit-Limit":"50","X-RateLimit-Remaining":"0","X-RateLimit-Reset":"1773705600000"},"provider_name":null}}}"#;
     const OPENROUTER_FREE_MIN: &str = r#"{"error":{"message":"Rate limit exceeded: free-models-per-min. ","code":429,"metadata":{"headers":{"X-RateLimit-Limit":"20","X-RateLimit-Remaining":"0","X-RateLimit-Reset":"1773570070000"},"provider_name":null}}}"#;
     const OPENROUTER_UPSTREAM: &str = r#"{"error":{"message":"Provider returned error","code":429,"metadata":{"raw":"meta-llama/llama-3.3-70b-instruct:free is temporarily rate-limited upstream. Please retry shortly, or add your own key to accumulate your rate limits: https://openrouter.ai/settings/integrations","provider_name":"Venice"}},"user_id":"user_2yZ"}"#;
+    const OPENROUTER_UPSTREAM_SHORT: &str = r#"{"error":{"message":"Provider returned error","code":429,"metadata":{"raw":"qwen/qwen3-coder:free is temporarily rate-limited upstream. Please retry shortly.","provider_name":"ModelRun"}},"user_id":"user_2yZ"}"#;
     const OPENROUTER_BARE: &str =
         r#"{"error":{"message":"Rate limit exceeded","code":429},"user_id":"user_2yZ"}"#;
     const OPENROUTER_ERROR_TYPE: &str = r#"{"error":{"message":"Provider returned error","code":429,"metadata":{"error_type":"rate_limit_exceeded"}},"user_id":"user_2yZ"}"#;
@@ -1129,6 +1148,11 @@ mod tests {
     const GEMINI_MODEL_GONE: &str = r#"{"error":{"code":404,"message":"models/gemini-1.0-pro is not found for API version v1beta, or is not supported for generateContent. Call ListModels to see the list of available models and their supported methods.","status":"NOT_FOUND"}}"#;
     const CODEX_USAGE_LIMIT: &str = r#"{"error":{"type":"usage_limit_reached","message":"The usage limit has been reached","plan_type":"plus","resets_at":1773705600,"eligible_promo":null,"resets_in_seconds":1800}}"#;
     const CODEX_USAGE_LIMIT_DAYS: &str = r#"{"error":{"type":"usage_limit_reached","message":"The usage limit has been reached","plan_type":"plus","resets_at":1773705600,"eligible_promo":null}}"#;
+
+    const ANTHROPIC_INPUT_TOKENS_LIMIT: &str = r#"{"type":"error","error":{"type":"rate_limit_error","message":"This request would exceed the rate limit for your organization (a1b2c3) of 40,000 input tokens per minute. For details, refer to: https://docs.claude.com/en/api/rate-limits. You can see the response headers for current usage. Please reduce the prompt length or the maximum tokens requested, or try again later."},"request_id":"req_011CUaS4c9"}"#;
+    const KIRO_MONTHLY_LIMIT: &str =
+        r#"{"message":"You have reached the limit.","reason":"MONTHLY_REQUEST_COUNT"}"#;
+    const RELAY_SUSPENDED_500: &str = r#"{"error":{"message":"Your account has been suspended. Contact support to restore access.","type":"server_error","code":"account_suspended"}}"#;
 
     fn at(rfc3339: &str) -> DateTime<Utc> {
         match DateTime::parse_from_rfc3339(rfc3339) {
@@ -1363,6 +1387,39 @@ mod tests {
                 next: NextCredential,
                 ..BASE
             },
+            Case {
+                name: "free-models-per-day from a relay (not an OpenRouter credential) is no daily cap",
+                provider: Provider::OpenAiCompatible,
+                model: "deepseek/deepseek-r1:free",
+                status: 429,
+                body: OPENROUTER_FREE_DAY_NO_RESET,
+                rule: Rule::RateLimitWording,
+                lock: Some((One, Corroborated, "2026-03-15T10:22:00Z")),
+                next: NextCredential,
+                ..BASE
+            },
+            Case {
+                name: "free-models-per-day on an OpenRouter 402 is no daily cap (429 only)",
+                provider: Provider::OpenRouter,
+                model: "deepseek/deepseek-r1:free",
+                status: 402,
+                body: r#"{"error":{"message":"Insufficient credits for free-models-per-day. Add 10 credits to unlock 1000 free model requests per day","code":402}}"#,
+                rule: Rule::AuthOrNotFound,
+                lock: Some((One, Corroborated, "2026-03-15T10:22:30Z")),
+                next: NextCredential,
+                ..BASE
+            },
+            Case {
+                name: "openrouter/free at its daily cap parks every free model with it",
+                provider: Provider::OpenRouter,
+                model: "openrouter/free",
+                status: 429,
+                body: OPENROUTER_FREE_DAY_NO_RESET,
+                rule: Rule::OpenRouterFreeDaily,
+                lock: Some((AllFree, Account, "2026-03-16T00:00:00Z")),
+                next: NextCredential,
+                ..BASE
+            },
             // ---- kRouter rule 3: a reset the provider names ----
             Case {
                 name: "Retry-After in seconds",
@@ -1444,7 +1501,7 @@ mod tests {
                 ..BASE
             },
             Case {
-                name: "only exhausted windows count: a 120ms request window does not hide the token window",
+                name: "the earliest window reset counts, whatever the window has remaining",
                 status: 429,
                 headers: &[
                     ("x-ratelimit-limit-requests", "500"),
@@ -1456,7 +1513,7 @@ mod tests {
                 ],
                 body: OPENAI_RATE_LIMIT_TOKENS,
                 rule: Rule::ProviderNamedReset,
-                lock: Some((One, Account, "2026-03-15T10:22:30Z")),
+                lock: Some((One, Account, "2026-03-15T10:20:30.120Z")),
                 next: NextCredential,
                 ..BASE
             },
@@ -1570,16 +1627,106 @@ mod tests {
                 ..BASE
             },
             Case {
-                name: "window headers on a 400 name no reset: prompt too long moves to the next model",
+                name: "window headers count on a 400 too: the named reset outranks the text rules",
                 status: 400,
                 headers: &[
                     ("x-ratelimit-remaining-requests", "9999"),
                     ("x-ratelimit-reset-requests", "20ms"),
                 ],
                 body: OPENAI_CONTEXT,
-                rule: Rule::PromptTooLong,
-                lock: None,
-                next: NextModel,
+                rule: Rule::ProviderNamedReset,
+                lock: Some((One, Route, "2026-03-15T10:20:30.020Z")),
+                next: NextCredential,
+                ..BASE
+            },
+            Case {
+                name: "a 503 naming a window reset (1m40s) holds 100 s, not the 5xx row's 30 s",
+                status: 503,
+                headers: &[
+                    ("x-ratelimit-limit-requests", "10000"),
+                    ("x-ratelimit-remaining-requests", "0"),
+                    ("x-ratelimit-reset-requests", "1m40s"),
+                ],
+                body: OPENAI_SERVER_ERROR,
+                rule: Rule::ProviderNamedReset,
+                lock: Some((One, Route, "2026-03-15T10:22:10Z")),
+                next: NextCredential,
+                ..BASE
+            },
+            Case {
+                name: "a 500 naming an epoch x-ratelimit-reset holds until then",
+                provider: Provider::OpenAiCompatible,
+                model: "mistral-large-latest",
+                status: 500,
+                headers: &[("x-ratelimit-reset", "1773570240")],
+                body: OPENAI_SERVER_ERROR,
+                rule: Rule::ProviderNamedReset,
+                lock: Some((One, Route, "2026-03-15T10:24:00Z")),
+                next: NextCredential,
+                ..BASE
+            },
+            Case {
+                name: "anthropic-ratelimit-input-tokens-reset alone is a named reset, not the 90 s guess",
+                provider: Provider::Anthropic,
+                model: "claude-sonnet-4-5",
+                status: 429,
+                headers: &[
+                    ("anthropic-ratelimit-input-tokens-limit", "40000"),
+                    ("anthropic-ratelimit-input-tokens-remaining", "0"),
+                    ("anthropic-ratelimit-input-tokens-reset", "2026-03-15T10:21:15Z"),
+                ],
+                body: ANTHROPIC_INPUT_TOKENS_LIMIT,
+                rule: Rule::ProviderNamedReset,
+                lock: Some((One, Account, "2026-03-15T10:21:15Z")),
+                next: NextCredential,
+                ..BASE
+            },
+            Case {
+                name: "the earliest of every anthropic window (output-tokens) and Retry-After",
+                provider: Provider::Anthropic,
+                model: "claude-sonnet-4-5",
+                status: 429,
+                headers: &[
+                    ("retry-after", "60"),
+                    ("anthropic-ratelimit-requests-remaining", "49"),
+                    ("anthropic-ratelimit-requests-reset", "2026-03-15T10:21:30Z"),
+                    ("anthropic-ratelimit-input-tokens-remaining", "0"),
+                    ("anthropic-ratelimit-input-tokens-reset", "2026-03-15T10:21:15Z"),
+                    ("anthropic-ratelimit-output-tokens-remaining", "7000"),
+                    ("anthropic-ratelimit-output-tokens-reset", "2026-03-15T10:20:41Z"),
+                ],
+                body: ANTHROPIC_INPUT_TOKENS_LIMIT,
+                rule: Rule::ProviderNamedReset,
+                lock: Some((One, Account, "2026-03-15T10:20:41Z")),
+                next: NextCredential,
+                ..BASE
+            },
+            Case {
+                name: "a window reset already past is skipped; the next one ahead counts",
+                status: 429,
+                headers: &[
+                    ("x-ratelimit-remaining-requests", "0"),
+                    ("x-ratelimit-reset-requests", "2026-03-15T10:20:00Z"),
+                    ("x-ratelimit-remaining-tokens", "0"),
+                    ("x-ratelimit-reset-tokens", "45s"),
+                ],
+                body: OPENAI_RATE_LIMIT_TOKENS,
+                rule: Rule::ProviderNamedReset,
+                lock: Some((One, Account, "2026-03-15T10:21:15Z")),
+                next: NextCredential,
+                ..BASE
+            },
+            Case {
+                name: "a window reset 2 days away is capped at 6 h",
+                status: 429,
+                headers: &[
+                    ("x-ratelimit-remaining-requests", "0"),
+                    ("x-ratelimit-reset-requests", "48h0m0s"),
+                ],
+                body: OPENAI_RATE_LIMIT_6M,
+                rule: Rule::ProviderNamedReset,
+                lock: Some((One, Account, "2026-03-15T16:20:30Z")),
+                next: NextCredential,
                 ..BASE
             },
             // ---- kRouter rule 4: rate-limit wording naming no reset ----
@@ -1626,46 +1773,97 @@ mod tests {
                 ..BASE
             },
             Case {
-                name: "'Resets in 3h' holds 3 h",
+                name: "'Resets in 3h' vetoes the 90 s guess: the table's backoff",
                 provider: Provider::OpenAiCompatible,
                 model: "claude-sonnet-4-5",
                 status: 429,
                 body: r#"{"error":{"message":"Rate limit exceeded for this model. Resets in 3h.","type":"rate_limit_error"}}"#,
-                rule: Rule::WordedReset,
-                lock: Some((One, Corroborated, "2026-03-15T13:20:30Z")),
+                rule: Rule::Backoff,
+                lock: Some((One, Corroborated, "2026-03-15T10:20:32Z")),
                 next: NextCredential,
+                bump_backoff: true,
                 ..BASE
             },
             Case {
-                name: "'resets in 2 days' is capped at 6 h",
+                name: "'resets in 2 days' is no named reset: no 6 h park, the backoff (level 3: 16 s)",
                 provider: Provider::OpenAiCompatible,
                 model: "claude-sonnet-4-5",
                 status: 429,
                 body: r#"{"error":{"message":"Weekly rate limit reached, resets in 2 days","type":"rate_limit_error"}}"#,
-                rule: Rule::WordedReset,
-                lock: Some((One, Corroborated, "2026-03-15T16:20:30Z")),
+                backoff_level: 3,
+                rule: Rule::Backoff,
+                lock: Some((One, Corroborated, "2026-03-15T10:20:46Z")),
                 next: NextCredential,
+                bump_backoff: true,
                 ..BASE
             },
             Case {
-                name: "'try again in 5 hours' holds 5 h",
+                name: "'try again in 5 hours' vetoes the 90 s guess",
                 provider: Provider::OpenAiCompatible,
                 model: "gpt-5",
                 status: 429,
                 body: r#"{"error":{"message":"You've hit the rate limit for this model. Please try again in 5 hours.","type":"rate_limit_error"}}"#,
-                rule: Rule::WordedReset,
-                lock: Some((One, Corroborated, "2026-03-15T15:20:30Z")),
+                rule: Rule::Backoff,
+                lock: Some((One, Corroborated, "2026-03-15T10:20:32Z")),
                 next: NextCredential,
+                bump_backoff: true,
                 ..BASE
             },
             Case {
-                name: "hours-away wording without rate-limit words still holds that long",
+                name: "hours-away wording without rate-limit words parks nothing long: backoff",
                 provider: Provider::OpenAiCompatible,
                 model: "gpt-5",
                 status: 429,
                 body: r#"{"error":{"message":"You've hit your usage limit. Resets in 1h 30m.","type":"usage_limit"}}"#,
-                rule: Rule::WordedReset,
-                lock: Some((One, Corroborated, "2026-03-15T11:50:30Z")),
+                rule: Rule::Backoff,
+                lock: Some((One, Corroborated, "2026-03-15T10:20:32Z")),
+                next: NextCredential,
+                bump_backoff: true,
+                ..BASE
+            },
+            Case {
+                name: "OpenRouter 'temporarily rate-limited upstream' is none of the three phrases: backoff",
+                provider: Provider::OpenRouter,
+                model: "qwen/qwen3-coder:free",
+                status: 429,
+                body: OPENROUTER_UPSTREAM_SHORT,
+                rule: Rule::Backoff,
+                lock: Some((One, Route, "2026-03-15T10:20:32Z")),
+                next: NextCredential,
+                bump_backoff: true,
+                ..BASE
+            },
+            Case {
+                name: "the longer OpenRouter wording says 'rate limits': the seed's phrase, 90 s",
+                provider: Provider::OpenRouter,
+                model: "meta-llama/llama-3.3-70b-instruct:free",
+                status: 429,
+                body: OPENROUTER_UPSTREAM,
+                rule: Rule::RateLimitWording,
+                lock: Some((One, Route, "2026-03-15T10:22:00Z")),
+                next: NextCredential,
+                ..BASE
+            },
+            Case {
+                name: "worded hours away with a Retry-After: the named reset holds",
+                provider: Provider::OpenAiCompatible,
+                model: "claude-sonnet-4-5",
+                status: 429,
+                headers: &[("retry-after", "30")],
+                body: r#"{"error":{"message":"Weekly rate limit reached, resets in 2 days","type":"rate_limit_error"}}"#,
+                rule: Rule::ProviderNamedReset,
+                lock: Some((One, Corroborated, "2026-03-15T10:21:00Z")),
+                next: NextCredential,
+                ..BASE
+            },
+            Case {
+                name: "a wait under an hour does not veto: the 90 s guess",
+                provider: Provider::OpenAiCompatible,
+                model: "claude-sonnet-4-5",
+                status: 429,
+                body: r#"{"error":{"message":"Rate limit exceeded. Resets in 59m.","type":"rate_limit_error"}}"#,
+                rule: Rule::RateLimitWording,
+                lock: Some((One, Corroborated, "2026-03-15T10:22:00Z")),
                 next: NextCredential,
                 ..BASE
             },
@@ -1969,14 +2167,76 @@ mod tests {
                 ..BASE
             },
             Case {
-                name: "'suspended' on a 5xx is the provider's trouble, not a ban",
+                name: "'suspended' on a 503 takes the whole credential out too (any status)",
                 provider: Provider::OpenAiCompatible,
                 model: "qwen2.5-72b",
                 status: 503,
                 body: r#"{"error":{"message":"Service suspended for maintenance","type":"server_error"}}"#,
-                rule: Rule::ServerError,
-                lock: Some((One, Route, "2026-03-15T10:21:00Z")),
+                rule: Rule::AccountWide,
+                lock: Some((All, Route, "2026-03-16T10:20:30Z")),
                 next: NextCredential,
+                banned: true,
+                ..BASE
+            },
+            Case {
+                name: "a 500 'account has been suspended' takes the whole credential out, banned",
+                provider: Provider::OpenAiCompatible,
+                model: "qwen2.5-72b",
+                status: 500,
+                body: RELAY_SUSPENDED_500,
+                rule: Rule::AccountWide,
+                lock: Some((All, Route, "2026-03-16T10:20:30Z")),
+                next: NextCredential,
+                banned: true,
+                ..BASE
+            },
+            Case {
+                name: "'verify your account' on a 429 is account-wide, not a rate limit",
+                provider: Provider::Gemini,
+                model: "gemini-2.5-pro",
+                status: 429,
+                body: r#"{"error":{"code":429,"message":"To continue, verify your account at https://accounts.google.com/signin/continue?sarp=1&scc=1&plt=AKgnsbs","status":"RESOURCE_EXHAUSTED"}}"#,
+                rule: Rule::AccountWide,
+                lock: Some((All, Route, "2026-03-16T10:20:30Z")),
+                next: NextCredential,
+                banned: true,
+                ..BASE
+            },
+            Case {
+                name: "Kiro monthly limit (400): the whole credential 30 days",
+                provider: Provider::OpenAiCompatible,
+                model: "claude-sonnet-4-5",
+                status: 400,
+                body: KIRO_MONTHLY_LIMIT,
+                rule: Rule::KiroMonthly,
+                lock: Some((All, Route, "2026-04-14T10:20:30Z")),
+                next: NextCredential,
+                bump_backoff: true,
+                ..BASE
+            },
+            Case {
+                name: "Kiro monthly limit again before a success (level 1): 60 days",
+                provider: Provider::OpenAiCompatible,
+                model: "claude-sonnet-4-5",
+                status: 400,
+                body: KIRO_MONTHLY_LIMIT,
+                backoff_level: 1,
+                rule: Rule::KiroMonthly,
+                lock: Some((All, Route, "2026-05-14T10:20:30Z")),
+                next: NextCredential,
+                bump_backoff: true,
+                ..BASE
+            },
+            Case {
+                name: "'reached the limit' from any provider, any status, is Kiro's rule (level 2: 90 days)",
+                provider: Provider::OpenAi,
+                status: 403,
+                body: r#"{"error":{"message":"You have reached the limit of requests for your plan this month.","type":"insufficient_quota","code":"insufficient_quota"}}"#,
+                backoff_level: 2,
+                rule: Rule::KiroMonthly,
+                lock: Some((All, Route, "2026-06-13T10:20:30Z")),
+                next: NextCredential,
+                bump_backoff: true,
                 ..BASE
             },
             // ---- kRouter rule 5: no capacity, model gone, prompt too long ----
@@ -2324,6 +2584,9 @@ mod tests {
     #[test]
     fn free_lock_covers_every_free_model_and_the_failed_one() {
         assert!(AllFree.covers("openrouter/free", "openrouter/free"));
+        assert!(AllFree.covers("a:free", "openrouter/free"));
+        assert!(AllFree.covers("openrouter/free", "a:free"));
+        assert!(is_free_model("openrouter/free") && !is_free_model("openrouter/auto"));
         assert!(AllFree.covers("a:free", "b:free"));
         assert!(!AllFree.covers("a:free", "anthropic/claude-sonnet-4.5"));
         assert!(One.covers("a", "a") && !One.covers("a", "b"));
@@ -2338,8 +2601,8 @@ mod tests {
             Rule::OpenRouterFreeDaily,
             Rule::ProviderNamedReset,
             Rule::RateLimitWording,
-            Rule::WordedReset,
             Rule::AccountWide,
+            Rule::KiroMonthly,
             Rule::NoCapacity,
             Rule::ModelGone,
             Rule::PromptTooLong,
@@ -2443,6 +2706,8 @@ mod tests {
                         "x-ratelimit-reset-tokens",
                         "anthropic-ratelimit-requests-reset",
                         "anthropic-ratelimit-tokens-reset",
+                        "anthropic-ratelimit-input-tokens-reset",
+                        "anthropic-ratelimit-output-tokens-reset",
                     ]),
                     reset_text(),
                     proptest::option::of("-?[0-9]{1,3}"),

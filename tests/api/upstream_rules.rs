@@ -1,0 +1,304 @@
+//! The classifier's rules through HTTP: what a failure parks and for how long, read back from the
+//! `retry_after` of the `upstream_quota_exhausted` refusal that follows, or from which credential
+//! serves next.
+
+use aigw::mock_upstream::{MockUpstream, Script};
+use chrono::Duration;
+use serde_json::{Value, json};
+
+use crate::both_backends;
+use crate::helpers::{Setup, TestApp, TestDb, spawn_app};
+use crate::proxy::KEY;
+
+/// One workspace and key, then the given `[[upstream]]` blocks.
+fn resources(upstreams: &str) -> String {
+    format!(
+        r#"
+[[workspace]]
+name = "acme"
+[[member]]
+workspace = "acme"
+email = "ada@acme.test"
+role = "member"
+[[api_key]]
+member = "ada@acme.test"
+name = "ci"
+key = "{KEY}"
+{upstreams}
+"#
+    )
+}
+
+/// Two OpenAI-compatible credentials: `one` (first choice) serves `m1` and `m3`, `two` serves
+/// `m1` only.
+fn pair(mock: &MockUpstream) -> String {
+    let url = mock.base_url();
+    resources(&format!(
+        r#"
+[[upstream]]
+workspace = "acme"
+name = "one"
+provider = "openai-compatible"
+base_url = "{url}"
+api_key = "cred-one"
+models = ["m1", "m3"]
+priority = 0
+[[upstream]]
+workspace = "acme"
+name = "two"
+provider = "openai-compatible"
+base_url = "{url}"
+api_key = "cred-two"
+models = ["m1"]
+priority = 1
+"#
+    ))
+}
+
+fn chat(model: &str) -> Value {
+    json!({"model": model, "messages": [{"role": "user", "content": "hi"}]})
+}
+
+async fn start(db: &TestDb) -> (TestApp, MockUpstream) {
+    let mock = MockUpstream::start().await.unwrap();
+    let app = spawn_app(db, Setup::resources(pair(&mock))).await;
+    (app, mock)
+}
+
+/// Sends a chat request for `model` and returns its status and body.
+async fn send(app: &TestApp, model: &str) -> (u16, Value) {
+    let r = app.post_json("/v1/chat/completions", KEY, &chat(model)).await;
+    let status = r.status().as_u16();
+    let body = r.json().await.unwrap_or(Value::Null);
+    (status, body)
+}
+
+/// The `retry_after` of the refusal a request for `model` gets now that everything is parked;
+/// asserts that it is that refusal and that nothing was sent upstream.
+async fn parked_for(app: &TestApp, mock: &MockUpstream, model: &str) -> u64 {
+    let calls = mock.call_count();
+    let (status, body) = send(app, model).await;
+    assert_eq!(status, 429, "{body}");
+    assert_eq!(body["error"]["code"], "upstream_quota_exhausted", "{body}");
+    assert_eq!(mock.call_count(), calls, "nothing was sent upstream");
+    body["error"]["retry_after"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no retry_after in {body}"))
+}
+
+both_backends!(
+    a_window_reset_on_a_503_holds_until_that_reset,
+    every_anthropic_window_reset_counts,
+    provider_side_and_far_away_limits_take_the_short_backoff,
+    account_wide_wording_takes_the_credential_out_on_any_status,
+    kiro_monthly_limit_holds_the_credential_thirty_days_then_longer,
+    openrouter_free_daily_is_an_openrouter_429_and_covers_openrouter_free,
+);
+
+/// kRouter rule 3 works for any status: a 503 naming its window's reset (1m40s) parks until then,
+/// not for the 5xx row's 30 s.
+async fn a_window_reset_on_a_503_holds_until_that_reset(db: TestDb) {
+    let (app, mock) = start(&db).await;
+    mock.script(
+        Script::any()
+            .header("x-ratelimit-limit-requests", "10000")
+            .header("x-ratelimit-remaining-requests", "0")
+            .header("x-ratelimit-reset-requests", "1m40s")
+            .error(
+                503,
+                json!({"error": {"message": "The server had an error while processing your request. Sorry about that!",
+                    "type": "server_error", "param": null, "code": null}}),
+            ),
+    );
+    let (status, _) = send(&app, "m1").await;
+    assert_eq!(status, 503, "the last credential's error, as is");
+    assert_eq!(mock.call_count(), 2);
+    assert_eq!(parked_for(&app, &mock, "m1").await, 100);
+    app.clock.advance(Duration::seconds(31));
+    assert_eq!(parked_for(&app, &mock, "m1").await, 69, "still parked after 30 s");
+    app.stop().await;
+}
+
+/// kRouter rule 3 reads every `anthropic-ratelimit-*-reset`, not only requests and tokens: a 429
+/// naming only its input-tokens window 45 s ahead is parked 45 s, not the 90 s guess.
+async fn every_anthropic_window_reset_counts(db: TestDb) {
+    let (app, mock) = start(&db).await;
+    let reset = (app.clock.now() + Duration::seconds(45))
+        .format("%Y-%m-%dT%H:%M:%SZ")
+        .to_string();
+    mock.script(
+        Script::any()
+            .header("anthropic-ratelimit-input-tokens-limit", "40000")
+            .header("anthropic-ratelimit-input-tokens-remaining", "0")
+            .header("anthropic-ratelimit-input-tokens-reset", &reset)
+            .error(
+                429,
+                json!({"type": "error", "error": {"type": "rate_limit_error",
+                    "message": "This request would exceed the rate limit for your organization (a1b2c3) of 40,000 input tokens per minute. For details, refer to: https://docs.claude.com/en/api/rate-limits."}}),
+            ),
+    );
+    let (status, _) = send(&app, "m1").await;
+    assert_eq!(status, 429);
+    assert_eq!(mock.call_count(), 2);
+    assert_eq!(parked_for(&app, &mock, "m1").await, 45);
+    app.stop().await;
+}
+
+/// kRouter rule 4 takes only the seed's three phrases, and its "hours or days away" veto lets the
+/// table's backoff apply: neither OpenRouter's provider-side "temporarily rate-limited upstream"
+/// (90 s before) nor "resets in 2 days" (6 h before) parks more than the backoff.
+async fn provider_side_and_far_away_limits_take_the_short_backoff(db: TestDb) {
+    let (app, mock) = start(&db).await;
+    mock.script(Script::any().times(2).error(
+        429,
+        json!({"error": {"message": "Provider returned error", "code": 429,
+            "metadata": {"raw": "qwen/qwen3-coder:free is temporarily rate-limited upstream. Please retry shortly.",
+                "provider_name": "ModelRun"}}}),
+    ));
+    let (status, _) = send(&app, "m1").await;
+    assert_eq!(status, 429);
+    assert_eq!(mock.call_count(), 2);
+    assert_eq!(parked_for(&app, &mock, "m1").await, 2, "the first backoff step");
+
+    app.clock.advance(Duration::seconds(3));
+    mock.script(Script::any().times(2).error(
+        429,
+        json!({"error": {"message": "Weekly rate limit reached, resets in 2 days", "type": "rate_limit_error"}}),
+    ));
+    let (status, _) = send(&app, "m1").await;
+    assert_eq!(status, 429);
+    assert_eq!(mock.call_count(), 4, "both credentials were tried again");
+    assert_eq!(
+        parked_for(&app, &mock, "m1").await,
+        4,
+        "the second backoff step, not a 6 h park from the prose"
+    );
+    app.stop().await;
+}
+
+/// kRouter rule 5: suspension wording takes the whole credential out (banned) whatever the
+/// status; a 500 saying so no longer parks one model for 30 s.
+async fn account_wide_wording_takes_the_credential_out_on_any_status(db: TestDb) {
+    let (app, mock) = start(&db).await;
+    mock.script(Script::any().credential("cred-one").times(1).error(
+        500,
+        json!({"error": {"message": "Your account has been suspended. Contact support to restore access.",
+            "type": "server_error", "code": "account_suspended"}}),
+    ));
+    let (status, _) = send(&app, "m1").await;
+    assert_eq!(status, 200, "two took over");
+    assert_eq!(mock.call_count(), 2);
+    // Long after a 30 s lock would have ended, `one` is still out, for every model.
+    app.clock.advance(Duration::minutes(10));
+    let (status, _) = send(&app, "m1").await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        mock.calls().last().unwrap().credential.as_deref(),
+        Some("cred-two"),
+        "the first choice stays out"
+    );
+    let calls = mock.call_count();
+    let (status, body) = send(&app, "m3").await;
+    assert_ne!(status, 200, "m3 has no other credential: {body}");
+    assert_eq!(
+        mock.call_count(),
+        calls,
+        "the whole credential is out: m3 is not sent to it"
+    );
+    app.stop().await;
+}
+
+/// kRouter rule 5: Kiro's monthly wording ("reached the limit", any provider, any status) holds
+/// the whole credential 30 days, and 60 days when it comes again before a success.
+async fn kiro_monthly_limit_holds_the_credential_thirty_days_then_longer(db: TestDb) {
+    let (app, mock) = start(&db).await;
+    let kiro = json!({"message": "You have reached the limit.", "reason": "MONTHLY_REQUEST_COUNT"});
+    mock.script(
+        Script::any()
+            .credential("cred-one")
+            .times(1)
+            .error(400, kiro.clone()),
+    );
+    let (status, _) = send(&app, "m1").await;
+    assert_eq!(status, 200, "not a request error: the next credential served");
+    assert_eq!(mock.call_count(), 2);
+    let day = 86_400;
+    assert_eq!(
+        parked_for(&app, &mock, "m3").await,
+        30 * day,
+        "every model of the credential"
+    );
+
+    // The hold ends; the first call after it meets the same limit before any success.
+    app.clock.advance(Duration::days(30) + Duration::seconds(1));
+    mock.script(
+        Script::any()
+            .credential("cred-one")
+            .times(1)
+            .error(400, kiro.clone()),
+    );
+    let (status, body) = send(&app, "m3").await;
+    assert_eq!(status, 400);
+    assert_eq!(body, kiro, "the only credential's error, as is");
+    assert_eq!(parked_for(&app, &mock, "m3").await, 60 * day);
+    app.stop().await;
+}
+
+/// kRouter rule 2 is an OpenRouter credential's 429, and `openrouter/free` shares the free
+/// allowance: it rests with the `:free` models. The same words from another provider park only
+/// the model that failed.
+async fn openrouter_free_daily_is_an_openrouter_429_and_covers_openrouter_free(db: TestDb) {
+    let mock = MockUpstream::start().await.unwrap();
+    let url = mock.base_url();
+    let upstreams = format!(
+        r#"
+[[upstream]]
+workspace = "acme"
+name = "router"
+provider = "openrouter"
+base_url = "{url}"
+api_key = "cred-router"
+models = ["a:free", "openrouter/free", "paid"]
+[[upstream]]
+workspace = "acme"
+name = "relay"
+provider = "openai-compatible"
+base_url = "{url}"
+api_key = "cred-relay"
+models = ["c:free", "d:free"]
+"#
+    );
+    let app = spawn_app(&db, Setup::resources(resources(&upstreams))).await;
+    let daily = json!({"error": {"message": "Rate limit exceeded: free-models-per-day. Add 10 credits to unlock 1000 free model requests per day", "code": 429}});
+    mock.script(
+        Script::any()
+            .credential("cred-router")
+            .times(1)
+            .error(429, daily.clone()),
+    );
+    let (status, body) = send(&app, "a:free").await;
+    assert_eq!((status, body), (429, daily.clone()));
+    // Until the next 00:00 UTC (the clock starts at 02:00).
+    assert_eq!(parked_for(&app, &mock, "openrouter/free").await, 22 * 3600);
+    let (status, _) = send(&app, "paid").await;
+    assert_eq!(status, 200, "paid models on the key keep working");
+
+    mock.script(
+        Script::any()
+            .credential("cred-relay")
+            .times(1)
+            .error(429, daily.clone()),
+    );
+    let (status, _) = send(&app, "c:free").await;
+    assert_eq!(status, 429);
+    let calls = mock.call_count();
+    let (status, _) = send(&app, "d:free").await;
+    assert_eq!(status, 200, "not OpenRouter's daily cap: d:free is not parked");
+    assert_eq!(mock.call_count(), calls + 1);
+    assert_eq!(
+        parked_for(&app, &mock, "c:free").await,
+        90,
+        "c:free alone, for the rate-limit wording's 90 s"
+    );
+    app.stop().await;
+}
