@@ -422,7 +422,12 @@ fn provider_named_reset(f: &UpstreamFailure<'_>, ev: &Evidence) -> Option<Classi
             _ => {}
         }
     }
-    resets.extend(window_resets(f, ev));
+    // OpenAI sends its window headers on every answer: on an error about the request itself
+    // (400, 413, 422) they name no reason to wait, and counting them would send a request that
+    // cannot succeed to every other credential. A deliberate narrowing of "any status".
+    if !matches!(f.status, 400 | 413 | 422) {
+        resets.extend(window_resets(f, ev));
+    }
     resets.extend(gemini_retry_delay(f.now, ev));
     resets.extend(codex_usage_limit_resets(f.now, ev));
     let earliest = resets.into_iter().filter(|at| *at > f.now).min()?;
@@ -1627,16 +1632,16 @@ mod tests {
                 ..BASE
             },
             Case {
-                name: "window headers count on a 400 too: the named reset outranks the text rules",
+                name: "window headers on a request error name no reset: prompt too long moves to the next model",
                 status: 400,
                 headers: &[
                     ("x-ratelimit-remaining-requests", "9999"),
                     ("x-ratelimit-reset-requests", "20ms"),
                 ],
                 body: OPENAI_CONTEXT,
-                rule: Rule::ProviderNamedReset,
-                lock: Some((One, Route, "2026-03-15T10:20:30.020Z")),
-                next: NextCredential,
+                rule: Rule::PromptTooLong,
+                lock: None,
+                next: NextModel,
                 ..BASE
             },
             Case {
