@@ -17,4 +17,5 @@ mod resources;
 mod serving;
 mod untrusted_upstream;
 mod upstream;
+mod upstream_dispatch;
 mod usage;
