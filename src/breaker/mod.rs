@@ -194,7 +194,13 @@ impl Breakers {
             if trips >= k.trips {
                 k.trips = trips;
                 k.blocked_until = blocked_until.max(k.blocked_until);
-                k.banned = k.banned || banned == 1;
+                // A ban learnt from the store was made, and told, elsewhere (another gateway,
+                // or before a restart): only the request that banned the key gets the first
+                // wording, so every refusal here gets the second.
+                if banned == 1 && !k.banned {
+                    k.banned = true;
+                    k.announced = true;
+                }
             }
         }
         Ok(())

@@ -22,7 +22,7 @@ use crate::app::{AppState, RequestId};
 use crate::breaker::Refusal;
 use crate::config::Locale;
 use crate::deadline::Deadline;
-use crate::error::{ApiError, ERROR_SOURCE, QuotaRefusal};
+use crate::error::{ApiError, ERROR_SOURCE, QuotaRefusal, SHOULD_RETRY};
 use crate::quota::engine::{QuotaDecision, display_value};
 use crate::quota::window::format_reset_at;
 use crate::quota::{self, Metric};
@@ -249,10 +249,34 @@ pub async fn handle(state: AppState, endpoint: Endpoint, peer: SocketAddr, req: 
             resp.headers_mut().extend(error.headers);
             resp.headers_mut()
                 .insert(ERROR_SOURCE, HeaderValue::from_static("upstream"));
+            // DESIGN.md §6/§7: a wait over a minute is not for the SDK to sit out (the next
+            // request already gets `upstream_quota_exhausted` from the lock this error wrote).
+            if upstream_wait_secs(resp.headers(), now).is_some_and(|s| s > MAX_SDK_WAIT_SECS) {
+                resp.headers_mut()
+                    .insert(SHOULD_RETRY, HeaderValue::from_static("false"));
+            }
             with_quota(resp, &quota, untouched, now)
         }
         Dispatched::GatewayFailed(e) => with_quota(refuse(completion, e), &quota, untouched, now),
     }
+}
+
+/// The longest wait an SDK is left to sit out by itself; a longer one is told
+/// `x-should-retry: false`.
+const MAX_SDK_WAIT_SECS: i64 = 60;
+
+/// The wait an upstream error asks for, in whole seconds from `now`: the longer of its
+/// `Retry-After` (seconds or an HTTP-date) and `retry-after-ms`, which the SDKs read.
+fn upstream_wait_secs(headers: &axum::http::HeaderMap, now: DateTime<Utc>) -> Option<i64> {
+    let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    let retry_after = text("retry-after")
+        .and_then(|v| crate::upstream::classify::parse_retry_after(v, now))
+        .map(|at| (at - now).num_seconds());
+    let retry_after_ms = text("retry-after-ms")
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .filter(|ms| ms.is_finite())
+        .map(|ms| (ms / 1000.0).ceil() as i64);
+    retry_after.max(retry_after_ms)
 }
 
 /// Adds the quota headers of `decision` to a response.
@@ -425,4 +449,43 @@ async fn models(
         .map(|id| json!({"id": id, "object": "model", "created": 0, "owned_by": "aigw"}))
         .collect();
     axum::Json(json!({"object": "list", "data": data})).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The wait a passed-on upstream error names, which decides `x-should-retry: false`.
+    #[test]
+    fn upstream_waits() {
+        let now = DateTime::parse_from_rfc3339("2026-12-01T10:00:00Z")
+            .map(|t| t.with_timezone(&Utc))
+            .unwrap_or_default();
+        /// Name, headers, the wait in seconds.
+        type Row = (&'static str, &'static [(&'static str, &'static str)], Option<i64>);
+        let rows: &[Row] = &[
+            ("seconds", &[("retry-after", "120")], Some(120)),
+            ("a minute is the SDK's", &[("retry-after", "60")], Some(60)),
+            (
+                "an HTTP-date",
+                &[("retry-after", "Tue, 01 Dec 2026 10:02:00 GMT")],
+                Some(120),
+            ),
+            ("milliseconds", &[("retry-after-ms", "90000")], Some(90)),
+            (
+                "the longer of both",
+                &[("retry-after", "30"), ("retry-after-ms", "90500")],
+                Some(91),
+            ),
+            ("unreadable", &[("retry-after", "soon")], None),
+            ("none", &[], None),
+        ];
+        for (name, headers, want) in rows {
+            let mut map = axum::http::HeaderMap::new();
+            for (k, v) in *headers {
+                map.insert(*k, HeaderValue::from_static(v));
+            }
+            assert_eq!(upstream_wait_secs(&map, now), *want, "{name}");
+        }
+    }
 }

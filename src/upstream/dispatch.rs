@@ -5,7 +5,7 @@
 //! (`admission.rs`); a failure is classified (`classify.rs`) and the classification says what to
 //! park and where the request goes next. This is the one retry layer: the HTTP client never
 //! retries by itself, and the only retry of the same credential is a single candidate's one retry
-//! of a 5xx or a connection failure (groot ADR 0008).
+//! of a connection failure or of a 5xx whose classification leaves it usable (groot ADR 0008).
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -23,7 +23,7 @@ use super::adapter::{self, Endpoint, Fields};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::admission::{Refusal, Slot};
-use super::classify::{self, Classification, LockModels, NextStep, Sharing, UpstreamFailure};
+use super::classify::{self, Classification, LockModels, NextStep, Rule, Sharing, UpstreamFailure};
 use super::http;
 use super::locks::{self, LockTarget};
 use super::mask::SecretMask;
@@ -123,6 +123,10 @@ pub enum Dispatched {
 
 /// The rule an attempt names in the log when it was retried (groot ADR 0008: one retry).
 pub const SINGLE_CANDIDATE_RETRY: &str = "single_candidate_retry";
+/// The wait a refusal names when the only candidates left are out of rotation with no end
+/// (disabled, or banned until a connection test passes): five minutes, the longest backoff;
+/// over a minute, so the SDKs are told not to retry by themselves.
+const OUT_OF_ROTATION_WAIT_SECS: u64 = 300;
 /// What the log says of a credential whose slots stayed full (kRouter's "busy, try another").
 const CREDENTIAL_BUSY: &str = "credential busy: no in-flight slot came free in time";
 
@@ -156,13 +160,15 @@ pub async fn dispatch(
         last: None,
         earliest_free: None,
         closed_groups: Vec::new(),
+        out_of_rotation: false,
     };
     // A model only Anthropic credentials serve, asked for on /v1/chat/completions (or the
     // reverse): the request is at the wrong endpoint, nothing is unreachable.
     if let Some(first) = chain.first()
-        && !chain
-            .iter()
-            .any(|m| m.credentials.iter().any(|c| endpoint.served_by(c.provider)))
+        && !chain.iter().any(|m| {
+            m.credentials.iter().any(|c| endpoint.served_by(c.provider))
+                || m.disabled.iter().any(|p| endpoint.served_by(*p))
+        })
     {
         let hint = match endpoint {
             Endpoint::Messages => "it is served on POST /v1/chat/completions",
@@ -178,6 +184,10 @@ pub async fn dispatch(
     }
     let now_ms = state.clock.now_ms();
     'models: for model in chain {
+        // A disabled credential exists but cannot serve now (DESIGN.md §6: exhausted).
+        if model.disabled.iter().any(|p| endpoint.served_by(*p)) {
+            run.out_of_rotation = true;
+        }
         let creds = candidates(model, endpoint);
         // groot ADR 0008: one retry layer — only a request with a single candidate (one
         // credential, no fallback) gets a retry of its own.
@@ -276,6 +286,9 @@ struct Run<'a> {
     /// Quota groups this request stopped walking: one of their credentials answered a failure
     /// of the shared account quota (groot ADR 0008).
     closed_groups: Vec<String>,
+    /// A candidate exists that cannot serve now and names no end: disabled, or banned past its
+    /// lock (until a connection test passes).
+    out_of_rotation: bool,
 }
 
 impl Run<'_> {
@@ -288,14 +301,19 @@ impl Run<'_> {
         self.earliest_free = Some(self.earliest_free.map_or(until_ms, |e| e.min(until_ms)));
     }
 
-    /// Filtered before dispatch: a banned credential, a running lock on it or this model, or a
-    /// quota group this request closed.
+    /// Filtered before dispatch: a quota group this request closed, a running lock on the
+    /// credential or this model (its end is the earliest a refusal may name), or the
+    /// credential's banned mark.
     fn available(&mut self, cred: &Credential, upstream_model: &str, now_ms: i64) -> bool {
-        if self.state.locks.is_banned(cred.id) || self.on_closed_group(cred) {
+        if self.on_closed_group(cred) {
             return false;
         }
         if let Some(until) = self.state.locks.parked_until(cred.id, upstream_model, now_ms) {
             self.free_at(until);
+            return false;
+        }
+        if self.state.locks.is_banned(cred.id) {
+            self.out_of_rotation = true;
             return false;
         }
         true
@@ -408,10 +426,10 @@ impl Run<'_> {
                 };
                 return self.timed_out(cred, upstream_model, attempt);
             };
-            // groot ADR 0008: a 5xx of a single candidate, nothing emitted, is retried once
-            // (kRouter: not a 529 overload, which a few seconds do not cure).
-            if (500..=599).contains(&status)
-                && status != 529
+            // Classified first: the one retry (groot ADR 0008) only when the classification
+            // leaves this credential usable; whatever it parks is parked, and not retried.
+            let class = self.classify(cred, upstream_model, &error);
+            if leaves_credential_usable(&class)
                 && let Some(again) = retry.take()
                 && self.retry_pause(cred, upstream_model).await
             {
@@ -423,7 +441,7 @@ impl Run<'_> {
                 req = again;
                 continue;
             }
-            return Step::Failed(self.fail(cred, model, upstream_model, error));
+            return Step::Failed(self.fail(cred, model, upstream_model, error, class));
         }
     }
 
@@ -465,27 +483,31 @@ impl Run<'_> {
             && self.state.admission.admit_again(cred, now_ms)
     }
 
-    /// Classifies an upstream error, parks what it names, and keeps it as the answer so far.
+    /// Classifies an upstream error of `cred` (nothing is parked yet).
+    fn classify(&self, cred: &Credential, upstream_model: &str, error: &UpstreamError) -> Classification {
+        let text = String::from_utf8_lossy(&error.body);
+        classify::classify(&UpstreamFailure {
+            status: error.status,
+            headers: &error.headers,
+            body: &text,
+            provider: cred.provider,
+            model: upstream_model,
+            now: self.state.clock.now(),
+            backoff_level: self.state.locks.backoff_level(cred.id),
+            gateway_busy: false,
+        })
+    }
+
+    /// Parks what the classification of an upstream error names, and keeps the error as the
+    /// answer so far.
     fn fail(
         &mut self,
         cred: &Credential,
         model: &ModelRoute,
         upstream_model: &str,
         error: UpstreamError,
+        class: Classification,
     ) -> NextStep {
-        let class = {
-            let text = String::from_utf8_lossy(&error.body);
-            classify::classify(&UpstreamFailure {
-                status: error.status,
-                headers: &error.headers,
-                body: &text,
-                provider: cred.provider,
-                model: upstream_model,
-                now: self.state.clock.now(),
-                backoff_level: self.state.locks.backoff_level(cred.id),
-                gateway_busy: false,
-            })
-        };
         let lock_until = self.park(cred, upstream_model, &class);
         self.attempts.push(Attempt {
             status: Some(error.status),
@@ -575,14 +597,20 @@ impl Run<'_> {
 
     /// How dispatch ends when nothing served.
     fn finish(self) -> Dispatched {
-        // Nothing was sent upstream: every candidate is parked, at its own limit, or busy.
-        if self.sent == 0
-            && let Some(until) = self.earliest_free
-        {
-            let ms = u64::try_from(until - self.state.clock.now_ms()).unwrap_or(0);
-            return Dispatched::GatewayFailed(ApiError::UpstreamQuotaExhausted {
-                retry_after: ms.div_ceil(1000).max(1),
-            });
+        // DESIGN.md §6: nothing was sent upstream, and a candidate exists that cannot serve now
+        // (parked, banned, disabled, at its own limit, or busy): exhausted, never unreachable,
+        // with the earliest end any of them names.
+        if self.sent == 0 {
+            let retry_after = match self.earliest_free {
+                Some(until) => {
+                    let ms = u64::try_from(until - self.state.clock.now_ms()).unwrap_or(0);
+                    Some(ms.div_ceil(1000).max(1))
+                }
+                None => self.out_of_rotation.then_some(OUT_OF_ROTATION_WAIT_SECS),
+            };
+            if let Some(retry_after) = retry_after {
+                return Dispatched::GatewayFailed(ApiError::UpstreamQuotaExhausted { retry_after });
+            }
         }
         self.last.unwrap_or_else(|| {
             Dispatched::GatewayFailed(ApiError::UpstreamUnreachable {
@@ -624,6 +652,17 @@ impl Run<'_> {
             class,
         )
     }
+}
+
+/// groot ADR 0008: whether a single candidate's failure, so classified, leaves the credential
+/// usable for its one retry. Only the plain server error does (a 5xx no earlier rule named:
+/// kRouter parks that model 30 s and tries the next credential, and for a lone credential the
+/// retry is that next try; it parks nothing unless the retry fails too). Every other
+/// classification rests the credential or ends the walk: a named reset (`Retry-After: 120` on a
+/// 503), rate-limit wording, no capacity (stop), an overload's backoff (529), a ban, a request
+/// error.
+fn leaves_credential_usable(class: &Classification) -> bool {
+    class.rule == Rule::ServerError && class.next == NextStep::NextCredential && !class.banned
 }
 
 /// A deadline passed while `cred` kept the gateway waiting for `upstream_model` (no response
@@ -845,5 +884,96 @@ async fn read_error(response: http::Response, mask: &SecretMask) -> UpstreamErro
         status,
         headers,
         body,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::upstream::Provider;
+
+    /// groot ADR 0008 after classification: which failures of a lone credential get its one
+    /// retry. Each row: name, status, headers, body, whether the retry may fire.
+    #[test]
+    fn the_single_retry_follows_the_classification() {
+        type Row = (
+            &'static str,
+            u16,
+            &'static [(&'static str, &'static str)],
+            &'static str,
+            bool,
+        );
+        let rows: &[Row] = &[
+            (
+                "a plain 503 leaves the credential usable",
+                503,
+                &[],
+                r#"{"error":{"message":"upstream exploded"}}"#,
+                true,
+            ),
+            ("a plain 500", 500, &[], "Internal Server Error", true),
+            (
+                "a 503 naming Retry-After: 120 parks the model 120 s",
+                503,
+                &[("retry-after", "120")],
+                r#"{"error":{"message":"busy"}}"#,
+                false,
+            ),
+            (
+                "no capacity: 5 s and stop",
+                503,
+                &[],
+                r#"{"error":{"message":"No capacity available for model gpt-x on the server"}}"#,
+                false,
+            ),
+            (
+                "a 529 overload backs off",
+                529,
+                &[],
+                r#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#,
+                false,
+            ),
+            (
+                "a 429 is never retried",
+                429,
+                &[],
+                r#"{"error":{"message":"slow down"}}"#,
+                false,
+            ),
+            (
+                "a request error is never retried",
+                400,
+                &[],
+                r#"{"error":{"message":"bad field"}}"#,
+                false,
+            ),
+            (
+                "a ban is never retried",
+                403,
+                &[],
+                r#"{"error":{"message":"To continue, verify your account at https://x"}}"#,
+                false,
+            ),
+        ];
+        let now = chrono::DateTime::parse_from_rfc3339("2026-12-01T10:00:00Z")
+            .map(|t| t.with_timezone(&Utc))
+            .unwrap_or_default();
+        for (name, status, headers, body, want) in rows {
+            let mut map = HeaderMap::new();
+            for (k, v) in *headers {
+                map.insert(*k, HeaderValue::from_static(v));
+            }
+            let class = classify::classify(&UpstreamFailure {
+                status: *status,
+                headers: &map,
+                body,
+                provider: Provider::OpenAiCompatible,
+                model: "gpt-x",
+                now,
+                backoff_level: 0,
+                gateway_busy: false,
+            });
+            assert_eq!(leaves_credential_usable(&class), *want, "{name}: {class:?}");
+        }
     }
 }

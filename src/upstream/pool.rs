@@ -75,6 +75,9 @@ pub struct ModelRoute {
     pub fallbacks: Vec<String>,
     /// Credentials serving it, by priority.
     pub credentials: Vec<Arc<Credential>>,
+    /// The providers of the disabled credentials that serve it: they exist but cannot serve
+    /// now, so a request finding no other candidate is refused as exhausted, not unreachable.
+    pub disabled: Vec<Provider>,
 }
 
 impl ModelRoute {
@@ -174,7 +177,8 @@ impl Routes {
             .collect();
         // Public models: those declared, plus those a credential serves without a declaration.
         let mut names: Vec<(i64, String)> = models.iter().map(|m| (m.workspace_id, m.name.clone())).collect();
-        for u in upstreams.iter().filter(|u| u.enabled == 1) {
+        // A disabled credential's models stay known: asked for, they are exhausted, not unknown.
+        for u in &upstreams {
             for m in u.served_models() {
                 names.push((u.workspace_id, m.name));
             }
@@ -188,12 +192,19 @@ impl Routes {
                 .filter(|c| c.workspace_id == ws && c.models.contains_key(&name))
                 .cloned()
                 .collect();
+            let disabled: Vec<Provider> = upstreams
+                .iter()
+                .filter(|u| u.enabled != 1 && u.workspace_id == ws)
+                .filter(|u| u.served_models().iter().any(|m| m.name == name))
+                .filter_map(|u| u.provider.parse().ok())
+                .collect();
             let route = ModelRoute {
                 price_prompt: row.map_or(0, |r| r.price_prompt),
                 price_completion: row.map_or(0, |r| r.price_completion),
                 fallbacks: row.map(|r| r.fallback_names()).unwrap_or_default(),
                 name: name.clone(),
                 credentials,
+                disabled,
             };
             routes
                 .workspaces
@@ -286,6 +297,7 @@ mod tests {
             price_completion,
             fallbacks: Vec::new(),
             credentials: Vec::new(),
+            disabled: Vec::new(),
         }
     }
 

@@ -308,3 +308,39 @@ async fn admins_see_breaker_state_and_history(db: TestDb) {
     assert_eq!(r.status(), 404);
     app.stop().await;
 }
+
+both_backends!(a_ban_made_on_another_gateway_gets_the_second_wording);
+
+/// Only the request that banned a key is told the first wording: a gateway that already had the
+/// key in memory and learns of the ban from the store (another replica banned it) answers with
+/// the second wording from its first refusal on.
+async fn a_ban_made_on_another_gateway_gets_the_second_wording(db: TestDb) {
+    let (app, _mock) = start(&db, "").await;
+    // The key is in this gateway's memory, not banned.
+    assert_eq!(send(&app, 1, &bad()).await, [400]);
+    let key_id = app.logs("acme", 1).await[0].key_id;
+    // Another gateway bans the key: its trip reaches the store, and this gateway reloads.
+    let ban = aigw::breaker::Trip {
+        trip: 5,
+        at: app.clock.now().timestamp_millis(),
+        requests: 100,
+        failures: 100,
+        blocked_until: None,
+        banned: true,
+    };
+    aigw::breaker::persist(&app.state.store, key_id, &ban)
+        .await
+        .unwrap();
+    assert!(app.state.reload().await);
+    let r = app.post_json("/v1/chat/completions", KEY, &good()).await;
+    assert_eq!(r.status(), 403);
+    assert_eq!(r.headers()["x-should-retry"], "false");
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "api_key_permanently_banned");
+    assert_eq!(
+        body["error"]["message"],
+        "This API key has been permanently banned and cannot be restored; delete it and create a new API key.",
+        "the second wording: the first went to the request that banned the key elsewhere"
+    );
+    app.stop().await;
+}

@@ -17,5 +17,6 @@ mod resources;
 mod serving;
 mod untrusted_upstream;
 mod upstream;
+mod upstream_dispatch;
 mod upstream_rules;
 mod usage;

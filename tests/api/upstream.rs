@@ -47,7 +47,7 @@ fallbacks = ["m3"]
     )
 }
 
-fn chat(model: &str) -> Value {
+pub(crate) fn chat(model: &str) -> Value {
     json!({"model": model, "messages": [{"role": "user", "content": "hi"}]})
 }
 
@@ -461,7 +461,7 @@ const OTHER_KEY: &str = "sk-aigw-OtherPoolKey0123456789abcdefghij";
 
 /// A workspace with the two keys and the given `[[upstream]]` blocks, each written as
 /// (name, base URL, secret, models, extra TOML lines).
-fn pool_of(upstreams: &[(&str, &str, &str, &str, &str)]) -> String {
+pub(crate) fn pool_of(upstreams: &[(&str, &str, &str, &str, &str)]) -> String {
     let mut text = format!(
         r#"
 [[workspace]]
@@ -513,7 +513,7 @@ async fn until_in_flight(app: &TestApp, credential: i64, n: usize) {
     }
 }
 
-fn credentials_called(mock: &MockUpstream) -> Vec<String> {
+pub(crate) fn credentials_called(mock: &MockUpstream) -> Vec<String> {
     mock.calls()
         .into_iter()
         .map(|c| c.credential.unwrap_or_default())
@@ -877,7 +877,7 @@ both_backends!(
 );
 
 /// Settings with a short single-candidate retry pause (the default is 1 to 3 s).
-fn quick_retry(text: String) -> Setup {
+pub(crate) fn quick_retry(text: String) -> Setup {
     Setup {
         settings: Box::new(|s| {
             s.single_candidate_retry_min_ms = 20;
