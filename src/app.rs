@@ -142,11 +142,20 @@ pub struct Gateway {
 }
 
 impl Gateway {
-    /// Opens the store, resolves secrets, applies the resources file, creates the first owner if
-    /// none exists, and binds the listen address.
+    /// Binds the listen address, resolves secrets, opens the store, applies the resources file
+    /// and creates the first owner if none exists.
     pub async fn build(settings: Settings, options: BuildOptions) -> Result<Gateway, StartError> {
         let clock = options.clock.unwrap_or(Clock::System);
         let env = |k: &str| std::env::var(k).ok();
+        // Bound first: a gateway that cannot serve stops before it writes anything (secrets
+        // file, database, owner, generated keys).
+        crate::client_conn::raise_open_file_limit(settings.max_client_connections);
+        let listener = TcpListener::bind(settings.listen)
+            .await
+            .map_err(|source| StartError::Listen {
+                addr: settings.listen,
+                source,
+            })?;
         let (master_text, jwt_secret) = resolve_secrets(&settings)?;
         let master_key = MasterKey::parse(master_text.expose())
             .map_err(|e| StartError::Config(format!("bad setting master_key (AIGW_MASTER_KEY): {e}")))?;
@@ -163,13 +172,6 @@ impl Gateway {
         }
         bootstrap_owner(&store, &settings, clock.now_ms()).await?;
 
-        crate::client_conn::raise_open_file_limit(settings.max_client_connections);
-        let listener = TcpListener::bind(settings.listen)
-            .await
-            .map_err(|source| StartError::Listen {
-                addr: settings.listen,
-                source,
-            })?;
         let routes = Routes::load(&store, &master_key).await?;
         let policies = Policies::load(&store).await?;
         let epoch = store.config_epoch().await?;

@@ -301,3 +301,34 @@ fn bad_settings_and_files_exit_nonzero_with_a_clear_message() {
         assert!(!err.contains("panicked"), "{err}");
     }
 }
+
+/// With the port taken, `serve` stops before it creates a database, secrets, an owner or keys.
+#[test]
+fn a_taken_port_exits_before_touching_the_database() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("resources.toml"),
+        crate::startup::REPLICA_RESOURCES,
+    )
+    .unwrap();
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let listen = taken.local_addr().unwrap().to_string();
+    let out = aigw(
+        dir.path(),
+        &["serve", "--resources", "resources.toml"],
+        &[("AIGW_LISTEN", &listen)],
+    )
+    .output()
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains(&format!("cannot listen on {listen}")), "{stderr}");
+    assert_eq!(stdout, "", "no password or key printed");
+    let mut left: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    left.sort_unstable();
+    assert_eq!(left, ["resources.toml"], "no database, no secrets file");
+}
