@@ -142,17 +142,31 @@ pub struct Gateway {
 }
 
 impl Gateway {
-    /// Opens the store, resolves secrets, applies the resources file, creates the first owner if
-    /// none exists, and binds the listen address.
+    /// Binds the listen address, resolves secrets, opens the store and, under the database's
+    /// start lock, migrates it, applies the resources file and creates the first owner if none
+    /// exists.
+    ///
+    /// The start lock makes gateways started at the same instant on one database (replicas of a
+    /// deployment) do the writing one after another, so each entity is created once.
     pub async fn build(settings: Settings, options: BuildOptions) -> Result<Gateway, StartError> {
         let clock = options.clock.unwrap_or(Clock::System);
         let env = |k: &str| std::env::var(k).ok();
+        // Bound first: a gateway that cannot serve stops before it writes anything (secrets
+        // file, database, owner, generated keys).
+        crate::client_conn::raise_open_file_limit(settings.max_client_connections);
+        let listener = TcpListener::bind(settings.listen)
+            .await
+            .map_err(|source| StartError::Listen {
+                addr: settings.listen,
+                source,
+            })?;
         let (master_text, jwt_secret) = resolve_secrets(&settings)?;
         let master_key = MasterKey::parse(master_text.expose())
             .map_err(|e| StartError::Config(format!("bad setting master_key (AIGW_MASTER_KEY): {e}")))?;
 
-        let store = Store::connect(&settings.database_url).await?;
-
+        let store = Store::open(&settings.database_url).await?;
+        let start_lock = store.start_lock().await?;
+        store.migrate().await?;
         if let Some(path) = &options.resources {
             let summary = resources::apply_file(&store, &master_key, path, &env, clock.now_ms()).await?;
             tracing::info!(file = %path.display(), %summary, "resources applied");
@@ -162,14 +176,8 @@ impl Gateway {
             }
         }
         bootstrap_owner(&store, &settings, clock.now_ms()).await?;
+        start_lock.release().await;
 
-        crate::client_conn::raise_open_file_limit(settings.max_client_connections);
-        let listener = TcpListener::bind(settings.listen)
-            .await
-            .map_err(|source| StartError::Listen {
-                addr: settings.listen,
-                source,
-            })?;
         let routes = Routes::load(&store, &master_key).await?;
         let policies = Policies::load(&store).await?;
         let epoch = store.config_epoch().await?;
@@ -497,22 +505,32 @@ fn resolve_secrets(settings: &Settings) -> Result<(Secret, Secret), StartError> 
         master_key: String,
         jwt_secret: String,
     }
+    let read = |path: &Path| -> Result<KeysFile, StartError> {
+        let text = std::fs::read_to_string(path).map_err(|e| err(e.to_string()))?;
+        toml::from_str::<KeysFile>(&text).map_err(|e| err(e.to_string()))
+    };
     let file = if path.exists() {
-        let text = std::fs::read_to_string(&path).map_err(|e| err(e.to_string()))?;
-        toml::from_str::<KeysFile>(&text).map_err(|e| err(e.to_string()))?
+        read(&path)?
     } else {
         let file = KeysFile {
             master_key: MasterKey::generate_text(),
             jwt_secret: MasterKey::generate_text(),
         };
         let text = toml::to_string(&file).map_err(|e| err(e.to_string()))?;
-        write_private(&path, &text).map_err(|e| err(e.to_string()))?;
-        tracing::warn!(
-            file = %path.display(),
-            "no master key or JWT secret configured: generated them into this file; back it up \
-             (upstream secrets cannot be decrypted without it) or set AIGW_MASTER_KEY and AIGW_JWT_SECRET"
-        );
-        file
+        match publish_private(&path, &text) {
+            Ok(()) => {
+                tracing::warn!(
+                    file = %path.display(),
+                    "no master key or JWT secret configured: generated them into this file; back it up \
+                     (upstream secrets cannot be decrypted without it) or set AIGW_MASTER_KEY and AIGW_JWT_SECRET"
+                );
+                file
+            }
+            // Another gateway started at the same instant in this folder published its file
+            // first: use that one, so both open the same sealed secrets.
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => read(&path)?,
+            Err(e) => return Err(err(e.to_string())),
+        }
     };
     Ok((
         settings
@@ -526,13 +544,25 @@ fn resolve_secrets(settings: &Settings) -> Result<(Secret, Secret), StartError> 
     ))
 }
 
-fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
+/// Writes `text` to `path` (mode 0600) only if `path` does not exist, atomically: the text goes
+/// to a private temporary file that is then hard-linked into place, so a reader never sees a
+/// partial file and of two writers exactly one wins (the other gets `AlreadyExists`).
+fn publish_private(path: &Path, text: &str) -> std::io::Result<()> {
     use std::io::Write;
+    let mut temp_name = path.as_os_str().to_owned();
+    temp_name.push(format!(".{}.tmp", uuid::Uuid::now_v7().simple()));
+    let temp = PathBuf::from(temp_name);
     let mut opts = std::fs::OpenOptions::new();
     opts.write(true).create_new(true);
     #[cfg(unix)]
     std::os::unix::fs::OpenOptionsExt::mode(&mut opts, 0o600);
-    opts.open(path)?.write_all(text.as_bytes())
+    let written = opts.open(&temp).and_then(|mut f| {
+        f.write_all(text.as_bytes())?;
+        f.sync_all()
+    });
+    let published = written.and_then(|()| std::fs::hard_link(&temp, path));
+    let _ = std::fs::remove_file(&temp);
+    published
 }
 
 /// First start with no owner: a workspace and an owner from the bootstrap settings, or with a
@@ -581,4 +611,41 @@ async fn bootstrap_owner(store: &Store, settings: &Settings, now: i64) -> Result
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Gateways started at the same instant in one folder with no secrets configured: exactly one
+    /// generates `aigw.keys`, and every one of them uses that file's secrets.
+    #[test]
+    fn secrets_generated_at_the_same_instant_are_one_file() {
+        for _ in 0..20 {
+            let dir = tempfile::tempdir().unwrap();
+            let mut settings = Settings::load(None, |_| None).unwrap();
+            settings.master_key = None;
+            settings.jwt_secret = None;
+            settings.data_dir = dir.path().to_path_buf();
+            let barrier = std::sync::Barrier::new(6);
+            let resolved: Vec<(String, String)> = std::thread::scope(|scope| {
+                let handles: Vec<_> = (0..6)
+                    .map(|_| {
+                        scope.spawn(|| {
+                            barrier.wait();
+                            let (m, j) = resolve_secrets(&settings).unwrap();
+                            (m.expose().to_owned(), j.expose().to_owned())
+                        })
+                    })
+                    .collect();
+                handles.into_iter().map(|h| h.join().unwrap()).collect()
+            });
+            assert!(resolved.iter().all(|r| r == &resolved[0]), "{resolved:?}");
+            let names: Vec<_> = std::fs::read_dir(dir.path())
+                .unwrap()
+                .map(|e| e.unwrap().file_name())
+                .collect();
+            assert_eq!(names, ["aigw.keys"], "no temporary file left behind");
+        }
+    }
 }

@@ -11,6 +11,7 @@ pub use admin::*;
 pub use entities::*;
 pub use tenancy::*;
 
+use std::path::PathBuf;
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -122,17 +123,88 @@ static SQLITE_MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("migrations/s
 pub struct Store {
     pool: AnyPool,
     backend: Backend,
+    /// The SQLite database file (none for Postgres or an in-memory database).
+    sqlite_file: Option<PathBuf>,
+}
+
+/// Opens `path` (created if missing) and locks it exclusively, waiting while another process or
+/// another open file holds it.
+#[expect(
+    clippy::incompatible_msrv,
+    reason = "`File::lock` is std's file lock (Rust 1.89); the declared rust-version is stale: \
+              the crate's let chains already need 1.88"
+)]
+fn lock_file(path: &std::path::Path) -> std::io::Result<std::fs::File> {
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)?;
+    match file.try_lock() {
+        Ok(()) => {}
+        Err(std::fs::TryLockError::WouldBlock) => {
+            tracing::info!(
+                file = %path.display(),
+                "another gateway is starting on this database; waiting for it to finish"
+            );
+            file.lock()?;
+        }
+        Err(std::fs::TryLockError::Error(e)) => return Err(e),
+    }
+    Ok(file)
+}
+
+/// The start lock of a database ([`Store::start_lock`]); dropping it releases it too.
+#[must_use = "the lock is released when this is dropped"]
+pub struct StartLock(Held);
+
+enum Held {
+    Postgres(sqlx::AnyConnection),
+    SqliteFile(std::fs::File),
+    Nothing,
+}
+
+impl StartLock {
+    /// Releases the lock: the next gateway waiting for it goes on.
+    pub async fn release(self) {
+        match self.0 {
+            Held::Postgres(conn) => {
+                use sqlx::Connection;
+                // Ending the session releases its advisory locks; if the goodbye fails, the
+                // server notices the closed socket and releases them all the same.
+                let _ = conn.close().await;
+            }
+            Held::SqliteFile(file) => drop(file),
+            Held::Nothing => {}
+        }
+    }
 }
 
 impl Store {
     /// Connects to `url` (`sqlite://…`, created if missing, WAL; or `postgres://…`) and applies
-    /// the migrations of that backend.
+    /// the migrations of that backend under the start lock.
     pub async fn connect(url: &str) -> StoreResult<Store> {
+        let store = Store::open(url).await?;
+        let lock = store.start_lock().await?;
+        store.migrate().await?;
+        lock.release().await;
+        Ok(store)
+    }
+
+    /// Connects to `url` without applying migrations: the gateway's start takes the start lock
+    /// first and migrates under it.
+    pub async fn open(url: &str) -> StoreResult<Store> {
         sqlx::any::install_default_drivers();
         let backend = if url.starts_with("sqlite:") {
             Backend::Sqlite
         } else {
             Backend::Postgres
+        };
+        let sqlite_file = match backend {
+            Backend::Sqlite => Some(crate::config::sqlite_path(url))
+                .filter(|p| !p.is_empty() && !p.starts_with(":memory:"))
+                .map(PathBuf::from),
+            Backend::Postgres => None,
         };
         let url = match backend {
             Backend::Sqlite if !url.contains("mode=") => {
@@ -167,9 +239,64 @@ impl Store {
             // WAL is a property of the file: set once, kept by every later connection.
             sqlx::query("PRAGMA journal_mode=WAL").execute(&pool).await?;
         }
-        let store = Store { pool, backend };
-        store.migrator().run(&store.pool).await?;
-        Ok(store)
+        Ok(Store {
+            pool,
+            backend,
+            sqlite_file,
+        })
+    }
+
+    /// Applies the migrations this build knows that the database lacks.
+    pub async fn migrate(&self) -> StoreResult<()> {
+        self.migrator().run(&self.pool).await?;
+        Ok(())
+    }
+
+    /// Takes the start lock of this database, waiting while another gateway holds it. Held
+    /// around migrations, the resources file and the bootstrap owner, so that gateways started at
+    /// the same instant on one database do that work one after another: the first creates, the
+    /// others find everything in place.
+    ///
+    /// Postgres: a session advisory lock keyed by the schema, on a connection of its own that
+    /// leaves the pool; the server releases it when that connection ends, so a gateway that dies
+    /// while starting never leaves it held. SQLite: an exclusive lock on `<database>.lock` beside
+    /// the file, released when the file closes (also at process exit).
+    pub async fn start_lock(&self) -> StoreResult<StartLock> {
+        match self.backend {
+            Backend::Postgres => {
+                let mut conn = self.pool.acquire().await?.detach();
+                // The key names the schema: gateways on other schemas of the server start freely.
+                const KEY: &str = "hashtextextended('aigw:start:' || COALESCE(current_schema(), ''), 0)";
+                let taken: bool = sqlx::query_scalar(&format!("SELECT pg_try_advisory_lock({KEY})"))
+                    .fetch_one(&mut conn)
+                    .await?;
+                if !taken {
+                    tracing::info!("another gateway is starting on this database; waiting for it to finish");
+                    // `pg_advisory_lock` returns void, which the Any driver cannot decode.
+                    sqlx::query_scalar::<_, i64>(&format!(
+                        "SELECT CAST(1 AS BIGINT) FROM (SELECT pg_advisory_lock({KEY})) AS held"
+                    ))
+                    .fetch_one(&mut conn)
+                    .await?;
+                }
+                Ok(StartLock(Held::Postgres(conn)))
+            }
+            Backend::Sqlite => {
+                let Some(db) = self.sqlite_file.clone() else {
+                    // An in-memory database belongs to this process alone.
+                    return Ok(StartLock(Held::Nothing));
+                };
+                let mut name = db.into_os_string();
+                name.push(".lock");
+                let path = PathBuf::from(name);
+                let file = tokio::task::spawn_blocking(move || lock_file(&path))
+                    .await
+                    .map_err(std::io::Error::other)
+                    .and_then(|locked| locked)
+                    .map_err(|e| StoreError::Database(sqlx::Error::Io(e)))?;
+                Ok(StartLock(Held::SqliteFile(file)))
+            }
+        }
     }
 
     fn migrator(&self) -> &'static sqlx::migrate::Migrator {

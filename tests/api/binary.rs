@@ -301,3 +301,79 @@ fn bad_settings_and_files_exit_nonzero_with_a_clear_message() {
         assert!(!err.contains("panicked"), "{err}");
     }
 }
+
+/// Three `aigw serve` on one Postgres schema, in one folder, with the same resources file and no
+/// configured secrets, started at the same instant (as a deployment of three replicas does): all
+/// come up, one owner and one generated key are created and printed, one secrets file is shared.
+#[test]
+fn three_binaries_started_together_on_postgres_all_come_up() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let Some(db) = rt.block_on(crate::helpers::TestDb::postgres()) else {
+        return;
+    };
+    db.write("resources.toml", crate::startup::REPLICA_RESOURCES);
+    let ports = [free_port(), free_port(), free_port()];
+    let mut children: Vec<Child> = ports
+        .iter()
+        .map(|port| {
+            let listen = format!("127.0.0.1:{port}");
+            aigw(
+                db.dir.path(),
+                &["serve", "--resources", "resources.toml"],
+                &[("AIGW_LISTEN", &listen), ("AIGW_DATABASE_URL", &db.url)],
+            )
+            .spawn()
+            .unwrap()
+        })
+        .collect();
+    for (port, child) in ports.iter().zip(&mut children) {
+        wait_healthy(*port, child);
+    }
+    let outputs: Vec<String> = children
+        .into_iter()
+        .map(|child| {
+            let (ok, out, err) = terminate(child);
+            assert!(ok, "{err}");
+            out
+        })
+        .collect();
+    let printed = |what: &str| outputs.iter().filter(|o| o.contains(what)).count();
+    assert_eq!(printed("password: "), 1, "one owner created: {outputs:?}");
+    assert_eq!(
+        printed("generated API key ada@acme.test/generated"),
+        1,
+        "one key generated: {outputs:?}"
+    );
+    assert!(db.dir.path().join("aigw.keys").exists());
+}
+
+/// With the port taken, `serve` stops before it creates a database, secrets, an owner or keys.
+#[test]
+fn a_taken_port_exits_before_touching_the_database() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("resources.toml"),
+        crate::startup::REPLICA_RESOURCES,
+    )
+    .unwrap();
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let listen = taken.local_addr().unwrap().to_string();
+    let out = aigw(
+        dir.path(),
+        &["serve", "--resources", "resources.toml"],
+        &[("AIGW_LISTEN", &listen)],
+    )
+    .output()
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains(&format!("cannot listen on {listen}")), "{stderr}");
+    assert_eq!(stdout, "", "no password or key printed");
+    let mut left: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    left.sort_unstable();
+    assert_eq!(left, ["resources.toml"], "no database, no secrets file");
+}

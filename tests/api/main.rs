@@ -15,6 +15,7 @@ mod proxy;
 mod quota;
 mod resources;
 mod serving;
+mod startup;
 mod untrusted_upstream;
 mod upstream;
 mod upstream_dispatch;

@@ -1,0 +1,169 @@
+//! Starting up: several replicas started at the same instant on one database all come up with
+//! every entity once; a taken port stops the start before the database is touched.
+
+use aigw::store::{DepartmentStore, KeyStore, MemberStore, ModelStore, UpstreamStore, WorkspaceStore};
+
+use crate::both_backends;
+use crate::helpers::{Setup, TestDb, try_spawn_app};
+
+both_backends!(
+    three_replicas_started_together_all_come_up_with_each_entity_once,
+    a_taken_port_fails_before_the_database_is_touched,
+    the_start_lock_admits_one_gateway_at_a_time_and_is_freed_by_a_dropped_holder
+);
+
+/// A resources file with one of every kind of entity, two keys (one generated).
+pub const REPLICA_RESOURCES: &str = r#"
+[[workspace]]
+name = "acme"
+
+[[department]]
+workspace = "acme"
+name = "research"
+
+[[member]]
+workspace = "acme"
+department = "research"
+email = "ada@acme.test"
+role = "member"
+password = "ada-password-1"
+
+[[api_key]]
+member = "ada@acme.test"
+name = "ci"
+key = "sk-aigw-0123456789abcdefghijABCDEFGHIJ01"
+
+[[api_key]]
+member = "ada@acme.test"
+name = "generated"
+
+[[upstream]]
+workspace = "acme"
+name = "openai-main"
+provider = "openai-compatible"
+base_url = "http://127.0.0.1:9"
+api_key = "sk-upstream-replica-secret"
+models = ["gpt-4o-mini"]
+
+[[model]]
+workspace = "acme"
+name = "gpt-4o-mini"
+price = { prompt = 0.15, completion = 0.60 }
+
+[[policy]]
+workspace = "acme"
+subject = "member"
+target = "*"
+metric = "requests"
+window = "day"
+limit = 100
+mode = "enforce"
+"#;
+
+async fn three_replicas_started_together_all_come_up_with_each_entity_once(db: TestDb) {
+    let (a, b, c) = tokio::join!(
+        try_spawn_app(&db, Setup::resources(REPLICA_RESOURCES)),
+        try_spawn_app(&db, Setup::resources(REPLICA_RESOURCES)),
+        try_spawn_app(&db, Setup::resources(REPLICA_RESOURCES)),
+    );
+    let apps: Vec<_> = [a, b, c]
+        .into_iter()
+        .enumerate()
+        .map(|(i, r)| r.unwrap_or_else(|e| panic!("replica {i} did not start: {e}")))
+        .collect();
+    for app in &apps {
+        assert_eq!(app.get("/readyz").await.status(), 200);
+    }
+    let store = &apps[0].state.store;
+    let workspaces = store.workspaces().await.unwrap();
+    let names: Vec<_> = workspaces.iter().map(|w| w.name.as_str()).collect();
+    // The resources file's workspace; the bootstrap owner joins it rather than making another.
+    assert_eq!(names, ["acme"], "each workspace once");
+    let acme = &workspaces[0];
+    assert_eq!(store.departments(acme.id).await.unwrap().len(), 1);
+    assert_eq!(store.count_owners().await.unwrap(), 1, "one bootstrap owner");
+    let ada = store.member_by_email("ada@acme.test").await.unwrap().unwrap();
+    let keys = store.keys_of_member(ada.id).await.unwrap();
+    let mut key_names: Vec<_> = keys.iter().map(|k| k.name.as_str()).collect();
+    key_names.sort_unstable();
+    assert_eq!(key_names, ["ci", "generated"], "each key once");
+    assert_eq!(store.all_upstreams().await.unwrap().len(), 1);
+    assert_eq!(store.all_models().await.unwrap().len(), 1);
+    for app in apps {
+        app.stop().await;
+    }
+}
+
+async fn a_taken_port_fails_before_the_database_is_touched(db: TestDb) {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap();
+    let setup = Setup {
+        settings: Box::new(move |s| {
+            s.listen = addr;
+            // Generated secrets would be written beside the database: none must be.
+            s.master_key = None;
+            s.jwt_secret = None;
+        }),
+        ..Setup::resources(REPLICA_RESOURCES)
+    };
+    let err = match try_spawn_app(&db, setup).await {
+        Ok(_) => panic!("started on a taken port"),
+        Err(e) => e,
+    };
+    assert!(
+        matches!(err, aigw::app::StartError::Listen { .. }),
+        "refused for the port: {err}"
+    );
+    assert!(
+        !db.dir.path().join("aigw.keys").exists(),
+        "no secrets generated before the port is bound"
+    );
+    if db.backend == "sqlite" {
+        assert!(
+            !db.dir.path().join("aigw.db").exists(),
+            "no database file created before the port is bound"
+        );
+    } else {
+        use sqlx::Connection;
+        let mut conn = sqlx::PgConnection::connect(&db.url).await.unwrap();
+        let tables: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = current_schema()",
+        )
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+        assert_eq!(
+            tables, 0,
+            "no migration, no owner, no resources before the port is bound"
+        );
+    }
+}
+
+async fn the_start_lock_admits_one_gateway_at_a_time_and_is_freed_by_a_dropped_holder(db: TestDb) {
+    use aigw::store::Store;
+    use std::time::Duration;
+    let first = Store::open(&db.url).await.unwrap();
+    let second = Store::open(&db.url).await.unwrap();
+    let held = first.start_lock().await.unwrap();
+    let mut waiting = Box::pin(second.start_lock());
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), &mut waiting)
+            .await
+            .is_err(),
+        "a second gateway waits while the first holds the start lock"
+    );
+    held.release().await;
+    let next = tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("released to the waiting gateway")
+        .unwrap();
+    // A gateway whose start fails (or that dies) drops the lock without releasing it.
+    drop(next);
+    let third = Store::open(&db.url).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(10), third.start_lock())
+        .await
+        .expect("a dropped holder does not keep the lock")
+        .unwrap()
+        .release()
+        .await;
+}
