@@ -277,7 +277,8 @@ impl Ctx<'_> {
     }
 }
 
-/// `${VAR}` expansion: reads the environment; a missing variable is an error, `$${` escapes.
+/// `${VAR}` expansion: reads the environment; a missing variable is an error unless written
+/// `${VAR:-default}`; `$${` escapes.
 fn expand(value: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<String, String> {
     let mut out = String::with_capacity(value.len());
     let mut rest = value;
@@ -291,12 +292,20 @@ fn expand(value: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<String, S
             let end = body
                 .find('}')
                 .ok_or_else(|| format!("unclosed ${{ in {value:?}"))?;
-            let name = &body[..end];
+            // `${NAME:-default}`: the default stands in when NAME is unset or empty, as in a shell.
+            let (name, default) = match body[..end].split_once(":-") {
+                Some((name, default)) => (name, Some(default)),
+                None => (&body[..end], None),
+            };
             if name.is_empty() || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
                 return Err(format!("bad variable name {name:?}"));
             }
-            let v = env(name).ok_or_else(|| format!("environment variable {name} is not set"))?;
-            out.push_str(&v);
+            match (env(name), default) {
+                (Some(v), Some(d)) if v.is_empty() => out.push_str(d),
+                (Some(v), _) => out.push_str(&v),
+                (None, Some(d)) => out.push_str(d),
+                (None, None) => return Err(format!("environment variable {name} is not set")),
+            }
             rest = &body[end + 1..];
         } else {
             out.push('$');
@@ -1010,6 +1019,13 @@ mod tests {
             ("${MISSING}", Err("environment variable MISSING is not set")),
             ("${A", Err("unclosed")),
             ("${A B}", Err("bad variable name")),
+            ("${MISSING:-18080}", Ok("18080")),
+            ("${A:-18080}", Ok("alpha")),
+            ("${EMPTY:-d}", Ok("d")),
+            ("${MISSING:-}", Ok("")),
+            ("http://h:${MISSING:-1}/v1", Ok("http://h:1/v1")),
+            ("${MISSING:-a:-b}", Ok("a:-b")),
+            ("${:-x}", Err("bad variable name")),
         ];
         for (input, want) in cases {
             match (expand(input, &env), want) {
