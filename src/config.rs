@@ -250,7 +250,7 @@ impl Settings {
                 .map_err(|e| ConfigError(format!("config file {}: {e}", path.display())))?;
             let src = |key: &str| format!("{} ({key})", path.display());
             if let Some(v) = f.listen {
-                s.listen = parse_value(&src("listen"), &v)?;
+                s.listen = parse_listen(&src("listen"), &v)?;
             }
             if let Some(v) = f.database_url {
                 s.database_url = v;
@@ -295,7 +295,7 @@ impl Settings {
 
         let var = |name: &str| env(name).filter(|v| !v.is_empty());
         if let Some(v) = var("AIGW_LISTEN") {
-            s.listen = parse_value("AIGW_LISTEN", &v)?;
+            s.listen = parse_listen("AIGW_LISTEN", &v)?;
         }
         if let Some(v) = var("AIGW_DATABASE_URL") {
             s.database_url = v;
@@ -529,6 +529,75 @@ where
         .map_err(|e| ConfigError(format!("bad setting {name}: {v:?}: {e}")))
 }
 
+/// The listen address is a socket address; a bare port (`4001`) is the common slip.
+fn parse_listen(name: &str, v: &str) -> Result<SocketAddr, ConfigError> {
+    v.parse().map_err(|e| {
+        ConfigError(format!(
+            "bad setting {name}: {v:?}: {e} (expected HOST:PORT, e.g. 127.0.0.1:4000 or 0.0.0.0:{})",
+            if v.bytes().all(|b| b.is_ascii_digit()) && !v.is_empty() {
+                v
+            } else {
+                "4000"
+            }
+        ))
+    })
+}
+
+/// Every `AIGW_*` variable aigw reads: the settings above, the command line's `AIGW_CONFIG` and
+/// `AIGW_RESOURCES`, and the log filter `AIGW_LOG`.
+pub const KNOWN_VARIABLES: &[&str] = &[
+    "AIGW_LISTEN",
+    "AIGW_DATABASE_URL",
+    "AIGW_TIMEZONE",
+    "AIGW_LOCALE",
+    "AIGW_MASTER_KEY",
+    "AIGW_JWT_SECRET",
+    "AIGW_BOOTSTRAP_EMAIL",
+    "AIGW_BOOTSTRAP_PASSWORD",
+    "AIGW_MAX_BODY_BYTES",
+    "AIGW_MAX_ATTEMPTS",
+    "AIGW_REQUEST_TIMEOUT_SECS",
+    "AIGW_CONNECT_TIMEOUT_SECS",
+    "AIGW_STREAM_FIRST_BYTE_TIMEOUT_SECS",
+    "AIGW_STREAM_IDLE_TIMEOUT_SECS",
+    "AIGW_CLIENT_BODY_TIMEOUT_SECS",
+    "AIGW_SLOT_WAIT_MS",
+    "AIGW_SINGLE_CANDIDATE_RETRY_MIN_MS",
+    "AIGW_SINGLE_CANDIDATE_RETRY_MAX_MS",
+    "AIGW_FLUSH_INTERVAL_MS",
+    "AIGW_LOG_RETENTION_DAYS",
+    "AIGW_DATA_DIR",
+    "AIGW_LOG_FORMAT",
+    "AIGW_IDLE_POLL_US",
+    "AIGW_CLIENT_HEADER_TIMEOUT_SECS",
+    "AIGW_CLIENT_IDLE_TIMEOUT_SECS",
+    "AIGW_MAX_CLIENT_CONNECTIONS",
+    "AIGW_MAX_HEADER_BYTES",
+    "AIGW_MAX_USAGE_TOKENS",
+    "AIGW_CONFIG",
+    "AIGW_RESOURCES",
+    "AIGW_LOG",
+    // Read by the repository's tests and scripts, not by the gateway; set beside it in CI.
+    "AIGW_BIN",
+];
+
+/// Prefixes of variables the repository's tests and scripts read (`AIGW_TEST_POSTGRES_URL`,
+/// schemathesis's `AIGW_ST_*`): not settings, and not a typo either.
+const TOOLING_PREFIXES: &[&str] = &["AIGW_TEST_", "AIGW_ST_"];
+
+/// The `AIGW_*` names among `names` that aigw does not read: most often a typo of a setting,
+/// which would otherwise be ignored without a word. Sorted.
+pub fn unknown_variables(names: impl IntoIterator<Item = String>) -> Vec<String> {
+    let mut unknown: Vec<String> = names
+        .into_iter()
+        .filter(|n| n.starts_with("AIGW_"))
+        .filter(|n| !KNOWN_VARIABLES.contains(&n.as_str()))
+        .filter(|n| !TOOLING_PREFIXES.iter().any(|p| n.starts_with(p)))
+        .collect();
+    unknown.sort_unstable();
+    unknown
+}
+
 fn parse_tz(name: &str, v: &str) -> Result<Tz, ConfigError> {
     v.parse::<Tz>().map_err(|_| {
         ConfigError(format!(
@@ -541,6 +610,54 @@ fn parse_tz(name: &str, v: &str) -> Result<Tz, ConfigError> {
 mod tests {
     use super::*;
     use std::collections::HashMap;
+
+    #[test]
+    fn unknown_variables_are_named_and_known_ones_are_not() {
+        let names = [
+            "AIGW_LISTN",
+            "AIGW_LISTEN",
+            "AIGW_LOG",
+            "AIGW_CONFIG",
+            "AIGW_RESOURCES",
+            "AIGW_TEST_POSTGRES_URL",
+            "AIGW_ST_TOKEN",
+            "AIGW_BIN",
+            "AIGW_MAX_USAGE_TOKENS",
+            "PATH",
+            "AIGW_DATABASE",
+        ]
+        .map(String::from);
+        assert_eq!(unknown_variables(names), ["AIGW_DATABASE", "AIGW_LISTN"]);
+    }
+
+    /// Every variable `load` reads is in `KNOWN_VARIABLES`: a setting added without it would be
+    /// warned about as unknown.
+    #[test]
+    fn every_variable_load_reads_is_known() {
+        let read = std::sync::Mutex::new(Vec::new());
+        let _ = Settings::load(None, |k| {
+            read.lock().unwrap().push(k.to_owned());
+            None
+        });
+        let read = read.into_inner().unwrap();
+        assert!(read.len() > 20, "{read:?}");
+        for name in read {
+            assert!(
+                KNOWN_VARIABLES.contains(&name.as_str()),
+                "{name} missing from KNOWN_VARIABLES"
+            );
+        }
+    }
+
+    #[test]
+    fn a_bare_port_for_listen_says_the_expected_form() {
+        let err = Settings::load(None, env(&[("AIGW_LISTEN", "4001")]))
+            .unwrap_err()
+            .0;
+        assert!(err.contains("AIGW_LISTEN"), "{err}");
+        assert!(err.contains("expected HOST:PORT"), "{err}");
+        assert!(err.contains("0.0.0.0:4001"), "{err}");
+    }
 
     fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
         let map: HashMap<String, String> = pairs

@@ -71,6 +71,14 @@ async fn serve(config: Option<PathBuf>, resources: Option<PathBuf>) -> Result<()
     let settings =
         aigw::Settings::load(config.as_deref(), |k| std::env::var(k).ok()).map_err(|e| e.to_string())?;
     aigw::telemetry::init_logs(settings.log_format);
+    let unknown =
+        aigw::config::unknown_variables(std::env::vars_os().filter_map(|(k, _)| k.into_string().ok()));
+    if !unknown.is_empty() {
+        tracing::warn!(
+            variables = %unknown.join(", "),
+            "ignoring unknown AIGW_* environment variables (a typo of a setting? the settings are listed in the README)"
+        );
+    }
     let options = aigw::BuildOptions {
         resources,
         clock: None,
