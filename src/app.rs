@@ -565,10 +565,14 @@ fn publish_private(path: &Path, text: &str) -> std::io::Result<()> {
     published
 }
 
+/// The first owner's email when `bootstrap_email` is not set.
+const DEFAULT_OWNER_EMAIL: &str = "owner@aigw.local";
+
 /// First start with no owner: a workspace and an owner from the bootstrap settings, or with a
 /// generated password printed once.
 async fn bootstrap_owner(store: &Store, settings: &Settings, now: i64) -> Result<(), StartError> {
     if store.count_owners().await? > 0 {
+        warn_if_bootstrap_ignored(store, settings).await?;
         return Ok(());
     }
     let workspace = match store.workspaces().await?.into_iter().next() {
@@ -578,7 +582,7 @@ async fn bootstrap_owner(store: &Store, settings: &Settings, now: i64) -> Result
     let email = settings
         .bootstrap_email
         .clone()
-        .unwrap_or_else(|| "owner@aigw.local".to_owned());
+        .unwrap_or_else(|| DEFAULT_OWNER_EMAIL.to_owned());
     let (password, generated) = match &settings.bootstrap_password {
         Some(p) => (p.expose().to_owned(), false),
         None => (crypto::generate_password(), true),
@@ -608,6 +612,29 @@ async fn bootstrap_owner(store: &Store, settings: &Settings, now: i64) -> Result
         println!(
             "aigw: first owner {email} in workspace {:?}, password: {password}",
             workspace.name
+        );
+    }
+    Ok(())
+}
+
+/// The bootstrap settings only act while there is no owner. Set on a later start for an email
+/// that is not an owner (a walkthrough run against an old database, a changed email), they would
+/// otherwise be ignored without a word, and the sign-in with them fails.
+async fn warn_if_bootstrap_ignored(store: &Store, settings: &Settings) -> Result<(), StartError> {
+    if settings.bootstrap_email.is_none() && settings.bootstrap_password.is_none() {
+        return Ok(());
+    }
+    let email = settings.bootstrap_email.as_deref().unwrap_or(DEFAULT_OWNER_EMAIL);
+    let is_owner = store
+        .member_by_email(email)
+        .await?
+        .is_some_and(|m| m.role == "owner");
+    if !is_owner {
+        tracing::warn!(
+            email = %email,
+            "AIGW_BOOTSTRAP_EMAIL / AIGW_BOOTSTRAP_PASSWORD (bootstrap_email, bootstrap_password) \
+             are ignored: the database already has an owner, and the bootstrap settings only \
+             create the first one; sign in as the existing owner, or start on a new database"
         );
     }
     Ok(())
