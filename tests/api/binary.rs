@@ -377,3 +377,162 @@ fn a_taken_port_exits_before_touching_the_database() {
     left.sort_unstable();
     assert_eq!(left, ["resources.toml"], "no database, no secrets file");
 }
+
+/// A start that ignores something the operator set says so: bootstrap settings on a database
+/// that already has an owner, and an `AIGW_*` variable aigw does not read (a typo). Variables
+/// aigw does read, and those of the repository's tests, are not warned about.
+#[test]
+fn ignored_bootstrap_settings_and_unknown_variables_are_warned_about() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let first = [
+        ("AIGW_LISTEN", listen.as_str()),
+        ("AIGW_BOOTSTRAP_EMAIL", "first@example.test"),
+        ("AIGW_BOOTSTRAP_PASSWORD", "first-password"),
+        ("AIGW_LOG", "info"),
+        ("AIGW_TEST_POSTGRES_URL", "postgres://nowhere"),
+    ];
+    let mut child = aigw(dir.path(), &["serve"], &first).spawn().unwrap();
+    wait_healthy(port, &mut child);
+    let (ok, _, err) = terminate(child);
+    assert!(ok, "{err}");
+    assert!(
+        !err.contains("ignored"),
+        "nothing ignored on the first start: {err}"
+    );
+    assert!(
+        !err.contains("unknown"),
+        "known variables are not warned about: {err}"
+    );
+
+    // Same owner again: nothing to warn about.
+    let mut child = aigw(dir.path(), &["serve"], &first).spawn().unwrap();
+    wait_healthy(port, &mut child);
+    let (ok, _, err) = terminate(child);
+    assert!(ok, "{err}");
+    assert!(!err.contains("ignored"), "the bootstrap owner exists: {err}");
+
+    let mut child = aigw(
+        dir.path(),
+        &["serve"],
+        &[
+            ("AIGW_LISTEN", listen.as_str()),
+            ("AIGW_BOOTSTRAP_EMAIL", "second@example.test"),
+            ("AIGW_BOOTSTRAP_PASSWORD", "second-password"),
+            ("AIGW_MAX_ATTEMTPS", "5"),
+        ],
+    )
+    .spawn()
+    .unwrap();
+    wait_healthy(port, &mut child);
+    let (ok, _, err) = terminate(child);
+    assert!(ok, "{err}");
+    assert!(
+        err.contains("AIGW_BOOTSTRAP_EMAIL")
+            && err.contains("are ignored")
+            && err.contains("second@example.test"),
+        "ignored bootstrap settings are named: {err}"
+    );
+    assert!(
+        err.contains("unknown AIGW_*") && err.contains("AIGW_MAX_ATTEMTPS"),
+        "{err}"
+    );
+}
+
+/// The README walkthrough, steps 1–4, as written, with the mock on another port through
+/// `MOCK_PORT`: the example key answers, a scripted 429 on `gpt-4o-mini` fails over to `fast` on
+/// the second credential, a 429 on every model comes back as is, and the request after it is the
+/// gateway's own `upstream_quota_exhausted`.
+#[test]
+fn the_readme_walkthrough_works_with_the_mock_on_another_port() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("walkthrough")).unwrap();
+    let mock_port = free_port();
+    let mock_listen = format!("127.0.0.1:{mock_port}");
+    let mut mock = aigw(dir.path(), &["mock-upstream", "--listen", &mock_listen], &[])
+        .spawn()
+        .unwrap();
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let resources = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/resources.toml");
+    let mock_port_text = mock_port.to_string();
+    let mut child = aigw(
+        dir.path(),
+        &["serve", "--resources", resources],
+        &[
+            ("AIGW_LISTEN", listen.as_str()),
+            ("MOCK_PORT", mock_port_text.as_str()),
+            ("ADA_PASSWORD", "ada-demo-password"),
+            ("MOCK_UPSTREAM_KEY", "mock-key"),
+            ("AIGW_DATABASE_URL", "sqlite://walkthrough/aigw.db"),
+            ("AIGW_BOOTSTRAP_EMAIL", "owner@acme.test"),
+            ("AIGW_BOOTSTRAP_PASSWORD", "owner-password"),
+        ],
+    )
+    .spawn()
+    .unwrap();
+    wait_healthy(port, &mut child);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    // Caught so that a failed step still stops both processes.
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        rt.block_on(async {
+        let http = reqwest::Client::new();
+        let gw = format!("http://{listen}");
+        let mock_url = format!("http://{mock_listen}");
+        let login = http
+            .post(format!("{gw}/admin/v1/auth/login"))
+            .json(&serde_json::json!({"email": "owner@acme.test", "password": "owner-password"}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(login.status(), 200, "the bootstrap owner signs in");
+        let chat = || async {
+            let r = http
+                .post(format!("{gw}/v1/chat/completions"))
+                .bearer_auth("sk-aigw-DemoKey0123456789abcdefghijKLMNO")
+                .json(&serde_json::json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "Say hello"}]}))
+                .send()
+                .await
+                .unwrap();
+            let status = r.status().as_u16();
+            let source = r
+                .headers()
+                .get("x-aigw-error-source")
+                .map(|v| v.to_str().unwrap().to_owned());
+            let body: serde_json::Value = r.json().await.unwrap();
+            (status, source, body)
+        };
+        let script = |model: Option<&str>| {
+            let mut s = serde_json::json!({"status": 429, "headers": {"retry-after": "120"},
+                "body": {"error": {"message": "Rate limit exceeded", "type": "rate_limit_error"}}});
+            if let Some(m) = model {
+                s["model"] = m.into();
+            }
+            http.post(format!("{mock_url}/__mock/script")).json(&s).send()
+        };
+        let (status, _, body) = chat().await;
+        assert_eq!(status, 200, "step 3: {body}");
+        assert_eq!(body["model"], "gpt-4o-mini");
+
+        script(Some("gpt-4o-mini")).await.unwrap();
+        let (status, _, body) = chat().await;
+        assert_eq!((status, &body["model"]), (200, &"gpt-4.1-nano".into()), "fails over to fast: {body}");
+
+        script(None).await.unwrap();
+        let (status, source, body) = chat().await;
+        assert_eq!((status, source.as_deref()), (429, Some("upstream")), "{body}");
+        let (status, source, body) = chat().await;
+        assert_eq!((status, source.as_deref()), (429, Some("gateway")), "{body}");
+        assert_eq!(body["error"]["code"], "upstream_quota_exhausted");
+        })
+    }));
+    let (ok, _, err) = terminate(child);
+    mock.kill().unwrap();
+    let _ = mock.wait();
+    if let Err(panic) = outcome {
+        std::panic::resume_unwind(panic);
+    }
+    assert!(ok, "{err}");
+    assert!(!err.contains("are ignored"), "a database of its own: {err}");
+}

@@ -310,7 +310,12 @@ async fn example_file_applies(db: TestDb) {
         .await
         .unwrap()
         .expect("example workspace");
-    assert_eq!(app.state.store.all_upstreams().await.unwrap().len(), 2);
+    let upstreams = app.state.store.all_upstreams().await.unwrap();
+    assert_eq!(upstreams.len(), 3);
+    // MOCK_PORT is set by no test in this process: the file's default port stands.
+    for u in &upstreams {
+        assert_eq!(u.base_url, "http://127.0.0.1:18080/v1", "{}", u.name);
+    }
     assert!(
         app.state
             .store
