@@ -54,7 +54,8 @@ pub struct Inner {
     pub quota: QuotaCounters,
     /// Learned locks on upstream credentials.
     pub locks: crate::upstream::locks::Locks,
-    /// Upstream credentials' own-limit usage and in-flight slots (in memory, per process).
+    /// Upstream credentials' own-limit usage and in-flight slots: decided in memory, the counts
+    /// shared through the store at each flush, the slots per process.
     pub admission: crate::upstream::admission::Admission,
     /// Recent ambiguous 429s per quota group (groot ADR 0008 corroboration).
     pub corroboration: crate::upstream::corroboration::Corroboration,
@@ -405,7 +406,7 @@ fn start_config_watch(state: AppState, mut epoch: i64) {
     });
 }
 
-/// Flushes quota counters every flush interval, and once more at shutdown (after the last
+/// Flushes quota counters and upstream own-limit counts every flush interval, and once more at shutdown (after the last
 /// request finished), so a graceful stop loses nothing.
 fn start_quota_flush(state: AppState) {
     let s = state.clone();
@@ -418,6 +419,9 @@ fn start_quota_flush(state: AppState) {
             };
             if let Err(e) = s.quota.flush(&s.store, s.clock.now()).await {
                 tracing::warn!(error = %e, "quota flush failed; usage kept for the next flush");
+            }
+            if let Err(e) = s.admission.flush(&s.store, s.clock.now_ms()).await {
+                tracing::warn!(error = %e, "own-limit flush failed; counts kept for the next flush");
             }
             if let Err(e) = s.breakers.flush(&s.store, s.clock.now()).await {
                 tracing::warn!(error = %e, "breaker window flush failed; outcomes kept for the next flush");

@@ -2,9 +2,11 @@
 //! limits and concurrency slot free"): its own limits (requests/minute, tokens/minute,
 //! requests/day) and its in-flight slots (`max_in_flight`).
 //!
-//! Everything here is in memory and per gateway process: nothing on the request path waits on
-//! the database, and own limits are not shared by replicas (N gateways may together send up to N
-//! times a credential's own limit; see docs/upstreams.md). Windows are aligned in UTC: a minute
+//! Admission is decided in memory: nothing on the request path waits on the database. Own-limit
+//! counts are shared by replicas the way quota counters are: each gateway adds what it counted
+//! to `upstream_counters` at every flush and reads back every gateway's totals, so a gateway
+//! misses at most two flush intervals of the others' traffic (docs/upstreams.md). In-flight
+//! slots stay per process. Windows are aligned in UTC: a minute
 //! runs from hh:mm:00.000 to the next minute, a day from 00:00 UTC to the next 00:00 UTC,
 //! whatever the workspace's quota time zone — these limits model the provider's, not a tenant's.
 //!
@@ -19,6 +21,7 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::pool::Credential;
+use crate::store::{SqlBuilder, Store, StoreResult};
 
 const MINUTE_MS: i64 = 60_000;
 const DAY_MS: i64 = 86_400_000;
@@ -45,34 +48,94 @@ impl OwnLimits {
     }
 }
 
+/// One own-limit count of the current window. Every figure is in `0..=i64::MAX` and all
+/// arithmetic on them saturates.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Shared {
+    /// Every gateway's total as the store answered at this gateway's last flush.
+    global: i64,
+    /// Added here since the last flush.
+    pending: i64,
+    /// Taken by the flush under way, not yet in `global`.
+    flushing: i64,
+}
+
+impl Shared {
+    /// The count as this gateway sees it: the global total and what it has not written yet.
+    fn used(&self) -> i64 {
+        self.global
+            .saturating_add(self.pending)
+            .saturating_add(self.flushing)
+    }
+
+    fn add(&mut self, n: i64) {
+        self.pending = self.pending.saturating_add(n.max(0));
+    }
+}
+
+/// The three own-limit counts, as stored in `upstream_counters.counter`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Count {
+    MinuteRequests,
+    MinuteTokens,
+    DayRequests,
+}
+
+impl Count {
+    const ALL: [Count; 3] = [Count::MinuteRequests, Count::MinuteTokens, Count::DayRequests];
+
+    fn as_str(self) -> &'static str {
+        match self {
+            Count::MinuteRequests => "minute_requests",
+            Count::MinuteTokens => "minute_tokens",
+            Count::DayRequests => "day_requests",
+        }
+    }
+
+    fn parse(s: &str) -> Option<Count> {
+        Count::ALL.into_iter().find(|c| c.as_str() == s)
+    }
+}
+
 /// What a credential used in its current UTC minute and day.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct OwnUsage {
     /// Start of the minute counted, Unix ms.
     minute_start: i64,
     /// Requests dispatched in that minute.
-    minute_requests: i64,
+    minute_requests: Shared,
     /// Tokens of requests completed in that minute.
-    minute_tokens: i64,
+    minute_tokens: Shared,
     /// Start of the UTC day counted, Unix ms.
     day_start: i64,
     /// Requests dispatched that day.
-    day_requests: i64,
+    day_requests: Shared,
 }
 
 impl OwnUsage {
-    /// Starts new windows when `now_ms` is past the counted ones.
+    /// Starts new windows when `now_ms` is past the counted ones; never goes back to an earlier
+    /// window (a flush that read the time before a request moved the windows on must not reset
+    /// them). What an ended window had not written yet is dropped: no limit counts it any more.
     fn roll(&mut self, now_ms: i64) {
         let minute = now_ms - now_ms.rem_euclid(MINUTE_MS);
-        if minute != self.minute_start {
+        if minute > self.minute_start {
             self.minute_start = minute;
-            self.minute_requests = 0;
-            self.minute_tokens = 0;
+            self.minute_requests = Shared::default();
+            self.minute_tokens = Shared::default();
         }
         let day = now_ms - now_ms.rem_euclid(DAY_MS);
-        if day != self.day_start {
+        if day > self.day_start {
             self.day_start = day;
-            self.day_requests = 0;
+            self.day_requests = Shared::default();
+        }
+    }
+
+    /// The count `count` of the window starting at `start`, if that is the current one.
+    fn count_mut(&mut self, count: Count, start: i64) -> Option<&mut Shared> {
+        match count {
+            Count::MinuteRequests => (self.minute_start == start).then_some(&mut self.minute_requests),
+            Count::MinuteTokens => (self.minute_start == start).then_some(&mut self.minute_tokens),
+            Count::DayRequests => (self.day_start == start).then_some(&mut self.day_requests),
         }
     }
 
@@ -83,14 +146,14 @@ impl OwnUsage {
         self.roll(now_ms);
         let minute_end = self.minute_start + MINUTE_MS;
         let day_end = self.day_start + DAY_MS;
-        let used_up = |used: i64, limit: Option<i64>| limit.is_some_and(|l| used >= l);
+        let used_up = |used: &Shared, limit: Option<i64>| limit.is_some_and(|l| used.used() >= l);
         [
             (
-                used_up(self.minute_requests, limits.requests_per_minute),
+                used_up(&self.minute_requests, limits.requests_per_minute),
                 minute_end,
             ),
-            (used_up(self.minute_tokens, limits.tokens_per_minute), minute_end),
-            (used_up(self.day_requests, limits.requests_per_day), day_end),
+            (used_up(&self.minute_tokens, limits.tokens_per_minute), minute_end),
+            (used_up(&self.day_requests, limits.requests_per_day), day_end),
         ]
         .into_iter()
         .filter(|(used_up, _)| *used_up)
@@ -101,14 +164,14 @@ impl OwnUsage {
     /// One request dispatched at `now_ms`.
     pub fn count_request(&mut self, now_ms: i64) {
         self.roll(now_ms);
-        self.minute_requests += 1;
-        self.day_requests += 1;
+        self.minute_requests.add(1);
+        self.day_requests.add(1);
     }
 
     /// Tokens of a request that completed at `now_ms`.
     pub fn count_tokens(&mut self, tokens: i64, now_ms: i64) {
         self.roll(now_ms);
-        self.minute_tokens = self.minute_tokens.saturating_add(tokens);
+        self.minute_tokens.add(tokens);
     }
 }
 
@@ -157,6 +220,9 @@ fn permits(max_in_flight: i64) -> usize {
 #[derive(Default)]
 pub struct Admission {
     credentials: Mutex<HashMap<i64, CredentialLoad>>,
+    /// One flush at a time: a second one would see `flushing` counts as written. Holds the
+    /// minute whose ended rows the last flush deleted.
+    flushing: tokio::sync::Mutex<i64>,
 }
 
 impl Admission {
@@ -165,6 +231,7 @@ impl Admission {
         let load = map
             .entry(cred.id)
             .or_insert_with(|| CredentialLoad::new(cred.max_in_flight));
+        // A load made by a flush (`UNKNOWN_MAX_IN_FLIGHT`) gets its slots here, before any is taken.
         // A changed max_in_flight starts a fresh count of slots; requests still holding slots of
         // the old count finish on them (a brief overshoot, only when an admin changes the limit).
         if load.max_in_flight != cred.max_in_flight {
@@ -232,6 +299,84 @@ impl Admission {
         }
     }
 
+    /// Writes what this gateway counted since the last flush to `upstream_counters` in one
+    /// transaction, then reads every gateway's totals of the current windows (of credentials
+    /// this gateway has not used yet too, so its first request already sees them) and deletes
+    /// the rows of ended windows. Returns how many counts were written.
+    ///
+    /// A count leaves `flushing` for `global` only once its transaction committed, and goes back
+    /// to pending when it rolled back: never lost, never added twice.
+    pub async fn flush(&self, store: &Store, now_ms: i64) -> StoreResult<usize> {
+        let mut swept_minute = self.flushing.lock().await;
+        let mut batch: Vec<(i64, Count, i64, i64)> = {
+            let mut map = self.credentials.lock().unwrap_or_else(|p| p.into_inner());
+            let mut batch = Vec::new();
+            for (id, load) in map.iter_mut() {
+                load.usage.roll(now_ms);
+                let (minute, day) = (load.usage.minute_start, load.usage.day_start);
+                for count in Count::ALL {
+                    let start = if count == Count::DayRequests { day } else { minute };
+                    if let Some(c) = load.usage.count_mut(count, start) {
+                        let delta = std::mem::take(&mut c.pending);
+                        if delta > 0 {
+                            c.flushing = delta;
+                            batch.push((*id, count, start, delta));
+                        }
+                    }
+                }
+            }
+            batch
+        };
+        // Rows are locked in one order by every gateway: two flushes never wait in a circle.
+        batch.sort_unstable();
+        let written = write_counts(store, &batch).await;
+        let totals = match &written {
+            Ok(()) => read_totals(store, now_ms).await,
+            Err(_) => Ok(Vec::new()),
+        };
+        {
+            let mut map = self.credentials.lock().unwrap_or_else(|p| p.into_inner());
+            for (id, count, start, delta) in &batch {
+                let Some(c) = map.get_mut(id).and_then(|l| l.usage.count_mut(*count, *start)) else {
+                    continue; // its window ended meanwhile
+                };
+                let flushed = std::mem::take(&mut c.flushing);
+                if written.is_ok() {
+                    // Committed: in the total read below, or counted here should the read fail.
+                    c.global = c.global.saturating_add(*delta);
+                } else {
+                    c.pending = c.pending.saturating_add(flushed);
+                }
+            }
+            for (id, count, start, total) in totals.as_ref().map(Vec::as_slice).unwrap_or_default() {
+                let load = map
+                    .entry(*id)
+                    .or_insert_with(|| CredentialLoad::new(UNKNOWN_MAX_IN_FLIGHT));
+                load.usage.roll(now_ms);
+                if let Some(c) = load.usage.count_mut(*count, *start) {
+                    // The store's total already holds every committed count of this gateway.
+                    c.global = c.global.max(*total);
+                }
+            }
+        }
+        written?;
+        totals?;
+        // Once a minute: the rows of ended minutes, and of ended days.
+        let minute = now_ms - now_ms.rem_euclid(MINUTE_MS);
+        if minute > *swept_minute {
+            let day = now_ms - now_ms.rem_euclid(DAY_MS);
+            sqlx::query(
+                "DELETE FROM upstream_counters WHERE window_start < $1 AND (counter <> 'day_requests' OR window_start < $2)",
+            )
+            .bind(minute)
+            .bind(day)
+            .execute(store.pool())
+            .await?;
+            *swept_minute = minute;
+        }
+        Ok(batch.len())
+    }
+
     /// Requests in flight on a credential (metrics, tests).
     pub fn in_flight(&self, credential_id: i64) -> usize {
         let map = self.credentials.lock().unwrap_or_else(|p| p.into_inner());
@@ -239,6 +384,61 @@ impl Admission {
             permits(load.max_in_flight).saturating_sub(load.slots.available_permits())
         })
     }
+}
+
+/// The `max_in_flight` of a load a flush made for a credential this gateway has not admitted
+/// yet: no credential has it, so the first admission sets the real slots.
+const UNKNOWN_MAX_IN_FLIGHT: i64 = i64::MIN;
+
+/// Adds `batch` (credential, count, window start, delta) to `upstream_counters` in one
+/// transaction; the sum saturates at `i64::MAX` on both backends.
+async fn write_counts(store: &Store, batch: &[(i64, Count, i64, i64)]) -> StoreResult<()> {
+    if batch.is_empty() {
+        return Ok(());
+    }
+    let mut tx = store.pool().begin().await?;
+    for chunk in batch.chunks(500) {
+        let mut b = SqlBuilder::new(
+            store,
+            "INSERT INTO upstream_counters (credential_id, counter, window_start, used) VALUES ",
+        );
+        for (i, (id, count, start, delta)) in chunk.iter().enumerate() {
+            b.push(if i == 0 { "(" } else { ", (" });
+            b.bind(*id)
+                .push(", ")
+                .bind(count.as_str())
+                .push(", ")
+                .bind(*start)
+                .push(", ")
+                .bind(*delta)
+                .push(")");
+        }
+        b.push(
+            " ON CONFLICT (credential_id, counter, window_start) DO UPDATE SET used = CASE \
+               WHEN upstream_counters.used > 9223372036854775807 - excluded.used THEN 9223372036854775807 \
+               ELSE upstream_counters.used + excluded.used END",
+        );
+        let (sql, args) = b.finish();
+        sqlx::query_with(&sql, args).execute(&mut *tx).await?;
+    }
+    tx.commit().await?;
+    Ok(())
+}
+
+/// Every gateway's totals of the windows current at `now_ms` (rows of ended minutes the next
+/// delete removes are read too and ignored by the caller).
+async fn read_totals(store: &Store, now_ms: i64) -> StoreResult<Vec<(i64, Count, i64, i64)>> {
+    let day = now_ms - now_ms.rem_euclid(DAY_MS);
+    let rows: Vec<(i64, String, i64, i64)> = sqlx::query_as(
+        "SELECT credential_id, counter, window_start, used FROM upstream_counters WHERE window_start >= $1",
+    )
+    .bind(day)
+    .fetch_all(store.pool())
+    .await?;
+    Ok(rows
+        .into_iter()
+        .filter_map(|(id, c, start, used)| Some((id, Count::parse(&c)?, start, used)))
+        .collect())
 }
 
 #[cfg(test)]
@@ -370,5 +570,119 @@ mod tests {
         u.count_request(T0 + 59_000);
         u.count_tokens(50, T0 + MINUTE_MS + 1);
         assert_eq!(u.blocked_until(&l, T0 + MINUTE_MS + 2), Some(T0 + 2 * MINUTE_MS));
+    }
+
+    async fn temp_store() -> (tempfile::TempDir, Store) {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite:{}", dir.path().join("own.db").display());
+        let store = Store::connect(&url).await.unwrap();
+        (dir, store)
+    }
+
+    /// Counts `n` requests on credential `id` at `now_ms`, as `admit` does.
+    fn count_requests(adm: &Admission, id: i64, n: usize, now_ms: i64) {
+        let mut map = adm.credentials.lock().unwrap();
+        let load = map.entry(id).or_insert_with(|| CredentialLoad::new(1));
+        for _ in 0..n {
+            load.usage.count_request(now_ms);
+        }
+    }
+
+    fn blocked(adm: &Admission, id: i64, l: &OwnLimits, now_ms: i64) -> Option<i64> {
+        let mut map = adm.credentials.lock().unwrap();
+        map.get_mut(&id)
+            .and_then(|load| load.usage.blocked_until(l, now_ms))
+    }
+
+    async fn rows(store: &Store) -> i64 {
+        sqlx::query_scalar("SELECT COUNT(*) FROM upstream_counters")
+            .fetch_one(store.pool())
+            .await
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn gateways_see_each_others_counts_after_their_flushes() {
+        let (_dir, store) = temp_store().await;
+        let (a, b) = (Admission::default(), Admission::default());
+        count_requests(&a, 7, 2, T0);
+        a.count_tokens(7, 10, T0);
+        b.flush(&store, T0 + 1).await.unwrap();
+        assert_eq!(
+            blocked(&b, 7, &limits(Some(2), None, None), T0 + 1),
+            None,
+            "a has not flushed"
+        );
+        assert_eq!(a.flush(&store, T0 + 1).await.unwrap(), 3);
+        assert_eq!(a.flush(&store, T0 + 1).await.unwrap(), 0, "nothing new to write");
+        // b never admitted on credential 7: its flush still learns the totals.
+        b.flush(&store, T0 + 2).await.unwrap();
+        let minute_end = Some(T0 + MINUTE_MS);
+        assert_eq!(blocked(&b, 7, &limits(Some(2), None, None), T0 + 2), minute_end);
+        assert_eq!(
+            blocked(&b, 7, &limits(Some(3), None, None), T0 + 2),
+            None,
+            "counted once"
+        );
+        assert_eq!(blocked(&b, 7, &limits(None, Some(10), None), T0 + 2), minute_end);
+        assert_eq!(
+            blocked(&b, 7, &limits(None, None, Some(2)), T0 + 2),
+            Some(DAY0_END)
+        );
+        // b adds its own on top of a's: a sees 3 after both flushed.
+        count_requests(&b, 7, 1, T0 + 3);
+        b.flush(&store, T0 + 3).await.unwrap();
+        a.flush(&store, T0 + 4).await.unwrap();
+        assert_eq!(blocked(&a, 7, &limits(Some(3), None, None), T0 + 4), minute_end);
+        assert_eq!(blocked(&a, 7, &limits(Some(4), None, None), T0 + 4), None);
+        // The next minute starts from 0 for both; the day goes on; the ended minute's rows go.
+        let next = T0 + MINUTE_MS;
+        a.flush(&store, next).await.unwrap();
+        b.flush(&store, next).await.unwrap();
+        assert_eq!(blocked(&b, 7, &limits(Some(1), Some(1), None), next), None);
+        assert_eq!(blocked(&b, 7, &limits(None, None, Some(3)), next), Some(DAY0_END));
+        assert_eq!(rows(&store).await, 1, "only the day's row is left");
+    }
+
+    #[tokio::test]
+    async fn a_failed_flush_keeps_its_counts_for_the_next() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite:{}", dir.path().join("own.db").display());
+        let (a, b) = (Admission::default(), Admission::default());
+        count_requests(&a, 7, 2, T0);
+        let gone = Store::connect(&url).await.unwrap();
+        gone.close().await;
+        assert!(a.flush(&gone, T0 + 1).await.is_err());
+        let two = limits(Some(2), None, None);
+        assert_eq!(
+            blocked(&a, 7, &two, T0 + 1),
+            Some(T0 + MINUTE_MS),
+            "still counted here"
+        );
+        let store = Store::connect(&url).await.unwrap();
+        assert_eq!(a.flush(&store, T0 + 2).await.unwrap(), 2);
+        b.flush(&store, T0 + 3).await.unwrap();
+        assert_eq!(blocked(&b, 7, &two, T0 + 3), Some(T0 + MINUTE_MS));
+        assert_eq!(
+            blocked(&b, 7, &limits(Some(3), None, None), T0 + 3),
+            None,
+            "written once"
+        );
+        assert_eq!(
+            blocked(&a, 7, &limits(Some(3), None, None), T0 + 3),
+            None,
+            "not doubled here"
+        );
+    }
+
+    #[test]
+    fn a_flush_that_read_the_time_earlier_does_not_reset_a_newer_window() {
+        let mut u = OwnUsage::default();
+        u.count_request(T0 + MINUTE_MS);
+        u.roll(T0 + MINUTE_MS - 1);
+        assert_eq!(
+            u.blocked_until(&limits(Some(1), None, None), T0 + MINUTE_MS),
+            Some(T0 + 2 * MINUTE_MS)
+        );
     }
 }

@@ -524,7 +524,67 @@ both_backends!(
     own_limits_skip_a_credential_until_its_window_rolls_over,
     a_pool_at_its_own_limits_answers_like_a_parked_one,
     own_token_limits_count_after_completion,
+    replicas_share_a_credentials_own_limits,
 );
+
+/// Two gateways on one database send a credential no more than its own limit between them:
+/// each counts what the other flushed.
+async fn replicas_share_a_credentials_own_limits(db: TestDb) {
+    let mock = MockUpstream::start().await.unwrap();
+    let url = mock.base_url();
+    let limits = "limits = { requests_per_minute = 4 }";
+    let text = pool_of(&[("solo", &url, "cred-solo", r#"["m1"]"#, limits)]);
+    // Only the explicit flushes below run while the test does, so it does not depend on timing.
+    let slow = |s: &mut aigw::Settings| s.flush_interval_ms = 60_000;
+    let a = spawn_app(
+        &db,
+        Setup {
+            settings: Box::new(slow),
+            ..Setup::resources(text.clone())
+        },
+    )
+    .await;
+    let b = spawn_app(
+        &db,
+        Setup {
+            settings: Box::new(slow),
+            ..Setup::resources(text)
+        },
+    )
+    .await;
+    let mut sent = 0;
+    for i in 0..8 {
+        let app = if i % 2 == 0 { &a } else { &b };
+        let status = app
+            .post_json("/v1/chat/completions", KEY, &chat("m1"))
+            .await
+            .status();
+        if status == 200 {
+            sent += 1;
+        } else {
+            assert_eq!(status, 429, "request {i}");
+        }
+        // Both gateways flush twice before the next request: what the flush task does within two
+        // intervals (docs/upstreams.md), explicit here.
+        for g in [&a, &b, &a, &b] {
+            g.state
+                .admission
+                .flush(&g.state.store, g.clock.now_ms())
+                .await
+                .unwrap();
+        }
+    }
+    assert_eq!(sent, 4, "4 requests/minute between both gateways, not 4 each");
+    assert_eq!(mock.call_count(), 4);
+    // The next UTC minute gives the credential its requests back, on either gateway.
+    for g in [&a, &b] {
+        g.clock.advance(chrono::Duration::seconds(60));
+    }
+    let r = b.post_json("/v1/chat/completions", KEY, &chat("m1")).await;
+    assert_eq!(r.status(), 200);
+    a.stop().await;
+    b.stop().await;
+}
 
 async fn own_limits_skip_a_credential_until_its_window_rolls_over(db: TestDb) {
     let mock = MockUpstream::start().await.unwrap();
