@@ -408,6 +408,22 @@ async fn a_new_secret_resets_the_backoff_on_every_gateway(db: TestDb) {
     assert_eq!(mock.call_count(), 5);
     assert_eq!(upstream(&a).await["backoff_level"], 3);
     assert_eq!(upstream(&b).await["backoff_level"], 2);
+    // `b` persists its lock off the request path; wait until it is in the store, or it could
+    // land after the edit cleared the store's locks and come back with `b`'s reload.
+    let persisted = aigw::upstream::locks::Locks::default();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let now_ms = b.clock.now_ms();
+        persisted.load(&b.state.store, now_ms, true).await.unwrap();
+        if !persisted.of(solo, now_ms).is_empty() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "`b`'s lock was never persisted"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
     // The secret is edited through `a`.
     let r = a
         .client
