@@ -9,6 +9,9 @@ use serde_json::{Value, json};
 pub const ERROR_SOURCE: HeaderName = HeaderName::from_static("x-aigw-error-source");
 /// Header the official SDKs read to decide whether to retry by themselves.
 pub const SHOULD_RETRY: HeaderName = HeaderName::from_static("x-should-retry");
+/// The longest wait the official SDKs are left to sit out by themselves (DESIGN.md §7): a
+/// refusal or passed-on upstream error that names a longer one also says `x-should-retry: false`.
+pub const MAX_SDK_WAIT_SECS: u64 = 60;
 
 /// What a quota refusal reports.
 #[derive(Debug)]
@@ -361,7 +364,7 @@ impl ApiError {
                 HeaderName::from_static("retry-after-ms"),
                 HeaderValue::from(s.saturating_mul(1000)),
             );
-            if s > 60 {
+            if s > MAX_SDK_WAIT_SECS {
                 h.insert(SHOULD_RETRY, HeaderValue::from_static("false"));
             }
         }

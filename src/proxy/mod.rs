@@ -22,7 +22,7 @@ use crate::app::{AppState, RequestId};
 use crate::breaker::Refusal;
 use crate::config::Locale;
 use crate::deadline::Deadline;
-use crate::error::{ApiError, ERROR_SOURCE, QuotaRefusal, SHOULD_RETRY};
+use crate::error::{ApiError, ERROR_SOURCE, MAX_SDK_WAIT_SECS, QuotaRefusal, SHOULD_RETRY};
 use crate::quota::engine::{QuotaDecision, display_value};
 use crate::quota::window::format_reset_at;
 use crate::quota::{self, Metric};
@@ -251,7 +251,7 @@ pub async fn handle(state: AppState, endpoint: Endpoint, peer: SocketAddr, req: 
                 .insert(ERROR_SOURCE, HeaderValue::from_static("upstream"));
             // DESIGN.md §6/§7: a wait over a minute is not for the SDK to sit out (the next
             // request already gets `upstream_quota_exhausted` from the lock this error wrote).
-            if upstream_wait_secs(resp.headers(), now).is_some_and(|s| s > MAX_SDK_WAIT_SECS) {
+            if upstream_wait_secs(resp.headers(), now).is_some_and(|s| s > MAX_SDK_WAIT_SECS as i64) {
                 resp.headers_mut()
                     .insert(SHOULD_RETRY, HeaderValue::from_static("false"));
             }
@@ -260,10 +260,6 @@ pub async fn handle(state: AppState, endpoint: Endpoint, peer: SocketAddr, req: 
         Dispatched::GatewayFailed(e) => with_quota(refuse(completion, e), &quota, untouched, now),
     }
 }
-
-/// The longest wait an SDK is left to sit out by itself; a longer one is told
-/// `x-should-retry: false`.
-const MAX_SDK_WAIT_SECS: i64 = 60;
 
 /// The wait an upstream error asks for, in whole seconds from `now`: the longer of its
 /// `Retry-After` (seconds or an HTTP-date) and `retry-after-ms`, which the SDKs read.
