@@ -198,7 +198,11 @@ impl Gateway {
             &tasks,
         );
         let connect_timeout = Duration::from_secs(settings.connect_timeout_secs);
-        let http = crate::upstream::http::Client::from_env(connect_timeout).map_err(StartError::Config)?;
+        let http = crate::upstream::http::Client::from_env(
+            connect_timeout,
+            settings.max_upstream_connections_per_host,
+        )
+        .map_err(StartError::Config)?;
         let sessions = crate::admin::session::Sessions::new(jwt_secret.expose());
         let breakers = crate::breaker::Breakers::default();
         breakers.load(&store).await?;

@@ -183,6 +183,9 @@ pub struct Settings {
     /// Most tokens one call may report: usage from an upstream above it (in any count, or in
     /// all) is invalid, and the gateway's estimate is counted instead.
     pub max_usage_tokens: u64,
+    /// Most HTTP/1.1 requests in flight to one upstream (scheme, host and port) at once; past it
+    /// a request waits for one to finish. HTTP/2 upstreams multiplex on one connection.
+    pub max_upstream_connections_per_host: usize,
     /// While the database is unreachable, a quota counter never read before: `serve` (count
     /// from 0 in memory) or `refuse` (503 `store_unavailable`).
     pub store_outage_counters: OutageCounters,
@@ -226,6 +229,7 @@ impl Default for Settings {
             max_header_bytes: 16 * 1024,
             max_usage_tokens: DEFAULT_MAX_USAGE_TOKENS,
             store_outage_counters: OutageCounters::Serve,
+            max_upstream_connections_per_host: 4096,
         }
     }
 }
@@ -263,6 +267,7 @@ struct FileSettings {
     max_header_bytes: Option<usize>,
     max_usage_tokens: Option<u64>,
     store_outage_counters: Option<OutageCounters>,
+    max_upstream_connections_per_host: Option<usize>,
 }
 
 /// A setting that could not be read; the message names the setting and where it came from.
@@ -323,6 +328,9 @@ impl Settings {
             s.max_header_bytes = f.max_header_bytes.unwrap_or(s.max_header_bytes);
             s.max_usage_tokens = f.max_usage_tokens.unwrap_or(s.max_usage_tokens);
             s.store_outage_counters = f.store_outage_counters.unwrap_or(s.store_outage_counters);
+            s.max_upstream_connections_per_host = f
+                .max_upstream_connections_per_host
+                .unwrap_or(s.max_upstream_connections_per_host);
         }
 
         let var = |name: &str| env(name).filter(|v| !v.is_empty());
@@ -413,6 +421,9 @@ impl Settings {
         if let Some(v) = var("AIGW_STORE_OUTAGE_COUNTERS") {
             s.store_outage_counters = parse_value("AIGW_STORE_OUTAGE_COUNTERS", &v)?;
         }
+        if let Some(v) = var("AIGW_MAX_UPSTREAM_CONNECTIONS_PER_HOST") {
+            s.max_upstream_connections_per_host = parse_value("AIGW_MAX_UPSTREAM_CONNECTIONS_PER_HOST", &v)?;
+        }
         s.validate()?;
         Ok(s)
     }
@@ -433,6 +444,12 @@ impl Settings {
         }
         if self.max_attempts == 0 {
             return bad("max_attempts (AIGW_MAX_ATTEMPTS)", "must be at least 1");
+        }
+        if self.max_upstream_connections_per_host == 0 {
+            return bad(
+                "max_upstream_connections_per_host (AIGW_MAX_UPSTREAM_CONNECTIONS_PER_HOST)",
+                "must be at least 1",
+            );
         }
         // Every wait is bounded, by at most a day (a deadline is an instant; a day keeps its sum
         // far from overflowing).
@@ -610,6 +627,7 @@ pub const KNOWN_VARIABLES: &[&str] = &[
     "AIGW_MAX_HEADER_BYTES",
     "AIGW_MAX_USAGE_TOKENS",
     "AIGW_STORE_OUTAGE_COUNTERS",
+    "AIGW_MAX_UPSTREAM_CONNECTIONS_PER_HOST",
     "AIGW_CONFIG",
     "AIGW_RESOURCES",
     "AIGW_LOG",
