@@ -4,10 +4,12 @@
 //! surface of, say, API keys is read in one place.
 
 mod admin;
+mod breaker;
 mod entities;
 mod tenancy;
 
 pub use admin::*;
+pub use breaker::*;
 pub use entities::*;
 pub use tenancy::*;
 
