@@ -6,11 +6,13 @@
 mod admin;
 mod breaker;
 mod entities;
+mod request_logs;
 mod tenancy;
 
 pub use admin::*;
 pub use breaker::*;
 pub use entities::*;
+pub use request_logs::*;
 pub use tenancy::*;
 
 use std::path::PathBuf;
