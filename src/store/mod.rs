@@ -8,12 +8,14 @@ mod breaker;
 mod entities;
 mod request_logs;
 mod tenancy;
+mod usage;
 
 pub use admin::*;
 pub use breaker::*;
 pub use entities::*;
 pub use request_logs::*;
 pub use tenancy::*;
+pub use usage::*;
 
 use std::path::PathBuf;
 use std::str::FromStr;
