@@ -21,6 +21,7 @@ pub mod serving;
 pub mod store;
 pub mod telemetry;
 pub mod upstream;
+pub mod usage;
 
 pub use app::{BuildOptions, Gateway};
 pub use clock::Clock;

@@ -17,7 +17,7 @@ use super::window::{self, Window};
 use super::{Metric, Mode, SubjectKind};
 use crate::proxy::auth::Caller;
 use crate::store::{PolicyRow, PolicyStore, SqlBuilder, Store, StoreResult};
-use crate::upstream::adapter::Usage;
+use crate::usage::Usage;
 
 /// A policy ready to evaluate.
 #[derive(Clone, Debug, PartialEq, Eq)]
