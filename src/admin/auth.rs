@@ -194,7 +194,7 @@ pub async fn my_quota(State(state): State<AppState>, actor: Actor) -> AdminResul
 }
 
 fn rows_of(d: &QuotaDecision, key: Option<(i64, &str)>) -> Vec<serde_json::Value> {
-    crate::proxy::quota_report(d)
+    crate::quota::report::rows(d)
         .into_iter()
         .map(|mut row| {
             if let Some((id, name)) = key {

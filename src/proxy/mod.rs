@@ -110,9 +110,7 @@ pub async fn handle(state: AppState, endpoint: Endpoint, peer: SocketAddr, req: 
     // 4. Quota pre-check: every policy on the key, member, department and workspace.
     let routes = state.routes.load();
     let workspace = routes.workspaces.get(&caller.workspace_id);
-    let tz = workspace
-        .and_then(|w| w.timezone)
-        .unwrap_or(state.settings.timezone);
+    let tz = state.timezone_of(caller.workspace_id);
     let now = state.clock.now();
     let quota = match state
         .quota
@@ -395,28 +393,7 @@ async fn my_quota(
             return ApiError::Internal.into_response();
         }
     };
-    axum::Json(json!({"object": "list", "data": quota_report(&decision)})).into_response()
-}
-
-/// The quotas of a decision as JSON rows: limit, used, remaining, reset.
-pub fn quota_report(decision: &QuotaDecision) -> Vec<serde_json::Value> {
-    decision
-        .standings
-        .iter()
-        .map(|s| {
-            let m = s.rule.metric;
-            json!({
-                "subject": s.rule.subject.as_str(),
-                "metric": m.as_str(),
-                "window": s.rule.window.to_string(),
-                "mode": s.rule.mode.as_str(),
-                "limit": display_value(m, s.rule.limit),
-                "used": display_value(m, s.used),
-                "remaining": display_value(m, s.remaining(0)),
-                "reset_at": s.reset_at.as_ref().map(format_reset_at),
-            })
-        })
-        .collect()
+    axum::Json(json!({"object": "list", "data": quota::report::rows(&decision)})).into_response()
 }
 
 /// `GET /v1/models`: the models the caller's workspace offers.
