@@ -6,6 +6,7 @@
 mod admin;
 mod breaker;
 mod entities;
+mod locks;
 mod request_logs;
 mod tenancy;
 mod usage;
@@ -13,6 +14,7 @@ mod usage;
 pub use admin::*;
 pub use breaker::*;
 pub use entities::*;
+pub use locks::*;
 pub use request_logs::*;
 pub use tenancy::*;
 pub use usage::*;
