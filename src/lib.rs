@@ -4,6 +4,7 @@
 pub mod admin;
 pub mod app;
 pub mod breaker;
+pub mod caller;
 pub mod client_conn;
 pub mod clock;
 pub mod config;

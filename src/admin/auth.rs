@@ -11,9 +11,9 @@ use serde_json::json;
 use super::session::{self, Actor};
 use super::{AdminResult, Body, no_content, store_error};
 use crate::app::AppState;
+use crate::caller::Caller;
 use crate::crypto;
 use crate::error::ApiError;
-use crate::proxy::auth::Caller;
 use crate::quota::engine::QuotaDecision;
 use crate::store::{AdminStore, KeyStore, MemberStore, WorkspaceStore};
 

@@ -14,24 +14,10 @@ use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 use moka::Expiry;
 use moka::future::Cache;
 
+use crate::caller::Caller;
 use crate::crypto;
 use crate::error::ApiError;
 use crate::store::{KeyStore, Store, StoreError};
-
-/// Who is calling: the key and everything above it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Caller {
-    /// Key id.
-    pub key_id: i64,
-    /// Key name.
-    pub key_name: String,
-    /// Owning member.
-    pub member_id: i64,
-    /// Member's department.
-    pub department_id: Option<i64>,
-    /// Workspace.
-    pub workspace_id: i64,
-}
 
 /// How long a cached answer is trusted before the store is asked again (configuration changes
 /// make every answer stale sooner). While the store is unreachable, a stale answer keeps serving.

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use metrics::{Counter, Histogram};
 
 use crate::app::AppState;
+use crate::caller::Caller;
 use crate::deadline::Missed;
-use crate::proxy::auth::Caller;
 use crate::quota::engine::QuotaDecision;
 use crate::request_log::LogRecord;
 use crate::upstream::adapter::Endpoint;

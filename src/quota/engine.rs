@@ -15,8 +15,8 @@ use chrono_tz::Tz;
 
 use super::window::{self, Window};
 use super::{Metric, Mode, SubjectKind};
+use crate::caller::Caller;
 use crate::config::OutageCounters;
-use crate::proxy::auth::Caller;
 use crate::store::{PolicyRow, PolicyStore, Store, StoreResult, UsageCounterRow, UsageStore};
 use crate::usage::Usage;
 
