@@ -29,6 +29,7 @@ use crate::quota::{self, Metric};
 use crate::upstream::adapter::{self, Endpoint, SseTap, UsageReport};
 use crate::upstream::dispatch::{self, Answer, Complete, Dispatched};
 use crate::upstream::usage;
+use auth::Authenticated;
 use completion::{Completion, Outcome, Source};
 
 crate::app::route_table! {
@@ -41,29 +42,49 @@ crate::app::route_table! {
     get "/v1/quota" => my_quota;
 }
 
-async fn chat_completions(state: State<AppState>, ip: ConnectInfo<SocketAddr>, req: Request) -> Response {
-    handle(state.0, Endpoint::ChatCompletions, ip.0, req).await
+/// The caller of a proxied request, or why its key was refused.
+type Authentication = Result<Authenticated, ApiError>;
+
+async fn chat_completions(
+    state: State<AppState>,
+    peer: ConnectInfo<SocketAddr>,
+    caller: Authentication,
+    req: Request,
+) -> Response {
+    handle(state.0, Endpoint::ChatCompletions, peer.0, caller, req).await
 }
 
-async fn embeddings(state: State<AppState>, ip: ConnectInfo<SocketAddr>, req: Request) -> Response {
-    handle(state.0, Endpoint::Embeddings, ip.0, req).await
+async fn embeddings(
+    state: State<AppState>,
+    peer: ConnectInfo<SocketAddr>,
+    caller: Authentication,
+    req: Request,
+) -> Response {
+    handle(state.0, Endpoint::Embeddings, peer.0, caller, req).await
 }
 
-async fn messages(state: State<AppState>, ip: ConnectInfo<SocketAddr>, req: Request) -> Response {
-    handle(state.0, Endpoint::Messages, ip.0, req).await
+async fn messages(
+    state: State<AppState>,
+    peer: ConnectInfo<SocketAddr>,
+    caller: Authentication,
+    req: Request,
+) -> Response {
+    handle(state.0, Endpoint::Messages, peer.0, caller, req).await
 }
 
 /// The request path: authenticate, read and check the body, route, dispatch, respond, and
 /// account for the request after it completes.
-pub async fn handle(state: AppState, endpoint: Endpoint, peer: SocketAddr, req: Request) -> Response {
-    // 1. Authenticate: key → member → department → workspace (cached). Not logged when refused:
-    //    an unknown key belongs to no workspace.
-    let caller = match state
-        .keys
-        .authenticate(&state.store, req.headers(), peer.ip(), state.clock.now_ms())
-        .await
-    {
-        Ok(c) => c,
+pub async fn handle(
+    state: AppState,
+    endpoint: Endpoint,
+    peer: SocketAddr,
+    caller: Authentication,
+    req: Request,
+) -> Response {
+    // 1. Authenticate (the extractor): key → member → department → workspace (cached). Not
+    //    logged when refused: an unknown key belongs to no workspace.
+    let caller = match caller {
+        Ok(Authenticated(c)) => c,
         Err(e) => {
             metrics::counter!("aigw_requests_total", "endpoint" => endpoint.name(), "status" => e.status().as_str().to_owned(),
                 "code" => e.code(), "source" => "gateway")
@@ -359,19 +380,7 @@ fn upstream_code(body: &[u8]) -> String {
 }
 
 /// `GET /v1/quota`: every quota that applies to the calling key, as the "My quota" card shows it.
-async fn my_quota(
-    State(state): State<AppState>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
-    req: Request,
-) -> Response {
-    let caller = match state
-        .keys
-        .authenticate(&state.store, req.headers(), peer.ip(), state.clock.now_ms())
-        .await
-    {
-        Ok(c) => c,
-        Err(e) => return e.into_response(),
-    };
+async fn my_quota(State(state): State<AppState>, Authenticated(caller): Authenticated) -> Response {
     let tz = state.timezone_of(caller.workspace_id);
     let decision = match state
         .quota
@@ -391,19 +400,7 @@ async fn my_quota(
 }
 
 /// `GET /v1/models`: the models the caller's workspace offers.
-async fn models(
-    State(state): State<AppState>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
-    req: Request,
-) -> Response {
-    let caller = match state
-        .keys
-        .authenticate(&state.store, req.headers(), peer.ip(), state.clock.now_ms())
-        .await
-    {
-        Ok(c) => c,
-        Err(e) => return e.into_response(),
-    };
+async fn models(State(state): State<AppState>, Authenticated(caller): Authenticated) -> Response {
     let routes = state.routes.load();
     let mut names: Vec<&String> = routes
         .workspaces
