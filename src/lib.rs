@@ -4,6 +4,7 @@
 pub mod admin;
 pub mod app;
 pub mod breaker;
+pub mod caller;
 pub mod client_conn;
 pub mod clock;
 pub mod config;
@@ -21,6 +22,7 @@ pub mod serving;
 pub mod store;
 pub mod telemetry;
 pub mod upstream;
+pub mod usage;
 
 pub use app::{BuildOptions, Gateway};
 pub use clock::Clock;

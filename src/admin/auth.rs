@@ -11,9 +11,9 @@ use serde_json::json;
 use super::session::{self, Actor};
 use super::{AdminResult, Body, no_content, store_error};
 use crate::app::AppState;
+use crate::caller::Caller;
 use crate::crypto;
 use crate::error::ApiError;
-use crate::proxy::auth::Caller;
 use crate::quota::engine::QuotaDecision;
 use crate::store::{AdminStore, KeyStore, MemberStore, WorkspaceStore};
 
@@ -194,7 +194,7 @@ pub async fn my_quota(State(state): State<AppState>, actor: Actor) -> AdminResul
 }
 
 fn rows_of(d: &QuotaDecision, key: Option<(i64, &str)>) -> Vec<serde_json::Value> {
-    crate::proxy::quota_report(d)
+    crate::quota::report::rows(d)
         .into_iter()
         .map(|mut row| {
             if let Some((id, name)) = key {

@@ -14,8 +14,8 @@ use super::{AdminResult, Params, PathText, store_error};
 use crate::app::AppState;
 use crate::error::ApiError;
 use crate::quota::micros_to_credits;
-use crate::request_log::{self, LogFilter, LogRecord};
-use crate::store::{AdminStore, ApiKeyRow, Department, MemberRow, Table, UsageGrouping};
+use crate::request_log::{LogFilter, LogRecord};
+use crate::store::{AdminStore, ApiKeyRow, Department, MemberRow, RequestLogStore, Table, UsageGrouping};
 
 /// The filter as the actor may use it: always their workspace; a member always their own logs.
 fn scoped(actor: &Actor, mut f: LogFilter) -> AdminResult<LogFilter> {
@@ -41,16 +41,16 @@ fn scoped(actor: &Actor, mut f: LogFilter) -> AdminResult<LogFilter> {
 
 /// `GET /admin/v1/logs`: newest first, filtered, one page; `next_cursor` fetches the next.
 pub async fn list(State(state): State<AppState>, actor: Actor, Params(f): Params<LogFilter>) -> AdminResult {
-    let page = request_log::query(&state.store, &scoped(&actor, f)?)
-        .await
-        .map_err(store_error)?;
+    let page = state.store.logs(&scoped(&actor, f)?).await.map_err(store_error)?;
     let data: Vec<Value> = page.items.iter().map(log_json).collect();
     Ok(Json(json!({"data": data, "next_cursor": page.next_cursor})).into_response())
 }
 
 /// `GET /admin/v1/logs/{request_id}`.
 pub async fn get(State(state): State<AppState>, actor: Actor, PathText(request_id): PathText) -> AdminResult {
-    let r = request_log::by_request_id(&state.store, actor.workspace_id(), &request_id)
+    let r = state
+        .store
+        .log_by_request_id(actor.workspace_id(), &request_id)
         .await
         .map_err(store_error)?
         .filter(|r| actor.manages() || r.member_id == actor.member.id)
@@ -83,7 +83,7 @@ pub async fn export(
     out.push('\n');
     let mut rows = 0;
     loop {
-        let page = request_log::query(&state.store, &f).await.map_err(store_error)?;
+        let page = state.store.logs(&f).await.map_err(store_error)?;
         for r in &page.items {
             csv_row(&mut out, r);
             rows += 1;

@@ -10,7 +10,7 @@ use std::sync::Mutex;
 use chrono::{DateTime, Utc};
 
 use crate::config::Locale;
-use crate::store::{SqlBuilder, Store, StoreResult};
+use crate::store::{BreakerStateRow, BreakerStore, BucketDelta, Store, StoreResult, TripRow};
 
 /// Seconds of the sliding window.
 pub const WINDOW_SECS: i64 = 60;
@@ -175,12 +175,15 @@ impl Breakers {
     /// Loads trips, blocks and bans from the store (at start, and when another gateway tripped a
     /// key). Sliding windows stay as they are.
     pub async fn load(&self, store: &Store) -> StoreResult<()> {
-        let rows: Vec<(i64, i64, Option<i64>, i64)> =
-            sqlx::query_as("SELECT key_id, trips, blocked_until, banned FROM breaker_state")
-                .fetch_all(store.pool())
-                .await?;
+        let rows = store.breaker_states().await?;
         let mut keys = self.keys.lock().unwrap_or_else(|p| p.into_inner());
-        for (key_id, trips, blocked_until, banned) in rows {
+        for BreakerStateRow {
+            key_id,
+            trips,
+            blocked_until,
+            banned,
+        } in rows
+        {
             // A ban loaded from the store was told to its client before (restart, replica).
             let k = keys.entry(key_id).or_insert_with(|| KeyBreaker {
                 announced: banned == 1,
@@ -303,7 +306,7 @@ impl Breakers {
                 .collect()
         };
         if !batch.is_empty()
-            && let Err(e) = add_buckets(store, &batch).await
+            && let Err(e) = store.add_breaker_buckets(&batch).await
         {
             let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
             for (k, (t, f)) in batch {
@@ -313,20 +316,7 @@ impl Breakers {
             }
             return Err(e);
         }
-        let mut b = SqlBuilder::new(
-            store,
-            "SELECT key_id, CAST(SUM(total) AS BIGINT), CAST(SUM(failed) AS BIGINT) FROM breaker_buckets WHERE second > ",
-        );
-        b.bind(now_s - WINDOW_SECS).push(" AND key_id IN (");
-        for (i, k) in keys.iter().enumerate() {
-            if i > 0 {
-                b.push(", ");
-            }
-            b.bind(*k);
-        }
-        b.push(") GROUP BY key_id");
-        let (sql, args) = b.finish();
-        let rows: Vec<(i64, i64, i64)> = sqlx::query_as_with(&sql, args).fetch_all(store.pool()).await?;
+        let rows = store.breaker_window(&keys, now_s - WINDOW_SECS).await?;
         let global: HashMap<i64, (i64, i64)> = rows.into_iter().map(|(k, t, f)| (k, (t, f))).collect();
         let mut map = self.keys.lock().unwrap_or_else(|p| p.into_inner());
         let mut shared = self.shared.lock().unwrap_or_else(|p| p.into_inner());
@@ -356,88 +346,35 @@ impl Breakers {
     }
 }
 
-/// Outcomes of one key in one second: ((key, second), (requests, failures)).
-type BucketDelta = ((i64, i64), (u32, u32));
-
-async fn add_buckets(store: &Store, batch: &[BucketDelta]) -> StoreResult<()> {
-    for chunk in batch.chunks(500) {
-        let mut b = SqlBuilder::new(
-            store,
-            "INSERT INTO breaker_buckets (key_id, second, total, failed) VALUES ",
-        );
-        for (i, ((key, second), (t, f))) in chunk.iter().enumerate() {
-            b.push(if i == 0 { "(" } else { ", (" });
-            b.bind(*key).push(", ").bind(*second).push(", ");
-            b.bind(i64::from(*t)).push(", ").bind(i64::from(*f)).push(")");
-        }
-        b.push(
-            " ON CONFLICT (key_id, second) DO UPDATE SET total = breaker_buckets.total + excluded.total, \
-             failed = breaker_buckets.failed + excluded.failed",
-        );
-        let (sql, args) = b.finish();
-        sqlx::query_with(&sql, args).execute(store.pool()).await?;
-    }
-    Ok(())
-}
-
 /// Persists a trip: the key's state, a history row (once, whichever gateway tripped it first),
-/// and an empty shared window.
+/// and an empty shared window; then tells every gateway.
 pub async fn persist(store: &Store, key_id: i64, t: &Trip) -> StoreResult<()> {
-    let advanced = sqlx::query(
-        "INSERT INTO breaker_state (key_id, trips, blocked_until, banned) VALUES ($1, $2, $3, $4)
-         ON CONFLICT (key_id) DO UPDATE SET trips = excluded.trips, blocked_until = excluded.blocked_until,
-           banned = excluded.banned
-         WHERE breaker_state.trips < excluded.trips",
-    )
-    .bind(key_id)
-    .bind(i64::from(t.trip))
-    .bind(t.blocked_until)
-    .bind(i64::from(t.banned))
-    .execute(store.pool())
-    .await?
-    .rows_affected();
-    sqlx::query("DELETE FROM breaker_buckets WHERE key_id = $1 AND second <= $2")
-        .bind(key_id)
-        .bind(t.at.div_euclid(1000))
-        .execute(store.pool())
-        .await?;
-    if advanced == 0 {
-        // Another gateway recorded this trip already.
-        return store.bump_config_epoch().await;
-    }
-    sqlx::query(
-        "INSERT INTO breaker_trips (key_id, trip, at, requests, failures, blocked_until, banned)
-         VALUES ($1, $2, $3, $4, $5, $6, $7)",
-    )
-    .bind(key_id)
-    .bind(i64::from(t.trip))
-    .bind(t.at)
-    .bind(i64::from(t.requests))
-    .bind(i64::from(t.failures))
-    .bind(t.blocked_until)
-    .bind(i64::from(t.banned))
-    .execute(store.pool())
-    .await?;
+    let row = TripRow {
+        trip: i64::from(t.trip),
+        at: t.at,
+        requests: i64::from(t.requests),
+        failures: i64::from(t.failures),
+        blocked_until: t.blocked_until,
+        banned: i64::from(t.banned),
+    };
+    // Recorded here or, already, by another gateway: either way the others reload.
+    store.record_trip(key_id, &row).await?;
     store.bump_config_epoch().await
 }
 
 /// A key's trips, oldest first.
 pub async fn history(store: &Store, key_id: i64) -> StoreResult<Vec<Trip>> {
-    let rows: Vec<(i64, i64, i64, i64, Option<i64>, i64)> = sqlx::query_as(
-        "SELECT trip, at, requests, failures, blocked_until, banned FROM breaker_trips WHERE key_id = $1 ORDER BY id",
-    )
-    .bind(key_id)
-    .fetch_all(store.pool())
-    .await?;
-    Ok(rows
+    Ok(store
+        .trips_of(key_id)
+        .await?
         .into_iter()
-        .map(|(trip, at, requests, failures, blocked_until, banned)| Trip {
-            trip: trip as u32,
-            at,
-            requests: requests as u32,
-            failures: failures as u32,
-            blocked_until,
-            banned: banned == 1,
+        .map(|r| Trip {
+            trip: r.trip as u32,
+            at: r.at,
+            requests: r.requests as u32,
+            failures: r.failures as u32,
+            blocked_until: r.blocked_until,
+            banned: r.banned == 1,
         })
         .collect())
 }

@@ -3,34 +3,43 @@
 //! is unreachable), and a governor limiter that slows repeated failed authentication from one
 //! address.
 
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use axum::extract::{ConnectInfo, FromRequestParts};
 use axum::http::HeaderMap;
+use axum::http::request::Parts;
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 use moka::Expiry;
 use moka::future::Cache;
 
+use crate::app::AppState;
+use crate::caller::Caller;
 use crate::crypto;
 use crate::error::ApiError;
 use crate::store::{KeyStore, Store, StoreError};
 
-/// Who is calling: the key and everything above it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Caller {
-    /// Key id.
-    pub key_id: i64,
-    /// Key name.
-    pub key_name: String,
-    /// Owning member.
-    pub member_id: i64,
-    /// Member's department.
-    pub department_id: Option<i64>,
-    /// Workspace.
-    pub workspace_id: i64,
+/// The caller of a `/v1` route, authenticated by the API key the request presents (the proxy's
+/// counterpart of the admin side's `Actor`). Refused as [`KeyResolver::authenticate`] refuses.
+pub struct Authenticated(pub Arc<Caller>);
+
+impl FromRequestParts<AppState> for Authenticated {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        // Every connection carries its peer; a route without it is a wiring bug.
+        let ConnectInfo(peer) = ConnectInfo::<SocketAddr>::from_request_parts(parts, state)
+            .await
+            .map_err(|_| ApiError::Internal)?;
+        state
+            .keys
+            .authenticate(&state.store, &parts.headers, peer.ip(), state.clock.now_ms())
+            .await
+            .map(Authenticated)
+    }
 }
 
 /// How long a cached answer is trusted before the store is asked again (configuration changes

@@ -8,14 +8,15 @@ use std::time::{Duration, Instant};
 use metrics::{Counter, Histogram};
 
 use crate::app::AppState;
+use crate::caller::Caller;
 use crate::deadline::Missed;
-use crate::proxy::auth::Caller;
 use crate::quota::engine::QuotaDecision;
 use crate::request_log::LogRecord;
-use crate::upstream::adapter::{Endpoint, Usage};
+use crate::upstream::adapter::Endpoint;
 use crate::upstream::admission::Slot;
 use crate::upstream::dispatch::{self, Attempt};
 use crate::upstream::pool::{Credential, ModelRoute};
+use crate::usage::Usage;
 
 /// Who produced an error.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -29,6 +29,7 @@ use crate::quota::{self, Metric};
 use crate::upstream::adapter::{self, Endpoint, SseTap, UsageReport};
 use crate::upstream::dispatch::{self, Answer, Complete, Dispatched};
 use crate::upstream::usage;
+use auth::Authenticated;
 use completion::{Completion, Outcome, Source};
 
 crate::app::route_table! {
@@ -41,29 +42,49 @@ crate::app::route_table! {
     get "/v1/quota" => my_quota;
 }
 
-async fn chat_completions(state: State<AppState>, ip: ConnectInfo<SocketAddr>, req: Request) -> Response {
-    handle(state.0, Endpoint::ChatCompletions, ip.0, req).await
+/// The caller of a proxied request, or why its key was refused.
+type Authentication = Result<Authenticated, ApiError>;
+
+async fn chat_completions(
+    state: State<AppState>,
+    peer: ConnectInfo<SocketAddr>,
+    caller: Authentication,
+    req: Request,
+) -> Response {
+    handle(state.0, Endpoint::ChatCompletions, peer.0, caller, req).await
 }
 
-async fn embeddings(state: State<AppState>, ip: ConnectInfo<SocketAddr>, req: Request) -> Response {
-    handle(state.0, Endpoint::Embeddings, ip.0, req).await
+async fn embeddings(
+    state: State<AppState>,
+    peer: ConnectInfo<SocketAddr>,
+    caller: Authentication,
+    req: Request,
+) -> Response {
+    handle(state.0, Endpoint::Embeddings, peer.0, caller, req).await
 }
 
-async fn messages(state: State<AppState>, ip: ConnectInfo<SocketAddr>, req: Request) -> Response {
-    handle(state.0, Endpoint::Messages, ip.0, req).await
+async fn messages(
+    state: State<AppState>,
+    peer: ConnectInfo<SocketAddr>,
+    caller: Authentication,
+    req: Request,
+) -> Response {
+    handle(state.0, Endpoint::Messages, peer.0, caller, req).await
 }
 
 /// The request path: authenticate, read and check the body, route, dispatch, respond, and
 /// account for the request after it completes.
-pub async fn handle(state: AppState, endpoint: Endpoint, peer: SocketAddr, req: Request) -> Response {
-    // 1. Authenticate: key → member → department → workspace (cached). Not logged when refused:
-    //    an unknown key belongs to no workspace.
-    let caller = match state
-        .keys
-        .authenticate(&state.store, req.headers(), peer.ip(), state.clock.now_ms())
-        .await
-    {
-        Ok(c) => c,
+pub async fn handle(
+    state: AppState,
+    endpoint: Endpoint,
+    peer: SocketAddr,
+    caller: Authentication,
+    req: Request,
+) -> Response {
+    // 1. Authenticate (the extractor): key → member → department → workspace (cached). Not
+    //    logged when refused: an unknown key belongs to no workspace.
+    let caller = match caller {
+        Ok(Authenticated(c)) => c,
         Err(e) => {
             metrics::counter!("aigw_requests_total", "endpoint" => endpoint.name(), "status" => e.status().as_str().to_owned(),
                 "code" => e.code(), "source" => "gateway")
@@ -110,9 +131,7 @@ pub async fn handle(state: AppState, endpoint: Endpoint, peer: SocketAddr, req: 
     // 4. Quota pre-check: every policy on the key, member, department and workspace.
     let routes = state.routes.load();
     let workspace = routes.workspaces.get(&caller.workspace_id);
-    let tz = workspace
-        .and_then(|w| w.timezone)
-        .unwrap_or(state.settings.timezone);
+    let tz = state.timezone_of(caller.workspace_id);
     let now = state.clock.now();
     let quota = match state
         .quota
@@ -361,19 +380,7 @@ fn upstream_code(body: &[u8]) -> String {
 }
 
 /// `GET /v1/quota`: every quota that applies to the calling key, as the "My quota" card shows it.
-async fn my_quota(
-    State(state): State<AppState>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
-    req: Request,
-) -> Response {
-    let caller = match state
-        .keys
-        .authenticate(&state.store, req.headers(), peer.ip(), state.clock.now_ms())
-        .await
-    {
-        Ok(c) => c,
-        Err(e) => return e.into_response(),
-    };
+async fn my_quota(State(state): State<AppState>, Authenticated(caller): Authenticated) -> Response {
     let tz = state.timezone_of(caller.workspace_id);
     let decision = match state
         .quota
@@ -389,44 +396,11 @@ async fn my_quota(
         Ok(d) => d,
         Err(e) => return ApiError::from(e).into_response(),
     };
-    axum::Json(json!({"object": "list", "data": quota_report(&decision)})).into_response()
-}
-
-/// The quotas of a decision as JSON rows: limit, used, remaining, reset.
-pub fn quota_report(decision: &QuotaDecision) -> Vec<serde_json::Value> {
-    decision
-        .standings
-        .iter()
-        .map(|s| {
-            let m = s.rule.metric;
-            json!({
-                "subject": s.rule.subject.as_str(),
-                "metric": m.as_str(),
-                "window": s.rule.window.to_string(),
-                "mode": s.rule.mode.as_str(),
-                "limit": display_value(m, s.rule.limit),
-                "used": display_value(m, s.used),
-                "remaining": display_value(m, s.remaining(0)),
-                "reset_at": s.reset_at.as_ref().map(format_reset_at),
-            })
-        })
-        .collect()
+    axum::Json(json!({"object": "list", "data": quota::report::rows(&decision)})).into_response()
 }
 
 /// `GET /v1/models`: the models the caller's workspace offers.
-async fn models(
-    State(state): State<AppState>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
-    req: Request,
-) -> Response {
-    let caller = match state
-        .keys
-        .authenticate(&state.store, req.headers(), peer.ip(), state.clock.now_ms())
-        .await
-    {
-        Ok(c) => c,
-        Err(e) => return e.into_response(),
-    };
+async fn models(State(state): State<AppState>, Authenticated(caller): Authenticated) -> Response {
     let routes = state.routes.load();
     let mut names: Vec<&String> = routes
         .workspaces

@@ -15,10 +15,10 @@ use chrono_tz::Tz;
 
 use super::window::{self, Window};
 use super::{Metric, Mode, SubjectKind};
+use crate::caller::Caller;
 use crate::config::OutageCounters;
-use crate::proxy::auth::Caller;
-use crate::store::{PolicyRow, PolicyStore, SqlBuilder, Store, StoreResult};
-use crate::upstream::adapter::Usage;
+use crate::store::{PolicyRow, PolicyStore, Store, StoreResult, UsageCounterRow, UsageStore};
+use crate::usage::Usage;
 
 /// A policy ready to evaluate.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -112,6 +112,19 @@ pub struct CounterKey {
     pub window: Window,
     /// Window start, Unix seconds (0 for total).
     pub start: i64,
+}
+
+impl CounterKey {
+    /// The counter as the store names it.
+    fn row(&self) -> UsageCounterRow {
+        UsageCounterRow {
+            subject: self.subject.as_str(),
+            subject_id: self.subject_id,
+            metric: self.metric.as_str(),
+            time_window: self.window.to_string(),
+            window_start: self.start,
+        }
+    }
 }
 
 /// One counter as this gateway knows it. Every figure is in `0..=i64::MAX` and all arithmetic
@@ -377,17 +390,7 @@ impl QuotaCounters {
     /// The stored total of `key`, if it has a row.
     async fn read(&self, store: &Store, key: &CounterKey) -> StoreResult<Option<i64>> {
         store.fail_fast()?;
-        Ok(sqlx::query_scalar(
-            "SELECT used FROM usage_counters WHERE subject = $1 AND subject_id = $2 AND metric = $3
-               AND time_window = $4 AND window_start = $5",
-        )
-        .bind(key.subject.as_str())
-        .bind(key.subject_id)
-        .bind(key.metric.as_str())
-        .bind(key.window.to_string())
-        .bind(key.start)
-        .fetch_optional(store.pool())
-        .await?)
+        store.usage_counter(&key.row()).await
     }
 
     /// Adds a completed request's usage to every counter of `decision` (each counter once).
@@ -524,52 +527,10 @@ async fn write(store: &Store, batch: &[(CounterKey, i64)]) -> Written {
 
 /// Upserts every delta of `batch` in one transaction; returns each counter's new global total.
 async fn write_batch(store: &Store, batch: &[(CounterKey, i64)]) -> StoreResult<Vec<(CounterKey, i64)>> {
-    let mut tx = store.pool().begin().await?;
-    let mut totals = Vec::with_capacity(batch.len());
-    for chunk in batch.chunks(500) {
-        totals.extend(upsert(store, &mut tx, chunk).await?);
-    }
-    tx.commit().await?;
-    Ok(totals)
-}
-
-async fn upsert(
-    store: &Store,
-    tx: &mut sqlx::Transaction<'static, sqlx::Any>,
-    chunk: &[(CounterKey, i64)],
-) -> StoreResult<Vec<(CounterKey, i64)>> {
-    let mut b = SqlBuilder::new(
-        store,
-        "INSERT INTO usage_counters (subject, subject_id, metric, time_window, window_start, used) VALUES ",
-    );
-    for (i, (k, d)) in chunk.iter().enumerate() {
-        b.push(if i == 0 { "(" } else { ", (" });
-        b.bind(k.subject.as_str())
-            .push(", ")
-            .bind(k.subject_id)
-            .push(", ")
-            .bind(k.metric.as_str());
-        b.push(", ")
-            .bind(k.window.to_string())
-            .push(", ")
-            .bind(k.start)
-            .push(", ")
-            .bind(*d)
-            .push(")");
-    }
-    // Saturating addition, the same on both backends: with `excluded.used` in 0..=i64::MAX the
-    // subtraction cannot overflow, and a total past i64::MAX stays at i64::MAX.
-    b.push(
-        " ON CONFLICT (subject, subject_id, metric, time_window, window_start) \
-         DO UPDATE SET used = CASE \
-           WHEN usage_counters.used > 9223372036854775807 - excluded.used THEN 9223372036854775807 \
-           ELSE usage_counters.used + excluded.used END \
-         RETURNING subject, subject_id, metric, time_window, window_start, used",
-    );
-    let (sql, args) = b.finish();
-    let rows: Vec<(String, i64, String, String, i64, i64)> =
-        sqlx::query_as_with(&sql, args).fetch_all(&mut **tx).await?;
-    Ok(rows
+    let rows: Vec<(UsageCounterRow, i64)> = batch.iter().map(|(k, d)| (k.row(), *d)).collect();
+    Ok(store
+        .add_usage(&rows)
+        .await?
         .into_iter()
         .filter_map(|(s, id, m, w, start, used)| {
             Some((

@@ -2,6 +2,7 @@
 
 pub mod engine;
 pub mod headers;
+pub mod report;
 pub mod window;
 
 use serde::{Deserialize, Serialize};

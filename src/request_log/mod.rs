@@ -5,278 +5,15 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::clock::Clock;
-use crate::store::{SqlBuilder, Store, StoreResult};
+pub use crate::store::{LogFilter, LogPage, LogRecord};
+use crate::store::{RequestLogStore, Store};
 
-/// One request, as logged.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, sqlx::FromRow)]
-pub struct LogRecord {
-    /// Row id (0 until stored).
-    pub id: i64,
-    /// The `x-request-id` the client saw.
-    pub request_id: String,
-    /// Start of the request, Unix ms.
-    pub ts: i64,
-    /// Workspace.
-    pub workspace_id: i64,
-    /// Gateway key.
-    pub key_id: i64,
-    /// Member owning the key.
-    pub member_id: i64,
-    /// Member's department.
-    pub department_id: Option<i64>,
-    /// `chat.completions`, `embeddings`, `messages`.
-    pub endpoint: String,
-    /// Model the client asked for.
-    pub model_requested: Option<String>,
-    /// Public model that served it (a fallback, perhaps).
-    pub model_served: Option<String>,
-    /// Credential that served it (or last failed).
-    pub upstream_id: Option<i64>,
-    /// Upstream attempts made.
-    pub attempts: i64,
-    /// JSON list of attempts: credential, model, status, rule, lock until.
-    pub attempts_detail: String,
-    /// Final status to the client.
-    pub status: i64,
-    /// Error code, if any.
-    pub code: Option<String>,
-    /// `gateway` or `upstream` for errors.
-    pub source: Option<String>,
-    /// Status explanation for people.
-    pub explanation: String,
-    /// 1 if streamed.
-    pub stream: i64,
-    /// Prompt tokens.
-    pub prompt_tokens: i64,
-    /// Completion tokens.
-    pub completion_tokens: i64,
-    /// Total tokens.
-    pub total_tokens: i64,
-    /// Micro-credits.
-    pub credits: i64,
-    /// 1 if the usage was estimated (client disconnected before the upstream reported it).
-    pub usage_estimated: i64,
-    /// Total latency, ms.
-    pub latency_ms: i64,
-    /// Time to first byte to the client, ms.
-    pub ttfb_ms: Option<i64>,
-    /// Time until the serving upstream's response headers, ms.
-    pub upstream_latency_ms: Option<i64>,
-    /// Client address.
-    pub client_ip: Option<String>,
-    /// Shadow policies that would have refused this request.
-    pub would_refuse: Option<String>,
-}
-
-const COLUMNS: &str = "request_id, ts, workspace_id, key_id, member_id, department_id, endpoint, model_requested, \
-    model_served, upstream_id, attempts, attempts_detail, status, code, source, explanation, stream, prompt_tokens, \
-    completion_tokens, total_tokens, credits, usage_estimated, latency_ms, ttfb_ms, upstream_latency_ms, client_ip, would_refuse";
-
-/// Rows per INSERT statement, largest first. A flush is written as statements of exactly these
-/// sizes, so the database prepares each of these four statements once and then finds it in its
-/// statement cache (any other size would be parsed anew: thousands of placeholders). A
-/// statement's arguments are built on a runtime worker, so the largest stays small (a fraction of
-/// a millisecond) and never holds a worker long enough to show in the request path's latency.
-const STATEMENT_ROWS: [usize; 4] = [100, 20, 5, 1];
 /// Most rows one flush collects.
 const FLUSH_MAX: usize = 2000;
-
-/// Filters of the log query (DESIGN.md §7).
-#[derive(Clone, Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct LogFilter {
-    /// Only this workspace (always set by the caller).
-    #[serde(skip)]
-    pub workspace_id: i64,
-    /// From this instant, Unix ms (inclusive).
-    pub from: Option<i64>,
-    /// Until this instant, Unix ms (exclusive).
-    pub to: Option<i64>,
-    /// Only this key.
-    pub key_id: Option<i64>,
-    /// Only this member.
-    pub member_id: Option<i64>,
-    /// Only this model (asked for or served).
-    pub model: Option<String>,
-    /// Only this status.
-    pub status: Option<i64>,
-    /// Only this source (`gateway` or `upstream`).
-    pub source: Option<String>,
-    /// Rows with an id below this (the previous page's `next_cursor`).
-    pub cursor: Option<i64>,
-    /// Page size (1..=500, default 50).
-    pub limit: Option<i64>,
-}
-
-/// A page of logs, newest first.
-#[derive(Clone, Debug, Serialize)]
-pub struct LogPage {
-    /// The rows.
-    pub items: Vec<LogRecord>,
-    /// Pass as `cursor` for the next page; `None` at the end.
-    pub next_cursor: Option<i64>,
-}
-
-/// Inserts a batch of records in one transaction: all of them or none (a retry never writes a
-/// row twice), with one commit for the whole flush.
-pub async fn insert_batch(store: &Store, records: &[LogRecord]) -> StoreResult<()> {
-    let mut tx = store.pool().begin().await?;
-    let mut rest = records;
-    while !rest.is_empty() {
-        let rows = STATEMENT_ROWS.into_iter().find(|&n| n <= rest.len()).unwrap_or(1);
-        let (chunk, tail) = rest.split_at(rows);
-        rest = tail;
-        let mut b = SqlBuilder::new(store, &format!("INSERT INTO request_logs ({COLUMNS}) VALUES "));
-        for (i, r) in chunk.iter().enumerate() {
-            b.push(if i == 0 { "(" } else { ", (" });
-            // Text is bound borrowed: the records outlive the statement.
-            b.bind(r.request_id.as_str())
-                .push(", ")
-                .bind(r.ts)
-                .push(", ")
-                .bind(r.workspace_id)
-                .push(", ");
-            b.bind(r.key_id)
-                .push(", ")
-                .bind(r.member_id)
-                .push(", ")
-                .bind(r.department_id)
-                .push(", ");
-            b.bind(r.endpoint.as_str())
-                .push(", ")
-                .bind(r.model_requested.as_deref())
-                .push(", ");
-            b.bind(r.model_served.as_deref())
-                .push(", ")
-                .bind(r.upstream_id)
-                .push(", ")
-                .bind(r.attempts)
-                .push(", ");
-            b.bind(r.attempts_detail.as_str())
-                .push(", ")
-                .bind(r.status)
-                .push(", ")
-                .bind(r.code.as_deref())
-                .push(", ");
-            b.bind(r.source.as_deref())
-                .push(", ")
-                .bind(r.explanation.as_str())
-                .push(", ")
-                .bind(r.stream)
-                .push(", ");
-            b.bind(r.prompt_tokens)
-                .push(", ")
-                .bind(r.completion_tokens)
-                .push(", ")
-                .bind(r.total_tokens)
-                .push(", ");
-            b.bind(r.credits)
-                .push(", ")
-                .bind(r.usage_estimated)
-                .push(", ")
-                .bind(r.latency_ms)
-                .push(", ");
-            b.bind(r.ttfb_ms)
-                .push(", ")
-                .bind(r.upstream_latency_ms)
-                .push(", ")
-                .bind(r.client_ip.as_deref())
-                .push(", ")
-                .bind(r.would_refuse.as_deref())
-                .push(")");
-        }
-        let (sql, args) = b.finish();
-        sqlx::query_with(&sql, args).execute(&mut *tx).await?;
-    }
-    // A key's "last used", written behind with its logs rather than on the request path; in
-    // ascending key order, so that two gateways' flushes lock the rows in the same order (in a
-    // transaction, any other order can deadlock on Postgres).
-    let mut last_used: std::collections::BTreeMap<i64, i64> = std::collections::BTreeMap::new();
-    for r in records.iter().filter(|r| r.key_id > 0) {
-        let t = last_used.entry(r.key_id).or_default();
-        *t = (*t).max(r.ts);
-    }
-    for (key_id, ts) in last_used {
-        sqlx::query("UPDATE api_keys SET last_used_at = $1 WHERE id = $2 AND (last_used_at IS NULL OR last_used_at < $1)")
-            .bind(ts)
-            .bind(key_id)
-            .execute(&mut *tx)
-            .await?;
-    }
-    tx.commit().await?;
-    Ok(())
-}
-
-/// The log of one request in a workspace.
-pub async fn by_request_id(
-    store: &Store,
-    workspace_id: i64,
-    request_id: &str,
-) -> StoreResult<Option<LogRecord>> {
-    Ok(
-        sqlx::query_as("SELECT * FROM request_logs WHERE workspace_id = $1 AND request_id = $2")
-            .bind(workspace_id)
-            .bind(request_id)
-            .fetch_optional(store.pool())
-            .await?,
-    )
-}
-
-/// Logs matching `f`, newest first, one page.
-pub async fn query(store: &Store, f: &LogFilter) -> StoreResult<LogPage> {
-    let limit = f.limit.unwrap_or(50).clamp(1, 500);
-    let mut b = SqlBuilder::new(store, "SELECT * FROM request_logs WHERE workspace_id = ");
-    b.bind(f.workspace_id);
-    if let Some(v) = f.from {
-        b.push(" AND ts >= ").bind(v);
-    }
-    if let Some(v) = f.to {
-        b.push(" AND ts < ").bind(v);
-    }
-    if let Some(v) = f.key_id {
-        b.push(" AND key_id = ").bind(v);
-    }
-    if let Some(v) = f.member_id {
-        b.push(" AND member_id = ").bind(v);
-    }
-    if let Some(v) = &f.model {
-        b.push(" AND (model_requested = ").bind(v.clone());
-        b.push(" OR model_served = ").bind(v.clone()).push(")");
-    }
-    if let Some(v) = f.status {
-        b.push(" AND status = ").bind(v);
-    }
-    if let Some(v) = &f.source {
-        b.push(" AND source = ").bind(v.clone());
-    }
-    if let Some(v) = f.cursor {
-        b.push(" AND id < ").bind(v);
-    }
-    b.push(" ORDER BY id DESC LIMIT ").bind(limit + 1);
-    let (sql, args) = b.finish();
-    let mut items: Vec<LogRecord> = sqlx::query_as_with(&sql, args).fetch_all(store.pool()).await?;
-    let next_cursor = if items.len() as i64 > limit {
-        items.truncate(limit as usize);
-        items.last().map(|r| r.id)
-    } else {
-        None
-    };
-    Ok(LogPage { items, next_cursor })
-}
-
-/// Deletes logs older than `cutoff_ms`; returns how many.
-pub async fn prune(store: &Store, cutoff_ms: i64) -> StoreResult<u64> {
-    let r = sqlx::query("DELETE FROM request_logs WHERE ts < $1")
-        .bind(cutoff_ms)
-        .execute(store.pool())
-        .await?;
-    Ok(r.rows_affected())
-}
 
 /// The sending side: cheap, synchronous, never blocks the request path.
 #[derive(Clone)]
@@ -360,7 +97,7 @@ async fn write_with_retry(
 ) {
     let mut wait = Duration::from_millis(100);
     for attempt in 1.. {
-        match insert_batch(store, batch).await {
+        match store.insert_logs(batch).await {
             Ok(()) => break,
             Err(e) => {
                 if !store.note_failure(&e) {
@@ -395,7 +132,7 @@ pub fn start_retention(
     tasks.spawn(async move {
         loop {
             let cutoff = clock.now_ms() - i64::from(days) * 86_400_000;
-            match prune(&store, cutoff).await {
+            match store.prune_logs(cutoff).await {
                 Ok(0) => {}
                 Ok(n) => tracing::info!(rows = n, days, "pruned request logs past retention"),
                 Err(e) => tracing::warn!(error = %e, "request log retention failed"),

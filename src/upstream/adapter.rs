@@ -16,7 +16,7 @@ use serde_json::{Map, Value};
 use super::Provider;
 use super::mask::SecretMask;
 use super::pool::Credential;
-pub use super::usage::{Usage, UsageReport};
+pub use super::usage::UsageReport;
 
 /// A proxied endpoint.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -653,6 +653,7 @@ fn error_message(data: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::usage::Usage;
 
     const CEILING: u64 = 100_000_000;
 

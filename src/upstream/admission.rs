@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::pool::Credential;
-use crate::store::{SqlBuilder, Store, StoreResult};
+use crate::store::{OwnLimitStore, Store, StoreResult};
 
 const MINUTE_MS: i64 = 60_000;
 const DAY_MS: i64 = 86_400_000;
@@ -365,13 +365,9 @@ impl Admission {
         let minute = now_ms - now_ms.rem_euclid(MINUTE_MS);
         if minute > *swept_minute {
             let day = now_ms - now_ms.rem_euclid(DAY_MS);
-            sqlx::query(
-                "DELETE FROM upstream_counters WHERE window_start < $1 AND (counter <> 'day_requests' OR window_start < $2)",
-            )
-            .bind(minute)
-            .bind(day)
-            .execute(store.pool())
-            .await?;
+            store
+                .delete_ended_own_limit_counts(minute, Count::DayRequests.as_str(), day)
+                .await?;
             *swept_minute = minute;
         }
         Ok(batch.len())
@@ -390,52 +386,22 @@ impl Admission {
 /// yet: no credential has it, so the first admission sets the real slots.
 const UNKNOWN_MAX_IN_FLIGHT: i64 = i64::MIN;
 
-/// Adds `batch` (credential, count, window start, delta) to `upstream_counters` in one
-/// transaction; the sum saturates at `i64::MAX` on both backends.
+/// Adds `batch` (credential, count, window start, delta) to the shared counts.
 async fn write_counts(store: &Store, batch: &[(i64, Count, i64, i64)]) -> StoreResult<()> {
-    if batch.is_empty() {
-        return Ok(());
-    }
-    let mut tx = store.pool().begin().await?;
-    for chunk in batch.chunks(500) {
-        let mut b = SqlBuilder::new(
-            store,
-            "INSERT INTO upstream_counters (credential_id, counter, window_start, used) VALUES ",
-        );
-        for (i, (id, count, start, delta)) in chunk.iter().enumerate() {
-            b.push(if i == 0 { "(" } else { ", (" });
-            b.bind(*id)
-                .push(", ")
-                .bind(count.as_str())
-                .push(", ")
-                .bind(*start)
-                .push(", ")
-                .bind(*delta)
-                .push(")");
-        }
-        b.push(
-            " ON CONFLICT (credential_id, counter, window_start) DO UPDATE SET used = CASE \
-               WHEN upstream_counters.used > 9223372036854775807 - excluded.used THEN 9223372036854775807 \
-               ELSE upstream_counters.used + excluded.used END",
-        );
-        let (sql, args) = b.finish();
-        sqlx::query_with(&sql, args).execute(&mut *tx).await?;
-    }
-    tx.commit().await?;
-    Ok(())
+    let rows: Vec<_> = batch
+        .iter()
+        .map(|(id, count, start, delta)| (*id, count.as_str(), *start, *delta))
+        .collect();
+    store.add_own_limit_counts(&rows).await
 }
 
 /// Every gateway's totals of the windows current at `now_ms` (rows of ended minutes the next
 /// delete removes are read too and ignored by the caller).
 async fn read_totals(store: &Store, now_ms: i64) -> StoreResult<Vec<(i64, Count, i64, i64)>> {
     let day = now_ms - now_ms.rem_euclid(DAY_MS);
-    let rows: Vec<(i64, String, i64, i64)> = sqlx::query_as(
-        "SELECT credential_id, counter, window_start, used FROM upstream_counters WHERE window_start >= $1",
-    )
-    .bind(day)
-    .fetch_all(store.pool())
-    .await?;
-    Ok(rows
+    Ok(store
+        .own_limit_totals(day)
+        .await?
         .into_iter()
         .filter_map(|(id, c, start, used)| Some((id, Count::parse(&c)?, start, used)))
         .collect())
@@ -594,11 +560,8 @@ mod tests {
             .and_then(|load| load.usage.blocked_until(l, now_ms))
     }
 
-    async fn rows(store: &Store) -> i64 {
-        sqlx::query_scalar("SELECT COUNT(*) FROM upstream_counters")
-            .fetch_one(store.pool())
-            .await
-            .unwrap()
+    async fn rows(store: &Store) -> usize {
+        store.own_limit_totals(i64::MIN).await.unwrap().len()
     }
 
     #[tokio::test]

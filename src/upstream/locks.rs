@@ -7,7 +7,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 
 use super::classify::is_free_model;
-use crate::store::{Store, StoreResult};
+use crate::store::{ALL_FREE_TARGET, LockRow, LockStore, Store, StoreResult, WHOLE_CREDENTIAL_TARGET};
 
 /// What a lock parks on one credential.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -24,15 +24,15 @@ impl LockTarget {
     fn to_db(&self) -> String {
         match self {
             LockTarget::Model(m) => m.clone(),
-            LockTarget::AllFree => "*:free".to_owned(),
-            LockTarget::Credential => "*".to_owned(),
+            LockTarget::AllFree => ALL_FREE_TARGET.to_owned(),
+            LockTarget::Credential => WHOLE_CREDENTIAL_TARGET.to_owned(),
         }
     }
 
     fn from_db(s: &str) -> LockTarget {
         match s {
-            "*" => LockTarget::Credential,
-            "*:free" => LockTarget::AllFree,
+            WHOLE_CREDENTIAL_TARGET => LockTarget::Credential,
+            ALL_FREE_TARGET => LockTarget::AllFree,
             m => LockTarget::Model(m.to_owned()),
         }
     }
@@ -185,20 +185,18 @@ impl Locks {
     /// `replace`, the store's view replaces this gateway's (after a configuration change, so a
     /// connection test on another gateway clears the locks here too).
     pub async fn load(&self, store: &Store, now_ms: i64, replace: bool) -> StoreResult<()> {
-        let rows: Vec<(i64, String, i64, String)> = sqlx::query_as(
-            "SELECT credential_id, target, until_ms, rule FROM upstream_locks WHERE until_ms > $1",
-        )
-        .bind(now_ms)
-        .fetch_all(store.pool())
-        .await?;
-        let banned: Vec<i64> =
-            sqlx::query_scalar("SELECT credential_id FROM upstream_health WHERE banned = 1")
-                .fetch_all(store.pool())
-                .await?;
+        let rows = store.running_locks(now_ms).await?;
+        let banned = store.banned_credentials().await?;
         {
             let mut locks = self.locks.lock().unwrap_or_else(|p| p.into_inner());
             locks.retain(|_, e| e.until_ms > now_ms && !replace);
-            for (c, target, until_ms, rule) in rows {
+            for LockRow {
+                credential_id: c,
+                target,
+                until_ms,
+                rule,
+            } in rows
+            {
                 let e = locks
                     .entry((c, LockTarget::from_db(&target)))
                     .or_insert(LockEntry {
@@ -221,14 +219,7 @@ impl Locks {
 
 /// Clears a credential's locks and banned mark in the store.
 pub async fn clear(store: &Store, credential: i64) -> StoreResult<()> {
-    sqlx::query("DELETE FROM upstream_locks WHERE credential_id = $1")
-        .bind(credential)
-        .execute(store.pool())
-        .await?;
-    sqlx::query("DELETE FROM upstream_health WHERE credential_id = $1")
-        .bind(credential)
-        .execute(store.pool())
-        .await?;
+    store.clear_locks(credential).await?;
     store.bump_config_epoch().await
 }
 
@@ -236,11 +227,7 @@ pub async fn clear(store: &Store, credential: i64) -> StoreResult<()> {
 /// account-wide holds (the whole credential, the shared free allowance) and the banned mark,
 /// which need a test. The same as [`Locks::secret_replaced`] does in memory.
 pub async fn clear_model_locks(store: &Store, credential: i64) -> StoreResult<()> {
-    sqlx::query("DELETE FROM upstream_locks WHERE credential_id = $1 AND target NOT IN ('*', '*:free')")
-        .bind(credential)
-        .execute(store.pool())
-        .await?;
-    Ok(())
+    store.clear_model_locks(credential).await
 }
 
 /// Writes locks, extending and never shortening what another gateway wrote.
@@ -249,28 +236,18 @@ pub async fn persist(
     rows: &[(i64, LockTarget, LockEntry)],
     banned: Option<i64>,
 ) -> StoreResult<()> {
-    for (c, t, e) in rows {
-        sqlx::query(
-            "INSERT INTO upstream_locks (credential_id, target, until_ms, rule) VALUES ($1, $2, $3, $4)
-             ON CONFLICT (credential_id, target) DO UPDATE SET
-               rule = CASE WHEN excluded.until_ms > upstream_locks.until_ms THEN excluded.rule ELSE upstream_locks.rule END,
-               until_ms = CASE WHEN excluded.until_ms > upstream_locks.until_ms THEN excluded.until_ms ELSE upstream_locks.until_ms END",
-        )
-        .bind(*c)
-        .bind(t.to_db())
-        .bind(e.until_ms)
-        .bind(e.rule.clone())
-        .execute(store.pool())
-        .await?;
-    }
+    let rows: Vec<LockRow> = rows
+        .iter()
+        .map(|(c, t, e)| LockRow {
+            credential_id: *c,
+            target: t.to_db(),
+            until_ms: e.until_ms,
+            rule: e.rule.clone(),
+        })
+        .collect();
+    store.extend_locks(&rows).await?;
     if let Some(c) = banned {
-        sqlx::query(
-            "INSERT INTO upstream_health (credential_id, banned) VALUES ($1, 1)
-             ON CONFLICT (credential_id) DO UPDATE SET banned = 1",
-        )
-        .bind(c)
-        .execute(store.pool())
-        .await?;
+        store.mark_banned(c).await?;
     }
     Ok(())
 }

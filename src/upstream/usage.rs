@@ -13,31 +13,7 @@ use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use super::adapter::Endpoint;
-
-/// Tokens of one call.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Usage {
-    /// Prompt (input) tokens, cache reads and writes included.
-    pub prompt: u64,
-    /// Completion (output) tokens.
-    pub completion: u64,
-}
-
-impl Usage {
-    /// Prompt plus completion.
-    pub fn total(self) -> u64 {
-        self.prompt.saturating_add(self.completion)
-    }
-
-    /// This usage held to `ceiling` tokens in all, the prompt kept first.
-    pub fn capped(self, ceiling: u64) -> Usage {
-        let prompt = self.prompt.min(ceiling);
-        Usage {
-            prompt,
-            completion: self.completion.min(ceiling - prompt),
-        }
-    }
-}
+use crate::usage::Usage;
 
 /// What an answer said about its usage.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

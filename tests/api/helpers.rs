@@ -313,7 +313,7 @@ impl TestApp {
     /// The request logs of `workspace`, newest first, once at least `n` are written (waits up
     /// for the batch writer, 10 s at most).
     pub async fn logs(&self, workspace: &str, n: usize) -> Vec<aigw::request_log::LogRecord> {
-        use aigw::store::WorkspaceStore;
+        use aigw::store::{RequestLogStore, WorkspaceStore};
         let ws = self
             .state
             .store
@@ -328,9 +328,7 @@ impl TestApp {
         };
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         loop {
-            let page = aigw::request_log::query(&self.state.store, &filter)
-                .await
-                .unwrap();
+            let page = self.state.store.logs(&filter).await.unwrap();
             if page.items.len() >= n || std::time::Instant::now() > deadline {
                 assert!(
                     page.items.len() >= n,

@@ -711,7 +711,8 @@ async fn metrics_are_exposed(db: TestDb) {
 both_backends!(log_query_filters_and_pages);
 
 async fn log_query_filters_and_pages(db: TestDb) {
-    use aigw::request_log::{LogFilter, query};
+    use aigw::request_log::LogFilter;
+    use aigw::store::RequestLogStore;
     let (app, _mock) = start(&db).await;
     for _ in 0..5 {
         assert_eq!(
@@ -735,82 +736,68 @@ async fn log_query_filters_and_pages(db: TestDb) {
         workspace_id: ws,
         ..f
     };
-    let page = query(
-        store,
-        &f(LogFilter {
+    let page = store
+        .logs(&f(LogFilter {
             model: Some("text-embedding-3-small".into()),
             ..Default::default()
-        }),
-    )
-    .await
-    .unwrap();
+        }))
+        .await
+        .unwrap();
     assert_eq!(page.items.len(), 1);
-    let page = query(
-        store,
-        &f(LogFilter {
+    let page = store
+        .logs(&f(LogFilter {
             status: Some(404),
             ..Default::default()
-        }),
-    )
-    .await
-    .unwrap();
+        }))
+        .await
+        .unwrap();
     assert_eq!(page.items.len(), 1);
     assert_eq!(page.items[0].code.as_deref(), Some("model_not_found"));
-    let page = query(
-        store,
-        &f(LogFilter {
+    let page = store
+        .logs(&f(LogFilter {
             source: Some("gateway".into()),
             ..Default::default()
-        }),
-    )
-    .await
-    .unwrap();
+        }))
+        .await
+        .unwrap();
     assert_eq!(page.items.len(), 1);
-    let page = query(
-        store,
-        &f(LogFilter {
+    let page = store
+        .logs(&f(LogFilter {
             key_id: Some(all[0].key_id),
             member_id: Some(all[0].member_id),
             ..Default::default()
-        }),
-    )
-    .await
-    .unwrap();
+        }))
+        .await
+        .unwrap();
     assert_eq!(page.items.len(), 7);
-    let none = query(
-        store,
-        &f(LogFilter {
+    let none = store
+        .logs(&f(LogFilter {
             from: Some(all[0].ts + 1),
             ..Default::default()
-        }),
-    )
-    .await
-    .unwrap();
+        }))
+        .await
+        .unwrap();
     assert!(none.items.is_empty());
-    let other_ws = query(
-        store,
-        &LogFilter {
+    let other_ws = store
+        .logs(&LogFilter {
             workspace_id: ws + 1000,
             ..Default::default()
-        },
-    )
-    .await
-    .unwrap();
+        })
+        .await
+        .unwrap();
     assert!(other_ws.items.is_empty(), "never another workspace's logs");
     // Cursor pagination: 3 + 3 + 1, newest first, no overlap.
     let mut seen = Vec::new();
     let mut cursor = None;
     loop {
-        let page = query(
-            store,
-            &f(LogFilter {
+        let page = store
+            .logs(&f(LogFilter {
                 limit: Some(3),
                 cursor,
                 ..Default::default()
-            }),
-        )
-        .await
-        .unwrap();
+            }))
+            .await
+            .unwrap();
         seen.extend(page.items.iter().map(|r| r.id));
         match page.next_cursor {
             Some(c) => cursor = Some(c),
@@ -823,14 +810,15 @@ async fn log_query_filters_and_pages(db: TestDb) {
     assert_eq!(seen, sorted);
     assert_eq!(seen.len(), 7);
     // Retention: everything older than the cutoff goes.
-    assert_eq!(aigw::request_log::prune(store, all[0].ts + 1).await.unwrap(), 7);
+    assert_eq!(store.prune_logs(all[0].ts + 1).await.unwrap(), 7);
     app.stop().await;
 }
 
 both_backends!(a_flush_writes_every_record_once_whatever_its_size);
 
 async fn a_flush_writes_every_record_once_whatever_its_size(db: TestDb) {
-    use aigw::request_log::{LogFilter, LogRecord, insert_batch, query};
+    use aigw::request_log::{LogFilter, LogRecord};
+    use aigw::store::RequestLogStore;
     let (app, _mock) = start(&db).await;
     let store = &app.state.store;
     // Flushes are written as statements of 100, 20, 5 and 1 rows: sizes below, at and between
@@ -853,19 +841,17 @@ async fn a_flush_writes_every_record_once_whatever_its_size(db: TestDb) {
                 ..LogRecord::default()
             })
             .collect();
-        insert_batch(store, &records).await.unwrap();
+        store.insert_logs(&records).await.unwrap();
         expected.extend(records);
     }
-    let page = query(
-        store,
-        &LogFilter {
+    let page = store
+        .logs(&LogFilter {
             workspace_id: 4242,
             limit: Some(500),
             ..LogFilter::default()
-        },
-    )
-    .await
-    .unwrap();
+        })
+        .await
+        .unwrap();
     let mut stored: Vec<LogRecord> = page.items.into_iter().map(|r| LogRecord { id: 0, ..r }).collect();
     stored.sort_by_key(|r| r.ts);
     assert_eq!(stored.len(), sizes.iter().sum::<usize>());

@@ -1,0 +1,153 @@
+//! The key breaker's shared state: trips, blocks and bans (`breaker_state`), the history of trips
+//! (`breaker_trips`) and every gateway's per-second outcomes (`breaker_buckets`).
+
+use super::{SqlBuilder, Store, StoreResult};
+
+/// A key's standing as stored: lifetime trips, block end and ban.
+#[derive(Clone, Debug, PartialEq, Eq, sqlx::FromRow)]
+pub struct BreakerStateRow {
+    /// The key.
+    pub key_id: i64,
+    /// Trips so far (lifetime).
+    pub trips: i64,
+    /// Blocked until, Unix ms.
+    pub blocked_until: Option<i64>,
+    /// 1 banned for good, 0 not.
+    pub banned: i64,
+}
+
+/// One trip of a key, as stored in its history.
+#[derive(Clone, Debug, PartialEq, Eq, sqlx::FromRow)]
+pub struct TripRow {
+    /// Which trip of the key (1-based).
+    pub trip: i64,
+    /// When, Unix ms.
+    pub at: i64,
+    /// Requests in the window.
+    pub requests: i64,
+    /// Failures in the window.
+    pub failures: i64,
+    /// Blocked until, Unix ms (none when banned).
+    pub blocked_until: Option<i64>,
+    /// 1 if this trip banned the key.
+    pub banned: i64,
+}
+
+/// Outcomes of one key in one second: ((key, second), (requests, failures)).
+pub type BucketDelta = ((i64, i64), (u32, u32));
+
+/// The breaker's state, shared by every gateway on the database.
+#[expect(
+    async_fn_in_trait,
+    reason = "one concrete implementor, always called directly"
+)]
+pub trait BreakerStore {
+    /// Every key's stored standing.
+    async fn breaker_states(&self) -> StoreResult<Vec<BreakerStateRow>>;
+    /// Adds per-second outcomes to the shared window.
+    async fn add_breaker_buckets(&self, batch: &[BucketDelta]) -> StoreResult<()>;
+    /// Every gateway's requests and failures of `keys` in the seconds after `after_second`:
+    /// (key, requests, failures), keys without any left out.
+    async fn breaker_window(&self, keys: &[i64], after_second: i64) -> StoreResult<Vec<(i64, i64, i64)>>;
+    /// Records trip `t` of `key_id`: its standing (only if it advances the stored one), a history
+    /// row (only then), and an empty shared window up to the trip. Whether this call advanced the
+    /// standing (false: another gateway recorded this trip already).
+    async fn record_trip(&self, key_id: i64, t: &TripRow) -> StoreResult<bool>;
+    /// A key's trips, oldest first.
+    async fn trips_of(&self, key_id: i64) -> StoreResult<Vec<TripRow>>;
+}
+
+impl BreakerStore for Store {
+    async fn breaker_states(&self) -> StoreResult<Vec<BreakerStateRow>> {
+        Ok(
+            sqlx::query_as("SELECT key_id, trips, blocked_until, banned FROM breaker_state")
+                .fetch_all(self.pool())
+                .await?,
+        )
+    }
+
+    async fn add_breaker_buckets(&self, batch: &[BucketDelta]) -> StoreResult<()> {
+        for chunk in batch.chunks(500) {
+            let mut b = SqlBuilder::new(
+                self,
+                "INSERT INTO breaker_buckets (key_id, second, total, failed) VALUES ",
+            );
+            for (i, ((key, second), (t, f))) in chunk.iter().enumerate() {
+                b.push(if i == 0 { "(" } else { ", (" });
+                b.bind(*key).push(", ").bind(*second).push(", ");
+                b.bind(i64::from(*t)).push(", ").bind(i64::from(*f)).push(")");
+            }
+            b.push(
+                " ON CONFLICT (key_id, second) DO UPDATE SET total = breaker_buckets.total + excluded.total, \
+                 failed = breaker_buckets.failed + excluded.failed",
+            );
+            let (sql, args) = b.finish();
+            sqlx::query_with(&sql, args).execute(self.pool()).await?;
+        }
+        Ok(())
+    }
+
+    async fn breaker_window(&self, keys: &[i64], after_second: i64) -> StoreResult<Vec<(i64, i64, i64)>> {
+        let mut b = SqlBuilder::new(
+            self,
+            "SELECT key_id, CAST(SUM(total) AS BIGINT), CAST(SUM(failed) AS BIGINT) FROM breaker_buckets WHERE second > ",
+        );
+        b.bind(after_second).push(" AND key_id IN (");
+        for (i, k) in keys.iter().enumerate() {
+            if i > 0 {
+                b.push(", ");
+            }
+            b.bind(*k);
+        }
+        b.push(") GROUP BY key_id");
+        let (sql, args) = b.finish();
+        Ok(sqlx::query_as_with(&sql, args).fetch_all(self.pool()).await?)
+    }
+
+    async fn record_trip(&self, key_id: i64, t: &TripRow) -> StoreResult<bool> {
+        let advanced = sqlx::query(
+            "INSERT INTO breaker_state (key_id, trips, blocked_until, banned) VALUES ($1, $2, $3, $4)
+             ON CONFLICT (key_id) DO UPDATE SET trips = excluded.trips, blocked_until = excluded.blocked_until,
+               banned = excluded.banned
+             WHERE breaker_state.trips < excluded.trips",
+        )
+        .bind(key_id)
+        .bind(t.trip)
+        .bind(t.blocked_until)
+        .bind(t.banned)
+        .execute(self.pool())
+        .await?
+        .rows_affected();
+        sqlx::query("DELETE FROM breaker_buckets WHERE key_id = $1 AND second <= $2")
+            .bind(key_id)
+            .bind(t.at.div_euclid(1000))
+            .execute(self.pool())
+            .await?;
+        if advanced == 0 {
+            return Ok(false);
+        }
+        sqlx::query(
+            "INSERT INTO breaker_trips (key_id, trip, at, requests, failures, blocked_until, banned)
+             VALUES ($1, $2, $3, $4, $5, $6, $7)",
+        )
+        .bind(key_id)
+        .bind(t.trip)
+        .bind(t.at)
+        .bind(t.requests)
+        .bind(t.failures)
+        .bind(t.blocked_until)
+        .bind(t.banned)
+        .execute(self.pool())
+        .await?;
+        Ok(true)
+    }
+
+    async fn trips_of(&self, key_id: i64) -> StoreResult<Vec<TripRow>> {
+        Ok(sqlx::query_as(
+            "SELECT trip, at, requests, failures, blocked_until, banned FROM breaker_trips WHERE key_id = $1 ORDER BY id",
+        )
+        .bind(key_id)
+        .fetch_all(self.pool())
+        .await?)
+    }
+}

@@ -1,0 +1,186 @@
+//! Shared counters: the quota counters (`usage_counters`) and the upstream credentials'
+//! own-limit counts (`upstream_counters`). Each gateway adds what it counted at every flush and
+//! reads back every gateway's totals.
+
+use super::{SqlBuilder, Store, StoreResult};
+
+/// A quota counter's identity as stored: subject, metric, window and window start.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct UsageCounterRow {
+    /// Subject kind (`apikey`, `member`, `dept`, `ws`).
+    pub subject: &'static str,
+    /// Subject id.
+    pub subject_id: i64,
+    /// Metric name.
+    pub metric: &'static str,
+    /// Window name.
+    pub time_window: String,
+    /// Window start, Unix seconds (0 for total).
+    pub window_start: i64,
+}
+
+/// The quota counters.
+#[expect(
+    async_fn_in_trait,
+    reason = "one concrete implementor, always called directly"
+)]
+pub trait UsageStore {
+    /// The stored total of a counter, if it has a row.
+    async fn usage_counter(&self, key: &UsageCounterRow) -> StoreResult<Option<i64>>;
+    /// Adds every delta of `batch` (each in `0..=i64::MAX`) in one transaction; returns each
+    /// counter's new global total as stored: (subject, subject id, metric, window, window start,
+    /// used).
+    async fn add_usage(&self, batch: &[(UsageCounterRow, i64)]) -> StoreResult<Vec<UsageTotal>>;
+}
+
+/// A counter's total as the store returns it: (subject, subject id, metric, window, window
+/// start, used).
+pub type UsageTotal = (String, i64, String, String, i64, i64);
+
+impl UsageStore for Store {
+    async fn usage_counter(&self, key: &UsageCounterRow) -> StoreResult<Option<i64>> {
+        Ok(sqlx::query_scalar(
+            "SELECT used FROM usage_counters WHERE subject = $1 AND subject_id = $2 AND metric = $3
+               AND time_window = $4 AND window_start = $5",
+        )
+        .bind(key.subject)
+        .bind(key.subject_id)
+        .bind(key.metric)
+        .bind(key.time_window.as_str())
+        .bind(key.window_start)
+        .fetch_optional(self.pool())
+        .await?)
+    }
+
+    async fn add_usage(&self, batch: &[(UsageCounterRow, i64)]) -> StoreResult<Vec<UsageTotal>> {
+        let mut tx = self.pool().begin().await?;
+        let mut totals = Vec::with_capacity(batch.len());
+        for chunk in batch.chunks(500) {
+            totals.extend(upsert_usage(self, &mut tx, chunk).await?);
+        }
+        tx.commit().await?;
+        Ok(totals)
+    }
+}
+
+async fn upsert_usage(
+    store: &Store,
+    tx: &mut sqlx::Transaction<'static, sqlx::Any>,
+    chunk: &[(UsageCounterRow, i64)],
+) -> StoreResult<Vec<UsageTotal>> {
+    let mut b = SqlBuilder::new(
+        store,
+        "INSERT INTO usage_counters (subject, subject_id, metric, time_window, window_start, used) VALUES ",
+    );
+    for (i, (k, d)) in chunk.iter().enumerate() {
+        b.push(if i == 0 { "(" } else { ", (" });
+        b.bind(k.subject)
+            .push(", ")
+            .bind(k.subject_id)
+            .push(", ")
+            .bind(k.metric);
+        b.push(", ")
+            .bind(k.time_window.as_str())
+            .push(", ")
+            .bind(k.window_start)
+            .push(", ")
+            .bind(*d)
+            .push(")");
+    }
+    // Saturating addition, the same on both backends: with `excluded.used` in 0..=i64::MAX the
+    // subtraction cannot overflow, and a total past i64::MAX stays at i64::MAX.
+    b.push(
+        " ON CONFLICT (subject, subject_id, metric, time_window, window_start) \
+         DO UPDATE SET used = CASE \
+           WHEN usage_counters.used > 9223372036854775807 - excluded.used THEN 9223372036854775807 \
+           ELSE usage_counters.used + excluded.used END \
+         RETURNING subject, subject_id, metric, time_window, window_start, used",
+    );
+    let (sql, args) = b.finish();
+    Ok(sqlx::query_as_with(&sql, args).fetch_all(&mut **tx).await?)
+}
+
+/// One own-limit count: (credential, counter name, window start in Unix ms, used).
+pub type OwnLimitCount<C> = (i64, C, i64, i64);
+
+/// The upstream credentials' own-limit counts.
+#[expect(
+    async_fn_in_trait,
+    reason = "one concrete implementor, always called directly"
+)]
+pub trait OwnLimitStore {
+    /// Adds `batch` (credential, counter, window start, delta) to the stored counts in one
+    /// transaction; the sum saturates at `i64::MAX` on both backends.
+    async fn add_own_limit_counts(&self, batch: &[OwnLimitCount<&str>]) -> StoreResult<()>;
+    /// Every gateway's totals of the windows starting at `since_ms` or later.
+    async fn own_limit_totals(&self, since_ms: i64) -> StoreResult<Vec<OwnLimitCount<String>>>;
+    /// Deletes the counts of windows that started before `minute_ms`, except those of
+    /// `day_counter`, whose windows are days: deleted only when they started before `day_ms`.
+    async fn delete_ended_own_limit_counts(
+        &self,
+        minute_ms: i64,
+        day_counter: &str,
+        day_ms: i64,
+    ) -> StoreResult<()>;
+}
+
+impl OwnLimitStore for Store {
+    async fn add_own_limit_counts(&self, batch: &[OwnLimitCount<&str>]) -> StoreResult<()> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let mut tx = self.pool().begin().await?;
+        for chunk in batch.chunks(500) {
+            let mut b = SqlBuilder::new(
+                self,
+                "INSERT INTO upstream_counters (credential_id, counter, window_start, used) VALUES ",
+            );
+            for (i, (id, count, start, delta)) in chunk.iter().enumerate() {
+                b.push(if i == 0 { "(" } else { ", (" });
+                b.bind(*id)
+                    .push(", ")
+                    .bind(*count)
+                    .push(", ")
+                    .bind(*start)
+                    .push(", ")
+                    .bind(*delta)
+                    .push(")");
+            }
+            b.push(
+                " ON CONFLICT (credential_id, counter, window_start) DO UPDATE SET used = CASE \
+                   WHEN upstream_counters.used > 9223372036854775807 - excluded.used THEN 9223372036854775807 \
+                   ELSE upstream_counters.used + excluded.used END",
+            );
+            let (sql, args) = b.finish();
+            sqlx::query_with(&sql, args).execute(&mut *tx).await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn own_limit_totals(&self, since_ms: i64) -> StoreResult<Vec<OwnLimitCount<String>>> {
+        Ok(sqlx::query_as(
+            "SELECT credential_id, counter, window_start, used FROM upstream_counters WHERE window_start >= $1",
+        )
+        .bind(since_ms)
+        .fetch_all(self.pool())
+        .await?)
+    }
+
+    async fn delete_ended_own_limit_counts(
+        &self,
+        minute_ms: i64,
+        day_counter: &str,
+        day_ms: i64,
+    ) -> StoreResult<()> {
+        sqlx::query(
+            "DELETE FROM upstream_counters WHERE window_start < $1 AND (counter <> $2 OR window_start < $3)",
+        )
+        .bind(minute_ms)
+        .bind(day_counter)
+        .bind(day_ms)
+        .execute(self.pool())
+        .await?;
+        Ok(())
+    }
+}
