@@ -314,6 +314,12 @@ export function fmtTime(v, { seconds = true } = {}) {
   return `${p.year}-${p.month}-${p.day} ${p.hour}:${p.minute}${seconds ? `:${p.second}` : ''}`;
 }
 
+/** fmtTime without the year when it is the current one: "12-02 10:27:56". */
+export function fmtRecent(v, opts) {
+  const t = fmtTime(v, opts);
+  return t.length > 10 && t.slice(0, 4) === fmtTime(Date.now()).slice(0, 4) ? t.slice(5) : t;
+}
+
 /** Milliseconds → "1h 02m", "3m 05s", "42s". */
 export function fmtDuration(ms) {
   let s = Math.max(0, Math.ceil(ms / 1000));

@@ -4,7 +4,7 @@
 
 import { api } from '../api.js';
 import {
-  h, clear, table, breakable, badge, alertBox, messageOf, fmtNum, fmtCredits, fmtTime, dialog, field, select, handleSubmit, toast, busy, pageHeader,
+  h, clear, table, breakable, badge, alertBox, messageOf, fmtNum, fmtCredits, fmtTime, fmtRecent, dialog, field, select, handleSubmit, toast, busy, pageHeader,
 } from '../ui.js';
 
 const RANGES = [
@@ -16,12 +16,6 @@ const RANGES = [
 ];
 
 const SOURCE_NAMES = { gateway: 'Gateway', upstream: 'Upstream' };
-
-/** "12-02 10:27:56" in the current year, the full date otherwise. */
-function shortTime(ts) {
-  const t = fmtTime(ts);
-  return t.slice(0, 4) === fmtTime(Date.now()).slice(0, 4) ? t.slice(5) : t;
-}
 
 const logCredits = (l) => fmtCredits(l.credits ?? null);
 const ms = (v) => (v === null || v === undefined ? '—' : `${fmtNum(v)} ms`);
@@ -147,7 +141,7 @@ export default {
       // The columns that tell what happened fit at 1280 px; the figures show on wide screens
       // (col-wide) and in the detail view. On phones each row is a short card.
       clear(body, table([
-        { label: 'Time', class: 'c-time nowrap', cell: (l) => h('time', { datetime: l.ts, title: fmtTime(l.ts) }, shortTime(l.ts)) },
+        { label: 'Time', class: 'c-time nowrap', cell: (l) => h('time', { datetime: l.ts, title: fmtTime(l.ts) }, fmtRecent(l.ts)) },
         {
           label: 'Status',
           class: 'c-status',
