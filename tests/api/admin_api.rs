@@ -3,7 +3,7 @@
 //! errors, and secrets that never come back.
 
 use aigw::admin::{AdminRoute, Need, ROUTES};
-use aigw::mock_upstream::MockUpstream;
+use aigw::mock_upstream::{MockUpstream, Script};
 use reqwest::Method;
 use serde_json::{Value, json};
 
@@ -129,6 +129,7 @@ both_backends!(
     the_upstream_secret_is_write_only,
     members_are_invited_changed_and_deactivated,
     logs_usage_and_csv_export,
+    usage_by_model_names_only_models_of_the_workspace,
     a_member_changes_only_the_budgets_it_set,
 );
 
@@ -1420,6 +1421,60 @@ async fn members_are_invited_changed_and_deactivated(db: TestDb) {
     assert_eq!(
         app.post_json("/v1/chat/completions", &temp, &chat).await.status(),
         401
+    );
+    app.stop().await;
+}
+
+/// Usage by model lists the models of the workspace: a request for a model that does not
+/// exist, or with no model at all, is not a model of its own but counts in one "other" row
+/// (group ""); a request for a real model that no credential served still counts for it.
+async fn usage_by_model_names_only_models_of_the_workspace(db: TestDb) {
+    let mock = MockUpstream::start().await.unwrap();
+    let app = spawn_app(&db, Setup::resources(resources(&mock))).await;
+    let admin = Admin { app: &app };
+    let owner = admin.login("owner@acme.test").await;
+    let chat = |model: &str| json!({"model": model, "messages": [{"role": "user", "content": "hi"}]});
+    let app_ref = &app;
+    let send = |body: Value| async move {
+        app_ref
+            .post_json("/v1/chat/completions", KEY, &body)
+            .await
+            .status()
+    };
+    assert_eq!(send(chat("gpt-4o-mini")).await, 200);
+    // The provider refuses the request itself: nothing served it, yet it asked for a real model.
+    mock.script(Script::any().times(1).error(
+        400,
+        json!({"error": {"message": "bad request", "type": "invalid_request_error"}}),
+    ));
+    assert_eq!(send(chat("gpt-4o-mini")).await, 400);
+    assert_eq!(send(chat("no-such-model")).await, 404);
+    assert_eq!(send(json!({"messages": []})).await, 400);
+    let logged = app.logs("acme", 4).await;
+    assert_eq!(logged.len(), 4, "every request is logged");
+
+    let u = admin
+        .ok(Method::GET, "/admin/v1/usage?by=model", &owner, None)
+        .await;
+    let rows: Vec<(String, String, i64)> = u["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["group"].as_str().unwrap().to_owned(),
+                r["label"].as_str().unwrap().to_owned(),
+                r["requests"].as_i64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        rows,
+        vec![
+            ("gpt-4o-mini".into(), "gpt-4o-mini".into(), 2),
+            ("".into(), "Unknown or no model".into(), 2),
+        ],
+        "{u}"
     );
     app.stop().await;
 }
