@@ -380,6 +380,11 @@ export const METRICS = [
   ['credits', 'Credits'],
 ];
 
+/** The unit a metric counts in, for figures: "requests", "tokens", "credits"… */
+export function metricUnit(m) {
+  return { requests: 'requests', total_tokens: 'tokens', prompt_tokens: 'prompt tokens', completion_tokens: 'completion tokens', credits: 'credits' }[m] || m;
+}
+
 export function metricLabel(m) {
   const f = METRICS.find(([k]) => k === m);
   return f ? f[1] : m;

@@ -36,7 +36,7 @@ const RULES = {
   other_failure: 'an unexpected answer, resting 30 s',
 };
 
-function ruleText(rule) {
+export function ruleText(rule) {
   return RULES[rule] ? `${RULES[rule]} [${rule}]` : String(rule || 'unknown rule');
 }
 
