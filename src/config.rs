@@ -87,6 +87,32 @@ impl FromStr for LogFormat {
     }
 }
 
+/// What a quota check does, while the database is unreachable, with a counter this gateway has
+/// never read (its first request in a new window, or a subject it has not served yet).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OutageCounters {
+    /// Count from 0 in memory and add what was counted to the stored total on recovery (each
+    /// gateway may admit up to one limit more than the stored total allowed).
+    #[default]
+    Serve,
+    /// Answer 503 `store_unavailable` for that subject until the database answers.
+    Refuse,
+}
+
+impl FromStr for OutageCounters {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "serve" => Ok(OutageCounters::Serve),
+            "refuse" => Ok(OutageCounters::Refuse),
+            other => Err(format!(
+                "unknown choice {other:?} (expected \"serve\" or \"refuse\")"
+            )),
+        }
+    }
+}
+
 /// The longest any deadline setting may be, in seconds: a day.
 const MAX_WAIT_SECS: u64 = 86_400;
 
@@ -157,6 +183,12 @@ pub struct Settings {
     /// Most tokens one call may report: usage from an upstream above it (in any count, or in
     /// all) is invalid, and the gateway's estimate is counted instead.
     pub max_usage_tokens: u64,
+    /// Most HTTP/1.1 requests in flight to one upstream (scheme, host and port) at once; past it
+    /// a request waits for one to finish. HTTP/2 upstreams multiplex on one connection.
+    pub max_upstream_connections_per_host: usize,
+    /// While the database is unreachable, a quota counter never read before: `serve` (count
+    /// from 0 in memory) or `refuse` (503 `store_unavailable`).
+    pub store_outage_counters: OutageCounters,
 }
 
 /// Default of `max_usage_tokens`: far above any model's context, far below any overflow.
@@ -196,6 +228,8 @@ impl Default for Settings {
             max_client_connections: 10_000,
             max_header_bytes: 16 * 1024,
             max_usage_tokens: DEFAULT_MAX_USAGE_TOKENS,
+            store_outage_counters: OutageCounters::Serve,
+            max_upstream_connections_per_host: 4096,
         }
     }
 }
@@ -232,6 +266,8 @@ struct FileSettings {
     max_client_connections: Option<usize>,
     max_header_bytes: Option<usize>,
     max_usage_tokens: Option<u64>,
+    store_outage_counters: Option<OutageCounters>,
+    max_upstream_connections_per_host: Option<usize>,
 }
 
 /// A setting that could not be read; the message names the setting and where it came from.
@@ -291,6 +327,10 @@ impl Settings {
             s.max_client_connections = f.max_client_connections.unwrap_or(s.max_client_connections);
             s.max_header_bytes = f.max_header_bytes.unwrap_or(s.max_header_bytes);
             s.max_usage_tokens = f.max_usage_tokens.unwrap_or(s.max_usage_tokens);
+            s.store_outage_counters = f.store_outage_counters.unwrap_or(s.store_outage_counters);
+            s.max_upstream_connections_per_host = f
+                .max_upstream_connections_per_host
+                .unwrap_or(s.max_upstream_connections_per_host);
         }
 
         let var = |name: &str| env(name).filter(|v| !v.is_empty());
@@ -378,6 +418,12 @@ impl Settings {
         if let Some(v) = var("AIGW_MAX_USAGE_TOKENS") {
             s.max_usage_tokens = parse_value("AIGW_MAX_USAGE_TOKENS", &v)?;
         }
+        if let Some(v) = var("AIGW_STORE_OUTAGE_COUNTERS") {
+            s.store_outage_counters = parse_value("AIGW_STORE_OUTAGE_COUNTERS", &v)?;
+        }
+        if let Some(v) = var("AIGW_MAX_UPSTREAM_CONNECTIONS_PER_HOST") {
+            s.max_upstream_connections_per_host = parse_value("AIGW_MAX_UPSTREAM_CONNECTIONS_PER_HOST", &v)?;
+        }
         s.validate()?;
         Ok(s)
     }
@@ -398,6 +444,12 @@ impl Settings {
         }
         if self.max_attempts == 0 {
             return bad("max_attempts (AIGW_MAX_ATTEMPTS)", "must be at least 1");
+        }
+        if self.max_upstream_connections_per_host == 0 {
+            return bad(
+                "max_upstream_connections_per_host (AIGW_MAX_UPSTREAM_CONNECTIONS_PER_HOST)",
+                "must be at least 1",
+            );
         }
         // Every wait is bounded, by at most a day (a deadline is an instant; a day keeps its sum
         // far from overflowing).
@@ -574,6 +626,8 @@ pub const KNOWN_VARIABLES: &[&str] = &[
     "AIGW_MAX_CLIENT_CONNECTIONS",
     "AIGW_MAX_HEADER_BYTES",
     "AIGW_MAX_USAGE_TOKENS",
+    "AIGW_STORE_OUTAGE_COUNTERS",
+    "AIGW_MAX_UPSTREAM_CONNECTIONS_PER_HOST",
     "AIGW_CONFIG",
     "AIGW_RESOURCES",
     "AIGW_LOG",

@@ -1,4 +1,7 @@
-//! Upstream HTTP/1.1 connections, each driven by the task of the request that uses it.
+//! Upstream connections: HTTP/1.1 ones each driven by the task of the request that uses it;
+//! HTTP/2, where the upstream offers it in the TLS handshake (ALPN), on one shared connection
+//! per upstream with its own task, as hyper drives it. HTTP/1.1 connections in use are capped per
+//! upstream ([`HostCaps`]).
 //!
 //! hyper's pooled client runs every connection as a task of its own and passes the response
 //! across through channels: each chunk of a streamed body costs a scheduler round of both tasks,
@@ -22,11 +25,12 @@ use http::uri::{Authority, Scheme};
 use http_body::Frame;
 use http_body_util::Full;
 use hyper::body::Incoming;
-use hyper::client::conn::http1;
+use hyper::client::conn::{http1, http2};
 use hyper_rustls::{HttpsConnector, MaybeHttpsStream};
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioIo;
+use hyper_util::client::legacy::connect::{Connection as _, HttpConnector};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use rustc_hash::FxHashMap;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tower_service::Service;
 
 /// How long an idle connection is kept (by this pool and by the proxied client's).
@@ -42,6 +46,50 @@ type Key = (Scheme, Authority);
 pub struct Pool {
     connector: HttpsConnector<HttpConnector>,
     idle: Mutex<Idle>,
+    /// The HTTP/2 connection of each upstream that negotiated it, shared by its requests.
+    h2: Mutex<FxHashMap<Key, http2::SendRequest<Full<Bytes>>>>,
+    /// The cap on HTTP/1.1 connections in use, shared with every pool made by [`Pool::fresh`].
+    caps: Arc<HostCaps>,
+}
+
+/// At most `per_host` HTTP/1.1 requests in flight (so connections in use) per upstream, across
+/// every serving thread's pool: past it a request waits for one to finish (within its own
+/// deadline), so a burst cannot open thousands of sockets to one provider. An HTTP/2 upstream
+/// multiplexes its requests on one connection and sets its own limit of concurrent streams.
+pub struct HostCaps {
+    per_host: usize,
+    by_host: Mutex<FxHashMap<Key, Arc<Semaphore>>>,
+}
+
+impl HostCaps {
+    /// A cap of `per_host` (at least 1).
+    pub fn new(per_host: usize) -> HostCaps {
+        HostCaps {
+            per_host: per_host.clamp(1, Semaphore::MAX_PERMITS),
+            by_host: Mutex::default(),
+        }
+    }
+
+    /// A slot for one request to `key`'s upstream, waiting while they are all taken.
+    async fn slot(&self, key: &Key) -> OwnedSemaphorePermit {
+        let host = {
+            let mut by_host = self.by_host.lock().unwrap_or_else(|e| e.into_inner());
+            by_host
+                .entry(key.clone())
+                .or_insert_with(|| Arc::new(Semaphore::new(self.per_host)))
+                .clone()
+        };
+        match host.clone().try_acquire_owned() {
+            Ok(slot) => slot,
+            Err(_) => host.acquire_owned().await.expect("the semaphore is never closed"),
+        }
+    }
+}
+
+/// What a new connection turned out to be.
+enum Link {
+    Http1(Lease),
+    Http2(http2::SendRequest<Full<Bytes>>),
 }
 
 #[derive(Default)]
@@ -77,17 +125,20 @@ pub enum Failure {
 }
 
 impl Pool {
-    /// An empty pool that opens connections with `connector` (which must offer HTTP/1.1 only).
-    pub fn new(connector: HttpsConnector<HttpConnector>) -> Pool {
+    /// An empty pool that opens connections with `connector`, at most `caps` of them in use per
+    /// upstream.
+    pub fn new(connector: HttpsConnector<HttpConnector>, caps: Arc<HostCaps>) -> Pool {
         Pool {
             connector,
             idle: Mutex::new(Idle::default()),
+            h2: Mutex::default(),
+            caps,
         }
     }
 
-    /// An empty pool that opens connections as this one does.
+    /// An empty pool that opens connections as this one does, under the same caps.
     pub fn fresh(&self) -> Pool {
-        Pool::new(self.connector.clone())
+        Pool::new(self.connector.clone(), self.caps.clone())
     }
 
     /// Sends `req` (with an absolute URL) and waits for the response's head. The response's
@@ -98,20 +149,33 @@ impl Pool {
         else {
             return Err(Failure::BadUrl);
         };
-        // On the wire: the path alone, and the host in its header.
-        let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+        let key = (scheme, authority);
+        if let Some(h2) = self.http2_of(&key) {
+            return send_h2(h2, http::Request::from_parts(parts, Full::new(body))).await;
+        }
+        // HTTP/1.1 on the wire: the path alone, and the host in its header.
+        let absolute = std::mem::take(&mut parts.uri);
+        let path = absolute.path_and_query().map_or("/", |p| p.as_str());
         parts.uri = http::Uri::try_from(path).map_err(|_| Failure::BadUrl)?;
         if !parts.headers.contains_key(http::header::HOST) {
-            let host = authority.as_str().rsplit('@').next().unwrap_or_default();
+            let host = key.1.as_str().rsplit('@').next().unwrap_or_default();
             let host = http::HeaderValue::from_str(host).map_err(|_| Failure::BadUrl)?;
             parts.headers.insert(http::header::HOST, host);
         }
-        let key = (scheme, authority);
         let mut req = http::Request::from_parts(parts, Full::new(body));
+        let slot = self.caps.slot(&key).await;
         loop {
             let (mut lease, reused) = match self.take(&key) {
                 Some(lease) => (lease, true),
-                None => (self.connect(key.clone()).await?, false),
+                None => match self.connect(key.clone()).await? {
+                    Link::Http1(lease) => (lease, false),
+                    // The upstream chose HTTP/2: the request goes out as such, in absolute form.
+                    Link::Http2(h2) => {
+                        drop(slot);
+                        *req.uri_mut() = absolute;
+                        return send_h2(h2, req).await;
+                    }
+                },
             };
             match lease.exchange(req).await {
                 Ok(response) => {
@@ -119,6 +183,7 @@ impl Pool {
                         Body::new(Driven {
                             body,
                             lease: Some(lease),
+                            _slot: slot,
                         })
                     }));
                 }
@@ -131,8 +196,9 @@ impl Pool {
         }
     }
 
-    /// A new connection to `key`'s upstream.
-    async fn connect(self: &Arc<Self>, key: Key) -> Result<Lease, Failure> {
+    /// A new connection to `key`'s upstream: HTTP/2 when the TLS handshake chose it (its
+    /// connection then runs as a task of its own and is shared by the upstream's requests).
+    async fn connect(self: &Arc<Self>, key: Key) -> Result<Link, Failure> {
         let uri = http::Uri::builder()
             .scheme(key.0.clone())
             .authority(key.1.clone())
@@ -140,16 +206,40 @@ impl Pool {
             .build()
             .map_err(|_| Failure::BadUrl)?;
         let io = self.connector.clone().call(uri).await.map_err(Failure::Connect)?;
+        if io.connected().is_negotiated_h2() {
+            let (h2, conn) = http2::Builder::new(TokioExecutor::new())
+                .timer(TokioTimer::new())
+                .handshake(io)
+                .await
+                .map_err(|e| Failure::Connect(e.into()))?;
+            tokio::spawn(conn);
+            self.h2
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(key, h2.clone());
+            return Ok(Link::Http2(h2));
+        }
         let (sender, conn) = http1::Builder::new()
             .handshake(io)
             .await
             .map_err(|e| Failure::Connect(e.into()))?;
-        Ok(Lease {
+        Ok(Link::Http1(Lease {
             pool: self.clone(),
             key,
             sender,
             conn: Some(Box::pin(conn)),
-        })
+        }))
+    }
+
+    /// The open HTTP/2 connection to `key`'s upstream, if it has one.
+    fn http2_of(&self, key: &Key) -> Option<http2::SendRequest<Full<Bytes>>> {
+        let mut h2 = self.h2.lock().unwrap_or_else(|e| e.into_inner());
+        let sender = h2.get(key)?;
+        if sender.is_closed() {
+            h2.remove(key);
+            return None;
+        }
+        Some(sender.clone())
     }
 
     /// An idle connection to `key`'s upstream that is still open, if there is one.
@@ -244,11 +334,23 @@ impl Lease {
     }
 }
 
+/// Sends `req` (absolute form) on a shared HTTP/2 connection.
+async fn send_h2(
+    mut h2: http2::SendRequest<Full<Bytes>>,
+    req: http::Request<Full<Bytes>>,
+) -> Result<http::Response<Body>, Failure> {
+    h2.ready().await.map_err(Failure::Send)?;
+    let response = h2.send_request(req).await.map_err(Failure::Send)?;
+    Ok(response.map(Body::new))
+}
+
 /// An upstream response's body, driving its connection as it is read.
 struct Driven {
     body: Incoming,
     /// `None` once the body has ended.
     lease: Option<Lease>,
+    /// The request's place under its upstream's cap, freed with the body.
+    _slot: OwnedSemaphorePermit,
 }
 
 impl http_body::Body for Driven {
@@ -290,9 +392,9 @@ mod tests {
     use super::*;
     use http_body_util::BodyExt;
 
-    /// The production client's pool (its connector: HTTP/1.1 only, timeouts, no delay).
+    /// The production client's pool (its connector: HTTP/2 or 1.1 by ALPN, timeouts, no delay).
     fn pool() -> Arc<Pool> {
-        match crate::upstream::http::Client::direct(Duration::from_secs(5)) {
+        match crate::upstream::http::Client::direct(Duration::from_secs(5), 64) {
             crate::upstream::http::Client::Direct(pool) => pool,
             crate::upstream::http::Client::Proxied(_) => unreachable!("direct() is never proxied"),
         }
@@ -434,5 +536,135 @@ mod tests {
     async fn a_url_without_a_host_is_refused() {
         let req = http::Request::post("/v1/chat").body(Bytes::new()).unwrap();
         assert!(matches!(pool().send(req).await, Err(Failure::BadUrl)));
+    }
+
+    /// An upstream that holds each answer 50 ms and records the most connections open at once.
+    async fn slow_upstream() -> (std::net::SocketAddr, Arc<std::sync::atomic::AtomicUsize>) {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let open = Arc::new(AtomicUsize::new(0));
+        let most = Arc::new(AtomicUsize::new(0));
+        let seen = most.clone();
+        tokio::spawn(async move {
+            while let Ok((tcp, _)) = listener.accept().await {
+                let (open, most) = (open.clone(), most.clone());
+                most.fetch_max(open.fetch_add(1, Ordering::SeqCst) + 1, Ordering::SeqCst);
+                let svc = hyper::service::service_fn(|_req: http::Request<Incoming>| async {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(Bytes::from("ok"))))
+                });
+                tokio::spawn(async move {
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(tcp), svc)
+                        .await;
+                    open.fetch_sub(1, Ordering::SeqCst);
+                });
+            }
+        });
+        (addr, seen)
+    }
+
+    /// Past the cap, a request waits for one in flight to finish instead of opening another
+    /// connection; every request is still answered.
+    #[tokio::test]
+    async fn connections_in_use_per_upstream_are_capped() {
+        let (addr, most) = slow_upstream().await;
+        let connector = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_webpki_roots()
+            .https_or_http()
+            .enable_http1()
+            .build();
+        let pool = Arc::new(Pool::new(connector, Arc::new(HostCaps::new(2))));
+        let sends = (0..8).map(|_| {
+            let pool = pool.clone();
+            async move {
+                let req = http::Request::get(format!("http://{addr}/"))
+                    .body(Bytes::new())
+                    .unwrap();
+                let body = pool.send(req).await.ok().unwrap().into_body();
+                body.collect().await.unwrap().to_bytes()
+            }
+        });
+        let answers = futures::future::join_all(sends).await;
+        assert!(answers.iter().all(|a| a == "ok"), "{answers:?}");
+        assert_eq!(most.load(std::sync::atomic::Ordering::SeqCst), 2);
+    }
+
+    /// An upstream that offers HTTP/2 in its TLS handshake gets it: its requests share one
+    /// connection, concurrent ones included.
+    #[tokio::test]
+    async fn an_upstream_offering_http2_shares_one_connection() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
+        let der = rustls::pki_types::CertificateDer::from(cert.cert.der().to_vec());
+        let key = rustls::pki_types::PrivateKeyDer::try_from(cert.key_pair.serialize_der()).unwrap();
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut server = rustls::ServerConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(vec![der.clone()], key)
+            .unwrap();
+        server.alpn_protocols = vec![b"h2".to_vec()];
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(server));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let count = accepted.clone();
+        tokio::spawn(async move {
+            while let Ok((tcp, _)) = listener.accept().await {
+                count.fetch_add(1, Ordering::SeqCst);
+                let acceptor = acceptor.clone();
+                tokio::spawn(async move {
+                    let tls = acceptor.accept(tcp).await.unwrap();
+                    let svc = hyper::service::service_fn(|req: http::Request<Incoming>| async move {
+                        let text = format!("{:?} {}", req.version(), req.uri());
+                        Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(Bytes::from(text))))
+                    });
+                    let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                        .serve_connection(TokioIo::new(tls), svc)
+                        .await;
+                });
+            }
+        });
+
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(der).unwrap();
+        let client = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        let connector = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(client)
+            .https_or_http()
+            .enable_all_versions()
+            .build();
+        let pool = Arc::new(Pool::new(connector, Arc::new(HostCaps::new(1))));
+        let send = |path: &'static str| {
+            let pool = pool.clone();
+            async move {
+                let req = http::Request::get(format!("https://localhost:{port}{path}"))
+                    .body(Bytes::new())
+                    .unwrap();
+                let response = pool.send(req).await.ok().unwrap();
+                assert_eq!(response.version(), http::Version::HTTP_2);
+                let body = response.into_body().collect().await.unwrap().to_bytes();
+                String::from_utf8(body.to_vec()).unwrap()
+            }
+        };
+        assert_eq!(
+            send("/first").await,
+            format!("HTTP/2.0 https://localhost:{port}/first")
+        );
+        // Concurrent, and more than the HTTP/1.1 cap of 1: streams of the one connection.
+        let answers = futures::future::join_all((0..4).map(|_| send("/again"))).await;
+        assert!(answers.iter().all(|a| a.ends_with("/again")), "{answers:?}");
+        assert_eq!(
+            accepted.load(Ordering::SeqCst),
+            1,
+            "one connection for every request"
+        );
     }
 }

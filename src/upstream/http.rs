@@ -1,5 +1,6 @@
-//! The upstream HTTP client. Requests go out over HTTP/1.1 on pooled connections that the
-//! request's own task drives ([`conns`](super::conns); rustls with the webpki roots), so the
+//! The upstream HTTP client. Requests go out over HTTP/2 where an upstream offers it over TLS,
+//! else over HTTP/1.1 on pooled connections that the request's own task drives
+//! ([`conns`](super::conns); rustls with the webpki roots), so the
 //! request path pays for no URL re-parsing, redirect or retry layer: dispatch is the one retry
 //! layer, and an upstream's redirect is passed back as its answer. When the environment names an
 //! outbound proxy (`HTTPS_PROXY`, `HTTP_PROXY` or `ALL_PROXY`, in either case), requests go
@@ -15,7 +16,7 @@ use axum::body::Body;
 use bytes::Bytes;
 use hyper_util::client::legacy::connect::HttpConnector;
 
-use super::conns::{Failure, IDLE_FOR, Pool};
+use super::conns::{Failure, HostCaps, IDLE_FOR, Pool};
 
 /// An upstream's response; its body is read, or streamed, by the caller.
 pub type Response = http::Response<Body>;
@@ -57,18 +58,20 @@ impl fmt::Display for SendError {
 
 impl Client {
     /// The client this process uses: proxied when the environment names a proxy. A connection
-    /// that does not open within `connect_timeout` fails (the request fails over).
-    pub fn from_env(connect_timeout: Duration) -> Result<Client, String> {
+    /// that does not open within `connect_timeout` fails (the request fails over); at most
+    /// `per_host` HTTP/1.1 requests are in flight to one upstream (direct connections).
+    pub fn from_env(connect_timeout: Duration, per_host: usize) -> Result<Client, String> {
         if proxy_named(|k| std::env::var_os(k).filter(|v| !v.is_empty()).is_some()) {
             Client::proxied(None, connect_timeout)
         } else {
-            Ok(Client::direct(connect_timeout))
+            Ok(Client::direct(connect_timeout, per_host))
         }
     }
 
-    /// Straight to the upstream, on a shared connection pool. HTTP/1.1 only: a connection is
-    /// driven by the one request that uses it.
-    pub fn direct(connect_timeout: Duration) -> Client {
+    /// Straight to the upstream, on a shared connection pool: HTTP/2 where the upstream offers
+    /// it over TLS, else HTTP/1.1 with a connection driven by the one request that uses it, at
+    /// most `per_host` in use per upstream.
+    pub fn direct(connect_timeout: Duration, per_host: usize) -> Client {
         let mut http = HttpConnector::new();
         http.enforce_http(false);
         http.set_nodelay(true);
@@ -76,9 +79,9 @@ impl Client {
         let https = hyper_rustls::HttpsConnectorBuilder::new()
             .with_webpki_roots()
             .https_or_http()
-            .enable_http1()
+            .enable_all_versions()
             .wrap_connector(http);
-        Client::Direct(Arc::new(Pool::new(https)))
+        Client::Direct(Arc::new(Pool::new(https, Arc::new(HostCaps::new(per_host)))))
     }
 
     /// Through reqwest: via `proxy` when given, else via the proxy the environment names.
@@ -240,7 +243,10 @@ mod tests {
             .body(Bytes::new())
             .unwrap();
         let connect = Duration::from_secs(5);
-        for client in [Client::direct(connect), Client::proxied(None, connect).unwrap()] {
+        for client in [
+            Client::direct(connect, 64),
+            Client::proxied(None, connect).unwrap(),
+        ] {
             let e = client.send(duplicate(&req)).await.unwrap_err();
             assert_eq!(e.to_string(), "connection failed (127.0.0.1)");
         }
@@ -267,7 +273,10 @@ mod tests {
             .body(Bytes::new())
             .unwrap();
         let connect = Duration::from_millis(300);
-        for client in [Client::direct(connect), Client::proxied(None, connect).unwrap()] {
+        for client in [
+            Client::direct(connect, 64),
+            Client::proxied(None, connect).unwrap(),
+        ] {
             let started = std::time::Instant::now();
             let e = client.send(duplicate(&req)).await.unwrap_err();
             assert_eq!(e.to_string(), "timed out (127.0.0.1)");
