@@ -372,6 +372,7 @@ impl QuotaCounters {
     ) -> StoreResult<Vec<Standing>> {
         let bounds = window::bounds(rule.window, now, tz);
         let start = bounds.map_or(0, |b| b.start.timestamp());
+        store.fail_fast()?;
         let stored: Vec<(i64, i64)> = sqlx::query_as(
             "SELECT subject_id, used FROM usage_counters WHERE subject = $1 AND metric = $2
                AND time_window = $3 AND window_start = $4",
