@@ -248,14 +248,23 @@ function showErrors(form, summary, errors) {
 
 // ---------------------------------------------------------------- tables and widgets
 
-/** A table: columns [{label, cell(row) → node|text, class?}]. */
-export function table(columns, rows, { empty = 'Nothing here yet.', caption } = {}) {
+/**
+ * A table: columns [{label, cell(row) → node|text, class?}]. It fits its box (long words
+ * break rather than push it wider); on phones each row becomes a card of labelled cells, or
+ * the page's own card layout when `kind` names one (e.g. `log-table`).
+ */
+export function table(columns, rows, { empty = 'Nothing here yet.', caption, kind } = {}) {
   if (!rows.length) return h('p.empty', empty);
-  return h('div.table-wrap', { tabindex: 0, role: 'region', 'aria-label': caption || 'Table' },
+  return h('div.table-wrap', { class: kind, tabindex: 0, role: 'region', 'aria-label': caption || 'Table' },
     h('table',
       caption ? h('caption.visually-hidden', caption) : null,
       h('thead', h('tr', columns.map((c) => h('th', { scope: 'col', class: c.class }, c.label)))),
       h('tbody', rows.map((r) => h('tr', columns.map((c) => h('td', { class: c.class, dataset: { label: c.label } }, h('div.cell', c.cell(r)))))))));
+}
+
+/** Text that may break after "/", "@", "_" and "." (emails, key names, codes) rather than anywhere. */
+export function breakable(text) {
+  return String(text).split(/(?<=[/@_.])/).flatMap((part, i) => (i ? [h('wbr'), part] : [part]));
 }
 
 /** A used/limit bar. */
@@ -303,6 +312,12 @@ export function fmtTime(v, { seconds = true } = {}) {
   }).formatToParts(d);
   const p = Object.fromEntries(parts.map((x) => [x.type, x.value]));
   return `${p.year}-${p.month}-${p.day} ${p.hour}:${p.minute}${seconds ? `:${p.second}` : ''}`;
+}
+
+/** fmtTime without the year when it is the current one: "12-02 10:27:56". */
+export function fmtRecent(v, opts) {
+  const t = fmtTime(v, opts);
+  return t.length > 10 && t.slice(0, 4) === fmtTime(Date.now()).slice(0, 4) ? t.slice(5) : t;
 }
 
 /** Milliseconds → "1h 02m", "3m 05s", "42s". */
@@ -364,6 +379,11 @@ export const METRICS = [
   ['completion_tokens', 'Completion tokens'],
   ['credits', 'Credits'],
 ];
+
+/** The unit a metric counts in, for figures: "requests", "tokens", "credits"… */
+export function metricUnit(m) {
+  return { requests: 'requests', total_tokens: 'tokens', prompt_tokens: 'prompt tokens', completion_tokens: 'completion tokens', credits: 'credits' }[m] || m;
+}
 
 export function metricLabel(m) {
   const f = METRICS.find(([k]) => k === m);

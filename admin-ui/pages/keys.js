@@ -3,21 +3,21 @@
 
 import { api } from '../api.js';
 import {
-  h, clear, table, badge, alertBox, messageOf, fmtNum, fmtTime, countdown, dialog, confirmDialog,
+  h, clear, table, badge, alertBox, messageOf, fmtNum, fmtTime, fmtRecent, countdown, dialog, confirmDialog,
   field, select, handleSubmit, toast, busy, pageHeader, secretDialog, metricLabel, windowLabel, bar, idle,
 } from '../ui.js';
 import { metricWindowFields, validatePolicy, windowValue, editPolicy, deletePolicy } from './guardrails.js';
 
+/** The breaker's state; the cell is the button that opens its history. */
 function breakerCell(k) {
   const b = k.breaker || {};
   const trips = h('small.muted', `${b.trips || 0} trip${b.trips === 1 ? '' : 's'}`);
-  if (b.banned) return h('span.breaker', badge('banned', 'danger', 'Banned for good after 5 trips: delete it and create a new key'), ' ', trips);
-  if (b.blocked_until && new Date(b.blocked_until).getTime() > Date.now()) {
-    return h('span.breaker',
-      badge('blocked', 'warn'), ' ', h('strong', countdown(b.blocked_until, 'open again')), h('br'),
-      h('small.muted', 'until ', h('time', { datetime: b.blocked_until }, fmtTime(b.blocked_until))), ' ', trips);
-  }
-  return h('span.breaker', badge('ok', 'ok'), ' ', trips);
+  let state;
+  if (b.banned) state = [badge('banned', 'danger', 'Banned for good after 5 trips: delete it and create a new key'), ' ', trips];
+  else if (b.blocked_until && new Date(b.blocked_until).getTime() > Date.now()) {
+    state = [h('span.nowrap', badge('blocked', 'warn'), ' ', h('strong', countdown(b.blocked_until, 'open again'))), h('br'), trips];
+  } else state = [badge('ok', 'ok'), ' ', trips];
+  return h('button.link-button.breaker', { type: 'button', 'aria-label': `Breaker history of key ${k.name}`, title: 'Breaker history', onclick: () => breakerDialog(k) }, state);
 }
 
 async function createKey(ctx, members) {
@@ -121,20 +121,27 @@ export default {
         const [keys, pol] = await Promise.all([api.list('/keys'), api.list('/policies').catch(() => [])]);
         policies = pol;
         const budgets = (k) => policies.filter((p) => p.subject === 'apikey' && p.target_id === k.id);
+        // The key's prefix goes under its name and the creation date shows on wide screens
+        // only, so the budget keeps a line per budget.
         const cols = [
-          { label: 'Name', cell: (k) => h('strong', k.name) },
-          { label: 'Key', class: 'nowrap', cell: (k) => h('code', `${k.prefix || 'sk-aigw-'}…`) },
+          { label: 'Name', cell: (k) => [h('strong', k.name), h('code.key-prefix', `${k.prefix || 'sk-aigw-'}…`)] },
         ];
         if (ctx.role !== 'member') cols.push({ label: 'Member', cell: (k) => k.member_email || String(k.member_id) });
         cols.push(
-          { label: 'Created', class: 'nowrap', cell: (k) => h('span', { title: fmtTime(k.created_at) }, fmtTime(k.created_at).slice(0, 10)) },
-          { label: 'Last used', class: 'nowrap', cell: (k) => (k.last_used_at ? fmtTime(k.last_used_at, { seconds: false }) : 'never') },
+          { label: 'Created', class: 'nowrap col-wide', cell: (k) => h('span', { title: fmtTime(k.created_at) }, fmtTime(k.created_at).slice(0, 10)) },
+          { label: 'Last used', class: 'nowrap', cell: (k) => (k.last_used_at ? h('span', { title: fmtTime(k.last_used_at) }, fmtRecent(k.last_used_at, { seconds: false })) : 'never') },
           {
             label: 'Budget',
+            class: 'c-budget',
             cell: (k) => {
               const b = budgets(k);
               if (!b.length) return h('span.muted', 'none');
-              return h('ul.plain', b.map((p) => h('li', `${p.used !== null && p.used !== undefined ? `${fmtNum(p.used)} / ` : ''}${fmtNum(p.limit)} ${metricLabel(p.metric).toLowerCase()} ${windowLabel(p.window)}`)));
+              return h('ul.plain.budget-cell', b.map((p) => {
+                const text = `${fmtNum(p.limit)} ${metricLabel(p.metric).toLowerCase()} ${windowLabel(p.window)}`;
+                const known = p.used !== null && p.used !== undefined;
+                return h('li', known ? bar(Number(p.used), Number(p.limit), `Budget ${text}`) : null,
+                  h('span', known ? `${fmtNum(p.used)} / ${text}` : text));
+              }));
             },
           },
           { label: 'Breaker', cell: breakerCell },
@@ -144,7 +151,6 @@ export default {
             cell: (k) => [
               (ctx.role !== 'member' || k.created_by === ctx.me.id) // members budget only keys they created
                 ? h('button.small', { type: 'button', 'aria-label': `Budget of key ${k.name}`, onclick: () => budgetDialog(ctx, k, policies, load) }, 'Budget') : null,
-              h('button.small', { type: 'button', 'aria-label': `Breaker history of key ${k.name}`, onclick: () => breakerDialog(k) }, 'Breaker'),
               h('button.small.danger', {
                 type: 'button',
                 'aria-label': `Delete key ${k.name}`,

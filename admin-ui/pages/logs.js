@@ -4,7 +4,7 @@
 
 import { api } from '../api.js';
 import {
-  h, clear, table, badge, alertBox, messageOf, fmtNum, fmtCredits, fmtTime, dialog, field, select, handleSubmit, toast, busy, pageHeader,
+  h, clear, table, breakable, badge, alertBox, messageOf, fmtNum, fmtCredits, fmtTime, fmtRecent, dialog, field, select, handleSubmit, toast, busy, pageHeader,
 } from '../ui.js';
 
 const RANGES = [
@@ -138,20 +138,30 @@ export default {
     let rows = [];
     let query = {};
     const render = () => {
+      // The columns that tell what happened fit at 1280 px; the figures show on wide screens
+      // (col-wide) and in the detail view. On phones each row is a short card.
       clear(body, table([
-        { label: 'Time', class: 'nowrap', cell: (l) => fmtTime(l.ts) },
-        { label: 'Status', cell: (l) => [statusBadge(l), l.code ? h('small.code', ` ${l.code}`) : null] },
-        { label: 'Source', cell: (l) => h('span.source', { dataset: { source: l.source || '' } }, sourceText(l)) },
-        { label: 'Explanation', class: 'explanation', cell: (l) => l.explanation || (Number(l.status) < 400 ? 'Served' : '—') },
-        { label: 'Model', class: 'nowrap', cell: (l) => (l.model_served && l.model_served !== l.model_requested ? `${l.model_requested} → ${l.model_served}` : l.model_requested || '—') },
-        { label: 'Key', class: 'nowrap', cell: (l) => names.key(l.key_id) },
-        admin ? { label: 'Member', cell: (l) => names.member(l.member_id) } : null,
-        { label: 'Attempts', cell: (l) => fmtNum(l.attempts) },
-        { label: 'Tokens', cell: (l) => `${fmtNum(l.total_tokens)}${l.usage_estimated ? '*' : ''}` },
-        { label: 'Credits', cell: logCredits },
-        { label: 'Latency', class: 'nowrap', cell: (l) => ms(l.latency_ms) },
-        { label: 'Details', cell: (l) => h('button.small', { type: 'button', 'aria-label': `Details of request ${l.request_id}`, onclick: () => showDetail(l, names) }, 'Details') },
-      ].filter(Boolean), rows, { empty: 'No request matches these filters.', caption: 'Request logs' }));
+        { label: 'Time', class: 'c-time nowrap', cell: (l) => h('time', { datetime: l.ts, title: fmtTime(l.ts) }, fmtRecent(l.ts)) },
+        {
+          label: 'Status',
+          class: 'c-status',
+          cell: (l) => [statusBadge(l), ' ', h('span.source', { dataset: { source: l.source || '' } }, sourceText(l)), l.code ? h('small.code', breakable(l.code)) : null],
+        },
+        {
+          label: 'Explanation',
+          class: 'c-expl',
+          cell: (l) => {
+            const text = l.explanation || (Number(l.status) < 400 ? 'Served' : '—');
+            return h('span.clamp', { title: text }, text);
+          },
+        },
+        { label: 'Model', class: 'c-model', cell: (l) => (l.model_served && l.model_served !== l.model_requested ? `${l.model_requested} → ${l.model_served}` : l.model_requested || '—') },
+        { label: 'Key', class: 'c-key', cell: (l) => breakable(names.key(l.key_id)) },
+        { label: 'Tokens', class: 'c-num col-wide', cell: (l) => `${fmtNum(l.total_tokens)}${l.usage_estimated ? '*' : ''}` },
+        { label: 'Credits', class: 'c-num col-wide', cell: logCredits },
+        { label: 'Latency', class: 'c-num col-wide nowrap', cell: (l) => ms(l.latency_ms) },
+        { label: 'Details', class: 'c-details', cell: (l) => h('button.small', { type: 'button', 'aria-label': `Details of request ${l.request_id}`, onclick: () => showDetail(l, names) }, 'Details') },
+], rows, { empty: 'No request matches these filters.', caption: 'Request logs', kind: 'log-table' }));
     };
 
     const load = async (cursor) => {

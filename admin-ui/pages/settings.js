@@ -1,7 +1,7 @@
 // Settings: my password; the workspace time zone (owner); departments (owners and admins).
 
 import { api, session } from '../api.js';
-import { h, clear, table, alertBox, messageOf, fmtTime, field, handleSubmit, toast, busy, confirmDialog, dialog, pageHeader, setZone } from '../ui.js';
+import { h, clear, alertBox, messageOf, fmtTime, field, handleSubmit, toast, busy, confirmDialog, dialog, pageHeader, setZone } from '../ui.js';
 
 function passwordCard() {
   const form = h('form.form',
@@ -57,39 +57,29 @@ function departmentsCard(ctx) {
   const load = async () => {
     try {
       const depts = await api.list('/departments');
-      clear(body, table([
-        { label: 'Name', cell: (d) => d.name },
-        { label: 'Created', cell: (d) => fmtTime(d.created_at, { seconds: false }) },
-        {
-          label: 'Actions',
-          class: 'actions-cell',
-          cell: (d) => [
-            h('button.small', {
-              type: 'button',
-              'aria-label': `Rename ${d.name}`,
-              onclick: async () => {
-                const done = await dialog(`Rename ${d.name}`, (close) => {
-                  const f = h('form.form', field('Name', h('input', { name: 'name', required: true, value: d.name })),
-                    h('div.actions', h('button', { type: 'button', onclick: () => close() }, 'Cancel'), h('button.primary', { type: 'submit' }, 'Save')));
-                  handleSubmit(f, { send: async (fd) => { await api.patch(`/departments/${d.id}`, { name: fd.get('name').trim() }); close(true); } });
-                  return f;
-                });
-                if (done) { toast('Department renamed.'); load(); }
-              },
-            }, 'Rename'),
-            h('button.small.danger', {
-              type: 'button',
-              'aria-label': `Delete ${d.name}`,
-              onclick: (e) => busy(e.currentTarget, async () => {
-                if (!(await confirmDialog('Delete department', `Delete the department "${d.name}"?`))) return;
-                await api.del(`/departments/${d.id}`);
-                toast('Department deleted.');
-                load();
-              }),
-            }, 'Delete'),
-          ],
-        },
-      ], depts, { empty: 'No departments yet.', caption: 'Departments' }));
+      const rename = async (d) => {
+        const done = await dialog(`Rename ${d.name}`, (close) => {
+          const f = h('form.form', field('Name', h('input', { name: 'name', required: true, value: d.name })),
+            h('div.actions', h('button', { type: 'button', onclick: () => close() }, 'Cancel'), h('button.primary', { type: 'submit' }, 'Save')));
+          handleSubmit(f, { send: async (fd) => { await api.patch(`/departments/${d.id}`, { name: fd.get('name').trim() }); close(true); } });
+          return f;
+        });
+        if (done) { toast('Department renamed.'); load(); }
+      };
+      const remove = (e, d) => busy(e.currentTarget, async () => {
+        if (!(await confirmDialog('Delete department', `Delete the department "${d.name}"?`))) return;
+        await api.del(`/departments/${d.id}`);
+        toast('Department deleted.');
+        load();
+      });
+      // A list, not a table: the card is a third of the page wide, and its buttons must fit.
+      clear(body, depts.length
+        ? h('ul.plain.dept-list', { 'aria-label': 'Departments' }, depts.map((d) => h('li.dept',
+          h('span.dept-name', h('strong', d.name), h('small.muted', `created ${fmtTime(d.created_at, { seconds: false }).slice(0, 10)}`)),
+          h('span.dept-actions',
+            h('button.small', { type: 'button', 'aria-label': `Rename ${d.name}`, onclick: () => rename(d) }, 'Rename'),
+            h('button.small.danger', { type: 'button', 'aria-label': `Delete ${d.name}`, onclick: (e) => remove(e, d) }, 'Delete')))))
+        : h('p.empty', 'No departments yet.'));
     } catch (err) {
       clear(body, alertBox('error', messageOf(err)));
     }

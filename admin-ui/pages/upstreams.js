@@ -36,7 +36,7 @@ const RULES = {
   other_failure: 'an unexpected answer, resting 30 s',
 };
 
-function ruleText(rule) {
+export function ruleText(rule) {
   return RULES[rule] ? `${RULES[rule]} [${rule}]` : String(rule || 'unknown rule');
 }
 
@@ -86,25 +86,31 @@ async function editUpstream(u) {
   u = u || { provider: 'openai', models: [], limits: {}, enabled: true, priority: 0, weight: 1 };
   return dialog(creating ? 'New upstream credential' : `Edit ${u.name}`, (close) => {
     const num = (name, value, attrs = {}) => h('input', { type: 'number', name, min: 0, step: 1, value: value ?? '', inputmode: 'numeric', ...attrs });
+    // Six columns: identity and secret two by two, numbers three by three, each group under
+    // its heading; one column on a phone.
+    const at = (span, el) => { el.classList.add(span); return el; };
     const form = h('form.form.form-grid',
-      field('Name', h('input', { name: 'name', required: true, value: u.name || '', autocomplete: 'off' })),
-      field('Provider', select('provider', PROVIDERS, u.provider)),
-      field('Base URL', h('input', { name: 'base_url', type: 'url', value: u.base_url || '', placeholder: 'https://api.openai.com/v1' }), 'Leave empty for the provider\'s own address.'),
-      field('API key (secret)', h('input', {
+      at('span-3', field('Name', h('input', { name: 'name', required: true, value: u.name || '', autocomplete: 'off' }))),
+      at('span-3', field('Provider', select('provider', PROVIDERS, u.provider))),
+      at('span-3', field('Base URL', h('input', { name: 'base_url', type: 'url', value: u.base_url || '', placeholder: 'https://api.openai.com/v1' }), 'Empty: the provider\'s own address.')),
+      at('span-3', field('API key (secret)', h('input', {
         name: 'api_key', type: 'password', autocomplete: 'new-password', required: creating, value: '',
         placeholder: creating ? 'The provider key' : 'Unchanged — type a new key to replace it',
-      }), creating ? 'Stored encrypted; it is never shown again.' : 'The current secret is never shown. Replacing it clears per-model locks.'),
+      }), creating ? 'Stored encrypted; it is never shown again.' : 'Never shown. Replacing it clears per-model locks.')),
       field('Models', h('textarea', { name: 'models', rows: 3, required: true, value: (u.models || []).map((m) => (m.upstream && m.upstream !== m.name ? `${m.name}=${m.upstream}` : m.name)).join('\n') }),
         'One per line: the public model name, or name=upstream-name.'),
-      field('Priority', num('priority', u.priority ?? 0), 'Lower is tried first.'),
-      field('Weight', num('weight', u.weight ?? 1, { min: 1 }), 'Spreads load within a priority.'),
-      field('Max in flight', num('max_in_flight', u.max_in_flight ?? '', { min: 1 }), 'Empty: no limit.'),
-      field('Requests per minute', num('limits.requests_per_minute', u.limits?.requests_per_minute ?? '', { min: 1 })),
-      field('Tokens per minute', num('limits.tokens_per_minute', u.limits?.tokens_per_minute ?? '', { min: 1 })),
-      field('Requests per day', num('limits.requests_per_day', u.limits?.requests_per_day ?? '', { min: 1 })),
-      field('Quota group', h('input', { name: 'quota_group', value: u.quota_group || '', autocomplete: 'off' }), 'Credentials sharing one account quota rest together.'),
-      h('div.field.checkbox', h('label', h('input', { type: 'checkbox', name: 'enabled', checked: u.enabled !== false }), ' Enabled')),
-      h('div.actions.span-all', h('button', { type: 'button', onclick: () => close() }, 'Cancel'), h('button.primary', { type: 'submit' }, creating ? 'Create upstream' : 'Save')));
+      h('h3.form-section', 'Routing'),
+      at('span-2', field('Priority', num('priority', u.priority ?? 0), 'Lower is tried first.')),
+      at('span-2', field('Weight', num('weight', u.weight ?? 1, { min: 1 }), 'Spreads load within a priority.')),
+      at('span-2', field('Max in flight', num('max_in_flight', u.max_in_flight ?? '', { min: 1 }), 'Empty: no limit.')),
+      h('h3.form-section', 'Own limits ', h('small.muted', '(empty: none)')),
+      at('span-2', field('Requests per minute', num('limits.requests_per_minute', u.limits?.requests_per_minute ?? '', { min: 1 }))),
+      at('span-2', field('Tokens per minute', num('limits.tokens_per_minute', u.limits?.tokens_per_minute ?? '', { min: 1 }))),
+      at('span-2', field('Requests per day', num('limits.requests_per_day', u.limits?.requests_per_day ?? '', { min: 1 }))),
+      at('span-3', field('Quota group', h('input', { name: 'quota_group', value: u.quota_group || '', autocomplete: 'off' }), 'Credentials sharing one account quota rest together.')),
+      h('div.actions.with-option',
+        h('div.field.checkbox', h('label', { title: 'A disabled credential gets no traffic.' }, h('input', { type: 'checkbox', name: 'enabled', checked: u.enabled !== false }), ' Enabled')),
+        h('button', { type: 'button', onclick: () => close() }, 'Cancel'), h('button.primary', { type: 'submit' }, creating ? 'Create upstream' : 'Save')));
     handleSubmit(form, {
       validate: (fd) => {
         const errors = {};

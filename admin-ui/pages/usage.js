@@ -1,8 +1,8 @@
-// Usage: requests, tokens and credits by day (columns) and by key and by model (bars), drawn
-// as plain SVG, each with a table of the same figures for those who would rather read.
+// Usage: requests, tokens and credits by day (columns, plain SVG) and by key and by model
+// (bars, plain HTML), each with a table of the same figures for those who would rather read.
 
 import { api } from '../api.js';
-import { h, clear, alertBox, messageOf, fmtNum, fmtTime, select, field, pageHeader, table } from '../ui.js';
+import { h, clear, alertBox, messageOf, fmtNum, fmtTime, select, field, pageHeader, table, breakable } from '../ui.js';
 
 const SVG = 'http://www.w3.org/2000/svg';
 function s(tag, attrs = {}, ...children) {
@@ -15,52 +15,79 @@ function s(tag, attrs = {}, ...children) {
 const METRICS = [['requests', 'Requests'], ['total_tokens', 'Tokens'], ['credits', 'Credits']];
 const RANGES = [['7', 'Last 7 days'], ['30', 'Last 30 days'], ['90', 'Last 90 days']];
 
-function niceMax(v) {
-  if (v <= 0) return 1;
-  const p = 10 ** Math.floor(Math.log10(v));
-  return [1, 2, 2.5, 5, 10].map((m) => m * p).find((m) => m >= v);
+/** The top of an axis of four equal steps above `v`; whole steps for counts. */
+function niceMax(v, whole) {
+  if (v <= 0) return whole ? 4 : 1;
+  const raw = v / 4;
+  const p = 10 ** Math.floor(Math.log10(raw));
+  const step = [1, 2, 2.5, 5, 10].map((m) => m * p).find((m) => m >= raw && (!whole || (m >= 1 && Number.isInteger(m))));
+  return 4 * (step || Math.ceil(raw));
 }
 
-/** Vertical columns, one per day. */
+/** Width of `text` in the chart's font (the axis text is 12 px, like the page's small text). */
+let measurer = null;
+function textWidth(text) {
+  measurer = measurer || document.createElement('canvas').getContext('2d');
+  measurer.font = `12px ${getComputedStyle(document.body).fontFamily}`;
+  return measurer.measureText(text).width;
+}
+
+/**
+ * Vertical columns, one per day, drawn at the pixel width of their box (and again whenever it
+ * changes), so the axis text keeps its size at every width and the left margin fits the
+ * longest axis label.
+ */
 function columnChart(rows, metric, title) {
-  const W = 900; const H = 260; const L = 48; const B = 28; const T = 10;
-  const max = niceMax(Math.max(0, ...rows.map((r) => Number(r[metric]) || 0)));
-  const bw = rows.length ? (W - L - 8) / rows.length : 0;
-  const svg = s('svg', { viewBox: `0 0 ${W} ${H}`, class: 'chart', role: 'img', 'aria-label': title });
-  svg.append(s('title', {}, title));
-  for (let i = 0; i <= 4; i += 1) {
-    const y = T + ((H - T - B) * i) / 4;
-    svg.append(s('line', { x1: L, x2: W, y1: y, y2: y, class: 'gridline' }));
-    svg.append(s('text', { x: L - 6, y: y + 4, class: 'axis', 'text-anchor': 'end' }, fmtNum(max * (1 - i / 4))));
-  }
-  const step = Math.ceil(rows.length / 10);
-  rows.forEach((r, i) => {
-    const v = Number(r[metric]) || 0;
-    const bh = ((H - T - B) * v) / max;
-    const x = L + i * bw + bw * 0.15;
-    svg.append(s('rect', { x, y: H - B - bh, width: Math.max(1, bw * 0.7), height: bh, class: 'col' }, s('title', {}, `${r.label || r.group}: ${fmtNum(v)}`)));
-    if (i % step === 0) svg.append(s('text', { x: x + bw * 0.35, y: H - 8, class: 'axis', 'text-anchor': 'middle' }, String(r.label || r.group).slice(5)));
-  });
-  return svg;
+  const host = h('div.column-chart');
+  const H = 240; const B = 26; const T = 10;
+  let drawnAt = 0;
+  const draw = () => {
+    const W = Math.floor(host.clientWidth);
+    if (!W || W === drawnAt) return;
+    drawnAt = W;
+    const max = niceMax(Math.max(0, ...rows.map((r) => Number(r[metric]) || 0)), metric !== 'credits');
+    const ticks = [0, 1, 2, 3, 4].map((i) => fmtNum(max * (1 - i / 4)));
+    const L = Math.ceil(Math.max(...ticks.map(textWidth))) + 10;
+    const R = 4;
+    const bw = rows.length ? (W - L - R) / rows.length : 0;
+    const svg = s('svg', { viewBox: `0 0 ${W} ${H}`, width: W, height: H, class: 'chart', role: 'img', 'aria-label': title });
+    svg.append(s('title', {}, title));
+    ticks.forEach((label, i) => {
+      const y = T + ((H - T - B) * i) / 4;
+      svg.append(s('line', { x1: L, x2: W - R, y1: y, y2: y, class: 'gridline' }));
+      svg.append(s('text', { x: L - 6, y: y + 4, class: 'axis', 'text-anchor': 'end' }, label));
+    });
+    // As many day labels as fit, each centred under its column and kept inside the drawing.
+    const labelW = textWidth('00-00') + 12;
+    const step = Math.max(1, Math.ceil(rows.length / Math.max(1, Math.floor((W - L - R) / labelW))));
+    rows.forEach((r, i) => {
+      const v = Number(r[metric]) || 0;
+      const bh = ((H - T - B) * v) / max;
+      const x = L + i * bw + bw * 0.15;
+      svg.append(s('rect', { x, y: H - B - bh, width: Math.max(1, bw * 0.7), height: bh, class: 'col' }, s('title', {}, `${r.label || r.group}: ${fmtNum(v)}`)));
+      if (i % step === 0) {
+        const cx = Math.min(Math.max(x + bw * 0.35, L + labelW / 2), W - R - labelW / 2);
+        svg.append(s('text', { x: cx, y: H - 8, class: 'axis', 'text-anchor': 'middle' }, String(r.label || r.group).slice(5)));
+      }
+    });
+    host.replaceChildren(svg);
+  };
+  new ResizeObserver(draw).observe(host);
+  return host;
 }
 
-/** Horizontal bars, largest first. */
-function barChart(rows, metric, title) {
+/** Horizontal bars, largest first: a list whose labels wrap rather than get cut off. */
+function barList(rows, metric, title) {
   const sorted = [...rows].sort((a, b) => (Number(b[metric]) || 0) - (Number(a[metric]) || 0)).slice(0, 12);
-  const W = 460; const row = 26; const L = 170; const H = sorted.length * row + 8;
   const max = Math.max(1e-9, ...sorted.map((r) => Number(r[metric]) || 0));
-  const svg = s('svg', { viewBox: `0 0 ${W} ${H}`, class: 'chart', role: 'img', 'aria-label': title });
-  svg.append(s('title', {}, title));
-  sorted.forEach((r, i) => {
+  return h('ol.hbars', { 'aria-label': title }, sorted.map((r) => {
     const v = Number(r[metric]) || 0;
-    const y = 4 + i * row;
-    const w = ((W - L - 60) * v) / max;
     const label = String(r.label || r.group || '—');
-    svg.append(s('text', { x: L - 8, y: y + 16, class: 'axis', 'text-anchor': 'end' }, label.length > 26 ? `${label.slice(0, 25)}…` : label));
-    svg.append(s('rect', { x: L, y: y + 3, width: Math.max(1, w), height: row - 8, class: 'bar-h' }, s('title', {}, `${label}: ${fmtNum(v)}`)));
-    svg.append(s('text', { x: L + w + 6, y: y + 16, class: 'value' }, fmtNum(v)));
-  });
-  return svg;
+    return h('li.hbar', { class: r.group === '' ? 'hbar-other' : '' },
+      h('span.hbar-label', breakable(label)),
+      h('span.hbar-track', h('span.hbar-fill', { style: { width: `${Math.max(0.5, (100 * v) / max)}%` } })),
+      h('span.hbar-value', fmtNum(v)));
+  }));
 }
 
 /** Fills in days with no traffic so the day chart has no gaps. */
@@ -77,11 +104,11 @@ function fillDays(rows, days) {
 
 function figures(rows, first) {
   return table([
-    { label: first, cell: (r) => String(r.label || r.group || '—') },
-    { label: 'Requests', cell: (r) => fmtNum(r.requests) },
-    { label: 'Prompt tokens', cell: (r) => fmtNum(r.prompt_tokens) },
-    { label: 'Completion tokens', cell: (r) => fmtNum(r.completion_tokens) },
-    { label: 'Credits', cell: (r) => fmtNum(r.credits) },
+    { label: first, cell: (r) => breakable(String(r.label || r.group || '—')) },
+    { label: 'Requests', class: 'c-num', cell: (r) => fmtNum(r.requests) },
+    { label: 'Prompt tokens', class: 'c-num', cell: (r) => fmtNum(r.prompt_tokens) },
+    { label: 'Completion tokens', class: 'c-num', cell: (r) => fmtNum(r.completion_tokens) },
+    { label: 'Credits', class: 'c-num', cell: (r) => fmtNum(r.credits) },
   ], rows, { empty: 'No usage in this range.', caption: `Usage by ${first.toLowerCase()}` });
 }
 
@@ -105,9 +132,9 @@ export default {
         rows.length ? h('details', h('summary', 'Show the figures'), figures(rows, first)) : null);
       clear(body,
         section(`${METRICS.find(([k]) => k === m)[1]} by day`, columnChart(data.day, m, `${mName} by day`), data.day, 'Day'),
-        h('div.grid.grid-2',
-          section(`By key`, barChart(data.key, m, `${mName} by key`), data.key, 'Key'),
-          section(`By model`, barChart(data.model, m, `${mName} by model`), data.model, 'Model')));
+        h('div.grid.usage-split',
+          section('By key', barList(data.key, m, `${mName} by key`), data.key, 'Key'),
+          section('By model', barList(data.model, m, `${mName} by model`), data.model, 'Model')));
     };
     const load = async () => {
       const days = Number(range.value);

@@ -15,7 +15,9 @@ use crate::app::AppState;
 use crate::error::ApiError;
 use crate::quota::micros_to_credits;
 use crate::request_log::{LogFilter, LogRecord};
-use crate::store::{AdminStore, ApiKeyRow, Department, MemberRow, RequestLogStore, Table, UsageGrouping};
+use crate::store::{
+    AdminStore, ApiKeyRow, Department, MemberRow, ModelRow, RequestLogStore, Table, UsageGrouping, UsageRow,
+};
 
 /// The filter as the actor may use it: always their workspace; a member always their own logs.
 fn scoped(actor: &Actor, mut f: LogFilter) -> AdminResult<LogFilter> {
@@ -200,12 +202,16 @@ pub async fn usage(
             .local_minus_utc(),
     ) * 1000;
     let member = (!actor.manages()).then_some(actor.member.id);
-    let rows = state
+    let mut rows = state
         .store
         .usage(ws, member, from, to, by, offset_ms)
         .await
         .map_err(store_error)?;
     let store = &state.store;
+    if by == UsageGrouping::Model {
+        let models: Vec<ModelRow> = store.rows_in(Table::Models, ws).await.map_err(store_error)?;
+        rows = by_real_model(rows, &models);
+    }
     let members: Vec<MemberRow> = store.rows_in(Table::Members, ws).await.map_err(store_error)?;
     let keys: Vec<ApiKeyRow> = store.rows_in(Table::ApiKeys, ws).await.map_err(store_error)?;
     let depts: Vec<Department> = store.rows_in(Table::Departments, ws).await.map_err(store_error)?;
@@ -226,6 +232,7 @@ pub async fn usage(
                     .and_then(|id| depts.iter().find(|d| d.id == id))
                     .map(|d| d.name.clone())
                     .or(Some("(no department)".into())),
+                UsageGrouping::Model if r.group_key.is_empty() => Some(OTHER_MODELS.into()),
                 UsageGrouping::Model => Some(r.group_key.clone()),
             };
             json!({
@@ -240,6 +247,46 @@ pub async fn usage(
         })
         .collect();
     Ok(Json(json!({"by": by_name, "from": from, "to": to, "data": data})).into_response())
+}
+
+/// The label of the usage no model of the workspace accounts for.
+const OTHER_MODELS: &str = "Unknown or no model";
+
+/// Usage by model as a reader means it: one row per model that served requests or that the
+/// workspace has (a request for it that nothing served counts there too), and one last row,
+/// group `""`, for requests that named no model or one the workspace does not have.
+fn by_real_model(rows: Vec<UsageRow>, models: &[ModelRow]) -> Vec<UsageRow> {
+    let mut named: Vec<UsageRow> = Vec::new();
+    let mut other: Option<UsageRow> = None;
+    let served: Vec<&str> = rows
+        .iter()
+        .filter_map(|r| r.group_key.strip_prefix("served:"))
+        .collect();
+    let real = |m: &str| served.contains(&m) || models.iter().any(|x| x.name == m);
+    for r in &rows {
+        let (served, name) = match r.group_key.split_once(':') {
+            Some(("served", m)) => (true, m),
+            Some((_, m)) => (false, m),
+            None => (false, r.group_key.as_str()),
+        };
+        let group = if served || (!name.is_empty() && real(name)) {
+            name
+        } else {
+            ""
+        };
+        let slot = if group.is_empty() {
+            other.get_or_insert_with(|| UsageRow::empty(""))
+        } else if let Some(i) = named.iter().position(|n| n.group_key == group) {
+            &mut named[i]
+        } else {
+            named.push(UsageRow::empty(group));
+            named.last_mut().expect("just pushed")
+        };
+        slot.add(r);
+    }
+    named.sort_by(|a, b| a.group_key.cmp(&b.group_key));
+    named.extend(other);
+    named
 }
 
 #[derive(Deserialize)]
@@ -295,7 +342,53 @@ pub async fn audit(
 
 #[cfg(test)]
 mod tests {
-    use super::csv_text;
+    use super::{by_real_model, csv_text};
+    use crate::store::{ModelRow, UsageRow};
+
+    /// Each case: the groups the store answered (with their request counts) and what the
+    /// reader gets; the workspace has the models "current" and "idle".
+    #[test]
+    fn usage_by_model_keeps_real_models_and_gathers_the_rest() {
+        let model = |name: &str| ModelRow {
+            id: 1,
+            workspace_id: 1,
+            name: name.into(),
+            fallbacks: "[]".into(),
+            price_prompt: 0,
+            price_completion: 0,
+            created_at: 0,
+        };
+        let models = [model("current"), model("idle")];
+        type Groups<'a> = &'a [(&'a str, i64)];
+        let cases: [(Groups, Groups); 5] = [
+            (&[("served:current", 2)], &[("current", 2)]),
+            // Asked for a model of the workspace that nothing served: still that model.
+            (&[("asked:current", 1), ("served:current", 2)], &[("current", 3)]),
+            (&[("asked:idle", 1)], &[("idle", 1)]),
+            // A deleted model that served requests keeps its row, unserved ones included.
+            (&[("asked:deleted", 1), ("served:deleted", 4)], &[("deleted", 5)]),
+            // No model, or one that never existed: one row, last.
+            (
+                &[("asked:", 1), ("asked:no-such-model", 2), ("served:current", 1)],
+                &[("current", 1), ("", 3)],
+            ),
+        ];
+        for (groups, expected) in cases {
+            let rows = groups
+                .iter()
+                .map(|(g, n)| UsageRow {
+                    requests: *n,
+                    ..UsageRow::empty(g)
+                })
+                .collect();
+            let got: Vec<(String, i64)> = by_real_model(rows, &models)
+                .into_iter()
+                .map(|r| (r.group_key, r.requests))
+                .collect();
+            let want: Vec<(String, i64)> = expected.iter().map(|(g, n)| ((*g).to_owned(), *n)).collect();
+            assert_eq!(got, want, "{groups:?}");
+        }
+    }
 
     /// OWASP CSV injection: a cell a spreadsheet would read as a formula (or that starts with a
     /// character some spreadsheets strip before reading one) is prefixed with `'`; RFC 4180

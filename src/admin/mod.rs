@@ -109,6 +109,7 @@ admin_routes! {
     get "/admin/v1/policies/{id}" Member => policies::get;
     patch "/admin/v1/policies/{id}" Member => policies::update;
     delete "/admin/v1/policies/{id}" Member => policies::delete;
+    get "/admin/v1/quota/standings" Admin => policies::standings;
 
     get "/admin/v1/upstreams" Admin => upstreams::list;
     post "/admin/v1/upstreams" Admin => upstreams::create;

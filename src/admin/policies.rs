@@ -13,7 +13,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::session::Actor;
-use super::{AdminResult, Body, Id, audit, config_changed, created, no_content, store_error};
+use super::{AdminResult, Body, Id, Params, audit, config_changed, created, no_content, store_error};
 use crate::app::AppState;
 use crate::error::ApiError;
 use crate::quota::engine::{PolicyRule, display_value};
@@ -25,6 +25,7 @@ use crate::store::{
 
 /// The workspace's members, keys and departments: what policies name.
 struct Names {
+    workspace_id: i64,
     workspace: String,
     members: Vec<MemberRow>,
     keys: Vec<ApiKeyRow>,
@@ -35,6 +36,7 @@ impl Names {
     async fn load(state: &AppState, ws: i64) -> AdminResult<Names> {
         let store = &state.store;
         Ok(Names {
+            workspace_id: ws,
             workspace: store
                 .workspace(ws)
                 .await
@@ -53,6 +55,42 @@ impl Names {
 
     fn key(&self, id: i64) -> Option<&ApiKeyRow> {
         self.keys.iter().find(|k| k.id == id)
+    }
+
+    /// How the console names one subject: a key as `<email>/<name>`, a member by email, a
+    /// department or the workspace by name; none when it is not in this workspace.
+    fn subject_name(&self, kind: SubjectKind, id: i64) -> Option<String> {
+        match kind {
+            SubjectKind::Apikey => self.key(id).map(|k| {
+                let email = self.member(k.member_id).map_or("", |m| m.email.as_str());
+                format!("{email}/{}", k.name)
+            }),
+            SubjectKind::Member => self.member(id).map(|m| m.email.clone()),
+            SubjectKind::Dept => self
+                .departments
+                .iter()
+                .find(|d| d.id == id)
+                .map(|d| d.name.clone()),
+            SubjectKind::Ws => (id == self.workspace_id).then(|| self.workspace.clone()),
+        }
+    }
+
+    /// Whether `rule` counts subject `id` (of the rule's kind, in this workspace): its one
+    /// target, or, for "each", every subject of the kind inside its department if it names one.
+    fn covers(&self, rule: &PolicyRule, id: i64) -> bool {
+        if rule.target_id != 0 {
+            return rule.target_id == id;
+        }
+        let scope = rule.scope_department_id;
+        let in_scope = |dept: Option<i64>| scope == 0 || dept == Some(scope);
+        match rule.subject {
+            SubjectKind::Apikey => self
+                .key(id)
+                .is_some_and(|k| in_scope(self.member(k.member_id).and_then(|m| m.department_id))),
+            SubjectKind::Member => self.member(id).is_some_and(|m| in_scope(m.department_id)),
+            SubjectKind::Dept => self.departments.iter().any(|d| d.id == id) && in_scope(Some(id)),
+            SubjectKind::Ws => id == self.workspace_id,
+        }
     }
 
     /// How the console names a policy's target.
@@ -172,6 +210,85 @@ pub async fn list(State(state): State<AppState>, actor: Actor) -> AdminResult {
         data.push(policy_json(&state, &names, p).await?);
     }
     Ok(Json(json!({ "data": data })).into_response())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StandingsQuery {
+    /// The least share of its limit a subject must have used, in percent; default 80.
+    #[serde(default)]
+    min_percent: Option<f64>,
+}
+
+/// `GET /admin/v1/quota/standings`: every quota of the workspace that a subject has used at
+/// least `min_percent` of, one entry per policy and subject (an "each" policy per member, key
+/// or department), fullest first: what the console's overview lists as needing attention.
+pub async fn standings(
+    State(state): State<AppState>,
+    actor: Actor,
+    Params(q): Params<StandingsQuery>,
+) -> AdminResult {
+    let min_percent = q.min_percent.unwrap_or(80.0);
+    if !(0.0..=100.0).contains(&min_percent) {
+        return Err(ApiError::field(
+            "min_percent",
+            "min_percent must be between 0 and 100",
+        ));
+    }
+    let ws = actor.workspace_id();
+    let names = Names::load(&state, ws).await?;
+    let rows: Vec<PolicyRow> = state
+        .store
+        .rows_in(Table::Policies, ws)
+        .await
+        .map_err(store_error)?;
+    let (now, tz) = (state.clock.now(), state.timezone_of(ws));
+    let mut found: Vec<(f64, Value)> = Vec::new();
+    for rule in rows.iter().filter_map(PolicyRule::from_row) {
+        let all = state
+            .quota
+            .standings_of_all(&state.store, &rule, now, tz)
+            .await
+            .map_err(store_error)?;
+        for s in all.iter().filter(|s| names.covers(&rule, s.key.subject_id)) {
+            // A limit of 0 refuses everything: it is full.
+            let percent = if rule.limit > 0 {
+                s.used as f64 * 100.0 / rule.limit as f64
+            } else {
+                100.0
+            };
+            let Some(subject_name) = names.subject_name(rule.subject, s.key.subject_id) else {
+                continue;
+            };
+            if percent < min_percent {
+                continue;
+            }
+            found.push((
+                percent,
+                json!({
+                    "policy_id": rule.id,
+                    "subject": rule.subject.as_str(),
+                    "subject_id": s.key.subject_id,
+                    "subject_name": subject_name,
+                    "each": rule.target_id == 0,
+                    "metric": rule.metric.as_str(),
+                    "window": rule.window.to_string(),
+                    "limit": display_value(rule.metric, rule.limit),
+                    "used": display_value(rule.metric, s.used),
+                    "remaining": display_value(rule.metric, s.remaining(0)),
+                    "percent": (percent * 10.0).round() / 10.0,
+                    "mode": rule.mode.as_str(),
+                    "reset_at": s.reset_at.as_ref().map(format_reset_at),
+                }),
+            ));
+        }
+    }
+    found.sort_by(|a, b| {
+        b.0.total_cmp(&a.0)
+            .then_with(|| a.1["subject_name"].as_str().cmp(&b.1["subject_name"].as_str()))
+    });
+    let data: Vec<Value> = found.into_iter().map(|(_, v)| v).collect();
+    Ok(Json(json!({ "min_percent": min_percent, "data": data })).into_response())
 }
 
 async fn visible(state: &AppState, actor: &Actor, names: &Names, id: i64) -> AdminResult<PolicyRow> {

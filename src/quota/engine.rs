@@ -195,6 +195,35 @@ pub struct Standing {
     pub window_end: Option<DateTime<Utc>>,
 }
 
+/// A standing from what the subject used in the window `bounds` (none for `total`).
+fn standing_of(
+    rule: &PolicyRule,
+    key: CounterKey,
+    used: i64,
+    bounds: Option<window::WindowBounds>,
+    tz: Tz,
+) -> Standing {
+    // "<subject>:<id>" spreads the reset per subject; written on the stack (hot path).
+    let mut buf = [0u8; 48];
+    let len = {
+        let mut w = &mut buf[..];
+        let _ = std::io::Write::write_fmt(
+            &mut w,
+            format_args!("{}:{}", rule.subject.as_str(), key.subject_id),
+        );
+        48 - w.len()
+    };
+    let subject_key = std::str::from_utf8(&buf[..len]).unwrap_or_default();
+    Standing {
+        rule: rule.clone(),
+        key,
+        used,
+        reset_at: bounds.map(|b| window::reset_at(b.end, subject_key, tz)),
+        window_secs: bounds.map(|b| (b.end - b.start).num_seconds()),
+        window_end: bounds.map(|b| b.end),
+    }
+}
+
 impl Standing {
     /// Whether the policy is used up (`used >= limit` refuses).
     pub fn exhausted(&self) -> bool {
@@ -339,22 +368,67 @@ impl QuotaCounters {
             Some(u) => u,
             None => self.load(store, &key, window_end).await?,
         };
-        // "<subject>:<id>" spreads the reset per subject; written on the stack (hot path).
-        let mut buf = [0u8; 48];
-        let len = {
-            let mut w = &mut buf[..];
-            let _ = std::io::Write::write_fmt(&mut w, format_args!("{}:{subject_id}", rule.subject.as_str()));
-            48 - w.len()
-        };
-        let subject_key = std::str::from_utf8(&buf[..len]).unwrap_or_default();
-        Ok(Standing {
-            rule: rule.clone(),
-            key,
-            used,
-            reset_at: bounds.map(|b| window::reset_at(b.end, subject_key, tz)),
-            window_secs: bounds.map(|b| (b.end - b.start).num_seconds()),
-            window_end,
-        })
+        Ok(standing_of(rule, key, used, bounds, tz))
+    }
+
+    /// How `rule` stands at `now` for every subject of its kind that used something in the
+    /// current window, whichever subjects the rule covers (the caller picks them): the store's
+    /// totals, or this gateway's where it knows more (usage not flushed yet). Reads only: no
+    /// counter is loaded or kept for it, so an overview of a large workspace costs one query
+    /// per policy and adds nothing to the next flush.
+    pub async fn standings_of_all(
+        &self,
+        store: &Store,
+        rule: &PolicyRule,
+        now: DateTime<Utc>,
+        tz: Tz,
+    ) -> StoreResult<Vec<Standing>> {
+        let bounds = window::bounds(rule.window, now, tz);
+        let start = bounds.map_or(0, |b| b.start.timestamp());
+        store.fail_fast()?;
+        let stored = store
+            .usage_in_window(
+                rule.subject.as_str(),
+                rule.metric.as_str(),
+                &rule.window.to_string(),
+                start,
+            )
+            .await?;
+        let mut used: FxHashMap<i64, i64> = stored.into_iter().collect();
+        {
+            let map = self.counters.lock().unwrap_or_else(|p| p.into_inner());
+            for (k, c) in map.iter() {
+                if k.subject == rule.subject
+                    && k.metric == rule.metric
+                    && k.window == rule.window
+                    && k.start == start
+                {
+                    let u = used.entry(k.subject_id).or_insert(0);
+                    // A counter the store answered holds the global total; one made by a
+                    // request alone holds only what this gateway added since.
+                    *u = if c.known {
+                        (*u).max(c.used())
+                    } else {
+                        u.saturating_add(c.pending).saturating_add(c.flushing)
+                    };
+                }
+            }
+        }
+        let mut out: Vec<Standing> = used
+            .into_iter()
+            .map(|(subject_id, u)| {
+                let key = CounterKey {
+                    subject: rule.subject,
+                    subject_id,
+                    metric: rule.metric,
+                    window: rule.window,
+                    start,
+                };
+                standing_of(rule, key, u, bounds, tz)
+            })
+            .collect();
+        out.sort_by_key(|s| s.key.subject_id);
+        Ok(out)
     }
 
     /// What this gateway knows `key` used, or none when the store must be read first.

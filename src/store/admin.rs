@@ -70,7 +70,8 @@ pub enum UsageGrouping {
     Member,
     /// By department.
     Dept,
-    /// By model served (or asked, when nothing served).
+    /// By model: `served:` and the model that served, or, for a request nothing served,
+    /// `asked:` and the model it asked for (`asked:` alone when it named none).
     Model,
 }
 
@@ -107,6 +108,29 @@ pub struct UsageRow {
     pub total_tokens: i64,
     /// Micro-credits.
     pub credits: i64,
+}
+
+impl UsageRow {
+    /// A group with nothing in it yet.
+    pub fn empty(group_key: &str) -> UsageRow {
+        UsageRow {
+            group_key: group_key.to_owned(),
+            requests: 0,
+            prompt_tokens: 0,
+            completion_tokens: 0,
+            total_tokens: 0,
+            credits: 0,
+        }
+    }
+
+    /// Adds `other`'s figures to this group's (saturating, like the sums in the store).
+    pub fn add(&mut self, other: &UsageRow) {
+        self.requests = self.requests.saturating_add(other.requests);
+        self.prompt_tokens = self.prompt_tokens.saturating_add(other.prompt_tokens);
+        self.completion_tokens = self.completion_tokens.saturating_add(other.completion_tokens);
+        self.total_tokens = self.total_tokens.saturating_add(other.total_tokens);
+        self.credits = self.credits.saturating_add(other.credits);
+    }
 }
 
 /// Admin reads and writes.
@@ -270,7 +294,10 @@ impl AdminStore for Store {
             UsageGrouping::Key => "CAST(key_id AS TEXT)",
             UsageGrouping::Member => "CAST(member_id AS TEXT)",
             UsageGrouping::Dept => "COALESCE(CAST(department_id AS TEXT), '')",
-            UsageGrouping::Model => "COALESCE(model_served, model_requested, '')",
+            UsageGrouping::Model => {
+                "CASE WHEN model_served IS NOT NULL THEN 'served:' || model_served \
+                 ELSE 'asked:' || COALESCE(model_requested, '') END"
+            }
         }
         .replace("{off}", &offset_ms.to_string());
         // Sums saturate at i64::MAX rather than fail the report (SQLite's SUM stops with

@@ -31,6 +31,14 @@ pub trait UsageStore {
     /// counter's new global total as stored: (subject, subject id, metric, window, window start,
     /// used).
     async fn add_usage(&self, batch: &[(UsageCounterRow, i64)]) -> StoreResult<Vec<UsageTotal>>;
+    /// Every subject's stored total of one metric in one window: (subject id, used).
+    async fn usage_in_window(
+        &self,
+        subject: &str,
+        metric: &str,
+        time_window: &str,
+        window_start: i64,
+    ) -> StoreResult<Vec<(i64, i64)>>;
 }
 
 /// A counter's total as the store returns it: (subject, subject id, metric, window, window
@@ -60,6 +68,25 @@ impl UsageStore for Store {
         }
         tx.commit().await?;
         Ok(totals)
+    }
+
+    async fn usage_in_window(
+        &self,
+        subject: &str,
+        metric: &str,
+        time_window: &str,
+        window_start: i64,
+    ) -> StoreResult<Vec<(i64, i64)>> {
+        Ok(sqlx::query_as(
+            "SELECT subject_id, used FROM usage_counters WHERE subject = $1 AND metric = $2
+               AND time_window = $3 AND window_start = $4",
+        )
+        .bind(subject)
+        .bind(metric)
+        .bind(time_window)
+        .bind(window_start)
+        .fetch_all(self.pool())
+        .await?)
     }
 }
 
