@@ -161,6 +161,7 @@ impl Gateway {
                 addr: settings.listen,
                 source,
             })?;
+        check_folders(&settings)?;
         let (master_text, jwt_secret) = resolve_secrets(&settings)?;
         let master_key = MasterKey::parse(master_text.expose())
             .map_err(|e| StartError::Config(format!("bad setting master_key (AIGW_MASTER_KEY): {e}")))?;
@@ -491,6 +492,37 @@ async fn not_found(req: Request) -> ApiError {
         method: req.method().to_string(),
         path: req.uri().path().to_owned(),
     }
+}
+
+/// The folders the start writes into exist: the SQLite file's, and `data_dir` when set. Checked
+/// before anything is written, so a missing folder is named as such rather than through the
+/// first file that could not be created in it. Folders are not created: a missing one is more
+/// often a typo than an intention.
+fn check_folders(settings: &Settings) -> Result<(), StartError> {
+    if settings.is_sqlite() {
+        let file = crate::config::sqlite_path(&settings.database_url);
+        let folder = Path::new(file).parent().filter(|p| !p.as_os_str().is_empty());
+        if let Some(folder) = folder
+            && !file.starts_with(":memory:")
+            && !folder.is_dir()
+        {
+            return Err(StartError::Config(format!(
+                "the database folder {} does not exist (database_url, AIGW_DATABASE_URL = {:?}): \
+                 create it, or choose a path in an existing folder",
+                folder.display(),
+                settings.database_url
+            )));
+        }
+    }
+    let data_dir = &settings.data_dir;
+    if !data_dir.as_os_str().is_empty() && !data_dir.is_dir() {
+        return Err(StartError::Config(format!(
+            "the data folder {} does not exist (data_dir, AIGW_DATA_DIR): create it, or leave \
+             the setting out to keep aigw.keys beside the database",
+            data_dir.display()
+        )));
+    }
+    Ok(())
 }
 
 /// The master key and JWT secret: from settings, else from `aigw.keys` beside the database,

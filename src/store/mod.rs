@@ -39,6 +39,14 @@ pub enum StoreError {
     /// A stored value does not decode (damaged or hand-edited row).
     #[error("bad stored value: {0}")]
     Corrupt(String),
+    /// The database server could not be reached at start.
+    #[error("cannot connect to {server}: {cause}")]
+    Unreachable {
+        /// Which server: backend, host and port, database and user (never the password).
+        server: String,
+        /// Why, in the operating system's or the server's words.
+        cause: String,
+    },
 }
 
 impl StoreError {
@@ -154,6 +162,41 @@ fn lock_file(path: &std::path::Path) -> std::io::Result<std::fs::File> {
     Ok(file)
 }
 
+/// How long the first connection to Postgres may take at start.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Opens one connection to the Postgres at `url` and closes it again: a pool would only say
+/// "timed out" after its acquire wait, where this names the server and the real cause (connection
+/// refused, an unknown host, a wrong password, a missing database) at once.
+async fn probe_postgres(url: &str) -> StoreResult<()> {
+    use sqlx::Connection;
+    let options = sqlx::postgres::PgConnectOptions::from_str(url)?;
+    let server = format!(
+        "Postgres at {}:{} (database {:?}, user {:?})",
+        options.get_host(),
+        options.get_port(),
+        options.get_database().unwrap_or(options.get_username()),
+        options.get_username()
+    );
+    let cause = match tokio::time::timeout(PROBE_TIMEOUT, sqlx::PgConnection::connect_with(&options)).await {
+        Ok(Ok(conn)) => {
+            let _ = conn.close().await;
+            return Ok(());
+        }
+        Ok(Err(sqlx::Error::Io(e))) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+            format!("{e}; is the server running and listening there?")
+        }
+        Ok(Err(sqlx::Error::Io(e))) => e.to_string(),
+        Ok(Err(sqlx::Error::Database(e))) => e.message().to_owned(),
+        Ok(Err(e)) => e.to_string(),
+        Err(_) => format!(
+            "no answer within {} s (a wrong host, or a firewall dropping the packets?)",
+            PROBE_TIMEOUT.as_secs()
+        ),
+    };
+    Err(StoreError::Unreachable { server, cause })
+}
+
 /// The start lock of a database ([`Store::start_lock`]); dropping it releases it too.
 #[must_use = "the lock is released when this is dropped"]
 pub struct StartLock(Held);
@@ -213,6 +256,9 @@ impl Store {
             }
             _ => url.to_owned(),
         };
+        if backend == Backend::Postgres {
+            probe_postgres(&url).await?;
+        }
         let options = AnyConnectOptions::from_str(&url)?
             .log_statements(tracing::log::LevelFilter::Trace)
             .log_slow_statements(tracing::log::LevelFilter::Warn, Duration::from_secs(1));
