@@ -361,20 +361,56 @@ async fn readyz(State(state): State<AppState>) -> Response {
 
 async fn metrics(State(state): State<AppState>) -> Response {
     let mut text = state.metrics.render();
-    // Gauges of this gateway's own state, read now rather than set on every request.
-    text.push_str(&format!(
-        "# TYPE aigw_breaker_open_keys gauge\naigw_breaker_open_keys {}\n\
-         # TYPE aigw_log_queue_depth gauge\naigw_log_queue_depth {}\n\
-         # TYPE aigw_client_connections gauge\naigw_client_connections {}\n",
-        state.breakers.open_keys(state.clock.now()),
-        state.logs.queued(),
-        state.connections.open()
-    ));
+    text.push_str(&state_gauges(&state));
     (
         [(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")],
         text,
     )
         .into_response()
+}
+
+/// The gauges of this gateway's own state, read now rather than kept up to date on every
+/// request.
+fn state_gauges(state: &AppState) -> String {
+    let now = state.clock.now();
+    let mut e = crate::telemetry::Exposition::default();
+    let mut one = |name: &'static str, value: usize| {
+        e.family(name).sample(name, &[], value);
+    };
+    one("aigw_breaker_open_keys", state.breakers.open_keys(now));
+    one("aigw_breaker_banned_keys", state.breakers.banned_keys());
+    one("aigw_log_queue_depth", state.logs.queued().max(0) as usize);
+    one("aigw_client_connections", state.connections.open());
+    one("aigw_upstream_banned_credentials", state.locks.banned_count());
+    let name = "aigw_build_info";
+    e.family(name)
+        .sample(name, &[("version", env!("CARGO_PKG_VERSION"))], 1);
+    let name = "aigw_upstream_parked";
+    e.family(name);
+    for ((scope, rule), n) in state.locks.running_by_rule(now.timestamp_millis()) {
+        e.sample(name, &[("scope", scope), ("rule", &rule)], n);
+    }
+    let name = "aigw_upstream_in_flight";
+    e.family(name);
+    let routes = state.routes.load();
+    let mut credentials: Vec<(i64, &str)> = routes
+        .workspaces
+        .values()
+        .flat_map(|w| w.models.values())
+        .flat_map(|m| m.credentials.iter())
+        .map(|c| (c.id, c.name.as_str()))
+        .collect();
+    credentials.sort_unstable();
+    credentials.dedup();
+    for (id, credential) in credentials {
+        let id_text = id.to_string();
+        e.sample(
+            name,
+            &[("credential_id", &id_text), ("credential", credential)],
+            state.admission.in_flight(id),
+        );
+    }
+    e.finish()
 }
 
 /// How often each gateway checks the configuration epoch (changes apply within a second).
@@ -418,13 +454,14 @@ fn start_quota_flush(state: AppState) {
                 () = tokio::time::sleep(every) => false,
                 () = s.shutdown.cancelled() => true,
             };
-            if let Err(e) = s.quota.flush(&s.store, s.clock.now()).await {
+            use crate::telemetry::timed_flush;
+            if let Err(e) = timed_flush("quota", s.quota.flush(&s.store, s.clock.now())).await {
                 tracing::warn!(error = %e, "quota flush failed; usage kept for the next flush");
             }
-            if let Err(e) = s.admission.flush(&s.store, s.clock.now_ms()).await {
+            if let Err(e) = timed_flush("own_limits", s.admission.flush(&s.store, s.clock.now_ms())).await {
                 tracing::warn!(error = %e, "own-limit flush failed; counts kept for the next flush");
             }
-            if let Err(e) = s.breakers.flush(&s.store, s.clock.now()).await {
+            if let Err(e) = timed_flush("breakers", s.breakers.flush(&s.store, s.clock.now())).await {
                 tracing::warn!(error = %e, "breaker window flush failed; outcomes kept for the next flush");
             }
             if stopping {

@@ -126,6 +126,7 @@ pub async fn handle(state: AppState, endpoint: Endpoint, peer: SocketAddr, req: 
         }
     };
     completion.quota_checked(quota.clone());
+    count_quota_refusals(&quota);
     let untouched = |_: Metric| 0;
     if let Some(s) = quota.refusal() {
         let err = ApiError::QuotaExceeded(Box::new(QuotaRefusal {
@@ -361,6 +362,20 @@ fn upstream_code(body: &[u8]) -> String {
         })
         .or_else(|| e.get("type").and_then(|t| t.as_str()).map(str::to_owned))
         .unwrap_or_else(|| "upstream_error".to_owned())
+}
+
+/// Counts in `aigw_quota_refusals_total` the quota that refuses the request (enforced) and each
+/// shadow quota that would have.
+fn count_quota_refusals(decision: &QuotaDecision) {
+    use crate::quota::Mode;
+    for s in decision.standings.iter().filter(|s| s.exhausted()) {
+        if s.rule.mode == Mode::Shadow {
+            crate::telemetry::quota_refusals(s.rule.subject, Mode::Shadow).increment(1);
+        }
+    }
+    if let Some(s) = decision.refusal() {
+        crate::telemetry::quota_refusals(s.rule.subject, Mode::Enforce).increment(1);
+    }
 }
 
 /// `GET /v1/quota`: every quota that applies to the calling key, as the "My quota" card shows it.

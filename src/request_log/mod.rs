@@ -360,7 +360,7 @@ async fn write_with_retry(
 ) {
     let mut wait = Duration::from_millis(100);
     for attempt in 1.. {
-        match insert_batch(store, batch).await {
+        match crate::telemetry::timed_flush("request_logs", insert_batch(store, batch)).await {
             Ok(()) => break,
             Err(e) => {
                 tracing::warn!(error = %e, rows = batch.len(), attempt, "request log write failed; retrying");

@@ -13,6 +13,7 @@ mod mock_upstream;
 mod openapi;
 mod proxy;
 mod quota;
+mod reference;
 mod resources;
 mod serving;
 mod startup;
