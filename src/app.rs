@@ -127,6 +127,9 @@ pub enum StartError {
     },
 }
 
+/// The shortest JWT secret accepted.
+const MIN_JWT_SECRET_BYTES: usize = 32;
+
 /// Options for building a gateway beyond its settings.
 #[derive(Clone, Debug, Default)]
 pub struct BuildOptions {
@@ -165,6 +168,14 @@ impl Gateway {
         let (master_text, jwt_secret) = resolve_secrets(&settings)?;
         let master_key = MasterKey::parse(master_text.expose())
             .map_err(|e| StartError::Config(format!("bad setting master_key (AIGW_MASTER_KEY): {e}")))?;
+        // HS256 wants a key at least as long as its 256-bit hash (RFC 7518 §3.2); a short one can
+        // be guessed offline from any token.
+        if jwt_secret.expose().len() < MIN_JWT_SECRET_BYTES {
+            return Err(StartError::Config(format!(
+                "bad setting jwt_secret (AIGW_JWT_SECRET): must be at least {MIN_JWT_SECRET_BYTES} \
+                 bytes (e.g. the output of `openssl rand -base64 32`)"
+            )));
+        }
 
         let store = Store::open(&settings.database_url).await?;
         let start_lock = store.start_lock().await?;

@@ -273,6 +273,18 @@ fn bad_settings_and_files_exit_nonzero_with_a_clear_message() {
             &[("AIGW_MASTER_KEY", "too-short"), ("AIGW_JWT_SECRET", "x")],
             "master_key",
         ),
+        (
+            &["serve"],
+            &[
+                (
+                    "AIGW_MASTER_KEY",
+                    "abababababababababababababababababababababababababababababababab",
+                ),
+                ("AIGW_JWT_SECRET", "short"),
+                ("AIGW_LISTEN", "127.0.0.1:0"),
+            ],
+            "jwt_secret (AIGW_JWT_SECRET): must be at least 32 bytes",
+        ),
         (&["serve", "--config", "bad.toml"], &[], "unknown field `mystery`"),
         (
             &["serve", "--config", "missing.toml"],
