@@ -39,6 +39,15 @@ pub enum StoreError {
     /// A stored value does not decode (damaged or hand-edited row).
     #[error("bad stored value: {0}")]
     Corrupt(String),
+    /// The database was migrated by a newer aigw (a rollback after an upgrade).
+    #[error(
+        "the database has migration {version}, which this aigw does not know: a newer aigw has \
+         migrated it. Run that version or a later one, or restore the backup taken before the upgrade"
+    )]
+    Newer {
+        /// The unknown migration.
+        version: i64,
+    },
     /// The database server could not be reached at start.
     #[error("cannot connect to {server}: {cause}")]
     Unreachable {
@@ -294,8 +303,10 @@ impl Store {
 
     /// Applies the migrations this build knows that the database lacks.
     pub async fn migrate(&self) -> StoreResult<()> {
-        self.migrator().run(&self.pool).await?;
-        Ok(())
+        match self.migrator().run(&self.pool).await {
+            Err(sqlx::migrate::MigrateError::VersionMissing(version)) => Err(StoreError::Newer { version }),
+            other => Ok(other?),
+        }
     }
 
     /// Takes the start lock of this database, waiting while another gateway holds it. Held

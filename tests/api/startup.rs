@@ -8,6 +8,7 @@ use crate::both_backends;
 use crate::helpers::{Setup, TestDb, try_spawn_app};
 
 both_backends!(
+    a_database_migrated_by_a_newer_aigw_is_named_as_such,
     three_replicas_started_together_all_come_up_with_each_entity_once,
     a_taken_port_fails_before_the_database_is_touched,
     the_start_lock_admits_one_gateway_at_a_time_and_is_freed_by_a_dropped_holder
@@ -232,4 +233,39 @@ async fn a_missing_sqlite_folder_is_named_as_such() {
     assert!(err.contains("AIGW_DATABASE_URL"), "names the setting: {err}");
     assert!(!err.contains("secrets file"), "{err}");
     assert!(!folder.exists(), "not created behind the operator's back");
+}
+
+/// An older aigw started on a database a newer one has migrated (a rollback after an upgrade):
+/// the start says so, rather than only naming a migration number.
+async fn a_database_migrated_by_a_newer_aigw_is_named_as_such(db: TestDb) {
+    use sqlx::Connection;
+    try_spawn_app(&db, Setup::default()).await.unwrap().stop().await;
+    // What a newer build leaves behind: a migration this build does not have.
+    if db.backend == "sqlite" {
+        let mut conn = sqlx::SqliteConnection::connect(&db.url).await.unwrap();
+        sqlx::query(
+            "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time) \
+             VALUES (99990101000000, 'from a newer aigw', TRUE, X'00', 0)",
+        )
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    } else {
+        let mut conn = sqlx::PgConnection::connect(&db.url).await.unwrap();
+        sqlx::query(
+            "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time) \
+             VALUES (99990101000000, 'from a newer aigw', TRUE, '\\x00'::bytea, 0)",
+        )
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    }
+    let err = match try_spawn_app(&db, Setup::default()).await {
+        Ok(_) => panic!("an older build started on a newer database"),
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        err.contains("99990101000000") && err.contains("newer aigw"),
+        "{err}"
+    );
 }
