@@ -483,6 +483,12 @@ fn start_quota_flush(state: AppState) {
 }
 
 impl AppState {
+    /// The client's address: the connection's, or behind a trusted proxy the one it forwarded
+    /// (`trusted_proxies`, [`crate::forwarded`]).
+    pub fn client_ip(&self, peer: SocketAddr, headers: &axum::http::HeaderMap) -> std::net::IpAddr {
+        crate::forwarded::client_ip(peer.ip(), headers, &self.settings.trusted_proxies)
+    }
+
     /// The zone a workspace's quota windows align to: its own, else the gateway's.
     pub fn timezone_of(&self, workspace_id: i64) -> chrono_tz::Tz {
         self.routes

@@ -58,11 +58,8 @@ async fn messages(state: State<AppState>, ip: ConnectInfo<SocketAddr>, req: Requ
 pub async fn handle(state: AppState, endpoint: Endpoint, peer: SocketAddr, req: Request) -> Response {
     // 1. Authenticate: key → member → department → workspace (cached). Not logged when refused:
     //    an unknown key belongs to no workspace.
-    let caller = match state
-        .keys
-        .authenticate(&state.store, req.headers(), peer.ip())
-        .await
-    {
+    let client = state.client_ip(peer, req.headers());
+    let caller = match state.keys.authenticate(&state.store, req.headers(), client).await {
         Ok(c) => c,
         Err(e) => {
             metrics::counter!("aigw_requests_total", "endpoint" => endpoint.name(), "status" => e.status().as_str().to_owned(),
@@ -87,7 +84,7 @@ pub async fn handle(state: AppState, endpoint: Endpoint, peer: SocketAddr, req: 
         caller.clone(),
         endpoint,
         request_id,
-        peer.ip().to_string(),
+        client.to_string(),
     );
     completion.locale = locale;
 
@@ -386,7 +383,7 @@ async fn my_quota(
 ) -> Response {
     let caller = match state
         .keys
-        .authenticate(&state.store, req.headers(), peer.ip())
+        .authenticate(&state.store, req.headers(), state.client_ip(peer, req.headers()))
         .await
     {
         Ok(c) => c,
@@ -442,7 +439,7 @@ async fn models(
 ) -> Response {
     let caller = match state
         .keys
-        .authenticate(&state.store, req.headers(), peer.ip())
+        .authenticate(&state.store, req.headers(), state.client_ip(peer, req.headers()))
         .await
     {
         Ok(c) => c,

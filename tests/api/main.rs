@@ -8,6 +8,7 @@ mod admin_api;
 mod binary;
 mod breaker;
 mod deadlines;
+mod deployment;
 mod foundation;
 mod mock_upstream;
 mod openapi;
