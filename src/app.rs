@@ -142,6 +142,8 @@ pub struct BuildOptions {
 /// A built gateway, bound to its address, not yet serving.
 pub struct Gateway {
     listener: TcpListener,
+    /// The listener of `admin_listen`, when set.
+    admin_listener: Option<TcpListener>,
     state: AppState,
 }
 
@@ -164,6 +166,14 @@ impl Gateway {
                 addr: settings.listen,
                 source,
             })?;
+        let admin_listener = match settings.admin_listen {
+            Some(addr) => Some(
+                TcpListener::bind(addr)
+                    .await
+                    .map_err(|source| StartError::Listen { addr, source })?,
+            ),
+            None => None,
+        };
         check_folders(&settings)?;
         let (master_text, jwt_secret) = resolve_secrets(&settings)?;
         let master_key = MasterKey::parse(master_text.expose())
@@ -242,12 +252,21 @@ impl Gateway {
         }));
         start_config_watch(state.clone(), epoch);
         start_quota_flush(state.clone());
-        Ok(Gateway { listener, state })
+        Ok(Gateway {
+            listener,
+            admin_listener,
+            state,
+        })
     }
 
     /// The address actually bound (port 0 resolves here).
     pub fn local_addr(&self) -> SocketAddr {
         self.listener.local_addr().unwrap_or(self.state.settings.listen)
+    }
+
+    /// The address of the admin listener actually bound, when `admin_listen` is set.
+    pub fn admin_addr(&self) -> Option<SocketAddr> {
+        self.admin_listener.as_ref().and_then(|l| l.local_addr().ok())
     }
 
     /// The shared state (tests reach the store and clock through it).
@@ -263,22 +282,43 @@ impl Gateway {
     ) -> std::io::Result<()> {
         let state = self.state.clone();
         let stop = state.shutdown.clone();
+        let stopping = CancellationToken::new();
+        let stop_admin = stopping.clone();
         let stopped = async move {
             tokio::select! {
                 () = signal => {},
                 () = stop.cancelled() => {},
             }
+            stop_admin.cancel();
+        };
+        let limits = crate::client_conn::ClientLimits::new(&state.settings);
+        let (main_surface, admin) = match self.admin_listener {
+            Some(listener) => {
+                let serving = crate::serving::serve_light(
+                    listener,
+                    router(state.clone(), Surface::Admin),
+                    limits.clone(),
+                    state.connections.clone(),
+                    stopping.clone(),
+                );
+                (Surface::Proxy, Some(tokio::spawn(serving)))
+            }
+            None => (Surface::Everything, None),
         };
         let (result, threads) = crate::serving::serve(
             self.listener,
-            router(state.clone()),
+            router(state.clone(), main_surface),
             &state.http,
             Duration::from_micros(state.settings.idle_poll_us),
-            crate::client_conn::ClientLimits::new(&state.settings),
+            limits,
             state.connections.clone(),
             stopped,
         )
         .await;
+        stopping.cancel();
+        if let Some(admin) = admin {
+            let _ = admin.await;
+        }
         // No request is running any more: stop the background tasks, which flush what they hold.
         state.shutdown.cancel();
         state.tasks.close();
@@ -294,11 +334,17 @@ impl Gateway {
 
 /// Builds `pub const ROUTES: &[(&str, &str)]` (method, path) and a function returning the router
 /// of exactly those routes from one table, so the list cannot drift from the router
-/// (`tests/api/openapi.rs` compares the lists with `openapi.yaml`).
+/// (`tests/api/openapi.rs` compares the lists with `openapi.yaml`). `fn NAME, const LIST;` names
+/// the list, for a module with more than one table.
 macro_rules! route_table {
     ($(#[$doc:meta])* $vis:vis fn $name:ident; $($method:ident $path:literal => $handler:path;)*) => {
-        /// Every route of this module's router as `(method, path)`, the method in lowercase.
-        pub const ROUTES: &[(&str, &str)] = &[$((stringify!($method), $path),)*];
+        $crate::app::route_table! {
+            $(#[$doc])* $vis fn $name, const ROUTES; $($method $path => $handler;)*
+        }
+    };
+    ($(#[$doc:meta])* $vis:vis fn $name:ident, const $list:ident; $($method:ident $path:literal => $handler:path;)*) => {
+        /// Every route of this router as `(method, path)`, the method in lowercase.
+        pub const $list: &[(&str, &str)] = &[$((stringify!($method), $path),)*];
 
         $(#[$doc])*
         $vis fn $name() -> axum::Router<$crate::app::AppState> {
@@ -309,20 +355,42 @@ macro_rules! route_table {
 pub(crate) use route_table;
 
 route_table! {
-    /// The operations routes: liveness, readiness, Prometheus metrics.
-    fn ops_routes;
+    /// Liveness and readiness, on every listener.
+    fn health_routes, const HEALTH_ROUTES;
     get "/healthz" => healthz;
     get "/readyz" => readyz;
+}
+
+route_table! {
+    /// Prometheus metrics, with the admin surfaces.
+    fn metrics_routes, const METRICS_ROUTES;
     get "/metrics" => metrics;
 }
 
-/// The router: every route of the gateway.
-pub fn router(state: AppState) -> Router {
-    Router::new()
-        .merge(crate::proxy::routes())
-        .merge(crate::admin::routes(state.clone()))
-        .merge(crate::console::routes())
-        .merge(ops_routes())
+/// Which routes a listener serves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Surface {
+    /// All of them (one listener, the default).
+    Everything,
+    /// The proxy and health: the main listener when `admin_listen` is set.
+    Proxy,
+    /// The admin API, the console, metrics and health: the `admin_listen` listener.
+    Admin,
+}
+
+/// The router of a listener: the routes of `surface`; any other path is `not_found`.
+pub fn router(state: AppState, surface: Surface) -> Router {
+    let mut routes = Router::new().merge(health_routes());
+    if surface != Surface::Admin {
+        routes = routes.merge(crate::proxy::routes());
+    }
+    if surface != Surface::Proxy {
+        routes = routes
+            .merge(crate::admin::routes(state.clone()))
+            .merge(crate::console::routes())
+            .merge(metrics_routes());
+    }
+    routes
         // After every route is in: it applies to the routes present (axum adds `Allow`).
         .method_not_allowed_fallback(method_not_allowed)
         .fallback(not_found)
@@ -370,7 +438,12 @@ async fn readyz(State(state): State<AppState>) -> Response {
     }
 }
 
-async fn metrics(State(state): State<AppState>) -> Response {
+async fn metrics(State(state): State<AppState>, headers: axum::http::HeaderMap) -> Response {
+    if let Some(token) = &state.settings.metrics_token
+        && !bearer_is(&headers, token)
+    {
+        return ApiError::InvalidMetricsToken.into_response();
+    }
     let mut text = state.metrics.render();
     text.push_str(&state_gauges(&state));
     (
@@ -378,6 +451,21 @@ async fn metrics(State(state): State<AppState>) -> Response {
         text,
     )
         .into_response()
+}
+
+/// Whether `Authorization: Bearer …` carries `token`. The digests are compared, so the time the
+/// comparison takes says nothing about the token.
+fn bearer_is(headers: &axum::http::HeaderMap, token: &Secret) -> bool {
+    use sha2::{Digest, Sha256};
+    let presented = headers
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            v.get(..7)
+                .filter(|p| p.eq_ignore_ascii_case("bearer "))
+                .map(|_| v[7..].trim())
+        });
+    presented.is_some_and(|p| Sha256::digest(p.as_bytes()) == Sha256::digest(token.expose().as_bytes()))
 }
 
 /// The gauges of this gateway's own state, read now rather than kept up to date on every

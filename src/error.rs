@@ -89,6 +89,9 @@ pub enum ApiError {
     /// Wrong email or password at sign-in.
     #[error("invalid email or password")]
     InvalidCredentials,
+    /// `/metrics` without the configured `metrics_token`.
+    #[error("missing or invalid metrics token: send `Authorization: Bearer <metrics_token>`")]
+    InvalidMetricsToken,
     /// Missing, malformed, expired or forged admin token.
     #[error(
         "missing or invalid admin token: sign in at POST /admin/v1/auth/login and send `Authorization: Bearer <token>`"
@@ -203,9 +206,10 @@ impl ApiError {
     /// HTTP status.
     pub fn status(&self) -> StatusCode {
         match self {
-            ApiError::InvalidApiKey | ApiError::InvalidCredentials | ApiError::InvalidToken => {
-                StatusCode::UNAUTHORIZED
-            }
+            ApiError::InvalidApiKey
+            | ApiError::InvalidCredentials
+            | ApiError::InvalidToken
+            | ApiError::InvalidMetricsToken => StatusCode::UNAUTHORIZED,
             ApiError::AuthThrottled { .. }
             | ApiError::QuotaExceeded(_)
             | ApiError::CircuitOpen { .. }
@@ -241,6 +245,7 @@ impl ApiError {
             ApiError::Conflict { .. } => "conflict",
             ApiError::InvalidField { .. } => "invalid_field",
             ApiError::InvalidToken => "invalid_token",
+            ApiError::InvalidMetricsToken => "invalid_metrics_token",
             ApiError::AuthThrottled { .. } => "auth_rate_limited",
             ApiError::ModelNotFound { .. } => "model_not_found",
             ApiError::InvalidRequest { .. } => "invalid_request_error",
@@ -264,9 +269,10 @@ impl ApiError {
     /// The OpenAI error `type`.
     pub fn error_type(&self) -> &'static str {
         match self {
-            ApiError::InvalidApiKey | ApiError::InvalidCredentials | ApiError::InvalidToken => {
-                "authentication_error"
-            }
+            ApiError::InvalidApiKey
+            | ApiError::InvalidCredentials
+            | ApiError::InvalidToken
+            | ApiError::InvalidMetricsToken => "authentication_error",
             ApiError::AuthThrottled { .. }
             | ApiError::QuotaExceeded(_)
             | ApiError::CircuitOpen { .. }
@@ -475,6 +481,7 @@ mod tests {
             ApiError::RequestTimeout { seconds: 1 },
             ApiError::QuotaExceeded(Box::new(refusal)),
             ApiError::Internal,
+            ApiError::InvalidMetricsToken,
         ]
     }
 
@@ -505,6 +512,7 @@ mod tests {
             ApiError::RequestTimeout { .. } => 22,
             ApiError::QuotaExceeded(_) => 23,
             ApiError::Internal => 24,
+            ApiError::InvalidMetricsToken => 25,
         }
     }
 
@@ -516,7 +524,7 @@ mod tests {
         assert_eq!(numbers, expected, "every_variant() lists each variant once");
         assert_eq!(
             numbers.len(),
-            25,
+            26,
             "a variant added to variant_number is listed too"
         );
     }

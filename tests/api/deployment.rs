@@ -11,6 +11,8 @@ use crate::proxy::{KEY, resources};
 both_backends!(
     behind_a_trusted_proxy_the_forwarded_client_is_logged_throttled_and_audited,
     without_trusted_proxies_the_forwarded_header_is_ignored,
+    a_metrics_token_guards_metrics,
+    the_admin_surfaces_on_a_listener_of_their_own,
 );
 
 fn chat() -> Value {
@@ -175,4 +177,133 @@ async fn without_trusted_proxies_the_forwarded_header_is_ignored(db: TestDb) {
         "the address's sign-in allowance is spent whatever the header says"
     );
     app.stop().await;
+}
+
+async fn a_metrics_token_guards_metrics(db: TestDb) {
+    const TOKEN: &str = "scrape-token-0123456789abcdef";
+    let mock = MockUpstream::start().await.unwrap();
+    let setup = Setup {
+        settings: Box::new(|s| s.metrics_token = Some(aigw::config::Secret::new(TOKEN))),
+        ..Setup::resources(resources(&mock))
+    };
+    let app = spawn_app(&db, setup).await;
+    let url = format!("{}/metrics", app.address);
+    for auth in [
+        None,
+        Some("Bearer wrong-token"),
+        Some("Basic c2NyYXBlOnRva2Vu"),
+        Some(TOKEN),
+    ] {
+        let mut req = app.client.get(&url);
+        if let Some(a) = auth {
+            req = req.header("authorization", a);
+        }
+        let r = req.send().await.unwrap();
+        assert_eq!(r.status(), 401, "{auth:?}");
+        assert_eq!(r.headers()["x-aigw-error-source"], "gateway");
+        let v: Value = r.json().await.unwrap();
+        assert_eq!(v["error"]["code"], "invalid_metrics_token", "{auth:?}");
+    }
+    for auth in [format!("Bearer {TOKEN}"), format!("bearer  {TOKEN} ")] {
+        let r = app
+            .client
+            .get(&url)
+            .header("authorization", auth)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        assert!(r.text().await.unwrap().contains("# TYPE aigw_build_info gauge"));
+    }
+    // Health and the proxy ask for no metrics token.
+    assert_eq!(app.get("/healthz").await.status(), 200);
+    assert_eq!(app.get("/readyz").await.status(), 200);
+    assert_eq!(
+        app.post_json("/v1/chat/completions", KEY, &chat()).await.status(),
+        200
+    );
+    app.stop().await;
+}
+
+async fn the_admin_surfaces_on_a_listener_of_their_own(db: TestDb) {
+    let mock = MockUpstream::start().await.unwrap();
+    let setup = Setup {
+        settings: Box::new(|s| s.admin_listen = Some("127.0.0.1:0".parse().unwrap())),
+        ..Setup::resources(resources(&mock))
+    };
+    let app = spawn_app(&db, setup).await;
+    let main = app.address.clone();
+    let admin = app.admin_address.clone().expect("an admin listener");
+    assert_ne!(main, admin);
+    let login = json!({"email": "owner@example.test", "password": "owner-password"});
+    let get = |url: String| {
+        let client = app.client.clone();
+        async move { client.get(url).send().await.unwrap() }
+    };
+
+    // The main listener: the proxy and health; the admin surfaces are not there at all.
+    for path in ["/admin/v1/me", "/console/", "/console/app.js", "/", "/metrics"] {
+        let r = get(format!("{main}{path}")).await;
+        assert_eq!(r.status(), 404, "{path} on the main listener");
+        let v: Value = r.json().await.unwrap();
+        assert_eq!(v["error"]["code"], "not_found", "{path}");
+    }
+    let r = app
+        .client
+        .post(format!("{main}/admin/v1/auth/login"))
+        .json(&login)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404, "no sign-in on the main listener");
+    assert_eq!(get(format!("{main}/healthz")).await.status(), 200);
+    assert_eq!(get(format!("{main}/readyz")).await.status(), 200);
+    assert_eq!(
+        app.post_json("/v1/chat/completions", KEY, &chat()).await.status(),
+        200
+    );
+
+    // The admin listener: sign-in, the admin API, the console, metrics, health; no proxy.
+    let r = app
+        .client
+        .post(format!("{admin}/admin/v1/auth/login"))
+        .json(&login)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let token = r.json::<Value>().await.unwrap()["token"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let me = app
+        .client
+        .get(format!("{admin}/admin/v1/me"))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(me.status(), 200);
+    assert_eq!(get(format!("{admin}/console/")).await.status(), 200);
+    let metrics = get(format!("{admin}/metrics")).await;
+    assert_eq!(metrics.status(), 200);
+    assert!(metrics.text().await.unwrap().contains("aigw_requests_total"));
+    assert_eq!(get(format!("{admin}/healthz")).await.status(), 200);
+    let r = app
+        .client
+        .post(format!("{admin}/v1/chat/completions"))
+        .bearer_auth(KEY)
+        .json(&chat())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404, "no proxy on the admin listener");
+    assert_eq!(get(format!("{admin}/v1/models")).await.status(), 404);
+
+    // Both listeners stop with the gateway.
+    app.stop().await;
+    assert!(
+        reqwest::get(format!("{admin}/healthz")).await.is_err(),
+        "the admin listener is closed"
+    );
 }
