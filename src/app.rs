@@ -127,6 +127,9 @@ pub enum StartError {
     },
 }
 
+/// The shortest JWT secret started without a warning.
+const MIN_JWT_SECRET_BYTES: usize = 32;
+
 /// Options for building a gateway beyond its settings.
 #[derive(Clone, Debug, Default)]
 pub struct BuildOptions {
@@ -139,6 +142,8 @@ pub struct BuildOptions {
 /// A built gateway, bound to its address, not yet serving.
 pub struct Gateway {
     listener: TcpListener,
+    /// The listener of `admin_listen`, when set.
+    admin_listener: Option<TcpListener>,
     state: AppState,
 }
 
@@ -161,9 +166,28 @@ impl Gateway {
                 addr: settings.listen,
                 source,
             })?;
+        let admin_listener = match settings.admin_listen {
+            Some(addr) => Some(
+                TcpListener::bind(addr)
+                    .await
+                    .map_err(|source| StartError::Listen { addr, source })?,
+            ),
+            None => None,
+        };
+        check_folders(&settings)?;
         let (master_text, jwt_secret) = resolve_secrets(&settings)?;
         let master_key = MasterKey::parse(master_text.expose())
             .map_err(|e| StartError::Config(format!("bad setting master_key (AIGW_MASTER_KEY): {e}")))?;
+        // HS256 wants a key at least as long as its 256-bit hash (RFC 7518 §3.2); a short one can
+        // be guessed offline from any token. Warned, not refused: an existing deployment keeps
+        // starting while its operator replaces the secret.
+        if jwt_secret.expose().len() < MIN_JWT_SECRET_BYTES {
+            tracing::warn!(
+                "jwt_secret (AIGW_JWT_SECRET) is shorter than {MIN_JWT_SECRET_BYTES} bytes: admin tokens \
+                 signed with it can be forged by guessing it offline; replace it with e.g. the output of \
+                 `openssl rand -base64 32` (every admin signs in again)"
+            );
+        }
 
         let store = Store::open(&settings.database_url).await?;
         let start_lock = store.start_lock().await?;
@@ -235,12 +259,21 @@ impl Gateway {
         }));
         start_config_watch(state.clone(), epoch);
         start_quota_flush(state.clone());
-        Ok(Gateway { listener, state })
+        Ok(Gateway {
+            listener,
+            admin_listener,
+            state,
+        })
     }
 
     /// The address actually bound (port 0 resolves here).
     pub fn local_addr(&self) -> SocketAddr {
         self.listener.local_addr().unwrap_or(self.state.settings.listen)
+    }
+
+    /// The address of the admin listener actually bound, when `admin_listen` is set.
+    pub fn admin_addr(&self) -> Option<SocketAddr> {
+        self.admin_listener.as_ref().and_then(|l| l.local_addr().ok())
     }
 
     /// The shared state (tests reach the store and clock through it).
@@ -256,22 +289,43 @@ impl Gateway {
     ) -> std::io::Result<()> {
         let state = self.state.clone();
         let stop = state.shutdown.clone();
+        let stopping = CancellationToken::new();
+        let stop_admin = stopping.clone();
         let stopped = async move {
             tokio::select! {
                 () = signal => {},
                 () = stop.cancelled() => {},
             }
+            stop_admin.cancel();
+        };
+        let limits = crate::client_conn::ClientLimits::new(&state.settings);
+        let (main_surface, admin) = match self.admin_listener {
+            Some(listener) => {
+                let serving = crate::serving::serve_light(
+                    listener,
+                    router(state.clone(), Surface::Admin),
+                    limits.clone(),
+                    state.connections.clone(),
+                    stopping.clone(),
+                );
+                (Surface::Proxy, Some(tokio::spawn(serving)))
+            }
+            None => (Surface::Everything, None),
         };
         let (result, threads) = crate::serving::serve(
             self.listener,
-            router(state.clone()),
+            router(state.clone(), main_surface),
             &state.http,
             Duration::from_micros(state.settings.idle_poll_us),
-            crate::client_conn::ClientLimits::new(&state.settings),
+            limits,
             state.connections.clone(),
             stopped,
         )
         .await;
+        stopping.cancel();
+        if let Some(admin) = admin {
+            let _ = admin.await;
+        }
         // No request is running any more: stop the background tasks, which flush what they hold.
         state.shutdown.cancel();
         state.tasks.close();
@@ -287,11 +341,17 @@ impl Gateway {
 
 /// Builds `pub const ROUTES: &[(&str, &str)]` (method, path) and a function returning the router
 /// of exactly those routes from one table, so the list cannot drift from the router
-/// (`tests/api/openapi.rs` compares the lists with `openapi.yaml`).
+/// (`tests/api/openapi.rs` compares the lists with `openapi.yaml`). `fn NAME, const LIST;` names
+/// the list, for a module with more than one table.
 macro_rules! route_table {
     ($(#[$doc:meta])* $vis:vis fn $name:ident; $($method:ident $path:literal => $handler:path;)*) => {
-        /// Every route of this module's router as `(method, path)`, the method in lowercase.
-        pub const ROUTES: &[(&str, &str)] = &[$((stringify!($method), $path),)*];
+        $crate::app::route_table! {
+            $(#[$doc])* $vis fn $name, const ROUTES; $($method $path => $handler;)*
+        }
+    };
+    ($(#[$doc:meta])* $vis:vis fn $name:ident, const $list:ident; $($method:ident $path:literal => $handler:path;)*) => {
+        /// Every route of this router as `(method, path)`, the method in lowercase.
+        pub const $list: &[(&str, &str)] = &[$((stringify!($method), $path),)*];
 
         $(#[$doc])*
         $vis fn $name() -> axum::Router<$crate::app::AppState> {
@@ -302,20 +362,42 @@ macro_rules! route_table {
 pub(crate) use route_table;
 
 route_table! {
-    /// The operations routes: liveness, readiness, Prometheus metrics.
-    fn ops_routes;
+    /// Liveness and readiness, on every listener.
+    fn health_routes, const HEALTH_ROUTES;
     get "/healthz" => healthz;
     get "/readyz" => readyz;
+}
+
+route_table! {
+    /// Prometheus metrics, with the admin surfaces.
+    fn metrics_routes, const METRICS_ROUTES;
     get "/metrics" => metrics;
 }
 
-/// The router: every route of the gateway.
-pub fn router(state: AppState) -> Router {
-    Router::new()
-        .merge(crate::proxy::routes())
-        .merge(crate::admin::routes(state.clone()))
-        .merge(crate::console::routes())
-        .merge(ops_routes())
+/// Which routes a listener serves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Surface {
+    /// All of them (one listener, the default).
+    Everything,
+    /// The proxy and health: the main listener when `admin_listen` is set.
+    Proxy,
+    /// The admin API, the console, metrics and health: the `admin_listen` listener.
+    Admin,
+}
+
+/// The router of a listener: the routes of `surface`; any other path is `not_found`.
+pub fn router(state: AppState, surface: Surface) -> Router {
+    let mut routes = Router::new().merge(health_routes());
+    if surface != Surface::Admin {
+        routes = routes.merge(crate::proxy::routes());
+    }
+    if surface != Surface::Proxy {
+        routes = routes
+            .merge(crate::admin::routes(state.clone()))
+            .merge(crate::console::routes())
+            .merge(metrics_routes());
+    }
+    routes
         // After every route is in: it applies to the routes present (axum adds `Allow`).
         .method_not_allowed_fallback(method_not_allowed)
         .fallback(not_found)
@@ -363,22 +445,78 @@ async fn readyz(State(state): State<AppState>) -> Response {
     }
 }
 
-async fn metrics(State(state): State<AppState>) -> Response {
+async fn metrics(State(state): State<AppState>, headers: axum::http::HeaderMap) -> Response {
+    if let Some(token) = &state.settings.metrics_token
+        && !bearer_is(&headers, token)
+    {
+        return ApiError::InvalidMetricsToken.into_response();
+    }
     let mut text = state.metrics.render();
-    // Gauges of this gateway's own state, read now rather than set on every request.
-    text.push_str(&format!(
-        "# TYPE aigw_breaker_open_keys gauge\naigw_breaker_open_keys {}\n\
-         # TYPE aigw_log_queue_depth gauge\naigw_log_queue_depth {}\n\
-         # TYPE aigw_client_connections gauge\naigw_client_connections {}\n",
-        state.breakers.open_keys(state.clock.now()),
-        state.logs.queued(),
-        state.connections.open()
-    ));
+    text.push_str(&state_gauges(&state));
     (
         [(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")],
         text,
     )
         .into_response()
+}
+
+/// Whether `Authorization: Bearer …` carries `token`. The digests are compared, so the time the
+/// comparison takes says nothing about the token.
+fn bearer_is(headers: &axum::http::HeaderMap, token: &Secret) -> bool {
+    use sha2::{Digest, Sha256};
+    let presented = headers
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            v.get(..7)
+                .filter(|p| p.eq_ignore_ascii_case("bearer "))
+                .map(|_| v[7..].trim())
+        });
+    presented.is_some_and(|p| Sha256::digest(p.as_bytes()) == Sha256::digest(token.expose().as_bytes()))
+}
+
+/// The gauges of this gateway's own state, read now rather than kept up to date on every
+/// request.
+fn state_gauges(state: &AppState) -> String {
+    let now = state.clock.now();
+    let mut e = crate::telemetry::Exposition::default();
+    let mut one = |name: &'static str, value: usize| {
+        e.family(name).sample(name, &[], value);
+    };
+    one("aigw_breaker_open_keys", state.breakers.open_keys(now));
+    one("aigw_breaker_banned_keys", state.breakers.banned_keys());
+    one("aigw_log_queue_depth", state.logs.queued().max(0) as usize);
+    one("aigw_client_connections", state.connections.open());
+    one("aigw_upstream_banned_credentials", state.locks.banned_count());
+    let name = "aigw_build_info";
+    e.family(name)
+        .sample(name, &[("version", env!("CARGO_PKG_VERSION"))], 1);
+    let name = "aigw_upstream_parked";
+    e.family(name);
+    for ((scope, rule), n) in state.locks.running_by_rule(now.timestamp_millis()) {
+        e.sample(name, &[("scope", scope), ("rule", &rule)], n);
+    }
+    let name = "aigw_upstream_in_flight";
+    e.family(name);
+    let routes = state.routes.load();
+    let mut credentials: Vec<(i64, &str)> = routes
+        .workspaces
+        .values()
+        .flat_map(|w| w.models.values())
+        .flat_map(|m| m.credentials.iter())
+        .map(|c| (c.id, c.name.as_str()))
+        .collect();
+    credentials.sort_unstable();
+    credentials.dedup();
+    for (id, credential) in credentials {
+        let id_text = id.to_string();
+        e.sample(
+            name,
+            &[("credential_id", &id_text), ("credential", credential)],
+            state.admission.in_flight(id),
+        );
+    }
+    e.finish()
 }
 
 /// How often each gateway checks the configuration epoch (changes apply within a second).
@@ -426,15 +564,16 @@ fn start_quota_flush(state: AppState) {
                 () = tokio::time::sleep(every) => false,
                 () = s.shutdown.cancelled() => true,
             };
-            if let Err(e) = s.quota.flush(&s.store, s.clock.now()).await {
+            use crate::telemetry::timed_flush;
+            if let Err(e) = timed_flush("quota", s.quota.flush(&s.store, s.clock.now())).await {
                 s.store
                     .log_failure(&e, "quota flush failed; usage kept for the next flush");
             }
-            if let Err(e) = s.admission.flush(&s.store, s.clock.now_ms()).await {
+            if let Err(e) = timed_flush("own_limits", s.admission.flush(&s.store, s.clock.now_ms())).await {
                 s.store
                     .log_failure(&e, "own-limit flush failed; counts kept for the next flush");
             }
-            if let Err(e) = s.breakers.flush(&s.store, s.clock.now()).await {
+            if let Err(e) = timed_flush("breakers", s.breakers.flush(&s.store, s.clock.now())).await {
                 s.store.log_failure(
                     &e,
                     "breaker window flush failed; outcomes kept for the next flush",
@@ -448,6 +587,12 @@ fn start_quota_flush(state: AppState) {
 }
 
 impl AppState {
+    /// The client's address: the connection's, or behind a trusted proxy the one it forwarded
+    /// (`trusted_proxies`, [`crate::forwarded`]).
+    pub fn client_ip(&self, peer: SocketAddr, headers: &axum::http::HeaderMap) -> std::net::IpAddr {
+        crate::forwarded::client_ip(peer.ip(), headers, &self.settings.trusted_proxies)
+    }
+
     /// The zone a workspace's quota windows align to: its own, else the gateway's.
     pub fn timezone_of(&self, workspace_id: i64) -> chrono_tz::Tz {
         self.routes
@@ -505,6 +650,37 @@ async fn not_found(req: Request) -> ApiError {
         method: req.method().to_string(),
         path: req.uri().path().to_owned(),
     }
+}
+
+/// The folders the start writes into exist: the SQLite file's, and `data_dir` when set. Checked
+/// before anything is written, so a missing folder is named as such rather than through the
+/// first file that could not be created in it. Folders are not created: a missing one is more
+/// often a typo than an intention.
+fn check_folders(settings: &Settings) -> Result<(), StartError> {
+    if settings.is_sqlite() {
+        let file = crate::config::sqlite_path(&settings.database_url);
+        let folder = Path::new(file).parent().filter(|p| !p.as_os_str().is_empty());
+        if let Some(folder) = folder
+            && !file.starts_with(":memory:")
+            && !folder.is_dir()
+        {
+            return Err(StartError::Config(format!(
+                "the database folder {} does not exist (database_url, AIGW_DATABASE_URL = {:?}): \
+                 create it, or choose a path in an existing folder",
+                folder.display(),
+                settings.database_url
+            )));
+        }
+    }
+    let data_dir = &settings.data_dir;
+    if !data_dir.as_os_str().is_empty() && !data_dir.is_dir() {
+        return Err(StartError::Config(format!(
+            "the data folder {} does not exist (data_dir, AIGW_DATA_DIR): create it, or leave \
+             the setting out to keep aigw.keys beside the database",
+            data_dir.display()
+        )));
+    }
+    Ok(())
 }
 
 /// The master key and JWT secret: from settings, else from `aigw.keys` beside the database,

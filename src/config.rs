@@ -189,6 +189,15 @@ pub struct Settings {
     /// While the database is unreachable, a quota counter never read before: `serve` (count
     /// from 0 in memory) or `refuse` (503 `store_unavailable`).
     pub store_outage_counters: OutageCounters,
+    /// Proxies (CIDRs) whose `X-Forwarded-For` is believed: the client's address, for request
+    /// logs, the audit log and sign-in throttling, is the rightmost address of that header not
+    /// in these networks. Empty: the connection's own address, the header ignored.
+    pub trusted_proxies: Vec<ipnet::IpNet>,
+    /// The bearer token `/metrics` asks for; open to anyone who reaches it when unset.
+    pub metrics_token: Option<Secret>,
+    /// A second address serving the admin API, the console and `/metrics`; the main address
+    /// then serves only the proxy and the health endpoints.
+    pub admin_listen: Option<SocketAddr>,
 }
 
 /// Default of `max_usage_tokens`: far above any model's context, far below any overflow.
@@ -230,6 +239,9 @@ impl Default for Settings {
             max_usage_tokens: DEFAULT_MAX_USAGE_TOKENS,
             store_outage_counters: OutageCounters::Serve,
             max_upstream_connections_per_host: 4096,
+            trusted_proxies: Vec::new(),
+            metrics_token: None,
+            admin_listen: None,
         }
     }
 }
@@ -268,6 +280,9 @@ struct FileSettings {
     max_usage_tokens: Option<u64>,
     store_outage_counters: Option<OutageCounters>,
     max_upstream_connections_per_host: Option<usize>,
+    trusted_proxies: Option<Vec<String>>,
+    metrics_token: Option<Secret>,
+    admin_listen: Option<String>,
 }
 
 /// A setting that could not be read; the message names the setting and where it came from.
@@ -331,6 +346,13 @@ impl Settings {
             s.max_upstream_connections_per_host = f
                 .max_upstream_connections_per_host
                 .unwrap_or(s.max_upstream_connections_per_host);
+            if let Some(v) = f.trusted_proxies {
+                s.trusted_proxies = parse_networks(&src("trusted_proxies"), v.iter().map(String::as_str))?;
+            }
+            s.metrics_token = f.metrics_token.or(s.metrics_token);
+            if let Some(v) = f.admin_listen {
+                s.admin_listen = Some(parse_listen(&src("admin_listen"), &v)?);
+            }
         }
 
         let var = |name: &str| env(name).filter(|v| !v.is_empty());
@@ -423,6 +445,15 @@ impl Settings {
         }
         if let Some(v) = var("AIGW_MAX_UPSTREAM_CONNECTIONS_PER_HOST") {
             s.max_upstream_connections_per_host = parse_value("AIGW_MAX_UPSTREAM_CONNECTIONS_PER_HOST", &v)?;
+        }
+        if let Some(v) = var("AIGW_TRUSTED_PROXIES") {
+            s.trusted_proxies = parse_networks("AIGW_TRUSTED_PROXIES", v.split(','))?;
+        }
+        if let Some(v) = var("AIGW_METRICS_TOKEN") {
+            s.metrics_token = Some(Secret(v));
+        }
+        if let Some(v) = var("AIGW_ADMIN_LISTEN") {
+            s.admin_listen = Some(parse_listen("AIGW_ADMIN_LISTEN", &v)?);
         }
         s.validate()?;
         Ok(s)
@@ -537,6 +568,22 @@ impl Settings {
                 "must be 1..=1000000000000",
             );
         }
+        if let Some(admin) = self.admin_listen
+            && admin == self.listen
+            && admin.port() != 0
+        {
+            return bad(
+                "admin_listen (AIGW_ADMIN_LISTEN)",
+                "must differ from listen (it is a second address for the admin surfaces)",
+            );
+        }
+        if self
+            .metrics_token
+            .as_ref()
+            .is_some_and(|t| t.expose().trim().is_empty())
+        {
+            return bad("metrics_token (AIGW_METRICS_TOKEN)", "must not be blank");
+        }
         if let Some(email) = &self.bootstrap_email
             && !email.contains('@')
         {
@@ -595,6 +642,30 @@ fn parse_listen(name: &str, v: &str) -> Result<SocketAddr, ConfigError> {
     })
 }
 
+/// Networks from CIDRs (`10.0.0.0/8`, `2001:db8::/32`) or single addresses (`192.168.1.5`),
+/// blanks between items ignored.
+fn parse_networks<'a>(
+    name: &str,
+    items: impl IntoIterator<Item = &'a str>,
+) -> Result<Vec<ipnet::IpNet>, ConfigError> {
+    items
+        .into_iter()
+        .map(str::trim)
+        .filter(|v| !v.is_empty())
+        .map(|v| {
+            v.parse::<ipnet::IpNet>()
+                .or_else(|_| v.parse::<std::net::IpAddr>().map(ipnet::IpNet::from))
+                .map(|net| net.trunc())
+                .map_err(|_| {
+                    ConfigError(format!(
+                        "bad setting {name}: {v:?} is not a network (expected CIDRs such as \
+                         10.0.0.0/8 or single addresses such as 192.168.1.5, comma-separated)"
+                    ))
+                })
+        })
+        .collect()
+}
+
 /// Every `AIGW_*` variable aigw reads: the settings above, the command line's `AIGW_CONFIG` and
 /// `AIGW_RESOURCES`, and the log filter `AIGW_LOG`.
 pub const KNOWN_VARIABLES: &[&str] = &[
@@ -628,6 +699,9 @@ pub const KNOWN_VARIABLES: &[&str] = &[
     "AIGW_MAX_USAGE_TOKENS",
     "AIGW_STORE_OUTAGE_COUNTERS",
     "AIGW_MAX_UPSTREAM_CONNECTIONS_PER_HOST",
+    "AIGW_TRUSTED_PROXIES",
+    "AIGW_METRICS_TOKEN",
+    "AIGW_ADMIN_LISTEN",
     "AIGW_CONFIG",
     "AIGW_RESOURCES",
     "AIGW_LOG",
@@ -844,6 +918,65 @@ mod tests {
         std::fs::write(&path, "max_usage_tokens = 0\n").unwrap();
         let err = Settings::load(Some(&path), env(&[])).unwrap_err().to_string();
         assert!(err.contains("max_usage_tokens"), "{err}");
+    }
+
+    #[test]
+    fn trusted_proxies_from_file_and_env() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("aigw.toml");
+        std::fs::write(
+            &path,
+            "trusted_proxies = [\"10.0.0.0/8\", \"192.168.1.5\", \"fd00::/8\"]\n",
+        )
+        .unwrap();
+        let s = Settings::load(Some(&path), env(&[])).unwrap();
+        let shown: Vec<String> = s.trusted_proxies.iter().map(ToString::to_string).collect();
+        assert_eq!(shown, ["10.0.0.0/8", "192.168.1.5/32", "fd00::/8"]);
+        let s = Settings::load(
+            None,
+            env(&[("AIGW_TRUSTED_PROXIES", " 127.0.0.1 , 10.1.2.3/16,")]),
+        )
+        .unwrap();
+        let shown: Vec<String> = s.trusted_proxies.iter().map(ToString::to_string).collect();
+        assert_eq!(shown, ["127.0.0.1/32", "10.1.0.0/16"], "host bits cleared");
+        for bad in ["10.0.0.0/33", "proxy.internal", "10.0.0.0/8;10.1.0.0/16"] {
+            let err = Settings::load(None, env(&[("AIGW_TRUSTED_PROXIES", bad)]))
+                .unwrap_err()
+                .0;
+            assert!(
+                err.contains("AIGW_TRUSTED_PROXIES") && err.contains("CIDRs"),
+                "{err}"
+            );
+        }
+    }
+
+    #[test]
+    fn admin_listen_and_metrics_token() {
+        let s = Settings::load(
+            None,
+            env(&[
+                ("AIGW_ADMIN_LISTEN", "127.0.0.1:4001"),
+                ("AIGW_METRICS_TOKEN", "scrape-token"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(s.admin_listen, Some("127.0.0.1:4001".parse().unwrap()));
+        assert_eq!(s.metrics_token.as_ref().map(Secret::expose), Some("scrape-token"));
+        let err = Settings::load(None, env(&[("AIGW_ADMIN_LISTEN", "127.0.0.1:4000")]))
+            .unwrap_err()
+            .0;
+        assert!(
+            err.contains("admin_listen") && err.contains("must differ"),
+            "{err}"
+        );
+        let err = Settings::load(None, env(&[("AIGW_ADMIN_LISTEN", "4001")]))
+            .unwrap_err()
+            .0;
+        assert!(err.contains("expected HOST:PORT"), "{err}");
+        assert!(
+            !format!("{s:?}").contains("scrape-token"),
+            "the token is not Debug-printed"
+        );
     }
 
     #[test]

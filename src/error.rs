@@ -92,6 +92,9 @@ pub enum ApiError {
     /// Wrong email or password at sign-in.
     #[error("invalid email or password")]
     InvalidCredentials,
+    /// `/metrics` without the configured `metrics_token`.
+    #[error("missing or invalid metrics token: send `Authorization: Bearer <metrics_token>`")]
+    InvalidMetricsToken,
     /// Missing, malformed, expired or forged admin token.
     #[error(
         "missing or invalid admin token: sign in at POST /admin/v1/auth/login and send `Authorization: Bearer <token>`"
@@ -229,9 +232,10 @@ impl ApiError {
     /// HTTP status.
     pub fn status(&self) -> StatusCode {
         match self {
-            ApiError::InvalidApiKey | ApiError::InvalidCredentials | ApiError::InvalidToken => {
-                StatusCode::UNAUTHORIZED
-            }
+            ApiError::InvalidApiKey
+            | ApiError::InvalidCredentials
+            | ApiError::InvalidToken
+            | ApiError::InvalidMetricsToken => StatusCode::UNAUTHORIZED,
             ApiError::AuthThrottled { .. }
             | ApiError::QuotaExceeded(_)
             | ApiError::CircuitOpen { .. }
@@ -269,6 +273,7 @@ impl ApiError {
             ApiError::Conflict { .. } => "conflict",
             ApiError::InvalidField { .. } => "invalid_field",
             ApiError::InvalidToken => "invalid_token",
+            ApiError::InvalidMetricsToken => "invalid_metrics_token",
             ApiError::AuthThrottled { .. } => "auth_rate_limited",
             ApiError::ModelNotFound { .. } => "model_not_found",
             ApiError::InvalidRequest { .. } => "invalid_request_error",
@@ -293,9 +298,10 @@ impl ApiError {
     /// The OpenAI error `type`.
     pub fn error_type(&self) -> &'static str {
         match self {
-            ApiError::InvalidApiKey | ApiError::InvalidCredentials | ApiError::InvalidToken => {
-                "authentication_error"
-            }
+            ApiError::InvalidApiKey
+            | ApiError::InvalidCredentials
+            | ApiError::InvalidToken
+            | ApiError::InvalidMetricsToken => "authentication_error",
             ApiError::AuthThrottled { .. }
             | ApiError::QuotaExceeded(_)
             | ApiError::CircuitOpen { .. }
@@ -448,6 +454,165 @@ impl IntoResponse for ApiError {
 mod tests {
     use super::*;
     use crate::deadline::{Missed, Wait};
+
+    /// One value of every variant. The match below has no wildcard: a new variant does not
+    /// compile until it has a number there, and `every_variant_is_listed` fails until it is
+    /// listed here, so `docs/reference.md` is checked against it.
+    fn every_variant() -> Vec<ApiError> {
+        let refusal = QuotaRefusal {
+            subject: "apikey",
+            metric: "requests",
+            window: "day".into(),
+            limit: json!(1),
+            used: json!(1),
+            reset_at: None,
+        };
+        let text = || "x".to_owned();
+        vec![
+            ApiError::InvalidApiKey,
+            ApiError::CircuitOpen {
+                message: text(),
+                retry_after: 30,
+                blocked_until: text(),
+            },
+            ApiError::KeyBanned { message: text() },
+            ApiError::NotFound { what: "key" },
+            ApiError::UpstreamQuotaExhausted { retry_after: 1 },
+            ApiError::Forbidden { message: text() },
+            ApiError::Conflict { message: text() },
+            ApiError::InvalidField {
+                field: text(),
+                message: text(),
+            },
+            ApiError::InvalidCredentials,
+            ApiError::InvalidToken,
+            ApiError::AuthThrottled { retry_after: 1 },
+            ApiError::ModelNotFound { model: text() },
+            ApiError::InvalidRequest {
+                message: text(),
+                param: None,
+            },
+            ApiError::RequestTooLarge { limit: 1 },
+            ApiError::HeaderTooLarge { limit: 1 },
+            ApiError::UriTooLong,
+            ApiError::TooManyConnections { limit: 1 },
+            ApiError::RouteNotFound {
+                method: text(),
+                path: text(),
+            },
+            ApiError::MethodNotAllowed {
+                method: text(),
+                path: text(),
+            },
+            ApiError::UpstreamUnreachable { message: text() },
+            ApiError::UpstreamInvalidResponse { reason: text() },
+            ApiError::Timeout(Missed {
+                wait: Wait::Answer,
+                seconds: 1,
+            }),
+            ApiError::RequestTimeout { seconds: 1 },
+            ApiError::QuotaExceeded(Box::new(refusal)),
+            ApiError::Internal,
+            ApiError::InvalidMetricsToken,
+            ApiError::StoreUnavailable,
+        ]
+    }
+
+    fn variant_number(e: &ApiError) -> usize {
+        match e {
+            ApiError::InvalidApiKey => 0,
+            ApiError::CircuitOpen { .. } => 1,
+            ApiError::KeyBanned { .. } => 2,
+            ApiError::NotFound { .. } => 3,
+            ApiError::UpstreamQuotaExhausted { .. } => 4,
+            ApiError::Forbidden { .. } => 5,
+            ApiError::Conflict { .. } => 6,
+            ApiError::InvalidField { .. } => 7,
+            ApiError::InvalidCredentials => 8,
+            ApiError::InvalidToken => 9,
+            ApiError::AuthThrottled { .. } => 10,
+            ApiError::ModelNotFound { .. } => 11,
+            ApiError::InvalidRequest { .. } => 12,
+            ApiError::RequestTooLarge { .. } => 13,
+            ApiError::HeaderTooLarge { .. } => 14,
+            ApiError::UriTooLong => 15,
+            ApiError::TooManyConnections { .. } => 16,
+            ApiError::RouteNotFound { .. } => 17,
+            ApiError::MethodNotAllowed { .. } => 18,
+            ApiError::UpstreamUnreachable { .. } => 19,
+            ApiError::UpstreamInvalidResponse { .. } => 20,
+            ApiError::Timeout(_) => 21,
+            ApiError::RequestTimeout { .. } => 22,
+            ApiError::QuotaExceeded(_) => 23,
+            ApiError::Internal => 24,
+            ApiError::InvalidMetricsToken => 25,
+            ApiError::StoreUnavailable => 26,
+        }
+    }
+
+    #[test]
+    fn every_variant_is_listed() {
+        let mut numbers: Vec<usize> = every_variant().iter().map(variant_number).collect();
+        numbers.sort_unstable();
+        let expected: Vec<usize> = (0..numbers.len()).collect();
+        assert_eq!(numbers, expected, "every_variant() lists each variant once");
+        assert_eq!(
+            numbers.len(),
+            27,
+            "a variant added to variant_number is listed too"
+        );
+    }
+
+    /// The rows of the table under `heading` in `text`: each row's cells, trimmed, without the
+    /// header and separator rows.
+    fn table_rows<'a>(text: &'a str, heading: &str) -> Vec<Vec<&'a str>> {
+        let start = text
+            .find(heading)
+            .unwrap_or_else(|| panic!("{heading:?} missing from docs/reference.md"));
+        text[start..]
+            .lines()
+            .skip_while(|l| !l.starts_with('|'))
+            .take_while(|l| l.starts_with('|'))
+            .skip(2)
+            .map(|l| l.trim_matches('|').split(" | ").map(str::trim).collect())
+            .collect()
+    }
+
+    /// `docs/reference.md` lists every error code the gateway answers with, with its status and
+    /// type, and no other: a new code without documentation fails here.
+    #[test]
+    fn the_reference_documents_every_error_code() {
+        let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/reference.md"))
+            .expect("docs/reference.md");
+        let mut documented: Vec<(String, String, String)> = table_rows(&doc, "## Error codes")
+            .into_iter()
+            .map(|cells| {
+                assert!(
+                    cells.len() >= 5,
+                    "a row has code, status, type, meaning, what to do: {cells:?}"
+                );
+                let code = cells[0].trim_matches('`').to_owned();
+                (code, cells[1].to_owned(), cells[2].trim_matches('`').to_owned())
+            })
+            .collect();
+        documented.sort();
+        let mut actual: Vec<(String, String, String)> = every_variant()
+            .iter()
+            .map(|e| {
+                (
+                    e.code().to_owned(),
+                    e.status().as_u16().to_string(),
+                    e.error_type().to_owned(),
+                )
+            })
+            .collect();
+        actual.sort();
+        actual.dedup();
+        assert_eq!(
+            documented, actual,
+            "docs/reference.md's error table against ApiError"
+        );
+    }
 
     #[test]
     fn a_timeout_mid_stream_is_the_endpoints_own_error_event() {

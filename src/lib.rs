@@ -12,6 +12,7 @@ pub mod console;
 pub mod crypto;
 pub mod deadline;
 pub mod error;
+pub mod forwarded;
 pub mod idle_poll;
 pub mod mock_upstream;
 pub mod proxy;

@@ -87,6 +87,9 @@ async fn serve(config: Option<PathBuf>, resources: Option<PathBuf>) -> Result<()
         .await
         .map_err(|e| e.to_string())?;
     tracing::info!(addr = %gateway.local_addr(), "aigw listening");
+    if let Some(addr) = gateway.admin_addr() {
+        tracing::info!(%addr, "admin API, console and metrics listening (not on the main address)");
+    }
     gateway
         .run_until_stopped(shutdown_signal())
         .await

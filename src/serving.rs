@@ -164,3 +164,35 @@ pub async fn serve(
     }
     (result, Some(threads))
 }
+
+/// Serves `router` on `listener` from the current runtime until `stopping` is cancelled, then lets
+/// its connections finish: for a surface with little traffic (the admin API, the console and
+/// metrics on `admin_listen`), which needs no serving threads of its own. Connections are bounded
+/// by `limits` and counted in `slots`, as on the main listener.
+pub async fn serve_light(
+    listener: TcpListener,
+    router: Router,
+    limits: ClientLimits,
+    slots: ConnectionSlots,
+    stopping: CancellationToken,
+) {
+    let mut acceptor = Acceptor::new(slots);
+    let connections = TaskTracker::new();
+    loop {
+        let (tcp, peer, slot) = tokio::select! {
+            accepted = acceptor.accept(&listener) => accepted,
+            () = stopping.cancelled() => break,
+        };
+        connections.spawn(client_conn::serve_connection(
+            tcp,
+            peer,
+            router.clone(),
+            limits.clone(),
+            slot,
+            stopping.clone(),
+        ));
+    }
+    drop(listener);
+    connections.close();
+    connections.wait().await;
+}

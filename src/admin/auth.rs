@@ -4,6 +4,7 @@ use std::net::SocketAddr;
 
 use axum::Json;
 use axum::extract::{ConnectInfo, State};
+use axum::http::HeaderMap;
 use axum::response::IntoResponse;
 use serde::Deserialize;
 use serde_json::json;
@@ -29,9 +30,11 @@ pub struct LoginRequest {
 pub async fn login(
     State(state): State<AppState>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    headers: HeaderMap,
     Body(req): Body<LoginRequest>,
 ) -> AdminResult {
-    if let Err(retry_after) = state.sessions.may_try(peer.ip(), &req.email) {
+    let client = state.client_ip(peer, &headers);
+    if let Err(retry_after) = state.sessions.may_try(client, &req.email) {
         return Err(ApiError::AuthThrottled { retry_after });
     }
     let member = state
@@ -57,7 +60,7 @@ pub async fn login(
             )
         }
         _ => {
-            state.sessions.failed(peer.ip(), &req.email);
+            state.sessions.failed(client, &req.email);
             Err(ApiError::InvalidCredentials)
         }
     }
@@ -84,12 +87,12 @@ pub struct PasswordChange {
 /// earlier token of the member is revoked.
 pub async fn change_password(
     State(state): State<AppState>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
     actor: Actor,
     Body(req): Body<PasswordChange>,
 ) -> AdminResult {
     let email = &actor.member.email;
-    if let Err(retry_after) = state.sessions.may_try(peer.ip(), email) {
+    let client = actor.client_ip;
+    if let Err(retry_after) = state.sessions.may_try(client, email) {
         return Err(ApiError::AuthThrottled { retry_after });
     }
     let current = actor.member.password_hash.clone();
@@ -104,7 +107,7 @@ pub async fn change_password(
         )
     });
     if !verified.await.unwrap_or(false) {
-        state.sessions.failed(peer.ip(), email);
+        state.sessions.failed(client, email);
         return Err(ApiError::field(
             "current_password",
             "current_password is not your password",

@@ -334,6 +334,7 @@ pub async fn audit(
                 "target_id": r.target_id,
                 "before": parse(&r.before_json),
                 "after": parse(&r.after_json),
+                "client_ip": r.client_ip,
             })
         })
         .collect();

@@ -167,7 +167,13 @@ async fn guard(
     if route.need == Need::Public {
         return next.run(req).await;
     }
-    let actor = match Actor::authenticate(&state, req.headers()).await {
+    let peer = req
+        .extensions()
+        .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+        .map(|c| c.0)
+        .unwrap_or_else(|| std::net::SocketAddr::from(([0, 0, 0, 0], 0)));
+    let client_ip = state.client_ip(peer, req.headers());
+    let actor = match Actor::authenticate(&state, req.headers(), client_ip).await {
         Ok(a) => a,
         Err(e) => return e.into_response(),
     };
@@ -295,7 +301,9 @@ pub async fn audit(
     before: Option<serde_json::Value>,
     after: Option<serde_json::Value>,
 ) {
+    let client_ip = actor.client_ip.to_string();
     let entry = AuditEntry {
+        client_ip: &client_ip,
         workspace_id: actor.workspace_id(),
         at: state.clock.now_ms(),
         actor_id: actor.member.id,

@@ -156,6 +156,8 @@ impl Sessions {
 pub struct Actor {
     /// The member, as stored now (not as at sign-in).
     pub member: MemberRow,
+    /// The address the request came from (behind a trusted proxy, the one it forwarded).
+    pub client_ip: std::net::IpAddr,
 }
 
 impl Actor {
@@ -174,8 +176,13 @@ impl Actor {
         matches!(self.role(), crate::store::Role::Owner | crate::store::Role::Admin)
     }
 
-    /// Checks `Authorization: Bearer <jwt>` and loads the member it names.
-    pub async fn authenticate(state: &AppState, headers: &axum::http::HeaderMap) -> Result<Actor, ApiError> {
+    /// Checks `Authorization: Bearer <jwt>` and loads the member it names; `client_ip` is where
+    /// the request came from.
+    pub async fn authenticate(
+        state: &AppState,
+        headers: &axum::http::HeaderMap,
+        client_ip: std::net::IpAddr,
+    ) -> Result<Actor, ApiError> {
         use crate::store::MemberStore;
         let token = headers
             .get(axum::http::header::AUTHORIZATION)
@@ -194,7 +201,7 @@ impl Actor {
             .map_err(|_| ApiError::Internal)?
             .filter(|m| m.active == 1 && m.session_epoch == claims.sep && m.workspace_id == claims.ws)
             .ok_or(ApiError::InvalidToken)?;
-        Ok(Actor { member })
+        Ok(Actor { member, client_ip })
     }
 }
 

@@ -337,12 +337,18 @@ impl Breakers {
         Ok(())
     }
 
-    /// Keys blocked right now.
+    /// Keys blocked right now by an open breaker (banned keys not counted).
     pub fn open_keys(&self, now: DateTime<Utc>) -> usize {
         let keys = self.keys.lock().unwrap_or_else(|p| p.into_inner());
         keys.values()
-            .filter(|k| k.banned || k.blocked_until.is_some_and(|u| u > now.timestamp_millis()))
+            .filter(|k| !k.banned && k.blocked_until.is_some_and(|u| u > now.timestamp_millis()))
             .count()
+    }
+
+    /// Keys banned for good.
+    pub fn banned_keys(&self) -> usize {
+        let keys = self.keys.lock().unwrap_or_else(|p| p.into_inner());
+        keys.values().filter(|k| k.banned).count()
     }
 }
 

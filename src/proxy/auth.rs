@@ -36,7 +36,12 @@ impl FromRequestParts<AppState> for Authenticated {
             .map_err(|_| ApiError::Internal)?;
         state
             .keys
-            .authenticate(&state.store, &parts.headers, peer.ip(), state.clock.now_ms())
+            .authenticate(
+                &state.store,
+                &parts.headers,
+                state.client_ip(peer, &parts.headers),
+                state.clock.now_ms(),
+            )
             .await
             .map(Authenticated)
     }

@@ -103,12 +103,13 @@ pub async fn handle(
         .get::<RequestId>()
         .map(|r| r.encode(&mut [0; 36]).to_owned())
         .unwrap_or_default();
+    let client = state.client_ip(peer, req.headers());
     let mut completion = Completion::start(
         state.clone(),
         caller.clone(),
         endpoint,
         request_id,
-        peer.ip().to_string(),
+        client.to_string(),
     );
     completion.locale = locale;
 
@@ -142,6 +143,7 @@ pub async fn handle(
         Err(e) => return refuse(completion, ApiError::from(e)),
     };
     completion.quota_checked(quota.clone());
+    count_quota_refusals(&quota);
     let untouched = |_: Metric| 0;
     if let Some(s) = quota.refusal() {
         let err = ApiError::QuotaExceeded(Box::new(QuotaRefusal {
@@ -377,6 +379,20 @@ fn upstream_code(body: &[u8]) -> String {
         })
         .or_else(|| e.get("type").and_then(|t| t.as_str()).map(str::to_owned))
         .unwrap_or_else(|| "upstream_error".to_owned())
+}
+
+/// Counts in `aigw_quota_refusals_total` the quota that refuses the request (enforced) and each
+/// shadow quota that would have.
+fn count_quota_refusals(decision: &QuotaDecision) {
+    use crate::quota::Mode;
+    for s in decision.standings.iter().filter(|s| s.exhausted()) {
+        if s.rule.mode == Mode::Shadow {
+            crate::telemetry::quota_refusals(s.rule.subject, Mode::Shadow).increment(1);
+        }
+    }
+    if let Some(s) = decision.refusal() {
+        crate::telemetry::quota_refusals(s.rule.subject, Mode::Enforce).increment(1);
+    }
 }
 
 /// `GET /v1/quota`: every quota that applies to the calling key, as the "My quota" card shows it.

@@ -97,7 +97,7 @@ async fn write_with_retry(
 ) {
     let mut wait = Duration::from_millis(100);
     for attempt in 1.. {
-        match store.insert_logs(batch).await {
+        match crate::telemetry::timed_flush("request_logs", store.insert_logs(batch)).await {
             Ok(()) => break,
             Err(e) => {
                 if !store.note_failure(&e) {

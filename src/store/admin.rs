@@ -41,6 +41,8 @@ impl Table {
 pub struct AuditEntry<'a> {
     /// Workspace.
     pub workspace_id: i64,
+    /// The address the change came from.
+    pub client_ip: &'a str,
     /// Unix ms.
     pub at: i64,
     /// Who.
@@ -246,7 +248,7 @@ impl AdminStore for Store {
     async fn audit(&self, e: &AuditEntry<'_>) -> StoreResult<()> {
         sqlx::query(
             "INSERT INTO audit_log (workspace_id, at, actor_id, actor_email, action, target_kind, target_id,
-               before_json, after_json) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+               before_json, after_json, client_ip) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
         )
         .bind(e.workspace_id)
         .bind(e.at)
@@ -257,6 +259,7 @@ impl AdminStore for Store {
         .bind(e.target_id)
         .bind(e.before.as_ref().map(|v| v.to_string()))
         .bind(e.after.as_ref().map(|v| v.to_string()))
+        .bind(e.client_ip)
         .execute(self.pool())
         .await?;
         Ok(())

@@ -251,4 +251,6 @@ pub struct AuditRow {
     pub before_json: Option<String>,
     /// JSON of the row after (secrets never included).
     pub after_json: Option<String>,
+    /// The address the change came from (none for changes recorded before it was kept).
+    pub client_ip: Option<String>,
 }

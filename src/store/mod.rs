@@ -53,6 +53,23 @@ pub enum StoreError {
     /// [`Store::available`]).
     #[error("the database is unreachable")]
     Unavailable,
+    /// The database was migrated by a newer aigw (a rollback after an upgrade).
+    #[error(
+        "the database has migration {version}, which this aigw does not know: a newer aigw has \
+         migrated it. Run that version or a later one, or restore the backup taken before the upgrade"
+    )]
+    Newer {
+        /// The unknown migration.
+        version: i64,
+    },
+    /// The database server could not be reached at start.
+    #[error("cannot connect to {server}: {cause}")]
+    Unreachable {
+        /// Which server: backend, host and port, database and user (never the password).
+        server: String,
+        /// Why, in the operating system's or the server's words.
+        cause: String,
+    },
 }
 
 impl StoreError {
@@ -86,7 +103,8 @@ impl StoreError {
                     .is_some_and(|c| c.starts_with("08") || matches!(&*c, "57P01" | "57P02" | "57P03")),
                 _ => false,
             },
-            StoreError::Migrate(_) | StoreError::Corrupt(_) => false,
+            StoreError::Unreachable { .. } => true,
+            StoreError::Migrate(_) | StoreError::Corrupt(_) | StoreError::Newer { .. } => false,
         }
     }
 
@@ -212,6 +230,41 @@ fn lock_file(path: &std::path::Path) -> std::io::Result<std::fs::File> {
     Ok(file)
 }
 
+/// How long the first connection to Postgres may take at start.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Opens one connection to the Postgres at `url` and closes it again: a pool would only say
+/// "timed out" after its acquire wait, where this names the server and the real cause (connection
+/// refused, an unknown host, a wrong password, a missing database) at once.
+async fn probe_postgres(url: &str) -> StoreResult<()> {
+    use sqlx::Connection;
+    let options = sqlx::postgres::PgConnectOptions::from_str(url)?;
+    let server = format!(
+        "Postgres at {}:{} (database {:?}, user {:?})",
+        options.get_host(),
+        options.get_port(),
+        options.get_database().unwrap_or(options.get_username()),
+        options.get_username()
+    );
+    let cause = match tokio::time::timeout(PROBE_TIMEOUT, sqlx::PgConnection::connect_with(&options)).await {
+        Ok(Ok(conn)) => {
+            let _ = conn.close().await;
+            return Ok(());
+        }
+        Ok(Err(sqlx::Error::Io(e))) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+            format!("{e}; is the server running and listening there?")
+        }
+        Ok(Err(sqlx::Error::Io(e))) => e.to_string(),
+        Ok(Err(sqlx::Error::Database(e))) => e.message().to_owned(),
+        Ok(Err(e)) => e.to_string(),
+        Err(_) => format!(
+            "no answer within {} s (a wrong host, or a firewall dropping the packets?)",
+            PROBE_TIMEOUT.as_secs()
+        ),
+    };
+    Err(StoreError::Unreachable { server, cause })
+}
+
 /// The start lock of a database ([`Store::start_lock`]); dropping it releases it too.
 #[must_use = "the lock is released when this is dropped"]
 pub struct StartLock(Held);
@@ -271,6 +324,9 @@ impl Store {
             }
             _ => url.to_owned(),
         };
+        if backend == Backend::Postgres {
+            probe_postgres(&url).await?;
+        }
         let options = AnyConnectOptions::from_str(&url)?
             .log_statements(tracing::log::LevelFilter::Trace)
             .log_slow_statements(tracing::log::LevelFilter::Warn, Duration::from_secs(1));
@@ -319,8 +375,10 @@ impl Store {
 
     /// Applies the migrations this build knows that the database lacks.
     pub async fn migrate(&self) -> StoreResult<()> {
-        self.migrator().run(&self.pool).await?;
-        Ok(())
+        match self.migrator().run(&self.pool).await {
+            Err(sqlx::migrate::MigrateError::VersionMissing(version)) => Err(StoreError::Newer { version }),
+            other => Ok(other?),
+        }
     }
 
     /// Takes the start lock of this database, waiting while another gateway holds it. Held

@@ -154,6 +154,29 @@ impl Locks {
             .collect()
     }
 
+    /// Running locks counted by what they park (`model`, `free_models`, `credential`) and the
+    /// rule that wrote them (metrics, read at scrape time). Sorted.
+    pub fn running_by_rule(&self, now_ms: i64) -> Vec<((&'static str, String), usize)> {
+        let locks = self.locks.lock().unwrap_or_else(|p| p.into_inner());
+        let mut counts: HashMap<(&'static str, String), usize> = HashMap::new();
+        for ((_, target), e) in locks.iter().filter(|(_, e)| e.until_ms > now_ms) {
+            let scope = match target {
+                LockTarget::Model(_) => "model",
+                LockTarget::AllFree => "free_models",
+                LockTarget::Credential => "credential",
+            };
+            *counts.entry((scope, e.rule.clone())).or_default() += 1;
+        }
+        let mut counts: Vec<_> = counts.into_iter().collect();
+        counts.sort_unstable();
+        counts
+    }
+
+    /// How many credentials carry the banned mark.
+    pub fn banned_count(&self) -> usize {
+        self.banned.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
     /// A new secret (kRouter: "editing its key … clears its per-model locks and resets the
     /// backoff — but not a running account-wide hold or the banned mark"): forgets the
     /// credential's per-model locks and its backoff level, keeps the whole-credential hold, the

@@ -241,6 +241,9 @@ pub fn test_settings(db: &TestDb) -> Settings {
 pub struct TestApp {
     /// `http://127.0.0.1:PORT`.
     pub address: String,
+    /// `http://127.0.0.1:PORT` of the admin listener, when `admin_listen` is set.
+    #[allow(dead_code, reason = "used by the deployment suite")]
+    pub admin_address: Option<String>,
     /// The gateway's state (store, clock).
     pub state: AppState,
     /// The manual clock.
@@ -274,6 +277,7 @@ pub async fn try_spawn_app(db: &TestDb, setup: Setup) -> Result<TestApp, aigw::a
     )
     .await?;
     let address = format!("http://{}", gateway.local_addr());
+    let admin_address = gateway.admin_addr().map(|a| format!("http://{a}"));
     let state = gateway.state().clone();
     let (tx, rx) = oneshot::channel();
     let task = tokio::spawn(gateway.run_until_stopped(async {
@@ -281,6 +285,7 @@ pub async fn try_spawn_app(db: &TestDb, setup: Setup) -> Result<TestApp, aigw::a
     }));
     Ok(TestApp {
         address,
+        admin_address,
         state,
         clock,
         client: reqwest::Client::new(),

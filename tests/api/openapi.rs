@@ -1,6 +1,6 @@
 //! `openapi.yaml` describes every route the gateway serves and no other: its operations are
 //! compared with the route tables the routers are built from (`aigw::admin::ROUTES`,
-//! `aigw::proxy::ROUTES`, `aigw::app::ROUTES`), and each admin operation's `x-aigw-least-role`
+//! `aigw::proxy::ROUTES`, `aigw::app::HEALTH_ROUTES` and `METRICS_ROUTES`), and each admin operation's `x-aigw-least-role`
 //! with the role the admin guard enforces. schemathesis (`tests/openapi/run`, in `.ci/run`) checks
 //! the rest of the spec against a running gateway.
 //!
@@ -97,7 +97,10 @@ fn spec_operations(text: &str) -> BTreeMap<Route, Option<String>> {
 fn server_routes() -> BTreeSet<Route> {
     let admin = aigw::admin::ROUTES.iter().map(|r| (r.method, r.path));
     let proxy = aigw::proxy::ROUTES.iter().copied();
-    let ops = aigw::app::ROUTES.iter().copied();
+    let ops = aigw::app::HEALTH_ROUTES
+        .iter()
+        .chain(aigw::app::METRICS_ROUTES)
+        .copied();
     admin
         .chain(proxy)
         .chain(ops)

@@ -1,5 +1,6 @@
 //! Starting up: several replicas started at the same instant on one database all come up with
-//! every entity once; a taken port stops the start before the database is touched.
+//! every entity once; a taken port stops the start before the database is touched; a database
+//! that cannot be opened is named with the reason at once.
 
 use aigw::store::{DepartmentStore, KeyStore, MemberStore, ModelStore, UpstreamStore, WorkspaceStore};
 
@@ -7,6 +8,7 @@ use crate::both_backends;
 use crate::helpers::{Setup, TestDb, try_spawn_app};
 
 both_backends!(
+    a_database_migrated_by_a_newer_aigw_is_named_as_such,
     three_replicas_started_together_all_come_up_with_each_entity_once,
     a_taken_port_fails_before_the_database_is_touched,
     the_start_lock_admits_one_gateway_at_a_time_and_is_freed_by_a_dropped_holder
@@ -166,4 +168,104 @@ async fn the_start_lock_admits_one_gateway_at_a_time_and_is_freed_by_a_dropped_h
         .unwrap()
         .release()
         .await;
+}
+
+/// A Postgres nobody listens on: the start fails at once (not after the pool's wait), naming the
+/// host, the port and the cause.
+#[tokio::test]
+async fn an_unreachable_postgres_is_named_with_its_cause_at_once() {
+    let db = TestDb::sqlite();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let url = format!("postgres://aigw:hunter2-secret@127.0.0.1:{port}/aigw");
+    let setup = Setup {
+        settings: Box::new(move |s| s.database_url = url),
+        ..Setup::default()
+    };
+    let started = std::time::Instant::now();
+    let err = match try_spawn_app(&db, setup).await {
+        Ok(_) => panic!("started without a database"),
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(5),
+        "took {:?}: {err}",
+        started.elapsed()
+    );
+    assert!(
+        err.contains(&format!("127.0.0.1:{port}")),
+        "names host and port: {err}"
+    );
+    assert!(
+        err.to_lowercase().contains("connection refused"),
+        "names the cause: {err}"
+    );
+    assert!(!err.contains("hunter2"), "no password in the message: {err}");
+}
+
+/// A SQLite database in a folder that does not exist: the folder is named, not the secrets file
+/// that would have been written there.
+#[tokio::test]
+async fn a_missing_sqlite_folder_is_named_as_such() {
+    let db = TestDb::sqlite();
+    let folder = db.dir.path().join("no-such-folder");
+    let url = format!("sqlite://{}/aigw.db", folder.display());
+    let setup = Setup {
+        settings: Box::new(move |s| {
+            s.database_url = url;
+            s.data_dir = Default::default();
+            s.master_key = None;
+            s.jwt_secret = None;
+        }),
+        ..Setup::default()
+    };
+    let err = match try_spawn_app(&db, setup).await {
+        Ok(_) => panic!("started without a database folder"),
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        err.contains(&folder.display().to_string()) && err.contains("does not exist"),
+        "names the folder: {err}"
+    );
+    assert!(err.contains("AIGW_DATABASE_URL"), "names the setting: {err}");
+    assert!(!err.contains("secrets file"), "{err}");
+    assert!(!folder.exists(), "not created behind the operator's back");
+}
+
+/// An older aigw started on a database a newer one has migrated (a rollback after an upgrade):
+/// the start says so, rather than only naming a migration number.
+async fn a_database_migrated_by_a_newer_aigw_is_named_as_such(db: TestDb) {
+    use sqlx::Connection;
+    try_spawn_app(&db, Setup::default()).await.unwrap().stop().await;
+    // What a newer build leaves behind: a migration this build does not have.
+    if db.backend == "sqlite" {
+        let mut conn = sqlx::SqliteConnection::connect(&db.url).await.unwrap();
+        sqlx::query(
+            "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time) \
+             VALUES (99990101000000, 'from a newer aigw', TRUE, X'00', 0)",
+        )
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    } else {
+        let mut conn = sqlx::PgConnection::connect(&db.url).await.unwrap();
+        sqlx::query(
+            "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time) \
+             VALUES (99990101000000, 'from a newer aigw', TRUE, '\\x00'::bytea, 0)",
+        )
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    }
+    let err = match try_spawn_app(&db, Setup::default()).await {
+        Ok(_) => panic!("an older build started on a newer database"),
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        err.contains("99990101000000") && err.contains("newer aigw"),
+        "{err}"
+    );
 }
