@@ -519,8 +519,9 @@ def _error_body(message: str, code: str, retry_after: Optional[int] = None) -> b
 def _local(headers: list, retry_at: Optional[float]) -> list:
     """Headers of an answer given without sending: ``x-aigw-error-source: client``, never to be
     retried by the SDK, and the time to come back."""
-    out = [(k, v) for k, v in headers if k.lower() not in (
-        "x-aigw-error-source", "x-should-retry", "x-aigw-client-retry-at", "content-length")]
+    drop = ("x-aigw-error-source", "x-should-retry", "x-aigw-client-retry-at", "content-length",
+            "content-encoding", "transfer-encoding")
+    out = [(k, v) for k, v in headers if k.lower() not in drop]
     out += [("x-aigw-error-source", "client"), ("x-should-retry", "false")]
     if not any(k.lower() == "content-type" for k, _ in out):
         out.append(("content-type", "application/json"))
