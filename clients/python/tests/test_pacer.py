@@ -233,3 +233,54 @@ def test_a_bare_ratelimit_field_paces_until_its_own_reset():
     t = p.plan(KEY, None, 60).ticket
     p.observe(t, 200, {"ratelimit-policy": '"burst";q=10;w=10', "ratelimit": '"burst";r=5;t=10'})
     assert starts(p, 2) == pytest.approx([0.0, 2.0]), "5 over 10 s"
+
+
+def test_answers_of_a_burst_that_come_after_its_first_refusal_count_toward_the_rate():
+    vt = VirtualTime(T0)
+    p = pacer(vt, extra_base=0, extra_share=0)
+    p.primed(KEY, [])
+    tickets = [p.plan(KEY, "m", 60).ticket for _ in range(30)]
+    for t in tickets:
+        p.sent(t)
+    vt.sleep(0.05)
+    refused = {"retry-after": "1"}
+    # The refusals of the burst come back first, its 20 successes just after.
+    for t in tickets[20:]:
+        p.observe(t, 429, refused, error("upstream_quota_exhausted"))
+    for t in tickets[:20]:
+        p.observe(t, 200, {})
+    rate = 20 / 1.05
+    assert starts(p, 2, model="m") == pytest.approx([1.05, 1.05 + 1 / rate], rel=1e-3)
+
+
+def test_the_extra_after_a_hold_is_each_calls_own():
+    vt = VirtualTime(T0)
+    p = pacer(vt)
+    p.primed(KEY, [])
+    t = p.plan(KEY, "m", 60).ticket
+    p.sent(t)
+    p.observe(t, 429, {"retry-after": "2"}, error("upstream_quota_exhausted"))
+    extra = 0.5 * 0.45
+    assert starts(p, 3, model="m") == pytest.approx([2 + extra] * 3), "not chained one after the other"
+
+
+def test_a_refusal_at_most_halves_the_rate_and_the_wait_itself_is_not_counted_twice():
+    vt = VirtualTime(T0)
+    p = pacer(vt, extra_base=0, extra_share=0, rate_growth=1e9)
+    p.primed(KEY, [])
+    refused = {"retry-after": "1"}
+
+    def cycle(served, then_refused_after):
+        tickets = [p.plan(KEY, "m", 1e9).ticket for _ in range(served + 1)]
+        for t in tickets:
+            vt.t = max(vt.t, t.start)
+            p.sent(t)
+        vt.sleep(then_refused_after)
+        for t in tickets[:served]:
+            p.observe(t, 200, {})
+        p.observe(tickets[served], 429, refused, error("upstream_quota_exhausted"))
+
+    cycle(40, 0.0)  # 40 in 0 s, then 1 s of wait: 40/s
+    assert p._keys[KEY].models["m"].base_rate() == pytest.approx(40.0)
+    cycle(2, 0.0)  # a short unlucky cycle would say 2/s: the rate only halves
+    assert p._keys[KEY].models["m"].base_rate() == pytest.approx(20.0)

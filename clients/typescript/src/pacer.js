@@ -47,9 +47,27 @@ function newKey() {
     primed: undefined, primeAsked: -Infinity, models: new Map() };
 }
 
+// Per key and model: the hold a refusal named; the current cycle (since the last refusal): its
+// start and the calls sent in it that were served; when calls could go again after the last
+// refusal's wait; the cycle a refusal ended ([its start, when calls could go in it, its end, the
+// wait the refusal named]), the calls sent in it that were served (answers still coming in after
+// the refusal count), and the rate learned before it.
 function newModel() {
-  return { hold: 0, holdWait: 0, tat: 0, rate: undefined, cycleStart: undefined, served: 0,
-    lastRefusal: -Infinity, closed: undefined };
+  return { hold: 0, holdWait: 0, tat: 0, cycleStart: undefined, served: 0, lastRefusal: -Infinity,
+    resume: -Infinity, prev: undefined, prevServed: 0, before: undefined, closed: undefined };
+}
+
+/**
+ * The rate the upstream let through over the last cycle a refusal ended: the calls it served over
+ * the time calls could go and the wait it asked for; never less than half the rate learned before
+ * (one refusal at most halves it).
+ */
+function baseRate(ms) {
+  if (!ms.prev) return undefined;
+  const [, going, end, wait] = ms.prev;
+  let rate = ms.prevServed / Math.max(end - going + wait, 1e-3);
+  if (ms.before) rate = Math.max(rate, ms.before / 2);
+  return rate || undefined;
 }
 
 export class Pacer {
@@ -131,6 +149,8 @@ export class Pacer {
       if (now < ms.hold) holdWait = Math.max(holdWait, ms.holdWait);
       start = Math.max(start, ms.hold, ms.tat);
     }
+    // The random extra after a hold is this call's own: it does not delay the others.
+    const scheduled = start;
     if (holdWait > 0) start += this.extra(holdWait);
     const wait = start - now;
     if (wait > allowance) return { kind: 'refuse', wait: 0, refusal: this.tooLong(wait) };
@@ -138,7 +158,7 @@ export class Pacer {
     ks.slots.splice(bisectLeft(ks.slots, q.slot), 0, q.slot);
     if (ms) {
       const rate = this.rate(ms, now);
-      ms.tat = start + (rate ? 1 / rate : 0);
+      ms.tat = scheduled + (rate ? 1 / rate : 0);
       if (ms.cycleStart === undefined) ms.cycleStart = now;
     }
     return { kind: 'go', wait: Math.max(wait, 0), ticket: { key, model, quotaSlot: q.slot, start, sentAt: undefined, done: false } };
@@ -214,8 +234,9 @@ export class Pacer {
   }
 
   rate(ms, now) {
-    if (ms.rate === undefined) return undefined;
-    return ms.rate * (1 + Math.max(now - ms.lastRefusal, 0) / this.settings.rateGrowth);
+    const base = baseRate(ms);
+    if (base === undefined) return undefined;
+    return base * (1 + Math.max(now - ms.lastRefusal, 0) / this.settings.rateGrowth);
   }
 
   extra(wait) {
@@ -272,7 +293,12 @@ export class Pacer {
     const verdict = classify(status, headers, body, unix);
     const ms = this.model(ks, ticket.model);
     if (verdict.kind === 'ok') {
-      if (ms) ms.served += 1;
+      if (ms) {
+        // Credited to the cycle the call was sent in.
+        const sent = ticket.sentAt ?? now;
+        if (ms.cycleStart === undefined || sent >= ms.cycleStart) ms.served += 1;
+        else if (ms.prev && sent >= ms.prev[0]) ms.prevServed += 1; // the cycle's start
+      }
     } else if (verdict.kind === 'retry' && verdict.wait !== undefined) {
       this.hold(ks, ms, verdict, ticket, now);
     } else if (verdict.kind === 'final' && verdict.close) {
@@ -294,9 +320,11 @@ export class Pacer {
       // Only an attempt sent after the last refusal tells something new about the rate.
       const sent = ticket.sentAt ?? now;
       if (sent >= ms.lastRefusal) {
-        const elapsed = now - (ms.cycleStart ?? now);
-        if (ms.served > 0) ms.rate = ms.served / Math.max(elapsed + wait, 1e-3);
-        else if (ms.rate !== undefined) ms.rate /= 2;
+        ms.before = baseRate(ms);
+        const start = ms.cycleStart ?? now;
+        ms.prev = [start, Math.max(start, ms.resume), now, wait];
+        ms.prevServed = ms.served;
+        ms.resume = now + wait;
         ms.cycleStart = now;
         ms.served = 0;
         ms.lastRefusal = now;

@@ -113,11 +113,32 @@ class ModelState:
     hold: float = 0.0
     hold_wait: float = 0.0
     tat: float = 0.0
-    rate: Optional[float] = None
+    #: The current cycle (since the last refusal): its start, and the calls sent in it that
+    #: were served.
     cycle_start: Optional[float] = None
     served: int = 0
     last_refusal: float = -math.inf
+    #: When calls could go again after the last refusal's wait.
+    resume: float = -math.inf
+    #: The cycle a refusal ended: (its start, when calls could go in it, its end, the wait the
+    #: refusal named), the calls sent in it that were served (answers still coming in after the
+    #: refusal count), and the rate learned before it.
+    prev: Optional[tuple] = None
+    prev_served: int = 0
+    before: Optional[float] = None
     closed: Optional[Closure] = None
+
+    def base_rate(self) -> Optional[float]:
+        """The rate the upstream let through over the last cycle a refusal ended: the calls it
+        served over the time calls could go and the wait it asked for; never less than half the
+        rate learned before (one refusal at most halves it)."""
+        if self.prev is None:
+            return None
+        _, going, end, wait = self.prev
+        rate = self.prev_served / max(end - going + wait, 1e-3)
+        if self.before:
+            rate = max(rate, self.before / 2.0)
+        return rate or None
 
 
 @dataclass
@@ -249,6 +270,8 @@ class Pacer:
                 if now < ms.hold:
                     hold_wait = max(hold_wait, ms.hold_wait)
                 start = max(start, ms.hold, ms.tat)
+            # The random extra after a hold is this call's own: it does not delay the others.
+            scheduled = start
             if hold_wait > 0:
                 start += self._extra(hold_wait)
             wait = start - now
@@ -258,7 +281,7 @@ class Pacer:
             bisect.insort(ks.slots, quota_slot)
             if ms is not None:
                 rate = self._rate(ms, now)
-                ms.tat = start + (1.0 / rate if rate else 0.0)
+                ms.tat = scheduled + (1.0 / rate if rate else 0.0)
                 if ms.cycle_start is None:
                     ms.cycle_start = now
             return Plan("go", wait=max(wait, 0.0), ticket=Ticket(key, model, quota_slot, start))
@@ -336,9 +359,10 @@ class Pacer:
         return remaining / per_call - planned
 
     def _rate(self, ms: ModelState, now: float) -> Optional[float]:
-        if ms.rate is None:
+        base = ms.base_rate()
+        if base is None:
             return None
-        return ms.rate * (1.0 + max(now - ms.last_refusal, 0.0) / self.settings.rate_growth)
+        return base * (1.0 + max(now - ms.last_refusal, 0.0) / self.settings.rate_growth)
 
     def _extra(self, wait: float) -> float:
         s = self.settings
@@ -409,7 +433,12 @@ class Pacer:
             ms = ks.models.setdefault(ticket.model, ModelState()) if ticket.model is not None else None
             if verdict.kind == "ok":
                 if ms is not None:
-                    ms.served += 1
+                    # Credited to the cycle the call was sent in.
+                    sent = ticket.sent_at if ticket.sent_at is not None else now
+                    if ms.cycle_start is None or sent >= ms.cycle_start:
+                        ms.served += 1
+                    elif ms.prev is not None and sent >= ms.prev[0]:  # the cycle's start
+                        ms.prev_served += 1
             elif verdict.kind == "retry" and verdict.wait is not None:
                 self._hold(ks, ms, verdict, ticket, now)
             elif verdict.kind == "final" and verdict.close:
@@ -430,12 +459,11 @@ class Pacer:
             # Only an attempt sent after the last refusal tells something new about the rate.
             sent = ticket.sent_at if ticket.sent_at is not None else now
             if sent >= ms.last_refusal:
-                elapsed = now - (ms.cycle_start if ms.cycle_start is not None else now)
-                if ms.served > 0:
-                    ms.rate = ms.served / max(elapsed + wait, 1e-3)
-                elif ms.rate is not None:
-                    ms.rate /= 2.0
+                ms.before = ms.base_rate()
+                start = ms.cycle_start if ms.cycle_start is not None else now
+                ms.prev, ms.prev_served = (start, max(start, ms.resume), now, wait), ms.served
                 ms.cycle_start, ms.served, ms.last_refusal = now, 0, now
+                ms.resume = now + wait
                 ms.tat = max(ms.tat, ms.hold)
         elif now + wait > ks.hold:
             ks.hold, ks.hold_wait = now + wait, wait

@@ -167,3 +167,50 @@ test('one reads the quotas while the others wait a moment', () => {
   p.primed(KEY, undefined);
   assert.equal(p.plan(KEY, undefined, 60).kind, 'go');
 });
+
+test('answers of a burst that come after its first refusal count toward the rate', () => {
+  const vt = new VirtualTime();
+  const p = pacer(vt, { extraBase: 0, extraShare: 0 });
+  p.primed(KEY, []);
+  const tickets = [...Array(30)].map(() => p.plan(KEY, 'm', 60).ticket);
+  tickets.forEach((t) => p.sent(t));
+  vt.t += 0.05;
+  const refused = new Headers({ 'retry-after': '1' });
+  // The refusals of the burst come back first, its 20 successes just after.
+  tickets.slice(20).forEach((t) => p.observe(t, 429, refused, error('upstream_quota_exhausted')));
+  tickets.slice(0, 20).forEach((t) => p.observe(t, 200, new Headers()));
+  const rate = 20 / 1.05;
+  close(starts(p, 2, 'm'), [1.05, 1.05 + 1 / rate], 1e-3);
+});
+
+test('the extra after a hold is each call\'s own', () => {
+  const vt = new VirtualTime();
+  const p = pacer(vt);
+  p.primed(KEY, []);
+  const t = p.plan(KEY, 'm', 60).ticket;
+  p.sent(t);
+  p.observe(t, 429, new Headers({ 'retry-after': '2' }), error('upstream_quota_exhausted'));
+  const extra = 0.5 * 0.45;
+  close(starts(p, 3, 'm'), [2 + extra, 2 + extra, 2 + extra]);
+});
+
+test('a refusal at most halves the rate', () => {
+  const vt = new VirtualTime();
+  const p = pacer(vt, { extraBase: 0, extraShare: 0, rateGrowth: 1e9 });
+  p.primed(KEY, []);
+  const refused = new Headers({ 'retry-after': '1' });
+  const cycle = (served) => {
+    const tickets = [...Array(served + 1)].map(() => p.plan(KEY, 'm', 1e9).ticket);
+    for (const t of tickets) {
+      vt.t = Math.max(vt.t, t.start);
+      p.sent(t);
+    }
+    tickets.slice(0, served).forEach((t) => p.observe(t, 200, new Headers()));
+    p.observe(tickets[served], 429, refused, error('upstream_quota_exhausted'));
+  };
+  cycle(40); // 40 in 0 s, then 1 s of wait: 40/s
+  close(starts(p, 2, 'm').map((t) => t - vt.t), [1, 1 + 1 / 40]);
+  cycle(2); // a short unlucky cycle would say 2/s: the rate only halves
+  const [a, b] = starts(p, 2, 'm');
+  close([b - a], [1 / 20]);
+});
