@@ -4,8 +4,9 @@
 //! and Anthropic messages (streamed or not). By default every call succeeds with deterministic
 //! usage; a [`Script`] makes calls for one credential and/or model answer with any status,
 //! headers and body (each provider error shape of `shared/seeds/`), a delay, slow chunks, a
-//! mid-stream error, a dropped connection, or a head followed by a body that stalls. It records every call so tests can assert that
-//! nothing was sent upstream. Control it in-process ([`MockUpstream`]) or over HTTP:
+//! mid-stream error, a dropped connection, a head followed by a body that stalls, or a provider's
+//! own rate limit (a fixed window of so many calls). It records every call so tests can assert that
+//! nothing was sent upstream, and counts calls per credential. Control it in-process ([`MockUpstream`]) or over HTTP:
 //! `POST /__mock/script` (a [`Script`] as JSON), `GET /__mock/calls`, `POST /__mock/reset`.
 
 use std::collections::HashMap;
@@ -91,6 +92,26 @@ pub struct Script {
     /// The content type of a `raw_body` answer; none when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub content_type: Option<String>,
+    /// A provider's rate limit: calls this script matches beyond the window's allowance answer
+    /// 429 with `Retry-After` and `retry-after-ms` until the window ends, and OpenAI's
+    /// rate-limit body; calls within it are answered as the rest of the script says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_limit: Option<RateLimit>,
+}
+
+/// A fixed-window rate limit: `requests` calls per `window_ms`, windows aligned to the Unix epoch.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct RateLimit {
+    /// Calls allowed in one window.
+    pub requests: u32,
+    /// The window's length in milliseconds (default 1000).
+    #[serde(default = "one_second")]
+    pub window_ms: u64,
+}
+
+fn one_second() -> u64 {
+    1000
 }
 
 /// A field that is present, `null` included (serde reads an `Option` field's `null` as absent).
@@ -151,6 +172,29 @@ impl Script {
         self.usage = Some(usage);
         self
     }
+    /// Allow `requests` calls per `window_ms`; refuse the rest with a 429 naming the wait.
+    pub fn rate_limit(mut self, requests: u32, window_ms: u64) -> Self {
+        self.rate_limit = Some(RateLimit {
+            requests,
+            window_ms: window_ms.max(1),
+        });
+        self
+    }
+
+    /// This script turned into the provider's refusal of a call over its rate limit, `wait_ms`
+    /// before the window ends.
+    fn over_rate_limit(mut self, wait_ms: u64) -> Self {
+        self.status = Some(429);
+        self.raw_body = None;
+        self.headers
+            .insert("retry-after".to_owned(), wait_ms.div_ceil(1000).to_string());
+        self.headers
+            .insert("retry-after-ms".to_owned(), wait_ms.to_string());
+        self.body = Some(json!({"error": {
+            "message": "Rate limit reached for requests. Please try again later.",
+            "type": "requests", "param": null, "code": "rate_limit_exceeded"}}));
+        self
+    }
 }
 
 /// One call the mock received.
@@ -182,8 +226,13 @@ struct MockState {
     /// Whether calls are kept for inspection (off for benchmarks: only counted).
     keep_calls: bool,
     scripts: Mutex<Vec<Script>>,
+    /// Per script (by position) with a rate limit: its current window's start (Unix ms) and the
+    /// calls admitted in it.
+    windows: Mutex<HashMap<usize, (u64, u32)>>,
     calls: Mutex<Vec<Call>>,
     count: std::sync::atomic::AtomicUsize,
+    /// Calls per credential presented (none: `""`), counted even when calls are not kept.
+    by_credential: Mutex<HashMap<String, usize>>,
 }
 
 impl MockState {
@@ -198,17 +247,44 @@ impl MockState {
         if let Some(t) = s.times.as_mut() {
             *t -= 1;
         }
-        Some(s.clone())
+        let script = s.clone();
+        let Some(limit) = script.rate_limit else {
+            return Some(script);
+        };
+        let now = u64::try_from(chrono::Utc::now().timestamp_millis()).unwrap_or(0);
+        let start = now - now % limit.window_ms;
+        let mut windows = self.windows.lock().unwrap_or_else(|p| p.into_inner());
+        let window = windows.entry(pos).or_insert((start, 0));
+        if window.0 != start {
+            *window = (start, 0);
+        }
+        if window.1 < limit.requests {
+            window.1 += 1;
+            Some(script)
+        } else {
+            Some(script.over_rate_limit(start + limit.window_ms - now))
+        }
     }
 
     fn reset(&self) {
         self.scripts.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        self.windows.lock().unwrap_or_else(|p| p.into_inner()).clear();
         self.calls.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        self.by_credential
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
         self.count.store(0, std::sync::atomic::Ordering::Relaxed);
     }
 
     fn record(&self, call: Call) {
         self.count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        *self
+            .by_credential
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(call.credential.clone().unwrap_or_default())
+            .or_insert(0) += 1;
         if !self.keep_calls {
             return;
         }
@@ -295,6 +371,15 @@ impl MockUpstream {
         self.state.count.load(std::sync::atomic::Ordering::Relaxed)
     }
 
+    /// How many calls each credential made (`""`: calls without one).
+    pub fn calls_by_credential(&self) -> HashMap<String, usize> {
+        self.state
+            .by_credential
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
     /// Stops serving.
     pub fn stop(&self) {
         self.stop.cancel();
@@ -336,7 +421,8 @@ async fn add_script(State(st): State<Arc<MockState>>, body: Bytes) -> Response {
 async fn list_calls(State(st): State<Arc<MockState>>) -> Response {
     let calls = st.calls.lock().unwrap_or_else(|p| p.into_inner()).clone();
     let count = st.count.load(std::sync::atomic::Ordering::Relaxed);
-    axum::Json(json!({"count": count, "calls": calls})).into_response()
+    let by_credential = st.by_credential.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    axum::Json(json!({"count": count, "by_credential": by_credential, "calls": calls})).into_response()
 }
 
 async fn reset(State(st): State<Arc<MockState>>) -> StatusCode {

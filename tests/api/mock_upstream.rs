@@ -168,3 +168,34 @@ async fn mid_stream_error_and_embeddings() {
     assert_eq!(body["data"].as_array().unwrap().len(), 2);
     assert_eq!(body["usage"]["prompt_tokens"], 3);
 }
+
+#[tokio::test]
+async fn a_rate_limit_refuses_calls_over_the_windows_allowance() {
+    let mock = MockUpstream::start().await.unwrap();
+    // An hour's window: the three calls below fall in one window.
+    mock.script(Script::any().credential("k1").rate_limit(2, 3_600_000));
+    let body = json!({"model": "m", "messages": [{"role": "user", "content": "x"}]});
+    for _ in 0..2 {
+        let r = post(&mock, "/v1/chat/completions", "k1", body.clone()).await;
+        assert_eq!(r.status(), 200, "within the allowance");
+    }
+    let r = post(&mock, "/v1/chat/completions", "k1", body.clone()).await;
+    assert_eq!(r.status(), 429);
+    let secs: u64 = r.headers()["retry-after"].to_str().unwrap().parse().unwrap();
+    let ms: u64 = r.headers()["retry-after-ms"].to_str().unwrap().parse().unwrap();
+    assert!((1..=3600).contains(&secs), "{secs}");
+    assert_eq!(secs, ms.div_ceil(1000), "the same wait, rounded up to seconds");
+    let err: Value = r.json().await.unwrap();
+    assert_eq!(err["error"]["code"], "rate_limit_exceeded");
+    let other = post(&mock, "/v1/chat/completions", "k2", body).await;
+    assert_eq!(other.status(), 200, "another credential is not limited");
+    let counts = mock.calls_by_credential();
+    assert_eq!((counts["k1"], counts["k2"]), (3, 1));
+    let listed: Value = reqwest::get(format!("http://{}/__mock/calls", mock.addr()))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(listed["by_credential"], json!({"k1": 3, "k2": 1}));
+}

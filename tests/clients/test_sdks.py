@@ -1,44 +1,14 @@
-"""The official OpenAI and Anthropic Python clients against a running aigw and the mock upstream.
-
-Starts `aigw mock-upstream` and `aigw serve` (the binary from AIGW_BIN, default target/debug/aigw)
-on free ports with a fresh SQLite database, then drives them with the SDKs.
-"""
-
-import json
-import os
-import socket
-import subprocess
-import tempfile
-import time
-import urllib.request
+"""The official OpenAI and Anthropic Python clients against a running aigw and the mock upstream
+(started by gateway.py: the binary from AIGW_BIN, default target/debug/aigw, on free ports with a
+fresh SQLite database)."""
 
 import anthropic
 import openai
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-BIN = os.environ.get("AIGW_BIN", os.path.join(ROOT, "target", "debug", "aigw"))
+from gateway import running
+
 KEY = "sk-aigw-SdkTestKey0123456789abcdefghijkl"
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_ready(url, proc, what):
-    deadline = time.time() + 30
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{what} exited early: {proc.stderr.read().decode()}")
-        try:
-            with urllib.request.urlopen(url, timeout=1) as r:
-                if r.status < 500:
-                    return
-        except Exception:
-            time.sleep(0.05)
-    raise RuntimeError(f"{what} did not start")
 
 
 RESOURCES = """
@@ -71,36 +41,16 @@ models = ["claude-sonnet"]
 
 @pytest.fixture(scope="module")
 def gateway():
-    assert os.path.exists(BIN), f"build the gateway first (cargo build): {BIN} is missing"
-    tmp = tempfile.mkdtemp(prefix="aigw-sdk-")
-    mock_port, gw_port = free_port(), free_port()
-    mock = subprocess.Popen([BIN, "mock-upstream", "--listen", f"127.0.0.1:{mock_port}"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    res = os.path.join(tmp, "resources.toml")
-    with open(res, "w") as f:
-        f.write(RESOURCES.format(key=KEY, mock=mock_port))
-    env = {"PATH": os.environ.get("PATH", ""), "AIGW_LISTEN": f"127.0.0.1:{gw_port}",
-           "AIGW_DATABASE_URL": f"sqlite://{tmp}/aigw.db", "AIGW_BOOTSTRAP_PASSWORD": "sdk-owner-pass"}
-    gw = subprocess.Popen([BIN, "serve", "--resources", res], env=env, cwd=tmp,
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
-        wait_ready(f"http://127.0.0.1:{mock_port}/__mock/calls", mock, "mock upstream")
-        wait_ready(f"http://127.0.0.1:{gw_port}/readyz", gw, "aigw")
-        yield {"gw": f"http://127.0.0.1:{gw_port}", "mock": f"http://127.0.0.1:{mock_port}"}
-    finally:
-        for p in (gw, mock):
-            p.terminate()
-            p.wait(timeout=10)
+    with running(RESOURCES.replace("{key}", KEY)) as g:
+        yield g
 
 
 def script(gateway, **rule):
-    req = urllib.request.Request(gateway["mock"] + "/__mock/script", data=json.dumps(rule).encode(),
-                                 headers={"Content-Type": "application/json"})
-    urllib.request.urlopen(req).read()
+    gateway.script(**rule)
 
 
 def oa(gateway, key=KEY):
-    return openai.OpenAI(base_url=gateway["gw"] + "/v1", api_key=key, max_retries=0)
+    return openai.OpenAI(base_url=gateway.gw + "/v1", api_key=key, max_retries=0)
 
 
 def test_chat_not_streamed(gateway):
@@ -150,7 +100,7 @@ def test_models_list(gateway):
 
 
 def test_anthropic_messages(gateway):
-    client = anthropic.Anthropic(base_url=gateway["gw"], api_key=KEY, max_retries=0)
+    client = anthropic.Anthropic(base_url=gateway.gw, api_key=KEY, max_retries=0)
     m = client.messages.create(model="claude-sonnet", max_tokens=32,
                                messages=[{"role": "user", "content": "two words"}])
     assert m.content[0].text.startswith("Hello")
@@ -162,6 +112,6 @@ def test_anthropic_messages(gateway):
     assert text.startswith("Hello")
     assert final.usage.output_tokens == 5
     with pytest.raises(anthropic.AuthenticationError):
-        anthropic.Anthropic(base_url=gateway["gw"], api_key="sk-aigw-0000000000000000000000000000nope",
+        anthropic.Anthropic(base_url=gateway.gw, api_key="sk-aigw-0000000000000000000000000000nope",
                             max_retries=0).messages.create(model="claude-sonnet", max_tokens=5,
                                                            messages=[{"role": "user", "content": "x"}])
