@@ -205,6 +205,7 @@ impl Gateway {
         let locks = crate::upstream::locks::Locks::default();
         locks.load(&store, clock.now_ms(), true).await?;
         let connections = crate::client_conn::ConnectionSlots::new(settings.max_client_connections);
+        let quota = QuotaCounters::new(settings.store_outage_counters);
         let state = AppState(Arc::new(Inner {
             settings,
             store,
@@ -213,7 +214,7 @@ impl Gateway {
             jwt_secret,
             routes: ArcSwap::from_pointee(routes),
             policies: ArcSwap::from_pointee(policies),
-            quota: QuotaCounters::default(),
+            quota,
             keys: KeyResolver::new(),
             sessions,
             breakers,
@@ -389,18 +390,22 @@ fn start_config_watch(state: AppState, mut epoch: i64) {
                 () = tokio::time::sleep(CONFIG_POLL) => {},
                 () = s.shutdown.cancelled() => break,
             }
-            // Locks written by other gateways (every poll: they are not configuration changes).
-            if let Err(e) = s.locks.load(&s.store, s.clock.now_ms(), false).await {
-                tracing::warn!(error = %e, "lock poll failed");
-            }
+            // The epoch read is also the database's health probe: it ends an outage.
             match s.store.config_epoch().await {
-                Ok(now) if now != epoch => {
-                    if s.reload().await {
+                Ok(now) => {
+                    s.store.note_success();
+                    if now != epoch && s.reload().await {
                         epoch = now;
                     }
                 }
-                Ok(_) => {}
-                Err(e) => tracing::warn!(error = %e, "configuration poll failed"),
+                Err(e) => {
+                    s.store.log_failure(&e, "configuration poll failed");
+                    continue;
+                }
+            }
+            // Locks written by other gateways (every poll: they are not configuration changes).
+            if let Err(e) = s.locks.load(&s.store, s.clock.now_ms(), false).await {
+                s.store.log_failure(&e, "lock poll failed");
             }
         }
     });
@@ -418,13 +423,18 @@ fn start_quota_flush(state: AppState) {
                 () = s.shutdown.cancelled() => true,
             };
             if let Err(e) = s.quota.flush(&s.store, s.clock.now()).await {
-                tracing::warn!(error = %e, "quota flush failed; usage kept for the next flush");
+                s.store
+                    .log_failure(&e, "quota flush failed; usage kept for the next flush");
             }
             if let Err(e) = s.admission.flush(&s.store, s.clock.now_ms()).await {
-                tracing::warn!(error = %e, "own-limit flush failed; counts kept for the next flush");
+                s.store
+                    .log_failure(&e, "own-limit flush failed; counts kept for the next flush");
             }
             if let Err(e) = s.breakers.flush(&s.store, s.clock.now()).await {
-                tracing::warn!(error = %e, "breaker window flush failed; outcomes kept for the next flush");
+                s.store.log_failure(
+                    &e,
+                    "breaker window flush failed; outcomes kept for the next flush",
+                );
             }
             if stopping {
                 break;
@@ -455,7 +465,7 @@ impl AppState {
         match loaded.await {
             Ok((routes, policies)) => {
                 if let Err(e) = self.locks.load(&self.store, self.clock.now_ms(), true).await {
-                    tracing::warn!(error = %e, "lock reload failed");
+                    self.store.log_failure(&e, "lock reload failed");
                 }
                 // kRouter: an edited secret clears its per-model locks and backoff level on every
                 // gateway, this one included (the backoff level is kept in memory only).
@@ -464,7 +474,7 @@ impl AppState {
                 }
                 // Trips, blocks and bans written by another gateway.
                 if let Err(e) = self.breakers.load(&self.store).await {
-                    tracing::warn!(error = %e, "breaker reload failed");
+                    self.store.log_failure(&e, "breaker reload failed");
                 }
                 self.routes.store(Arc::new(routes));
                 self.policies.store(Arc::new(policies));
@@ -472,7 +482,7 @@ impl AppState {
                 true
             }
             Err(e) => {
-                tracing::warn!(error = %e, "configuration reload failed");
+                self.store.log_failure(&e, "configuration reload failed");
                 false
             }
         }

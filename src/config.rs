@@ -87,6 +87,32 @@ impl FromStr for LogFormat {
     }
 }
 
+/// What a quota check does, while the database is unreachable, with a counter this gateway has
+/// never read (its first request in a new window, or a subject it has not served yet).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OutageCounters {
+    /// Count from 0 in memory and add what was counted to the stored total on recovery (each
+    /// gateway may admit up to one limit more than the stored total allowed).
+    #[default]
+    Serve,
+    /// Answer 503 `store_unavailable` for that subject until the database answers.
+    Refuse,
+}
+
+impl FromStr for OutageCounters {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "serve" => Ok(OutageCounters::Serve),
+            "refuse" => Ok(OutageCounters::Refuse),
+            other => Err(format!(
+                "unknown choice {other:?} (expected \"serve\" or \"refuse\")"
+            )),
+        }
+    }
+}
+
 /// The longest any deadline setting may be, in seconds: a day.
 const MAX_WAIT_SECS: u64 = 86_400;
 
@@ -157,6 +183,9 @@ pub struct Settings {
     /// Most tokens one call may report: usage from an upstream above it (in any count, or in
     /// all) is invalid, and the gateway's estimate is counted instead.
     pub max_usage_tokens: u64,
+    /// While the database is unreachable, a quota counter never read before: `serve` (count
+    /// from 0 in memory) or `refuse` (503 `store_unavailable`).
+    pub store_outage_counters: OutageCounters,
 }
 
 /// Default of `max_usage_tokens`: far above any model's context, far below any overflow.
@@ -196,6 +225,7 @@ impl Default for Settings {
             max_client_connections: 10_000,
             max_header_bytes: 16 * 1024,
             max_usage_tokens: DEFAULT_MAX_USAGE_TOKENS,
+            store_outage_counters: OutageCounters::Serve,
         }
     }
 }
@@ -232,6 +262,7 @@ struct FileSettings {
     max_client_connections: Option<usize>,
     max_header_bytes: Option<usize>,
     max_usage_tokens: Option<u64>,
+    store_outage_counters: Option<OutageCounters>,
 }
 
 /// A setting that could not be read; the message names the setting and where it came from.
@@ -291,6 +322,7 @@ impl Settings {
             s.max_client_connections = f.max_client_connections.unwrap_or(s.max_client_connections);
             s.max_header_bytes = f.max_header_bytes.unwrap_or(s.max_header_bytes);
             s.max_usage_tokens = f.max_usage_tokens.unwrap_or(s.max_usage_tokens);
+            s.store_outage_counters = f.store_outage_counters.unwrap_or(s.store_outage_counters);
         }
 
         let var = |name: &str| env(name).filter(|v| !v.is_empty());
@@ -377,6 +409,9 @@ impl Settings {
         }
         if let Some(v) = var("AIGW_MAX_USAGE_TOKENS") {
             s.max_usage_tokens = parse_value("AIGW_MAX_USAGE_TOKENS", &v)?;
+        }
+        if let Some(v) = var("AIGW_STORE_OUTAGE_COUNTERS") {
+            s.store_outage_counters = parse_value("AIGW_STORE_OUTAGE_COUNTERS", &v)?;
         }
         s.validate()?;
         Ok(s)
@@ -574,6 +609,7 @@ pub const KNOWN_VARIABLES: &[&str] = &[
     "AIGW_MAX_CLIENT_CONNECTIONS",
     "AIGW_MAX_HEADER_BYTES",
     "AIGW_MAX_USAGE_TOKENS",
+    "AIGW_STORE_OUTAGE_COUNTERS",
     "AIGW_CONFIG",
     "AIGW_RESOURCES",
     "AIGW_LOG",

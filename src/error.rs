@@ -13,6 +13,9 @@ pub const SHOULD_RETRY: HeaderName = HeaderName::from_static("x-should-retry");
 /// refusal or passed-on upstream error that names a longer one also says `x-should-retry: false`.
 pub const MAX_SDK_WAIT_SECS: u64 = 60;
 
+/// `Retry-After` of a `store_unavailable` refusal.
+pub const STORE_RETRY_AFTER_SECS: u64 = 2;
+
 /// What a quota refusal reports.
 #[derive(Debug)]
 pub struct QuotaRefusal {
@@ -178,9 +181,32 @@ pub enum ApiError {
     /// A guardrail quota is used up (LyRouter's contract, DESIGN.md §4).
     #[error("rate limit exceeded on {} {}/{}", .0.subject, .0.metric, .0.window)]
     QuotaExceeded(Box<QuotaRefusal>),
-    /// The store is unavailable or failed.
+    /// The database is unreachable and the answer needs it (a key or quota counter this gateway
+    /// has not seen, a sign-in, an admin call).
+    #[error("the gateway's database is unreachable; retry in a few seconds")]
+    StoreUnavailable,
+    /// The store failed otherwise.
     #[error("internal error; the request id identifies it in the gateway's logs")]
     Internal,
+}
+
+impl From<&crate::store::StoreError> for ApiError {
+    /// A store failure on a request: 503 `store_unavailable` when the database is out of reach,
+    /// else logged and answered 500 without detail.
+    fn from(e: &crate::store::StoreError) -> Self {
+        if e.is_unreachable() {
+            ApiError::StoreUnavailable
+        } else {
+            tracing::error!(error = %e, "store call failed");
+            ApiError::Internal
+        }
+    }
+}
+
+impl From<crate::store::StoreError> for ApiError {
+    fn from(e: crate::store::StoreError) -> Self {
+        ApiError::from(&e)
+    }
 }
 
 impl ApiError {
@@ -221,7 +247,9 @@ impl ApiError {
             ApiError::RequestTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::HeaderTooLarge { .. } => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             ApiError::UriTooLong => StatusCode::URI_TOO_LONG,
-            ApiError::TooManyConnections { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::TooManyConnections { .. } | ApiError::StoreUnavailable => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             ApiError::UpstreamUnreachable { .. } | ApiError::UpstreamInvalidResponse { .. } => {
                 StatusCode::BAD_GATEWAY
             }
@@ -253,6 +281,7 @@ impl ApiError {
             ApiError::UpstreamInvalidResponse { .. } => "upstream_invalid_response",
             ApiError::Timeout(_) => "timeout",
             ApiError::RequestTimeout { .. } => "request_timeout",
+            ApiError::StoreUnavailable => "store_unavailable",
             ApiError::Internal => "internal_error",
             ApiError::QuotaExceeded(_) => "quota_exceeded",
             ApiError::CircuitOpen { .. } => "api_key_circuit_open",
@@ -287,6 +316,7 @@ impl ApiError {
             | ApiError::UpstreamInvalidResponse { .. }
             | ApiError::Timeout(_)
             | ApiError::TooManyConnections { .. }
+            | ApiError::StoreUnavailable
             | ApiError::Internal => "api_error",
         }
     }
@@ -299,6 +329,8 @@ impl ApiError {
             | ApiError::UpstreamQuotaExhausted { retry_after } => Some(*retry_after),
             // A connection slot frees as soon as any client's request or idle time ends.
             ApiError::TooManyConnections { .. } => Some(1),
+            // The gateway checks the database every half second; most outages are restarts.
+            ApiError::StoreUnavailable => Some(STORE_RETRY_AFTER_SECS),
             _ => None,
         }
     }

@@ -159,6 +159,10 @@ async fn guard(
         }
         .into_response();
     };
+    // Every admin answer needs the database: while it is known to be away, say so at once.
+    if !state.store.available() {
+        return ApiError::StoreUnavailable.into_response();
+    }
     if route.need == Need::Public {
         return next.run(req).await;
     }
@@ -257,15 +261,15 @@ impl FromRequestParts<AppState> for PathText {
     }
 }
 
-/// A store failure on the admin path: logged, answered 500 without detail; a duplicate name 409.
+/// A store failure on the admin path: a duplicate name 409; an unreachable database 503
+/// `store_unavailable`; anything else logged and answered 500 without detail.
 pub fn store_error(e: StoreError) -> ApiError {
     if e.is_unique_violation() {
         return ApiError::Conflict {
             message: "a resource with this name already exists".into(),
         };
     }
-    tracing::error!(error = %e, "admin store call failed");
-    ApiError::Internal
+    ApiError::from(e)
 }
 
 /// The result of an admin handler.

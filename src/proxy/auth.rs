@@ -1,10 +1,12 @@
 //! Gateway API keys on the request path: key → member → department → workspace through a moka
-//! cache (unknown keys cached briefly too), and a governor limiter that slows repeated failed
-//! authentication from one address.
+//! cache (unknown keys cached briefly too; known ones kept as the last good copy while the store
+//! is unreachable), and a governor limiter that slows repeated failed authentication from one
+//! address.
 
 use std::net::IpAddr;
 use std::num::NonZeroU32;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use axum::http::HeaderMap;
@@ -14,7 +16,7 @@ use moka::future::Cache;
 
 use crate::crypto;
 use crate::error::ApiError;
-use crate::store::{KeyStore, Store};
+use crate::store::{KeyStore, Store, StoreError};
 
 /// Who is calling: the key and everything above it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -31,21 +33,37 @@ pub struct Caller {
     pub workspace_id: i64,
 }
 
-/// How long a known key is cached (config changes invalidate the cache sooner).
-const KNOWN_TTL: Duration = Duration::from_secs(300);
-/// How long an unknown key is cached: short, so a key created elsewhere works at once.
+/// How long a cached answer is trusted before the store is asked again (configuration changes
+/// make every answer stale sooner). While the store is unreachable, a stale answer keeps serving.
+const FRESH_MS: i64 = 300_000;
+/// How long an unknown key is remembered at all: short, so a key created elsewhere works at once.
 const UNKNOWN_TTL: Duration = Duration::from_secs(1);
 
+/// A cached answer of the store: the caller (none for an unknown key), and when and under which
+/// configuration it was read.
+#[derive(Clone)]
+struct Answer {
+    caller: Option<Arc<Caller>>,
+    read_at_ms: i64,
+    epoch: u64,
+}
+
+/// Known keys stay until evicted (the last good copy, for an outage); unknown ones a second.
 struct KeyExpiry;
 
-impl Expiry<KeyDigest, Option<Arc<Caller>>> for KeyExpiry {
-    fn expire_after_create(
+impl Expiry<KeyDigest, Answer> for KeyExpiry {
+    fn expire_after_create(&self, _key: &KeyDigest, value: &Answer, _now: Instant) -> Option<Duration> {
+        value.caller.is_none().then_some(UNKNOWN_TTL)
+    }
+
+    fn expire_after_update(
         &self,
-        _key: &KeyDigest,
-        value: &Option<Arc<Caller>>,
-        _now: Instant,
+        key: &KeyDigest,
+        value: &Answer,
+        now: Instant,
+        _left: Option<Duration>,
     ) -> Option<Duration> {
-        Some(if value.is_some() { KNOWN_TTL } else { UNKNOWN_TTL })
+        self.expire_after_create(key, value, now)
     }
 }
 
@@ -54,7 +72,9 @@ type KeyDigest = [u8; 32];
 
 /// Resolves keys and throttles failed attempts.
 pub struct KeyResolver {
-    cache: Cache<KeyDigest, Option<Arc<Caller>>>,
+    cache: Cache<KeyDigest, Answer>,
+    /// Bumped by every configuration change: answers read before it are stale.
+    epoch: AtomicU64,
     failures: DefaultKeyedRateLimiter<IpAddr>,
 }
 
@@ -76,26 +96,29 @@ impl KeyResolver {
                 .max_capacity(100_000)
                 .expire_after(KeyExpiry)
                 .build(),
+            epoch: AtomicU64::new(0),
             failures: RateLimiter::keyed(quota),
         }
     }
 
-    /// Forgets every cached key (after a configuration change).
+    /// Makes every cached answer stale (after a configuration change): the next request of each
+    /// key asks the store, unless it is unreachable.
     pub fn invalidate_all(&self) {
-        self.cache.invalidate_all();
+        self.epoch.fetch_add(1, Ordering::Relaxed);
         self.failures.retain_recent();
     }
 
-    /// The caller presenting `headers`, or the refusal.
+    /// The caller presenting `headers` at `now_ms`, or the refusal.
     pub async fn authenticate(
         &self,
         store: &Store,
         headers: &HeaderMap,
         ip: IpAddr,
+        now_ms: i64,
     ) -> Result<Arc<Caller>, ApiError> {
         let caller = match presented_key(headers) {
             Some(key) if crypto::is_api_key_shape(key) => {
-                self.lookup(store, crypto::api_key_digest(key)).await?
+                self.lookup(store, crypto::api_key_digest(key), now_ms).await?
             }
             _ => None,
         };
@@ -105,26 +128,57 @@ impl KeyResolver {
         }
     }
 
-    async fn lookup(&self, store: &Store, digest: KeyDigest) -> Result<Option<Arc<Caller>>, ApiError> {
-        let store = store.clone();
-        self.cache
-            .try_get_with(digest, async move {
-                let found = store.identity_by_hash(&hex::encode(digest)).await?;
-                Ok::<_, crate::store::StoreError>(found.filter(|k| k.member_active == 1).map(|k| {
-                    Arc::new(Caller {
-                        key_id: k.key_id,
-                        key_name: k.key_name,
-                        member_id: k.member_id,
-                        department_id: k.department_id,
-                        workspace_id: k.workspace_id,
+    /// The cached answer while fresh; else the store's (stale-if-error: the cached one while the
+    /// store is unreachable, however long that lasts; 503 `store_unavailable` for a key with no
+    /// answer at all).
+    async fn lookup(
+        &self,
+        store: &Store,
+        digest: KeyDigest,
+        now_ms: i64,
+    ) -> Result<Option<Arc<Caller>>, ApiError> {
+        let epoch = self.epoch.load(Ordering::Relaxed);
+        let cached = self.cache.get(&digest).await;
+        if let Some(a) = &cached
+            && a.epoch == epoch
+            && now_ms.saturating_sub(a.read_at_ms) < FRESH_MS
+        {
+            return Ok(a.caller.clone());
+        }
+        let Some(stale) = cached else {
+            // First sight: the requests of one key arriving together share one read.
+            let read = self
+                .cache
+                .try_get_with(digest, async {
+                    read(store, digest).await.map(|caller| Answer {
+                        caller,
+                        read_at_ms: now_ms,
+                        epoch,
                     })
-                }))
-            })
-            .await
-            .map_err(|e| {
-                tracing::error!(error = %e, "key lookup failed");
-                ApiError::Internal
-            })
+                })
+                .await;
+            return match read {
+                Ok(answer) => Ok(answer.caller),
+                Err(e) => {
+                    store.note_failure(&e);
+                    Err(ApiError::from(&*e))
+                }
+            };
+        };
+        match read(store, digest).await {
+            Ok(caller) => {
+                let answer = Answer {
+                    caller: caller.clone(),
+                    read_at_ms: now_ms,
+                    epoch,
+                };
+                self.cache.insert(digest, answer).await;
+                Ok(caller)
+            }
+            // Stale-if-error: the last good answer while the store is out of reach.
+            Err(e) if store.note_failure(&e) => Ok(stale.caller),
+            Err(e) => Err(ApiError::from(&e)),
+        }
     }
 
     fn refuse(&self, ip: IpAddr) -> ApiError {
@@ -140,6 +194,21 @@ impl KeyResolver {
             }
         }
     }
+}
+
+/// The caller of the key with `digest`, from the store (none: unknown, or its member disabled).
+async fn read(store: &Store, digest: KeyDigest) -> Result<Option<Arc<Caller>>, StoreError> {
+    store.fail_fast()?;
+    let found = store.identity_by_hash(&hex::encode(digest)).await?;
+    Ok(found.filter(|k| k.member_active == 1).map(|k| {
+        Arc::new(Caller {
+            key_id: k.key_id,
+            key_name: k.key_name,
+            member_id: k.member_id,
+            department_id: k.department_id,
+            workspace_id: k.workspace_id,
+        })
+    }))
 }
 
 /// The key from `Authorization: Bearer …` or `x-api-key`.

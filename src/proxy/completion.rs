@@ -379,9 +379,12 @@ impl Completion {
             let (state, key) = (self.state.clone(), self.caller.key_id);
             // Trips are rare; persisting one never holds up the response.
             self.state.spawn_background(async move {
-                if let Err(e) = crate::breaker::persist(&state.store, key, &t).await {
-                    tracing::error!(error = %e, key, "could not persist a breaker trip");
-                }
+                state
+                    .store
+                    .write_until_done("persisting a breaker trip", &state.shutdown, || {
+                        crate::breaker::persist(&state.store, key, &t)
+                    })
+                    .await;
             });
         }
         banned

@@ -60,7 +60,7 @@ pub async fn handle(state: AppState, endpoint: Endpoint, peer: SocketAddr, req: 
     //    an unknown key belongs to no workspace.
     let caller = match state
         .keys
-        .authenticate(&state.store, req.headers(), peer.ip())
+        .authenticate(&state.store, req.headers(), peer.ip(), state.clock.now_ms())
         .await
     {
         Ok(c) => c,
@@ -120,10 +120,7 @@ pub async fn handle(state: AppState, endpoint: Endpoint, peer: SocketAddr, req: 
         .await
     {
         Ok(q) => Arc::new(q),
-        Err(e) => {
-            tracing::error!(error = %e, "quota check failed");
-            return refuse(completion, ApiError::Internal);
-        }
+        Err(e) => return refuse(completion, ApiError::from(e)),
     };
     completion.quota_checked(quota.clone());
     let untouched = |_: Metric| 0;
@@ -371,7 +368,7 @@ async fn my_quota(
 ) -> Response {
     let caller = match state
         .keys
-        .authenticate(&state.store, req.headers(), peer.ip())
+        .authenticate(&state.store, req.headers(), peer.ip(), state.clock.now_ms())
         .await
     {
         Ok(c) => c,
@@ -390,10 +387,7 @@ async fn my_quota(
         .await
     {
         Ok(d) => d,
-        Err(e) => {
-            tracing::error!(error = %e, "quota read failed");
-            return ApiError::Internal.into_response();
-        }
+        Err(e) => return ApiError::from(e).into_response(),
     };
     axum::Json(json!({"object": "list", "data": quota_report(&decision)})).into_response()
 }
@@ -427,7 +421,7 @@ async fn models(
 ) -> Response {
     let caller = match state
         .keys
-        .authenticate(&state.store, req.headers(), peer.ip())
+        .authenticate(&state.store, req.headers(), peer.ip(), state.clock.now_ms())
         .await
     {
         Ok(c) => c,

@@ -15,6 +15,7 @@ use chrono_tz::Tz;
 
 use super::window::{self, Window};
 use super::{Metric, Mode, SubjectKind};
+use crate::config::OutageCounters;
 use crate::proxy::auth::Caller;
 use crate::store::{PolicyRow, PolicyStore, SqlBuilder, Store, StoreResult};
 use crate::upstream::adapter::Usage;
@@ -268,6 +269,8 @@ pub fn amount(metric: Metric, usage: Usage, credits: i64) -> i64 {
 /// The in-memory counters of this gateway.
 #[derive(Default)]
 pub struct QuotaCounters {
+    /// What a check does with a counter never read while the database is unreachable.
+    outage: OutageCounters,
     /// Looked up several times per request: Fx hashing (keys are ids, not attacker-chosen text).
     counters: Mutex<FxHashMap<CounterKey, Counter>>,
     /// One flush at a time: a second one would see `flushing` deltas as written.
@@ -275,6 +278,14 @@ pub struct QuotaCounters {
 }
 
 impl QuotaCounters {
+    /// Counters that treat a counter never read during a database outage as `outage` says.
+    pub fn new(outage: OutageCounters) -> QuotaCounters {
+        QuotaCounters {
+            outage,
+            ..QuotaCounters::default()
+        }
+    }
+
     /// Evaluates every policy that applies to `caller` at `now` in `tz`. Reads the store only
     /// for a counter this gateway has not seen yet (the first request of a window).
     pub async fn check(
@@ -341,8 +352,32 @@ impl QuotaCounters {
         Some(c.used())
     }
 
+    /// Reads `key`'s stored total. While the database is unreachable, `serve` counts from 0 in
+    /// memory instead: the counter stays unknown, so the first check after the outage reads the
+    /// stored total, and the next flush adds what was counted meanwhile to it.
     async fn load(&self, store: &Store, key: &CounterKey, ends: Option<DateTime<Utc>>) -> StoreResult<i64> {
-        let global: Option<i64> = sqlx::query_scalar(
+        let global = match self.read(store, key).await {
+            Ok(g) => g,
+            Err(e) if store.note_failure(&e) && self.outage == OutageCounters::Serve => {
+                let mut map = self.counters.lock().unwrap_or_else(|p| p.into_inner());
+                let c = map.entry(key.clone()).or_insert_with(|| Counter::new(ends));
+                c.touched = true;
+                return Ok(c.used());
+            }
+            Err(e) => return Err(e),
+        };
+        let mut map = self.counters.lock().unwrap_or_else(|p| p.into_inner());
+        let c = map.entry(key.clone()).or_insert_with(|| Counter::new(ends));
+        c.global = c.global.max(global.unwrap_or(0));
+        c.known = true;
+        c.touched = true;
+        Ok(c.used())
+    }
+
+    /// The stored total of `key`, if it has a row.
+    async fn read(&self, store: &Store, key: &CounterKey) -> StoreResult<Option<i64>> {
+        store.fail_fast()?;
+        Ok(sqlx::query_scalar(
             "SELECT used FROM usage_counters WHERE subject = $1 AND subject_id = $2 AND metric = $3
                AND time_window = $4 AND window_start = $5",
         )
@@ -352,13 +387,7 @@ impl QuotaCounters {
         .bind(key.window.to_string())
         .bind(key.start)
         .fetch_optional(store.pool())
-        .await?;
-        let mut map = self.counters.lock().unwrap_or_else(|p| p.into_inner());
-        let c = map.entry(key.clone()).or_insert_with(|| Counter::new(ends));
-        c.global = c.global.max(global.unwrap_or(0));
-        c.known = true;
-        c.touched = true;
-        Ok(c.used())
+        .await?)
     }
 
     /// Adds a completed request's usage to every counter of `decision` (each counter once).

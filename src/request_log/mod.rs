@@ -363,7 +363,9 @@ async fn write_with_retry(
         match insert_batch(store, batch).await {
             Ok(()) => break,
             Err(e) => {
-                tracing::warn!(error = %e, rows = batch.len(), attempt, "request log write failed; retrying");
+                if !store.note_failure(&e) {
+                    tracing::warn!(error = %e, rows = batch.len(), attempt, "request log write failed; retrying");
+                }
                 // Keep retrying while running (the queue holds the rows); during shutdown give
                 // the database a few more tries, then report the loss.
                 if stop.is_cancelled() && attempt >= 5 {

@@ -13,6 +13,8 @@ pub use tenancy::*;
 
 use std::path::PathBuf;
 use std::str::FromStr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
 use sqlx::any::{AnyConnectOptions, AnyPoolOptions};
@@ -39,6 +41,10 @@ pub enum StoreError {
     /// A stored value does not decode (damaged or hand-edited row).
     #[error("bad stored value: {0}")]
     Corrupt(String),
+    /// The database is known to be unreachable: the call was not even tried (see
+    /// [`Store::available`]).
+    #[error("the database is unreachable")]
+    Unavailable,
 }
 
 impl StoreError {
@@ -51,6 +57,29 @@ impl StoreError {
                 sqlx::Error::Database(_) | sqlx::Error::ColumnDecode { .. } | sqlx::Error::Decode(_)
             )
         )
+    }
+
+    /// Whether the database is out of reach (down, restarting, the network between cut) rather
+    /// than refusing the statement: the call may succeed unchanged once it is back.
+    pub fn is_unreachable(&self) -> bool {
+        match self {
+            StoreError::Unavailable => true,
+            StoreError::Database(e) => match e {
+                sqlx::Error::Io(_)
+                | sqlx::Error::Tls(_)
+                | sqlx::Error::Protocol(_)
+                | sqlx::Error::PoolTimedOut
+                | sqlx::Error::PoolClosed
+                | sqlx::Error::WorkerCrashed => true,
+                // Postgres: class 08 (connection exception), and the server shutting down,
+                // crashed or still starting (57P01–57P03).
+                sqlx::Error::Database(d) => d
+                    .code()
+                    .is_some_and(|c| c.starts_with("08") || matches!(&*c, "57P01" | "57P02" | "57P03")),
+                _ => false,
+            },
+            StoreError::Migrate(_) | StoreError::Corrupt(_) => false,
+        }
     }
 
     /// Whether the error is a unique-constraint violation (a duplicate name).
@@ -125,6 +154,27 @@ pub struct Store {
     backend: Backend,
     /// The SQLite database file (none for Postgres or an in-memory database).
     sqlite_file: Option<PathBuf>,
+    /// Whether the database answers, shared by every clone.
+    health: Arc<Health>,
+}
+
+/// Whether the database answers, as the gateway's own calls found it. Marked down by the first
+/// call that finds it out of reach, up again by the configuration poll (every half second), so
+/// that while it is down the request path does not wait on it at all, and the outage and the
+/// recovery are each logged once.
+#[derive(Debug)]
+struct Health {
+    /// When the outage began (ms since the Unix epoch); 0 while the database answers.
+    down_since_ms: AtomicI64,
+    /// `host:port` (Postgres) or the file (SQLite): named in the outage's log lines.
+    target: String,
+}
+
+/// `host:port` of a Postgres URL, for log lines (never the user or password).
+fn database_host(url: &str) -> String {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let rest = rest.rsplit_once('@').map_or(rest, |(_, r)| r);
+    rest.split(['/', '?']).next().unwrap_or_default().to_owned()
 }
 
 /// Opens `path` (created if missing) and locks it exclusively, waiting while another process or
@@ -232,17 +282,30 @@ impl Store {
                 Backend::Sqlite => 4,
                 Backend::Postgres => 16,
             })
-            .acquire_timeout(Duration::from_secs(10))
+            // A Postgres that went away fails a call within a second (the pool retries a refused
+            // connection until then); SQLite's waits are for its own lock, never an outage.
+            .acquire_timeout(match backend {
+                Backend::Sqlite => Duration::from_secs(10),
+                Backend::Postgres => Duration::from_secs(1),
+            })
             .connect_with(options)
             .await?;
         if backend == Backend::Sqlite {
             // WAL is a property of the file: set once, kept by every later connection.
             sqlx::query("PRAGMA journal_mode=WAL").execute(&pool).await?;
         }
+        let target = match &sqlite_file {
+            Some(file) => file.display().to_string(),
+            None => database_host(&url),
+        };
         Ok(Store {
             pool,
             backend,
             sqlite_file,
+            health: Arc::new(Health {
+                down_since_ms: AtomicI64::new(0),
+                target,
+            }),
         })
     }
 
@@ -316,8 +379,116 @@ impl Store {
         &self.pool
     }
 
+    /// Whether the database answered the last calls: while it does not, the request path serves
+    /// from memory and what needs the database fails at once with [`StoreError::Unavailable`].
+    pub fn available(&self) -> bool {
+        self.health.down_since_ms.load(Ordering::Relaxed) == 0
+    }
+
+    /// `Err(Unavailable)` at once while the database is known to be out of reach.
+    pub fn fail_fast(&self) -> StoreResult<()> {
+        if self.available() {
+            Ok(())
+        } else {
+            Err(StoreError::Unavailable)
+        }
+    }
+
+    /// Notes a failed call: an unreachable database marks the store down (logged once, when the
+    /// outage begins). Returns whether it was unreachable, so that the caller logs only the other
+    /// failures itself.
+    pub fn note_failure(&self, e: &StoreError) -> bool {
+        if !e.is_unreachable() {
+            return false;
+        }
+        let now = chrono::Utc::now().timestamp_millis().max(1);
+        if self
+            .health
+            .down_since_ms
+            .compare_exchange(0, now, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+        {
+            tracing::error!(
+                database = %self.health.target,
+                error = %e,
+                "database unreachable: serving keys, policies and routes from memory; \
+                 what needs the database answers 503 store_unavailable; counts are kept for later"
+            );
+        }
+        true
+    }
+
+    /// Notes a call that succeeded: ends an outage (logged once, with its length).
+    pub fn note_success(&self) {
+        let since = self.health.down_since_ms.swap(0, Ordering::Relaxed);
+        if since != 0 {
+            let secs = (chrono::Utc::now().timestamp_millis() - since).max(0) as f64 / 1000.0;
+            tracing::warn!(
+                database = %self.health.target,
+                outage_secs = secs,
+                "database reachable again: writing what was counted meanwhile"
+            );
+        }
+    }
+
+    /// Logs a failed background call as `what`, unless the database is out of reach (the outage
+    /// is logged once, when it begins).
+    pub fn log_failure(&self, e: &StoreError, what: &str) {
+        if !self.note_failure(e) {
+            tracing::warn!(error = %e, "{what}");
+        }
+    }
+
+    /// Runs `write` until it is written: while the database is out of reach it is retried, with
+    /// waits from 100 ms doubling to 5 s, so that what was learned during an outage (a lock, a
+    /// breaker trip) reaches the store when it is back. A refusal is logged and not retried. Once
+    /// `stop` is cancelled (shutdown) it gets five more tries, then the loss is logged.
+    pub async fn write_until_done<F, Fut>(
+        &self,
+        what: &str,
+        stop: &tokio_util::sync::CancellationToken,
+        mut write: F,
+    ) where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = StoreResult<()>>,
+    {
+        let mut wait = Duration::from_millis(100);
+        let mut tries_after_stop = 0;
+        loop {
+            let e = match write().await {
+                Ok(()) => return,
+                Err(e) => e,
+            };
+            if !self.note_failure(&e) {
+                tracing::error!(error = %e, "{what}: the database refused it");
+                return;
+            }
+            if stop.is_cancelled() {
+                tries_after_stop += 1;
+                if tries_after_stop >= 5 {
+                    tracing::error!(error = %e, "{what}: lost, the database stayed unreachable until shutdown");
+                    return;
+                }
+            }
+            // At shutdown the remaining tries come a little apart, not minutes.
+            let pause = if stop.is_cancelled() {
+                Duration::from_millis(200)
+            } else {
+                wait
+            };
+            tokio::select! {
+                () = tokio::time::sleep(pause) => {}
+                () = stop.cancelled(), if !stop.is_cancelled() => {}
+            }
+            wait = (wait * 2).min(Duration::from_secs(5));
+        }
+    }
+
     /// Whether the database answers and every migration this build knows is applied.
     pub async fn ready(&self) -> bool {
+        if !self.available() {
+            return false;
+        }
         let expected = self
             .migrator()
             .iter()

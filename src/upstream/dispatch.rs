@@ -748,9 +748,11 @@ fn park(
     if !rows.is_empty() || class.banned {
         let (s, banned) = (state.clone(), class.banned.then_some(cred.id));
         state.spawn_background(async move {
-            if let Err(e) = locks::persist(&s.store, &rows, banned).await {
-                tracing::error!(error = %e, "could not persist upstream locks");
-            }
+            s.store
+                .write_until_done("persisting upstream locks", &s.shutdown, || {
+                    locks::persist(&s.store, &rows, banned)
+                })
+                .await;
         });
     }
     class.lock.as_ref().map(|l| l.until)

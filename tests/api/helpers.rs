@@ -37,6 +37,9 @@ pub struct TestDb {
     pub dir: tempfile::TempDir,
     /// Which backend.
     pub backend: &'static str,
+    /// The same database without a [`DbSwitch`] in between (the test reads through it while the
+    /// gateway's way is cut).
+    pub direct_url: String,
 }
 
 /// The Postgres test server (`AIGW_TEST_POSTGRES_URL`, default the machine's local one).
@@ -51,6 +54,7 @@ impl TestDb {
         let dir = tempfile::tempdir().expect("tempdir");
         let url = format!("sqlite://{}", dir.path().join("aigw.db").display());
         TestDb {
+            direct_url: url.clone(),
             url,
             dir,
             backend: "sqlite",
@@ -108,10 +112,22 @@ impl TestDb {
         let url = format!("{base}{sep}options=-c%20search_path%3D{schema}");
         let dir = tempfile::tempdir().expect("tempdir");
         Some(TestDb {
+            direct_url: url.clone(),
             url,
             dir,
             backend: "postgres",
         })
+    }
+
+    /// A fresh Postgres schema reached through a [`DbSwitch`], so the test can take the database
+    /// away from the gateway and give it back.
+    pub async fn postgres_behind_switch() -> Option<(TestDb, DbSwitch)> {
+        let mut db = TestDb::postgres().await?;
+        let (at, rest) = db.url.split_once('@').expect("postgres URL with user@host");
+        let (host_port, tail) = rest.split_once('/').expect("postgres URL with a database");
+        let switch = DbSwitch::start(host_port.to_owned()).await;
+        db.url = format!("{at}@127.0.0.1:{}/{tail}", switch.port);
+        Some((db, switch))
     }
 
     /// Writes a file in this test's folder and returns its path.
@@ -119,6 +135,55 @@ impl TestDb {
         let path = self.dir.path().join(name);
         std::fs::write(&path, text).expect("write test file");
         path
+    }
+}
+
+/// A TCP relay in front of the test Postgres. `cut` takes the database away (every open
+/// connection is dropped, new ones are closed at once, as a stopped server's would be refused);
+/// `restore` gives it back.
+pub struct DbSwitch {
+    /// The relay's port on 127.0.0.1.
+    pub port: u16,
+    up: std::sync::Arc<tokio::sync::watch::Sender<bool>>,
+}
+
+impl DbSwitch {
+    async fn start(target: String) -> DbSwitch {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind relay");
+        let port = listener.local_addr().expect("relay addr").port();
+        let up = std::sync::Arc::new(tokio::sync::watch::channel(true).0);
+        let watch = up.clone();
+        tokio::spawn(async move {
+            while let Ok((mut client, _)) = listener.accept().await {
+                let mut rx = watch.subscribe();
+                if !*rx.borrow() {
+                    continue; // dropped: closed at once
+                }
+                let target = target.clone();
+                tokio::spawn(async move {
+                    let Ok(mut server) = tokio::net::TcpStream::connect(&target).await else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut client, &mut server) => {}
+                        _ = rx.wait_for(|up| !*up) => {}
+                    }
+                });
+            }
+        });
+        DbSwitch { port, up }
+    }
+
+    /// Takes the database away.
+    pub fn cut(&self) {
+        self.up.send_replace(false);
+    }
+
+    /// Gives the database back.
+    pub fn restore(&self) {
+        self.up.send_replace(true);
     }
 }
 

@@ -16,6 +16,7 @@ mod quota;
 mod resources;
 mod serving;
 mod startup;
+mod store_outage;
 mod untrusted_upstream;
 mod upstream;
 mod upstream_dispatch;
