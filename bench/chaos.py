@@ -1,0 +1,1039 @@
+#!/usr/bin/env python3
+"""The chaos run: real gateways, the built-in mock upstream and a private Postgres cluster, put
+through the faults an operator meets in production, with what clients saw compared against what
+the database stored. Prints one markdown table and exits non-zero when a row breaks its bound.
+
+    cargo build --release --bin aigw && python3 bench/chaos.py            # the full run
+    cargo build --bin aigw && python3 bench/chaos.py --short --bin target/debug/aigw   # CI
+
+Faults (one function each below): kill -9 mid-load then restart; SIGTERM mid-load with open
+streams; Postgres restarted mid-load; Postgres down under load; two replicas against one quota;
+three replicas started at the same instant on a fresh database; a workspace time zone other than
+the gateway's with a quota filled to one below its limit.
+
+Postgres: a cluster of its own (`initdb` into a temporary folder, a free port on 127.0.0.1, run as
+the `postgres` user when this script runs as root), one database per fault, removed at the end,
+also after a failure or Ctrl-C. It never touches a server the machine already runs. Traffic goes
+to 127.0.0.1 only; every load is bounded in time and in count. Python 3.11 standard library only.
+"""
+
+import argparse
+import hashlib
+import http.client
+import json
+import math
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FLUSH_MS = 250  # the gateway's default flush_interval_ms: every bound below is in its units
+# A gateway sleeps one interval *after* each flush, whose own transactions (quota counters,
+# upstream own limits, breaker windows; the request-log batch likewise) take time: a "flush
+# interval" in the bounds is the interval plus this allowance for them on a loaded machine.
+FLUSH_SLACK_MS = 100
+CYCLE = (FLUSH_MS + FLUSH_SLACK_MS) / 1000  # seconds
+FAST, SLOW_STREAM, SLOW_CALL = "gpt-4o-mini", "slow-stream", "slow-call"
+CRED = "chaos-upstream-key"
+HOT_KEY = "sk-aigw-ChaosHotKey0123456789abcdefghijk"
+MASTER_KEY = "00" * 32
+JWT_SECRET = "chaos-jwt-secret-0123456789abcdef0123456789"
+# Keys that no gateway has used before the database goes away: each probe takes the next one.
+COLD_KEYS = [f"sk-aigw-ChaosColdKey{i:02d}abcdefghijklmnopqr" for i in range(60)]
+assert all(len(k) == len("sk-aigw-") + 32 for k in [HOT_KEY, *COLD_KEYS])
+
+
+def say(msg):
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def key_hash(key):
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def wait_until(what, check, timeout, every=0.1):
+    """Polls `check` until it returns a true value (returned) or `timeout` seconds pass (raises)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = check()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise Failure(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(every)
+
+
+class Failure(Exception):
+    """A fault could not be run to the end (a process did not start, a wait timed out)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Processes: everything started is tracked and stopped at the end, whatever happens.
+
+
+class Processes:
+    def __init__(self):
+        self.procs = []
+
+    def spawn(self, args, env, log_path):
+        log = open(log_path, "ab")
+        p = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                             start_new_session=True)
+        log.close()
+        self.procs.append(p)
+        return p
+
+    def stop_all(self, keep=()):
+        """Kills every process started but those in `keep` (the mock upstream between faults)."""
+        ending = [p for p in self.procs if p not in keep]
+        for p in ending:
+            if p.poll() is None:
+                p.kill()
+        for p in ending:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                say(f"warning: process {p.pid} did not exit after SIGKILL")
+        self.procs = [p for p in self.procs if p in keep]
+
+
+# ---------------------------------------------------------------------------------------------
+# The private Postgres cluster.
+
+
+def pg_bin(name):
+    versions = os.listdir("/usr/lib/postgresql") if os.path.isdir("/usr/lib/postgresql") else []
+    dirs = [f"/usr/lib/postgresql/{v}/bin" for v in sorted(versions, key=lambda v: int(v) if v.isdigit() else 0,
+                                                             reverse=True)]
+    for d in ["/usr/local/bin", *dirs]:
+        path = os.path.join(d, name)
+        if os.access(path, os.X_OK):
+            return path
+    found = shutil.which(name)
+    if not found:
+        raise Failure(f"{name} not found (install PostgreSQL's server binaries)")
+    return found
+
+
+class Cluster:
+    """A Postgres cluster of this run only: its own folder, port and socket directory."""
+
+    def __init__(self, base):
+        self.dir = os.path.join(base, "pg")
+        self.port = free_port()
+        self.as_postgres = os.geteuid() == 0  # initdb and postgres refuse to run as root
+        os.makedirs(self.dir, mode=0o700)
+        if self.as_postgres:
+            try:
+                pw = pwd.getpwnam("postgres")
+            except KeyError:
+                raise Failure("running as root, and there is no postgres user to run initdb as") from None
+            os.chmod(base, 0o711)
+            os.chown(self.dir, pw.pw_uid, pw.pw_gid)
+        self.log = os.path.join(self.dir, "server.log")
+
+    def _run(self, args, timeout=60):
+        if self.as_postgres:
+            args = ["runuser", "-u", "postgres", "--", *args]
+        done = subprocess.run(args, capture_output=True, text=True, timeout=timeout)
+        if done.returncode != 0:
+            raise Failure(f"{' '.join(args)} failed:\n{done.stdout}{done.stderr}")
+        return done.stdout
+
+    def init(self):
+        data = os.path.join(self.dir, "data")
+        self._run([pg_bin("initdb"), "-D", data, "-U", "postgres", "-A", "trust", "-E", "UTF8", "--no-sync"],
+                  timeout=120)
+        with open(os.path.join(data, "postgresql.conf"), "a") as f:
+            # The faults are the gateway's, not the disk's: no fsync keeps the run fast on a
+            # shared machine; a fast shutdown still checkpoints everything.
+            f.write(f"\nport = {self.port}\nlisten_addresses = '127.0.0.1'\n"
+                    f"unix_socket_directories = '{self.dir}'\nfsync = off\nmax_connections = 200\n")
+        self.start()
+
+    def pg_ctl(self, *args):
+        self._run([pg_bin("pg_ctl"), "-D", os.path.join(self.dir, "data"), "-l", self.log, "-w", "-t", "60", *args],
+                  timeout=90)
+
+    def start(self):
+        self.pg_ctl("start")
+
+    def stop(self, mode="fast"):
+        self.pg_ctl("stop", "-m", mode)
+
+    def restart(self):
+        self.pg_ctl("restart", "-m", "fast")
+
+    def destroy(self):
+        if os.path.exists(os.path.join(self.dir, "data", "postmaster.pid")):
+            try:
+                self.stop("immediate")
+            except Exception as e:  # noqa: BLE001 - cleanup goes on
+                say(f"warning: could not stop the private Postgres: {e}")
+
+    def url(self, db):
+        return f"postgres://postgres@127.0.0.1:{self.port}/{db}"
+
+    def psql(self, db, sql):
+        done = subprocess.run(["psql", "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres", "-d", db,
+                               "-v", "ON_ERROR_STOP=1", "-AtqX", "-c", sql],
+                              capture_output=True, text=True, timeout=30)
+        if done.returncode != 0:
+            raise Failure(f"psql failed on {sql!r}: {done.stderr.strip()}")
+        return done.stdout.strip()
+
+    def create_db(self, name):
+        self.psql("postgres", f"CREATE DATABASE {name}")
+        return name
+
+    def stored_usage(self, db, key):
+        """The stored `requests` and `total_tokens` counters of `key`, every window summed."""
+        rows = self.psql(db, "SELECT metric, SUM(used) FROM usage_counters WHERE subject = 'apikey' AND "
+                             f"subject_id = (SELECT id FROM api_keys WHERE key_hash = '{key_hash(key)}') "
+                             "GROUP BY metric")
+        got = dict(line.split("|") for line in rows.splitlines() if line)
+        return int(got.get("requests", 0)), int(got.get("total_tokens", 0))
+
+    def logged(self, db, key):
+        """Request-log rows of `key` that say the request was served in full."""
+        return int(self.psql(db, "SELECT COUNT(*) FROM request_logs WHERE status = 200 AND code IS NULL AND "
+                                 f"key_id = (SELECT id FROM api_keys WHERE key_hash = '{key_hash(key)}')"))
+
+
+# ---------------------------------------------------------------------------------------------
+# The mock upstream and the gateways.
+
+
+class Mock:
+    def __init__(self, run):
+        self.port = free_port()
+        self.proc = run.procs.spawn([run.bin, "mock-upstream", "--listen", f"127.0.0.1:{self.port}", "--no-record"],
+                                    {"PATH": os.environ.get("PATH", "")}, os.path.join(run.base, "mock.log"))
+        wait_until("the mock upstream", lambda: self._post("/__mock/reset", None) == 204, 30)
+
+    def _post(self, path, body):
+        try:
+            c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=5)
+            c.request("POST", path, body=json.dumps(body) if body is not None else b"",
+                      headers={"content-type": "application/json"})
+            status = c.getresponse().status
+            c.close()
+            return status
+        except OSError:
+            return None
+
+    def reset(self):
+        """Forgets every script, then scripts the slow models (their names are the scripts' key)."""
+        assert self._post("/__mock/reset", None) == 204
+        # A stream of ten words, 100 ms apart: about a second open.
+        assert self._post("/__mock/script", {"model": SLOW_STREAM, "chunk_delay_ms": 100, "words": 10}) == 201
+
+    def script(self, s):
+        assert self._post("/__mock/script", s) == 201
+
+
+def resources(mock_port, *, timezone=None, requests_per_day=10**12, generated_key=False):
+    """The resources file every gateway of a fault reads: one workspace, the hot key with two
+    policies on it (so the database holds its usage), the cold keys, the mock as upstream."""
+    tz = f'timezone = "{timezone}"\n' if timezone else ""
+    keys = "".join(f'[[api_key]]\nmember = "load@chaos.test"\nname = "cold-{i}"\nkey = "{k}"\n'
+                   for i, k in enumerate(COLD_KEYS))
+    gen = '[[api_key]]\nmember = "load@chaos.test"\nname = "generated"\n' if generated_key else ""
+    models = "".join(f'[[model]]\nworkspace = "chaos"\nname = "{m}"\nprice = {{ prompt = 0.15, completion = 0.60 }}\n'
+                     for m in (FAST, SLOW_STREAM, SLOW_CALL))
+    return f"""
+[[workspace]]
+name = "chaos"
+{tz}
+[[department]]
+workspace = "chaos"
+name = "ops"
+
+[[member]]
+workspace = "chaos"
+department = "ops"
+email = "load@chaos.test"
+role = "member"
+
+[[member]]
+workspace = "chaos"
+email = "admin@chaos.test"
+role = "admin"
+password = "chaos-admin-password"
+
+[[api_key]]
+member = "load@chaos.test"
+name = "hot"
+key = "{HOT_KEY}"
+{keys}{gen}
+[[upstream]]
+workspace = "chaos"
+name = "mock"
+provider = "openai-compatible"
+base_url = "http://127.0.0.1:{mock_port}/v1"
+api_key = "{CRED}"
+models = ["{FAST}", "{SLOW_STREAM}", "{SLOW_CALL}"]
+max_in_flight = 1024
+
+{models}
+[[policy]]
+workspace = "chaos"
+subject = "apikey"
+target = "load@chaos.test/hot"
+metric = "requests"
+window = "day"
+limit = {requests_per_day}
+
+[[policy]]
+workspace = "chaos"
+subject = "apikey"
+target = "load@chaos.test/hot"
+metric = "total_tokens"
+window = "day"
+limit = 1000000000000
+"""
+
+
+class Gateway:
+    """One `aigw serve` on a free port, configured by AIGW_* settings and a resources file."""
+
+    def __init__(self, run, name, db, res_path, env=None, unset=(), wait=True):
+        self.run, self.name = run, name
+        self.port = free_port()
+        self.home = os.path.join(run.base, name)
+        os.makedirs(self.home, exist_ok=True)
+        self.log = os.path.join(self.home, "gateway.log")
+        self.env = {
+            "PATH": os.environ.get("PATH", ""),
+            "AIGW_LISTEN": f"127.0.0.1:{self.port}",
+            "AIGW_DATABASE_URL": run.pg.url(db),
+            "AIGW_DATA_DIR": self.home,
+            "AIGW_MASTER_KEY": MASTER_KEY,
+            "AIGW_JWT_SECRET": JWT_SECRET,
+            "AIGW_BOOTSTRAP_EMAIL": "owner@chaos.test",
+            "AIGW_BOOTSTRAP_PASSWORD": "chaos-owner-password",
+            "AIGW_FLUSH_INTERVAL_MS": str(FLUSH_MS),
+            # Several gateways share two cores with the load: no busy polling before sleeping.
+            "AIGW_IDLE_POLL_US": "0",
+            "AIGW_LOG": "info",
+            **(env or {}),
+        }
+        for k in unset:
+            self.env.pop(k, None)
+        self.args = [run.bin, "serve", "--resources", res_path]
+        self.proc = None
+        self.start(wait)
+
+    def start(self, wait=True):
+        self.proc = self.run.procs.spawn(self.args, self.env, self.log)
+        if wait:
+            self.wait_ready()
+
+    def status(self, path, timeout=2):
+        try:
+            c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+            c.request("GET", path)
+            s = c.getresponse().status
+            c.close()
+            return s
+        except OSError:
+            return None
+
+    def wait_ready(self, timeout=90):
+        def ready():
+            if self.proc.poll() is not None:
+                last = self.tail(1).strip() or "(no output)"
+                raise Failure(f"{self.name} exited with {self.proc.returncode}: {last}")
+            return self.status("/readyz") == 200
+        wait_until(f"{self.name} to be ready", ready, timeout)
+
+    def terminate(self, timeout=60):
+        """SIGTERM, then waits for the exit; the exit status."""
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise Failure(f"{self.name} did not stop within {timeout} s of SIGTERM") from None
+
+    def kill9(self):
+        self.proc.kill()
+        self.proc.wait(timeout=10)
+
+    def tail(self, n=15):
+        try:
+            with open(self.log, errors="replace") as f:
+                return "".join(f.readlines()[-n:])
+        except OSError:
+            return ""
+
+    def output(self):
+        with open(self.log, errors="replace") as f:
+            return f.read()
+
+
+# ---------------------------------------------------------------------------------------------
+# Load: threads with keep-alive connections, each request's outcome kept.
+
+
+@dataclass
+class Outcome:
+    status: int | None  # HTTP status; None when the connection failed
+    code: str | None = None  # the error's `code`
+    delivered: bool = False  # the whole answer arrived (a stream: up to `data: [DONE]`)
+    tokens: int = 0  # total_tokens the answer reported
+    stream: bool = False
+    head: bool = False  # a 200 head arrived
+    started: float = 0.0
+    ended: float = 0.0
+    gateway: int = 0
+
+
+def call(conn, key, model=FAST, stream=False):
+    """One chat completion on `conn`; never raises."""
+    o = Outcome(status=None, stream=stream, started=time.monotonic())
+    body = {"model": model, "messages": [{"role": "user", "content": "chaos run, please answer"}]}
+    if stream:
+        body |= {"stream": True, "stream_options": {"include_usage": True}}
+    try:
+        conn.request("POST", "/v1/chat/completions", body=json.dumps(body),
+                     headers={"authorization": f"Bearer {key}", "content-type": "application/json"})
+        resp = conn.getresponse()
+        o.status = resp.status
+        if resp.status != 200:
+            data = resp.read()
+            try:
+                o.code = json.loads(data)["error"]["code"]
+            except (ValueError, KeyError, TypeError):
+                o.code = None
+        elif not stream:
+            o.head = True
+            o.tokens = json.loads(resp.read())["usage"]["total_tokens"]
+            o.delivered = True
+        else:
+            o.head = True
+            while line := resp.readline():
+                if line.startswith(b"data: [DONE]"):
+                    o.delivered = True
+                    break
+                if line.startswith(b"data: {"):
+                    usage = json.loads(line[6:]).get("usage")
+                    if usage:
+                        o.tokens = usage["total_tokens"]
+            if o.delivered:
+                resp.read()  # the chunked body's end, so the connection can be reused
+    except (OSError, http.client.HTTPException, ValueError, KeyError):
+        o.delivered = False
+        conn.close()
+    o.ended = time.monotonic()
+    return o
+
+
+class Load:
+    """`threads` loops of requests to one gateway until stopped, `limit` requests are sent or
+    `seconds` pass. After a failed connection a loop pauses `backoff` seconds; with `pace`, each
+    loop starts a request at most every `pace` seconds."""
+
+    def __init__(self, port, key=HOT_KEY, *, threads, model=FAST, stream=False, limit=None, seconds=120,
+                 backoff=0.05, gateway=0, pace=None):
+        self.port, self.key, self.model, self.stream, self.pace = port, key, model, stream, pace
+        self.threads_n, self.limit, self.seconds, self.backoff, self.gateway = threads, limit, seconds, backoff, gateway
+        self.stopping = threading.Event()
+        self.outcomes = []
+        self.lock = threading.Lock()
+        self.sent = 0
+        self.threads = []
+
+    def start(self):
+        self.deadline = time.monotonic() + self.seconds
+        self.threads = [threading.Thread(target=self._loop, daemon=True) for _ in range(self.threads_n)]
+        for t in self.threads:
+            t.start()
+        return self
+
+    def _claim(self):
+        with self.lock:
+            if self.limit is not None and self.sent >= self.limit:
+                return False
+            self.sent += 1
+            return True
+
+    def _loop(self):
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=15)
+        while not self.stopping.is_set() and time.monotonic() < self.deadline and self._claim():
+            o = call(conn, self.key, self.model, self.stream)
+            o.gateway = self.gateway
+            self.outcomes.append(o)
+            if o.status is None:
+                self.stopping.wait(self.backoff)
+            elif self.pace:
+                self.stopping.wait(max(0.0, self.pace - (o.ended - o.started)))
+        conn.close()
+
+    def stop(self):
+        self.stopping.set()
+        return self.join()
+
+    def join(self, timeout=60):
+        end = time.monotonic() + timeout
+        for t in self.threads:
+            t.join(max(0.1, end - time.monotonic()))
+        if any(t.is_alive() for t in self.threads):
+            raise Failure("load threads did not finish in time")
+        return self
+
+    def wait_sent(self, n, timeout):
+        wait_until(f"{n} requests sent", lambda: len(self.outcomes) >= n, timeout, every=0.02)
+
+
+class Burst:
+    """`n` requests on `n` connections opened beforehand, all sent the moment `go` is set."""
+
+    def __init__(self, port, n, go):
+        self.outcomes = []
+        self.conns = [http.client.HTTPConnection("127.0.0.1", port, timeout=15) for _ in range(n)]
+        for c in self.conns:
+            c.connect()
+        self.threads = [threading.Thread(target=self._one, args=(c, go), daemon=True) for c in self.conns]
+        for t in self.threads:
+            t.start()
+
+    def _one(self, conn, go):
+        if go.wait(120):
+            self.outcomes.append(call(conn, HOT_KEY))
+        conn.close()
+
+    def join(self, timeout):
+        end = time.monotonic() + timeout
+        for t in self.threads:
+            t.join(max(0.1, end - time.monotonic()))
+        if any(t.is_alive() for t in self.threads):
+            raise Failure("burst threads did not finish in time")
+        return self.outcomes
+
+
+def summary(outcomes):
+    delivered = [o for o in outcomes if o.delivered]
+    return len(outcomes), len(outcomes) - len(delivered), len(delivered), sum(o.tokens for o in delivered)
+
+
+def rate_before(outcomes, t, window=1.0):
+    """Delivered requests per second in the `window` seconds before `t`."""
+    return sum(1 for o in outcomes if o.delivered and t - window <= o.ended <= t) / window
+
+
+def rate(outcomes):
+    """Delivered requests per second over the span they were sent in."""
+    done = [o for o in outcomes if o.delivered]
+    if len(done) < 2:
+        return 0.0
+    span = max(o.ended for o in done) - min(o.started for o in done)
+    return len(done) / max(span, 1e-3)
+
+
+# ---------------------------------------------------------------------------------------------
+# The table.
+
+
+@dataclass
+class Row:
+    fault: str
+    requests: int = 0
+    failed: int = 0
+    delivered: str = ""
+    stored: str = ""
+    logs: str = ""
+    bound: str = ""
+    holds: bool = False
+    notes: list = field(default_factory=list)
+
+    def check(self, ok, why):
+        """Adds one condition of the bound; the row holds only if every one does."""
+        if not ok:
+            self.notes.append(why)
+        return ok
+
+
+def usage_text(req, tok):
+    return f"{req} req / {tok} tok"
+
+
+# ---------------------------------------------------------------------------------------------
+# The faults.
+
+
+def fault_kill9(run):
+    """kill -9 mid-load, then restart on the same database: what the dead process had not
+    flushed is lost (at most one flush interval of usage, two of request logs); requests it had
+    counted but not yet answered are counted; the restarted gateway continues from the stored
+    totals."""
+    row = Row("kill -9 mid-load, then restart")
+    db = run.pg.create_db("chaos_kill9")
+    res = run.write_resources("kill9", resources(run.mock.port))
+    gw = Gateway(run, "kill9", db, res)
+    threads = 6
+    load = Load(gw.port, threads=threads).start()
+    time.sleep(run.t(3, 10))
+    killed_at = time.monotonic()
+    gw.kill9()
+    load.stop()
+    before = load.outcomes
+    stored_req, stored_tok = run.pg.stored_usage(db, HOT_KEY)
+    logs_at_kill = run.pg.logged(db, HOT_KEY)
+    n1, f1, d1, t1 = summary(before)
+    say(f"  killed after {n1} requests ({d1} delivered); stored {stored_req}, logged {logs_at_kill}")
+
+    gw.start()
+    after = Load(gw.port, threads=threads, limit=run.n(300, 2000)).start().join(120).outcomes
+    code = gw.terminate()
+    n2, f2, d2, t2 = summary(after)
+    final_req, final_tok = run.pg.stored_usage(db, HOT_KEY)
+    final_logs = run.pg.logged(db, HOT_KEY)
+
+    # What was delivered in the last second before the kill sets the pace of the loss.
+    r = rate_before(before, killed_at)
+    usage_bound = math.ceil(r * CYCLE)
+    log_bound = math.ceil(r * 2 * CYCLE)
+    lost_req, lost_logs = d1 - stored_req, d1 - logs_at_kill
+    row.requests, row.failed = n1 + n2, f1 + f2
+    row.delivered = usage_text(d1 + d2, t1 + t2)
+    row.stored = usage_text(final_req, final_tok)
+    row.logs = str(final_logs)
+    row.bound = (f"at the kill, missing: usage {lost_req} ≤ {usage_bound} (1 flush at {r:.0f}/s), "
+                 f"logs {lost_logs} ≤ {log_bound} (2 flushes); counted but not delivered ≤ {threads} in flight; "
+                 "after the restart nothing missing")
+    row.check(-threads <= lost_req <= usage_bound,
+              f"usage missing at the kill {lost_req} outside [-{threads}, {usage_bound}]")
+    row.check(-threads <= lost_logs <= log_bound,
+              f"logs missing at the kill {lost_logs} outside [-{threads}, {log_bound}]")
+    row.check(f1 <= threads, f"{f1} requests failed at the kill, more than the {threads} in flight")
+    row.check(f2 == 0, f"{f2} requests failed after the restart")
+    row.check(final_req - stored_req == d2, f"after the restart stored grew by {final_req - stored_req}, delivered {d2}")
+    row.check(final_tok - stored_tok == t2, f"after the restart stored tokens grew by {final_tok - stored_tok}, delivered {t2}")
+    row.check(final_logs - logs_at_kill == d2, f"after the restart logs grew by {final_logs - logs_at_kill}, delivered {d2}")
+    row.check(code == 0, f"the restarted gateway exited with {code} on SIGTERM")
+    return row
+
+
+def fault_sigterm(run):
+    """SIGTERM while plain requests and streams are running: the gateway stops taking
+    connections, finishes what runs, flushes, exits; nothing delivered is missing."""
+    row = Row("SIGTERM mid-load, streams open")
+    db = run.pg.create_db("chaos_sigterm")
+    res = run.write_resources("sigterm", resources(run.mock.port))
+    gw = Gateway(run, "sigterm", db, res)
+    plain = Load(gw.port, threads=4, backoff=0.1).start()
+    streams = Load(gw.port, threads=4, model=SLOW_STREAM, stream=True, backoff=0.1).start()
+    time.sleep(run.t(2.5, 6))
+    signalled = time.monotonic()
+    code_box = {}
+    stopper = threading.Thread(target=lambda: code_box.setdefault("code", gw.terminate()), daemon=True)
+    stopper.start()
+    time.sleep(0.5)  # clients keep sending for a while: the gateway must refuse them, not count them
+    plain.stop()
+    streams.stop()
+    stopper.join(90)
+    if "code" not in code_box:
+        raise Failure("the gateway did not exit after SIGTERM")
+    code = code_box["code"]
+    outcomes = plain.outcomes + streams.outcomes
+    n, failed, d, tok = summary(outcomes)
+    open_at_signal = [o for o in streams.outcomes if o.started < signalled < o.ended]
+    cut = [o for o in outcomes if o.head and not o.delivered]
+    stored_req, stored_tok = run.pg.stored_usage(db, HOT_KEY)
+    logs = run.pg.logged(db, HOT_KEY)
+    row.requests, row.failed = n, failed
+    row.delivered, row.stored, row.logs = usage_text(d, tok), usage_text(stored_req, stored_tok), str(logs)
+    row.bound = (f"stored = delivered, logs = delivered; {len(open_at_signal)} streams open at SIGTERM, "
+                 f"{len(cut)} cut; failed = refused after SIGTERM; exit 0")
+    row.check(stored_req == d and stored_tok == tok, "stored usage differs from delivered")
+    row.check(logs == d, "logs differ from delivered")
+    row.check(not cut, f"{len(cut)} answers cut after a 200 head")
+    row.check(len(open_at_signal) > 0, "no stream was open at SIGTERM (the fault was not exercised)")
+    row.check(all(o.started >= signalled - 0.05 or o.delivered for o in outcomes if o.head),
+              "a request started before SIGTERM was not finished")
+    row.check(code == 0, f"exit status {code}")
+    return row
+
+
+def fault_pg_restart(run):
+    """Postgres restarted (pg_ctl restart -m fast) under load: no request fails; the flushes
+    and log writes that failed are retried; nothing is missing."""
+    row = Row("Postgres restarted mid-load")
+    db = run.pg.create_db("chaos_pgrestart")
+    res = run.write_resources("pgrestart", resources(run.mock.port))
+    gw = Gateway(run, "pgrestart", db, res)
+    load = Load(gw.port, threads=6).start()
+    time.sleep(run.t(2, 5))
+    t0 = time.monotonic()
+    run.pg.restart()
+    say(f"  Postgres restarted in {time.monotonic() - t0:.1f} s")
+    time.sleep(run.t(3, 10))
+    load.stop()
+    n, failed, d, tok = summary(load.outcomes)
+    caught_up = settle(run, db, d, tok)
+    stored_req, stored_tok = run.pg.stored_usage(db, HOT_KEY)
+    logs = run.pg.logged(db, HOT_KEY)
+    code = gw.terminate()
+    row.requests, row.failed = n, failed
+    row.delivered, row.stored, row.logs = usage_text(d, tok), usage_text(stored_req, stored_tok), str(logs)
+    row.bound = "0 failed; stored = delivered, logs = delivered (while running)"
+    row.check(failed == 0, f"{failed} failed: {codes(load.outcomes)}")
+    row.check(caught_up, "stored usage or logs did not catch up with delivered within 20 s")
+    row.check(code == 0, f"exit status {code}")
+    return row
+
+
+def settle(run, db, delivered, tokens, timeout=20):
+    """Waits until the running gateway has stored what was delivered; whether it did."""
+    try:
+        wait_until("stored usage and logs to catch up",
+                   lambda: run.pg.stored_usage(db, HOT_KEY) == (delivered, tokens)
+                   and run.pg.logged(db, HOT_KEY) == delivered, timeout, every=0.25)
+        return True
+    except Failure:
+        return False
+
+
+def codes(outcomes):
+    seen = {}
+    for o in outcomes:
+        if not o.delivered:
+            k = f"{o.status or 'conn'}{'/' + o.code if o.code else ''}"
+            seen[k] = seen.get(k, 0) + 1
+    return ", ".join(f"{k} ×{v}" for k, v in sorted(seen.items())) or "none"
+
+
+def fault_pg_down(run):
+    """Postgres stopped under load for a while: keys seen before keep being served; what needs
+    the store answers 503 store_unavailable fast; /readyz says not ready, /healthz stays up;
+    after recovery nothing counted during the outage is missing."""
+    outage = run.t(10, 30)
+    row = Row(f"Postgres down {outage} s under load")
+    db = run.pg.create_db("chaos_pgdown")
+    res = run.write_resources("pgdown", resources(run.mock.port))
+    gw = Gateway(run, "pgdown", db, res)
+    load = Load(gw.port, threads=4, seconds=outage + 120).start()
+    time.sleep(run.t(2, 4))
+    run.pg.stop()
+    down_at = time.monotonic()
+    say(f"  Postgres stopped; probing for {outage} s")
+    probes = {"readyz": [], "healthz": [], "cold": []}
+
+    def cold_probes():
+        # A key never seen before, every 2 s (each on a new connection): it needs the store.
+        for key in COLD_KEYS:
+            if time.monotonic() - down_at > outage - 1:
+                break
+            o = call(http.client.HTTPConnection("127.0.0.1", gw.port, timeout=15), key)
+            probes["cold"].append((o.status, o.code, o.ended - o.started))
+            time.sleep(max(0.0, 2 - (o.ended - o.started)))
+
+    prober = threading.Thread(target=cold_probes, daemon=True)
+    prober.start()
+    while time.monotonic() - down_at < outage:
+        probes["healthz"].append(gw.status("/healthz"))
+        if time.monotonic() - down_at > 2:  # the gateway notices the outage at its next use of the store
+            probes["readyz"].append(gw.status("/readyz", timeout=3))
+        time.sleep(0.5)
+    prober.join(20)
+    during = [o for o in load.outcomes if o.started >= down_at]
+    run.pg.start()
+    up_at = time.monotonic()
+    say("  Postgres started again")
+    try:
+        wait_until("/readyz 200 after recovery", lambda: gw.status("/readyz") == 200, 30)
+        ready_after = time.monotonic() - up_at
+    except Failure:
+        ready_after = None
+    time.sleep(1)
+    load.stop()
+    n, failed, d, tok = summary(load.outcomes)
+    caught_up = settle(run, db, d, tok, timeout=30)
+    stored_req, stored_tok = run.pg.stored_usage(db, HOT_KEY)
+    logs = run.pg.logged(db, HOT_KEY)
+    code = gw.terminate()
+    cold_ok = [p for p in probes["cold"] if p[0] == 503 and p[1] == "store_unavailable" and p[2] <= 1.0]
+    slowest = max((p[2] for p in probes["cold"]), default=0)
+    row.requests, row.failed = n + len(probes["cold"]), failed + len(probes["cold"])
+    row.delivered, row.stored, row.logs = usage_text(d, tok), usage_text(stored_req, stored_tok), str(logs)
+    row.bound = (f"seen key: 0 failed ({len(during)} during the outage); unseen keys: 503 store_unavailable "
+                 f"≤ 1 s ({len(cold_ok)}/{len(probes['cold'])}, slowest {slowest:.2f} s); readyz 503 during, "
+                 f"200 after ({'%.1f s' % ready_after if ready_after is not None else 'never'}); healthz 200; "
+                 "after recovery stored = delivered, logs = delivered")
+    row.check(failed == 0, f"{failed} requests with the seen key failed: {codes(load.outcomes)}")
+    row.check(len(during) > 0, "no request with the seen key ran during the outage")
+    row.check(len(cold_ok) == len(probes["cold"]),
+              "unseen keys answered " + ", ".join(f"{s}/{c} in {t:.2f} s" for s, c, t in probes["cold"][:4]))
+    row.check(probes["readyz"] and all(s == 503 for s in probes["readyz"]), f"readyz during: {probes['readyz']}")
+    row.check(ready_after is not None, "readyz not 200 within 30 s of recovery")
+    row.check(all(s == 200 for s in probes["healthz"]), f"healthz during: {probes['healthz']}")
+    row.check(caught_up, "stored usage or logs did not catch up with delivered within 30 s of recovery")
+    row.check(code == 0, f"exit status {code}")
+    return row
+
+
+def fault_two_replicas(run):
+    """Two gateways on one database, both loaded, against one requests/day policy: the admitted
+    requests pass the limit by at most the requests in flight plus two flush intervals of a
+    gateway's traffic (docs/quotas.md); stored usage equals what was admitted."""
+    limit = run.n(400, 2000)
+    row = Row("two replicas, one quota")
+    db = run.pg.create_db("chaos_replicas")
+    res = run.write_resources("replicas", resources(run.mock.port, requests_per_day=limit))
+    gws = [Gateway(run, f"replica-{i}", db, res) for i in (1, 2)]
+    per = 4
+    loads = [Load(g.port, threads=per, limit=limit * 2, gateway=i).start() for i, g in enumerate(gws)]
+    for ld in loads:
+        ld.join(180)
+    outcomes = loads[0].outcomes + loads[1].outcomes
+    codes_ = [gw.terminate() for gw in gws]
+    admitted = [o for o in outcomes if o.delivered]
+    refused = [o for o in outcomes if o.status == 429]
+    failed = len(outcomes) - len(admitted) - len(refused)
+    stored_req, stored_tok = run.pg.stored_usage(db, HOT_KEY)
+    logs = run.pg.logged(db, HOT_KEY)
+    # The rate at which each gateway admitted while under the limit.
+    # Each gateway's pace in the second before the limit was reached; the faster one's counts.
+    crossed = sorted(o.ended for o in admitted)[min(limit, len(admitted)) - 1] if admitted else 0
+    fastest = max(rate_before(ld.outcomes, crossed) for ld in loads)
+    in_flight = per * 2
+    bound = limit + in_flight + math.ceil(fastest * 2 * CYCLE)
+    row.requests, row.failed = len(outcomes), failed
+    row.delivered = usage_text(len(admitted), sum(o.tokens for o in admitted))
+    row.stored, row.logs = usage_text(stored_req, stored_tok), str(logs)
+    row.bound = (f"admitted {len(admitted)} ≤ {bound} = limit {limit} + {in_flight} in flight + 2 flushes at "
+                 f"{fastest:.0f}/s; {len(refused)} refused 429; stored = admitted")
+    row.check(len(admitted) <= bound, f"admitted {len(admitted)} over the bound {bound}")
+    row.check(len(admitted) >= limit, f"admitted {len(admitted)} below the limit {limit}")
+    row.check(failed == 0, f"{failed} failed: {codes(outcomes)}")
+    row.check(stored_req == len(admitted), "stored requests differ from admitted")
+    row.check(logs == len(admitted), "logs differ from admitted")
+    row.check(codes_ == [0, 0], f"exit statuses {codes_}")
+    return row
+
+
+def fault_simultaneous_start(run):
+    """Three gateways started at the same instant on one fresh database with the same resources
+    file: all come up ready and every entity exists once."""
+    row = Row("three replicas started at once, fresh database")
+    db = run.pg.create_db("chaos_start")
+    res = run.write_resources("start", resources(run.mock.port, generated_key=True))
+    # No bootstrap password: the owner's is generated, and must be printed by one gateway only.
+    # Popen returns once each process runs: the three starts are a few milliseconds apart.
+    gws = [Gateway(run, f"start-{i}", db, res, unset=["AIGW_BOOTSTRAP_PASSWORD"], wait=False) for i in (1, 2, 3)]
+    ready = 0
+    for g in gws:
+        try:
+            g.wait_ready(120)
+            ready += 1
+        except Failure as e:
+            row.notes.append(str(e).splitlines()[0])
+    outcomes = []
+    for i, g in enumerate(gws):
+        if g.proc.poll() is None:
+            conn = http.client.HTTPConnection("127.0.0.1", g.port, timeout=15)
+            outcomes += [call(conn, HOT_KEY) for _ in range(5)]
+            conn.close()
+    n, failed, d, tok = summary(outcomes)
+    codes_ = [g.terminate() for g in gws if g.proc.poll() is None]
+    counts = {
+        "workspaces": run.pg.psql(db, "SELECT COUNT(*) FROM workspaces WHERE name = 'chaos'"),
+        "departments": run.pg.psql(db, "SELECT COUNT(*) FROM departments"),
+        "members": run.pg.psql(db, "SELECT COUNT(*) FROM members"),
+        "owners": run.pg.psql(db, "SELECT COUNT(*) FROM members WHERE role = 'owner'"),
+        "keys": run.pg.psql(db, "SELECT COUNT(*) FROM api_keys"),
+        "upstreams": run.pg.psql(db, "SELECT COUNT(*) FROM upstreams"),
+        "models": run.pg.psql(db, "SELECT COUNT(*) FROM models"),
+        "policies": run.pg.psql(db, "SELECT COUNT(*) FROM policies"),
+    }
+    want = {"workspaces": 1, "departments": 1, "members": 3, "owners": 1, "keys": 2 + len(COLD_KEYS),
+            "upstreams": 1, "models": 3, "policies": 2}
+    outputs = [g.output() for g in gws]
+    printed_pw = sum("first owner" in o and "password:" in o for o in outputs)
+    printed_key = sum("generated API key" in o for o in outputs)
+    stored_req, stored_tok = run.pg.stored_usage(db, HOT_KEY)
+    logs = run.pg.logged(db, HOT_KEY)
+    row.requests, row.failed = n, failed
+    row.delivered, row.stored, row.logs = usage_text(d, tok), usage_text(stored_req, stored_tok), str(logs)
+    row.bound = (f"{ready}/3 ready; every entity once ({', '.join(f'{k} {v}' for k, v in counts.items())}); "
+                 f"generated password printed {printed_pw}×, generated key {printed_key}×")
+    row.check(ready == 3, f"{ready} of 3 gateways ready")
+    for k, v in want.items():
+        row.check(int(counts[k]) == v, f"{counts[k]} {k}, want {v}")
+    row.check(printed_pw == 1, f"the generated owner password was printed {printed_pw} times")
+    row.check(printed_key == 1, f"the generated key was printed {printed_key} times")
+    row.check(failed == 0 and n == 15, f"{d} of 15 requests delivered: {codes(outcomes)}")
+    row.check(stored_req == d and logs == d, "stored usage or logs differ from delivered")
+    row.check(all(c == 0 for c in codes_), f"exit statuses {codes_}")
+    return row
+
+
+def fault_timezones(run):
+    """A workspace in UTC on a gateway in Asia/Shanghai, 300 requests/day filled to 299, one slow
+    request in flight across several flushes, and 60 concurrent requests the moment it completes:
+    the slow one is the 300th, the 60 are refused (at most the requests in flight at the crossing
+    may pass the limit)."""
+    limit = 300
+    row = Row("workspace UTC, gateway Asia/Shanghai, quota filled to 299")
+    db = run.pg.create_db("chaos_tz")
+    res = run.write_resources("tz", resources(run.mock.port, timezone="UTC", requests_per_day=limit))
+    gw = Gateway(run, "tz", db, res, env={"AIGW_TIMEZONE": "Asia/Shanghai"})
+    fill = Load(gw.port, threads=4, limit=limit - 1).start().join(120).outcomes
+    slow_ms = 2000
+    run.mock.script({"model": SLOW_CALL, "delay_ms": slow_ms, "times": 1})
+    go = threading.Event()
+    burst = Burst(gw.port, 60, go)
+    # The slow request is admitted at 299 and stays in flight across several flushes; the 60 are
+    # sent the moment it has been answered (before the next flush), on connections already open.
+    slow_o = call(http.client.HTTPConnection("127.0.0.1", gw.port, timeout=30), HOT_KEY, SLOW_CALL)
+    go.set()
+    burst = burst.join(60)
+    code = gw.terminate()
+    outcomes = fill + [slow_o] + burst
+    admitted = [o for o in outcomes if o.delivered]
+    refused = [o for o in burst if o.status == 429]
+    failed = len(outcomes) - len(admitted) - len(refused)
+    stored_req, stored_tok = run.pg.stored_usage(db, HOT_KEY)
+    logs = run.pg.logged(db, HOT_KEY)
+    in_flight = 1  # the slow request, admitted at 299 and completing as the 300th
+    row.requests, row.failed = len(outcomes), failed
+    row.delivered = usage_text(len(admitted), sum(o.tokens for o in admitted))
+    row.stored, row.logs = usage_text(stored_req, stored_tok), str(logs)
+    row.bound = (f"stored used {stored_req} ≤ {limit} + {in_flight} in flight; of 60 concurrent as the "
+                 f"slow one ({slow_ms} ms) completed {60 - len(refused)} admitted, {len(refused)} refused 429")
+    row.check(stored_req <= limit + in_flight, f"stored used {stored_req} over {limit + in_flight}")
+    row.check(slow_o.delivered, f"the slow request was not delivered ({slow_o.status}/{slow_o.code})")
+    row.check(sum(o.delivered for o in fill) == limit - 1, "the fill was not all delivered")
+    row.check(failed == 0, f"{failed} failed: {codes(outcomes)}")
+    row.check(stored_req == len(admitted) and logs == len(admitted), "stored usage or logs differ from admitted")
+    row.check(code == 0, f"exit status {code}")
+    return row
+
+
+FAULTS = [fault_kill9, fault_sigterm, fault_pg_restart, fault_pg_down, fault_two_replicas,
+          fault_simultaneous_start, fault_timezones]
+
+
+# ---------------------------------------------------------------------------------------------
+# The run.
+
+
+class Run:
+    def __init__(self, args):
+        self.short = args.short
+        self.bin = os.path.abspath(args.bin)
+        if not os.access(self.bin, os.X_OK):
+            sys.exit(f"{self.bin} is not an executable (cargo build --release --bin aigw, or pass --bin)")
+        self.base = tempfile.mkdtemp(prefix="aigw-chaos-")
+        self.procs = Processes()
+        self.pg = None
+        self.mock = None
+
+    def t(self, short, full):
+        """A duration in seconds for the short or the full run."""
+        return short if self.short else full
+
+    n = t
+
+    def write_resources(self, name, text):
+        path = os.path.join(self.base, f"{name}.toml")
+        with open(path, "w") as f:
+            f.write(text)
+        return path
+
+    def setup(self):
+        self.pg = Cluster(self.base)
+        self.pg.init()
+        say(f"private Postgres on 127.0.0.1:{self.pg.port} in {self.pg.dir}")
+        self.mock = Mock(self)
+
+    def cleanup(self):
+        self.procs.stop_all()
+        if self.pg:
+            self.pg.destroy()
+        shutil.rmtree(self.base, ignore_errors=True)
+
+
+def print_table(rows):
+    print("\n| fault | requests | failed | delivered | stored usage | logs | bound | holds |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r.fault} | {r.requests} | {r.failed} | {r.delivered} | {r.stored} | {r.logs} | {r.bound} | "
+              f"{'yes' if r.holds else 'no'} |")
+    broken = [r for r in rows if not r.holds]
+    for r in broken:
+        print(f"\n{r.fault}: " + "; ".join(r.notes))
+
+
+def interrupted(*_):
+    raise KeyboardInterrupt
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--bin", default=os.path.join(ROOT, "target", "release", "aigw"), help="the aigw binary")
+    ap.add_argument("--short", action="store_true", help="smaller counts and durations (CI, under 4 minutes)")
+    ap.add_argument("--only", help="comma-separated fault names to run (e.g. kill9,pg_down)")
+    ap.add_argument("--keep", action="store_true", help="keep the temporary folder (logs) for inspection")
+    args = ap.parse_args()
+    faults = FAULTS
+    if args.only:
+        wanted = {f"fault_{n.strip()}" for n in args.only.split(",")}
+        faults = [f for f in FAULTS if f.__name__ in wanted]
+        if not faults:
+            sys.exit(f"no fault named {args.only}; the faults: "
+                     + ", ".join(f.__name__.removeprefix("fault_") for f in FAULTS))
+
+    # SIGTERM (from CI, say) ends the run like Ctrl-C: through the cleanup below.
+    signal.signal(signal.SIGTERM, interrupted)
+    run = Run(args)
+    started = time.monotonic()
+    rows = []
+    try:
+        run.setup()
+        for fault in faults:
+            say(fault.__name__.removeprefix("fault_"))
+            run.mock.reset()
+            try:
+                row = fault(run)
+                row.holds = not row.notes
+            except Failure as e:
+                row = Row(fault.__name__.removeprefix("fault_"), bound=f"could not run: {str(e).splitlines()[0]}")
+                row.notes.append(str(e))
+            run.procs.stop_all(keep=[run.mock.proc])
+            rows.append(row)
+            say(f"  {'holds' if row.holds else 'BROKEN: ' + '; '.join(row.notes)}")
+    except KeyboardInterrupt:
+        say("interrupted; cleaning up")
+        run.cleanup()
+        sys.exit(130)
+    finally:
+        if args.keep and run.base:
+            say(f"kept {run.base}")
+            run.procs.stop_all()
+            if run.pg:
+                run.pg.destroy()
+        else:
+            run.cleanup()
+    print_table(rows)
+    mode = "--short" if args.short else "full"
+    print(f"\n{mode} run of {os.path.relpath(run.bin, ROOT)} in {time.monotonic() - started:.0f} s")
+    sys.exit(0 if rows and all(r.holds for r in rows) else 1)
+
+
+if __name__ == "__main__":
+    main()
