@@ -47,7 +47,7 @@ impl Threads {
 }
 
 /// Serves `router` on `listener` with one serving thread per core until `stop` resolves, then
-/// stops accepting and lets the running requests finish. Client connections are bounded by
+/// closes the listener and lets the running requests finish. Client connections are bounded by
 /// `limits` and counted in `slots`. Dropping the returned future (or the [`Threads`]) ends the
 /// serving threads too. A serving thread polls for I/O for at most `idle_poll` before it sleeps
 /// ([`idle_poll`]; zero: never).
@@ -151,6 +151,10 @@ pub async fn serve(
         () = stop => {},
         () = accept => {},
     }
+    // Stop listening before draining: a new client is refused at once (and can go to another
+    // replica, knowing nothing was sent) instead of waiting in the listen backlog until the
+    // running requests have finished, to be reset then.
+    drop(listener);
     drop(lanes);
     drop(stop_on_drop);
     let mut result = Ok(());

@@ -460,3 +460,59 @@ async fn a_graceful_stop_finishes_running_requests_and_waits_for_no_idle_client(
         .unwrap();
     assert!(started.elapsed() < Duration::from_secs(10));
 }
+
+/// A stopping gateway closes its listener at once: while running requests drain, a new client is
+/// refused (and can go to another replica) instead of waiting in the listen backlog until the
+/// process exits and then being reset, not knowing whether its request was served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopping_gateway_refuses_new_connections_while_it_drains() {
+    use aigw::mock_upstream::{MockUpstream, Script};
+    use futures::StreamExt;
+
+    let db = TestDb::sqlite();
+    let mock = MockUpstream::start().await.unwrap();
+    let app = spawn_app(&db, Setup::resources(crate::proxy::resources(&mock))).await;
+    // A stream of about three seconds keeps the stop draining.
+    mock.script(Script::any().chunk_delay(300).words(10));
+    let body = serde_json::json!({"model": "gpt-4o-mini", "stream": true,
+        "messages": [{"role": "user", "content": "hi"}]});
+    let running = app
+        .post_json("/v1/chat/completions", crate::proxy::KEY, &body)
+        .await;
+    assert_eq!(running.status(), 200);
+    let addr = app.address.trim_start_matches("http://").to_owned();
+
+    let stopped = tokio::spawn(app.stop());
+    let deadline = Instant::now() + Duration::from_secs(1);
+    loop {
+        match TcpStream::connect(&addr).await {
+            // Refused; or reset, when the connect raced the listener's close.
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::ConnectionRefused | std::io::ErrorKind::ConnectionReset
+                ) =>
+            {
+                break;
+            }
+            Err(e) => panic!("connect failed otherwise than refused: {e}"),
+            Ok(_) => {
+                assert!(
+                    Instant::now() < deadline,
+                    "1 s after the stop a new connection was still taken into the listen backlog"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    }
+    let mut stream = running.bytes_stream();
+    let mut text = Vec::new();
+    while let Some(chunk) = stream.next().await {
+        text.extend_from_slice(&chunk.expect("the running stream is not cut"));
+    }
+    assert!(String::from_utf8_lossy(&text).contains("data: [DONE]"));
+    tokio::time::timeout(Duration::from_secs(10), stopped)
+        .await
+        .expect("the stop finished")
+        .unwrap();
+}
