@@ -24,6 +24,7 @@ import json
 import math
 import os
 import pwd
+import re
 import shutil
 import signal
 import socket
@@ -373,6 +374,26 @@ class Gateway:
         self.proc.kill()
         self.proc.wait(timeout=10)
 
+    def flush_ceilings(self):
+        """{kind: seconds}: from `aigw_store_flush_duration_seconds`, the upper edge of the lowest
+        bucket that holds every flush of that kind so far (a measured ceiling on the longest)."""
+        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=5)
+        c.request("GET", "/metrics")
+        text = c.getresponse().read().decode()
+        c.close()
+        total, buckets = {}, {}
+        for m in re.finditer(r'^aigw_store_flush_duration_seconds_(bucket|count)\{([^}]*)\} (\S+)$', text, re.M):
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', m[2]))
+            if m[1] == "count":
+                total[labels["kind"]] = float(m[3])
+            elif labels["le"] != "+Inf":
+                buckets.setdefault(labels["kind"], []).append((float(labels["le"]), float(m[3])))
+        ceilings = {}
+        for kind, n in total.items():
+            edges = sorted(b for b in buckets.get(kind, []) if b[1] >= n)
+            ceilings[kind] = edges[0][0] if edges else 60.0
+        return ceilings
+
     def tail(self, n=15):
         try:
             with open(self.log, errors="replace") as f:
@@ -587,6 +608,10 @@ def fault_kill9(run):
     threads = 6
     load = Load(gw.port, threads=threads).start()
     time.sleep(run.t(3, 10))
+    # How long this machine's flushes take now is part of the loss window: the usage delivered
+    # from one quota snapshot until the next commits (interval + one cycle's flushes + the next
+    # quota flush), the logs from one batch until the next is written (two intervals + two writes).
+    ceil = gw.flush_ceilings()
     killed_at = time.monotonic()
     gw.kill9()
     load.stop()
@@ -605,15 +630,18 @@ def fault_kill9(run):
 
     # What was delivered in the last second before the kill sets the pace of the loss.
     r = rate_before(before, killed_at)
-    usage_bound = math.ceil(r * CYCLE)
-    log_bound = math.ceil(r * 2 * CYCLE)
+    usage_window = FLUSH_MS / 1000 + 2 * ceil.get("quota", 0) + ceil.get("own_limits", 0) + ceil.get("breakers", 0)
+    log_window = 2 * FLUSH_MS / 1000 + 2 * ceil.get("request_logs", 0)
+    usage_bound = math.ceil(r * max(usage_window, CYCLE))
+    log_bound = math.ceil(r * max(log_window, 2 * CYCLE))
     lost_req, lost_logs = d1 - stored_req, d1 - logs_at_kill
     row.requests, row.failed = n1 + n2, f1 + f2
     row.delivered = usage_text(d1 + d2, t1 + t2)
     row.stored = usage_text(final_req, final_tok)
     row.logs = str(final_logs)
-    row.bound = (f"at the kill, missing: usage {lost_req} ≤ {usage_bound} (1 flush at {r:.0f}/s), "
-                 f"logs {lost_logs} ≤ {log_bound} (2 flushes); counted but not delivered ≤ {threads} in flight; "
+    row.bound = (f"at the kill, missing: usage {lost_req} ≤ {usage_bound} (1 flush cycle, "
+                 f"{max(usage_window, CYCLE) * 1000:.0f} ms at {r:.0f}/s), logs {lost_logs} ≤ {log_bound} "
+                 f"(2 cycles, {max(log_window, 2 * CYCLE) * 1000:.0f} ms); counted but not delivered ≤ {threads} in flight; "
                  "after the restart nothing missing")
     row.check(-threads <= lost_req <= usage_bound,
               f"usage missing at the kill {lost_req} outside [-{threads}, {usage_bound}]")
