@@ -485,6 +485,7 @@ fn state_gauges(state: &AppState) -> String {
     };
     one("aigw_breaker_open_keys", state.breakers.open_keys(now));
     one("aigw_breaker_banned_keys", state.breakers.banned_keys());
+    one("aigw_store_available", usize::from(state.store.available()));
     one("aigw_log_queue_depth", state.logs.queued().max(0) as usize);
     one("aigw_client_connections", state.connections.open());
     one("aigw_upstream_banned_credentials", state.locks.banned_count());

@@ -171,6 +171,12 @@ pub const FAMILIES: &[Family] = &[
         "Flushes to the database that failed; what they held is kept for the next flush.",
     ),
     family(
+        "aigw_store_available",
+        Kind::Gauge,
+        &[],
+        "1 while the database answers, 0 during an outage (keys, policies and routes then serve from memory).",
+    ),
+    family(
         "aigw_log_queue_depth",
         Kind::Gauge,
         &[],

@@ -565,7 +565,14 @@ impl Store {
             sqlx::query_scalar("SELECT CAST(COUNT(*) AS BIGINT) FROM _sqlx_migrations WHERE success = TRUE")
                 .fetch_one(&self.pool)
                 .await;
-        matches!(applied, Ok(n) if n >= expected)
+        match applied {
+            Ok(n) => n >= expected,
+            Err(e) => {
+                // The probe itself may be the first to find the database gone.
+                self.note_failure(&e.into());
+                false
+            }
+        }
     }
 
     /// The configuration epoch: bumped by every configuration change, polled by every gateway.

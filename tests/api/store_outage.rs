@@ -43,6 +43,10 @@ async fn status_of(app: &TestApp, path: &str) -> u16 {
     app.get(path).await.status().as_u16()
 }
 
+async fn metrics(app: &TestApp) -> String {
+    app.get("/metrics").await.text().await.unwrap()
+}
+
 /// Waits (10 s at most) until `/readyz` answers `want`.
 async fn wait_ready(app: &TestApp, want: u16) {
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -125,9 +129,17 @@ async fn known_keys_serve_through_an_outage_and_nothing_counted_is_lost() {
 
     assert_eq!(status_of(&app, "/healthz").await, 200, "the process is alive");
     wait_ready(&app, 503).await;
+    assert!(
+        metrics(&app).await.contains("\naigw_store_available 0\n"),
+        "the gauge says down"
+    );
 
     switch.restore();
     wait_ready(&app, 200).await;
+    assert!(
+        metrics(&app).await.contains("\naigw_store_available 1\n"),
+        "the gauge says up"
+    );
     assert_eq!(timed_chat(&app, KEY).await.0, 200);
 
     // Nothing counted during the outage is lost: 3 before, 5 during, 1 after.
