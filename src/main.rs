@@ -83,6 +83,7 @@ async fn serve(config: Option<PathBuf>, resources: Option<PathBuf>) -> Result<()
         resources,
         clock: None,
     };
+    let stop = shutdown_signal();
     let gateway = aigw::Gateway::build(settings, options)
         .await
         .map_err(|e| e.to_string())?;
@@ -91,12 +92,13 @@ async fn serve(config: Option<PathBuf>, resources: Option<PathBuf>) -> Result<()
         tracing::info!(%addr, "admin API, console and metrics listening (not on the main address)");
     }
     gateway
-        .run_until_stopped(shutdown_signal())
+        .run_until_stopped(stop)
         .await
         .map_err(|e| format!("server error: {e}"))
 }
 
 async fn mock_upstream(listen: std::net::SocketAddr, keep_calls: bool) -> Result<(), String> {
+    let stop = shutdown_signal();
     let mock = aigw::mock_upstream::MockUpstream::start_with(listen, keep_calls)
         .await
         .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
@@ -105,30 +107,46 @@ async fn mock_upstream(listen: std::net::SocketAddr, keep_calls: bool) -> Result
         mock.addr(),
         mock.base_url()
     );
-    shutdown_signal().await;
+    stop.await;
     mock.stop();
     Ok(())
 }
 
-/// Resolves on SIGINT or SIGTERM.
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
+/// Resolves on SIGINT or SIGTERM. The handlers are installed when this is called, not when the
+/// future is first polled: a signal that arrives while the gateway starts is not lost to the
+/// default action (which would end the process without draining).
+fn shutdown_signal() -> impl Future<Output = ()> {
     #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
+    let (mut int, mut term) = {
+        use tokio::signal::unix::{SignalKind, signal};
+        (
+            signal(SignalKind::interrupt()).ok(),
+            signal(SignalKind::terminate()).ok(),
+        )
     };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => {},
-        () = term => {},
+    async move {
+        #[cfg(unix)]
+        {
+            tokio::select! {
+                () = received(int.as_mut()) => {},
+                () = received(term.as_mut()) => {},
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+        tracing::info!("shutdown signal received; finishing running requests");
     }
-    tracing::info!("shutdown signal received; finishing running requests");
+}
+
+/// Resolves when `signal` is received (never without a handler).
+#[cfg(unix)]
+async fn received(signal: Option<&mut tokio::signal::unix::Signal>) {
+    match signal {
+        Some(s) => {
+            s.recv().await;
+        }
+        None => std::future::pending::<()>().await,
+    }
 }

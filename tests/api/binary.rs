@@ -291,7 +291,13 @@ fn bad_settings_and_files_exit_nonzero_with_a_clear_message() {
         ),
     ];
     for (args, env, needle) in cases {
-        let out = aigw(dir.path(), args, env).output().unwrap();
+        // A free port unless the case sets its own: the listener is bound first, and whatever
+        // else runs on this machine may hold the default one.
+        let env: Vec<(&str, &str)> = [("AIGW_LISTEN", "127.0.0.1:0")]
+            .into_iter()
+            .chain(env.iter().copied())
+            .collect();
+        let out = aigw(dir.path(), args, &env).output().unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(1), "{args:?} {env:?}: {err}");
         assert!(
