@@ -120,6 +120,26 @@ export async function confirmDialog(title, text, { confirm = 'Delete', danger = 
   ]).then((v) => v === true);
 }
 
+// Entities the resources file declares (`managed_by: "resources_file"`): the gateway applies the
+// file at every start, so an edit made here is undone then. Marked in lists, warned before edits.
+export const MANAGED_TEXT = 'Declared in the resources file, which the gateway applies at every start: a change made here is undone at the next start. Change the file to keep it.';
+
+/** A "resources file" badge for an entity the file declares, else nothing. */
+export function managedBadge(entity) {
+  return entity?.managed_by ? badge('resources file', 'info', MANAGED_TEXT) : null;
+}
+
+/** The warning shown in an edit dialog of an entity the file declares, else nothing. */
+export function managedWarning(entity) {
+  return entity?.managed_by ? alertBox('warn', MANAGED_TEXT) : null;
+}
+
+/** Asks before changing an entity the file declares; true at once for any other. */
+export async function confirmManaged(entity, what) {
+  if (!entity?.managed_by) return true;
+  return confirmDialog('Managed by the resources file', `${what}: ${MANAGED_TEXT}`, { confirm: 'Change anyway', danger: false });
+}
+
 /** Shows a secret once, with a copy button. */
 export function secretDialog(title, intro, secret, label = 'Secret') {
   return dialog(title, (close) => {

@@ -80,6 +80,8 @@ pub struct Inner {
     pub runtime: tokio::runtime::Handle,
     /// Open client connections, counted against `max_client_connections`.
     pub connections: crate::client_conn::ConnectionSlots,
+    /// The entities the resources file applied at start declares (marked in the admin API).
+    pub managed: crate::managed::Managed,
 }
 
 impl AppState {
@@ -192,8 +194,10 @@ impl Gateway {
         let store = Store::open(&settings.database_url).await?;
         let start_lock = store.start_lock().await?;
         store.migrate().await?;
+        let mut managed = crate::managed::Managed::default();
         if let Some(path) = &options.resources {
-            let summary = resources::apply_file(&store, &master_key, path, &env, clock.now_ms()).await?;
+            let mut summary = resources::apply_file(&store, &master_key, path, &env, clock.now_ms()).await?;
+            managed = std::mem::take(&mut summary.managed);
             tracing::info!(file = %path.display(), %summary, "resources applied");
             for (address, key) in &summary.generated_keys {
                 // Printed once, on stdout only: the plaintext is never stored or logged.
@@ -256,6 +260,7 @@ impl Gateway {
             tasks,
             runtime: tokio::runtime::Handle::current(),
             connections,
+            managed,
         }));
         start_config_watch(state.clone(), epoch);
         start_quota_flush(state.clone());

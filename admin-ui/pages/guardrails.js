@@ -4,7 +4,7 @@
 
 import { api } from '../api.js';
 import {
-  h, clear, table, bar, badge, alertBox, messageOf, fmtNum, fmtTime, countdown, dialog, confirmDialog,
+  h, clear, table, bar, badge, managedBadge, managedWarning, MANAGED_TEXT, alertBox, messageOf, fmtNum, fmtTime, countdown, dialog, confirmDialog,
   field, select, handleSubmit, toast, busy, pageHeader, METRICS, metricLabel, windowLabel, idle,
 } from '../ui.js';
 
@@ -96,6 +96,7 @@ export async function editPolicy(p) {
   return dialog(`Edit guardrail`, (close) => {
     const limit = h('input', { type: 'number', name: 'limit', required: true, min: 0, step: 'any', value: p.limit });
     const form = h('form.form',
+      managedWarning(p),
       h('p', `${SUBJECT_NAMES[p.subject] || p.subject}: ${targetText(p)} — ${metricLabel(p.metric).toLowerCase()} ${windowLabel(p.window)}`),
       field('Limit', limit),
       modeFieldset(p.mode),
@@ -113,7 +114,7 @@ export async function editPolicy(p) {
 }
 
 export async function deletePolicy(p) {
-  const ok = await confirmDialog('Delete guardrail', `Delete the ${metricLabel(p.metric).toLowerCase()} ${windowLabel(p.window)} limit on ${targetText(p)}? Usage counters are kept.`);
+  const ok = await confirmDialog('Delete guardrail', `Delete the ${metricLabel(p.metric).toLowerCase()} ${windowLabel(p.window)} limit on ${targetText(p)}? Usage counters are kept.${p.managed_by ? ` ${MANAGED_TEXT}` : ''}`);
   if (!ok) return false;
   await api.del(`/policies/${p.id}`);
   toast('Guardrail deleted.');
@@ -217,7 +218,7 @@ export default {
         policies.forEach((p) => { if (p.department_id) p.department_name = deptName[p.department_id]; });
         clear(body, table([
           { label: 'Subject', cell: (p) => SUBJECT_NAMES[p.subject] || p.subject },
-          { label: 'Applies to', cell: (p) => targetText(p) },
+          { label: 'Applies to', cell: (p) => [targetText(p), ' ', managedBadge(p)] },
           { label: 'Limit', cell: (p) => `${fmtNum(p.limit)} ${metricLabel(p.metric).toLowerCase()} ${windowLabel(p.window)}` },
           { label: 'Usage', cell: usageCell },
           { label: 'Remaining', cell: (p) => (p.remaining === null || p.remaining === undefined ? '—' : fmtNum(p.remaining)) },

@@ -3,7 +3,7 @@
 
 import { api } from '../api.js';
 import {
-  h, clear, table, badge, alertBox, messageOf, fmtNum, fmtTime, fmtRecent, countdown, dialog, confirmDialog,
+  h, clear, table, badge, managedBadge, MANAGED_TEXT, alertBox, messageOf, fmtNum, fmtTime, fmtRecent, countdown, dialog, confirmDialog,
   field, select, handleSubmit, toast, busy, pageHeader, secretDialog, metricLabel, windowLabel, bar, idle,
 } from '../ui.js';
 import { metricWindowFields, validatePolicy, windowValue, editPolicy, deletePolicy } from './guardrails.js';
@@ -124,7 +124,7 @@ export default {
         // The key's prefix goes under its name and the creation date shows on wide screens
         // only, so the budget keeps a line per budget.
         const cols = [
-          { label: 'Name', cell: (k) => [h('strong', k.name), h('code.key-prefix', `${k.prefix || 'sk-aigw-'}…`)] },
+          { label: 'Name', cell: (k) => [h('strong', k.name), h('code.key-prefix', `${k.prefix || 'sk-aigw-'}…`), ' ', managedBadge(k)] },
         ];
         if (ctx.role !== 'member') cols.push({ label: 'Member', cell: (k) => k.member_email || String(k.member_id) });
         cols.push(
@@ -155,7 +155,7 @@ export default {
                 type: 'button',
                 'aria-label': `Delete key ${k.name}`,
                 onclick: (e) => busy(e.currentTarget, async () => {
-                  if (!(await confirmDialog('Delete API key', `Delete the key "${k.name}"? Apps using it stop working at once.`))) return;
+                  if (!(await confirmDialog('Delete API key', `Delete the key "${k.name}"? Apps using it stop working at once.${k.managed_by ? ` ${MANAGED_TEXT}` : ''}`))) return;
                   await api.del(`/keys/${k.id}`);
                   toast(`Key ${k.name} deleted.`);
                   load();

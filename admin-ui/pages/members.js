@@ -3,7 +3,7 @@
 
 import { api } from '../api.js';
 import {
-  h, clear, table, badge, alertBox, messageOf, fmtTime, dialog, confirmDialog, field, select, handleSubmit, toast, busy, pageHeader, secretDialog,
+  h, clear, table, badge, managedBadge, confirmManaged, MANAGED_TEXT, alertBox, messageOf, fmtTime, dialog, confirmDialog, field, select, handleSubmit, toast, busy, pageHeader, secretDialog,
 } from '../ui.js';
 
 const ROLES = [['member', 'Member'], ['admin', 'Admin'], ['owner', 'Owner']];
@@ -40,6 +40,7 @@ export default {
         const [members, depts] = await Promise.all([api.list('/members'), api.list('/departments').catch(() => [])]);
         departments = depts;
         const patch = async (m, change, what) => {
+          if (!(await confirmManaged(m, m.email))) { load(); return; }
           try {
             await api.patch(`/members/${m.id}`, change);
             toast(`${m.email}: ${what}.`);
@@ -49,7 +50,7 @@ export default {
           load();
         };
         clear(body, table([
-          { label: 'Email', cell: (m) => [h('strong', m.email), m.id === ctx.me.id ? h('small.muted', ' (you)') : null] },
+          { label: 'Email', cell: (m) => [h('strong', m.email), m.id === ctx.me.id ? h('small.muted', ' (you)') : null, ' ', managedBadge(m)] },
           {
             label: 'Role',
             cell: (m) => {
@@ -86,7 +87,7 @@ export default {
                 type: 'button',
                 'aria-label': `Reset the password of ${m.email}`,
                 onclick: (e) => busy(e.currentTarget, async () => {
-                  if (!(await confirmDialog('Reset password', `Give ${m.email} a new one-time password? Their current password stops working.`, { confirm: 'Reset password', danger: false }))) return;
+                  if (!(await confirmDialog('Reset password', `Give ${m.email} a new one-time password? Their current password stops working.${m.managed_by ? ` ${MANAGED_TEXT}` : ''}`, { confirm: 'Reset password', danger: false }))) return;
                   const r = await api.post(`/members/${m.id}/reset-password`);
                   await secretDialog('New one-time password', `Give this password to ${m.email}; they should change it after signing in.`, r.one_time_password, 'One-time password');
                 }),

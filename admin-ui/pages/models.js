@@ -2,7 +2,7 @@
 // Everyone reads them; owners and admins create, edit and delete.
 
 import { api } from '../api.js';
-import { h, clear, table, alertBox, messageOf, fmtCredits, dialog, confirmDialog, field, handleSubmit, toast, busy, pageHeader } from '../ui.js';
+import { h, clear, table, alertBox, managedBadge, managedWarning, MANAGED_TEXT, messageOf, fmtCredits, dialog, confirmDialog, field, handleSubmit, toast, busy, pageHeader } from '../ui.js';
 
 function chain(m) {
   return [m.name, ...(m.fallbacks || [])].join(' → ');
@@ -14,6 +14,7 @@ async function editModel(m, all) {
   return dialog(creating ? 'New model' : `Edit ${m.name}`, (close) => {
     const others = all.filter((x) => x.name !== m.name).map((x) => x.name);
     const form = h('form.form',
+      managedWarning(m),
       field('Name', h('input', { name: 'name', required: true, value: m.name, readOnly: !creating, autocomplete: 'off' }), creating ? 'The name apps send as "model".' : 'Names cannot change; create a new model instead.'),
       field('Prompt price', h('input', { name: 'prompt', type: 'number', min: 0, step: 'any', required: true, value: m.price?.prompt ?? 0 }), 'Credits per million prompt tokens.'),
       field('Completion price', h('input', { name: 'completion', type: 'number', min: 0, step: 'any', required: true, value: m.price?.completion ?? 0 }), 'Credits per million completion tokens.'),
@@ -60,7 +61,7 @@ export default {
       try {
         models = await api.list('/models');
         const cols = [
-          { label: 'Model', cell: (m) => h('strong', m.name) },
+          { label: 'Model', cell: (m) => [h('strong', m.name), ' ', managedBadge(m)] },
           { label: 'Prompt / 1M', cell: (m) => fmtCredits(m.price?.prompt) },
           { label: 'Completion / 1M', cell: (m) => fmtCredits(m.price?.completion) },
           { label: 'Fallback chain', cell: (m) => ((m.fallbacks || []).length ? chain(m) : h('span.muted', 'none')) },
@@ -76,7 +77,7 @@ export default {
                 type: 'button',
                 'aria-label': `Delete ${m.name}`,
                 onclick: (e) => busy(e.currentTarget, async () => {
-                  if (!(await confirmDialog('Delete model', `Delete the model "${m.name}"? Apps asking for it get an error.`))) return;
+                  if (!(await confirmDialog('Delete model', `Delete the model "${m.name}"? Apps asking for it get an error.${m.managed_by ? ` ${MANAGED_TEXT}` : ''}`))) return;
                   await api.del(`/models/${m.id}`);
                   toast(`Model ${m.name} deleted.`);
                   load();

@@ -1,7 +1,7 @@
 // Settings: my password; the workspace time zone (owner); departments (owners and admins).
 
 import { api, session } from '../api.js';
-import { h, clear, alertBox, messageOf, fmtTime, field, handleSubmit, toast, busy, confirmDialog, dialog, pageHeader, setZone } from '../ui.js';
+import { h, clear, alertBox, managedBadge, managedWarning, MANAGED_TEXT, messageOf, fmtTime, field, handleSubmit, toast, busy, confirmDialog, dialog, pageHeader, setZone } from '../ui.js';
 
 function passwordCard() {
   const form = h('form.form',
@@ -30,7 +30,7 @@ async function timezoneCard(ctx) {
   if (ctx.role !== 'owner') return card;
   const zones = typeof Intl.supportedValuesOf === 'function' ? Intl.supportedValuesOf('timeZone') : [];
   const input = h('input', { name: 'timezone', required: true, value: ws.timezone || '', placeholder: current, list: 'tz-list', autocomplete: 'off' });
-  const form = h('form.form', field('Time zone (IANA name)', input, 'For example Asia/Shanghai, Europe/Berlin, America/New_York.'),
+  const form = h('form.form', managedWarning(ws), field('Time zone (IANA name)', input, 'For example Asia/Shanghai, Europe/Berlin, America/New_York.'),
     h('datalist#tz-list', zones.map((z) => h('option', { value: z }))),
     h('div.actions', h('button.primary', { type: 'submit' }, 'Save time zone')));
   handleSubmit(form, {
@@ -59,7 +59,7 @@ function departmentsCard(ctx) {
       const depts = await api.list('/departments');
       const rename = async (d) => {
         const done = await dialog(`Rename ${d.name}`, (close) => {
-          const f = h('form.form', field('Name', h('input', { name: 'name', required: true, value: d.name })),
+          const f = h('form.form', managedWarning(d), field('Name', h('input', { name: 'name', required: true, value: d.name })),
             h('div.actions', h('button', { type: 'button', onclick: () => close() }, 'Cancel'), h('button.primary', { type: 'submit' }, 'Save')));
           handleSubmit(f, { send: async (fd) => { await api.patch(`/departments/${d.id}`, { name: fd.get('name').trim() }); close(true); } });
           return f;
@@ -67,7 +67,7 @@ function departmentsCard(ctx) {
         if (done) { toast('Department renamed.'); load(); }
       };
       const remove = (e, d) => busy(e.currentTarget, async () => {
-        if (!(await confirmDialog('Delete department', `Delete the department "${d.name}"?`))) return;
+        if (!(await confirmDialog('Delete department', `Delete the department "${d.name}"?${d.managed_by ? ` ${MANAGED_TEXT}` : ''}`))) return;
         await api.del(`/departments/${d.id}`);
         toast('Department deleted.');
         load();
@@ -75,7 +75,7 @@ function departmentsCard(ctx) {
       // A list, not a table: the card is a third of the page wide, and its buttons must fit.
       clear(body, depts.length
         ? h('ul.plain.dept-list', { 'aria-label': 'Departments' }, depts.map((d) => h('li.dept',
-          h('span.dept-name', h('strong', d.name), h('small.muted', `created ${fmtTime(d.created_at, { seconds: false }).slice(0, 10)}`)),
+          h('span.dept-name', h('strong', d.name), managedBadge(d), h('small.muted', `created ${fmtTime(d.created_at, { seconds: false }).slice(0, 10)}`)),
           h('span.dept-actions',
             h('button.small', { type: 'button', 'aria-label': `Rename ${d.name}`, onclick: () => rename(d) }, 'Rename'),
             h('button.small.danger', { type: 'button', 'aria-label': `Delete ${d.name}`, onclick: (e) => remove(e, d) }, 'Delete')))))

@@ -4,7 +4,7 @@
 
 import { api } from '../api.js';
 import {
-  h, clear, badge, alertBox, messageOf, fmtNum, fmtTime, countdown, dialog, confirmDialog,
+  h, clear, badge, managedBadge, managedWarning, MANAGED_TEXT, alertBox, messageOf, fmtNum, fmtTime, countdown, dialog, confirmDialog,
   field, select, handleSubmit, toast, busy, pageHeader, idle,
 } from '../ui.js';
 
@@ -90,6 +90,7 @@ async function editUpstream(u) {
     // its heading; one column on a phone.
     const at = (span, el) => { el.classList.add(span); return el; };
     const form = h('form.form.form-grid',
+      managedWarning(u),
       at('span-3', field('Name', h('input', { name: 'name', required: true, value: u.name || '', autocomplete: 'off' }))),
       at('span-3', field('Provider', select('provider', PROVIDERS, u.provider))),
       at('span-3', field('Base URL', h('input', { name: 'base_url', type: 'url', value: u.base_url || '', placeholder: 'https://api.openai.com/v1' }), 'Empty: the provider\'s own address.')),
@@ -188,7 +189,7 @@ export default {
             }),
           }, 'Test connection');
           return h('article.card.upstream', { dataset: { name: u.name }, 'aria-label': `Upstream ${u.name}` },
-            h('div.card-head', h('h2', u.name), h('span.muted', PROVIDERS.find(([p]) => p === u.provider)?.[1] || u.provider)),
+            h('div.card-head', h('h2', u.name), managedBadge(u), h('span.muted', PROVIDERS.find(([p]) => p === u.provider)?.[1] || u.provider)),
             statusBlock(u),
             h('dl.kv',
               h('dt', 'Base URL'), h('dd', h('code', u.base_url || 'default')),
@@ -205,7 +206,7 @@ export default {
                 type: 'button',
                 'aria-label': `Delete ${u.name}`,
                 onclick: (e) => busy(e.currentTarget, async () => {
-                  if (!(await confirmDialog('Delete upstream', `Delete the credential "${u.name}"? Models it serves fail over to the others.`))) return;
+                  if (!(await confirmDialog('Delete upstream', `Delete the credential "${u.name}"? Models it serves fail over to the others.${u.managed_by ? ` ${MANAGED_TEXT}` : ''}`))) return;
                   await api.del(`/upstreams/${u.id}`);
                   toast(`Upstream ${u.name} deleted.`);
                   load();

@@ -16,6 +16,7 @@ use crate::app::AppState;
 use crate::breaker;
 use crate::crypto;
 use crate::error::ApiError;
+use crate::managed::Kind;
 use crate::store::{AdminStore, ApiKeyRow, KeyStore, MemberRow, Table};
 
 /// The key `id` if the actor may see it: their own, or any of the workspace for a manager.
@@ -41,6 +42,7 @@ fn key_json(state: &AppState, k: &ApiKeyRow, members: &[MemberRow]) -> Value {
         "created_at": k.created_at,
         "last_used_at": k.last_used_at,
         "breaker": {"trips": trips, "banned": banned, "blocked_until": blocked_until.and_then(rfc3339)},
+        "managed_by": state.managed.by(Kind::ApiKey, k.id),
     })
 }
 

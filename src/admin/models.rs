@@ -11,10 +11,11 @@ use super::session::Actor;
 use super::{AdminResult, Body, Id, audit, config_changed, created, name_field, no_content, store_error};
 use crate::app::AppState;
 use crate::error::ApiError;
+use crate::managed::Kind;
 use crate::quota::{credits_to_micros, micros_to_credits};
 use crate::store::{AdminStore, ModelRow, ModelStore, Table, UpstreamRow};
 
-fn model_json(m: &ModelRow, upstreams: &[UpstreamRow]) -> Value {
+fn model_json(state: &AppState, m: &ModelRow, upstreams: &[UpstreamRow]) -> Value {
     let served_by: Vec<&str> = upstreams
         .iter()
         .filter(|u| u.served_models().iter().any(|s| s.name == m.name))
@@ -30,6 +31,7 @@ fn model_json(m: &ModelRow, upstreams: &[UpstreamRow]) -> Value {
         },
         "served_by": served_by,
         "created_at": m.created_at,
+        "managed_by": state.managed.by(Kind::Model, m.id),
     })
 }
 
@@ -58,7 +60,7 @@ pub async fn list(State(state): State<AppState>, actor: Actor) -> AdminResult {
         .await
         .map_err(store_error)?;
     let ups = upstreams(&state, actor.workspace_id()).await?;
-    let data: Vec<Value> = rows.iter().map(|m| model_json(m, &ups)).collect();
+    let data: Vec<Value> = rows.iter().map(|m| model_json(&state, m, &ups)).collect();
     Ok(Json(json!({ "data": data })).into_response())
 }
 
@@ -66,7 +68,7 @@ pub async fn list(State(state): State<AppState>, actor: Actor) -> AdminResult {
 pub async fn get(State(state): State<AppState>, actor: Actor, Id(id): Id) -> AdminResult {
     let m = model_in(&state, &actor, id).await?;
     let ups = upstreams(&state, actor.workspace_id()).await?;
-    Ok(Json(model_json(&m, &ups)).into_response())
+    Ok(Json(model_json(&state, &m, &ups)).into_response())
 }
 
 #[derive(Deserialize)]
@@ -153,7 +155,7 @@ pub async fn create(
     apply(&state, &mut row, input, true).await?;
     row.id = state.store.save_model(&row).await.map_err(store_error)?;
     config_changed(&state).await?;
-    let body = model_json(&row, &upstreams(&state, row.workspace_id).await?);
+    let body = model_json(&state, &row, &upstreams(&state, row.workspace_id).await?);
     audit(
         &state,
         &actor,
@@ -180,14 +182,14 @@ pub async fn update(
     state.store.save_model(&row).await.map_err(store_error)?;
     config_changed(&state).await?;
     let ups = upstreams(&state, row.workspace_id).await?;
-    let after = model_json(&row, &ups);
+    let after = model_json(&state, &row, &ups);
     audit(
         &state,
         &actor,
         "update",
         "model",
         id,
-        Some(model_json(&before, &ups)),
+        Some(model_json(&state, &before, &ups)),
         Some(after.clone()),
     )
     .await;
@@ -211,7 +213,7 @@ pub async fn delete(State(state): State<AppState>, actor: Actor, Id(id): Id) -> 
         "delete",
         "model",
         id,
-        Some(model_json(&before, &ups)),
+        Some(model_json(&state, &before, &ups)),
         None,
     )
     .await;

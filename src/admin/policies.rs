@@ -16,6 +16,7 @@ use super::session::Actor;
 use super::{AdminResult, Body, Id, Params, audit, config_changed, created, no_content, store_error};
 use crate::app::AppState;
 use crate::error::ApiError;
+use crate::managed::Kind;
 use crate::quota::engine::{PolicyRule, display_value};
 use crate::quota::window::{Window, format_reset_at};
 use crate::quota::{Metric, Mode, SubjectKind, credits_to_micros};
@@ -181,6 +182,7 @@ async fn policy_json(state: &AppState, names: &Names, p: &PolicyRow) -> AdminRes
         "created_by": p.created_by,
         "created_at": p.created_at,
         "updated_at": p.updated_at,
+        "managed_by": state.managed.by(Kind::Policy, p.id),
     });
     // One named subject has one counter to show; "each" has one per subject.
     if let Some(rule) = PolicyRule::from_row(p).filter(|r| r.target_id != 0) {

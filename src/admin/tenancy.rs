@@ -14,6 +14,7 @@ use super::{
 use crate::app::AppState;
 use crate::crypto;
 use crate::error::ApiError;
+use crate::managed::Kind;
 use crate::store::{
     AdminStore, Department, DepartmentStore, MemberRow, MemberStore, NewMember, Role, Table, WorkspaceStore,
 };
@@ -36,6 +37,7 @@ fn workspace_json(state: &AppState, ws: &crate::store::Workspace) -> Value {
         "timezone": ws.timezone,
         "effective_timezone": state.timezone_of(ws.id).name(),
         "created_at": ws.created_at,
+        "managed_by": state.managed.by(Kind::Workspace, ws.id),
     })
 }
 
@@ -90,8 +92,13 @@ pub async fn update_workspace(
     Ok(Json(after_json).into_response())
 }
 
-fn department_json(d: &Department) -> Value {
-    json!({"id": d.id, "name": d.name, "created_at": d.created_at})
+fn department_json(state: &AppState, d: &Department) -> Value {
+    json!({
+        "id": d.id,
+        "name": d.name,
+        "created_at": d.created_at,
+        "managed_by": state.managed.by(Kind::Department, d.id),
+    })
 }
 
 /// `GET /admin/v1/departments`.
@@ -101,7 +108,10 @@ pub async fn departments(State(state): State<AppState>, actor: Actor) -> AdminRe
         .rows_in(Table::Departments, actor.workspace_id())
         .await
         .map_err(store_error)?;
-    Ok(Json(json!({"data": rows.iter().map(department_json).collect::<Vec<_>>()})).into_response())
+    Ok(
+        Json(json!({"data": rows.iter().map(|d| department_json(&state, d)).collect::<Vec<_>>()}))
+            .into_response(),
+    )
 }
 
 #[derive(Deserialize)]
@@ -129,10 +139,10 @@ pub async fn create_department(
         "department",
         d.id,
         None,
-        Some(department_json(&d)),
+        Some(department_json(&state, &d)),
     )
     .await;
-    Ok(created(department_json(&d)))
+    Ok(created(department_json(&state, &d)))
 }
 
 /// `PATCH /admin/v1/departments/{id}` `{name}`.
@@ -156,11 +166,11 @@ pub async fn update_department(
         "update",
         "department",
         id,
-        Some(department_json(&before)),
-        Some(department_json(&after)),
+        Some(department_json(&state, &before)),
+        Some(department_json(&state, &after)),
     )
     .await;
-    Ok(Json(department_json(&after)).into_response())
+    Ok(Json(department_json(&state, &after)).into_response())
 }
 
 /// `DELETE /admin/v1/departments/{id}`: its members stay, without a department; its policies go.
@@ -184,7 +194,7 @@ pub async fn delete_department(State(state): State<AppState>, actor: Actor, Id(i
         "delete",
         "department",
         id,
-        Some(department_json(&before)),
+        Some(department_json(&state, &before)),
         None,
     )
     .await;
@@ -201,7 +211,7 @@ async fn department(state: &AppState, actor: &Actor, id: i64) -> AdminResult<Dep
 }
 
 /// A member as the API shows it (never the password hash).
-pub fn member_json(m: &MemberRow) -> Value {
+pub fn member_json(state: &AppState, m: &MemberRow) -> Value {
     json!({
         "id": m.id,
         "email": m.email,
@@ -209,6 +219,7 @@ pub fn member_json(m: &MemberRow) -> Value {
         "department_id": m.department_id,
         "active": m.active == 1,
         "created_at": m.created_at,
+        "managed_by": state.managed.by(Kind::Member, m.id),
     })
 }
 
@@ -219,7 +230,10 @@ pub async fn members(State(state): State<AppState>, actor: Actor) -> AdminResult
         .rows_in(Table::Members, actor.workspace_id())
         .await
         .map_err(store_error)?;
-    Ok(Json(json!({"data": rows.iter().map(member_json).collect::<Vec<_>>()})).into_response())
+    Ok(
+        Json(json!({"data": rows.iter().map(|m| member_json(&state, m)).collect::<Vec<_>>()}))
+            .into_response(),
+    )
 }
 
 async fn member_in(state: &AppState, actor: &Actor, id: i64) -> AdminResult<MemberRow> {
@@ -233,7 +247,7 @@ async fn member_in(state: &AppState, actor: &Actor, id: i64) -> AdminResult<Memb
 
 /// `GET /admin/v1/members/{id}`.
 pub async fn member(State(state): State<AppState>, actor: Actor, Id(id): Id) -> AdminResult {
-    Ok(Json(member_json(&member_in(&state, &actor, id).await?)).into_response())
+    Ok(Json(member_json(&state, &member_in(&state, &actor, id).await?)).into_response())
 }
 
 /// Only the owner grants or changes the owner role; an admin manages admins and members.
@@ -332,10 +346,10 @@ pub async fn invite_member(
         "member",
         m.id,
         None,
-        Some(member_json(&m)),
+        Some(member_json(&state, &m)),
     )
     .await;
-    let mut body = member_json(&m);
+    let mut body = member_json(&state, &m);
     body["one_time_password"] = json!(password);
     Ok(created(body))
 }
@@ -402,11 +416,11 @@ pub async fn update_member(
         "update",
         "member",
         id,
-        Some(member_json(&before)),
-        Some(member_json(&after)),
+        Some(member_json(&state, &before)),
+        Some(member_json(&state, &after)),
     )
     .await;
-    Ok(Json(member_json(&after)).into_response())
+    Ok(Json(member_json(&state, &after)).into_response())
 }
 
 async fn owners_in(state: &AppState, ws: i64) -> AdminResult<usize> {

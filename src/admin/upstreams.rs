@@ -15,6 +15,7 @@ use super::{
 };
 use crate::app::AppState;
 use crate::error::ApiError;
+use crate::managed::Kind;
 use crate::store::{AdminStore, ServedModel, Table, UpstreamRow, UpstreamStore};
 use crate::upstream::adapter::{self, Endpoint};
 use crate::upstream::pool::Credential;
@@ -43,6 +44,7 @@ fn upstream_json(state: &AppState, up: &UpstreamRow) -> Value {
         "quota_group": up.quota_group,
         "enabled": up.enabled == 1,
         "banned": state.locks.is_banned(up.id),
+        "managed_by": state.managed.by(Kind::Upstream, up.id),
         "backoff_level": state.locks.backoff_level(up.id),
         "locks": locks.iter().map(|(target, until, rule)| json!({
             "target": target,

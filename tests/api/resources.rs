@@ -10,7 +10,8 @@ both_backends!(
     full_file_applies_and_reapplies_unchanged,
     bad_files_are_refused_and_change_nothing,
     secret_is_sealed_at_rest,
-    editing_the_file_updates_in_place
+    editing_the_file_updates_in_place,
+    what_the_file_declares_is_marked_managed_in_the_admin_api
 );
 
 pub const KEY: &str = "sk-aigw-0123456789abcdefghijABCDEFGHIJ01";
@@ -323,6 +324,126 @@ async fn example_file_applies(db: TestDb) {
             .await
             .unwrap()
             .is_some()
+    );
+    app.stop().await;
+}
+
+/// `GET path` as the bootstrap owner (the owner of the file's workspace).
+async fn admin_get(app: &TestApp, token: &str, path: &str) -> serde_json::Value {
+    let r = app
+        .client
+        .get(format!("{}/admin/v1/{path}", app.address))
+        .bearer_auth(token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "GET {path}");
+    r.json().await.unwrap()
+}
+
+/// Every entity the file declares says so in the admin API (an edit to it would be undone at the
+/// next start); what was made through the API, or by a gateway started without the file, does not.
+async fn what_the_file_declares_is_marked_managed_in_the_admin_api(db: TestDb) {
+    set_secret_env();
+    let text = full_file("http://127.0.0.1:9/v1");
+    let app = spawn_app(&db, Setup::resources(text.clone())).await;
+    let r = app
+        .client
+        .post(format!("{}/admin/v1/auth/login", app.address))
+        .json(&serde_json::json!({"email": "owner@example.test", "password": "owner-password"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let token = r.json::<serde_json::Value>().await.unwrap()["token"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let created = app
+        .client
+        .post(format!("{}/admin/v1/departments", app.address))
+        .bearer_auth(&token)
+        .json(&serde_json::json!({"name": "made-in-the-console"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(created.status(), 201);
+
+    let marks = |list: &serde_json::Value, name_field: &str| -> Vec<(String, serde_json::Value)> {
+        let mut v: Vec<_> = list["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| {
+                (
+                    e[name_field].as_str().unwrap_or("*").to_owned(),
+                    e["managed_by"].clone(),
+                )
+            })
+            .collect();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v
+    };
+    let file = serde_json::json!("resources_file");
+    let none = serde_json::Value::Null;
+    assert_eq!(admin_get(&app, &token, "workspace").await["managed_by"], file);
+    assert_eq!(
+        marks(&admin_get(&app, &token, "departments").await, "name"),
+        vec![
+            ("made-in-the-console".into(), none.clone()),
+            ("research".into(), file.clone())
+        ]
+    );
+    assert_eq!(
+        marks(&admin_get(&app, &token, "members").await, "email"),
+        vec![
+            ("ada@acme.test".into(), file.clone()),
+            ("owner@example.test".into(), none.clone())
+        ],
+        "the bootstrap owner is not in the file"
+    );
+    assert_eq!(
+        marks(&admin_get(&app, &token, "keys").await, "name"),
+        vec![("ci".into(), file.clone())]
+    );
+    assert_eq!(
+        marks(&admin_get(&app, &token, "upstreams").await, "name"),
+        vec![("openai-main".into(), file.clone())]
+    );
+    assert_eq!(
+        marks(&admin_get(&app, &token, "models").await, "name"),
+        vec![
+            ("fast".into(), file.clone()),
+            ("gpt-4o-mini".into(), file.clone())
+        ]
+    );
+    let policies = admin_get(&app, &token, "policies").await;
+    let policies = policies["data"].as_array().unwrap();
+    assert_eq!(policies.len(), 2);
+    assert!(policies.iter().all(|p| p["managed_by"] == file), "{policies:#?}");
+    app.stop().await;
+
+    // Started without the file, nothing will undo an edit: nothing is marked.
+    let app = spawn_app(&db, Setup::default()).await;
+    let r = app
+        .client
+        .post(format!("{}/admin/v1/auth/login", app.address))
+        .json(&serde_json::json!({"email": "owner@example.test", "password": "owner-password"}))
+        .send()
+        .await
+        .unwrap();
+    let token = r.json::<serde_json::Value>().await.unwrap()["token"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(admin_get(&app, &token, "workspace").await["managed_by"], none);
+    let members = admin_get(&app, &token, "members").await;
+    assert!(
+        members["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|m| m["managed_by"].is_null())
     );
     app.stop().await;
 }

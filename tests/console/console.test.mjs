@@ -342,6 +342,22 @@ test('owner: invites a member (one-time password), sees API errors as messages, 
   await otp.getByRole('button', { name: 'Done' }).click();
   await p.getByRole('row').filter({ hasText: 'grace@acme.test' }).waitFor();
 
+  // Ada is declared in the resources file: her row says so, and changing her role asks first
+  // (the next start would undo it); cancelling changes nothing.
+  const ada = p.getByRole('row').filter({ hasText: ADA.email });
+  await ada.getByText('resources file').waitFor();
+  assert.equal(await p.getByRole('row').filter({ hasText: 'grace@acme.test' }).getByText('resources file').count(), 0);
+  await ada.getByLabel(`Role of ${ADA.email}`).selectOption('admin');
+  const ask = p.getByRole('dialog', { name: 'Managed by the resources file' });
+  assert.match(await ask.innerText(), /undone at the next start/);
+  await ask.getByRole('button', { name: 'Cancel' }).click();
+  await ask.waitFor({ state: 'detached' });
+  // The list is drawn again from the API: her role is still member.
+  await p.waitForFunction((email) => {
+    const sel = document.querySelector(`select[aria-label="Role of ${email}"]`);
+    return sel && sel.value === 'member';
+  }, ADA.email);
+
   // A conflict from the API is shown with the API's own message.
   await nav(p, 'Models');
   await p.getByRole('button', { name: 'New model' }).click();
@@ -358,6 +374,9 @@ test('owner: invites a member (one-time password), sees API errors as messages, 
   const card = p.locator('article.upstream[data-name="claude"]');
   await card.getByRole('button', { name: /Edit/ }).click();
   const edit = p.getByRole('dialog', { name: 'Edit claude' });
+  // Declared in the resources file: marked on its card, and the edit dialog warns.
+  await card.getByText('resources file').waitFor();
+  assert.match(await edit.locator('.alert-warn').innerText(), /undone at the next start/);
   assert.equal(await edit.getByLabel('API key (secret)').inputValue(), '');
   assert.equal(await edit.getByLabel('API key (secret)').getAttribute('type'), 'password');
   await edit.getByLabel('Requests per day').fill('500');
