@@ -414,7 +414,7 @@ export function metricLabel(m) {
 export function windowLabel(w) {
   if (!w) return '';
   if (w === 'total') return 'in total';
-  if (w === 'minute' || w === 'day' || w === 'month') return `per ${w}`;
+  if (w === 'minute' || w === 'day' || w === 'week' || w === 'month') return `per ${w}`;
   const m = /^(\d+)minutes$/.exec(w);
   return m ? `per ${m[1]} minutes` : w;
 }

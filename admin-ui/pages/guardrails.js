@@ -21,11 +21,12 @@ export const WINDOWS = [
   ['minute', 'Minute'],
   ['minutes', 'N minutes'],
   ['day', 'Day'],
+  ['week', 'Week (from Monday)'],
   ['month', 'Month'],
   ['total', 'Total (never resets)'],
 ];
 
-/** The window string from the form: "minute", "<N>minutes", "day", "month", "total". */
+/** The window string from the form: "minute", "<N>minutes", "day", "week", "month", "total". */
 function windowValue(fd) {
   const w = fd.get('window');
   return w === 'minutes' ? `${Number(fd.get('window_n'))}minutes` : w;

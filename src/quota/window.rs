@@ -4,7 +4,7 @@
 //!
 //! # Window strings
 //!
-//! A policy's window is one of `minute`, `<N>minutes`, `day`, `month` or `total`. `N` is written
+//! A policy's window is one of `minute`, `<N>minutes`, `day`, `week`, `month` or `total`. `N` is written
 //! in digits directly before `minutes`, is at least 1 and divides 1440 (the minutes in a day), so
 //! the N-minute windows of an ordinary day end exactly at midnight. [`Window`]'s `Display` gives
 //! the canonical string, used in the refusal message (`rate limit exceeded on apikey
@@ -36,6 +36,8 @@
 //!   start of the local day; the last window of a day is cut short at the next day's start. On a
 //!   normal day this is the wall-clock grid (00:00, 00:05, …); after a DST jump the grid keeps
 //!   counting real minutes, so a `45minutes` window can straddle the jump.
+//! - A **week** is an ISO week: from the start of its Monday to the start of the next Monday
+//!   (167 or 169 hours when a DST change falls inside it).
 //! - A **month** runs from the start of its 1st to the start of the next month's 1st.
 //! - **`total`** has no bounds and never resets.
 //!
@@ -86,6 +88,8 @@ pub enum Window {
     Minutes(u32),
     /// A local calendar day, 00:00 to the next 00:00.
     Day,
+    /// An ISO week in local time, Monday 00:00 to the next Monday 00:00.
+    Week,
     /// A local calendar month, the 1st 00:00 to the next 1st 00:00.
     Month,
     /// Cumulative: never resets, has no bounds and no reset time.
@@ -121,6 +125,7 @@ impl fmt::Display for Window {
             Window::Minute | Window::Minutes(1) => f.write_str("minute"),
             Window::Minutes(n) => write!(f, "{n}minutes"),
             Window::Day => f.write_str("day"),
+            Window::Week => f.write_str("week"),
             Window::Month => f.write_str("month"),
             Window::Total => f.write_str("total"),
         }
@@ -138,6 +143,7 @@ impl FromStr for Window {
         match s {
             "minute" => return Ok(Window::Minute),
             "day" => return Ok(Window::Day),
+            "week" => return Ok(Window::Week),
             "month" => return Ok(Window::Month),
             "total" => return Ok(Window::Total),
             _ => {}
@@ -174,7 +180,7 @@ impl From<Window> for String {
     }
 }
 
-/// A window string that is not `minute`, `<N>minutes`, `day`, `month` or `total`. Its message
+/// A window string that is not `minute`, `<N>minutes`, `day`, `week`, `month` or `total`. Its message
 /// names the bad value and the rule it breaks, e.g.
 /// `bad window "7minutes": N must divide 1440 (minutes in a day)`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -203,7 +209,7 @@ enum WindowParseReason {
 impl fmt::Display for WindowParseError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let why = match self.reason {
-            WindowParseReason::Unknown => "expected minute, <N>minutes, day, month or total",
+            WindowParseReason::Unknown => "expected minute, <N>minutes, day, week, month or total",
             WindowParseReason::MissingN => "missing N before \"minutes\" (e.g. 5minutes)",
             WindowParseReason::NotDigits => {
                 "N must be a whole number written in digits directly before \"minutes\", \
@@ -213,7 +219,7 @@ impl fmt::Display for WindowParseError {
             WindowParseReason::NotDivisor => "N must divide 1440 (minutes in a day)",
             WindowParseReason::LongerThanDay => {
                 "N must divide 1440 (minutes in a day), so it is at most 1440; \
-                 use day or month for longer windows"
+                 use day, week or month for longer windows"
             }
         };
         // `{:?}` quotes the value and escapes control characters, so odd input stays readable.
@@ -248,6 +254,7 @@ pub fn bounds(window: Window, at: DateTime<Utc>, tz: Tz) -> Option<WindowBounds>
     match window {
         Window::Total => None,
         Window::Day => Some(calendar_bounds(at, tz, Period::Day)),
+        Window::Week => Some(calendar_bounds(at, tz, Period::Week)),
         Window::Month => Some(calendar_bounds(at, tz, Period::Month)),
         Window::Minute => Some(minutes_bounds(at, tz, 1)),
         Window::Minutes(n) => Some(minutes_bounds(at, tz, n)),
@@ -348,6 +355,7 @@ fn fnv1a_64(bytes: &[u8]) -> u64 {
 #[derive(Clone, Copy)]
 enum Period {
     Day,
+    Week,
     Month,
 }
 
@@ -356,6 +364,13 @@ impl Period {
     fn first_date(self, date: NaiveDate) -> NaiveDate {
         match self {
             Period::Day => date,
+            // ISO weeks start on Monday; only at the first dates of chrono's range is there no
+            // Monday before, and `date` is a safe fallback there.
+            Period::Week => date
+                .checked_sub_days(chrono::Days::new(u64::from(
+                    date.weekday().num_days_from_monday(),
+                )))
+                .unwrap_or(date),
             // Day 1 exists in every month, so `with_day(1)` cannot fail; `date` is a safe
             // fallback all the same.
             Period::Month => date.with_day(1).unwrap_or(date),
@@ -366,13 +381,14 @@ impl Period {
     fn next_first_date(self, first: NaiveDate) -> Option<NaiveDate> {
         match self {
             Period::Day => first.succ_opt(),
+            Period::Week => first.checked_add_days(chrono::Days::new(7)),
             Period::Month if first.month() == 12 => NaiveDate::from_ymd_opt(first.year() + 1, 1, 1),
             Period::Month => NaiveDate::from_ymd_opt(first.year(), first.month() + 1, 1),
         }
     }
 }
 
-/// Bounds of the day or month containing `at`, from one local date start to the next.
+/// Bounds of the day, week or month containing `at`, from one local date start to the next.
 fn calendar_bounds(at: DateTime<Utc>, tz: Tz, period: Period) -> WindowBounds {
     let mut first = period.first_date(local_date(at, tz));
     let mut start = local_date_start(tz, first);
@@ -636,6 +652,16 @@ mod tests {
         // Abidjan left local mean time (-00:16:08) at midnight 1912-01-01: the gap ends off the
         // minute, at 00:16:08 GMT, and the day starts on that second.
         case("abidjan off-minute gap", "day", chrono_tz::Africa::Abidjan, "1912-01-01T12:00:00Z", "1912-01-01T00:16:08Z", "1912-01-02T00:00:00Z"),
+        // ISO weeks: Monday 00:00 to Monday 00:00 in the zone.
+        case("bj wednesday week", "week", SH, "2026-12-02T13:00:00+08:00", "2026-11-30T00:00:00+08:00", "2026-12-07T00:00:00+08:00"),
+        case("bj monday 00:00 week", "week", SH, "2026-11-30T00:00:00+08:00", "2026-11-30T00:00:00+08:00", "2026-12-07T00:00:00+08:00"),
+        case("bj sunday last second week", "week", SH, "2026-12-06T23:59:59+08:00", "2026-11-30T00:00:00+08:00", "2026-12-07T00:00:00+08:00"),
+        case("bj sunday last second in utc", "week", SH, "2026-12-06T15:59:59Z", "2026-11-29T16:00:00Z", "2026-12-06T16:00:00Z"),
+        case("week across the new year", "week", SH, "2027-01-01T12:00:00+08:00", "2026-12-28T00:00:00+08:00", "2027-01-04T00:00:00+08:00"),
+        case("ny spring week is 167 h", "week", NY, "2026-03-08T12:00:00-04:00", "2026-03-02T00:00:00-05:00", "2026-03-09T00:00:00-04:00"),
+        case("ny fall week is 169 h", "week", NY, "2026-11-01T12:00:00-05:00", "2026-10-26T00:00:00-04:00", "2026-11-02T00:00:00-05:00"),
+        case("santiago week after the sunday gap", "week", SCL, "2026-09-07T00:00:00-03:00", "2026-09-07T00:00:00-03:00", "2026-09-14T00:00:00-03:00"),
+        case("apia week without a friday", "week", Pacific::Apia, "2011-12-31T12:00:00+14:00", "2011-12-26T00:00:00-10:00", "2012-01-02T00:00:00+14:00"),
         // Total never has bounds, in any zone.
         BoundsCase { name: "total ny", window: "total", tz: NY, at: "2026-03-08T03:00:00-04:00", expect: None },
     ];
@@ -730,6 +756,31 @@ mod tests {
     }
 
     #[test]
+    fn weeks_tile_and_start_on_monday_in_every_zone() {
+        let stop = utc("2028-01-01T00:00:00Z");
+        for &tz in chrono_tz::TZ_VARIANTS.iter() {
+            let mut at = utc("2025-01-01T00:00:00Z");
+            while at < stop {
+                let Some(week) = bounds(Window::Week, at, tz) else {
+                    panic!("{tz}: week has bounds")
+                };
+                assert!(week.contains(at), "{tz}: week contains {at}");
+                assert_first_instant_of_its_date(week.start, tz, "week start");
+                assert_eq!(
+                    week.start.with_timezone(&tz).weekday(),
+                    chrono::Weekday::Mon,
+                    "{tz}: starts on Monday"
+                );
+                let hours = (week.end - week.start).num_hours();
+                assert!((6 * 24..=8 * 24).contains(&hours), "{tz}: {hours} h week");
+                let next = bounds(Window::Week, week.end, tz).map(|b| b.start);
+                assert_eq!(next, Some(week.end), "{tz}: weeks must tile");
+                at = week.end;
+            }
+        }
+    }
+
+    #[test]
     fn minute_windows_tile_dst_days_for_every_n() {
         // (zone, an instant on a day whose length is not 24 h or whose midnight is odd)
         let days = [
@@ -804,6 +855,7 @@ mod tests {
             Window::Minute,
             Window::Minutes(5),
             Window::Day,
+            Window::Week,
             Window::Month,
             Window::Total,
         ];
@@ -829,6 +881,7 @@ mod tests {
     const PARSE_CASES: &[(&str, Result<Window, &str>)] = &[
         ("minute", Ok(Window::Minute)),
         ("day", Ok(Window::Day)),
+        ("week", Ok(Window::Week)),
         ("month", Ok(Window::Month)),
         ("total", Ok(Window::Total)),
         ("1minutes", Ok(Window::Minute)),
@@ -843,20 +896,21 @@ mod tests {
         ("50minutes", Err(r#"bad window "50minutes": N must divide 1440 (minutes in a day)"#)),
         ("0minutes", Err(r#"bad window "0minutes": N must be at least 1"#)),
         ("000minutes", Err(r#"bad window "000minutes": N must be at least 1"#)),
-        ("2880minutes", Err(r#"bad window "2880minutes": N must divide 1440 (minutes in a day), so it is at most 1440; use day or month for longer windows"#)),
-        ("99999999999minutes", Err(r#"bad window "99999999999minutes": N must divide 1440 (minutes in a day), so it is at most 1440; use day or month for longer windows"#)),
+        ("2880minutes", Err(r#"bad window "2880minutes": N must divide 1440 (minutes in a day), so it is at most 1440; use day, week or month for longer windows"#)),
+        ("99999999999minutes", Err(r#"bad window "99999999999minutes": N must divide 1440 (minutes in a day), so it is at most 1440; use day, week or month for longer windows"#)),
         ("-5minutes", Err(r#"bad window "-5minutes": N must be a whole number written in digits directly before "minutes", without sign or space (e.g. 5minutes)"#)),
         ("+5minutes", Err(r#"bad window "+5minutes": N must be a whole number written in digits directly before "minutes", without sign or space (e.g. 5minutes)"#)),
         ("5 minutes", Err(r#"bad window "5 minutes": N must be a whole number written in digits directly before "minutes", without sign or space (e.g. 5minutes)"#)),
         ("1.5minutes", Err(r#"bad window "1.5minutes": N must be a whole number written in digits directly before "minutes", without sign or space (e.g. 5minutes)"#)),
         ("minutes", Err(r#"bad window "minutes": missing N before "minutes" (e.g. 5minutes)"#)),
-        ("5minute", Err(r#"bad window "5minute": expected minute, <N>minutes, day, month or total"#)),
-        ("5Minutes", Err(r#"bad window "5Minutes": expected minute, <N>minutes, day, month or total"#)),
-        ("Day", Err(r#"bad window "Day": expected minute, <N>minutes, day, month or total"#)),
-        (" day", Err(r#"bad window " day": expected minute, <N>minutes, day, month or total"#)),
-        ("week", Err(r#"bad window "week": expected minute, <N>minutes, day, month or total"#)),
-        ("", Err(r#"bad window "": expected minute, <N>minutes, day, month or total"#)),
-        ("day\n", Err(r#"bad window "day\n": expected minute, <N>minutes, day, month or total"#)),
+        ("5minute", Err(r#"bad window "5minute": expected minute, <N>minutes, day, week, month or total"#)),
+        ("5Minutes", Err(r#"bad window "5Minutes": expected minute, <N>minutes, day, week, month or total"#)),
+        ("Day", Err(r#"bad window "Day": expected minute, <N>minutes, day, week, month or total"#)),
+        (" day", Err(r#"bad window " day": expected minute, <N>minutes, day, week, month or total"#)),
+        ("Week", Err(r#"bad window "Week": expected minute, <N>minutes, day, week, month or total"#)),
+        ("weekly", Err(r#"bad window "weekly": expected minute, <N>minutes, day, week, month or total"#)),
+        ("", Err(r#"bad window "": expected minute, <N>minutes, day, week, month or total"#)),
+        ("day\n", Err(r#"bad window "day\n": expected minute, <N>minutes, day, week, month or total"#)),
     ];
 
     #[test]
@@ -879,6 +933,7 @@ mod tests {
             (Window::Minutes(5), "5minutes"),
             (Window::Minutes(1440), "1440minutes"),
             (Window::Day, "day"),
+            (Window::Week, "week"),
             (Window::Month, "month"),
             (Window::Total, "total"),
         ];

@@ -214,7 +214,7 @@ pub struct PolicyRow {
     pub scope_department_id: i64,
     /// `requests`, `total_tokens`, `prompt_tokens`, `completion_tokens` or `credits`.
     pub metric: String,
-    /// `minute`, `<N>minutes`, `day`, `month` or `total`.
+    /// `minute`, `<N>minutes`, `day`, `week`, `month` or `total`.
     pub time_window: String,
     /// The limit (micro-credits for `credits`).
     pub limit_value: i64,

@@ -38,6 +38,7 @@ both_backends!(
     editing_a_policy_keeps_usage_across_a_restart,
     quota_endpoint_lists_every_quota,
     counter_outlives_flushes_when_the_workspace_zone_differs,
+    a_weekly_quota_runs_from_monday_to_monday_in_the_workspace_zone,
 );
 
 async fn crossing_request_completes_and_the_next_is_refused(db: TestDb) {
@@ -455,4 +456,49 @@ async fn counter_outlives_flushes_when_the_workspace_zone_differs(db: TestDb) {
         "stored usage is the limit: no overshoot beyond the one in flight"
     );
     assert_eq!(mock.call_count() as i64, LIMIT);
+}
+
+/// `week` is the ISO week in the workspace's zone: the clock starts on Tuesday 2026-12-01 10:00
+/// in Shanghai, so the window ends on Monday 2026-12-07 00:00 +08:00 (Sunday 16:00 UTC).
+async fn a_weekly_quota_runs_from_monday_to_monday_in_the_workspace_zone(db: TestDb) {
+    let (app, _mock) = start(&db, &policy("member", "*", "requests", "week", 2.0, "enforce")).await;
+    for _ in 0..2 {
+        let r = app.post_json("/v1/chat/completions", KEY, &chat(false)).await;
+        assert_eq!(r.status(), 200);
+        assert!(
+            header(&r, "ratelimit-policy").unwrap().contains("q=2;w=604800"),
+            "a week is 604800 s"
+        );
+    }
+    let r = app.post_json("/v1/chat/completions", KEY, &chat(false)).await;
+    assert_eq!(r.status(), 429);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["error"]["window"], "week");
+    assert_eq!(
+        body["error"]["message"],
+        "rate limit exceeded on member requests/week"
+    );
+    let reset = chrono::DateTime::parse_from_rfc3339(body["error"]["reset_at"].as_str().unwrap()).unwrap();
+    let monday = chrono::DateTime::parse_from_rfc3339("2026-12-07T00:00:00+08:00").unwrap();
+    assert_eq!(
+        reset.offset().local_minus_utc(),
+        8 * 3600,
+        "in the workspace's offset"
+    );
+    let late = (reset - monday).num_seconds();
+    assert!(
+        (60..=120).contains(&late),
+        "60 to 120 s after Monday 00:00, got {late} s"
+    );
+
+    // Sunday 23:59 in Shanghai: still the same week.
+    app.clock
+        .advance(chrono::Duration::days(5) + chrono::Duration::minutes(13 * 60 + 59));
+    let r = app.post_json("/v1/chat/completions", KEY, &chat(false)).await;
+    assert_eq!(r.status(), 429, "Sunday 23:59 is still this week");
+    // Monday 00:00:01: a new week.
+    app.clock.advance(chrono::Duration::seconds(61));
+    let r = app.post_json("/v1/chat/completions", KEY, &chat(false)).await;
+    assert_eq!(r.status(), 200, "Monday begins a new week");
+    app.stop().await;
 }
