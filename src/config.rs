@@ -585,7 +585,7 @@ impl Settings {
             return bad("metrics_token (AIGW_METRICS_TOKEN)", "must not be blank");
         }
         if let Some(email) = &self.bootstrap_email
-            && !email.contains('@')
+            && crate::validate::email(email).is_err()
         {
             return bad("bootstrap_email (AIGW_BOOTSTRAP_EMAIL)", "not an email address");
         }

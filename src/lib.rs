@@ -25,6 +25,7 @@ pub mod store;
 pub mod telemetry;
 pub mod upstream;
 pub mod usage;
+pub mod validate;
 
 pub use app::{BuildOptions, Gateway};
 pub use clock::Clock;

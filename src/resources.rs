@@ -17,6 +17,7 @@ use crate::store::{
     ServedModel, Store, StoreError, UpstreamRow, UpstreamStore, WorkspaceStore,
 };
 use crate::upstream::Provider;
+use crate::validate;
 
 /// A resources file that cannot be applied.
 #[derive(Debug, thiserror::Error)]
@@ -108,6 +109,16 @@ struct ApiKeySpec {
 enum ServedModelSpec {
     Same(String),
     Mapped { name: String, upstream: String },
+}
+
+impl ServedModelSpec {
+    /// The public name and the upstream's name.
+    fn pair(&self) -> (&str, &str) {
+        match self {
+            ServedModelSpec::Same(n) => (n, n),
+            ServedModelSpec::Mapped { name, upstream } => (name, upstream),
+        }
+    }
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -475,8 +486,8 @@ fn expand_file(
 struct Plan {
     /// Resolved policy fields, by entry index.
     policies: Vec<(SubjectKind, Metric, Window, Mode, i64)>,
-    /// Resolved providers and base URLs, by entry index.
-    upstreams: Vec<(Provider, String)>,
+    /// Resolved providers, base URLs and served models, by entry index.
+    upstreams: Vec<(Provider, String, validate::ServedModels)>,
 }
 
 async fn check(ctx: &Ctx<'_>, store: &Store, f: &ResourcesFile) -> Result<Plan, ResourcesError> {
@@ -487,18 +498,12 @@ async fn check(ctx: &Ctx<'_>, store: &Store, f: &ResourcesFile) -> Result<Plan, 
     let mut file_ws: HashSet<&str> = HashSet::new();
     for (i, w) in f.workspace.iter().enumerate() {
         let e = |m: String| ctx.entry("workspace", i, &w.name, m);
-        if w.name.trim().is_empty() {
-            return Err(e("name must not be empty".into()));
-        }
+        validate::name("name", &w.name).map_err(e)?;
         if dup(&mut seen, format!("ws/{}", w.name)) {
             return Err(e(format!("workspace {:?} is declared twice", w.name)));
         }
         if let Some(tz) = &w.timezone {
-            tz.parse::<chrono_tz::Tz>().map_err(|_| {
-                e(format!(
-                    "unknown time zone {tz:?} (expected an IANA name such as Asia/Shanghai)"
-                ))
-            })?;
+            validate::timezone(tz).map_err(e)?;
         }
         file_ws.insert(&w.name);
     }
@@ -509,9 +514,7 @@ async fn check(ctx: &Ctx<'_>, store: &Store, f: &ResourcesFile) -> Result<Plan, 
     let mut file_depts: HashSet<(&str, &str)> = HashSet::new();
     for (i, d) in f.department.iter().enumerate() {
         let e = |m: String| ctx.entry("department", i, &d.name, m);
-        if d.name.trim().is_empty() {
-            return Err(e("name must not be empty".into()));
-        }
+        validate::name("name", &d.name).map_err(e)?;
         if !ws_exists(&d.workspace).await? {
             return Err(e(format!("workspace {:?} does not exist", d.workspace)));
         }
@@ -533,9 +536,7 @@ async fn check(ctx: &Ctx<'_>, store: &Store, f: &ResourcesFile) -> Result<Plan, 
     let mut file_members: HashMap<&str, &str> = HashMap::new();
     for (i, m) in f.member.iter().enumerate() {
         let e = |msg: String| ctx.entry("member", i, &m.email, msg);
-        if !m.email.contains('@') || m.email.trim() != m.email {
-            return Err(e(format!("{:?} is not an email address", m.email)));
-        }
+        validate::email(&m.email).map_err(e)?;
         m.role.parse::<Role>().map_err(e)?;
         if !ws_exists(&m.workspace).await? {
             return Err(e(format!("workspace {:?} does not exist", m.workspace)));
@@ -548,10 +549,8 @@ async fn check(ctx: &Ctx<'_>, store: &Store, f: &ResourcesFile) -> Result<Plan, 
                 m.workspace
             )));
         }
-        if let Some(p) = &m.password
-            && p.len() < 8
-        {
-            return Err(e("password must be at least 8 characters".into()));
+        if let Some(p) = &m.password {
+            validate::password("password", p).map_err(e)?;
         }
         if dup(&mut seen, format!("member/{}", m.email)) {
             return Err(e(format!("member {:?} is declared twice", m.email)));
@@ -579,9 +578,7 @@ async fn check(ctx: &Ctx<'_>, store: &Store, f: &ResourcesFile) -> Result<Plan, 
     for (i, k) in f.api_key.iter().enumerate() {
         let label = format!("{}/{}", k.member, k.name);
         let e = |m: String| ctx.entry("api_key", i, &label, m);
-        if k.name.trim().is_empty() || k.name.contains('/') {
-            return Err(e("name must be non-empty and contain no '/'".into()));
-        }
+        validate::key_name("name", &k.name).map_err(e)?;
         if member_ws(&k.member).await?.is_none() {
             return Err(e(format!("member {:?} does not exist", k.member)));
         }
@@ -600,57 +597,43 @@ async fn check(ctx: &Ctx<'_>, store: &Store, f: &ResourcesFile) -> Result<Plan, 
 
     for (i, u) in f.upstream.iter().enumerate() {
         let e = |m: String| ctx.entry("upstream", i, &u.name, m);
-        if u.name.trim().is_empty() {
-            return Err(e("name must not be empty".into()));
-        }
+        validate::name("name", &u.name).map_err(e)?;
         if !ws_exists(&u.workspace).await? {
             return Err(e(format!("workspace {:?} does not exist", u.workspace)));
         }
         let provider: Provider = u.provider.parse().map_err(e)?;
         let base_url = match (&u.base_url, provider.default_base_url()) {
-            (Some(b), _) => b.trim_end_matches('/').to_owned(),
+            (Some(b), _) => validate::base_url(b).map_err(e)?,
             (None, Some(d)) => d.to_owned(),
             (None, None) => return Err(e("base_url is required for provider \"openai-compatible\"".into())),
         };
-        if !(base_url.starts_with("http://") || base_url.starts_with("https://")) {
-            return Err(e(format!(
-                "base_url {base_url:?} must start with http:// or https://"
-            )));
-        }
-        if u.api_key.is_empty() {
-            return Err(e("api_key must not be empty (is its ${VAR} set?)".into()));
-        }
-        if u.weight < 1 || u.max_in_flight < 1 || u.priority < 0 {
-            return Err(e(
-                "weight and max_in_flight must be at least 1, priority at least 0".into(),
-            ));
-        }
-        for (name, v) in [
-            ("requests_per_minute", u.limits.requests_per_minute),
-            ("tokens_per_minute", u.limits.tokens_per_minute),
-            ("requests_per_day", u.limits.requests_per_day),
-        ] {
-            if v.is_some_and(|v| v < 1) {
-                return Err(e(format!("limits.{name} must be at least 1")));
-            }
-        }
-        let mut names = HashSet::new();
-        for m in &u.models {
-            let (name, upstream) = match m {
-                ServedModelSpec::Same(n) => (n, n),
-                ServedModelSpec::Mapped { name, upstream } => (name, upstream),
+        validate::upstream_secret(&u.api_key).map_err(|m| {
+            let unset = if u.api_key.is_empty() {
+                " (is its ${VAR} set?)"
+            } else {
+                ""
             };
-            if name.is_empty() || upstream.is_empty() {
-                return Err(e("model names must not be empty".into()));
-            }
-            if !names.insert(name.clone()) {
-                return Err(e(format!("model {name:?} is listed twice")));
-            }
+            e(format!("{m}{unset}"))
+        })?;
+        for (field, value, min) in [
+            ("priority", u.priority, 0),
+            ("weight", u.weight, 1),
+            ("max_in_flight", u.max_in_flight, 1),
+        ] {
+            validate::upstream_number(field, value, min).map_err(e)?;
         }
+        for (field, v) in [
+            ("limits.requests_per_minute", u.limits.requests_per_minute),
+            ("limits.tokens_per_minute", u.limits.tokens_per_minute),
+            ("limits.requests_per_day", u.limits.requests_per_day),
+        ] {
+            validate::upstream_limit(field, v).map_err(e)?;
+        }
+        let served = validate::served_models(u.models.iter().map(ServedModelSpec::pair)).map_err(e)?;
         if dup(&mut seen, format!("upstream/{}/{}", u.workspace, u.name)) {
             return Err(e(format!("upstream {:?} is declared twice", u.name)));
         }
-        plan.upstreams.push((provider, base_url));
+        plan.upstreams.push((provider, base_url, served));
     }
 
     let file_models: HashSet<(&str, &str)> = f
@@ -672,23 +655,15 @@ async fn check(ctx: &Ctx<'_>, store: &Store, f: &ResourcesFile) -> Result<Plan, 
         .collect();
     for (i, m) in f.model.iter().enumerate() {
         let e = |msg: String| ctx.entry("model", i, &m.name, msg);
-        if m.name.trim().is_empty() {
-            return Err(e("name must not be empty".into()));
-        }
+        validate::name("name", &m.name).map_err(e)?;
         if !ws_exists(&m.workspace).await? {
             return Err(e(format!("workspace {:?} does not exist", m.workspace)));
         }
-        if let Some(p) = &m.price
-            && !(p.prompt.is_finite() && p.completion.is_finite() && p.prompt >= 0.0 && p.completion >= 0.0)
-        {
-            return Err(e(
-                "price must be a non-negative number of credits per million tokens".into(),
-            ));
+        if let Some(p) = &m.price {
+            validate::price(p.prompt, p.completion).map_err(e)?;
         }
+        validate::fallbacks(&m.name, &m.fallbacks).map_err(e)?;
         for fb in &m.fallbacks {
-            if fb == &m.name {
-                return Err(e("a model cannot fall back to itself".into()));
-            }
             let known = file_models.contains(&(m.workspace.as_str(), fb.as_str()))
                 || file_served.contains(&(m.workspace.as_str(), fb.as_str()))
                 || match store.workspace_by_name(&m.workspace).await? {
@@ -720,16 +695,7 @@ async fn check(ctx: &Ctx<'_>, store: &Store, f: &ResourcesFile) -> Result<Plan, 
             .parse()
             .map_err(|err: crate::quota::window::WindowParseError| e(err.to_string()))?;
         let mode: Mode = p.mode.parse().map_err(e)?;
-        if !(p.limit.is_finite() && p.limit >= 0.0) {
-            return Err(e("limit must be a non-negative number".into()));
-        }
-        let limit = if metric == Metric::Credits {
-            credits_to_micros(p.limit)
-        } else if p.limit.fract() != 0.0 {
-            return Err(e(format!("limit of {} must be a whole number", metric.as_str())));
-        } else {
-            p.limit as i64
-        };
+        let limit = validate::policy_limit(metric, p.limit).map_err(e)?;
         if p.target != "*" {
             if p.department.is_some() {
                 return Err(e("department only narrows target = \"*\"".into()));
@@ -936,20 +902,13 @@ async fn apply(
             }
         }
     }
-    for (u, (provider, base_url)) in f.upstream.iter().zip(&plan.upstreams) {
+    for (u, (provider, base_url, served)) in f.upstream.iter().zip(&plan.upstreams) {
         let ws = ws_id(store, &mut ws_ids, &u.workspace).await?;
-        let models: Vec<ServedModel> = u
-            .models
+        let models: Vec<ServedModel> = served
             .iter()
-            .map(|m| match m {
-                ServedModelSpec::Same(n) => ServedModel {
-                    name: n.clone(),
-                    upstream: n.clone(),
-                },
-                ServedModelSpec::Mapped { name, upstream } => ServedModel {
-                    name: name.clone(),
-                    upstream: upstream.clone(),
-                },
+            .map(|(name, upstream)| ServedModel {
+                name: name.clone(),
+                upstream: upstream.clone(),
             })
             .collect();
         let existing = store.upstream_by_name(ws, &u.name).await?;

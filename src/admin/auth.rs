@@ -137,14 +137,7 @@ pub async fn change_password(
 
 /// A password a member may choose: 8 to 200 characters.
 pub fn check_password(field: &str, password: &str) -> AdminResult<()> {
-    let n = password.chars().count();
-    if !(8..=200).contains(&n) {
-        return Err(ApiError::field(
-            field,
-            format!("{field} must be 8 to 200 characters"),
-        ));
-    }
-    Ok(())
+    super::checked(field, crate::validate::password(field, password))
 }
 
 /// `GET /admin/v1/me`: who is signed in.

@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 
 use super::session::Actor;
 use super::{
-    AdminResult, Body, Id, audit, config_changed, created, delete_policies, name_field, no_content, rfc3339,
+    AdminResult, Body, Id, audit, checked, config_changed, created, delete_policies, no_content, rfc3339,
     store_error,
 };
 use crate::app::AppState;
@@ -18,6 +18,7 @@ use crate::crypto;
 use crate::error::ApiError;
 use crate::managed::Kind;
 use crate::store::{AdminStore, ApiKeyRow, KeyStore, MemberRow, Table};
+use crate::validate;
 
 /// The key `id` if the actor may see it: their own, or any of the workspace for a manager.
 pub async fn visible_key(state: &AppState, actor: &Actor, id: i64) -> AdminResult<ApiKeyRow> {
@@ -85,10 +86,7 @@ pub struct NewKey {
 
 /// `POST /admin/v1/keys` `{name, member_id?}` → the key, with its plaintext this once.
 pub async fn create(State(state): State<AppState>, actor: Actor, Body(req): Body<NewKey>) -> AdminResult {
-    let name = name_field("name", &req.name)?;
-    if name.contains('/') {
-        return Err(ApiError::field("name", "name must not contain '/'"));
-    }
+    let name = checked("name", validate::key_name("name", &req.name))?;
     let owner_id = req.member_id.unwrap_or(actor.member.id);
     if owner_id != actor.member.id && !actor.manages() {
         return Err(ApiError::Forbidden {

@@ -348,14 +348,12 @@ pub fn rfc3339(ms: i64) -> Option<String> {
 
 /// A name field: trimmed, 1–100 characters, no control characters.
 pub fn name_field(field: &str, value: &str) -> AdminResult<String> {
-    let v = value.trim();
-    if v.is_empty() || v.chars().count() > 100 || v.chars().any(char::is_control) {
-        return Err(ApiError::field(
-            field,
-            format!("{field} must be 1 to 100 characters without control characters"),
-        ));
-    }
-    Ok(v.to_owned())
+    checked(field, crate::validate::name(field, value))
+}
+
+/// A shared field rule's answer ([`crate::validate`]) as the 422 naming `field`.
+pub fn checked<T>(field: &str, rule: Result<T, String>) -> AdminResult<T> {
+    rule.map_err(|m| ApiError::field(field, m))
 }
 
 /// Tells an absent field (`None`) from an explicit `null` (`Some(None)`) in a PATCH body.

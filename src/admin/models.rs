@@ -8,12 +8,15 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::session::Actor;
-use super::{AdminResult, Body, Id, audit, config_changed, created, name_field, no_content, store_error};
+use super::{
+    AdminResult, Body, Id, audit, checked, config_changed, created, name_field, no_content, store_error,
+};
 use crate::app::AppState;
 use crate::error::ApiError;
 use crate::managed::Kind;
-use crate::quota::{credits_to_micros, micros_to_credits};
+use crate::quota::micros_to_credits;
 use crate::store::{AdminStore, ModelRow, ModelStore, Table, UpstreamRow};
+use crate::validate;
 
 fn model_json(state: &AppState, m: &ModelRow, upstreams: &[UpstreamRow]) -> Value {
     let served_by: Vec<&str> = upstreams
@@ -100,15 +103,7 @@ async fn apply(state: &AppState, row: &mut ModelRow, input: ModelInput, creating
         None => {}
     }
     if let Some(p) = input.price {
-        let ok = |v: f64| v.is_finite() && (0.0..1.0e9).contains(&v);
-        if !(ok(p.prompt) && ok(p.completion)) {
-            return Err(ApiError::field(
-                "price",
-                "price must be non-negative numbers of credits per million tokens",
-            ));
-        }
-        row.price_prompt = credits_to_micros(p.prompt);
-        row.price_completion = credits_to_micros(p.completion);
+        (row.price_prompt, row.price_completion) = checked("price", validate::price(p.prompt, p.completion))?;
     }
     if let Some(fallbacks) = input.fallbacks {
         let models: Vec<ModelRow> = state
@@ -117,10 +112,8 @@ async fn apply(state: &AppState, row: &mut ModelRow, input: ModelInput, creating
             .await
             .map_err(store_error)?;
         let ups = upstreams(state, row.workspace_id).await?;
+        checked("fallbacks", validate::fallbacks(&row.name, &fallbacks))?;
         for fb in &fallbacks {
-            if *fb == row.name {
-                return Err(ApiError::field("fallbacks", "a model cannot fall back to itself"));
-            }
             let known = models.iter().any(|m| m.name == *fb)
                 || ups
                     .iter()

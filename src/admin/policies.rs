@@ -19,7 +19,7 @@ use crate::error::ApiError;
 use crate::managed::Kind;
 use crate::quota::engine::{PolicyRule, display_value};
 use crate::quota::window::{Window, format_reset_at};
-use crate::quota::{Metric, Mode, SubjectKind, credits_to_micros};
+use crate::quota::{Metric, Mode, SubjectKind};
 use crate::store::{
     AdminStore, ApiKeyRow, Department, MemberRow, PolicyRow, PolicyStore, Role, Table, WorkspaceStore,
 };
@@ -328,19 +328,7 @@ pub struct NewPolicy {
 }
 
 fn parse_limit(metric: Metric, limit: f64) -> AdminResult<i64> {
-    if !(limit.is_finite() && (0.0..9.0e15).contains(&limit)) {
-        return Err(ApiError::field("limit", "limit must be a non-negative number"));
-    }
-    if metric == Metric::Credits {
-        return Ok(credits_to_micros(limit));
-    }
-    if limit.fract() != 0.0 {
-        return Err(ApiError::field(
-            "limit",
-            format!("limit of {} must be a whole number", metric.as_str()),
-        ));
-    }
-    Ok(limit as i64)
+    super::checked("limit", crate::validate::policy_limit(metric, limit))
 }
 
 fn parse_mode(mode: Option<&str>) -> AdminResult<Mode> {

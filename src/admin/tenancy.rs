@@ -8,8 +8,8 @@ use serde_json::{Value, json};
 
 use super::session::Actor;
 use super::{
-    AdminResult, Body, Id, audit, config_changed, created, delete_policies, double_option, name_field,
-    no_content, store_error,
+    AdminResult, Body, Id, audit, checked, config_changed, created, delete_policies, double_option,
+    name_field, no_content, store_error,
 };
 use crate::app::AppState;
 use crate::crypto;
@@ -18,6 +18,7 @@ use crate::managed::Kind;
 use crate::store::{
     AdminStore, Department, DepartmentStore, MemberRow, MemberStore, NewMember, Role, Table, WorkspaceStore,
 };
+use crate::validate;
 
 /// `GET /admin/v1/workspace`.
 pub async fn workspace(State(state): State<AppState>, actor: Actor) -> AdminResult {
@@ -59,12 +60,7 @@ pub async fn update_workspace(
         return workspace(State(state), actor).await;
     };
     if let Some(tz) = &timezone {
-        tz.parse::<chrono_tz::Tz>().map_err(|_| {
-            ApiError::field(
-                "timezone",
-                format!("unknown time zone {tz:?} (expected an IANA name such as Asia/Shanghai)"),
-            )
-        })?;
+        checked("timezone", validate::timezone(tz))?;
     }
     let store = &state.store;
     let before = store.workspace(actor.workspace_id()).await.map_err(store_error)?;
@@ -300,14 +296,7 @@ pub async fn invite_member(
     actor: Actor,
     Body(req): Body<Invite>,
 ) -> AdminResult {
-    let email = req.email.trim();
-    if !email.contains('@') || email.len() > 254 || email.chars().any(|c| c.is_whitespace() || c.is_control())
-    {
-        return Err(ApiError::field(
-            "email",
-            format!("{email:?} is not an email address"),
-        ));
-    }
+    let email = checked("email", validate::email(req.email.trim()))?;
     let role = parse_role(&req.role)?;
     may_assign(&actor, None, role)?;
     check_department(&state, &actor, req.department_id).await?;

@@ -10,8 +10,8 @@ use serde_json::{Value, json};
 
 use super::session::Actor;
 use super::{
-    AdminResult, Body, Id, audit, config_changed, created, double_option, name_field, no_content, rfc3339,
-    store_error,
+    AdminResult, Body, Id, audit, checked, config_changed, created, double_option, name_field, no_content,
+    rfc3339, store_error,
 };
 use crate::app::AppState;
 use crate::error::ApiError;
@@ -20,6 +20,7 @@ use crate::store::{AdminStore, ServedModel, Table, UpstreamRow, UpstreamStore};
 use crate::upstream::adapter::{self, Endpoint};
 use crate::upstream::pool::Credential;
 use crate::upstream::{Provider, dispatch};
+use crate::validate;
 
 /// The credential as the API shows it: everything but the secret, with its locks.
 fn upstream_json(state: &AppState, up: &UpstreamRow) -> Value {
@@ -155,7 +156,7 @@ fn apply(state: &AppState, row: &mut UpstreamRow, input: UpstreamInput, creating
     };
     row.provider = provider.as_str().to_owned();
     match (&input.base_url, provider.default_base_url()) {
-        (Some(b), _) => row.base_url = b.trim().trim_end_matches('/').to_owned(),
+        (Some(b), _) => row.base_url = checked("base_url", validate::base_url(b))?,
         (None, Some(d)) if creating || input.provider.is_some() => row.base_url = d.to_owned(),
         (None, None) if creating => {
             return Err(ApiError::field(
@@ -165,24 +166,11 @@ fn apply(state: &AppState, row: &mut UpstreamRow, input: UpstreamInput, creating
         }
         _ => {}
     }
-    let url_ok = (row.base_url.starts_with("http://") || row.base_url.starts_with("https://"))
-        && row.base_url.len() <= 2000
-        && !row.base_url.chars().any(|c| c.is_whitespace() || c.is_control());
-    if !url_ok {
-        return Err(ApiError::field(
-            "base_url",
-            "base_url must be an http:// or https:// URL",
-        ));
-    }
+    checked("base_url", validate::base_url(&row.base_url))?;
     let mut secret_changed = false;
     match &input.api_key {
-        Some(k) if k.trim().is_empty() || k.len() > 4096 || k.chars().any(char::is_control) => {
-            return Err(ApiError::field(
-                "api_key",
-                "api_key must be 1 to 4096 printable characters",
-            ));
-        }
         Some(k) => {
+            checked("api_key", validate::upstream_secret(k))?;
             let same =
                 !creating && state.master_key.open(&row.secret_sealed).ok().as_deref() == Some(k.as_str());
             if !same {
@@ -194,22 +182,14 @@ fn apply(state: &AppState, row: &mut UpstreamRow, input: UpstreamInput, creating
         None => {}
     }
     if let Some(models) = input.models {
-        let mut served: Vec<ServedModel> = Vec::with_capacity(models.len());
-        for m in models {
-            let (name, upstream) = match m {
-                ModelInput::Same(n) => (n.clone(), n),
-                ModelInput::Mapped { name, upstream } => (name.clone(), upstream.unwrap_or(name)),
-            };
-            let name = name_field("models", &name)?;
-            let upstream = name_field("models", &upstream)?;
-            if served.iter().any(|s| s.name == name) {
-                return Err(ApiError::field(
-                    "models",
-                    format!("model {name:?} is listed twice"),
-                ));
-            }
-            served.push(ServedModel { name, upstream });
-        }
+        let pairs = models.iter().map(|m| match m {
+            ModelInput::Same(n) => (n.as_str(), n.as_str()),
+            ModelInput::Mapped { name, upstream } => (name.as_str(), upstream.as_deref().unwrap_or(name)),
+        });
+        let served: Vec<ServedModel> = checked("models", validate::served_models(pairs))?
+            .into_iter()
+            .map(|(name, upstream)| ServedModel { name, upstream })
+            .collect();
         row.models = serde_json::to_string(&served).map_err(|_| ApiError::Internal)?;
     }
     for (field, value, min, target) in [
@@ -218,13 +198,7 @@ fn apply(state: &AppState, row: &mut UpstreamRow, input: UpstreamInput, creating
         ("max_in_flight", input.max_in_flight, 1, &mut row.max_in_flight),
     ] {
         if let Some(v) = value {
-            if !(min..=1_000_000).contains(&v) {
-                return Err(ApiError::field(
-                    field,
-                    format!("{field} must be between {min} and 1000000"),
-                ));
-            }
-            *target = v;
+            *target = checked(field, validate::upstream_number(field, v, min))?;
         }
     }
     if let Some(l) = input.limits {
@@ -233,12 +207,7 @@ fn apply(state: &AppState, row: &mut UpstreamRow, input: UpstreamInput, creating
             ("limits.tokens_per_minute", l.tokens_per_minute),
             ("limits.requests_per_day", l.requests_per_day),
         ] {
-            if v.is_some_and(|v| v < 1) {
-                return Err(ApiError::field(
-                    field,
-                    format!("{field} must be at least 1, or null for none"),
-                ));
-            }
+            checked(field, validate::upstream_limit(field, v))?;
         }
         row.requests_per_minute = l.requests_per_minute;
         row.tokens_per_minute = l.tokens_per_minute;

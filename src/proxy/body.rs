@@ -5,6 +5,7 @@ use axum::body::Body;
 use axum::http::HeaderMap;
 use serde_json::value::RawValue;
 
+use crate::deadline::Deadline;
 use crate::error::ApiError;
 use crate::upstream::adapter::{Endpoint, Fields};
 
@@ -21,13 +22,13 @@ pub struct ProxyBody {
     pub len: usize,
 }
 
-/// Reads at most `limit` bytes (413 beyond), all of them within `timeout_secs` (408 beyond), and
-/// checks the body for `endpoint`.
+/// Reads at most `limit` bytes (413 beyond), all of them by `deadline` (408 beyond), and checks
+/// the body for `endpoint`.
 pub async fn read(
     body: Body,
     headers: &HeaderMap,
     limit: usize,
-    timeout_secs: u64,
+    deadline: Deadline,
     endpoint: Endpoint,
 ) -> Result<ProxyBody, ApiError> {
     let declared = headers
@@ -38,12 +39,10 @@ pub async fn read(
         return Err(ApiError::RequestTooLarge { limit });
     }
     // A client that announces a body and never finishes it must not hold a request open.
-    let within = std::time::Duration::from_secs(timeout_secs);
-    let read = tokio::time::timeout(within, axum::body::to_bytes(body, limit))
+    let read = deadline
+        .bound(axum::body::to_bytes(body, limit))
         .await
-        .map_err(|_| ApiError::RequestTimeout {
-            seconds: timeout_secs,
-        })?;
+        .ok_or_else(|| deadline.error())?;
     let bytes = read.map_err(|e| {
         if is_length_limit(&e) {
             ApiError::RequestTooLarge { limit }

@@ -6,7 +6,6 @@ pub mod completion;
 pub mod stream;
 
 use std::net::SocketAddr;
-use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::{ConnectInfo, Request, State};
@@ -120,7 +119,7 @@ pub async fn handle(
         body,
         &parts.headers,
         settings.max_body_bytes,
-        settings.client_body_timeout_secs,
+        Deadline::for_body(settings),
         endpoint,
     );
     let mut body = match read.await {
@@ -204,9 +203,7 @@ pub async fn handle(
                     let status = response.status().as_u16();
                     let tap = SseTap::new(endpoint, strip_usage, state.settings.max_usage_tokens)
                         .masking(credential.mask.clone());
-                    let idle = Duration::from_secs(state.settings.stream_idle_timeout_secs);
-                    let mut stream =
-                        stream::ProxyStream::new(response, tap, completion, body.len, deadline, idle);
+                    let mut stream = stream::ProxyStream::new(response, tap, completion, body.len, deadline);
                     // What the upstream has already sent leaves with the head, in one write.
                     let first = futures::StreamExt::next(&mut stream).await;
                     if let Some((completion, e)) = stream.timed_out_before_the_head() {

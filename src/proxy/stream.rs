@@ -14,7 +14,7 @@ use futures::Stream;
 use tokio::time::Sleep;
 
 use super::completion::{Completion, Outcome, Source};
-use crate::deadline::{Deadline, Missed, Wait};
+use crate::deadline::{Deadline, Missed};
 use crate::error::ApiError;
 use crate::upstream::adapter::{Endpoint, SseTap, UsageReport};
 use crate::upstream::usage;
@@ -31,10 +31,9 @@ pub struct ProxyStream {
     ended: bool,
     /// Events read and not yet sent.
     held: BytesMut,
-    /// The upstream's first byte is due by this deadline.
-    first_byte: Deadline,
-    /// The longest gap between two upstream chunks.
-    idle: Duration,
+    /// The upstream's first byte is due by this deadline, and each later chunk within its idle
+    /// gap of the one before.
+    deadline: Deadline,
     /// When the upstream last sent a chunk; none before its first.
     last_chunk: Option<tokio::time::Instant>,
     /// Fires no later than the deadline now due: the first byte's, then the idle gap's after the
@@ -49,15 +48,14 @@ pub struct ProxyStream {
 const WRITE_MAX: usize = 64 * 1024;
 
 impl ProxyStream {
-    /// Wraps an upstream byte stream whose first byte is due by `first_byte`, and each later
-    /// chunk within `idle` of the one before.
+    /// Wraps an upstream byte stream whose first byte is due by `deadline`, and each later chunk
+    /// within its idle gap of the one before.
     pub fn new(
         upstream: crate::upstream::http::Response,
         tap: SseTap,
         completion: Completion,
         request_len: usize,
-        first_byte: Deadline,
-        idle: Duration,
+        deadline: Deadline,
     ) -> Self {
         let started = completion.started();
         ProxyStream {
@@ -69,10 +67,9 @@ impl ProxyStream {
             request_len,
             ended: false,
             held: BytesMut::new(),
-            first_byte,
-            idle,
+            deadline,
             last_chunk: None,
-            timer: Box::pin(tokio::time::sleep_until(first_byte.at())),
+            timer: Box::pin(tokio::time::sleep_until(deadline.at())),
             unsent_timeout: None,
         }
     }
@@ -89,7 +86,7 @@ impl ProxyStream {
         let now = tokio::time::Instant::now();
         if self.last_chunk.replace(now).is_none() {
             // The first byte: from now on the idle gap is due, sooner than the first byte was.
-            self.timer.as_mut().reset(now + self.idle);
+            self.timer.as_mut().reset(now + self.deadline.idle_gap());
         }
     }
 
@@ -100,14 +97,11 @@ impl ProxyStream {
                 return None;
             }
             let Some(last) = self.last_chunk else {
-                return Some(self.first_byte.missed());
+                return Some(self.deadline.missed());
             };
-            let due = last + self.idle;
+            let due = last + self.deadline.idle_gap();
             if tokio::time::Instant::now() >= due {
-                return Some(Missed {
-                    wait: Wait::StreamIdle,
-                    seconds: self.idle.as_secs(),
-                });
+                return Some(self.deadline.idle_missed());
             }
             // Chunks came since the timer was set: it waits for the gap after the last one.
             self.timer.as_mut().reset(due);

@@ -1,0 +1,374 @@
+//! One rule per field that both the admin API and the resources file accept: a name, an email
+//! address, a password, a time zone, an upstream's URL, secret, numbers and limits, a model's
+//! price, a policy's limit. Each returns the value as it is stored, or the message a person reads;
+//! the admin API puts that message in its 422 naming the field, the resources file after the
+//! entry and its line. The configuration's `bootstrap_email` uses [`email`] too.
+
+use chrono_tz::Tz;
+
+use crate::quota::{Metric, credits_to_micros};
+
+/// A name (of a department, workspace, key, model, credential or quota group): trimmed, 1 to 100
+/// characters, no control characters.
+pub fn name(field: &str, value: &str) -> Result<String, String> {
+    let v = value.trim();
+    if v.is_empty() || v.chars().count() > 100 || v.chars().any(char::is_control) {
+        return Err(format!(
+            "{field} must be 1 to 100 characters without control characters"
+        ));
+    }
+    Ok(v.to_owned())
+}
+
+/// A gateway key's name: a [`name`] without `/` (keys are addressed as `email/name`).
+pub fn key_name(field: &str, value: &str) -> Result<String, String> {
+    let v = name(field, value)?;
+    if v.contains('/') {
+        return Err(format!("{field} must not contain '/'"));
+    }
+    Ok(v)
+}
+
+/// An email address as members sign in with it: an `@`, at most 254 bytes, no whitespace or
+/// control characters (a typo'd space is refused, not trimmed away).
+pub fn email(value: &str) -> Result<&str, String> {
+    if !value.contains('@') || value.len() > 254 || value.chars().any(|c| c.is_whitespace() || c.is_control())
+    {
+        return Err(format!("{value:?} is not an email address"));
+    }
+    Ok(value)
+}
+
+/// A password a member may have: 8 to 200 characters.
+pub fn password(field: &str, value: &str) -> Result<(), String> {
+    if !(8..=200).contains(&value.chars().count()) {
+        return Err(format!("{field} must be 8 to 200 characters"));
+    }
+    Ok(())
+}
+
+/// An IANA time zone name.
+pub fn timezone(value: &str) -> Result<Tz, String> {
+    value
+        .parse::<Tz>()
+        .map_err(|_| format!("unknown time zone {value:?} (expected an IANA name such as Asia/Shanghai)"))
+}
+
+/// An upstream's base URL: `http://` or `https://`, at most 2000 bytes, no whitespace or control
+/// characters; stored trimmed and without a trailing `/`.
+pub fn base_url(value: &str) -> Result<String, String> {
+    let v = value.trim().trim_end_matches('/');
+    let ok = (v.starts_with("http://") || v.starts_with("https://"))
+        && v.len() <= 2000
+        && !v.chars().any(|c| c.is_whitespace() || c.is_control());
+    if !ok {
+        return Err("base_url must be an http:// or https:// URL".into());
+    }
+    Ok(v.to_owned())
+}
+
+/// An upstream's secret: 1 to 4096 printable characters, not blank.
+pub fn upstream_secret(value: &str) -> Result<(), String> {
+    if value.trim().is_empty() || value.len() > 4096 || value.chars().any(char::is_control) {
+        return Err("api_key must be 1 to 4096 printable characters".into());
+    }
+    Ok(())
+}
+
+/// An upstream's `priority` (`min` 0), `weight` or `max_in_flight` (`min` 1): up to a million.
+pub fn upstream_number(field: &str, value: i64, min: i64) -> Result<i64, String> {
+    if !(min..=1_000_000).contains(&value) {
+        return Err(format!("{field} must be between {min} and 1000000"));
+    }
+    Ok(value)
+}
+
+/// One of an upstream's own rate limits: at least 1, or none.
+pub fn upstream_limit(field: &str, value: Option<i64>) -> Result<Option<i64>, String> {
+    if value.is_some_and(|v| v < 1) {
+        return Err(format!("{field} must be at least 1, or null for none"));
+    }
+    Ok(value)
+}
+
+/// The models a credential serves: (public name, the upstream's name).
+pub type ServedModels = Vec<(String, String)>;
+
+/// The model names a credential serves: each a [`name`], none listed twice.
+pub fn served_models<'a>(
+    pairs: impl IntoIterator<Item = (&'a str, &'a str)>,
+) -> Result<ServedModels, String> {
+    let mut served = ServedModels::new();
+    for (public, upstream) in pairs {
+        let public = name("models", public)?;
+        let upstream = name("models", upstream)?;
+        if served.iter().any(|(n, _)| *n == public) {
+            return Err(format!("model {public:?} is listed twice"));
+        }
+        served.push((public, upstream));
+    }
+    Ok(served)
+}
+
+/// A model's price in credits per million tokens, prompt and completion: finite, 0 to below a
+/// billion; stored in micro-credits.
+pub fn price(prompt: f64, completion: f64) -> Result<(i64, i64), String> {
+    let ok = |v: f64| v.is_finite() && (0.0..1.0e9).contains(&v);
+    if !(ok(prompt) && ok(completion)) {
+        return Err("price must be non-negative numbers of credits per million tokens".into());
+    }
+    Ok((credits_to_micros(prompt), credits_to_micros(completion)))
+}
+
+/// A model's fallbacks name other models, never itself.
+pub fn fallbacks(model: &str, fallbacks: &[String]) -> Result<(), String> {
+    if fallbacks.iter().any(|f| f == model) {
+        return Err("a model cannot fall back to itself".into());
+    }
+    Ok(())
+}
+
+/// A policy's limit: credits in micro-credits, any other metric a whole number; non-negative and
+/// far from overflowing.
+pub fn policy_limit(metric: Metric, limit: f64) -> Result<i64, String> {
+    if !(limit.is_finite() && (0.0..9.0e15).contains(&limit)) {
+        return Err("limit must be a non-negative number".into());
+    }
+    if metric == Metric::Credits {
+        return Ok(credits_to_micros(limit));
+    }
+    if limit.fract() != 0.0 {
+        return Err(format!("limit of {} must be a whole number", metric.as_str()));
+    }
+    Ok(limit as i64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A case's expected answer: the value, or part of the message.
+    type Want<T> = Result<T, &'static str>;
+
+    /// Runs each case of a table: `Ok(stored)` or `Err(part of the message)`.
+    fn table<T: PartialEq + std::fmt::Debug>(
+        rule: impl Fn(&str) -> Result<T, String>,
+        cases: &[(&str, Result<T, &str>)],
+    ) {
+        for (input, want) in cases {
+            match (rule(input), want) {
+                (Ok(got), Ok(w)) => assert_eq!(&got, w, "{input:?}"),
+                (Err(got), Err(w)) => assert!(got.contains(w), "{input:?}: {got}"),
+                (got, w) => panic!("{input:?}: got {got:?}, want {w:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn names() {
+        let long = "n".repeat(101);
+        table(
+            |v| name("name", v),
+            &[
+                ("research", Ok("research".to_owned())),
+                ("  research ", Ok("research".to_owned())),
+                ("数据组", Ok("数据组".to_owned())),
+                (&"n".repeat(100), Ok("n".repeat(100))),
+                (&long, Err("name must be 1 to 100 characters")),
+                ("", Err("name must be 1 to 100")),
+                ("   ", Err("name must be 1 to 100")),
+                ("a\u{7}b", Err("without control characters")),
+            ],
+        );
+    }
+
+    #[test]
+    fn key_names() {
+        table(
+            |v| key_name("name", v),
+            &[
+                ("ci", Ok("ci".to_owned())),
+                (" ci ", Ok("ci".to_owned())),
+                ("ci/prod", Err("name must not contain '/'")),
+                ("", Err("1 to 100 characters")),
+            ],
+        );
+    }
+
+    #[test]
+    fn emails() {
+        let long = format!("{}@acme.test", "a".repeat(250));
+        table(
+            |v| email(v).map(str::to_owned),
+            &[
+                ("ada@acme.test", Ok("ada@acme.test".to_owned())),
+                ("ada", Err("\"ada\" is not an email address")),
+                (" ada@acme.test", Err("is not an email address")),
+                ("ada @acme.test", Err("is not an email address")),
+                ("ada@acme.test\n", Err("is not an email address")),
+                (&long, Err("is not an email address")),
+            ],
+        );
+    }
+
+    #[test]
+    fn passwords() {
+        table(
+            |v| password("password", v),
+            &[
+                ("12345678", Ok(())),
+                ("密码密码密码密码", Ok(())),
+                (&"p".repeat(200), Ok(())),
+                ("1234567", Err("password must be 8 to 200 characters")),
+                (&"p".repeat(201), Err("password must be 8 to 200 characters")),
+                ("", Err("8 to 200")),
+            ],
+        );
+    }
+
+    #[test]
+    fn timezones() {
+        table(
+            |v| timezone(v).map(|t| t.name().to_owned()),
+            &[
+                ("Asia/Shanghai", Ok("Asia/Shanghai".to_owned())),
+                ("UTC", Ok("UTC".to_owned())),
+                ("Mars/Olympus", Err("unknown time zone \"Mars/Olympus\"")),
+                ("", Err("unknown time zone")),
+            ],
+        );
+    }
+
+    #[test]
+    fn base_urls() {
+        table(
+            base_url,
+            &[
+                (
+                    "https://api.openai.com/v1",
+                    Ok("https://api.openai.com/v1".to_owned()),
+                ),
+                (
+                    "http://127.0.0.1:9000/v1/",
+                    Ok("http://127.0.0.1:9000/v1".to_owned()),
+                ),
+                (" https://h/v1 ", Ok("https://h/v1".to_owned())),
+                ("ftp://h", Err("base_url must be an http:// or https:// URL")),
+                ("api.openai.com", Err("http:// or https://")),
+                ("https://h/a b", Err("http:// or https://")),
+                (
+                    &format!("https://{}", "h".repeat(2000)),
+                    Err("http:// or https://"),
+                ),
+            ],
+        );
+    }
+
+    #[test]
+    fn upstream_secrets() {
+        table(
+            upstream_secret,
+            &[
+                ("sk-live", Ok(())),
+                (&"k".repeat(4096), Ok(())),
+                ("", Err("api_key must be 1 to 4096 printable characters")),
+                ("  ", Err("1 to 4096")),
+                (&"k".repeat(4097), Err("1 to 4096")),
+                ("sk\n", Err("1 to 4096")),
+            ],
+        );
+    }
+
+    #[test]
+    fn upstream_numbers_and_limits() {
+        let cases: &[(&str, i64, i64, Result<i64, &str>)] = &[
+            ("priority", 0, 0, Ok(0)),
+            ("priority", -1, 0, Err("priority must be between 0 and 1000000")),
+            ("weight", 0, 1, Err("weight must be between 1 and 1000000")),
+            ("weight", 1_000_000, 1, Ok(1_000_000)),
+            (
+                "max_in_flight",
+                1_000_001,
+                1,
+                Err("max_in_flight must be between 1 and 1000000"),
+            ),
+        ];
+        for (field, value, min, want) in cases {
+            table(|_| upstream_number(field, *value, *min), &[("", *want)]);
+        }
+        let cases: &[(Option<i64>, Want<Option<i64>>)] = &[
+            (None, Ok(None)),
+            (Some(1), Ok(Some(1))),
+            (Some(0), Err("limits.requests_per_minute must be at least 1")),
+            (Some(-5), Err("must be at least 1")),
+        ];
+        for (value, want) in cases {
+            table(
+                |_| upstream_limit("limits.requests_per_minute", *value),
+                &[("", *want)],
+            );
+        }
+    }
+
+    #[test]
+    fn served_model_lists() {
+        let ok = |v: &[(&str, &str)]| served_models(v.iter().copied());
+        assert_eq!(
+            ok(&[("gpt", " gpt-4o "), ("m", "m")]),
+            Ok(vec![("gpt".into(), "gpt-4o".into()), ("m".into(), "m".into())])
+        );
+        for (list, want) in [
+            (&[("gpt", "a"), ("gpt", "b")][..], "model \"gpt\" is listed twice"),
+            (&[("", "a")][..], "models must be 1 to 100 characters"),
+            (&[("a", "")][..], "models must be 1 to 100 characters"),
+        ] {
+            let err = ok(list).unwrap_err();
+            assert!(err.contains(want), "{list:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn prices() {
+        type Micros = (i64, i64);
+        let cases: &[(f64, f64, Want<Micros>)] = &[
+            (0.0, 0.0, Ok((0, 0))),
+            (2.5, 10.0, Ok((2_500_000, 10_000_000))),
+            (-1.0, 0.0, Err("price must be non-negative numbers")),
+            (0.0, f64::NAN, Err("non-negative")),
+            (1.0e9, 0.0, Err("non-negative")),
+        ];
+        for (prompt, completion, want) in cases {
+            table(|_| price(*prompt, *completion), &[("", *want)]);
+        }
+    }
+
+    #[test]
+    fn fallback_lists() {
+        let names = |v: &[&str]| v.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+        assert_eq!(fallbacks("m", &names(&["a", "b"])), Ok(()));
+        assert_eq!(
+            fallbacks("m", &names(&["a", "m"])),
+            Err("a model cannot fall back to itself".to_owned())
+        );
+    }
+
+    #[test]
+    fn policy_limits() {
+        let cases: &[(Metric, f64, Result<i64, &str>)] = &[
+            (Metric::Requests, 10.0, Ok(10)),
+            (Metric::Requests, 0.0, Ok(0)),
+            (
+                Metric::Requests,
+                1.5,
+                Err("limit of requests must be a whole number"),
+            ),
+            (Metric::Credits, 1.5, Ok(1_500_000)),
+            (Metric::Credits, -1.0, Err("limit must be a non-negative number")),
+            (Metric::Requests, f64::INFINITY, Err("non-negative")),
+            (Metric::Requests, 9.0e15, Err("non-negative")),
+        ];
+        for (metric, limit, want) in cases {
+            table(|_| policy_limit(*metric, *limit), &[("", *want)]);
+        }
+    }
+}
