@@ -101,6 +101,28 @@ def test_a_wait_past_most_wait_is_refused_at_once_with_the_time_to_come_back():
     assert starts(p, 1, allowance=60) == [31.0]
 
 
+def test_a_call_that_cannot_wait_for_its_paced_turn_goes_while_the_quota_has_room():
+    # 1000 a day, 08:00 local: the pace is one call every 86 s, more than the 60 s a call waits.
+    vt = VirtualTime(T0)
+    p = pacer(vt)
+    p.primed(KEY, [quota_row(1000, 1000, T0 + 86400 + 90, window="day")])
+    assert starts(p, 3, allowance=60) == [0.0, 0.0, 0.0], "not refused: 1000 remain"
+    # A call that can wait keeps to the pace, after the calls already planned.
+    assert starts(p, 1, allowance=1e9) == pytest.approx([86400 / 1000])
+
+
+def test_calls_that_cannot_wait_use_what_the_window_has_left_and_no_more():
+    vt = VirtualTime(T0 + 30)
+    p = pacer(vt)
+    p.primed(KEY, [quota_row(10, 10, T0 + 60 + 90)])
+    got = starts(p, 14, allowance=10)
+    # Paced: 0, 3, 6, 9; then the 6 the window still has go at once; the rest would wait for
+    # the next window (31 s): told when to come back.
+    assert got[:4] == pytest.approx([0.0, 3.0, 6.0, 9.0])
+    assert got[4:10] == [0.0] * 6
+    assert got[10:] == [None] * 4
+
+
 def test_a_used_up_total_quota_is_refused_without_sending():
     vt = VirtualTime(T0)
     p = pacer(vt)

@@ -185,7 +185,8 @@ def test_asyncio_tasks_that_cannot_wait_are_told_when_to_come_back():
     rs = asyncio.run(main())
     served = [r for r in rs if r.status_code == 200]
     told = [r for r in rs if r.status_code == 429]
-    assert len(served) == 6, "the slots within 15 s: 0, 3, …, 15"
+    assert len(served) == 10, "the window's 10: paced within 15 s (0, 3, …, 15), the rest at once"
+    assert sorted(t for t, _ in gw.calls) == pytest.approx([0.0] * 4 + [3.0 * i for i in range(6)])
     assert all(r.json()["error"]["code"] == "wait_too_long" for r in told)
     assert [s for _, s in gw.calls].count(429) == 0, "nothing refused by the gateway"
 

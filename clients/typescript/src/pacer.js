@@ -142,26 +142,49 @@ export class Pacer {
       ks.primeAsked = now;
       return { kind: 'prime', wait: 0 };
     }
-    // Holds named by refusals, and the rate the upstream let through.
-    let start = Math.max(q.slot, ks.hold);
+    let slot = q.slot;
+    let paced = true;
+    let [scheduled, holdWait] = this.held(ks, ms, slot, now, true);
+    if (scheduled - now > allowance && slot > now) {
+      // Pacing is a preference, a quota is a limit: a call that cannot wait for its paced turn
+      // goes as early as the quota has room for it rather than fail (the calls already planned
+      // keep their slots; the pace goes on after them).
+      const early = this.quotaSlot(ks, now, now).slot;
+      if (early < slot) {
+        slot = early;
+        paced = false;
+        [scheduled, holdWait] = this.held(ks, ms, slot, now, false);
+      }
+    }
+    // The random extra after a hold is this call's own: it does not delay the others.
+    const start = scheduled + (holdWait > 0 ? this.extra(holdWait) : 0);
+    const wait = start - now;
+    if (wait > allowance) return { kind: 'refuse', wait: 0, refusal: this.tooLong(wait) };
+    if (paced) ks.tat = slot + q.interval;
+    ks.slots.splice(bisectLeft(ks.slots, slot), 0, slot);
+    if (ms) {
+      const rate = this.rate(ms, now);
+      const after = scheduled + (rate ? 1 / rate : 0);
+      ms.tat = paced ? after : Math.max(ms.tat, after);
+      if (ms.cycleStart === undefined) ms.cycleStart = now;
+    }
+    return { kind: 'go', wait: Math.max(wait, 0), ticket: { key, model, quotaSlot: slot, start, sentAt: undefined, done: false } };
+  }
+
+  /**
+   * When a call whose quota slot is `slot` may start given the holds named by refusals and the
+   * rate the upstream let through, and the wait of the hold it is under. A call out of its paced
+   * turn follows the calls planned before it only where an upstream's rate spaces them.
+   */
+  held(ks, ms, slot, now, inTurn) {
+    let start = Math.max(slot, ks.hold);
     let holdWait = now < ks.hold ? ks.holdWait : 0;
     if (ms) {
       if (now < ms.hold) holdWait = Math.max(holdWait, ms.holdWait);
-      start = Math.max(start, ms.hold, ms.tat);
+      start = Math.max(start, ms.hold);
+      if (inTurn || this.rate(ms, now)) start = Math.max(start, ms.tat);
     }
-    // The random extra after a hold is this call's own: it does not delay the others.
-    const scheduled = start;
-    if (holdWait > 0) start += this.extra(holdWait);
-    const wait = start - now;
-    if (wait > allowance) return { kind: 'refuse', wait: 0, refusal: this.tooLong(wait) };
-    ks.tat = q.slot + q.interval;
-    ks.slots.splice(bisectLeft(ks.slots, q.slot), 0, q.slot);
-    if (ms) {
-      const rate = this.rate(ms, now);
-      ms.tat = scheduled + (rate ? 1 / rate : 0);
-      if (ms.cycleStart === undefined) ms.cycleStart = now;
-    }
-    return { kind: 'go', wait: Math.max(wait, 0), ticket: { key, model, quotaSlot: q.slot, start, sentAt: undefined, done: false } };
+    return [start, holdWait];
   }
 
   stillClosed(c, now) {

@@ -2,7 +2,9 @@
 
 Per gateway key, the pacer keeps the quota standing the last answers reported and hands out start
 times so that what remains of each quota lasts until its window ends: one call every
-``time left / calls left``, spread, not burst-then-stop. Per key and model it keeps what refusals
+``time left / calls left``, spread, not burst-then-stop. Pacing is a preference and a quota a
+limit: a call that cannot wait for its paced turn (``most_wait``) goes as early as the quota has
+room for it, rather than fail. Per key and model it keeps what refusals
 said: a named wait holds every call of that scope until it has passed (plus a small random extra
 per call), and the rate at which the upstream let calls through before it refused, which spaces
 the calls after the wait. A refusal that must not be retried (a used-up quota, a banned key, a
@@ -38,7 +40,8 @@ from ._signals import (
 class Settings:
     """How patient a client is. Every wait of one call (pacing and retries together) stays
     within ``most_wait``; a call that would have to wait longer fails at once, saying when to
-    come back."""
+    come back. A call whose paced turn is later than that goes as soon as the quota has room
+    for it: pacing never turns away a call the gateway would serve."""
 
     #: Seconds one call may spend waiting in all, pacing and retries together.
     most_wait: float = 60.0
@@ -263,28 +266,47 @@ class Pacer:
                 # A window passed whose length is unknown: read the quotas again first.
                 ks.primed, ks.prime_asked = "reading", now
                 return Plan("prime")
-            # Holds named by refusals, and the rate the upstream let through.
-            start = max(quota_slot, ks.hold)
-            hold_wait = ks.hold_wait if now < ks.hold else 0.0
-            if ms is not None:
-                if now < ms.hold:
-                    hold_wait = max(hold_wait, ms.hold_wait)
-                start = max(start, ms.hold, ms.tat)
+            scheduled, hold_wait = self._held(ks, ms, quota_slot, now)
+            paced = True
+            if scheduled - now > allowance and quota_slot > now:
+                # Pacing is a preference, a quota is a limit: a call that cannot wait for its
+                # paced turn goes as early as the quota has room for it rather than fail (the
+                # calls already planned keep their slots; the pace goes on after them).
+                early = self._quota_slot(ks, now, now)[0]
+                if early < quota_slot:
+                    quota_slot, paced = early, False
+                    scheduled, hold_wait = self._held(ks, ms, quota_slot, now, in_turn=False)
             # The random extra after a hold is this call's own: it does not delay the others.
-            scheduled = start
-            if hold_wait > 0:
-                start += self._extra(hold_wait)
+            start = scheduled + (self._extra(hold_wait) if hold_wait > 0 else 0.0)
             wait = start - now
             if wait > allowance:
                 return Plan("refuse", refusal=self._too_long(wait, now))
-            ks.tat = quota_slot + interval
+            if paced:
+                ks.tat = quota_slot + interval
             bisect.insort(ks.slots, quota_slot)
             if ms is not None:
                 rate = self._rate(ms, now)
-                ms.tat = scheduled + (1.0 / rate if rate else 0.0)
+                after = scheduled + (1.0 / rate if rate else 0.0)
+                ms.tat = after if paced else max(ms.tat, after)
                 if ms.cycle_start is None:
                     ms.cycle_start = now
             return Plan("go", wait=max(wait, 0.0), ticket=Ticket(key, model, quota_slot, start))
+
+    def _held(self, ks: KeyState, ms: Optional[ModelState], quota_slot: float, now: float,
+              in_turn: bool = True):
+        """When a call whose quota slot is ``quota_slot`` may start given the holds named by
+        refusals and the rate the upstream let through, and the wait of the hold it is under.
+        A call out of its paced turn follows the calls planned before it only where an
+        upstream's rate spaces them."""
+        start = max(quota_slot, ks.hold)
+        hold_wait = ks.hold_wait if now < ks.hold else 0.0
+        if ms is not None:
+            if now < ms.hold:
+                hold_wait = max(hold_wait, ms.hold_wait)
+            start = max(start, ms.hold)
+            if in_turn or self._rate(ms, now):
+                start = max(start, ms.tat)
+        return start, hold_wait
 
     def _still_closed(self, c: Optional[Closure], now: float) -> Optional[LocalRefusal]:
         if c is None:

@@ -52,7 +52,12 @@ test('calls that cannot wait are told when to come back, without a refusal from 
   const gw = new SimGateway(vt, 10);
   const f = setup(vt, gw, { mostWait: 15 });
   const rs = await vt.run(...[...Array(25)].map(() => chat(f)));
-  assert.equal(rs.filter((r) => r.status === 200).length, 6);
+  // The window's 10: paced within 15 s (0, 3, …, 15), the rest at once.
+  assert.equal(rs.filter((r) => r.status === 200).length, 10);
+  const times = gw.calls.map(([t]) => t).sort((a, b) => a - b);
+  // (At once: as soon as the key's quotas are read, a poll of 0.05 s.)
+  times.slice(0, 5).forEach((t) => assert.ok(t <= 0.05 + 1e-9, String(times)));
+  [3, 6, 9, 12, 15].forEach((t, i) => near(times[5 + i], t));
   const told = rs.filter((r) => r.status === 429);
   for (const r of told) assert.equal((await r.json()).error.code, 'wait_too_long');
   assert.equal(gw.calls.filter(([, s]) => s === 429).length, 0);

@@ -91,6 +91,27 @@ test('a wait past mostWait is refused at once with the time to come back', () =>
   close(starts(p, 1, undefined, 60), [31]);
 });
 
+test('a call that cannot wait for its paced turn goes while the quota has room', () => {
+  // 1000 a day, 08:00 local: the pace is one call every 86 s, more than the 60 s a call waits.
+  const vt = new VirtualTime(T0);
+  const p = pacer(vt);
+  p.primed(KEY, [row(1000, 1000, T0 + 86400 + 90, 'day')]);
+  assert.deepEqual(starts(p, 3, undefined, 60), [0, 0, 0], 'not refused: 1000 remain');
+  // A call that can wait keeps to the pace, after the calls already planned.
+  close(starts(p, 1), [86400 / 1000]);
+});
+
+test('calls that cannot wait use what the window has left and no more', () => {
+  const vt = new VirtualTime(T0 + 30);
+  const p = pacer(vt);
+  p.primed(KEY, [row(10, 10, T0 + 60 + 90)]);
+  const got = starts(p, 14, undefined, 10);
+  // Paced: 0, 3, 6, 9; then the 6 the window still has go at once; the rest would wait for the
+  // next window (31 s): told when to come back.
+  close(got.slice(0, 4), [0, 3, 6, 9]);
+  assert.deepEqual(got.slice(4), [0, 0, 0, 0, 0, 0, undefined, undefined, undefined, undefined]);
+});
+
 test('a quota refusal closes the key until its reset', () => {
   const vt = new VirtualTime(T0 + 10);
   const p = pacer(vt);
