@@ -76,6 +76,11 @@ pub struct Inner {
     pub shutdown: CancellationToken,
     /// Background tasks, drained at shutdown.
     pub tasks: TaskTracker,
+    /// The writes handed off the request path by [`AppState::spawn_background`] and still
+    /// running (closed from the start: waiting on it waits until none is left).
+    pending_writes: TaskTracker,
+    /// How often the configuration epoch and other gateways' locks are read.
+    config_poll: Duration,
     /// The main runtime, where background tasks run (requests run on the serving threads').
     pub runtime: tokio::runtime::Handle,
     /// Open client connections, counted against `max_client_connections`.
@@ -88,7 +93,21 @@ impl AppState {
     /// Runs `task` in the background on the main runtime, drained at shutdown (a serving thread's
     /// runtime stops with its last request).
     pub fn spawn_background(&self, task: impl Future<Output = ()> + Send + 'static) {
-        self.tasks.spawn_on(task, &self.runtime);
+        self.tasks
+            .spawn_on(self.pending_writes.track_future(task), &self.runtime);
+    }
+
+    /// Shares everything this gateway has done so far and learns what the others did, without
+    /// waiting for the background intervals: waits for the writes handed off the request path
+    /// (locks, breaker trips), writes the queued request logs, flushes the quota, own-limit and
+    /// breaker counts, then reloads the configuration, locks and trips from the store. The
+    /// background tasks keep their intervals; this is the sync point of the behaviour tests
+    /// (`TestApp::sync`), which would otherwise wait on those intervals.
+    pub async fn sync(&self) {
+        self.pending_writes.wait().await;
+        self.logs.flush().await;
+        self.flush_counters().await;
+        self.reload().await;
     }
 }
 
@@ -139,6 +158,9 @@ pub struct BuildOptions {
     pub resources: Option<PathBuf>,
     /// A manual clock (tests); the system clock when `None`.
     pub clock: Option<Clock>,
+    /// How often the configuration epoch and other gateways' locks are read; half a second
+    /// when `None`.
+    pub config_poll: Option<Duration>,
 }
 
 /// A built gateway, bound to its address, not yet serving.
@@ -212,6 +234,8 @@ impl Gateway {
         let epoch = store.config_epoch().await?;
         let shutdown = CancellationToken::new();
         let tasks = TaskTracker::new();
+        let pending_writes = TaskTracker::new();
+        pending_writes.close();
         let logs = request_log::start_writer(
             store.clone(),
             Duration::from_millis(settings.flush_interval_ms),
@@ -258,6 +282,8 @@ impl Gateway {
             metrics: crate::telemetry::metrics_handle(),
             shutdown,
             tasks,
+            pending_writes,
+            config_poll: options.config_poll.unwrap_or(CONFIG_POLL),
             runtime: tokio::runtime::Handle::current(),
             connections,
             managed,
@@ -525,7 +551,8 @@ fn state_gauges(state: &AppState) -> String {
     e.finish()
 }
 
-/// How often each gateway checks the configuration epoch (changes apply within a second).
+/// How often each gateway checks the configuration epoch by default (changes apply within a
+/// second).
 const CONFIG_POLL: Duration = Duration::from_millis(500);
 
 /// Polls the configuration epoch; on a change, reloads the routing snapshot and forgets cached
@@ -535,7 +562,7 @@ fn start_config_watch(state: AppState, mut epoch: i64) {
     state.tasks.spawn(async move {
         loop {
             tokio::select! {
-                () = tokio::time::sleep(CONFIG_POLL) => {},
+                () = tokio::time::sleep(s.config_poll) => {},
                 () = s.shutdown.cancelled() => break,
             }
             // The epoch read is also the database's health probe: it ends an outage.
@@ -570,21 +597,7 @@ fn start_quota_flush(state: AppState) {
                 () = tokio::time::sleep(every) => false,
                 () = s.shutdown.cancelled() => true,
             };
-            use crate::telemetry::timed_flush;
-            if let Err(e) = timed_flush("quota", s.quota.flush(&s.store, s.clock.now())).await {
-                s.store
-                    .log_failure(&e, "quota flush failed; usage kept for the next flush");
-            }
-            if let Err(e) = timed_flush("own_limits", s.admission.flush(&s.store, s.clock.now_ms())).await {
-                s.store
-                    .log_failure(&e, "own-limit flush failed; counts kept for the next flush");
-            }
-            if let Err(e) = timed_flush("breakers", s.breakers.flush(&s.store, s.clock.now())).await {
-                s.store.log_failure(
-                    &e,
-                    "breaker window flush failed; outcomes kept for the next flush",
-                );
-            }
+            s.flush_counters().await;
             if stopping {
                 break;
             }
@@ -593,6 +606,27 @@ fn start_quota_flush(state: AppState) {
 }
 
 impl AppState {
+    /// Writes the quota counters, upstream own-limit counts and breaker windows to the store and
+    /// reads back what the other gateways counted; a failed flush keeps its counts for the next.
+    async fn flush_counters(&self) {
+        use crate::telemetry::timed_flush;
+        if let Err(e) = timed_flush("quota", self.quota.flush(&self.store, self.clock.now())).await {
+            self.store
+                .log_failure(&e, "quota flush failed; usage kept for the next flush");
+        }
+        let own_limits = self.admission.flush(&self.store, self.clock.now_ms());
+        if let Err(e) = timed_flush("own_limits", own_limits).await {
+            self.store
+                .log_failure(&e, "own-limit flush failed; counts kept for the next flush");
+        }
+        if let Err(e) = timed_flush("breakers", self.breakers.flush(&self.store, self.clock.now())).await {
+            self.store.log_failure(
+                &e,
+                "breaker window flush failed; outcomes kept for the next flush",
+            );
+        }
+    }
+
     /// The client's address: the connection's, or behind a trusted proxy the one it forwarded
     /// (`trusted_proxies`, [`crate::forwarded`]).
     pub fn client_ip(&self, peer: SocketAddr, headers: &axum::http::HeaderMap) -> std::net::IpAddr {
