@@ -1,6 +1,7 @@
 //! The house rules that the compiler does not check, read from `src/`: SQL is written only in
-//! `store/` (domain modules say what to persist, the store says how, for both backends), and no
-//! file outgrows one responsibility (about 600 lines, its tests not counted).
+//! `store/` (domain modules say what to persist, the store says how, for both backends), no
+//! module reaches into the handlers (`proxy/`, `admin/`) except the handlers and the app wiring,
+//! and no file outgrows one responsibility (about 600 lines, its tests not counted).
 
 use std::path::{Path, PathBuf};
 
@@ -281,6 +282,52 @@ fn no_file_outgrows_one_responsibility() {
     assert_eq!(
         lines_beside_tests("fn a() {}\n#[cfg(test)]\nmod tests {\n    fn t() {}\n}\nfn b() {}\n"),
         2
+    );
+}
+
+/// The handlers, and the wiring that builds the router and the state from them.
+fn may_use_handlers(file: &str) -> bool {
+    [
+        "src/proxy/",
+        "src/admin/",
+        "src/app.rs",
+        "src/app/",
+        "src/lib.rs",
+        "src/main.rs",
+    ]
+    .iter()
+    .any(|allowed| file.starts_with(allowed))
+}
+
+#[test]
+fn only_the_handlers_and_the_wiring_use_handler_modules() {
+    let mut found = Vec::new();
+    for (file, text) in sources() {
+        // The proxy and the admin API do not reach into each other either.
+        let forbidden: &[&str] = if file.starts_with("src/proxy/") {
+            &["crate::admin"]
+        } else if file.starts_with("src/admin/") {
+            &["crate::proxy"]
+        } else if may_use_handlers(&file) {
+            &[]
+        } else {
+            &["crate::proxy", "crate::admin"]
+        };
+        for part in lex(&text) {
+            if let Part::Code(line, code) = part {
+                for module in forbidden {
+                    if code.contains(module) {
+                        found.push(format!("{file}:{line}: {}", code.trim()));
+                    }
+                }
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "handler modules used outside the handlers and the app wiring (move the shared type to \
+         a neutral module):\n{}",
+        found.join("\n")
     );
 }
 
