@@ -3,7 +3,8 @@
 logging on, SQLite), non-streamed and streamed, with wrk on loopback.
 
 Prints, per path and mode: requests/s at 50 connections; p50/p99/p99.9 latency at 1 and at 50
-connections; aigw CPU time per request; aigw peak RSS. At one connection the latencies are timed
+connections; aigw CPU time per request; aigw peak RSS; and how many writes a stream the mock sends
+at once leaves aigw in (more than two fails the run: aigw should pass the events on together). At one connection the latencies are timed
 by bench/probe.rs, as recorded, and also with wrk's correction for coordinated omission applied to
 the same samples ("corrected"); at 50 connections they are wrk's (corrected). Usage:
 
@@ -123,6 +124,36 @@ def wait_ready(url, proc, timeout=30):
         except Exception:
             time.sleep(0.05)
     sys.exit(f"{url} not ready")
+
+
+def stream_writes(port):
+    """How many HTTP chunks (writes) aigw sends one streamed answer in. The mock writes its whole
+    stream at once, so aigw should pass the events on in one chunk (two at most: the body's start
+    may go out with the head), not one per event; counted in the chunked encoding, which a raw
+    client sees whatever TCP did with the bytes. Returns (events, chunks)."""
+    body = chat_body(True).encode()
+    head = (f"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1:{port}\r\nauthorization: Bearer {KEY}\r\n"
+            f"content-type: application/json\r\ncontent-length: {len(body)}\r\nconnection: close\r\n\r\n")
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(head.encode() + body)
+        raw = b""
+        while chunk := s.recv(65536):
+            raw += chunk
+    head, rest = raw.split(b"\r\n\r\n", 1)
+    if not head.startswith(b"HTTP/1.1 200") or b"transfer-encoding: chunked" not in head.lower():
+        sys.exit(f"the streamed request failed: {head.decode(errors='replace')}")
+    chunks = []
+    while True:
+        size, rest = rest.split(b"\r\n", 1)
+        size = int(size, 16)
+        if size == 0:
+            break
+        chunks.append(rest[:size])
+        rest = rest[size + 2:]
+    events = sum(c.count(b"data: ") for c in chunks)
+    if not b"".join(chunks).rstrip().endswith(b"data: [DONE]"):
+        sys.exit("the streamed answer did not end with data: [DONE]")
+    return events, len(chunks)
 
 
 def cpu_seconds(pid):
@@ -550,6 +581,7 @@ def main():
                 cpu = cpu_seconds(gw.pid) - before
                 results[(mode, path)] = (one, fifty, cpu)
         rss = peak_rss_mib(gw.pid)
+        events, writes = stream_writes(gw_port)
         rev = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
         if args.bin:
             rev = BIN  # another build than this checkout's
@@ -572,6 +604,10 @@ def main():
                   f"aigw CPU {cpu / max(a50['requests'], 1) * 1e6:.1f} µs/request at 50 connections; "
                   f"throughput {a50['rps'] / d50['rps'] * 100:.0f} % of direct")
         print(f"- aigw peak RSS: {rss:.1f} MiB")
+        print(f"- a stream the mock writes at once ({events} events) leaves aigw in {writes} write(s)")
+        if writes > 2:
+            sys.exit(f"aigw wrote a stream of {events} events in {writes} writes, not in one: the per-event "
+                     "writes cost a system call each")
     finally:
         for p in (gw, mock):
             p.terminate()

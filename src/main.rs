@@ -81,7 +81,7 @@ async fn serve(config: Option<PathBuf>, resources: Option<PathBuf>) -> Result<()
     }
     let options = aigw::BuildOptions {
         resources,
-        clock: None,
+        ..aigw::BuildOptions::default()
     };
     let stop = shutdown_signal();
     let gateway = aigw::Gateway::build(settings, options)

@@ -2,6 +2,7 @@
 
 pub mod engine;
 pub mod headers;
+pub mod policy;
 pub mod report;
 pub mod window;
 

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use crate::clock::Clock;
@@ -19,6 +19,8 @@ const FLUSH_MAX: usize = 2000;
 #[derive(Clone)]
 pub struct LogSink {
     tx: mpsc::UnboundedSender<LogRecord>,
+    /// Requests to write what is queued now; answered once it is written.
+    flush_tx: mpsc::UnboundedSender<oneshot::Sender<()>>,
     depth: Arc<AtomicI64>,
 }
 
@@ -34,6 +36,15 @@ impl LogSink {
     pub fn queued(&self) -> i64 {
         self.depth.load(Ordering::Relaxed)
     }
+
+    /// Writes every record queued before the call without waiting for the flush interval, and
+    /// returns once they are written (at once when the writer has stopped).
+    pub async fn flush(&self) {
+        let (done, written) = oneshot::channel();
+        if self.flush_tx.send(done).is_ok() {
+            let _ = written.await;
+        }
+    }
 }
 
 /// Starts the writer: woken by a first record, it lets one flush interval pass and then writes
@@ -46,22 +57,30 @@ pub fn start_writer(
     tasks: &tokio_util::task::TaskTracker,
 ) -> LogSink {
     let (tx, mut rx) = mpsc::unbounded_channel::<LogRecord>();
+    let (flush_tx, mut flush_rx) = mpsc::unbounded_channel::<oneshot::Sender<()>>();
     let depth = Arc::new(AtomicI64::new(0));
     let d = depth.clone();
     tasks.spawn(async move {
         let mut batch = Vec::with_capacity(FLUSH_MAX);
         loop {
-            let first = tokio::select! {
-                r = rx.recv() => r,
-                () = stop.cancelled() => None,
-            };
-            let Some(first) = first else { break };
-            batch.push(first);
-            // The rest of the interval's records are taken when it ends, not one by one: a
-            // waiting receiver would be woken by every request, from the request's thread.
+            // Callers of `flush` to answer once this round is written.
+            let mut waiting = Vec::new();
             tokio::select! {
-                () = tokio::time::sleep(flush_interval) => {},
-                () = stop.cancelled() => {},
+                r = rx.recv() => match r {
+                    Some(first) => batch.push(first),
+                    None => break,
+                },
+                Some(done) = flush_rx.recv() => waiting.push(done),
+                () = stop.cancelled() => break,
+            }
+            if waiting.is_empty() {
+                // The rest of the interval's records are taken when it ends, not one by one: a
+                // waiting receiver would be woken by every request, from the request's thread.
+                tokio::select! {
+                    () = tokio::time::sleep(flush_interval) => {},
+                    Some(done) = flush_rx.recv() => waiting.push(done),
+                    () = stop.cancelled() => {},
+                }
             }
             loop {
                 while batch.len() < FLUSH_MAX {
@@ -70,11 +89,17 @@ pub fn start_writer(
                         Err(_) => break,
                     }
                 }
+                if batch.is_empty() {
+                    break;
+                }
                 let full = batch.len() >= FLUSH_MAX;
                 write_with_retry(&store, &mut batch, &d, &stop).await;
                 if !full {
                     break;
                 }
+            }
+            for done in waiting {
+                let _ = done.send(());
             }
         }
         // Shutdown: the server has stopped taking requests; write what is still queued.
@@ -86,7 +111,7 @@ pub fn start_writer(
             write_with_retry(&store, &mut batch, &d, &CancellationToken::new()).await;
         }
     });
-    LogSink { tx, depth }
+    LogSink { tx, flush_tx, depth }
 }
 
 async fn write_with_retry(

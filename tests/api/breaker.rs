@@ -4,7 +4,7 @@ use aigw::mock_upstream::MockUpstream;
 use serde_json::{Value, json};
 
 use crate::both_backends;
-use crate::helpers::{Setup, TestApp, TestDb, spawn_app};
+use crate::helpers::{ResourcesBuilder, Setup, TestApp, TestDb, spawn_app};
 use crate::proxy::{KEY, resources};
 
 fn good() -> Value {
@@ -169,8 +169,8 @@ async fn ladder_ban_wordings_and_restart(db: TestDb) {
 }
 
 async fn quota_refusals_count_as_failures(db: TestDb) {
-    let policy = "\n[[policy]]\nworkspace = \"acme\"\nsubject = \"apikey\"\ntarget = \"*\"\nmetric = \"requests\"\nwindow = \"minute\"\nlimit = 1\n";
-    let (app, _mock) = start(&db, policy).await;
+    let policy = ResourcesBuilder::new().policy("acme", "apikey", "*", ("requests", "minute"), 1.0);
+    let (app, _mock) = start(&db, &String::from(policy)).await;
     let statuses = send(&app, 100, &good()).await;
     assert_eq!(statuses[0], 200);
     assert!(statuses[1..].iter().all(|s| *s == 429));
@@ -184,58 +184,42 @@ async fn quota_refusals_count_as_failures(db: TestDb) {
 }
 
 /// Two gateways on one Postgres see one breaker: fewer than 100 failing requests on each trip the
-/// key once. (Up to 90 each: on a loaded machine the flushes that share the counts lag.)
+/// key once, and the trip made through one is enforced by both.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_gateways_share_one_breaker_on_postgres() {
     let Some(db) = TestDb::postgres().await else {
         return;
     };
     let mock = MockUpstream::start().await.unwrap();
-    let fast = |s: &mut aigw::Settings| s.flush_interval_ms = 10;
-    let a = spawn_app(
-        &db,
-        Setup {
-            settings: Box::new(fast),
-            ..Setup::resources(resources(&mock))
-        },
-    )
-    .await;
-    let b = spawn_app(
-        &db,
-        Setup {
-            settings: Box::new(fast),
-            ..Setup::resources(resources(&mock))
-        },
-    )
-    .await;
+    let a = spawn_app(&db, Setup::resources(resources(&mock))).await;
+    let b = spawn_app(&db, Setup::resources(resources(&mock))).await;
     let mut refused = 0;
-    for _ in 0..90 {
+    let mut sent = 0;
+    while refused == 0 && sent < 180 {
         for app in [&a, &b] {
             let status = app.post_json("/v1/chat/completions", KEY, &bad()).await.status();
             refused += usize::from(status == 429);
+            sent += 1;
         }
-        if refused > 0 {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(15)).await;
+        // Each gateway shares its outcomes and learns the other's before the next pair.
+        a.sync().await;
+        b.sync().await;
     }
     assert!(
         refused > 0,
         "neither gateway alone reached 100 requests, together they tripped the key"
     );
-    // Within a second both refuse: the trip is shared.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_millis(1500);
-    loop {
-        let sa = a.post_json("/v1/chat/completions", KEY, &good()).await.status();
-        let sb = b.post_json("/v1/chat/completions", KEY, &good()).await.status();
-        if sa == 429 && sb == 429 {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "both gateways refuse the tripped key ({sa}, {sb})"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    assert!(
+        sent <= 104,
+        "tripped at the 100th failure of the two, not later: {sent}"
+    );
+    // Whichever tripped it has written the trip; the other has read it: both refuse.
+    a.sync().await;
+    b.sync().await;
+    a.sync().await;
+    for app in [&a, &b] {
+        let status = app.post_json("/v1/chat/completions", KEY, &good()).await.status();
+        assert_eq!(status, 429, "both gateways refuse the tripped key");
     }
     let key_id = a.logs("acme", 1).await[0].key_id;
     // Trips are persisted in the background; stopping drains that, so read the history after.
@@ -250,52 +234,33 @@ async fn two_gateways_share_one_breaker_on_postgres() {
 both_backends!(admins_see_breaker_state_and_history);
 
 async fn admins_see_breaker_state_and_history(db: TestDb) {
-    let other = "\n[[member]]\nworkspace = \"acme\"\nemail = \"boss@acme.test\"\nrole = \"admin\"\npassword = \"boss-password-1\"\n[[workspace]]\nname = \"other\"\n[[member]]\nworkspace = \"other\"\nemail = \"eve@other.test\"\nrole = \"owner\"\npassword = \"eve-password-1\"\n";
-    let (app, _mock) = start(&db, other).await;
+    let other = ResourcesBuilder::new()
+        .member_with_password("acme", "boss@acme.test", "admin", "boss-password-1")
+        .workspace("other")
+        .member_with_password("other", "eve@other.test", "owner", "eve-password-1");
+    let (app, _mock) = start(&db, &String::from(other)).await;
     send(&app, 100, &bad()).await;
     let key_id = app.logs("acme", 100).await[0].key_id;
-    let token = |email: &'static str, password: &'static str| {
-        let app = &app;
-        async move {
-            let r = app
-                .client
-                .post(format!("{}/admin/v1/auth/login", app.address))
-                .json(&json!({"email": email, "password": password}))
-                .send()
-                .await
-                .unwrap();
-            r.json::<Value>().await.unwrap()["token"]
-                .as_str()
-                .unwrap()
-                .to_owned()
-        }
-    };
-    let owner = token("boss@acme.test", "boss-password-1").await;
+    let owner = app.login("boss@acme.test", "boss-password-1").await;
     let url = format!("{}/admin/v1/keys/{key_id}/breaker", app.address);
-    // The trip is persisted off the request path: wait for it.
-    let mut body = Value::Null;
-    for _ in 0..100 {
-        body = app
-            .client
-            .get(&url)
-            .bearer_auth(&owner)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        if body["history"].as_array().is_some_and(|h| !h.is_empty()) {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+    // The trip is persisted off the request path.
+    app.sync().await;
+    let body: Value = app
+        .client
+        .get(&url)
+        .bearer_auth(&owner)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     assert_eq!(body["trips"], 1, "{body}");
     assert_eq!(body["banned"], false);
     assert!(body["blocked_until"].is_string());
     assert_eq!(body["history"][0]["requests"], 100);
     assert_eq!(body["history"][0]["failures"], 100);
-    let eve = token("eve@other.test", "eve-password-1").await;
+    let eve = app.login("eve@other.test", "eve-password-1").await;
     let r = app.client.get(&url).bearer_auth(&eve).send().await.unwrap();
     assert_eq!(r.status(), 404, "another workspace's key does not exist for them");
     let r = app

@@ -202,6 +202,9 @@ pub struct Setup {
     pub start: DateTime<Utc>,
     /// Adjusts settings before the start.
     pub settings: Box<dyn FnOnce(&mut Settings) + Send>,
+    /// How often the gateway polls the configuration epoch (the default when `None`). Tests
+    /// that need another gateway's change call [`TestApp::sync`] instead of waiting for it.
+    pub config_poll: Option<std::time::Duration>,
 }
 
 impl Default for Setup {
@@ -210,6 +213,7 @@ impl Default for Setup {
             resources: None,
             start: default_start(),
             settings: Box::new(|_| {}),
+            config_poll: None,
         }
     }
 }
@@ -273,6 +277,7 @@ pub async fn try_spawn_app(db: &TestDb, setup: Setup) -> Result<TestApp, aigw::a
         BuildOptions {
             resources,
             clock: Some(clock.clone()),
+            config_poll: setup.config_poll,
         },
     )
     .await?;
@@ -315,8 +320,31 @@ impl TestApp {
             .expect("request")
     }
 
-    /// The request logs of `workspace`, newest first, once at least `n` are written (waits up
-    /// for the batch writer, 10 s at most).
+    /// Signs in to the admin API and returns the token.
+    pub async fn login(&self, email: &str, password: &str) -> String {
+        let r = self
+            .client
+            .post(format!("{}/admin/v1/auth/login", self.address))
+            .json(&serde_json::json!({"email": email, "password": password}))
+            .send()
+            .await
+            .expect("request");
+        assert_eq!(r.status(), 200, "sign-in of {email}");
+        let body: serde_json::Value = r.json().await.expect("json");
+        body["token"].as_str().expect("token").to_owned()
+    }
+
+    /// Shares what this gateway did and learns what others did, at once: the pending writes, the
+    /// queued request logs and the counters go to the store, and the configuration, locks and
+    /// trips are reloaded from it ([`AppState::sync`]). Call it on the gateway that acted, then
+    /// on the one that should see it, instead of waiting for the background intervals.
+    pub async fn sync(&self) {
+        self.state.sync().await;
+    }
+
+    /// The request logs of `workspace`, newest first, once at least `n` are written (each try
+    /// writes the queued logs first; a log is queued when its request has ended, which can be a
+    /// moment after the client got the last byte, so this retries for 10 s at most).
     pub async fn logs(&self, workspace: &str, n: usize) -> Vec<aigw::request_log::LogRecord> {
         use aigw::store::{RequestLogStore, WorkspaceStore};
         let ws = self
@@ -333,6 +361,7 @@ impl TestApp {
         };
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         loop {
+            self.state.logs.flush().await;
             let page = self.state.store.logs(&filter).await.unwrap();
             if page.items.len() >= n || std::time::Instant::now() > deadline {
                 assert!(
@@ -403,4 +432,122 @@ pub fn logged_warnings() -> Vec<String> {
         .lines()
         .map(str::to_owned)
         .collect()
+}
+
+/// A resources file (docs/resources.md) built table by table, so a test names what it sets up
+/// instead of repeating TOML. Every entry is a `[[kind]]` table; [`ResourcesBuilder::with`] adds
+/// a field to the last one. Turns into the file's text with `String::from`.
+#[derive(Clone, Debug, Default)]
+pub struct ResourcesBuilder {
+    tables: Vec<(&'static str, toml::Table)>,
+}
+
+#[allow(dead_code, reason = "each suite uses the entries it needs")]
+impl ResourcesBuilder {
+    /// An empty file.
+    pub fn new() -> ResourcesBuilder {
+        ResourcesBuilder::default()
+    }
+
+    /// A `[[kind]]` table with these string fields.
+    pub fn table(mut self, kind: &'static str, fields: &[(&str, &str)]) -> ResourcesBuilder {
+        let table = fields
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), toml::Value::from(*v)))
+            .collect();
+        self.tables.push((kind, table));
+        self
+    }
+
+    /// Adds `key = value` to the last table.
+    pub fn with(mut self, key: &str, value: impl Into<toml::Value>) -> ResourcesBuilder {
+        let (_, table) = self.tables.last_mut().expect("a table to add the field to");
+        table.insert(key.to_owned(), value.into());
+        self
+    }
+
+    /// A workspace.
+    pub fn workspace(self, name: &str) -> ResourcesBuilder {
+        self.table("workspace", &[("name", name)])
+    }
+
+    /// A member without a password (it cannot sign in).
+    pub fn member(self, workspace: &str, email: &str, role: &str) -> ResourcesBuilder {
+        self.table(
+            "member",
+            &[("workspace", workspace), ("email", email), ("role", role)],
+        )
+    }
+
+    /// A member who signs in with `password`.
+    pub fn member_with_password(
+        self,
+        workspace: &str,
+        email: &str,
+        role: &str,
+        password: &str,
+    ) -> ResourcesBuilder {
+        self.member(workspace, email, role).with("password", password)
+    }
+
+    /// A gateway API key of `member` with a fixed plaintext.
+    pub fn api_key(self, member: &str, name: &str, key: &str) -> ResourcesBuilder {
+        self.table("api_key", &[("member", member), ("name", name), ("key", key)])
+    }
+
+    /// An OpenAI-compatible upstream credential serving `models` (`provider`, `priority` and the
+    /// rest through [`ResourcesBuilder::with`]).
+    pub fn upstream(
+        self,
+        workspace: &str,
+        name: &str,
+        base_url: &str,
+        secret: &str,
+        models: &[&str],
+    ) -> ResourcesBuilder {
+        self.table(
+            "upstream",
+            &[
+                ("workspace", workspace),
+                ("name", name),
+                ("provider", "openai-compatible"),
+                ("base_url", base_url),
+                ("api_key", secret),
+            ],
+        )
+        .with("models", models.to_vec())
+    }
+
+    /// A quota policy in `enforce` mode (`mode` through [`ResourcesBuilder::with`]).
+    pub fn policy(
+        self,
+        workspace: &str,
+        subject: &str,
+        target: &str,
+        (metric, window): (&str, &str),
+        limit: f64,
+    ) -> ResourcesBuilder {
+        self.table(
+            "policy",
+            &[
+                ("workspace", workspace),
+                ("subject", subject),
+                ("target", target),
+                ("metric", metric),
+                ("window", window),
+            ],
+        )
+        .with("limit", limit)
+    }
+}
+
+impl From<ResourcesBuilder> for String {
+    fn from(b: ResourcesBuilder) -> String {
+        let mut text = String::new();
+        for (kind, table) in b.tables {
+            text.push_str(&format!("\n[[{kind}]]\n"));
+            text.push_str(&toml::to_string(&table).expect("a TOML table"));
+        }
+        text
+    }
 }

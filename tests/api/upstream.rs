@@ -5,7 +5,7 @@ use aigw::mock_upstream::{MockUpstream, Script};
 use serde_json::{Value, json};
 
 use crate::both_backends;
-use crate::helpers::{Setup, TestApp, TestDb, spawn_app};
+use crate::helpers::{ResourcesBuilder, Setup, TestApp, TestDb, spawn_app};
 use crate::proxy::KEY;
 
 /// Two credentials serving `m1` (no fallback), and `m2` with a fallback `m3` on the same pair.
@@ -408,22 +408,13 @@ async fn a_new_secret_resets_the_backoff_on_every_gateway(db: TestDb) {
     assert_eq!(mock.call_count(), 5);
     assert_eq!(upstream(&a).await["backoff_level"], 3);
     assert_eq!(upstream(&b).await["backoff_level"], 2);
-    // `b` persists its lock off the request path; wait until it is in the store, or it could
-    // land after the edit cleared the store's locks and come back with `b`'s reload.
+    // `b` persists its lock off the request path: have it written, or it could land after the
+    // edit cleared the store's locks and come back with `b`'s reload.
+    b.sync().await;
     let persisted = aigw::upstream::locks::Locks::default();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    loop {
-        let now_ms = b.clock.now_ms();
-        persisted.load(&b.state.store, now_ms, true).await.unwrap();
-        if !persisted.of(solo, now_ms).is_empty() {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "`b`'s lock was never persisted"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+    let now_ms = b.clock.now_ms();
+    persisted.load(&b.state.store, now_ms, true).await.unwrap();
+    assert!(!persisted.of(solo, now_ms).is_empty(), "`b`'s lock is stored");
     // The secret is edited through `a`.
     let r = a
         .client
@@ -437,19 +428,12 @@ async fn a_new_secret_resets_the_backoff_on_every_gateway(db: TestDb) {
     let after = upstream(&a).await;
     assert_eq!(after["backoff_level"], 0, "{after}");
     assert_eq!(after["locks"], json!([]), "the per-model lock is cleared");
-    // `b` learns of the edit through the configuration epoch, within a second or so.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    loop {
-        let seen = upstream(&b).await;
-        if seen["backoff_level"] == 0 && seen["locks"] == json!([]) {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "`b` kept the backoff or the lock: {seen}"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
+    // `b` learns of the edit through the configuration epoch.
+    a.sync().await;
+    b.sync().await;
+    let seen = upstream(&b).await;
+    assert_eq!(seen["backoff_level"], 0, "`b` kept the backoff: {seen}");
+    assert_eq!(seen["locks"], json!([]), "`b` kept the lock: {seen}");
     // The next overload parks 2 s again, not 16 s (through `a`) or 8 s (through `b`).
     for app in [&a, &b] {
         let r = app.post_json("/v1/chat/completions", KEY, &chat("m1")).await;
@@ -478,23 +462,12 @@ const OTHER_KEY: &str = "sk-aigw-OtherPoolKey0123456789abcdefghij";
 /// A workspace with the two keys and the given `[[upstream]]` blocks, each written as
 /// (name, base URL, secret, models, extra TOML lines).
 pub(crate) fn pool_of(upstreams: &[(&str, &str, &str, &str, &str)]) -> String {
-    let mut text = format!(
-        r#"
-[[workspace]]
-name = "acme"
-[[member]]
-workspace = "acme"
-email = "ada@acme.test"
-role = "member"
-[[api_key]]
-member = "ada@acme.test"
-name = "ci"
-key = "{KEY}"
-[[api_key]]
-member = "ada@acme.test"
-name = "other"
-key = "{OTHER_KEY}"
-"#
+    let mut text = String::from(
+        ResourcesBuilder::new()
+            .workspace("acme")
+            .member("acme", "ada@acme.test", "member")
+            .api_key("ada@acme.test", "ci", KEY)
+            .api_key("ada@acme.test", "other", OTHER_KEY),
     );
     for (i, (name, url, secret, models, extra)) in upstreams.iter().enumerate() {
         text.push_str(&format!(
@@ -1103,23 +1076,40 @@ async fn the_single_retry_respects_the_attempt_and_time_budgets(db: TestDb) {
     app.stop().await;
 }
 
-/// Replicas see each other's locks within a second: a credential parked through one gateway gets
-/// no traffic through the other.
+/// Replicas see each other's locks through the configuration poll, with no restart and no
+/// change of configuration: a credential parked through one gateway gets no traffic through the
+/// other.
 #[tokio::test]
-async fn a_lock_reaches_the_other_gateway_within_a_second() {
+async fn a_lock_reaches_the_other_gateway_through_the_poll() {
     let Some(db) = TestDb::postgres().await else {
         return;
     };
     let mock = MockUpstream::start().await.unwrap();
     let a = spawn_app(&db, Setup::resources(pool(&mock))).await;
-    let b = spawn_app(&db, Setup::resources(pool(&mock))).await;
+    let b = spawn_app(
+        &db,
+        Setup {
+            config_poll: Some(std::time::Duration::from_millis(50)),
+            ..Setup::resources(pool(&mock))
+        },
+    )
+    .await;
     let limited = json!({"error": {"message": "slow down"}});
     mock.script(Script::any().header("retry-after", "300").error(429, limited));
     let r = a.post_json("/v1/chat/completions", KEY, &chat("m1")).await;
     assert_eq!(r.status(), 429);
     assert_eq!(mock.call_count(), 2, "both credentials tried and parked");
-    // The other gateway's first request after a second must already know: it sends nothing.
-    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    a.sync().await;
+    // `b` is not synced: its own poll must bring the locks (every 50 ms here; 10 s at most).
+    let ids = [credential_id(&b, "one").await, credential_id(&b, "two").await];
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while ids
+        .iter()
+        .any(|id| b.state.locks.of(*id, b.clock.now_ms()).is_empty())
+    {
+        assert!(std::time::Instant::now() < deadline, "`b` never read `a`'s locks");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
     let r = b.post_json("/v1/chat/completions", KEY, &chat("m1")).await;
     assert_eq!(r.status(), 429);
     let body: Value = r.json().await.unwrap();

@@ -1,0 +1,134 @@
+//! The background tasks that keep a gateway in step with the database and the other replicas:
+//! the configuration poll (which also reads other gateways' locks and ends a store outage) and the
+//! counter flush; and [`AppState::sync`], which does both at once.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::AppState;
+use crate::quota::engine::Policies;
+use crate::upstream::pool::Routes;
+
+/// How often each gateway checks the configuration epoch by default (changes apply within a
+/// second).
+pub(super) const CONFIG_POLL: Duration = Duration::from_millis(500);
+
+/// Polls the configuration epoch; on a change, reloads the routing snapshot and forgets cached
+/// keys, so edits from the console or another replica apply within a second.
+pub(super) fn start_config_watch(state: AppState, mut epoch: i64) {
+    let s = state.clone();
+    state.tasks.spawn(async move {
+        loop {
+            tokio::select! {
+                () = tokio::time::sleep(s.config_poll) => {},
+                () = s.shutdown.cancelled() => break,
+            }
+            // The epoch read is also the database's health probe: it ends an outage.
+            match s.store.config_epoch().await {
+                Ok(now) => {
+                    s.store.note_success();
+                    if now != epoch && s.reload().await {
+                        epoch = now;
+                    }
+                }
+                Err(e) => {
+                    s.store.log_failure(&e, "configuration poll failed");
+                    continue;
+                }
+            }
+            // Locks written by other gateways (every poll: they are not configuration changes).
+            if let Err(e) = s.locks.load(&s.store, s.clock.now_ms(), false).await {
+                s.store.log_failure(&e, "lock poll failed");
+            }
+        }
+    });
+}
+
+/// Flushes quota counters and upstream own-limit counts every flush interval, and once more at shutdown (after the last
+/// request finished), so a graceful stop loses nothing.
+pub(super) fn start_quota_flush(state: AppState) {
+    let s = state.clone();
+    let every = Duration::from_millis(state.settings.flush_interval_ms);
+    state.tasks.spawn(async move {
+        loop {
+            let stopping = tokio::select! {
+                () = tokio::time::sleep(every) => false,
+                () = s.shutdown.cancelled() => true,
+            };
+            s.flush_counters().await;
+            if stopping {
+                break;
+            }
+        }
+    });
+}
+
+impl AppState {
+    /// Shares everything this gateway has done so far and learns what the others did, without
+    /// waiting for the background intervals: waits for the writes handed off the request path
+    /// (locks, breaker trips), writes the queued request logs, flushes the quota, own-limit and
+    /// breaker counts, then reloads the configuration, locks and trips from the store. The
+    /// background tasks keep their intervals; this is the sync point of the behaviour tests
+    /// (`TestApp::sync`), which would otherwise wait on those intervals.
+    pub async fn sync(&self) {
+        self.pending_writes.wait().await;
+        self.logs.flush().await;
+        self.flush_counters().await;
+        self.reload().await;
+    }
+
+    /// Writes the quota counters, upstream own-limit counts and breaker windows to the store and
+    /// reads back what the other gateways counted; a failed flush keeps its counts for the next.
+    async fn flush_counters(&self) {
+        use crate::telemetry::timed_flush;
+        if let Err(e) = timed_flush("quota", self.quota.flush(&self.store, self.clock.now())).await {
+            self.store
+                .log_failure(&e, "quota flush failed; usage kept for the next flush");
+        }
+        let own_limits = self.admission.flush(&self.store, self.clock.now_ms());
+        if let Err(e) = timed_flush("own_limits", own_limits).await {
+            self.store
+                .log_failure(&e, "own-limit flush failed; counts kept for the next flush");
+        }
+        if let Err(e) = timed_flush("breakers", self.breakers.flush(&self.store, self.clock.now())).await {
+            self.store.log_failure(
+                &e,
+                "breaker window flush failed; outcomes kept for the next flush",
+            );
+        }
+    }
+
+    /// Reloads the routing snapshot and forgets cached keys; false if the store failed.
+    pub async fn reload(&self) -> bool {
+        let loaded = async {
+            Ok::<_, crate::store::StoreError>((
+                Routes::load(&self.store, &self.master_key).await?,
+                Policies::load(&self.store).await?,
+            ))
+        };
+        match loaded.await {
+            Ok((routes, policies)) => {
+                if let Err(e) = self.locks.load(&self.store, self.clock.now_ms(), true).await {
+                    self.store.log_failure(&e, "lock reload failed");
+                }
+                // kRouter: an edited secret clears its per-model locks and backoff level on every
+                // gateway, this one included (the backoff level is kept in memory only).
+                for id in routes.secrets_replaced_since(&self.routes.load()) {
+                    self.locks.secret_replaced(id);
+                }
+                // Trips, blocks and bans written by another gateway.
+                if let Err(e) = self.breakers.load(&self.store).await {
+                    self.store.log_failure(&e, "breaker reload failed");
+                }
+                self.routes.store(Arc::new(routes));
+                self.policies.store(Arc::new(policies));
+                self.keys.invalidate_all();
+                true
+            }
+            Err(e) => {
+                self.store.log_failure(&e, "configuration reload failed");
+                false
+            }
+        }
+    }
+}

@@ -1,0 +1,207 @@
+//! The router: every listener's routes from the route tables, the request id, health, readiness
+//! and metrics, and the refusals of unknown routes and methods.
+
+use axum::Router;
+use axum::extract::{Request, State};
+use axum::http::{HeaderValue, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+
+use super::AppState;
+use crate::config::Secret;
+use crate::error::ApiError;
+
+/// Builds `pub const ROUTES: &[(&str, &str)]` (method, path) and a function returning the router
+/// of exactly those routes from one table, so the list cannot drift from the router
+/// (`tests/api/openapi.rs` compares the lists with `openapi.yaml`). `fn NAME, const LIST;` names
+/// the list, for a module with more than one table.
+macro_rules! route_table {
+    ($(#[$doc:meta])* $vis:vis fn $name:ident; $($method:ident $path:literal => $handler:path;)*) => {
+        $crate::app::route_table! {
+            $(#[$doc])* $vis fn $name, const ROUTES; $($method $path => $handler;)*
+        }
+    };
+    ($(#[$doc:meta])* $vis:vis fn $name:ident, const $list:ident; $($method:ident $path:literal => $handler:path;)*) => {
+        /// Every route of this router as `(method, path)`, the method in lowercase.
+        pub const $list: &[(&str, &str)] = &[$((stringify!($method), $path),)*];
+
+        $(#[$doc])*
+        $vis fn $name() -> axum::Router<$crate::app::AppState> {
+            axum::Router::new()$(.route($path, axum::routing::$method($handler)))*
+        }
+    };
+}
+pub(crate) use route_table;
+
+route_table! {
+    /// Liveness and readiness, on every listener.
+    fn health_routes, const HEALTH_ROUTES;
+    get "/healthz" => healthz;
+    get "/readyz" => readyz;
+}
+
+route_table! {
+    /// Prometheus metrics, with the admin surfaces.
+    fn metrics_routes, const METRICS_ROUTES;
+    get "/metrics" => metrics;
+}
+
+/// Which routes a listener serves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Surface {
+    /// All of them (one listener, the default).
+    Everything,
+    /// The proxy and health: the main listener when `admin_listen` is set.
+    Proxy,
+    /// The admin API, the console, metrics and health: the `admin_listen` listener.
+    Admin,
+}
+
+/// The router of a listener: the routes of `surface`; any other path is `not_found`.
+pub fn router(state: AppState, surface: Surface) -> Router {
+    let mut routes = Router::new().merge(health_routes());
+    if surface != Surface::Admin {
+        routes = routes.merge(crate::proxy::routes());
+    }
+    if surface != Surface::Proxy {
+        routes = routes
+            .merge(crate::admin::routes(state.clone()))
+            .merge(crate::console::routes())
+            .merge(metrics_routes());
+    }
+    routes
+        // After every route is in: it applies to the routes present (axum adds `Allow`).
+        .method_not_allowed_fallback(method_not_allowed)
+        .fallback(not_found)
+        .layer(middleware::from_fn(request_id))
+        .with_state(state)
+}
+
+/// Header carrying the request's id (UUID v7), on every response.
+pub const REQUEST_ID: axum::http::HeaderName = axum::http::HeaderName::from_static("x-request-id");
+
+/// The id of the request being served, in the request's extensions.
+#[derive(Clone, Copy, Debug)]
+pub struct RequestId(pub uuid::Uuid);
+
+impl RequestId {
+    /// The id as text (hyphenated, lower case), written into `buf` without `fmt`.
+    pub fn encode(self, buf: &mut [u8; 36]) -> &str {
+        self.0.hyphenated().encode_lower(buf)
+    }
+}
+
+async fn request_id(mut req: Request, next: Next) -> Response {
+    let id = uuid::Uuid::now_v7();
+    req.extensions_mut().insert(RequestId(id));
+    let mut resp = next.run(req).await;
+    if let Ok(v) = HeaderValue::from_str(RequestId(id).encode(&mut [0; 36])) {
+        resp.headers_mut().insert(REQUEST_ID, v);
+    }
+    resp
+}
+
+async fn healthz() -> &'static str {
+    "ok"
+}
+
+async fn readyz(State(state): State<AppState>) -> Response {
+    if state.store.ready().await {
+        (StatusCode::OK, "ready").into_response()
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "database unreachable or migrations not applied",
+        )
+            .into_response()
+    }
+}
+
+async fn metrics(State(state): State<AppState>, headers: axum::http::HeaderMap) -> Response {
+    if let Some(token) = &state.settings.metrics_token
+        && !bearer_is(&headers, token)
+    {
+        return ApiError::InvalidMetricsToken.into_response();
+    }
+    let mut text = state.metrics.render();
+    text.push_str(&state_gauges(&state));
+    (
+        [(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        text,
+    )
+        .into_response()
+}
+
+/// Whether `Authorization: Bearer …` carries `token`. The digests are compared, so the time the
+/// comparison takes says nothing about the token.
+fn bearer_is(headers: &axum::http::HeaderMap, token: &Secret) -> bool {
+    use sha2::{Digest, Sha256};
+    let presented = headers
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            v.get(..7)
+                .filter(|p| p.eq_ignore_ascii_case("bearer "))
+                .map(|_| v[7..].trim())
+        });
+    presented.is_some_and(|p| Sha256::digest(p.as_bytes()) == Sha256::digest(token.expose().as_bytes()))
+}
+
+/// The gauges of this gateway's own state, read now rather than kept up to date on every
+/// request.
+fn state_gauges(state: &AppState) -> String {
+    let now = state.clock.now();
+    let mut e = crate::telemetry::Exposition::default();
+    let mut one = |name: &'static str, value: usize| {
+        e.family(name).sample(name, &[], value);
+    };
+    one("aigw_breaker_open_keys", state.breakers.open_keys(now));
+    one("aigw_breaker_banned_keys", state.breakers.banned_keys());
+    one("aigw_store_available", usize::from(state.store.available()));
+    one("aigw_log_queue_depth", state.logs.queued().max(0) as usize);
+    one("aigw_client_connections", state.connections.open());
+    one("aigw_upstream_banned_credentials", state.locks.banned_count());
+    let name = "aigw_build_info";
+    e.family(name)
+        .sample(name, &[("version", env!("CARGO_PKG_VERSION"))], 1);
+    let name = "aigw_upstream_parked";
+    e.family(name);
+    for ((scope, rule), n) in state.locks.running_by_rule(now.timestamp_millis()) {
+        e.sample(name, &[("scope", scope), ("rule", &rule)], n);
+    }
+    let name = "aigw_upstream_in_flight";
+    e.family(name);
+    let routes = state.routes.load();
+    let mut credentials: Vec<(i64, &str)> = routes
+        .workspaces
+        .values()
+        .flat_map(|w| w.models.values())
+        .flat_map(|m| m.credentials.iter())
+        .map(|c| (c.id, c.name.as_str()))
+        .collect();
+    credentials.sort_unstable();
+    credentials.dedup();
+    for (id, credential) in credentials {
+        let id_text = id.to_string();
+        e.sample(
+            name,
+            &[("credential_id", &id_text), ("credential", credential)],
+            state.admission.in_flight(id),
+        );
+    }
+    e.finish()
+}
+
+async fn method_not_allowed(req: Request) -> ApiError {
+    ApiError::MethodNotAllowed {
+        method: req.method().to_string(),
+        path: req.uri().path().to_owned(),
+    }
+}
+
+async fn not_found(req: Request) -> ApiError {
+    ApiError::RouteNotFound {
+        method: req.method().to_string(),
+        path: req.uri().path().to_owned(),
+    }
+}

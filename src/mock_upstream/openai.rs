@@ -1,0 +1,127 @@
+//! The OpenAI shapes: chat completions (streamed or not, with `usage`), embeddings, the model
+//! list.
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::response::Response;
+use serde_json::{Value, json};
+
+use super::MockState;
+use super::answer::{Incoming, json_response, reply_words, sse_response};
+
+pub(super) async fn chat(State(st): State<Arc<MockState>>, headers: HeaderMap, raw: Bytes) -> Response {
+    let inc = Incoming::new(&st, "/v1/chat/completions", &headers, &raw);
+    inc.delay().await;
+    if let Some(resp) = inc.scripted_error(&st) {
+        return resp;
+    }
+    let model = inc.model.clone().unwrap_or_default();
+    let words = reply_words(inc.script.words.unwrap_or(5));
+    let prompt = inc.prompt_tokens();
+    let completion = words.len() as u64;
+    let id = format!("chatcmpl-mock-{}", uuid::Uuid::now_v7().simple());
+    let created = chrono::Utc::now().timestamp();
+    let usage = inc.reported_usage(
+        json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}),
+    );
+    if !inc.stream {
+        inc.record(&st, 200, Some((prompt, completion)));
+        let mut body = json!({
+            "id": id, "object": "chat.completion", "created": created, "model": model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": words.concat()},
+                         "finish_reason": "stop"}],
+        });
+        if let Some(u) = usage {
+            body["usage"] = u;
+        }
+        return json_response(&inc, body);
+    }
+    let include_usage = inc
+        .body
+        .pointer("/stream_options/include_usage")
+        .and_then(Value::as_bool)
+        == Some(true);
+    let chunk = |delta: Value, finish: Value| {
+        let mut c = json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model,
+                       "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]});
+        // As OpenAI does: with include_usage, every other chunk carries "usage": null.
+        if include_usage {
+            c["usage"] = Value::Null;
+        }
+        Some(format!("data: {c}\n\n"))
+    };
+    let mut events = vec![chunk(json!({"role": "assistant", "content": ""}), Value::Null)];
+    let mut reported = Some((prompt, completion));
+    let mut stall = false;
+    for (i, w) in words.iter().enumerate() {
+        if inc.script.drop_after_chunks == Some(i as u32) {
+            events.push(None);
+            reported = None;
+            break;
+        }
+        if inc.script.stall_after_chunks == Some(i as u32) {
+            stall = true;
+            reported = None;
+            break;
+        }
+        if inc.script.error_after_chunks == Some(i as u32) {
+            // OpenRouter's mid-stream shape: an error object and finish_reason "error".
+            let c = json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model,
+                           "error": {"code": 502, "message": "mock: provider error mid-stream"},
+                           "choices": [{"index": 0, "delta": {"content": ""}, "finish_reason": "error"}]});
+            events.push(Some(format!("data: {c}\n\n")));
+            events.push(Some("data: [DONE]\n\n".to_owned()));
+            reported = None;
+            break;
+        }
+        events.push(chunk(json!({"content": w}), Value::Null));
+    }
+    if reported.is_some() {
+        events.push(chunk(json!({}), json!("stop")));
+        if include_usage && let Some(usage) = usage {
+            let c = json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model,
+                           "choices": [], "usage": usage});
+            events.push(Some(format!("data: {c}\n\n")));
+        }
+        events.push(Some("data: [DONE]\n\n".to_owned()));
+    }
+    inc.record(&st, 200, reported);
+    sse_response(&inc, events, stall)
+}
+
+pub(super) async fn embeddings(State(st): State<Arc<MockState>>, headers: HeaderMap, raw: Bytes) -> Response {
+    let inc = Incoming::new(&st, "/v1/embeddings", &headers, &raw);
+    inc.delay().await;
+    if let Some(resp) = inc.scripted_error(&st) {
+        return resp;
+    }
+    let inputs = match inc.body.get("input") {
+        Some(Value::Array(a)) => a.len().max(1),
+        _ => 1,
+    };
+    let prompt = inc.prompt_tokens();
+    let data: Vec<Value> = (0..inputs)
+        .map(|i| json!({"object": "embedding", "index": i, "embedding": [0.1, -0.2, 0.3, 0.0, 0.5, -0.6, 0.7, 0.8]}))
+        .collect();
+    inc.record(&st, 200, Some((prompt, 0)));
+    let mut body = json!({"object": "list", "data": data, "model": inc.model.clone().unwrap_or_default()});
+    if let Some(u) = inc.reported_usage(json!({"prompt_tokens": prompt, "total_tokens": prompt})) {
+        body["usage"] = u;
+    }
+    json_response(&inc, body)
+}
+
+pub(super) async fn models(State(st): State<Arc<MockState>>, headers: HeaderMap) -> Response {
+    let inc = Incoming::new(&st, "/v1/models", &headers, &Bytes::new());
+    if let Some(resp) = inc.scripted_error(&st) {
+        return resp;
+    }
+    inc.record(&st, 200, None);
+    json_response(
+        &inc,
+        json!({"object": "list", "data": [{"id": "mock-model", "object": "model", "owned_by": "mock"}]}),
+    )
+}

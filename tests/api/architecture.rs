@@ -1,0 +1,353 @@
+//! The house rules that the compiler does not check, read from `src/`: SQL is written only in
+//! `store/` (domain modules say what to persist, the store says how, for both backends), no
+//! module reaches into the handlers (`proxy/`, `admin/`) except the handlers and the app wiring,
+//! and no file outgrows one responsibility (about 600 lines, its tests not counted).
+
+use std::path::{Path, PathBuf};
+
+/// Every `.rs` file under `dir`, as paths relative to the crate root with `/` separators.
+fn rust_files(dir: &Path, out: &mut Vec<(String, PathBuf)>) {
+    let mut entries: Vec<_> = std::fs::read_dir(dir)
+        .expect("read src/")
+        .map(|e| e.expect("dir entry").path())
+        .collect();
+    entries.sort();
+    for path in entries {
+        if path.is_dir() {
+            rust_files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+            let rel = path.strip_prefix(root).expect("under the crate");
+            let rel = rel.to_string_lossy().replace('\\', "/");
+            out.push((rel, path));
+        }
+    }
+}
+
+fn sources() -> Vec<(String, String)> {
+    let mut files = Vec::new();
+    rust_files(&Path::new(env!("CARGO_MANIFEST_DIR")).join("src"), &mut files);
+    assert!(files.len() > 20, "found the sources: {files:?}");
+    files
+        .into_iter()
+        .map(|(rel, path)| (rel, std::fs::read_to_string(path).expect("read source")))
+        .collect()
+}
+
+/// What a piece of Rust source is made of, split into code and string literals; comments are
+/// dropped (they may name SQL or modules freely). Each part carries its 1-based line.
+#[derive(Debug, PartialEq)]
+enum Part {
+    Code(usize, String),
+    Literal(usize, String),
+}
+
+fn lex(text: &str) -> Vec<Part> {
+    let chars: Vec<char> = text.chars().collect();
+    let (mut parts, mut code, mut line, mut code_line) = (Vec::new(), String::new(), 1, 1);
+    let mut i = 0;
+    let flush = |parts: &mut Vec<Part>, code: &mut String, at: usize| {
+        if !code.trim().is_empty() {
+            parts.push(Part::Code(at, std::mem::take(code)));
+        }
+        code.clear();
+    };
+    while i < chars.len() {
+        let c = chars[i];
+        let next = chars.get(i + 1).copied();
+        if c == '/' && next == Some('/') {
+            while i < chars.len() && chars[i] != '\n' {
+                i += 1;
+            }
+        } else if c == '/' && next == Some('*') {
+            let mut depth = 0;
+            while i < chars.len() {
+                if chars[i] == '/' && chars.get(i + 1) == Some(&'*') {
+                    depth += 1;
+                    i += 2;
+                } else if chars[i] == '*' && chars.get(i + 1) == Some(&'/') {
+                    depth -= 1;
+                    i += 2;
+                    if depth == 0 {
+                        break;
+                    }
+                } else {
+                    line += usize::from(chars[i] == '\n');
+                    i += 1;
+                }
+            }
+        } else if c == '"' || (c == 'r' && matches!(next, Some('"' | '#')) && !ident_before(&chars, i)) {
+            // A string literal, plain or raw (`r"…"`, `r#"…"#`); `b"…"` ends up here too.
+            flush(&mut parts, &mut code, code_line);
+            let start_line = line;
+            let mut literal = String::new();
+            if c == 'r' {
+                let mut hashes = 0;
+                i += 1;
+                while chars.get(i) == Some(&'#') {
+                    hashes += 1;
+                    i += 1;
+                }
+                i += 1; // the opening quote
+                let closing: String = std::iter::once('"')
+                    .chain(std::iter::repeat_n('#', hashes))
+                    .collect();
+                while i < chars.len() && !chars[i..].starts_with(&closing.chars().collect::<Vec<_>>()) {
+                    line += usize::from(chars[i] == '\n');
+                    literal.push(chars[i]);
+                    i += 1;
+                }
+                i += closing.chars().count();
+            } else {
+                i += 1;
+                while i < chars.len() && chars[i] != '"' {
+                    if chars[i] == '\\' {
+                        literal.push(chars[i]);
+                        i += 1;
+                    }
+                    line += usize::from(chars[i] == '\n');
+                    literal.push(chars[i]);
+                    i += 1;
+                }
+                i += 1;
+            }
+            parts.push(Part::Literal(start_line, literal));
+            code_line = line;
+            continue;
+        } else if c == '\'' {
+            // A char literal ('x', '\n', '\''), else a lifetime or label.
+            let end = if next == Some('\\') {
+                (i + 2..chars.len()).find(|&j| chars[j] == '\'' && j > i + 2)
+            } else if chars.get(i + 2) == Some(&'\'') {
+                Some(i + 2)
+            } else {
+                None
+            };
+            match end {
+                Some(end) => i = end + 1,
+                None => {
+                    code.push(c);
+                    i += 1;
+                }
+            }
+            continue;
+        } else {
+            if c == '\n' {
+                line += 1;
+                flush(&mut parts, &mut code, code_line);
+                code_line = line;
+            } else {
+                code.push(c);
+            }
+            i += 1;
+            continue;
+        }
+    }
+    flush(&mut parts, &mut code, code_line);
+    parts
+}
+
+/// Whether `chars[i]` continues an identifier (the `r` of `for"` is not a raw string).
+fn ident_before(chars: &[char], i: usize) -> bool {
+    i > 0 && (chars[i - 1].is_alphanumeric() || chars[i - 1] == '_')
+}
+
+/// The SQL a string literal holds, if it looks like a statement.
+fn sql_in(literal: &str) -> Option<&'static str> {
+    let words: Vec<&str> = literal.split_whitespace().collect();
+    let has = |w: &str| words.contains(&w);
+    let pair = |a: &str, b: &str| words.windows(2).any(|p| p[0] == a && p[1] == b);
+    [
+        (has("SELECT") && has("FROM"), "SELECT … FROM"),
+        (pair("INSERT", "INTO"), "INSERT INTO"),
+        (has("UPDATE") && has("SET"), "UPDATE … SET"),
+        (pair("DELETE", "FROM"), "DELETE FROM"),
+        (pair("CREATE", "TABLE") || pair("CREATE", "INDEX"), "CREATE"),
+        (
+            pair("ALTER", "TABLE") || pair("DROP", "TABLE"),
+            "ALTER/DROP TABLE",
+        ),
+    ]
+    .into_iter()
+    .find_map(|(found, what)| found.then_some(what))
+}
+
+/// Code that runs SQL itself rather than asking the store.
+const SQL_CALLS: [&str; 6] = [
+    "sqlx::query",
+    "query_as(",
+    "query_as::<",
+    "query_scalar(",
+    "QueryBuilder",
+    "sqlx::Executor",
+];
+
+#[test]
+fn sql_is_written_only_in_the_store() {
+    let mut found = Vec::new();
+    for (file, text) in sources() {
+        if file.starts_with("src/store/") {
+            continue;
+        }
+        for part in lex(&text) {
+            match part {
+                Part::Code(line, code) => {
+                    for call in SQL_CALLS {
+                        if code.contains(call) {
+                            found.push(format!("{file}:{line}: {call}"));
+                        }
+                    }
+                }
+                Part::Literal(line, literal) => {
+                    if let Some(what) = sql_in(&literal) {
+                        found.push(format!("{file}:{line}: {what} in {literal:?}"));
+                    }
+                }
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "SQL outside src/store/ (give the statement a store method):\n{}",
+        found.join("\n")
+    );
+}
+
+/// The most lines a source file has beside its test modules.
+const MAX_LINES: usize = 650;
+
+/// Files allowed to be longer, each with its reason.
+const LONGER: &[(&str, &str)] = &[
+    (
+        "src/upstream/classify.rs",
+        "a table: kRouter's rules in their order, one named function each",
+    ),
+    (
+        "src/upstream/adapter.rs",
+        "being reworked with the providers' shapes; split with that work",
+    ),
+    (
+        "src/upstream/dispatch.rs",
+        "being given a narrow handle instead of AppState; split with that work",
+    ),
+    (
+        "src/config.rs",
+        "being rewritten to declare each setting once; split with that work",
+    ),
+    (
+        "src/resources.rs",
+        "being split into a spec, its check and its apply",
+    ),
+];
+
+/// Lines of `text` outside `#[cfg(test)] mod … { … }` blocks.
+fn lines_beside_tests(text: &str) -> usize {
+    let lines: Vec<&str> = text.lines().collect();
+    let (mut count, mut i) = (0, 0);
+    while i < lines.len() {
+        let test_mod = lines[i].trim() == "#[cfg(test)]"
+            && lines
+                .get(i + 1)
+                .is_some_and(|l| l.trim_start().starts_with("mod ") && l.ends_with('{'));
+        if test_mod {
+            let indent = lines[i + 1].len() - lines[i + 1].trim_start().len();
+            let close = format!("{}}}", " ".repeat(indent));
+            i += 2;
+            while i < lines.len() && lines[i] != close {
+                i += 1;
+            }
+        } else {
+            count += 1;
+        }
+        i += 1;
+    }
+    count
+}
+
+#[test]
+fn no_file_outgrows_one_responsibility() {
+    let mut found = Vec::new();
+    for (file, text) in sources() {
+        let n = lines_beside_tests(&text);
+        if n > MAX_LINES && !LONGER.iter().any(|(f, _)| *f == file) {
+            found.push(format!("{file}: {n} lines beside its tests"));
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "files over {MAX_LINES} lines (split them by responsibility, or move inline tests to a \
+         sibling file):\n{}",
+        found.join("\n")
+    );
+    assert_eq!(
+        lines_beside_tests("fn a() {}\n#[cfg(test)]\nmod tests {\n    fn t() {}\n}\nfn b() {}\n"),
+        2
+    );
+}
+
+/// The handlers, and the wiring that builds the router and the state from them.
+fn may_use_handlers(file: &str) -> bool {
+    [
+        "src/proxy/",
+        "src/admin/",
+        "src/app.rs",
+        "src/app/",
+        "src/lib.rs",
+        "src/main.rs",
+    ]
+    .iter()
+    .any(|allowed| file.starts_with(allowed))
+}
+
+#[test]
+fn only_the_handlers_and_the_wiring_use_handler_modules() {
+    let mut found = Vec::new();
+    for (file, text) in sources() {
+        // The proxy and the admin API do not reach into each other either.
+        let forbidden: &[&str] = if file.starts_with("src/proxy/") {
+            &["crate::admin"]
+        } else if file.starts_with("src/admin/") {
+            &["crate::proxy"]
+        } else if may_use_handlers(&file) {
+            &[]
+        } else {
+            &["crate::proxy", "crate::admin"]
+        };
+        for part in lex(&text) {
+            if let Part::Code(line, code) = part {
+                for module in forbidden {
+                    if code.contains(module) {
+                        found.push(format!("{file}:{line}: {}", code.trim()));
+                    }
+                }
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "handler modules used outside the handlers and the app wiring (move the shared type to \
+         a neutral module):\n{}",
+        found.join("\n")
+    );
+}
+
+/// The lexer itself: what the rules above rely on.
+#[test]
+fn the_lexer_separates_code_literals_and_comments() {
+    let text = "let a = \"SELECT x FROM t\"; // sqlx::query\n/* x */ let b = r#\"say \"hi\"\"#;\nlet c = '\"'; fn f<'a>(x: &'a str) {}\n";
+    assert_eq!(
+        lex(text),
+        [
+            Part::Code(1, "let a = ".into()),
+            Part::Literal(1, "SELECT x FROM t".into()),
+            Part::Code(1, "; ".into()),
+            Part::Code(2, " let b = ".into()),
+            Part::Literal(2, "say \"hi\"".into()),
+            Part::Code(2, ";".into()),
+            Part::Code(3, "let c = ; fn f<'a>(x: &'a str) {}".into()),
+        ]
+    );
+    assert_eq!(sql_in("SELECT id FROM api_keys"), Some("SELECT … FROM"));
+    assert_eq!(sql_in("select a model from the list"), None);
+    assert_eq!(sql_in("UPDATE api_keys SET x = 1"), Some("UPDATE … SET"));
+}
