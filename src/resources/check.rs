@@ -276,7 +276,7 @@ async fn model(
         return Err(e(format!("workspace {:?} does not exist", m.workspace)));
     }
     if let Some(p) = &m.price {
-        validate::price(p.prompt, p.completion).map_err(e)?;
+        validate::price(p.prompt, p.completion, validate::Range::Operator).map_err(e)?;
     }
     validate::fallbacks(&m.name, &m.fallbacks).map_err(e)?;
     for fb in &m.fallbacks {
@@ -324,7 +324,7 @@ async fn policy(
         .parse()
         .map_err(|err: WindowParseError| e(err.to_string()))?;
     let mode: Mode = p.mode.parse().map_err(e)?;
-    let limit = validate::policy_limit(metric, p.limit).map_err(e)?;
+    let limit = validate::policy_limit(metric, p.limit, validate::Range::Operator).map_err(e)?;
     if p.target != "*" {
         if p.department.is_some() {
             return Err(e("department only narrows target = \"*\"".into()));
