@@ -53,6 +53,15 @@ pub enum Locale {
     Zh,
 }
 
+impl fmt::Display for Locale {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Locale::En => "en",
+            Locale::Zh => "zh",
+        })
+    }
+}
+
 impl FromStr for Locale {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
@@ -72,6 +81,15 @@ pub enum LogFormat {
     Text,
     /// One JSON object per line.
     Json,
+}
+
+impl fmt::Display for LogFormat {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            LogFormat::Text => "text",
+            LogFormat::Json => "json",
+        })
+    }
 }
 
 impl FromStr for LogFormat {
@@ -100,6 +118,15 @@ pub enum OutageCounters {
     Refuse,
 }
 
+impl fmt::Display for OutageCounters {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            OutageCounters::Serve => "serve",
+            OutageCounters::Refuse => "refuse",
+        })
+    }
+}
+
 impl FromStr for OutageCounters {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
@@ -116,173 +143,344 @@ impl FromStr for OutageCounters {
 /// The longest any deadline setting may be, in seconds: a day.
 const MAX_WAIT_SECS: u64 = 86_400;
 
-/// The gateway's settings, fully resolved.
-#[derive(Clone, Debug)]
-pub struct Settings {
-    /// Address the gateway listens on.
-    pub listen: SocketAddr,
-    /// `sqlite://…` (default `sqlite://aigw.db`) or `postgres://…`.
-    pub database_url: String,
-    /// Time zone that quota windows align to, unless a workspace overrides it.
-    pub timezone: Tz,
-    /// Language of the gateway's own messages.
-    pub locale: Locale,
-    /// 32-byte key (base64 or hex) that encrypts upstream secrets; never stored in the database.
-    pub master_key: Option<Secret>,
-    /// Secret that signs admin JWTs.
-    pub jwt_secret: Option<Secret>,
-    /// Email of the first owner, created when no owner exists.
-    pub bootstrap_email: Option<String>,
-    /// Password of the first owner; generated and printed once when absent.
-    pub bootstrap_password: Option<Secret>,
-    /// Largest request body accepted on the proxy, in bytes.
-    pub max_body_bytes: usize,
-    /// Upstream attempts per request, across credentials and fallback models.
-    pub max_attempts: u32,
-    /// A non-streamed request's whole time, head and body, across every upstream attempt, in
-    /// seconds (the official SDKs wait 600 s).
-    pub request_timeout_secs: u64,
-    /// How long opening a connection to an upstream may take, in seconds; short, so that an
-    /// unreachable upstream fails over quickly.
-    pub connect_timeout_secs: u64,
-    /// A streamed request's time until the upstream's first byte, across every upstream attempt,
-    /// in seconds.
-    pub stream_first_byte_timeout_secs: u64,
-    /// The longest gap between two chunks of an upstream stream, in seconds.
-    pub stream_idle_timeout_secs: u64,
-    /// How long the client may take to send its whole request body, in seconds.
-    pub client_body_timeout_secs: u64,
-    /// How long a request waits for an in-flight slot when every candidate credential's slots
-    /// are full, in milliseconds (kRouter: then "credential busy", a short backoff).
-    pub slot_wait_ms: u64,
-    /// Shortest wait before the single-candidate retry, in milliseconds (groot ADR 0008: 1 to 3 s
-    /// with jitter).
-    pub single_candidate_retry_min_ms: u64,
-    /// Longest wait before the single-candidate retry, in milliseconds.
-    pub single_candidate_retry_max_ms: u64,
-    /// How often in-memory counters and request logs are flushed to the store, in milliseconds.
-    pub flush_interval_ms: u64,
-    /// Request logs older than this many days are deleted.
-    pub log_retention_days: u32,
-    /// Where generated secrets (`aigw.keys`) are kept; default: beside the SQLite file, else `.`.
-    pub data_dir: PathBuf,
-    /// Log line format.
-    pub log_format: LogFormat,
-    /// Most a serving thread polls for I/O before it sleeps, in microseconds (adaptive, as KVM's
-    /// halt polling; 0 turns it off).
-    pub idle_poll_us: u64,
-    /// Longest a client may take to send a request's line and headers, in seconds: from the
-    /// connection's accept, or from the first byte of a later request on a kept-alive connection.
-    pub client_header_timeout_secs: u64,
-    /// Longest a kept-alive client connection may wait for its next request, in seconds.
-    pub client_idle_timeout_secs: u64,
-    /// Most client connections open at once; past it a new connection is answered 503 and closed.
-    pub max_client_connections: usize,
-    /// Largest request line and headers accepted, in bytes; larger is refused with 431.
-    pub max_header_bytes: usize,
-    /// Most tokens one call may report: usage from an upstream above it (in any count, or in
-    /// all) is invalid, and the gateway's estimate is counted instead.
-    pub max_usage_tokens: u64,
-    /// Most HTTP/1.1 requests in flight to one upstream (scheme, host and port) at once; past it
-    /// a request waits for one to finish. HTTP/2 upstreams multiplex on one connection.
-    pub max_upstream_connections_per_host: usize,
-    /// While the database is unreachable, a quota counter never read before: `serve` (count
-    /// from 0 in memory) or `refuse` (503 `store_unavailable`).
-    pub store_outage_counters: OutageCounters,
-    /// Proxies (CIDRs) whose `X-Forwarded-For` is believed: the client's address, for request
-    /// logs, the audit log and sign-in throttling, is the rightmost address of that header not
-    /// in these networks. Empty: the connection's own address, the header ignored.
-    pub trusted_proxies: Vec<ipnet::IpNet>,
-    /// The bearer token `/metrics` asks for; open to anyone who reaches it when unset.
-    pub metrics_token: Option<Secret>,
-    /// A second address serving the admin API, the console and `/metrics`; the main address
-    /// then serves only the proxy and the health endpoints.
-    pub admin_listen: Option<SocketAddr>,
-}
-
 /// Default of `max_usage_tokens`: far above any model's context, far below any overflow.
 pub const DEFAULT_MAX_USAGE_TOKENS: u64 = 100_000_000;
 /// Highest `max_usage_tokens` accepted: a counter still takes millions of such calls before it
 /// saturates.
 const MAX_USAGE_TOKENS_LIMIT: u64 = 1_000_000_000_000;
 
-impl Default for Settings {
-    fn default() -> Self {
-        Settings {
-            listen: SocketAddr::from(([127, 0, 0, 1], 4000)),
-            database_url: "sqlite://aigw.db".to_owned(),
-            timezone: chrono_tz::Asia::Shanghai,
-            locale: Locale::En,
-            master_key: None,
-            jwt_secret: None,
-            bootstrap_email: None,
-            bootstrap_password: None,
-            max_body_bytes: 32 * 1024 * 1024,
-            max_attempts: 3,
-            request_timeout_secs: 600,
-            connect_timeout_secs: 5,
-            stream_first_byte_timeout_secs: 600,
-            stream_idle_timeout_secs: 120,
-            client_body_timeout_secs: 60,
-            slot_wait_ms: 1000,
-            single_candidate_retry_min_ms: 1000,
-            single_candidate_retry_max_ms: 3000,
-            flush_interval_ms: 250,
-            log_retention_days: 30,
-            data_dir: PathBuf::new(),
-            log_format: LogFormat::Text,
-            idle_poll_us: 200,
-            client_header_timeout_secs: 30,
-            client_idle_timeout_secs: 75,
-            max_client_connections: 10_000,
-            max_header_bytes: 16 * 1024,
-            max_usage_tokens: DEFAULT_MAX_USAGE_TOKENS,
-            store_outage_counters: OutageCounters::Serve,
-            max_upstream_connections_per_host: 4096,
-            trusted_proxies: Vec::new(),
-            metrics_token: None,
-            admin_listen: None,
+/// One setting as operators meet it: its file key, its variable and what it is.
+#[derive(Clone, Copy, Debug)]
+pub struct SettingInfo {
+    /// The TOML file's key, also the field of [`Settings`].
+    pub key: &'static str,
+    /// The `AIGW_*` variable.
+    pub env: &'static str,
+    /// Its documentation comment.
+    pub doc: &'static str,
+}
+
+/// How a setting's type is read from the TOML file and from its variable, and how its default
+/// is shown in the docs.
+trait SettingValue: Sized {
+    /// What the TOML file holds for it (the file's parser checks that type, with the line).
+    type File: serde::de::DeserializeOwned;
+    /// The file's value; `name` is the file and key, for messages.
+    fn from_file(name: &str, v: Self::File) -> Result<Self, ConfigError>;
+    /// The variable's value; `name` is the variable, for messages.
+    fn from_env(name: &str, v: &str) -> Result<Self, ConfigError>;
+    /// The value as the settings tables show a default; `None` when it is unset or derived.
+    fn shown(&self) -> Option<String>;
+}
+
+/// Types that the file holds as themselves and a variable spells as their `FromStr` form.
+macro_rules! plain_setting_values {
+    ($($t:ty),*) => {$(
+        impl SettingValue for $t {
+            type File = $t;
+            fn from_file(_: &str, v: $t) -> Result<Self, ConfigError> {
+                Ok(v)
+            }
+            fn from_env(name: &str, v: &str) -> Result<Self, ConfigError> {
+                parse_value(name, v)
+            }
+            fn shown(&self) -> Option<String> {
+                Some(self.to_string())
+            }
         }
+    )*};
+}
+plain_setting_values!(u32, u64, usize, String, Locale, LogFormat, OutageCounters);
+
+impl SettingValue for Secret {
+    type File = Secret;
+    fn from_file(_: &str, v: Secret) -> Result<Self, ConfigError> {
+        Ok(v)
+    }
+    fn from_env(_: &str, v: &str) -> Result<Self, ConfigError> {
+        Ok(Secret::new(v))
+    }
+    fn shown(&self) -> Option<String> {
+        None
     }
 }
 
-/// The TOML settings file: every field optional, unknown fields refused.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct FileSettings {
-    listen: Option<String>,
-    database_url: Option<String>,
-    timezone: Option<String>,
-    locale: Option<Locale>,
-    master_key: Option<Secret>,
-    jwt_secret: Option<Secret>,
-    bootstrap_email: Option<String>,
-    bootstrap_password: Option<Secret>,
-    max_body_bytes: Option<usize>,
-    max_attempts: Option<u32>,
-    request_timeout_secs: Option<u64>,
-    connect_timeout_secs: Option<u64>,
-    stream_first_byte_timeout_secs: Option<u64>,
-    stream_idle_timeout_secs: Option<u64>,
-    client_body_timeout_secs: Option<u64>,
-    slot_wait_ms: Option<u64>,
-    single_candidate_retry_min_ms: Option<u64>,
-    single_candidate_retry_max_ms: Option<u64>,
-    flush_interval_ms: Option<u64>,
-    log_retention_days: Option<u32>,
-    data_dir: Option<PathBuf>,
-    log_format: Option<LogFormat>,
-    idle_poll_us: Option<u64>,
-    client_header_timeout_secs: Option<u64>,
-    client_idle_timeout_secs: Option<u64>,
-    max_client_connections: Option<usize>,
-    max_header_bytes: Option<usize>,
-    max_usage_tokens: Option<u64>,
-    store_outage_counters: Option<OutageCounters>,
-    max_upstream_connections_per_host: Option<usize>,
-    trusted_proxies: Option<Vec<String>>,
-    metrics_token: Option<Secret>,
-    admin_listen: Option<String>,
+impl SettingValue for PathBuf {
+    type File = PathBuf;
+    fn from_file(_: &str, v: PathBuf) -> Result<Self, ConfigError> {
+        Ok(v)
+    }
+    fn from_env(_: &str, v: &str) -> Result<Self, ConfigError> {
+        Ok(PathBuf::from(v))
+    }
+    fn shown(&self) -> Option<String> {
+        (!self.as_os_str().is_empty()).then(|| self.display().to_string())
+    }
+}
+
+impl SettingValue for SocketAddr {
+    type File = String;
+    fn from_file(name: &str, v: String) -> Result<Self, ConfigError> {
+        parse_listen(name, &v)
+    }
+    fn from_env(name: &str, v: &str) -> Result<Self, ConfigError> {
+        parse_listen(name, v)
+    }
+    fn shown(&self) -> Option<String> {
+        Some(self.to_string())
+    }
+}
+
+impl SettingValue for Tz {
+    type File = String;
+    fn from_file(name: &str, v: String) -> Result<Self, ConfigError> {
+        parse_tz(name, &v)
+    }
+    fn from_env(name: &str, v: &str) -> Result<Self, ConfigError> {
+        parse_tz(name, v)
+    }
+    fn shown(&self) -> Option<String> {
+        Some(self.name().to_owned())
+    }
+}
+
+/// Networks: a TOML list, comma-separated in the variable.
+impl SettingValue for Vec<ipnet::IpNet> {
+    type File = Vec<String>;
+    fn from_file(name: &str, v: Vec<String>) -> Result<Self, ConfigError> {
+        parse_networks(name, v.iter().map(String::as_str))
+    }
+    fn from_env(name: &str, v: &str) -> Result<Self, ConfigError> {
+        parse_networks(name, v.split(','))
+    }
+    fn shown(&self) -> Option<String> {
+        (!self.is_empty()).then(|| format!("{self:?}"))
+    }
+}
+
+impl<T: SettingValue> SettingValue for Option<T> {
+    type File = T::File;
+    fn from_file(name: &str, v: T::File) -> Result<Self, ConfigError> {
+        T::from_file(name, v).map(Some)
+    }
+    fn from_env(name: &str, v: &str) -> Result<Self, ConfigError> {
+        T::from_env(name, v).map(Some)
+    }
+    fn shown(&self) -> Option<String> {
+        self.as_ref().and_then(T::shown)
+    }
+}
+
+/// A setting's own bound: `Err` says what the value must be.
+type Check<T> = fn(&T) -> Result<(), String>;
+
+/// Declares every setting once: its documentation, type, default, variable and own bound. From
+/// it come [`Settings`], its `Default`, the TOML file's fields, the variables read, the bounds
+/// checked, and [`SETTINGS`], which the docs' tables are tested against.
+macro_rules! settings {
+    ($(
+        $(#[doc = $doc:literal])*
+        $field:ident: $ty:ty = $default:expr, $env:literal $(, check $check:expr)?;
+    )*) => {
+        /// The gateway's settings, fully resolved.
+        #[derive(Clone, Debug)]
+        pub struct Settings {
+            $($(#[doc = $doc])* pub $field: $ty,)*
+        }
+
+        impl Default for Settings {
+            fn default() -> Self {
+                Settings { $($field: $default,)* }
+            }
+        }
+
+        /// The TOML settings file: every field optional, unknown fields refused.
+        #[derive(Default, Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct FileSettings {
+            $($field: Option<<$ty as SettingValue>::File>,)*
+        }
+
+        /// Every setting, in the order of the docs' tables.
+        pub const SETTINGS: &[SettingInfo] = &[
+            $(SettingInfo { key: stringify!($field), env: $env, doc: concat!($($doc, "\n"),*) },)*
+        ];
+
+        impl Settings {
+            fn apply_file(&mut self, path: &Path, f: FileSettings) -> Result<(), ConfigError> {
+                $(if let Some(v) = f.$field {
+                    let name = format!("{} ({})", path.display(), stringify!($field));
+                    self.$field = <$ty as SettingValue>::from_file(&name, v)?;
+                })*
+                Ok(())
+            }
+
+            /// Reads the variables set and not empty.
+            fn apply_env(&mut self, var: impl Fn(&str) -> Option<String>) -> Result<(), ConfigError> {
+                $(if let Some(v) = var($env) {
+                    self.$field = <$ty as SettingValue>::from_env($env, &v)?;
+                })*
+                Ok(())
+            }
+
+            /// Each setting within its own bound.
+            fn check_each(&self) -> Result<(), ConfigError> {
+                $($(
+                    let check: Check<$ty> = $check;
+                    check(&self.$field).map_err(|why| {
+                        ConfigError(format!("bad setting {} ({}): {why}", stringify!($field), $env))
+                    })?;
+                )?)*
+                Ok(())
+            }
+
+            /// Each setting's default as the docs' tables show it, by key.
+            pub fn shown_defaults() -> Vec<(&'static str, Option<String>)> {
+                let d = Settings::default();
+                vec![$((stringify!($field), SettingValue::shown(&d.$field)),)*]
+            }
+        }
+    };
+}
+
+fn at_least_1<T: PartialOrd + From<u8>>(v: &T) -> Result<(), String> {
+    if *v >= T::from(1) {
+        Ok(())
+    } else {
+        Err("must be at least 1".into())
+    }
+}
+
+fn wait_secs(v: &u64) -> Result<(), String> {
+    // Every wait is bounded, by at most a day (a deadline is an instant; a day keeps its sum far
+    // from overflowing).
+    if (1..=MAX_WAIT_SECS).contains(v) {
+        Ok(())
+    } else {
+        Err("must be 1..=86400 (seconds)".into())
+    }
+}
+
+fn client_wait_secs(v: &u64) -> Result<(), String> {
+    if (1..=3600).contains(v) {
+        Ok(())
+    } else {
+        Err("must be 1..=3600".into())
+    }
+}
+
+fn at_most_60000(v: &u64) -> Result<(), String> {
+    if *v <= 60_000 {
+        Ok(())
+    } else {
+        Err("must be at most 60000".into())
+    }
+}
+
+fn database_url_form(v: &str) -> Result<(), String> {
+    let ok = v.starts_with("sqlite:") || v.starts_with("postgres://") || v.starts_with("postgresql://");
+    if ok {
+        Ok(())
+    } else {
+        Err("expected sqlite://PATH or postgres://…".into())
+    }
+}
+
+settings! {
+    /// Address the gateway listens on.
+    listen: SocketAddr = SocketAddr::from(([127, 0, 0, 1], 4000)), "AIGW_LISTEN";
+    /// `sqlite://…` (default `sqlite://aigw.db`) or `postgres://…`.
+    database_url: String = "sqlite://aigw.db".to_owned(), "AIGW_DATABASE_URL", check |v| database_url_form(v);
+    /// Time zone that quota windows align to, unless a workspace overrides it.
+    timezone: Tz = chrono_tz::Asia::Shanghai, "AIGW_TIMEZONE";
+    /// Language of the gateway's own messages.
+    locale: Locale = Locale::En, "AIGW_LOCALE";
+    /// 32-byte key (base64 or hex) that encrypts upstream secrets; never stored in the database.
+    master_key: Option<Secret> = None, "AIGW_MASTER_KEY";
+    /// Secret that signs admin JWTs.
+    jwt_secret: Option<Secret> = None, "AIGW_JWT_SECRET";
+    /// Email of the first owner, created when no owner exists.
+    bootstrap_email: Option<String> = None, "AIGW_BOOTSTRAP_EMAIL", check |v| match v {
+        Some(email) if crate::validate::email(email).is_err() => Err("not an email address".into()),
+        _ => Ok(()),
+    };
+    /// Password of the first owner; generated and printed once when absent.
+    bootstrap_password: Option<Secret> = None, "AIGW_BOOTSTRAP_PASSWORD";
+    /// Largest request body accepted on the proxy, in bytes.
+    max_body_bytes: usize = 32 * 1024 * 1024, "AIGW_MAX_BODY_BYTES", check at_least_1;
+    /// Upstream attempts per request, across credentials and fallback models.
+    max_attempts: u32 = 3, "AIGW_MAX_ATTEMPTS", check at_least_1;
+    /// A non-streamed request's whole time, head and body, across every upstream attempt, in
+    /// seconds (the official SDKs wait 600 s).
+    request_timeout_secs: u64 = 600, "AIGW_REQUEST_TIMEOUT_SECS", check wait_secs;
+    /// How long opening a connection to an upstream may take, in seconds; short, so that an
+    /// unreachable upstream fails over quickly.
+    connect_timeout_secs: u64 = 5, "AIGW_CONNECT_TIMEOUT_SECS", check wait_secs;
+    /// A streamed request's time until the upstream's first byte, across every upstream attempt,
+    /// in seconds.
+    stream_first_byte_timeout_secs: u64 = 600, "AIGW_STREAM_FIRST_BYTE_TIMEOUT_SECS", check wait_secs;
+    /// The longest gap between two chunks of an upstream stream, in seconds.
+    stream_idle_timeout_secs: u64 = 120, "AIGW_STREAM_IDLE_TIMEOUT_SECS", check wait_secs;
+    /// How long the client may take to send its whole request body, in seconds.
+    client_body_timeout_secs: u64 = 60, "AIGW_CLIENT_BODY_TIMEOUT_SECS", check wait_secs;
+    /// How long a request waits for an in-flight slot when every candidate credential's slots
+    /// are full, in milliseconds (kRouter: then "credential busy", a short backoff).
+    slot_wait_ms: u64 = 1000, "AIGW_SLOT_WAIT_MS", check at_most_60000;
+    /// Shortest wait before the single-candidate retry, in milliseconds (groot ADR 0008: 1 to 3 s
+    /// with jitter).
+    single_candidate_retry_min_ms: u64 = 1000, "AIGW_SINGLE_CANDIDATE_RETRY_MIN_MS";
+    /// Longest wait before the single-candidate retry, in milliseconds.
+    single_candidate_retry_max_ms: u64 = 3000, "AIGW_SINGLE_CANDIDATE_RETRY_MAX_MS", check at_most_60000;
+    /// How often in-memory counters and request logs are flushed to the store, in milliseconds.
+    flush_interval_ms: u64 = 250, "AIGW_FLUSH_INTERVAL_MS", check |v| {
+        if (10..=60_000).contains(v) { Ok(()) } else { Err("must be 10..=60000".into()) }
+    };
+    /// Request logs older than this many days are deleted.
+    log_retention_days: u32 = 30, "AIGW_LOG_RETENTION_DAYS", check at_least_1;
+    /// Where generated secrets (`aigw.keys`) are kept; default: beside the SQLite file, else `.`.
+    data_dir: PathBuf = PathBuf::new(), "AIGW_DATA_DIR";
+    /// Log line format.
+    log_format: LogFormat = LogFormat::Text, "AIGW_LOG_FORMAT";
+    /// Most a serving thread polls for I/O before it sleeps, in microseconds (adaptive, as KVM's
+    /// halt polling; 0 turns it off).
+    idle_poll_us: u64 = 200, "AIGW_IDLE_POLL_US", check |v| {
+        if *v <= 10_000 { Ok(()) } else { Err("must be at most 10000".into()) }
+    };
+    /// Longest a client may take to send a request's line and headers, in seconds: from the
+    /// connection's accept, or from the first byte of a later request on a kept-alive connection.
+    client_header_timeout_secs: u64 = 30, "AIGW_CLIENT_HEADER_TIMEOUT_SECS", check client_wait_secs;
+    /// Longest a kept-alive client connection may wait for its next request, in seconds.
+    client_idle_timeout_secs: u64 = 75, "AIGW_CLIENT_IDLE_TIMEOUT_SECS", check client_wait_secs;
+    /// Most client connections open at once; past it a new connection is answered 503 and closed.
+    max_client_connections: usize = 10_000, "AIGW_MAX_CLIENT_CONNECTIONS", check at_least_1;
+    /// Largest request line and headers accepted, in bytes; larger is refused with 431.
+    max_header_bytes: usize = 16 * 1024, "AIGW_MAX_HEADER_BYTES", check |v| {
+        // The HTTP/1 parser's buffer cannot be smaller than 8 KiB.
+        if (8192..=1024 * 1024).contains(v) { Ok(()) } else { Err("must be 8192..=1048576".into()) }
+    };
+    /// Most tokens one call may report: usage from an upstream above it (in any count, or in
+    /// all) is invalid, and the gateway's estimate is counted instead.
+    max_usage_tokens: u64 = DEFAULT_MAX_USAGE_TOKENS, "AIGW_MAX_USAGE_TOKENS", check |v| {
+        if (1..=MAX_USAGE_TOKENS_LIMIT).contains(v) { Ok(()) } else { Err("must be 1..=1000000000000".into()) }
+    };
+    /// While the database is unreachable, a quota counter never read before: `serve` (count
+    /// from 0 in memory) or `refuse` (503 `store_unavailable`).
+    store_outage_counters: OutageCounters = OutageCounters::Serve, "AIGW_STORE_OUTAGE_COUNTERS";
+    /// Most HTTP/1.1 requests in flight to one upstream (scheme, host and port) at once; past it
+    /// a request waits for one to finish. HTTP/2 upstreams multiplex on one connection.
+    max_upstream_connections_per_host: usize = 4096, "AIGW_MAX_UPSTREAM_CONNECTIONS_PER_HOST", check at_least_1;
+    /// A second address serving the admin API, the console and `/metrics`; the main address
+    /// then serves only the proxy and the health endpoints.
+    admin_listen: Option<SocketAddr> = None, "AIGW_ADMIN_LISTEN";
+    /// The bearer token `/metrics` asks for; open to anyone who reaches it when unset.
+    metrics_token: Option<Secret> = None, "AIGW_METRICS_TOKEN", check |v| match v {
+        Some(t) if t.expose().trim().is_empty() => Err("must not be blank".into()),
+        _ => Ok(()),
+    };
+    /// Proxies (CIDRs) whose `X-Forwarded-For` is believed: the client's address, for request
+    /// logs, the audit log and sign-in throttling, is the rightmost address of that header not
+    /// in these networks. Empty: the connection's own address, the header ignored.
+    trusted_proxies: Vec<ipnet::IpNet> = Vec::new(), "AIGW_TRUSTED_PROXIES";
 }
 
 /// A setting that could not be read; the message names the setting and where it came from.
@@ -299,273 +497,21 @@ impl Settings {
                 .map_err(|e| ConfigError(format!("cannot read config file {}: {e}", path.display())))?;
             let f: FileSettings = toml::from_str(&text)
                 .map_err(|e| ConfigError(format!("config file {}: {e}", path.display())))?;
-            let src = |key: &str| format!("{} ({key})", path.display());
-            if let Some(v) = f.listen {
-                s.listen = parse_listen(&src("listen"), &v)?;
-            }
-            if let Some(v) = f.database_url {
-                s.database_url = v;
-            }
-            if let Some(v) = f.timezone {
-                s.timezone = parse_tz(&src("timezone"), &v)?;
-            }
-            s.locale = f.locale.unwrap_or(s.locale);
-            s.master_key = f.master_key.or(s.master_key);
-            s.jwt_secret = f.jwt_secret.or(s.jwt_secret);
-            s.bootstrap_email = f.bootstrap_email.or(s.bootstrap_email);
-            s.bootstrap_password = f.bootstrap_password.or(s.bootstrap_password);
-            s.max_body_bytes = f.max_body_bytes.unwrap_or(s.max_body_bytes);
-            s.max_attempts = f.max_attempts.unwrap_or(s.max_attempts);
-            s.request_timeout_secs = f.request_timeout_secs.unwrap_or(s.request_timeout_secs);
-            s.connect_timeout_secs = f.connect_timeout_secs.unwrap_or(s.connect_timeout_secs);
-            s.stream_first_byte_timeout_secs = f
-                .stream_first_byte_timeout_secs
-                .unwrap_or(s.stream_first_byte_timeout_secs);
-            s.stream_idle_timeout_secs = f.stream_idle_timeout_secs.unwrap_or(s.stream_idle_timeout_secs);
-            s.client_body_timeout_secs = f.client_body_timeout_secs.unwrap_or(s.client_body_timeout_secs);
-            s.slot_wait_ms = f.slot_wait_ms.unwrap_or(s.slot_wait_ms);
-            s.single_candidate_retry_min_ms = f
-                .single_candidate_retry_min_ms
-                .unwrap_or(s.single_candidate_retry_min_ms);
-            s.single_candidate_retry_max_ms = f
-                .single_candidate_retry_max_ms
-                .unwrap_or(s.single_candidate_retry_max_ms);
-            s.flush_interval_ms = f.flush_interval_ms.unwrap_or(s.flush_interval_ms);
-            s.log_retention_days = f.log_retention_days.unwrap_or(s.log_retention_days);
-            s.data_dir = f.data_dir.unwrap_or(s.data_dir);
-            s.log_format = f.log_format.unwrap_or(s.log_format);
-            s.idle_poll_us = f.idle_poll_us.unwrap_or(s.idle_poll_us);
-            s.client_header_timeout_secs = f
-                .client_header_timeout_secs
-                .unwrap_or(s.client_header_timeout_secs);
-            s.client_idle_timeout_secs = f.client_idle_timeout_secs.unwrap_or(s.client_idle_timeout_secs);
-            s.max_client_connections = f.max_client_connections.unwrap_or(s.max_client_connections);
-            s.max_header_bytes = f.max_header_bytes.unwrap_or(s.max_header_bytes);
-            s.max_usage_tokens = f.max_usage_tokens.unwrap_or(s.max_usage_tokens);
-            s.store_outage_counters = f.store_outage_counters.unwrap_or(s.store_outage_counters);
-            s.max_upstream_connections_per_host = f
-                .max_upstream_connections_per_host
-                .unwrap_or(s.max_upstream_connections_per_host);
-            if let Some(v) = f.trusted_proxies {
-                s.trusted_proxies = parse_networks(&src("trusted_proxies"), v.iter().map(String::as_str))?;
-            }
-            s.metrics_token = f.metrics_token.or(s.metrics_token);
-            if let Some(v) = f.admin_listen {
-                s.admin_listen = Some(parse_listen(&src("admin_listen"), &v)?);
-            }
+            s.apply_file(path, f)?;
         }
-
-        let var = |name: &str| env(name).filter(|v| !v.is_empty());
-        if let Some(v) = var("AIGW_LISTEN") {
-            s.listen = parse_listen("AIGW_LISTEN", &v)?;
-        }
-        if let Some(v) = var("AIGW_DATABASE_URL") {
-            s.database_url = v;
-        }
-        if let Some(v) = var("AIGW_TIMEZONE") {
-            s.timezone = parse_tz("AIGW_TIMEZONE", &v)?;
-        }
-        if let Some(v) = var("AIGW_LOCALE") {
-            s.locale = parse_value("AIGW_LOCALE", &v)?;
-        }
-        if let Some(v) = var("AIGW_MASTER_KEY") {
-            s.master_key = Some(Secret(v));
-        }
-        if let Some(v) = var("AIGW_JWT_SECRET") {
-            s.jwt_secret = Some(Secret(v));
-        }
-        if let Some(v) = var("AIGW_BOOTSTRAP_EMAIL") {
-            s.bootstrap_email = Some(v);
-        }
-        if let Some(v) = var("AIGW_BOOTSTRAP_PASSWORD") {
-            s.bootstrap_password = Some(Secret(v));
-        }
-        if let Some(v) = var("AIGW_MAX_BODY_BYTES") {
-            s.max_body_bytes = parse_value("AIGW_MAX_BODY_BYTES", &v)?;
-        }
-        if let Some(v) = var("AIGW_MAX_ATTEMPTS") {
-            s.max_attempts = parse_value("AIGW_MAX_ATTEMPTS", &v)?;
-        }
-        if let Some(v) = var("AIGW_REQUEST_TIMEOUT_SECS") {
-            s.request_timeout_secs = parse_value("AIGW_REQUEST_TIMEOUT_SECS", &v)?;
-        }
-        if let Some(v) = var("AIGW_CONNECT_TIMEOUT_SECS") {
-            s.connect_timeout_secs = parse_value("AIGW_CONNECT_TIMEOUT_SECS", &v)?;
-        }
-        if let Some(v) = var("AIGW_STREAM_FIRST_BYTE_TIMEOUT_SECS") {
-            s.stream_first_byte_timeout_secs = parse_value("AIGW_STREAM_FIRST_BYTE_TIMEOUT_SECS", &v)?;
-        }
-        if let Some(v) = var("AIGW_STREAM_IDLE_TIMEOUT_SECS") {
-            s.stream_idle_timeout_secs = parse_value("AIGW_STREAM_IDLE_TIMEOUT_SECS", &v)?;
-        }
-        if let Some(v) = var("AIGW_CLIENT_BODY_TIMEOUT_SECS") {
-            s.client_body_timeout_secs = parse_value("AIGW_CLIENT_BODY_TIMEOUT_SECS", &v)?;
-        }
-        if let Some(v) = var("AIGW_SLOT_WAIT_MS") {
-            s.slot_wait_ms = parse_value("AIGW_SLOT_WAIT_MS", &v)?;
-        }
-        if let Some(v) = var("AIGW_SINGLE_CANDIDATE_RETRY_MIN_MS") {
-            s.single_candidate_retry_min_ms = parse_value("AIGW_SINGLE_CANDIDATE_RETRY_MIN_MS", &v)?;
-        }
-        if let Some(v) = var("AIGW_SINGLE_CANDIDATE_RETRY_MAX_MS") {
-            s.single_candidate_retry_max_ms = parse_value("AIGW_SINGLE_CANDIDATE_RETRY_MAX_MS", &v)?;
-        }
-        if let Some(v) = var("AIGW_FLUSH_INTERVAL_MS") {
-            s.flush_interval_ms = parse_value("AIGW_FLUSH_INTERVAL_MS", &v)?;
-        }
-        if let Some(v) = var("AIGW_LOG_RETENTION_DAYS") {
-            s.log_retention_days = parse_value("AIGW_LOG_RETENTION_DAYS", &v)?;
-        }
-        if let Some(v) = var("AIGW_DATA_DIR") {
-            s.data_dir = PathBuf::from(v);
-        }
-        if let Some(v) = var("AIGW_LOG_FORMAT") {
-            s.log_format = parse_value("AIGW_LOG_FORMAT", &v)?;
-        }
-        if let Some(v) = var("AIGW_IDLE_POLL_US") {
-            s.idle_poll_us = parse_value("AIGW_IDLE_POLL_US", &v)?;
-        }
-        if let Some(v) = var("AIGW_CLIENT_HEADER_TIMEOUT_SECS") {
-            s.client_header_timeout_secs = parse_value("AIGW_CLIENT_HEADER_TIMEOUT_SECS", &v)?;
-        }
-        if let Some(v) = var("AIGW_CLIENT_IDLE_TIMEOUT_SECS") {
-            s.client_idle_timeout_secs = parse_value("AIGW_CLIENT_IDLE_TIMEOUT_SECS", &v)?;
-        }
-        if let Some(v) = var("AIGW_MAX_CLIENT_CONNECTIONS") {
-            s.max_client_connections = parse_value("AIGW_MAX_CLIENT_CONNECTIONS", &v)?;
-        }
-        if let Some(v) = var("AIGW_MAX_HEADER_BYTES") {
-            s.max_header_bytes = parse_value("AIGW_MAX_HEADER_BYTES", &v)?;
-        }
-        if let Some(v) = var("AIGW_MAX_USAGE_TOKENS") {
-            s.max_usage_tokens = parse_value("AIGW_MAX_USAGE_TOKENS", &v)?;
-        }
-        if let Some(v) = var("AIGW_STORE_OUTAGE_COUNTERS") {
-            s.store_outage_counters = parse_value("AIGW_STORE_OUTAGE_COUNTERS", &v)?;
-        }
-        if let Some(v) = var("AIGW_MAX_UPSTREAM_CONNECTIONS_PER_HOST") {
-            s.max_upstream_connections_per_host = parse_value("AIGW_MAX_UPSTREAM_CONNECTIONS_PER_HOST", &v)?;
-        }
-        if let Some(v) = var("AIGW_TRUSTED_PROXIES") {
-            s.trusted_proxies = parse_networks("AIGW_TRUSTED_PROXIES", v.split(','))?;
-        }
-        if let Some(v) = var("AIGW_METRICS_TOKEN") {
-            s.metrics_token = Some(Secret(v));
-        }
-        if let Some(v) = var("AIGW_ADMIN_LISTEN") {
-            s.admin_listen = Some(parse_listen("AIGW_ADMIN_LISTEN", &v)?);
-        }
+        s.apply_env(|name| env(name).filter(|v| !v.is_empty()))?;
         s.validate()?;
         Ok(s)
     }
 
+    /// Each setting's own bound, then the bounds between settings.
     fn validate(&self) -> Result<(), ConfigError> {
+        self.check_each()?;
         let bad = |name: &str, why: &str| Err(ConfigError(format!("bad setting {name}: {why}")));
-        if !(self.database_url.starts_with("sqlite:")
-            || self.database_url.starts_with("postgres://")
-            || self.database_url.starts_with("postgresql://"))
-        {
-            return bad(
-                "database_url (AIGW_DATABASE_URL)",
-                "expected sqlite://PATH or postgres://…",
-            );
-        }
-        if self.max_body_bytes == 0 {
-            return bad("max_body_bytes (AIGW_MAX_BODY_BYTES)", "must be at least 1");
-        }
-        if self.max_attempts == 0 {
-            return bad("max_attempts (AIGW_MAX_ATTEMPTS)", "must be at least 1");
-        }
-        if self.max_upstream_connections_per_host == 0 {
-            return bad(
-                "max_upstream_connections_per_host (AIGW_MAX_UPSTREAM_CONNECTIONS_PER_HOST)",
-                "must be at least 1",
-            );
-        }
-        // Every wait is bounded, by at most a day (a deadline is an instant; a day keeps its sum
-        // far from overflowing).
-        for (name, secs) in [
-            (
-                "request_timeout_secs (AIGW_REQUEST_TIMEOUT_SECS)",
-                self.request_timeout_secs,
-            ),
-            (
-                "connect_timeout_secs (AIGW_CONNECT_TIMEOUT_SECS)",
-                self.connect_timeout_secs,
-            ),
-            (
-                "stream_first_byte_timeout_secs (AIGW_STREAM_FIRST_BYTE_TIMEOUT_SECS)",
-                self.stream_first_byte_timeout_secs,
-            ),
-            (
-                "stream_idle_timeout_secs (AIGW_STREAM_IDLE_TIMEOUT_SECS)",
-                self.stream_idle_timeout_secs,
-            ),
-            (
-                "client_body_timeout_secs (AIGW_CLIENT_BODY_TIMEOUT_SECS)",
-                self.client_body_timeout_secs,
-            ),
-        ] {
-            if !(1..=MAX_WAIT_SECS).contains(&secs) {
-                return bad(name, "must be 1..=86400 (seconds)");
-            }
-        }
-        if self.slot_wait_ms > 60_000 {
-            return bad("slot_wait_ms (AIGW_SLOT_WAIT_MS)", "must be at most 60000");
-        }
-        if self.single_candidate_retry_max_ms > 60_000 {
-            return bad(
-                "single_candidate_retry_max_ms (AIGW_SINGLE_CANDIDATE_RETRY_MAX_MS)",
-                "must be at most 60000",
-            );
-        }
         if self.single_candidate_retry_min_ms > self.single_candidate_retry_max_ms {
             return bad(
                 "single_candidate_retry_min_ms (AIGW_SINGLE_CANDIDATE_RETRY_MIN_MS)",
                 "must not exceed single_candidate_retry_max_ms",
-            );
-        }
-        if self.idle_poll_us > 10_000 {
-            return bad("idle_poll_us (AIGW_IDLE_POLL_US)", "must be at most 10000");
-        }
-        if !(1..=3600).contains(&self.client_header_timeout_secs) {
-            return bad(
-                "client_header_timeout_secs (AIGW_CLIENT_HEADER_TIMEOUT_SECS)",
-                "must be 1..=3600",
-            );
-        }
-        if !(1..=3600).contains(&self.client_idle_timeout_secs) {
-            return bad(
-                "client_idle_timeout_secs (AIGW_CLIENT_IDLE_TIMEOUT_SECS)",
-                "must be 1..=3600",
-            );
-        }
-        if self.max_client_connections == 0 {
-            return bad(
-                "max_client_connections (AIGW_MAX_CLIENT_CONNECTIONS)",
-                "must be at least 1",
-            );
-        }
-        // The HTTP/1 parser's buffer cannot be smaller than 8 KiB.
-        if !(8192..=1024 * 1024).contains(&self.max_header_bytes) {
-            return bad(
-                "max_header_bytes (AIGW_MAX_HEADER_BYTES)",
-                "must be 8192..=1048576",
-            );
-        }
-        if !(10..=60_000).contains(&self.flush_interval_ms) {
-            return bad("flush_interval_ms (AIGW_FLUSH_INTERVAL_MS)", "must be 10..=60000");
-        }
-        if self.log_retention_days == 0 {
-            return bad(
-                "log_retention_days (AIGW_LOG_RETENTION_DAYS)",
-                "must be at least 1",
-            );
-        }
-        if !(1..=MAX_USAGE_TOKENS_LIMIT).contains(&self.max_usage_tokens) {
-            return bad(
-                "max_usage_tokens (AIGW_MAX_USAGE_TOKENS)",
-                "must be 1..=1000000000000",
             );
         }
         if let Some(admin) = self.admin_listen
@@ -576,18 +522,6 @@ impl Settings {
                 "admin_listen (AIGW_ADMIN_LISTEN)",
                 "must differ from listen (it is a second address for the admin surfaces)",
             );
-        }
-        if self
-            .metrics_token
-            .as_ref()
-            .is_some_and(|t| t.expose().trim().is_empty())
-        {
-            return bad("metrics_token (AIGW_METRICS_TOKEN)", "must not be blank");
-        }
-        if let Some(email) = &self.bootstrap_email
-            && crate::validate::email(email).is_err()
-        {
-            return bad("bootstrap_email (AIGW_BOOTSTRAP_EMAIL)", "not an email address");
         }
         Ok(())
     }
@@ -666,48 +600,20 @@ fn parse_networks<'a>(
         .collect()
 }
 
-/// Every `AIGW_*` variable aigw reads: the settings above, the command line's `AIGW_CONFIG` and
+/// The `AIGW_*` variables aigw reads besides the settings': the command line's `AIGW_CONFIG` and
 /// `AIGW_RESOURCES`, and the log filter `AIGW_LOG`.
-pub const KNOWN_VARIABLES: &[&str] = &[
-    "AIGW_LISTEN",
-    "AIGW_DATABASE_URL",
-    "AIGW_TIMEZONE",
-    "AIGW_LOCALE",
-    "AIGW_MASTER_KEY",
-    "AIGW_JWT_SECRET",
-    "AIGW_BOOTSTRAP_EMAIL",
-    "AIGW_BOOTSTRAP_PASSWORD",
-    "AIGW_MAX_BODY_BYTES",
-    "AIGW_MAX_ATTEMPTS",
-    "AIGW_REQUEST_TIMEOUT_SECS",
-    "AIGW_CONNECT_TIMEOUT_SECS",
-    "AIGW_STREAM_FIRST_BYTE_TIMEOUT_SECS",
-    "AIGW_STREAM_IDLE_TIMEOUT_SECS",
-    "AIGW_CLIENT_BODY_TIMEOUT_SECS",
-    "AIGW_SLOT_WAIT_MS",
-    "AIGW_SINGLE_CANDIDATE_RETRY_MIN_MS",
-    "AIGW_SINGLE_CANDIDATE_RETRY_MAX_MS",
-    "AIGW_FLUSH_INTERVAL_MS",
-    "AIGW_LOG_RETENTION_DAYS",
-    "AIGW_DATA_DIR",
-    "AIGW_LOG_FORMAT",
-    "AIGW_IDLE_POLL_US",
-    "AIGW_CLIENT_HEADER_TIMEOUT_SECS",
-    "AIGW_CLIENT_IDLE_TIMEOUT_SECS",
-    "AIGW_MAX_CLIENT_CONNECTIONS",
-    "AIGW_MAX_HEADER_BYTES",
-    "AIGW_MAX_USAGE_TOKENS",
-    "AIGW_STORE_OUTAGE_COUNTERS",
-    "AIGW_MAX_UPSTREAM_CONNECTIONS_PER_HOST",
-    "AIGW_TRUSTED_PROXIES",
-    "AIGW_METRICS_TOKEN",
-    "AIGW_ADMIN_LISTEN",
+const OTHER_VARIABLES: &[&str] = &[
     "AIGW_CONFIG",
     "AIGW_RESOURCES",
     "AIGW_LOG",
     // Read by the repository's tests and scripts, not by the gateway; set beside it in CI.
     "AIGW_BIN",
 ];
+
+/// Whether aigw reads the variable `name`: a setting's, or one of [`OTHER_VARIABLES`].
+pub fn is_known_variable(name: &str) -> bool {
+    SETTINGS.iter().any(|s| s.env == name) || OTHER_VARIABLES.contains(&name)
+}
 
 /// Prefixes of variables the repository's tests and scripts read (`AIGW_TEST_POSTGRES_URL`,
 /// schemathesis's `AIGW_ST_*`): not settings, and not a typo either.
@@ -719,7 +625,7 @@ pub fn unknown_variables(names: impl IntoIterator<Item = String>) -> Vec<String>
     let mut unknown: Vec<String> = names
         .into_iter()
         .filter(|n| n.starts_with("AIGW_"))
-        .filter(|n| !KNOWN_VARIABLES.contains(&n.as_str()))
+        .filter(|n| !is_known_variable(n))
         .filter(|n| !TOOLING_PREFIXES.iter().any(|p| n.starts_with(p)))
         .collect();
     unknown.sort_unstable();
@@ -758,8 +664,7 @@ mod tests {
         assert_eq!(unknown_variables(names), ["AIGW_DATABASE", "AIGW_LISTN"]);
     }
 
-    /// Every variable `load` reads is in `KNOWN_VARIABLES`: a setting added without it would be
-    /// warned about as unknown.
+    /// Every variable `load` reads is known: none is warned about as unknown.
     #[test]
     fn every_variable_load_reads_is_known() {
         let read = std::sync::Mutex::new(Vec::new());
@@ -770,10 +675,7 @@ mod tests {
         let read = read.into_inner().unwrap();
         assert!(read.len() > 20, "{read:?}");
         for name in read {
-            assert!(
-                KNOWN_VARIABLES.contains(&name.as_str()),
-                "{name} missing from KNOWN_VARIABLES"
-            );
+            assert!(is_known_variable(&name), "{name} is not known");
         }
     }
 
@@ -989,5 +891,97 @@ mod tests {
     fn secrets_are_not_debug_printed() {
         let s = Settings::load(None, env(&[("AIGW_MASTER_KEY", "topsecretvalue")])).unwrap();
         assert!(!format!("{s:?}").contains("topsecretvalue"));
+    }
+
+    /// Each variable is its file key in capitals after `AIGW_`, and each setting is documented.
+    #[test]
+    fn each_variable_is_its_key_in_capitals() {
+        assert!(SETTINGS.len() > 30);
+        for s in SETTINGS {
+            assert_eq!(s.env, format!("AIGW_{}", s.key.to_uppercase()), "{}", s.key);
+            assert!(!s.doc.trim().is_empty(), "{} has no doc comment", s.key);
+        }
+    }
+
+    /// README.md's settings table lists every setting in the order declared, with its variable
+    /// and default; every other docs table row that starts with a setting and its variable names
+    /// them and the default as declared.
+    #[test]
+    fn the_docs_settings_tables_match_the_declaration() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let read =
+            |p: PathBuf| std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+        // `| `key` | `AIGW_KEY` | default… |`
+        let row = |line: &str| -> Option<(String, String, String)> {
+            let cells: Vec<&str> = line.trim().strip_prefix('|')?.split('|').map(str::trim).collect();
+            let unquote = |c: &str| c.strip_prefix('`')?.strip_suffix('`').map(str::to_owned);
+            let (key, env) = (unquote(cells.first()?)?, unquote(cells.get(1)?)?);
+            env.starts_with("AIGW_")
+                .then(|| (key, env, cells.get(2).copied().unwrap_or("").to_owned()))
+        };
+        let readme = read(root.join("README.md"));
+        let table: Vec<String> = readme
+            .lines()
+            .skip_while(|l| !l.starts_with("| setting (file key) | variable | default |"))
+            .skip(2)
+            .take_while(|l| l.starts_with('|'))
+            .map(|l| row(l).map_or_else(|| format!("unreadable row {l:?}"), |r| r.0))
+            .collect();
+        let declared: Vec<&str> = SETTINGS.iter().map(|s| s.key).collect();
+        assert_eq!(table, declared, "README.md's settings table against SETTINGS");
+
+        let defaults: HashMap<&str, Option<String>> = Settings::shown_defaults().into_iter().collect();
+        let mut docs = vec![root.join("README.md")];
+        for entry in std::fs::read_dir(root.join("docs")).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "md") {
+                docs.push(path);
+            }
+        }
+        let mut checked = 0;
+        for path in docs {
+            for (key, env, default) in read(path.clone()).lines().filter_map(row) {
+                let Some(s) = SETTINGS.iter().find(|s| s.key == key) else {
+                    panic!("{}: {key} is not a setting", path.display());
+                };
+                assert_eq!(env, s.env, "{}: {key}", path.display());
+                if let Some(shown) = &defaults[key.as_str()] {
+                    assert!(
+                        default.starts_with(&format!("`{shown}`")),
+                        "{}: {key}'s default is `{shown}`, the table says {default}",
+                        path.display()
+                    );
+                }
+                checked += 1;
+            }
+        }
+        assert!(checked > SETTINGS.len(), "{checked} rows");
+    }
+
+    #[test]
+    fn file_keys_are_the_settings() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("aigw.toml");
+        std::fs::write(
+            &path,
+            "listen = \"127.0.0.1:5001\"\nlocale = \"zh\"\nmax_attempts = 5\nmaster_key = \"k\"\n\
+             data_dir = \"/var/lib/x\"\nadmin_listen = \"127.0.0.1:5002\"\nlog_format = \"json\"\n",
+        )
+        .unwrap();
+        let s = Settings::load(Some(&path), env(&[])).unwrap();
+        assert_eq!(s.listen.to_string(), "127.0.0.1:5001");
+        assert_eq!(
+            (s.locale, s.max_attempts, s.log_format),
+            (Locale::Zh, 5, LogFormat::Json)
+        );
+        assert_eq!(s.master_key.as_ref().map(Secret::expose), Some("k"));
+        assert_eq!(s.data_dir, PathBuf::from("/var/lib/x"));
+        assert_eq!(s.admin_listen, Some("127.0.0.1:5002".parse().unwrap()));
+        std::fs::write(&path, "listen = \"4001\"\n").unwrap();
+        let err = Settings::load(Some(&path), env(&[])).unwrap_err().0;
+        assert!(
+            err.contains("(listen)") && err.contains("expected HOST:PORT"),
+            "{err}"
+        );
     }
 }

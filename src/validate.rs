@@ -110,10 +110,25 @@ pub fn served_models<'a>(
     Ok(served)
 }
 
-/// A model's price in credits per million tokens, prompt and completion: finite, 0 to below a
-/// billion; stored in micro-credits.
-pub fn price(prompt: f64, completion: f64) -> Result<(i64, i64), String> {
-    let ok = |v: f64| v.is_finite() && (0.0..1.0e9).contains(&v);
+/// How far a price or a policy limit may go. The admin API keeps them in a range people mean;
+/// the resources file is the operator's own and may go to any finite number (counters then
+/// saturate instead of overflowing, which its tests rely on).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Range {
+    /// A price below a billion credits per million tokens; a limit below 9e15.
+    Console,
+    /// Any finite non-negative number.
+    Operator,
+}
+
+/// A model's price in credits per million tokens, prompt and completion: finite, non-negative,
+/// below a billion from the admin API; stored in micro-credits.
+pub fn price(prompt: f64, completion: f64, range: Range) -> Result<(i64, i64), String> {
+    let max = match range {
+        Range::Console => 1.0e9,
+        Range::Operator => f64::INFINITY,
+    };
+    let ok = |v: f64| v.is_finite() && (0.0..max).contains(&v);
     if !(ok(prompt) && ok(completion)) {
         return Err("price must be non-negative numbers of credits per million tokens".into());
     }
@@ -128,10 +143,14 @@ pub fn fallbacks(model: &str, fallbacks: &[String]) -> Result<(), String> {
     Ok(())
 }
 
-/// A policy's limit: credits in micro-credits, any other metric a whole number; non-negative and
-/// far from overflowing.
-pub fn policy_limit(metric: Metric, limit: f64) -> Result<i64, String> {
-    if !(limit.is_finite() && (0.0..9.0e15).contains(&limit)) {
+/// A policy's limit: credits in micro-credits, any other metric a whole number; finite,
+/// non-negative, and from the admin API far from overflowing.
+pub fn policy_limit(metric: Metric, limit: f64, range: Range) -> Result<i64, String> {
+    let max = match range {
+        Range::Console => 9.0e15,
+        Range::Operator => f64::INFINITY,
+    };
+    if !(limit.is_finite() && (0.0..max).contains(&limit)) {
         return Err("limit must be a non-negative number".into());
     }
     if metric == Metric::Credits {
@@ -338,7 +357,15 @@ mod tests {
             (1.0e9, 0.0, Err("non-negative")),
         ];
         for (prompt, completion, want) in cases {
-            table(|_| price(*prompt, *completion), &[("", *want)]);
+            table(|_| price(*prompt, *completion, Range::Console), &[("", *want)]);
+        }
+        let operator: &[(f64, Want<Micros>)] = &[
+            (1.0e13, Ok((i64::MAX, 0))),
+            (-1.0, Err("non-negative")),
+            (f64::INFINITY, Err("non-negative")),
+        ];
+        for (prompt, want) in operator {
+            table(|_| price(*prompt, 0.0, Range::Operator), &[("", *want)]);
         }
     }
 
@@ -368,7 +395,16 @@ mod tests {
             (Metric::Requests, 9.0e15, Err("non-negative")),
         ];
         for (metric, limit, want) in cases {
-            table(|_| policy_limit(*metric, *limit), &[("", *want)]);
+            table(|_| policy_limit(*metric, *limit, Range::Console), &[("", *want)]);
+        }
+        let operator: &[(Metric, f64, Want<i64>)] = &[
+            (Metric::Requests, 9.0e15, Ok(9_000_000_000_000_000)),
+            (Metric::Credits, 1.0e300, Ok(i64::MAX)),
+            (Metric::Credits, f64::NAN, Err("non-negative")),
+            (Metric::Requests, -1.0, Err("non-negative")),
+        ];
+        for (metric, limit, want) in operator {
+            table(|_| policy_limit(*metric, *limit, Range::Operator), &[("", *want)]);
         }
     }
 }

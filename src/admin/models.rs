@@ -103,7 +103,10 @@ async fn apply(state: &AppState, row: &mut ModelRow, input: ModelInput, creating
         None => {}
     }
     if let Some(p) = input.price {
-        (row.price_prompt, row.price_completion) = checked("price", validate::price(p.prompt, p.completion))?;
+        (row.price_prompt, row.price_completion) = checked(
+            "price",
+            validate::price(p.prompt, p.completion, validate::Range::Console),
+        )?;
     }
     if let Some(fallbacks) = input.fallbacks {
         let models: Vec<ModelRow> = state

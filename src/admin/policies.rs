@@ -328,7 +328,10 @@ pub struct NewPolicy {
 }
 
 fn parse_limit(metric: Metric, limit: f64) -> AdminResult<i64> {
-    super::checked("limit", crate::validate::policy_limit(metric, limit))
+    super::checked(
+        "limit",
+        crate::validate::policy_limit(metric, limit, crate::validate::Range::Console),
+    )
 }
 
 fn parse_mode(mode: Option<&str>) -> AdminResult<Mode> {

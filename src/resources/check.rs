@@ -1,0 +1,380 @@
+//! Checking a whole resources file before anything is written: each entry's fields (by the
+//! rules of [`crate::validate`], shared with the admin API), duplicates, and references to what
+//! the file declares or the database holds.
+
+use std::collections::{HashMap, HashSet};
+
+use super::spec::{
+    ApiKeySpec, DepartmentSpec, MemberSpec, ModelSpec, PolicySpec, ResourcesFile, ServedModelSpec,
+    UpstreamSpec, WorkspaceSpec,
+};
+use super::{Ctx, ResourcesError};
+use crate::crypto;
+use crate::quota::window::{Window, WindowParseError};
+use crate::quota::{Metric, Mode, SubjectKind};
+use crate::store::{DepartmentStore, KeyStore, MemberStore, ModelStore, Role, Store, WorkspaceStore};
+use crate::upstream::Provider;
+use crate::validate;
+
+/// What checking resolved, by entry index, for applying.
+#[derive(Default)]
+pub(super) struct Plan {
+    /// Resolved policy fields.
+    pub policies: Vec<(SubjectKind, Metric, Window, Mode, i64)>,
+    /// Resolved providers, base URLs and served models (public name, upstream name).
+    pub upstreams: Vec<(Provider, String, validate::ServedModels)>,
+}
+
+/// What the file declares so far and the database it will be applied to: the names references
+/// may point at, and the keys already declared (a second declaration is refused).
+struct Known<'f> {
+    store: &'f Store,
+    seen: HashSet<String>,
+    workspaces: HashSet<&'f str>,
+    departments: HashSet<(&'f str, &'f str)>,
+    /// Member email → workspace name.
+    members: HashMap<&'f str, &'f str>,
+    /// `email/name`.
+    keys: HashSet<String>,
+}
+
+impl<'f> Known<'f> {
+    /// Whether `key` was declared before (and notes it).
+    fn declared_twice(&mut self, key: String) -> bool {
+        !self.seen.insert(key)
+    }
+
+    async fn workspace(&self, name: &str) -> Result<bool, ResourcesError> {
+        Ok(self.workspaces.contains(name) || self.store.workspace_by_name(name).await?.is_some())
+    }
+
+    async fn department(&self, ws: &str, name: &str) -> Result<bool, ResourcesError> {
+        if self.departments.contains(&(ws, name)) {
+            return Ok(true);
+        }
+        Ok(match self.store.workspace_by_name(ws).await? {
+            Some(w) => self.store.department_by_name(w.id, name).await?.is_some(),
+            None => false,
+        })
+    }
+
+    /// A member's workspace, from the file or the store.
+    async fn member_workspace(&self, email: &str) -> Result<Option<String>, ResourcesError> {
+        if let Some(ws) = self.members.get(email) {
+            return Ok(Some((*ws).to_owned()));
+        }
+        Ok(match self.store.member_by_email(email).await? {
+            Some(m) => self.store.workspace(m.workspace_id).await?.map(|w| w.name),
+            None => None,
+        })
+    }
+
+    /// Whether the key `email/name` is declared or stored.
+    async fn key(&self, address: &str) -> Result<bool, ResourcesError> {
+        if self.keys.contains(address) {
+            return Ok(true);
+        }
+        let Some((email, name)) = address.split_once('/') else {
+            return Ok(false);
+        };
+        Ok(match self.store.member_by_email(email).await? {
+            Some(m) => self.store.key_by_name(m.id, name).await?.is_some(),
+            None => false,
+        })
+    }
+}
+
+/// Checks every entry, table by table in the order they depend on each other.
+pub(super) async fn check(ctx: &Ctx<'_>, store: &Store, f: &ResourcesFile) -> Result<Plan, ResourcesError> {
+    let mut known = Known {
+        store,
+        seen: HashSet::new(),
+        workspaces: HashSet::new(),
+        departments: HashSet::new(),
+        members: HashMap::new(),
+        keys: HashSet::new(),
+    };
+    for (i, w) in f.workspace.iter().enumerate() {
+        workspace(ctx, &mut known, i, w)?;
+    }
+    for (i, d) in f.department.iter().enumerate() {
+        department(ctx, &mut known, i, d).await?;
+    }
+    for (i, m) in f.member.iter().enumerate() {
+        member(ctx, &mut known, i, m).await?;
+    }
+    for (i, k) in f.api_key.iter().enumerate() {
+        api_key(ctx, &mut known, i, k).await?;
+    }
+    let mut plan = Plan::default();
+    for (i, u) in f.upstream.iter().enumerate() {
+        plan.upstreams.push(upstream(ctx, &mut known, i, u).await?);
+    }
+    for (i, m) in f.model.iter().enumerate() {
+        model(ctx, &mut known, f, i, m).await?;
+    }
+    for (i, p) in f.policy.iter().enumerate() {
+        plan.policies.push(policy(ctx, &mut known, i, p).await?);
+    }
+    Ok(plan)
+}
+
+fn workspace<'f>(
+    ctx: &Ctx<'_>,
+    known: &mut Known<'f>,
+    i: usize,
+    w: &'f WorkspaceSpec,
+) -> Result<(), ResourcesError> {
+    let e = |m: String| ctx.entry("workspace", i, &w.name, m);
+    validate::name("name", &w.name).map_err(e)?;
+    if known.declared_twice(format!("ws/{}", w.name)) {
+        return Err(e(format!("workspace {:?} is declared twice", w.name)));
+    }
+    if let Some(tz) = &w.timezone {
+        validate::timezone(tz).map_err(e)?;
+    }
+    known.workspaces.insert(&w.name);
+    Ok(())
+}
+
+async fn department<'f>(
+    ctx: &Ctx<'_>,
+    known: &mut Known<'f>,
+    i: usize,
+    d: &'f DepartmentSpec,
+) -> Result<(), ResourcesError> {
+    let e = |m: String| ctx.entry("department", i, &d.name, m);
+    validate::name("name", &d.name).map_err(e)?;
+    if !known.workspace(&d.workspace).await? {
+        return Err(e(format!("workspace {:?} does not exist", d.workspace)));
+    }
+    if known.declared_twice(format!("dept/{}/{}", d.workspace, d.name)) {
+        return Err(e(format!("department {:?} is declared twice", d.name)));
+    }
+    known.departments.insert((&d.workspace, &d.name));
+    Ok(())
+}
+
+async fn member<'f>(
+    ctx: &Ctx<'_>,
+    known: &mut Known<'f>,
+    i: usize,
+    m: &'f MemberSpec,
+) -> Result<(), ResourcesError> {
+    let e = |msg: String| ctx.entry("member", i, &m.email, msg);
+    validate::email(&m.email).map_err(e)?;
+    m.role.parse::<Role>().map_err(e)?;
+    if !known.workspace(&m.workspace).await? {
+        return Err(e(format!("workspace {:?} does not exist", m.workspace)));
+    }
+    if let Some(d) = &m.department
+        && !known.department(&m.workspace, d).await?
+    {
+        return Err(e(format!(
+            "department {d:?} does not exist in workspace {:?}",
+            m.workspace
+        )));
+    }
+    if let Some(p) = &m.password {
+        validate::password("password", p).map_err(e)?;
+    }
+    if known.declared_twice(format!("member/{}", m.email)) {
+        return Err(e(format!("member {:?} is declared twice", m.email)));
+    }
+    if let Some(existing) = known.store.member_by_email(&m.email).await? {
+        let ws = known.store.workspace(existing.workspace_id).await?;
+        if ws.as_ref().map(|w| w.name.as_str()) != Some(m.workspace.as_str()) {
+            return Err(e(format!("{:?} already belongs to another workspace", m.email)));
+        }
+    }
+    known.members.insert(&m.email, &m.workspace);
+    Ok(())
+}
+
+async fn api_key(
+    ctx: &Ctx<'_>,
+    known: &mut Known<'_>,
+    i: usize,
+    k: &ApiKeySpec,
+) -> Result<(), ResourcesError> {
+    let label = format!("{}/{}", k.member, k.name);
+    let e = |m: String| ctx.entry("api_key", i, &label, m);
+    validate::key_name("name", &k.name).map_err(e)?;
+    if known.member_workspace(&k.member).await?.is_none() {
+        return Err(e(format!("member {:?} does not exist", k.member)));
+    }
+    if let Some(key) = &k.key
+        && !crypto::is_api_key_shape(key)
+    {
+        return Err(e(
+            "key must be \"sk-aigw-\" followed by 32 letters or digits".into()
+        ));
+    }
+    if known.declared_twice(format!("key/{label}")) {
+        return Err(e(format!("key {label:?} is declared twice")));
+    }
+    known.keys.insert(label);
+    Ok(())
+}
+
+async fn upstream(
+    ctx: &Ctx<'_>,
+    known: &mut Known<'_>,
+    i: usize,
+    u: &UpstreamSpec,
+) -> Result<(Provider, String, validate::ServedModels), ResourcesError> {
+    let e = |m: String| ctx.entry("upstream", i, &u.name, m);
+    validate::name("name", &u.name).map_err(e)?;
+    if !known.workspace(&u.workspace).await? {
+        return Err(e(format!("workspace {:?} does not exist", u.workspace)));
+    }
+    let provider: Provider = u.provider.parse().map_err(e)?;
+    let base_url = match (&u.base_url, provider.default_base_url()) {
+        (Some(b), _) => validate::base_url(b).map_err(e)?,
+        (None, Some(d)) => d.to_owned(),
+        (None, None) => return Err(e("base_url is required for provider \"openai-compatible\"".into())),
+    };
+    validate::upstream_secret(&u.api_key).map_err(|m| {
+        let unset = if u.api_key.is_empty() {
+            " (is its ${VAR} set?)"
+        } else {
+            ""
+        };
+        e(format!("{m}{unset}"))
+    })?;
+    for (field, value, min) in [
+        ("priority", u.priority, 0),
+        ("weight", u.weight, 1),
+        ("max_in_flight", u.max_in_flight, 1),
+    ] {
+        validate::upstream_number(field, value, min).map_err(e)?;
+    }
+    for (field, v) in [
+        ("limits.requests_per_minute", u.limits.requests_per_minute),
+        ("limits.tokens_per_minute", u.limits.tokens_per_minute),
+        ("limits.requests_per_day", u.limits.requests_per_day),
+    ] {
+        validate::upstream_limit(field, v).map_err(e)?;
+    }
+    let served = validate::served_models(u.models.iter().map(ServedModelSpec::pair)).map_err(e)?;
+    if known.declared_twice(format!("upstream/{}/{}", u.workspace, u.name)) {
+        return Err(e(format!("upstream {:?} is declared twice", u.name)));
+    }
+    Ok((provider, base_url, served))
+}
+
+async fn model(
+    ctx: &Ctx<'_>,
+    known: &mut Known<'_>,
+    f: &ResourcesFile,
+    i: usize,
+    m: &ModelSpec,
+) -> Result<(), ResourcesError> {
+    let e = |msg: String| ctx.entry("model", i, &m.name, msg);
+    validate::name("name", &m.name).map_err(e)?;
+    if !known.workspace(&m.workspace).await? {
+        return Err(e(format!("workspace {:?} does not exist", m.workspace)));
+    }
+    if let Some(p) = &m.price {
+        validate::price(p.prompt, p.completion, validate::Range::Operator).map_err(e)?;
+    }
+    validate::fallbacks(&m.name, &m.fallbacks).map_err(e)?;
+    for fb in &m.fallbacks {
+        // A fallback may name a declared model or one a credential of the file serves.
+        let declared = f
+            .model
+            .iter()
+            .any(|o| o.workspace == m.workspace && o.name == *fb)
+            || f.upstream
+                .iter()
+                .any(|u| u.workspace == m.workspace && u.models.iter().any(|s| s.pair().0 == fb));
+        let known = declared
+            || match known.store.workspace_by_name(&m.workspace).await? {
+                Some(w) => known.store.model_by_name(w.id, fb).await?.is_some(),
+                None => false,
+            };
+        if !known {
+            return Err(e(format!(
+                "fallback model {fb:?} does not exist in workspace {:?}",
+                m.workspace
+            )));
+        }
+    }
+    if known.declared_twice(format!("model/{}/{}", m.workspace, m.name)) {
+        return Err(e(format!("model {:?} is declared twice", m.name)));
+    }
+    Ok(())
+}
+
+async fn policy(
+    ctx: &Ctx<'_>,
+    known: &mut Known<'_>,
+    i: usize,
+    p: &PolicySpec,
+) -> Result<(SubjectKind, Metric, Window, Mode, i64), ResourcesError> {
+    let label = format!("{} {}", p.subject, p.target);
+    let e = |m: String| ctx.entry("policy", i, &label, m);
+    if !known.workspace(&p.workspace).await? {
+        return Err(e(format!("workspace {:?} does not exist", p.workspace)));
+    }
+    let subject: SubjectKind = p.subject.parse().map_err(e)?;
+    let metric: Metric = p.metric.parse().map_err(e)?;
+    let window: Window = p
+        .window
+        .parse()
+        .map_err(|err: WindowParseError| e(err.to_string()))?;
+    let mode: Mode = p.mode.parse().map_err(e)?;
+    let limit = validate::policy_limit(metric, p.limit, validate::Range::Operator).map_err(e)?;
+    if p.target != "*" {
+        if p.department.is_some() {
+            return Err(e("department only narrows target = \"*\"".into()));
+        }
+        let found = match subject {
+            SubjectKind::Apikey => {
+                if !p.target.contains('/') {
+                    return Err(e(format!(
+                        "apikey target {:?} must be \"member-email/key-name\"",
+                        p.target
+                    )));
+                }
+                known.key(&p.target).await?
+            }
+            SubjectKind::Member => {
+                known.member_workspace(&p.target).await?.as_deref() == Some(p.workspace.as_str())
+            }
+            SubjectKind::Dept => known.department(&p.workspace, &p.target).await?,
+            SubjectKind::Ws => p.target == p.workspace,
+        };
+        if !found {
+            return Err(e(format!(
+                "{} {:?} does not exist in workspace {:?}",
+                subject.as_str(),
+                p.target,
+                p.workspace
+            )));
+        }
+    } else if let Some(d) = &p.department {
+        if !matches!(subject, SubjectKind::Apikey | SubjectKind::Member) {
+            return Err(e("department narrows only apikey and member policies".into()));
+        }
+        if !known.department(&p.workspace, d).await? {
+            return Err(e(format!(
+                "department {d:?} does not exist in workspace {:?}",
+                p.workspace
+            )));
+        }
+    }
+    let key = format!(
+        "policy/{}/{}/{}/{}/{}/{}",
+        p.workspace,
+        p.subject,
+        p.target,
+        p.department.as_deref().unwrap_or(""),
+        p.metric,
+        window
+    );
+    if known.declared_twice(key) {
+        return Err(e("the same subject, metric and window is declared twice".into()));
+    }
+    Ok((subject, metric, window, mode, limit))
+}
