@@ -97,6 +97,33 @@ pub struct Script {
     /// rate-limit body; calls within it are answered as the rest of the script says.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rate_limit: Option<RateLimit>,
+    /// Answer with a call of this tool after the text: OpenAI's `tool_calls` (finish reason
+    /// `tool_calls`) or Anthropic's `tool_use` block (stop reason `tool_use`); streamed, its
+    /// arguments come in two pieces.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call: Option<ToolCall>,
+}
+
+/// A tool call the mock answers with.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ToolCall {
+    /// The tool's name.
+    pub name: String,
+    /// Its arguments, a JSON object.
+    pub arguments: Value,
+}
+
+impl ToolCall {
+    /// The arguments as JSON text, cut in two for a stream.
+    fn argument_pieces(&self) -> (String, String) {
+        let text = self.arguments.to_string();
+        let mid = text
+            .char_indices()
+            .nth(text.chars().count() / 2)
+            .map_or(0, |(i, _)| i);
+        (text[..mid].to_owned(), text[mid..].to_owned())
+    }
 }
 
 /// A fixed-window rate limit: `requests` calls per `window_ms`, windows aligned to the Unix epoch.
@@ -170,6 +197,14 @@ impl Script {
     /// Report this `usage` value instead of the real one (`Value::Null`: no usage at all).
     pub fn usage(mut self, usage: Value) -> Self {
         self.usage = Some(usage);
+        self
+    }
+    /// Answer with a call of tool `name` with `arguments`.
+    pub fn tool_call(mut self, name: &str, arguments: Value) -> Self {
+        self.tool_call = Some(ToolCall {
+            name: name.to_owned(),
+            arguments,
+        });
         self
     }
     /// Allow `requests` calls per `window_ms`; refuse the rest with a 429 naming the wait.
@@ -645,6 +680,11 @@ async fn chat(State(st): State<Arc<MockState>>, headers: HeaderMap, raw: Bytes) 
             "choices": [{"index": 0, "message": {"role": "assistant", "content": words.concat()},
                          "finish_reason": "stop"}],
         });
+        if let Some(t) = &inc.script.tool_call {
+            body["choices"][0]["message"]["tool_calls"] = json!([{"id": "call_mock_1", "type": "function",
+                "function": {"name": t.name, "arguments": t.arguments.to_string()}}]);
+            body["choices"][0]["finish_reason"] = json!("tool_calls");
+        }
         if let Some(u) = usage {
             body["usage"] = u;
         }
@@ -691,7 +731,21 @@ async fn chat(State(st): State<Arc<MockState>>, headers: HeaderMap, raw: Bytes) 
         events.push(chunk(json!({"content": w}), Value::Null));
     }
     if reported.is_some() {
-        events.push(chunk(json!({}), json!("stop")));
+        let mut finish = json!("stop");
+        if let Some(t) = &inc.script.tool_call {
+            let (a, b) = t.argument_pieces();
+            events.push(chunk(
+                json!({"tool_calls": [{"index": 0, "id": "call_mock_1", "type": "function",
+                    "function": {"name": t.name, "arguments": a}}]}),
+                Value::Null,
+            ));
+            events.push(chunk(
+                json!({"tool_calls": [{"index": 0, "function": {"arguments": b}}]}),
+                Value::Null,
+            ));
+            finish = json!("tool_calls");
+        }
+        events.push(chunk(json!({}), finish));
         if include_usage && let Some(usage) = usage {
             let c = json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model,
                            "choices": [], "usage": usage});
@@ -741,6 +795,14 @@ async fn messages(State(st): State<Arc<MockState>>, headers: HeaderMap, raw: Byt
         let mut body = json!({"id": id, "type": "message", "role": "assistant", "model": model,
                "content": [{"type": "text", "text": words.concat()}],
                "stop_reason": "end_turn", "stop_sequence": null});
+        if let Some(t) = &inc.script.tool_call {
+            if let Some(c) = body["content"].as_array_mut() {
+                c.push(
+                    json!({"type": "tool_use", "id": "toolu_mock_1", "name": t.name, "input": t.arguments}),
+                );
+            }
+            body["stop_reason"] = json!("tool_use");
+        }
         if let Some(u) = inc.reported_usage(json!({"input_tokens": input, "output_tokens": output})) {
             body["usage"] = u;
         }
@@ -793,8 +855,29 @@ async fn messages(State(st): State<Arc<MockState>>, headers: HeaderMap, raw: Byt
             "content_block_stop",
             json!({"type": "content_block_stop", "index": 0}),
         ));
+        let mut stop_reason = "end_turn";
+        if let Some(t) = &inc.script.tool_call {
+            let (a, b) = t.argument_pieces();
+            events.push(ev(
+                "content_block_start",
+                json!({"type": "content_block_start", "index": 1,
+                    "content_block": {"type": "tool_use", "id": "toolu_mock_1", "name": t.name, "input": {}}}),
+            ));
+            for piece in [a, b] {
+                events.push(ev(
+                    "content_block_delta",
+                    json!({"type": "content_block_delta", "index": 1,
+                        "delta": {"type": "input_json_delta", "partial_json": piece}}),
+                ));
+            }
+            events.push(ev(
+                "content_block_stop",
+                json!({"type": "content_block_stop", "index": 1}),
+            ));
+            stop_reason = "tool_use";
+        }
         let mut delta =
-            json!({"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": null}});
+            json!({"type": "message_delta", "delta": {"stop_reason": stop_reason, "stop_sequence": null}});
         if let Some(u) = inc.reported_usage(json!({"output_tokens": output})) {
             delta["usage"] = u;
         }
