@@ -10,12 +10,22 @@ use super::Translation;
 use super::chat_to_messages::{finish_reason, usage as chat_usage};
 use super::messages_to_chat::stop_reason;
 
+/// Most bytes of one event the translator keeps back waiting for its end. An upstream is not
+/// trusted: an event longer than this is not translated (nothing of it reaches the client), and
+/// the stream goes on with the next one.
+pub const MAX_EVENT_BYTES: usize = 8 * crate::upstream::adapter::MAX_EVENT_BYTES;
+
 /// Translates one stream.
 #[derive(Debug)]
 pub struct StreamTranslator {
     direction: Direction,
-    /// Bytes of an event whose end has not come.
+    /// Bytes of an event whose end has not come (at most [`MAX_EVENT_BYTES`]).
     pending: BytesMut,
+    /// Inside an event over the bound: bytes are dropped until its end; the last byte dropped
+    /// is kept (a separator may straddle two chunks).
+    skipping: Option<u8>,
+    /// The bound, smaller in tests.
+    max_event: usize,
 }
 
 #[derive(Debug)]
@@ -54,20 +64,58 @@ impl StreamTranslator {
         StreamTranslator {
             direction,
             pending: BytesMut::new(),
+            skipping: None,
+            max_event: MAX_EVENT_BYTES,
         }
     }
 
     /// Translates the complete events of `bytes` (and of what was kept back) into `out`.
-    pub fn feed(&mut self, bytes: &[u8], out: &mut BytesMut) {
+    pub fn feed(&mut self, mut bytes: &[u8], out: &mut BytesMut) {
+        if let Some(last) = self.skipping {
+            // The end of the oversized event: a blank line, perhaps begun in the last chunk.
+            let joint = [&[last][..], &bytes[..bytes.len().min(3)]].concat();
+            let end = match event_end(&joint) {
+                Some((at, sep)) if at + sep > 1 => Some(at + sep - 1),
+                _ => event_end(bytes).map(|(at, sep)| at + sep),
+            };
+            match end {
+                Some(end) => {
+                    self.skipping = None;
+                    bytes = &bytes[end..];
+                }
+                None => {
+                    self.skipping = bytes.last().copied().or(Some(last));
+                    return;
+                }
+            }
+        }
         self.pending.extend_from_slice(bytes);
         while let Some((end, sep)) = event_end(&self.pending) {
             let event = self.pending.split_to(end + sep);
+            if event.len() > self.max_event {
+                tracing::warn!(
+                    bytes = event.len(),
+                    "an upstream event over the bound is not translated"
+                );
+                continue;
+            }
             self.event(&event[..end], out);
+        }
+        if self.pending.len() > self.max_event {
+            tracing::warn!(
+                bytes = self.pending.len(),
+                "an upstream event over the bound is not translated"
+            );
+            self.skipping = self.pending.last().copied();
+            self.pending.clear();
         }
     }
 
     /// The upstream ended: an unterminated last event is read too.
     pub fn finish(&mut self, out: &mut BytesMut) {
+        if self.skipping.is_some() {
+            return;
+        }
         let rest = std::mem::take(&mut self.pending);
         if !rest.iter().all(u8::is_ascii_whitespace) {
             self.event(&rest, out);
@@ -630,6 +678,32 @@ mod tests {
                 json!({"input_tokens": 7, "output_tokens": 4, "cache_read_input_tokens": 2,
                     "cache_creation_input_tokens": 0})
             );
+        }
+    }
+
+    /// An event over the bound is dropped whole, however it is cut, and the next one translated;
+    /// nothing is kept back beyond the bound.
+    #[test]
+    fn an_oversized_event_is_dropped_and_the_stream_goes_on() {
+        let giant = format!(
+            "data: {{\"id\":\"x\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"{}\"}}}}]}}\n\n",
+            "a".repeat(300)
+        );
+        let small = "data: {\"id\":\"x\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"b\"}}]}\n\ndata: [DONE]\n\n";
+        let input = format!("{giant}{small}");
+        for size in [1, 2, 3, 5, 64, 1000] {
+            let mut tr = StreamTranslator::new(Translation::MessagesToChat, false, "m");
+            tr.max_event = 200;
+            let mut out = BytesMut::new();
+            for piece in input.as_bytes().chunks(size) {
+                tr.feed(piece, &mut out);
+                assert!(tr.pending.len() <= 200 + size, "chunks of {size}");
+            }
+            tr.finish(&mut out);
+            let out = String::from_utf8(out.to_vec()).unwrap();
+            assert!(!out.contains("aaa"), "chunks of {size}: {out}");
+            assert!(out.contains("\"text\":\"b\""), "chunks of {size}: {out}");
+            assert!(out.contains("event: message_stop"), "chunks of {size}: {out}");
         }
     }
 
