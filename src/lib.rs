@@ -23,6 +23,7 @@ pub mod resources;
 pub mod serving;
 pub mod store;
 pub mod telemetry;
+pub mod translate;
 pub mod upstream;
 pub mod usage;
 pub mod validate;

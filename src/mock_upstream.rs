@@ -99,6 +99,33 @@ pub struct Script {
     /// rate-limit body; calls within it are answered as the rest of the script says.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rate_limit: Option<RateLimit>,
+    /// Answer with a call of this tool after the text: OpenAI's `tool_calls` (finish reason
+    /// `tool_calls`) or Anthropic's `tool_use` block (stop reason `tool_use`); streamed, its
+    /// arguments come in two pieces.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call: Option<ToolCall>,
+}
+
+/// A tool call the mock answers with.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ToolCall {
+    /// The tool's name.
+    pub name: String,
+    /// Its arguments, a JSON object.
+    pub arguments: Value,
+}
+
+impl ToolCall {
+    /// The arguments as JSON text, cut in two for a stream.
+    fn argument_pieces(&self) -> (String, String) {
+        let text = self.arguments.to_string();
+        let mid = text
+            .char_indices()
+            .nth(text.chars().count() / 2)
+            .map_or(0, |(i, _)| i);
+        (text[..mid].to_owned(), text[mid..].to_owned())
+    }
 }
 
 /// A fixed-window rate limit: `requests` calls per `window_ms`, windows aligned to the Unix epoch.
@@ -172,6 +199,14 @@ impl Script {
     /// Report this `usage` value instead of the real one (`Value::Null`: no usage at all).
     pub fn usage(mut self, usage: Value) -> Self {
         self.usage = Some(usage);
+        self
+    }
+    /// Answer with a call of tool `name` with `arguments`.
+    pub fn tool_call(mut self, name: &str, arguments: Value) -> Self {
+        self.tool_call = Some(ToolCall {
+            name: name.to_owned(),
+            arguments,
+        });
         self
     }
     /// Allow `requests` calls per `window_ms`; refuse the rest with a 429 naming the wait.

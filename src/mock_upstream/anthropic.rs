@@ -27,6 +27,14 @@ pub(super) async fn messages(State(st): State<Arc<MockState>>, headers: HeaderMa
         let mut body = json!({"id": id, "type": "message", "role": "assistant", "model": model,
                "content": [{"type": "text", "text": words.concat()}],
                "stop_reason": "end_turn", "stop_sequence": null});
+        if let Some(t) = &inc.script.tool_call {
+            if let Some(c) = body["content"].as_array_mut() {
+                c.push(
+                    json!({"type": "tool_use", "id": "toolu_mock_1", "name": t.name, "input": t.arguments}),
+                );
+            }
+            body["stop_reason"] = json!("tool_use");
+        }
         if let Some(u) = inc.reported_usage(json!({"input_tokens": input, "output_tokens": output})) {
             body["usage"] = u;
         }
@@ -79,8 +87,29 @@ pub(super) async fn messages(State(st): State<Arc<MockState>>, headers: HeaderMa
             "content_block_stop",
             json!({"type": "content_block_stop", "index": 0}),
         ));
+        let mut stop_reason = "end_turn";
+        if let Some(t) = &inc.script.tool_call {
+            let (a, b) = t.argument_pieces();
+            events.push(ev(
+                "content_block_start",
+                json!({"type": "content_block_start", "index": 1,
+                    "content_block": {"type": "tool_use", "id": "toolu_mock_1", "name": t.name, "input": {}}}),
+            ));
+            for piece in [a, b] {
+                events.push(ev(
+                    "content_block_delta",
+                    json!({"type": "content_block_delta", "index": 1,
+                        "delta": {"type": "input_json_delta", "partial_json": piece}}),
+                ));
+            }
+            events.push(ev(
+                "content_block_stop",
+                json!({"type": "content_block_stop", "index": 1}),
+            ));
+            stop_reason = "tool_use";
+        }
         let mut delta =
-            json!({"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": null}});
+            json!({"type": "message_delta", "delta": {"stop_reason": stop_reason, "stop_sequence": null}});
         if let Some(u) = inc.reported_usage(json!({"output_tokens": output})) {
             delta["usage"] = u;
         }

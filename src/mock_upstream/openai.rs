@@ -34,6 +34,11 @@ pub(super) async fn chat(State(st): State<Arc<MockState>>, headers: HeaderMap, r
             "choices": [{"index": 0, "message": {"role": "assistant", "content": words.concat()},
                          "finish_reason": "stop"}],
         });
+        if let Some(t) = &inc.script.tool_call {
+            body["choices"][0]["message"]["tool_calls"] = json!([{"id": "call_mock_1", "type": "function",
+                "function": {"name": t.name, "arguments": t.arguments.to_string()}}]);
+            body["choices"][0]["finish_reason"] = json!("tool_calls");
+        }
         if let Some(u) = usage {
             body["usage"] = u;
         }
@@ -80,7 +85,21 @@ pub(super) async fn chat(State(st): State<Arc<MockState>>, headers: HeaderMap, r
         events.push(chunk(json!({"content": w}), Value::Null));
     }
     if reported.is_some() {
-        events.push(chunk(json!({}), json!("stop")));
+        let mut finish = json!("stop");
+        if let Some(t) = &inc.script.tool_call {
+            let (a, b) = t.argument_pieces();
+            events.push(chunk(
+                json!({"tool_calls": [{"index": 0, "id": "call_mock_1", "type": "function",
+                    "function": {"name": t.name, "arguments": a}}]}),
+                Value::Null,
+            ));
+            events.push(chunk(
+                json!({"tool_calls": [{"index": 0, "function": {"arguments": b}}]}),
+                Value::Null,
+            ));
+            finish = json!("tool_calls");
+        }
+        events.push(chunk(json!({}), finish));
         if include_usage && let Some(usage) = usage {
             let c = json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model,
                            "choices": [], "usage": usage});

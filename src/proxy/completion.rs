@@ -12,6 +12,7 @@ use crate::caller::Caller;
 use crate::deadline::Missed;
 use crate::quota::engine::QuotaDecision;
 use crate::request_log::LogRecord;
+use crate::translate::Translation;
 use crate::upstream::adapter::Endpoint;
 use crate::upstream::admission::Slot;
 use crate::upstream::dispatch::{self, Attempt};
@@ -233,6 +234,11 @@ impl Completion {
             .map_or(0, |r| r.credits(usage.prompt, usage.completion))
     }
 
+    /// The attempts made so far.
+    pub fn attempts(&self) -> &[Attempt] {
+        &self.attempts
+    }
+
     /// The attempts list dispatch fills.
     pub fn attempts_mut(&mut self) -> &mut Vec<Attempt> {
         &mut self.attempts
@@ -338,6 +344,9 @@ impl Completion {
         r.latency_ms = elapsed.as_millis() as i64;
         r.ttfb_ms = outcome.ttfb.map(|t| t.as_millis() as i64);
         r.attempts = self.attempts.len() as i64;
+        for a in &mut self.attempts {
+            a.translated = Translation::of(self.endpoint, a.provider).map(Translation::name);
+        }
         if r.upstream_id.is_none() {
             r.upstream_id = self.attempts.last().map(|a| a.credential_id);
         }

@@ -25,6 +25,9 @@ use crate::error::{ApiError, ERROR_SOURCE, MAX_SDK_WAIT_SECS, QuotaRefusal, SHOU
 use crate::quota::engine::{QuotaDecision, display_value};
 use crate::quota::window::format_reset_at;
 use crate::quota::{self, Metric};
+use crate::translate::stream::StreamTranslator;
+use crate::translate::{self, Translation};
+use crate::upstream::Provider;
 use crate::upstream::adapter::{self, Endpoint, SseTap, UsageReport};
 use crate::upstream::dispatch::{self, Answer, Complete, Dispatched};
 use crate::upstream::usage;
@@ -191,6 +194,12 @@ pub async fn handle(
             upstream_latency,
             slot,
         } => {
+            let translation = Translation::of(endpoint, credential.provider);
+            let route = Routed {
+                model: Some(model.name.clone()),
+                provider: Some(credential.provider),
+                attempts: completion.attempts().len(),
+            };
             completion.served_by(model, credential.clone(), upstream_latency);
             // The credential's in-flight slot is freed when the request completes.
             completion.hold(slot);
@@ -201,9 +210,19 @@ pub async fn handle(
             } = match answer {
                 Answer::Stream(response) => {
                     let status = response.status().as_u16();
-                    let tap = SseTap::new(endpoint, strip_usage, state.settings.max_usage_tokens)
-                        .masking(credential.mask.clone());
+                    // The tap reads the upstream's own events (usage, errors); a translated stream
+                    // is rewritten after it, in the client's format.
+                    let upstream_endpoint = translation.map_or(endpoint, Translation::upstream_endpoint);
+                    let tap = SseTap::new(
+                        upstream_endpoint,
+                        strip_usage && translation.is_none(),
+                        state.settings.max_usage_tokens,
+                    )
+                    .masking(credential.mask.clone());
                     let mut stream = stream::ProxyStream::new(response, tap, completion, body.len, deadline);
+                    if let Some(t) = translation {
+                        stream = stream.translating(StreamTranslator::new(t, !strip_usage, &body.model));
+                    }
                     // What the upstream has already sent leaves with the head, in one write.
                     let first = futures::StreamExt::next(&mut stream).await;
                     if let Some((completion, e)) = stream.timed_out_before_the_head() {
@@ -218,6 +237,7 @@ pub async fn handle(
                         HeaderValue::from_static("text/event-stream"),
                     );
                     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+                    route.insert(h);
                     // Headers leave before the body: only this request itself is known.
                     let one_request = |m: Metric| i64::from(m == Metric::Requests);
                     return with_quota(resp, &quota, one_request, now);
@@ -245,23 +265,44 @@ pub async fn handle(
             let used_here = |m: Metric| quota::engine::amount(m, usage, credits);
             let mut resp = Response::new(Body::from(bytes));
             *resp.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::OK);
+            let content_type = match translation {
+                Some(_) => None,
+                None => content_type,
+            };
             resp.headers_mut().insert(
                 header::CONTENT_TYPE,
                 content_type.unwrap_or(HeaderValue::from_static("application/json")),
             );
+            route.insert(resp.headers_mut());
             with_quota(resp, &quota, used_here, now)
         }
         Dispatched::UpstreamFailed(error) => {
             // After every candidate failed, the last upstream error goes back as is.
             let explanation = format!("Upstream: {}", completion.attempts_summary());
+            // Classified and logged in the provider's own shape; rendered in the client's.
             let code = upstream_code(&error.body);
+            let route = Routed {
+                model: completion.attempts().last().map(|a| a.model.clone()),
+                provider: Some(error.provider),
+                attempts: completion.attempts().len(),
+            };
             let ban = completion.ban_context();
             if completion.finish(Outcome::failed(error.status, code, Source::Upstream, explanation)) {
                 return ban.answer();
             }
-            let mut resp = Response::new(Body::from(error.body));
+            let translation = Translation::of(endpoint, error.provider);
+            let body = match translation {
+                Some(t) => translate::error_body(t, error.status, &error.body),
+                None => error.body,
+            };
+            let mut resp = Response::new(Body::from(body));
             *resp.status_mut() = StatusCode::from_u16(error.status).unwrap_or(StatusCode::BAD_GATEWAY);
             resp.headers_mut().extend(error.headers);
+            if translation.is_some() {
+                resp.headers_mut()
+                    .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+            }
+            route.insert(resp.headers_mut());
             resp.headers_mut()
                 .insert(ERROR_SOURCE, HeaderValue::from_static("upstream"));
             // DESIGN.md §6/§7: a wait over a minute is not for the SDK to sit out (the next
@@ -272,9 +313,47 @@ pub async fn handle(
             }
             with_quota(resp, &quota, untouched, now)
         }
-        Dispatched::GatewayFailed(e) => with_quota(refuse(completion, e), &quota, untouched, now),
+        Dispatched::GatewayFailed(e) => {
+            let route = Routed {
+                model: None,
+                provider: None,
+                attempts: completion.attempts().len(),
+            };
+            let mut resp = refuse(completion, e);
+            if route.attempts > 0 {
+                route.insert(resp.headers_mut());
+            }
+            with_quota(resp, &quota, untouched, now)
+        }
     }
 }
+
+/// What routed a request, told in its response headers (DESIGN.md §10): the public model and
+/// the provider that answered, and the upstream attempts made.
+struct Routed {
+    model: Option<String>,
+    provider: Option<Provider>,
+    attempts: usize,
+}
+
+impl Routed {
+    fn insert(&self, h: &mut axum::http::HeaderMap) {
+        if let Some(v) = self.model.as_deref().and_then(|m| HeaderValue::from_str(m).ok()) {
+            h.insert(AIGW_MODEL, v);
+        }
+        if let Some(p) = self.provider {
+            h.insert(AIGW_PROVIDER, HeaderValue::from_static(p.as_str()));
+        }
+        h.insert(AIGW_ATTEMPTS, HeaderValue::from(self.attempts));
+    }
+}
+
+/// The public model that answered.
+const AIGW_MODEL: header::HeaderName = header::HeaderName::from_static("x-aigw-model");
+/// The provider of the credential that answered.
+const AIGW_PROVIDER: header::HeaderName = header::HeaderName::from_static("x-aigw-provider");
+/// Upstream attempts made for the request.
+const AIGW_ATTEMPTS: header::HeaderName = header::HeaderName::from_static("x-aigw-attempts");
 
 /// The wait an upstream error asks for, in whole seconds from `now`: the longer of its
 /// `Retry-After` (seconds or an HTTP-date) and `retry-after-ms`, which the SDKs read.

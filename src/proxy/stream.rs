@@ -16,6 +16,7 @@ use tokio::time::Sleep;
 use super::completion::{Completion, Outcome, Source};
 use crate::deadline::{Deadline, Missed};
 use crate::error::ApiError;
+use crate::translate::stream::StreamTranslator;
 use crate::upstream::adapter::{Endpoint, SseTap, UsageReport};
 use crate::upstream::usage;
 
@@ -42,6 +43,11 @@ pub struct ProxyStream {
     /// A deadline that passed before a byte went to the client: the request is answered with a
     /// 504 instead of a stream.
     unsent_timeout: Option<ApiError>,
+    /// Rewrites the upstream's events (as the tap passed them) in the client's format, when the
+    /// credential speaks the other one.
+    translator: Option<StreamTranslator>,
+    /// The tap's output on its way to the translator.
+    tapped: BytesMut,
 }
 
 /// Most bytes sent in one write.
@@ -71,6 +77,37 @@ impl ProxyStream {
             last_chunk: None,
             timer: Box::pin(tokio::time::sleep_until(deadline.at())),
             unsent_timeout: None,
+            translator: None,
+            tapped: BytesMut::new(),
+        }
+    }
+
+    /// Passes the events through `translator` after the tap.
+    pub fn translating(mut self, translator: StreamTranslator) -> Self {
+        self.translator = Some(translator);
+        self
+    }
+
+    /// Feeds an upstream chunk to the tap (and the translator); the client's bytes go to `held`.
+    fn take_in(&mut self, chunk: &[u8]) {
+        match &mut self.translator {
+            None => self.tap.feed(chunk, &mut self.held),
+            Some(t) => {
+                self.tap.feed(chunk, &mut self.tapped);
+                t.feed(&self.tapped.split(), &mut self.held);
+            }
+        }
+    }
+
+    /// The upstream ended: what the tap (and the translator) kept back goes to `held`.
+    fn take_in_end(&mut self) {
+        match &mut self.translator {
+            None => self.tap.finish(&mut self.held),
+            Some(t) => {
+                self.tap.finish(&mut self.tapped);
+                t.feed(&self.tapped.split(), &mut self.held);
+                t.finish(&mut self.held);
+            }
         }
     }
 
@@ -205,7 +242,7 @@ impl Stream for ProxyStream {
             match Pin::new(&mut this.upstream).poll_next(cx) {
                 Poll::Ready(Some(Ok(chunk))) => {
                     this.chunk_came();
-                    this.tap.feed(&chunk, &mut this.held);
+                    this.take_in(&chunk);
                     if this.held.len() >= WRITE_MAX {
                         return Poll::Ready(Some(this.release()));
                     }
@@ -217,7 +254,7 @@ impl Stream for ProxyStream {
                         tracing::warn!(error = %e, "upstream stream broke");
                     }
                     this.ended = true;
-                    this.tap.finish(&mut this.held);
+                    this.take_in_end();
                     this.finish(broke, false, None);
                 }
                 Poll::Pending if this.held.is_empty() => match this.deadline_passed(cx) {

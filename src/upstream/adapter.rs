@@ -55,11 +55,12 @@ impl Endpoint {
         }
     }
 
-    /// Whether a credential of `provider` can serve this endpoint.
+    /// Whether a credential of `provider` can serve this endpoint: natively, or translated
+    /// between chat and messages (`crate::translate`). Embeddings have no Anthropic counterpart.
     pub fn served_by(self, provider: Provider) -> bool {
         match self {
-            Endpoint::Messages => provider.speaks_anthropic(),
-            Endpoint::ChatCompletions | Endpoint::Embeddings => !provider.speaks_anthropic(),
+            Endpoint::Embeddings => !provider.speaks_anthropic(),
+            Endpoint::ChatCompletions | Endpoint::Messages => true,
         }
     }
 }

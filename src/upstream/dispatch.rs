@@ -22,15 +22,16 @@ use serde::Serialize;
 use super::adapter::{self, Endpoint, Fields};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+use super::Provider;
 use super::admission::{Refusal, Slot};
 use super::classify::{self, Classification, LockModels, NextStep, Rule, Sharing, UpstreamFailure};
 use super::http;
 use super::locks::{self, LockTarget};
-use super::mask::SecretMask;
 use super::pool::{Credential, ModelRoute};
 use crate::app::AppState;
 use crate::deadline::{Deadline, Missed};
 use crate::error::ApiError;
+use crate::translate::{self, Translation};
 
 /// Most bytes of an upstream error body read (and passed back).
 const MAX_ERROR_BODY: usize = 256 * 1024;
@@ -54,6 +55,16 @@ pub struct Attempt {
     /// The lock the failure wrote, RFC 3339.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub lock_until: Option<String>,
+    /// The credential's provider.
+    #[serde(serialize_with = "provider_name")]
+    pub provider: Provider,
+    /// The translation the request went through (set when the request completes), if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub translated: Option<&'static str>,
+}
+
+fn provider_name<S: serde::Serializer>(p: &Provider, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(p.as_str())
 }
 
 impl Attempt {
@@ -67,6 +78,8 @@ impl Attempt {
             rule: None,
             error: None,
             lock_until: None,
+            provider: cred.provider,
+            translated: None,
         }
     }
 }
@@ -78,8 +91,11 @@ pub struct UpstreamError {
     pub status: u16,
     /// Headers worth passing on (content type, Retry-After).
     pub headers: HeaderMap,
-    /// Body.
+    /// Body, in the provider's own format (classified as such; rendered for the client by
+    /// `translate::error_body` when the client called the other format).
     pub body: Bytes,
+    /// The provider that answered it.
+    pub provider: Provider,
 }
 
 /// What a candidate that served answered.
@@ -162,18 +178,16 @@ pub async fn dispatch(
         closed_groups: Vec::new(),
         out_of_rotation: false,
     };
-    // A model only Anthropic credentials serve, asked for on /v1/chat/completions (or the
-    // reverse): the request is at the wrong endpoint, nothing is unreachable.
+    // A model only Anthropic credentials serve, asked for on /v1/embeddings: the request is at
+    // the wrong endpoint, nothing is unreachable. (Chat and messages each reach every chat
+    // model, translated where needed.)
     if let Some(first) = chain.first()
         && !chain.iter().any(|m| {
             m.credentials.iter().any(|c| endpoint.served_by(c.provider))
                 || m.disabled.iter().any(|p| endpoint.served_by(*p))
         })
     {
-        let hint = match endpoint {
-            Endpoint::Messages => "it is served on POST /v1/chat/completions",
-            Endpoint::ChatCompletions | Endpoint::Embeddings => "it is served on POST /v1/messages",
-        };
+        let hint = "it is a chat model: call POST /v1/chat/completions or POST /v1/messages";
         return Dispatched::GatewayFailed(ApiError::invalid(
             format!(
                 "no upstream credential serves the model `{}` on this endpoint; {hint}",
@@ -330,7 +344,16 @@ impl Run<'_> {
         slot: Slot,
         single: bool,
     ) -> Step {
-        let out = adapter::outgoing(self.endpoint, cred, body, upstream_model);
+        // A request the credential's format cannot express is not sent: the client's 400, unless
+        // another candidate serves it.
+        let out = match translate::request(self.endpoint, cred, body, upstream_model) {
+            Ok(out) => out,
+            Err(refused) => {
+                tracing::debug!(credential = %cred.name, param = %refused.param, "request not translatable");
+                self.last = Some(Dispatched::GatewayFailed(refused.into()));
+                return Step::Failed(NextStep::NextCredential);
+            }
+        };
         let mut req = request(cred, self.headers, out);
         // The body is bytes, so the request copies cheaply; only a single candidate may need it.
         let mut retry = single.then(|| http::duplicate(&req));
@@ -376,9 +399,9 @@ impl Run<'_> {
                 return Step::Failed(self.invalid(cred, model, upstream_model, status, reason));
             }
             if response.status().is_success() {
-                let read = self
-                    .deadline
-                    .bound(read_answer(self.endpoint, self.stream, response));
+                let read =
+                    self.deadline
+                        .bound(read_answer(self.endpoint, cred.provider, self.stream, response));
                 let answer = match read.await {
                     // The head came, the body did not in time: the credential rests as for a 5xx.
                     None => {
@@ -419,7 +442,7 @@ impl Run<'_> {
                     slot,
                 });
             }
-            let Some(error) = self.deadline.bound(read_error(response, &cred.mask)).await else {
+            let Some(error) = self.deadline.bound(read_error(response, cred)).await else {
                 let attempt = Attempt {
                     status: Some(status),
                     ..Attempt::of(cred, model)
@@ -815,8 +838,14 @@ enum Unread {
 }
 
 /// A success: the event stream the request asked for, passed on as it comes; else the body,
-/// read whole and checked to be the endpoint's JSON. The one place a complete answer is read.
-async fn read_answer(endpoint: Endpoint, stream: bool, response: http::Response) -> Result<Answer, Unread> {
+/// read whole, checked to be the JSON of the endpoint `provider` was called on, and translated
+/// into the client's format where it differs. The one place a complete answer is read.
+async fn read_answer(
+    endpoint: Endpoint,
+    provider: Provider,
+    stream: bool,
+    response: http::Response,
+) -> Result<Answer, Unread> {
     let content_type = response.headers().get(header::CONTENT_TYPE).cloned();
     let is_sse = content_type
         .as_ref()
@@ -836,7 +865,13 @@ async fn read_answer(endpoint: Endpoint, stream: bool, response: http::Response)
         Ok(b) => b.to_bytes(),
         Err(e) => return Err(Unread::Broken(format!("reading the response failed: {e}"))),
     };
-    adapter::check_answer(endpoint, &body).map_err(Unread::Invalid)?;
+    let translation = Translation::of(endpoint, provider);
+    let native = translation.map_or(endpoint, Translation::upstream_endpoint);
+    adapter::check_answer(native, &body).map_err(Unread::Invalid)?;
+    let body = match translation {
+        Some(t) => translate::answer(t, &body).map_err(Unread::Invalid)?,
+        None => body,
+    };
     Ok(Answer::Complete(Complete {
         status,
         content_type,
@@ -848,7 +883,8 @@ async fn read_answer(endpoint: Endpoint, stream: bool, response: http::Response)
 /// [`MAX_ERROR_BODY`] bytes of the body, the credential's secret masked out of both (DESIGN.md
 /// §9: an error body may echo the key; everything after this — classification, the answer, the
 /// log — sees only the masked bytes).
-async fn read_error(response: http::Response, mask: &SecretMask) -> UpstreamError {
+async fn read_error(response: http::Response, cred: &Credential) -> UpstreamError {
+    let mask = &cred.mask;
     let status = response.status().as_u16();
     let mut headers = HeaderMap::new();
     for (k, v) in response.headers() {
@@ -886,6 +922,7 @@ async fn read_error(response: http::Response, mask: &SecretMask) -> UpstreamErro
         status,
         headers,
         body,
+        provider: cred.provider,
     }
 }
 

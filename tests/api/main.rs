@@ -20,6 +20,7 @@ mod resources;
 mod serving;
 mod startup;
 mod store_outage;
+mod translate;
 mod untrusted_upstream;
 mod upstream;
 mod upstream_dispatch;

@@ -251,27 +251,20 @@ async fn anthropic_messages_streamed_and_not(db: TestDb) {
         );
         assert_eq!(log.endpoint, "messages");
     }
-    // A chat model is not served on /v1/messages (no Anthropic credential serves it).
-    let r = app
-        .post_json(
-            "/v1/messages",
-            KEY,
-            &json!({"model": "gpt-4o-mini", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]}),
-        )
-        .await;
-    assert_eq!(r.status(), 400, "the wrong endpoint is the request's mistake");
-    // The model exists, but only at the other endpoint: a 400 that says where, nothing sent.
+    // A Claude model is no embedding model: the request is at the wrong endpoint, a 400 that
+    // says where, and nothing is sent. (On the chat endpoints every chat model answers, see
+    // translate.rs.)
     let calls = mock.call_count();
-    let chat = json!({"model": "claude-sonnet", "messages": [{"role": "user", "content": "hi"}]});
-    let r = app.post_json("/v1/chat/completions", KEY, &chat).await;
-    assert_eq!(r.status(), 400);
+    let embed = json!({"model": "claude-sonnet", "input": "hi"});
+    let r = app.post_json("/v1/embeddings", KEY, &embed).await;
+    assert_eq!(r.status(), 400, "the wrong endpoint is the request's mistake");
     let v: Value = r.json().await.unwrap();
     assert_eq!(v["error"]["param"], "model");
     assert!(
         v["error"]["message"]
             .as_str()
             .unwrap()
-            .contains("POST /v1/messages"),
+            .contains("POST /v1/chat/completions"),
         "{v}"
     );
     assert_eq!(mock.call_count(), calls);
