@@ -66,8 +66,9 @@ pub enum ApiError {
     /// Every credential of every model in the chain is parked (DESIGN.md §6, LyRouter).
     #[error("all upstream credentials for this model are rate limited")]
     UpstreamQuotaExhausted {
-        /// Whole seconds until the earliest lock ends.
-        retry_after: u64,
+        /// Milliseconds until the earliest lock ends (`retry-after-ms`, exact; `Retry-After` and
+        /// the body's `retry_after` round it up to whole seconds).
+        retry_after_ms: u64,
     },
     /// The signed-in member's role may not do this (admin API).
     #[error("{message}")]
@@ -330,9 +331,10 @@ impl ApiError {
     /// Seconds the client should wait before retrying, if the refusal names a wait.
     pub fn retry_after(&self) -> Option<u64> {
         match self {
-            ApiError::AuthThrottled { retry_after }
-            | ApiError::CircuitOpen { retry_after, .. }
-            | ApiError::UpstreamQuotaExhausted { retry_after } => Some(*retry_after),
+            ApiError::AuthThrottled { retry_after } | ApiError::CircuitOpen { retry_after, .. } => {
+                Some(*retry_after)
+            }
+            ApiError::UpstreamQuotaExhausted { retry_after_ms } => Some(retry_after_ms.div_ceil(1000).max(1)),
             // A connection slot frees as soon as any client's request or idle time ends.
             ApiError::TooManyConnections { .. } => Some(1),
             // The gateway checks the database every half second; most outages are restarts.
@@ -398,10 +400,13 @@ impl ApiError {
         h.insert(ERROR_SOURCE, HeaderValue::from_static("gateway"));
         if let Some(s) = self.retry_after() {
             h.insert(axum::http::header::RETRY_AFTER, HeaderValue::from(s));
-            h.insert(
-                HeaderName::from_static("retry-after-ms"),
-                HeaderValue::from(s.saturating_mul(1000)),
-            );
+            // Exact where the gateway knows the instant (a lock's end): a client that honours
+            // it comes back on time, not up to a second late.
+            let ms = match self {
+                ApiError::UpstreamQuotaExhausted { retry_after_ms } => (*retry_after_ms).max(1),
+                _ => s.saturating_mul(1000),
+            };
+            h.insert(HeaderName::from_static("retry-after-ms"), HeaderValue::from(ms));
             if s > MAX_SDK_WAIT_SECS {
                 h.insert(SHOULD_RETRY, HeaderValue::from_static("false"));
             }
@@ -477,7 +482,7 @@ mod tests {
             },
             ApiError::KeyBanned { message: text() },
             ApiError::NotFound { what: "key" },
-            ApiError::UpstreamQuotaExhausted { retry_after: 1 },
+            ApiError::UpstreamQuotaExhausted { retry_after_ms: 1000 },
             ApiError::Forbidden { message: text() },
             ApiError::Conflict { message: text() },
             ApiError::InvalidField {

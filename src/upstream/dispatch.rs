@@ -624,15 +624,16 @@ impl Run<'_> {
         // (parked, banned, disabled, at its own limit, or busy): exhausted, never unreachable,
         // with the earliest end any of them names.
         if self.sent == 0 {
-            let retry_after = match self.earliest_free {
-                Some(until) => {
-                    let ms = u64::try_from(until - self.state.clock.now_ms()).unwrap_or(0);
-                    Some(ms.div_ceil(1000).max(1))
-                }
-                None => self.out_of_rotation.then_some(OUT_OF_ROTATION_WAIT_SECS),
+            let retry_after_ms = match self.earliest_free {
+                Some(until) => Some(
+                    u64::try_from(until - self.state.clock.now_ms())
+                        .unwrap_or(0)
+                        .max(1),
+                ),
+                None => self.out_of_rotation.then_some(OUT_OF_ROTATION_WAIT_SECS * 1000),
             };
-            if let Some(retry_after) = retry_after {
-                return Dispatched::GatewayFailed(ApiError::UpstreamQuotaExhausted { retry_after });
+            if let Some(retry_after_ms) = retry_after_ms {
+                return Dispatched::GatewayFailed(ApiError::UpstreamQuotaExhausted { retry_after_ms });
             }
         }
         self.last.unwrap_or_else(|| {

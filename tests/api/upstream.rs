@@ -59,10 +59,45 @@ async fn start(db: &TestDb) -> (TestApp, MockUpstream) {
 
 both_backends!(
     parked_pool_answers_upstream_quota_exhausted,
+    a_wait_under_a_second_apart_is_named_exactly_in_retry_after_ms,
     request_errors_lock_nothing,
     fallback_model_serves_when_the_first_is_parked,
     spend_cap_holds_the_credential_for_every_model,
 );
+
+/// The gateway knows when the earliest lock ends to the millisecond: `retry-after-ms` says so
+/// exactly, `Retry-After` and the body round it up to whole seconds.
+async fn a_wait_under_a_second_apart_is_named_exactly_in_retry_after_ms(db: TestDb) {
+    let (app, mock) = start(&db).await;
+    let limited = json!({"error": {"message": "Rate limit reached", "type": "requests", "code": "rate_limit_exceeded"}});
+    for (cred, ms) in [("cred-one", "7750"), ("cred-two", "9100")] {
+        mock.script(
+            Script::any()
+                .credential(cred)
+                .header("retry-after-ms", ms)
+                .error(429, limited.clone()),
+        );
+    }
+    let r = app.post_json("/v1/chat/completions", KEY, &chat("m1")).await;
+    assert_eq!(r.status(), 429);
+    assert_eq!(r.headers()["x-aigw-error-source"], "upstream");
+
+    // The manual clock stands still: the earliest lock ends in exactly 7,750 ms.
+    let r = app.post_json("/v1/chat/completions", KEY, &chat("m1")).await;
+    assert_eq!(r.status(), 429);
+    assert_eq!(r.headers()["x-aigw-error-source"], "gateway");
+    assert_eq!(r.headers()["retry-after-ms"], "7750");
+    assert_eq!(r.headers()["retry-after"], "8");
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "upstream_quota_exhausted");
+    assert_eq!(body["error"]["retry_after"], 8);
+
+    app.clock.advance(chrono::Duration::milliseconds(7_000));
+    let r = app.post_json("/v1/chat/completions", KEY, &chat("m1")).await;
+    assert_eq!(r.headers()["retry-after-ms"], "750", "what is left of the wait");
+    assert_eq!(r.headers()["retry-after"], "1");
+    app.stop().await;
+}
 
 async fn parked_pool_answers_upstream_quota_exhausted(db: TestDb) {
     let (app, mock) = start(&db).await;
