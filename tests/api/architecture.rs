@@ -224,19 +224,11 @@ const LONGER: &[(&str, &str)] = &[
     ),
     (
         "src/upstream/adapter.rs",
-        "being reworked with the providers' shapes; split with that work",
+        "to be split with dispatch.rs when dispatch gets its narrow handle",
     ),
     (
         "src/upstream/dispatch.rs",
-        "being given a narrow handle instead of AppState; split with that work",
-    ),
-    (
-        "src/config.rs",
-        "being rewritten to declare each setting once; split with that work",
-    ),
-    (
-        "src/resources.rs",
-        "being split into a spec, its check and its apply",
+        "to be given a narrow handle instead of AppState, and split with that work",
     ),
 ];
 
