@@ -14,6 +14,7 @@ the same samples ("corrected"); at 50 connections they are wrk's (corrected). Us
     python3 bench/run.py --instructions [--duration 12] [--bin AIGW]  # instructions per request
     python3 bench/run.py --syscalls [--duration 5] [--bin AIGW]  # system calls per request
     python3 bench/run.py --waits [--duration 3] [--wait-ms 0.3]  # who held the CPU while wrk or the mock waited
+    python3 bench/run.py --translation [--rounds 3] [--duration 5]  # translated vs native requests
 
 Needs wrk (Debian: apt-get install wrk), valgrind for --instructions, strace for --syscalls, perf
 for --waits. Traffic goes to 127.0.0.1 only.
@@ -69,6 +70,22 @@ name = "gpt-4o-mini"
 price = {{ prompt = 0.15, completion = 0.60 }}
 """
 
+# An Anthropic credential beside the OpenAI-compatible one (both the same mock), for --translation.
+ANTHROPIC = """
+[[upstream]]
+workspace = "bench"
+name = "mock-anthropic"
+provider = "anthropic"
+base_url = "http://127.0.0.1:{mock}/v1"
+api_key = "{cred}"
+models = ["claude-bench"]
+max_in_flight = 1024
+[[model]]
+workspace = "bench"
+name = "claude-bench"
+price = {{ prompt = 3.0, completion = 15.0 }}
+"""
+
 POLICIES = """
 [[policy]]
 workspace = "bench"
@@ -105,6 +122,12 @@ def chat_body(stream):
     """The benchmark's chat completion request, streamed or not."""
     msg = [{"role": "user", "content": "Summarise the benchmark in one short sentence please"}]
     return json.dumps({"model": "gpt-4o-mini", **({"stream": True} if stream else {}), "messages": msg})
+
+
+def messages_body(stream, model="claude-bench"):
+    """The same request in Anthropic's messages format."""
+    msg = [{"role": "user", "content": "Summarise the benchmark in one short sentence please"}]
+    return json.dumps({"model": model, "max_tokens": 64, **({"stream": True} if stream else {}), "messages": msg})
 
 
 def free_port():
@@ -199,7 +222,7 @@ def probe(url, key, body, duration):
     return r
 
 
-def start_gateway(tmp, mock_port, policies, binary=None, name=None, env=None, wrap=()):
+def start_gateway(tmp, mock_port, policies, binary=None, name=None, env=None, wrap=(), extra=""):
     """An `aigw serve` (of `binary`, default BIN) with its own SQLite file and `policies` (0 or 4)
     quota policies, in `tmp/name`; `env` adds settings, `wrap` runs it under a tool (valgrind)."""
     binary = binary or BIN
@@ -211,6 +234,7 @@ def start_gateway(tmp, mock_port, policies, binary=None, name=None, env=None, wr
         f.write(RESOURCES.format(key=KEY, mock=mock_port, cred=CRED))
         if policies:
             f.write(POLICIES)
+        f.write(extra.format(mock=mock_port, cred=CRED))
     env = {"PATH": os.environ.get("PATH", ""), "AIGW_LISTEN": f"127.0.0.1:{port}",
            "AIGW_DATABASE_URL": f"sqlite://{home}/aigw.db", "AIGW_LOG": "warn",
            "AIGW_BOOTSTRAP_PASSWORD": "bench-owner-pass", **(env or {})}
@@ -267,6 +291,51 @@ def compare_binaries(gws, labels, duration, rounds, stream=False):
         rps, p99, cpu, p50, cp99, slow = med[n]
         each = ", ".join(f"{r[0]:,.0f}; {r[2]:.0f}; {r[5]}" for r in runs[n])
         print(f"| {n} | {rps:,.0f} | {cpu:.1f} µs | {p50:.0f} µs | {p99:.0f} µs | {cp99:.0f} µs | {slow:.0f} | {each} |")
+
+
+def compare_translation(gw, port, duration, rounds):
+    """What translation costs: on one gateway, each request shape served natively and translated,
+    in alternation, non-streamed and streamed; medians over the rounds."""
+    base = f"http://127.0.0.1:{port}"
+    paths = [
+        ("chat → OpenAI credential (native)", "/v1/chat/completions", chat_body),
+        ("messages → Anthropic credential (native)", "/v1/messages", messages_body),
+        ("chat → Anthropic credential (translated)", "/v1/chat/completions",
+         lambda stream: chat_body(stream).replace('"gpt-4o-mini"', '"claude-bench"')),
+        ("messages → OpenAI credential (translated)", "/v1/messages",
+         lambda stream: messages_body(stream, "gpt-4o-mini")),
+    ]
+    rev = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    print(f"# translation vs native ({rev}, {rounds} alternating rounds of {duration} s, medians, "
+          f"the same gateway and mock)\n")
+    print("| mode | request → served by | req/s @50 | aigw CPU/request | p50 @1 | errors |")
+    print("|---|---|---|---|---|---|")
+    cpu_of = {}
+    for stream in (False, True):
+        mode = "streamed" if stream else "non-streamed"
+        runs = {label: [] for label, _, _ in paths}
+        for label, path, body in paths:
+            wrk(base + path, KEY, body(stream), 50, 2)
+        for _ in range(rounds):
+            for label, path, body in paths:
+                one = probe(base + path, KEY, body(stream), duration)
+                before = cpu_seconds(gw.pid)
+                fifty = wrk(base + path, KEY, body(stream), 50, duration)
+                cpu_us = (cpu_seconds(gw.pid) - before) / max(fifty["requests"], 1) * 1e6
+                errs = one["errors"] + fifty["errors"] + fifty["non2xx"]
+                runs[label].append((fifty["rps"], cpu_us, one["p50"], errs))
+        for label, _, _ in paths:
+            rps, cpu, p50 = (statistics.median(r[i] for r in runs[label]) for i in range(3))
+            errs = sum(r[3] for r in runs[label])
+            cpu_of[(mode, label)] = cpu
+            print(f"| {mode} | {label} | {rps:,.0f} | {cpu:.1f} µs | {p50:.0f} µs | {errs} |")
+    print()
+    for mode in ("non-streamed", "streamed"):
+        to_anthropic = cpu_of[(mode, paths[2][0])] - cpu_of[(mode, paths[1][0])]
+        to_openai = cpu_of[(mode, paths[3][0])] - cpu_of[(mode, paths[0][0])]
+        print(f"- {mode}: translating chat → Anthropic costs {to_anthropic:+.1f} µs of aigw CPU per request "
+              f"against the native messages request to the same credential; messages → OpenAI "
+              f"{to_openai:+.1f} µs against the native chat request")
 
 
 def instructions(tmp, mock_port, duration, keep=None):
@@ -510,6 +579,8 @@ def main():
                     help="with --waits: count the waits longer than this (default 0.3 ms)")
     ap.add_argument("--keep-profiles", metavar="DIR", default=None,
                     help="with --instructions: copy each mode's callgrind profile into DIR")
+    ap.add_argument("--translation", action="store_true",
+                    help="translated requests (chat ⇄ messages) against native ones, in alternation")
     ap.add_argument("--bin", default=None, help="the aigw binary to measure (default target/release/aigw)")
     args = ap.parse_args()
     global BIN
@@ -538,6 +609,18 @@ def main():
         finally:
             mock.terminate()
             mock.wait(timeout=20)
+            shutil.rmtree(tmp, ignore_errors=True)
+        return
+    if args.translation:
+        gw, port = start_gateway(tmp, mock_port, 0, extra=ANTHROPIC)
+        try:
+            wait_ready(f"http://127.0.0.1:{mock_port}/__mock/calls", mock)
+            wait_ready(f"http://127.0.0.1:{port}/readyz", gw)
+            compare_translation(gw, port, args.duration, args.rounds)
+        finally:
+            for p in (gw, mock):
+                p.terminate()
+                p.wait(timeout=20)
             shutil.rmtree(tmp, ignore_errors=True)
         return
     if args.compare_policies or args.compare_bin:
