@@ -83,10 +83,13 @@ async fn serve(config: Option<PathBuf>, resources: Option<PathBuf>) -> Result<()
         resources,
         ..aigw::BuildOptions::default()
     };
-    let stop = shutdown_signal();
-    let gateway = aigw::Gateway::build(settings, options)
-        .await
-        .map_err(|e| e.to_string())?;
+    let mut stop = Box::pin(shutdown_signal());
+    // A stop during the start ends it there, as the signal's default action did before the
+    // handlers were installed; nothing is served yet, so nothing needs draining.
+    let gateway = tokio::select! {
+        built = aigw::Gateway::build(settings, options) => built.map_err(|e| e.to_string())?,
+        () = &mut stop => return Ok(()),
+    };
     tracing::info!(addr = %gateway.local_addr(), "aigw listening");
     if let Some(addr) = gateway.admin_addr() {
         tracing::info!(%addr, "admin API, console and metrics listening (not on the main address)");
