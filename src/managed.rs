@@ -34,16 +34,6 @@ impl Managed {
     pub fn by(&self, kind: Kind, id: i64) -> Option<&'static str> {
         self.0.contains(&(kind, id)).then_some("resources_file")
     }
-
-    /// How many entities are marked.
-    pub fn len(&self) -> usize {
-        self.0.len()
-    }
-
-    /// Whether nothing is marked.
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
 }
 
 #[cfg(test)]
@@ -57,6 +47,10 @@ mod tests {
         assert_eq!(m.by(Kind::Member, 7), Some("resources_file"));
         assert_eq!(m.by(Kind::ApiKey, 7), None, "same id, other kind");
         assert_eq!(m.by(Kind::Member, 8), None);
-        assert_eq!(m.len(), 1);
+        assert_eq!(
+            Managed::default().by(Kind::Member, 7),
+            None,
+            "nothing marked by default"
+        );
     }
 }
