@@ -4,7 +4,8 @@
 //! prints the latencies as recorded too, from the same samples, so the two can be told apart.
 //!
 //! `cargo build --release --example probe`, then
-//! `target/release/examples/probe ADDR PATH KEY SECONDS` with the body on stdin. Prints one line:
+//! `target/release/examples/probe ADDR PATH KEY SECONDS [RATE]` with the body on stdin: back to
+//! back, or with RATE, one request every 1/RATE s (a light load). Prints one line:
 //! `PROBE requests=… duration_us=… errors=… p50=… p99=… p999=… max=… over500=… cp50=… cp99=…
 //! cp999=…` (µs; `over500`: requests slower than 500 µs; `cp…`: wrk's correction applied to the
 //! same samples).
@@ -15,14 +16,18 @@ use std::time::{Duration, Instant};
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    if args.len() != 5 {
-        eprintln!("usage: probe ADDR PATH KEY SECONDS < body");
+    if !(5..=6).contains(&args.len()) {
+        eprintln!("usage: probe ADDR PATH KEY SECONDS [RATE] < body");
         std::process::exit(2);
     }
     let (addr, path, key) = (&args[1], &args[2], &args[3]);
     let seconds: f64 = args[4]
         .parse()
         .unwrap_or_else(|_| fail("SECONDS must be a number"));
+    let every = args.get(5).map(|r| match r.parse::<f64>() {
+        Ok(rate) if rate > 0.0 => Duration::from_secs_f64(1.0 / rate),
+        _ => fail("RATE must be a positive number of requests per second"),
+    });
     let mut body = Vec::new();
     std::io::stdin()
         .read_to_end(&mut body)
@@ -46,7 +51,13 @@ fn main() {
     let mut errors = 0u64;
     let start = Instant::now();
     let end = start + Duration::from_secs_f64(seconds);
+    let mut next = start;
     while Instant::now() < end {
+        if let Some(every) = every {
+            // Paced: the next request leaves at its slot, whatever the last one took.
+            std::thread::sleep(next.saturating_duration_since(Instant::now()));
+            next += every;
+        }
         let sent = Instant::now();
         writer
             .write_all(&request)

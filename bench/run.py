@@ -15,6 +15,7 @@ the same samples ("corrected"); at 50 connections they are wrk's (corrected). Us
     python3 bench/run.py --syscalls [--duration 5] [--bin AIGW]  # system calls per request
     python3 bench/run.py --waits [--duration 3] [--wait-ms 0.3]  # who held the CPU while wrk or the mock waited
     python3 bench/run.py --translation [--rounds 3] [--duration 5]  # translated vs native requests
+    python3 bench/run.py --light [--rate 100] [--rounds 3] [--duration 10]  # idle_poll_us at a light load
 
 Needs wrk (Debian: apt-get install wrk), valgrind for --instructions, strace for --syscalls, perf
 for --waits. Traffic goes to 127.0.0.1 only.
@@ -206,12 +207,14 @@ def wrk(url, key, body, conns, duration):
     return r
 
 
-def probe(url, key, body, duration):
+def probe(url, key, body, duration, rate=None):
     """One connection, timed per request by bench/probe.rs: the recorded p50/p99/p99.9, `over500`
     (requests slower than 500 µs), and `cp99` (wrk's correction for coordinated omission applied to
-    the same samples, as wrk reports its own percentiles)."""
+    the same samples, as wrk reports its own percentiles). With `rate`, one request every 1/rate s
+    instead of back to back."""
     addr, path = url.removeprefix("http://").split("/", 1)
-    done = subprocess.run([PROBE, addr, "/" + path, key, str(duration)], input=body,
+    paced = [str(rate)] if rate else []
+    done = subprocess.run([PROBE, addr, "/" + path, key, str(duration), *paced], input=body,
                           capture_output=True, text=True)
     m = re.search(r"PROBE (.*)", done.stdout)
     if done.returncode != 0 or not m:
@@ -291,6 +294,42 @@ def compare_binaries(gws, labels, duration, rounds, stream=False):
         rps, p99, cpu, p50, cp99, slow = med[n]
         each = ", ".join(f"{r[0]:,.0f}; {r[2]:.0f}; {r[5]}" for r in runs[n])
         print(f"| {n} | {rps:,.0f} | {cpu:.1f} µs | {p50:.0f} µs | {p99:.0f} µs | {cp99:.0f} µs | {slow:.0f} | {each} |")
+
+
+def light_load(tmp, mock_port, rate, duration, rounds, polls=(0, 50, 200, 1000)):
+    """What idle polling costs when traffic is light: one gateway per `idle_poll_us` in `polls`,
+    each sent `rate` requests/s on one connection (non-streamed, the mock answering at once: the
+    case where polling runs most), in alternation; medians of the gateway's CPU per request, its
+    share of a core, and the latency."""
+    gws = [start_gateway(tmp, mock_port, 0, name=f"poll-{us}", env={"AIGW_IDLE_POLL_US": str(us)})
+           for us in polls]
+    try:
+        for gw, port in gws:
+            wait_ready(f"http://127.0.0.1:{port}/readyz", gw)
+        body = chat_body(False)
+        for gw, port in gws:
+            wrk(f"http://127.0.0.1:{port}/v1/chat/completions", KEY, body, 10, 1)
+        runs = {us: [] for us in polls}
+        for _ in range(rounds):
+            for us, (gw, port) in zip(polls, gws):
+                before = cpu_seconds(gw.pid)
+                one = probe(f"http://127.0.0.1:{port}/v1/chat/completions", KEY, body, duration, rate)
+                cpu = cpu_seconds(gw.pid) - before
+                runs[us].append((cpu / max(one["requests"], 1) * 1e6, cpu / duration * 100, one["p50"], one["p99"]))
+        rev = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True,
+                             text=True).stdout.strip()
+        print(f"# idle polling at {rate:g} requests/s ({rev}, non-streamed, one connection, {rounds} alternating "
+              f"rounds of {duration} s, medians)\n")
+        print("| idle_poll_us | aigw CPU/request | aigw CPU (% of a core) | p50 | p99 | rounds (CPU µs/request) |")
+        print("|---|---|---|---|---|---|")
+        for us in polls:
+            med = [statistics.median(r[i] for r in runs[us]) for i in range(4)]
+            each = ", ".join(f"{r[0]:.0f}" for r in runs[us])
+            print(f"| {us} | {med[0]:.0f} µs | {med[1]:.2f} % | {med[2]:.0f} µs | {med[3]:.0f} µs | {each} |")
+    finally:
+        for gw, _ in gws:
+            gw.terminate()
+            gw.wait(timeout=20)
 
 
 def compare_translation(gw, port, duration, rounds):
@@ -581,6 +620,10 @@ def main():
                     help="with --instructions: copy each mode's callgrind profile into DIR")
     ap.add_argument("--translation", action="store_true",
                     help="translated requests (chat ⇄ messages) against native ones, in alternation")
+    ap.add_argument("--light", action="store_true",
+                    help="instead: idle_poll_us 0, 50, 200 and 1000 at a light load (--rate requests/s on one "
+                         "connection), in alternation for --rounds rounds: CPU per request and latency")
+    ap.add_argument("--rate", type=float, default=100, help="with --light: requests per second (default 100)")
     ap.add_argument("--bin", default=None, help="the aigw binary to measure (default target/release/aigw)")
     args = ap.parse_args()
     global BIN
@@ -606,6 +649,15 @@ def main():
                 syscalls(tmp, mock_port, args.duration)
             else:
                 instructions(tmp, mock_port, args.duration, args.keep_profiles)
+        finally:
+            mock.terminate()
+            mock.wait(timeout=20)
+            shutil.rmtree(tmp, ignore_errors=True)
+        return
+    if args.light:
+        try:
+            wait_ready(f"http://127.0.0.1:{mock_port}/__mock/calls", mock)
+            light_load(tmp, mock_port, args.rate, args.duration, args.rounds)
         finally:
             mock.terminate()
             mock.wait(timeout=20)
