@@ -332,7 +332,7 @@ impl Gateway {
             }
             None => (Surface::Everything, None),
         };
-        let (result, threads) = crate::serving::serve(
+        let result = crate::serving::serve(
             self.listener,
             router(state.clone(), main_surface),
             &state.http,
@@ -351,9 +351,6 @@ impl Gateway {
         state.tasks.close();
         state.tasks.wait().await;
         state.store.close().await;
-        if let Some(threads) = threads {
-            threads.join().await;
-        }
         tracing::info!("aigw stopped");
         result
     }

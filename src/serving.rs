@@ -13,43 +13,32 @@ use std::thread::JoinHandle;
 use axum::Router;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot};
-use tokio_util::sync::{CancellationToken, DropGuard};
+use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::client_conn::{self, Acceptor, ClientLimits, ConnectionSlots, Slot};
 use crate::idle_poll;
 use crate::upstream::http::{self, Client};
 
+thread_local! {
+    /// Whether this thread is a serving thread (set once, when it starts).
+    static SERVING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Whether the calling thread is a serving thread, whose runtime ends with its last request:
+/// what must outlive a request (the database's connections) is not created here.
+pub fn on_serving_thread() -> bool {
+    SERVING.with(std::cell::Cell::get)
+}
+
 /// A connection accepted by the main runtime, with its slot under the connection cap, on its way
 /// to a serving thread.
 type Handoff = (std::net::TcpStream, SocketAddr, Slot);
 
-/// The serving threads, kept alive after they stopped serving until [`Threads::join`]: database
-/// connections opened on a serving thread are driven by its runtime, and the gateway still uses
-/// them while it shuts down.
-pub struct Threads {
-    release: DropGuard,
-    handles: Vec<JoinHandle<()>>,
-}
-
-impl Threads {
-    /// Lets the serving threads end, and waits for them.
-    pub async fn join(self) {
-        drop(self.release);
-        let handles = self.handles;
-        let _ = tokio::task::spawn_blocking(move || {
-            for h in handles {
-                let _ = h.join();
-            }
-        })
-        .await;
-    }
-}
-
 /// Serves `router` on `listener` with one serving thread per core until `stop` resolves, then
-/// closes the listener and lets the running requests finish. Client connections are bounded by
-/// `limits` and counted in `slots`. Dropping the returned future (or the [`Threads`]) ends the
-/// serving threads too. A serving thread polls for I/O for at most `idle_poll` before it sleeps
+/// closes the listener, lets the running requests finish and waits for the serving threads to
+/// end. Client connections are bounded by `limits` and counted in `slots`. Dropping the returned
+/// future ends the serving threads too, once their requests are done. A serving thread polls for I/O for at most `idle_poll` before it sleeps
 /// ([`idle_poll`]; zero: never).
 pub async fn serve(
     listener: TcpListener,
@@ -59,25 +48,22 @@ pub async fn serve(
     limits: ClientLimits,
     slots: ConnectionSlots,
     stop: impl Future<Output = ()>,
-) -> (io::Result<()>, Option<Threads>) {
+) -> io::Result<()> {
     let count = std::thread::available_parallelism().map_or(1, |n| n.get());
     let stopping = CancellationToken::new();
     let stop_on_drop = stopping.clone().drop_guard();
-    let release = CancellationToken::new();
-    let mut threads = Threads {
-        release: release.clone().drop_guard(),
-        handles: Vec::with_capacity(count),
-    };
+    let mut threads: Vec<JoinHandle<()>> = Vec::with_capacity(count);
     let mut lanes = Vec::with_capacity(count);
     let mut drained = Vec::with_capacity(count);
     for i in 0..count {
         let (tx, mut rx) = mpsc::unbounded_channel::<Handoff>();
         let (done, done_rx) = oneshot::channel::<io::Result<()>>();
         let (router, upstream, limits) = (router.clone(), upstream.clone(), limits.clone());
-        let (stopping, release) = (stopping.clone(), release.clone());
+        let stopping = stopping.clone();
         let spawned = std::thread::Builder::new()
             .name(format!("aigw-serve-{i}"))
             .spawn(move || {
+                SERVING.with(|s| s.set(true));
                 let mut builder = tokio::runtime::Builder::new_current_thread();
                 let poller = idle_poll::install(builder.enable_all(), idle_poll);
                 let rt = match builder.build() {
@@ -128,12 +114,11 @@ pub async fn serve(
                     connections.close();
                     connections.wait().await;
                     let _ = done.send(Ok(()));
-                    release.cancelled().await;
                 });
             });
         match spawned {
-            Ok(h) => threads.handles.push(h),
-            Err(e) => return (Err(e), Some(threads)),
+            Ok(h) => threads.push(h),
+            Err(e) => return Err(e),
         }
         lanes.push(tx);
         drained.push(done_rx);
@@ -166,7 +151,14 @@ pub async fn serve(
             result = Err(e);
         }
     }
-    (result, Some(threads))
+    // Nothing they hold outlives them: the database's connections are the main runtime's.
+    let _ = tokio::task::spawn_blocking(move || {
+        for t in threads {
+            let _ = t.join();
+        }
+    })
+    .await;
+    result
 }
 
 /// Serves `router` on `listener` from the current runtime until `stopping` is cancelled, then lets

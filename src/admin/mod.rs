@@ -133,7 +133,25 @@ admin_routes! {
 
 /// The admin routes, every one behind [`guard`].
 pub fn routes(state: AppState) -> Router<AppState> {
-    table().route_layer(middleware::from_fn_with_state(state, guard))
+    table()
+        .route_layer(middleware::from_fn_with_state(state.clone(), guard))
+        .route_layer(middleware::from_fn_with_state(state, at_home))
+}
+
+/// Runs an admin request — its guard and its handler — on the main runtime when it arrived on a
+/// serving thread: every admin answer is the database's, whose connections the main runtime
+/// drives ([`crate::store::Store::at_home`]), and a slow admin query then holds up no proxied
+/// connection.
+async fn at_home(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    if !crate::serving::on_serving_thread() {
+        return next.run(req).await;
+    }
+    match state.runtime.spawn(next.run(req)).await {
+        Ok(response) => response,
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        // The main runtime is shutting down.
+        Err(_) => ApiError::StoreUnavailable.into_response(),
+    }
 }
 
 /// Denied by default: finds the route in [`ROUTES`], checks the token (signature, expiry,

@@ -106,7 +106,8 @@ async fn healthz() -> &'static str {
 }
 
 async fn readyz(State(state): State<AppState>) -> Response {
-    if state.store.ready().await {
+    let ready = state.store.at_home(|s| async move { Ok(s.ready().await) });
+    if ready.await.unwrap_or(false) {
         (StatusCode::OK, "ready").into_response()
     } else {
         (

@@ -213,7 +213,10 @@ impl KeyResolver {
 /// The caller of the key with `digest`, from the store (none: unknown, or its member disabled).
 async fn read(store: &Store, digest: KeyDigest) -> Result<Option<Arc<Caller>>, StoreError> {
     store.fail_fast()?;
-    let found = store.identity_by_hash(&hex::encode(digest)).await?;
+    let hash = hex::encode(digest);
+    let found = store
+        .at_home(|s| async move { s.identity_by_hash(&hash).await })
+        .await?;
     Ok(found.filter(|k| k.member_active == 1).map(|k| {
         Arc::new(Caller {
             key_id: k.key_id,

@@ -385,7 +385,10 @@ impl QuotaCounters {
     /// The stored total of `key`, if it has a row.
     async fn read(&self, store: &Store, key: &CounterKey) -> StoreResult<Option<i64>> {
         store.fail_fast()?;
-        store.usage_counter(&key.row()).await
+        let row = key.row();
+        store
+            .at_home(|s| async move { s.usage_counter(&row).await })
+            .await
     }
 
     /// Adds a completed request's usage to every counter of `decision` (each counter once).

@@ -182,6 +182,8 @@ pub struct Store {
     sqlite_file: Option<PathBuf>,
     /// Whether the database answers, shared by every clone.
     health: Arc<Health>,
+    /// The runtime the store was opened on, which drives its connections ([`Store::at_home`]).
+    home: tokio::runtime::Handle,
 }
 
 /// Whether the database answers, as the gateway's own calls found it. Marked down by the first
@@ -372,6 +374,7 @@ impl Store {
                 down_since_ms: AtomicI64::new(0),
                 target,
             }),
+            home: tokio::runtime::Handle::current(),
         })
     }
 
@@ -443,9 +446,36 @@ impl Store {
     }
 
     /// The pool, for the aggregates' implementations in this module: SQL lives in `store/` only
-    /// (the `sql_stays_in_the_store` test checks it).
+    /// (the `sql_stays_in_the_store` test checks it). Never from a serving thread: a connection
+    /// the pool opens there would be driven by that thread's runtime, which ends with its last
+    /// request, while the pool keeps the connection ([`Store::at_home`]).
     fn pool(&self) -> &AnyPool {
+        debug_assert!(
+            !crate::serving::on_serving_thread(),
+            "the store was used on a serving thread: go through Store::at_home"
+        );
         &self.pool
+    }
+
+    /// Runs `work` on a clone of this store, on the runtime the store was opened on (the main
+    /// one) when called from a serving thread, in place otherwise. The database's connections are
+    /// thus all opened and driven by the main runtime, which outlives every request; the hop
+    /// between threads is paid only where the request path misses its caches (a key seen for the
+    /// first time, a counter not yet loaded), by readiness probes and by the admin API.
+    pub async fn at_home<T, Work>(&self, work: impl FnOnce(Store) -> Work) -> StoreResult<T>
+    where
+        T: Send + 'static,
+        Work: Future<Output = StoreResult<T>> + Send + 'static,
+    {
+        let work = work(self.clone());
+        if !crate::serving::on_serving_thread() {
+            return work.await;
+        }
+        match self.home.spawn(work).await {
+            Ok(done) => done,
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Err(_) => Err(StoreError::Unavailable),
+        }
     }
 
     /// Whether the database answered the last calls: while it does not, the request path serves
@@ -565,7 +595,7 @@ impl Store {
             .count() as i64;
         let applied: Result<i64, _> =
             sqlx::query_scalar("SELECT CAST(COUNT(*) AS BIGINT) FROM _sqlx_migrations WHERE success = TRUE")
-                .fetch_one(&self.pool)
+                .fetch_one(self.pool())
                 .await;
         match applied {
             Ok(n) => n >= expected,
@@ -580,14 +610,14 @@ impl Store {
     /// The configuration epoch: bumped by every configuration change, polled by every gateway.
     pub async fn config_epoch(&self) -> StoreResult<i64> {
         Ok(sqlx::query_scalar("SELECT epoch FROM config_epoch WHERE id = 1")
-            .fetch_one(&self.pool)
+            .fetch_one(self.pool())
             .await?)
     }
 
     /// Announces a configuration change to every gateway on this database.
     pub async fn bump_config_epoch(&self) -> StoreResult<()> {
         sqlx::query("UPDATE config_epoch SET epoch = epoch + 1 WHERE id = 1")
-            .execute(&self.pool)
+            .execute(self.pool())
             .await?;
         Ok(())
     }
