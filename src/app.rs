@@ -100,6 +100,43 @@ impl AppState {
     }
 }
 
+impl AppState {
+    /// What a request's dispatch needs of the gateway.
+    pub fn upstreams(&self) -> crate::upstream::dispatch::Upstreams<'_> {
+        crate::upstream::dispatch::Upstreams {
+            settings: &self.settings,
+            clock: &self.clock,
+            locks: &self.locks,
+            admission: &self.admission,
+            corroboration: &self.corroboration,
+            http: &self.http,
+            persist: self,
+        }
+    }
+}
+
+impl crate::upstream::dispatch::PersistLocks for AppState {
+    fn persist_locks(
+        &self,
+        rows: Vec<(
+            i64,
+            crate::upstream::locks::LockTarget,
+            crate::upstream::locks::LockEntry,
+        )>,
+        banned: Option<i64>,
+    ) {
+        let state = self.clone();
+        self.spawn_background(async move {
+            state
+                .store
+                .write_until_done("persisting upstream locks", &state.shutdown, || {
+                    crate::upstream::locks::persist(&state.store, &rows, banned)
+                })
+                .await;
+        });
+    }
+}
+
 impl std::ops::Deref for AppState {
     type Target = Inner;
     fn deref(&self) -> &Inner {

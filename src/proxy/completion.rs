@@ -270,7 +270,7 @@ impl Completion {
         };
         // The served attempt is the last one; it gets the classification of its stall.
         let mut attempt = self.attempts.pop().unwrap_or_else(|| Attempt::of(cred, route));
-        dispatch::time_out(&self.state, cred, upstream_model, missed, &mut attempt);
+        dispatch::time_out(self.state.upstreams(), cred, upstream_model, missed, &mut attempt);
         self.attempts.push(attempt);
     }
 

@@ -173,7 +173,7 @@ pub async fn handle(
         && adapter::request_stream_usage(&mut body.fields);
     let deadline = Deadline::for_request(&state.settings, body.stream);
     let dispatched = dispatch::dispatch(
-        &state,
+        state.upstreams(),
         endpoint,
         &body.fields,
         &chain,

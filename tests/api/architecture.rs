@@ -224,11 +224,7 @@ const LONGER: &[(&str, &str)] = &[
     ),
     (
         "src/upstream/adapter.rs",
-        "to be split with dispatch.rs when dispatch gets its narrow handle",
-    ),
-    (
-        "src/upstream/dispatch.rs",
-        "to be given a narrow handle instead of AppState, and split with that work",
+        "to be split: the SSE tap into a module of its own",
     ),
 ];
 

@@ -7,134 +7,63 @@
 //! retries by itself, and the only retry of the same credential is a single candidate's one retry
 //! of a connection failure or of a 5xx whose classification leaves it usable (groot ADR 0008).
 
-use std::borrow::Cow;
+mod exchange;
+mod outcome;
+mod park;
+
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use axum::http::{HeaderMap, HeaderValue, Method, Request, header};
-use bytes::Bytes;
+use axum::http::HeaderMap;
 use chrono::{DateTime, Utc};
-use futures::StreamExt;
 use rand::Rng;
-use serde::Serialize;
-
-use super::adapter::{self, Endpoint, Fields};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use super::Provider;
-use super::admission::{Refusal, Slot};
-use super::classify::{self, Classification, LockModels, NextStep, Rule, Sharing, UpstreamFailure};
+pub(crate) use self::exchange::request;
+use self::exchange::{Unread, read_answer, read_error};
+pub use self::outcome::{Answer, Attempt, Complete, Dispatched, UpstreamError};
+pub use self::park::time_out;
+use self::park::{park, rfc3339};
+use super::adapter::{Endpoint, Fields};
+use super::admission::{Admission, Refusal, Slot};
+use super::classify::{self, Classification, NextStep, Rule, Sharing, UpstreamFailure};
+use super::corroboration::Corroboration;
 use super::http;
-use super::locks::{self, LockTarget};
+use super::locks::{LockEntry, LockTarget, Locks};
 use super::pool::{Credential, ModelRoute};
-use crate::app::AppState;
-use crate::deadline::{Deadline, Missed};
+use crate::clock::Clock;
+use crate::config::Settings;
+use crate::deadline::Deadline;
 use crate::error::ApiError;
-use crate::translate::{self, Translation};
+use crate::translate;
 
-/// Most bytes of an upstream error body read (and passed back).
-const MAX_ERROR_BODY: usize = 256 * 1024;
-
-/// One upstream attempt, as the request log shows it.
-#[derive(Clone, Debug, Serialize)]
-pub struct Attempt {
-    /// Credential name.
-    pub credential: String,
-    /// Credential id.
-    pub credential_id: i64,
-    /// Public model tried.
-    pub model: String,
-    /// Status answered; none when the connection failed.
-    pub status: Option<u16>,
-    /// The classification rule that matched a failure.
-    pub rule: Option<&'static str>,
-    /// What went wrong, when the connection failed.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub error: Option<String>,
-    /// The lock the failure wrote, RFC 3339.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub lock_until: Option<String>,
-    /// The credential's provider.
-    #[serde(serialize_with = "provider_name")]
-    pub provider: Provider,
-    /// The translation the request went through (set when the request completes), if any.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub translated: Option<&'static str>,
+/// What dispatching needs of the gateway, borrowed for one request: the settings, the clock, the
+/// credentials' locks, admission and corroboration, the HTTP client, and where what a failure
+/// parks is persisted. Nothing else of the gateway's state reaches dispatch.
+#[derive(Clone, Copy)]
+pub struct Upstreams<'a> {
+    /// The retry and wait settings (`max_attempts`, `slot_wait_ms`, the single retry's pause).
+    pub settings: &'a Settings,
+    /// Source of "now".
+    pub clock: &'a Clock,
+    /// Learned locks, backoff levels and bans.
+    pub locks: &'a Locks,
+    /// Own limits and in-flight slots.
+    pub admission: &'a Admission,
+    /// Recent ambiguous 429s per quota group (groot ADR 0008).
+    pub corroboration: &'a Corroboration,
+    /// The HTTP client to upstreams.
+    pub http: &'a http::Client,
+    /// Persists locks off the request path.
+    pub persist: &'a dyn PersistLocks,
 }
 
-fn provider_name<S: serde::Serializer>(p: &Provider, s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_str(p.as_str())
-}
-
-impl Attempt {
-    /// An attempt of `model` on `cred`, outcome still to be filled in.
-    pub fn of(cred: &Credential, model: &ModelRoute) -> Self {
-        Attempt {
-            credential: cred.name.clone(),
-            credential_id: cred.id,
-            model: model.name.clone(),
-            status: None,
-            rule: None,
-            error: None,
-            lock_until: None,
-            provider: cred.provider,
-            translated: None,
-        }
-    }
-}
-
-/// An upstream's error response, kept to pass back as is.
-#[derive(Debug)]
-pub struct UpstreamError {
-    /// Status.
-    pub status: u16,
-    /// Headers worth passing on (content type, Retry-After).
-    pub headers: HeaderMap,
-    /// Body, in the provider's own format (classified as such; rendered for the client by
-    /// `translate::error_body` when the client called the other format).
-    pub body: Bytes,
-    /// The provider that answered it.
-    pub provider: Provider,
-}
-
-/// What a candidate that served answered.
-pub enum Answer {
-    /// The event stream the request asked for, to pass on as it comes.
-    Stream(http::Response),
-    /// A complete answer, read whole and checked to be what the endpoint promises.
-    Complete(Complete),
-}
-
-/// A complete (not streamed) answer.
-pub struct Complete {
-    /// Status (a success).
-    pub status: u16,
-    /// The upstream's content type.
-    pub content_type: Option<HeaderValue>,
-    /// The body, the endpoint's JSON.
-    pub body: Bytes,
-}
-
-/// How dispatch ended.
-pub enum Dispatched {
-    /// A candidate answered with success.
-    Served {
-        /// The stream to pass on, or the complete answer.
-        answer: Answer,
-        /// Who served it.
-        credential: Arc<Credential>,
-        /// Which public model.
-        model: Arc<ModelRoute>,
-        /// Time until the response headers.
-        upstream_latency: Duration,
-        /// The credential's in-flight slot, to hold until the response (or stream) is complete.
-        slot: Slot,
-    },
-    /// Every candidate failed; this is the last upstream error.
-    UpstreamFailed(UpstreamError),
-    /// The gateway itself could not get an answer.
-    GatewayFailed(ApiError),
+/// Persists what a failure parked (extend-only) and a ban, off the request path, so that every
+/// gateway on the database honours them.
+pub trait PersistLocks: Sync {
+    /// Hands `rows` (and `banned`, a credential to mark banned) to a background write.
+    fn persist_locks(&self, rows: Vec<(i64, LockTarget, LockEntry)>, banned: Option<i64>);
 }
 
 /// The rule an attempt names in the log when it was retried (groot ADR 0008: one retry).
@@ -153,7 +82,7 @@ const CREDENTIAL_BUSY: &str = "credential busy: no in-flight slot came free in t
     reason = "the request path's inputs, each borrowed from `proxy::handle`"
 )]
 pub async fn dispatch(
-    state: &AppState,
+    upstreams: Upstreams<'_>,
     endpoint: Endpoint,
     body: &Fields,
     chain: &[Arc<ModelRoute>],
@@ -164,7 +93,7 @@ pub async fn dispatch(
     attempts: &mut Vec<Attempt>,
 ) -> Dispatched {
     let mut run = Run {
-        state,
+        up: upstreams,
         endpoint,
         stream: body.asks_stream(),
         headers,
@@ -196,7 +125,7 @@ pub async fn dispatch(
             Some("model"),
         ));
     }
-    let now_ms = state.clock.now_ms();
+    let now_ms = upstreams.clock.now_ms();
     'models: for model in chain {
         // A disabled credential exists but cannot serve now (DESIGN.md §6: exhausted).
         if model.disabled.iter().any(|p| endpoint.served_by(*p)) {
@@ -219,7 +148,7 @@ pub async fn dispatch(
                 continue;
             }
             // DESIGN.md §1: own limits and a free in-flight slot, checked before dispatch.
-            let slot = match state.admission.admit(&cred, now_ms) {
+            let slot = match upstreams.admission.admit(&cred, now_ms) {
                 Ok(slot) => slot,
                 Err(Refusal::OwnLimit { until_ms }) => {
                     run.free_at(until_ms);
@@ -254,7 +183,10 @@ pub async fn dispatch(
         let Some(upstream_model) = cred.models.get(&model.name) else {
             continue;
         };
-        let slot = match state.admission.admit_waited(cred, permit, state.clock.now_ms()) {
+        let slot = match upstreams
+            .admission
+            .admit_waited(cred, permit, upstreams.clock.now_ms())
+        {
             Ok(slot) => slot,
             Err(until_ms) => {
                 run.free_at(until_ms);
@@ -280,7 +212,7 @@ enum Step {
 
 /// One request's walk through its candidates.
 struct Run<'a> {
-    state: &'a AppState,
+    up: Upstreams<'a>,
     endpoint: Endpoint,
     /// Whether the request asked for a stream.
     stream: bool,
@@ -308,7 +240,7 @@ struct Run<'a> {
 impl Run<'_> {
     /// Whether the attempt budget or the time budget is spent.
     fn spent(&self) -> bool {
-        self.sent >= self.state.settings.max_attempts as usize || self.deadline.passed()
+        self.sent >= self.up.settings.max_attempts as usize || self.deadline.passed()
     }
 
     fn free_at(&mut self, until_ms: i64) {
@@ -322,11 +254,11 @@ impl Run<'_> {
         if self.on_closed_group(cred) {
             return false;
         }
-        if let Some(until) = self.state.locks.parked_until(cred.id, upstream_model, now_ms) {
+        if let Some(until) = self.up.locks.parked_until(cred.id, upstream_model, now_ms) {
             self.free_at(until);
             return false;
         }
-        if self.state.locks.is_banned(cred.id) {
+        if self.up.locks.is_banned(cred.id) {
             self.out_of_rotation = true;
             return false;
         }
@@ -360,7 +292,7 @@ impl Run<'_> {
         loop {
             self.sent += 1;
             let started = Instant::now();
-            let Some(sent) = self.deadline.bound(self.state.http.send(req)).await else {
+            let Some(sent) = self.deadline.bound(self.up.http.send(req)).await else {
                 return self.timed_out(cred, upstream_model, Attempt::of(cred, model));
             };
             let upstream_latency = started.elapsed();
@@ -433,7 +365,7 @@ impl Run<'_> {
                     status: Some(status),
                     ..Attempt::of(cred, model)
                 });
-                self.state.locks.success(cred.id);
+                self.up.locks.success(cred.id);
                 return Step::Served(Dispatched::Served {
                     answer,
                     credential: cred.clone(),
@@ -472,7 +404,7 @@ impl Run<'_> {
     /// classified and parked as for a 5xx, and with the budget spent no other candidate is tried.
     fn timed_out(&mut self, cred: &Credential, upstream_model: &str, mut attempt: Attempt) -> Step {
         let missed = self.deadline.missed();
-        time_out(self.state, cred, upstream_model, &missed, &mut attempt);
+        time_out(self.up, cred, upstream_model, &missed, &mut attempt);
         self.attempts.push(attempt);
         self.last = Some(Dispatched::GatewayFailed(self.deadline.error()));
         Step::Failed(NextStep::Stop)
@@ -483,7 +415,7 @@ impl Run<'_> {
     /// spent, the pause would use up the time budget, or meanwhile the credential came to rest
     /// (a lock or its banned mark) or reached an own limit; otherwise the retry is counted.
     async fn retry_pause(&mut self, cred: &Credential, upstream_model: &str) -> bool {
-        let settings = &self.state.settings;
+        let settings = &self.up.settings;
         if self.spent() {
             return false;
         }
@@ -496,14 +428,14 @@ impl Run<'_> {
             return false;
         }
         tokio::time::sleep(pause).await;
-        let now_ms = self.state.clock.now_ms();
-        !self.state.locks.is_banned(cred.id)
+        let now_ms = self.up.clock.now_ms();
+        !self.up.locks.is_banned(cred.id)
             && self
-                .state
+                .up
                 .locks
                 .parked_until(cred.id, upstream_model, now_ms)
                 .is_none()
-            && self.state.admission.admit_again(cred, now_ms)
+            && self.up.admission.admit_again(cred, now_ms)
     }
 
     /// Classifies an upstream error of `cred` (nothing is parked yet).
@@ -515,8 +447,8 @@ impl Run<'_> {
             body: &text,
             provider: cred.provider,
             model: upstream_model,
-            now: self.state.clock.now(),
-            backoff_level: self.state.locks.backoff_level(cred.id),
+            now: self.up.clock.now(),
+            backoff_level: self.up.locks.backoff_level(cred.id),
             gateway_busy: false,
         })
     }
@@ -552,7 +484,7 @@ impl Run<'_> {
         status: u16,
         reason: String,
     ) -> NextStep {
-        let class = classify::invalid_response(self.state.clock.now());
+        let class = classify::invalid_response(self.up.clock.now());
         let lock_until = self.park(cred, upstream_model, &class);
         tracing::warn!(credential = %cred.name, model = upstream_model, status, reason = %reason, "upstream answer refused");
         self.attempts.push(Attempt {
@@ -576,7 +508,7 @@ impl Run<'_> {
         busy: &[(Arc<Credential>, Arc<Semaphore>)],
     ) -> Option<(usize, OwnedSemaphorePermit)> {
         let left = self.deadline.left();
-        let wait = Duration::from_millis(self.state.settings.slot_wait_ms).min(left);
+        let wait = Duration::from_millis(self.up.settings.slot_wait_ms).min(left);
         if busy.is_empty() || wait.is_zero() {
             return None;
         }
@@ -593,12 +525,12 @@ impl Run<'_> {
     /// kRouter rule 5: no slot came free in time: the gateway's own "credential busy" on each
     /// busy candidate, classified like any failure (the short backoff on that model).
     fn busy(&mut self, busy: &[(Arc<Credential>, Arc<Semaphore>)], model: &ModelRoute) {
-        let now = self.state.clock.now();
+        let now = self.up.clock.now();
         for (cred, _) in busy {
             let Some(upstream_model) = cred.models.get(&model.name) else {
                 continue;
             };
-            let level = self.state.locks.backoff_level(cred.id);
+            let level = self.up.locks.backoff_level(cred.id);
             let class = classify::classify(&UpstreamFailure::gateway_busy(
                 cred.provider,
                 upstream_model,
@@ -625,11 +557,7 @@ impl Run<'_> {
         // with the earliest end any of them names.
         if self.sent == 0 {
             let retry_after_ms = match self.earliest_free {
-                Some(until) => Some(
-                    u64::try_from(until - self.state.clock.now_ms())
-                        .unwrap_or(0)
-                        .max(1),
-                ),
+                Some(until) => Some(u64::try_from(until - self.up.clock.now_ms()).unwrap_or(0).max(1)),
                 None => self.out_of_rotation.then_some(OUT_OF_ROTATION_WAIT_SECS * 1000),
             };
             if let Some(retry_after_ms) = retry_after_ms {
@@ -668,7 +596,7 @@ impl Run<'_> {
             self.closed_groups.push(g.clone());
         }
         park(
-            self.state,
+            self.up,
             self.quota_groups,
             self.member_id,
             cred,
@@ -689,103 +617,6 @@ fn leaves_credential_usable(class: &Classification) -> bool {
     class.rule == Rule::ServerError && class.next == NextStep::NextCredential && !class.banned
 }
 
-/// A deadline passed while `cred` kept the gateway waiting for `upstream_model` (no response
-/// head, an error body or an answer that stalled): classified as the upstream's own 504 would be
-/// and parked like one. `attempt` is noted with the rule, the lock and what did not come.
-pub fn time_out(
-    state: &AppState,
-    cred: &Credential,
-    upstream_model: &str,
-    missed: &Missed,
-    attempt: &mut Attempt,
-) {
-    let class = classify::classify(&UpstreamFailure::timed_out(
-        cred.provider,
-        upstream_model,
-        state.clock.now(),
-        state.locks.backoff_level(cred.id),
-    ));
-    // A server error rests this credential alone: no quota group is consulted.
-    let lock_until = park(state, None, 0, cred, upstream_model, &class);
-    tracing::warn!(credential = %cred.name, model = upstream_model, %missed, "upstream deadline passed");
-    attempt.rule = Some(class.rule.name());
-    attempt.lock_until = lock_until.map(rfc3339);
-    attempt.error = Some(missed.to_string());
-}
-
-/// Writes what a classified failure parks (extend-only, persisted off the request path), bumps
-/// the credential's backoff level and sets its banned mark; returns the lock's end. An
-/// account-wide lock rests `cred`'s quota group as `quota_groups` lists it (groot ADR 0008;
-/// `member_id` is the caller's member, for corroboration).
-fn park(
-    state: &AppState,
-    quota_groups: Option<&HashMap<String, Vec<i64>>>,
-    member_id: i64,
-    cred: &Credential,
-    upstream_model: &str,
-    class: &Classification,
-) -> Option<DateTime<Utc>> {
-    if class.bump_backoff {
-        state.locks.bump_backoff(cred.id);
-    }
-    if class.banned {
-        state.locks.ban(cred.id);
-    }
-    let mut rows = Vec::new();
-    if let Some(lock) = &class.lock {
-        let group = |g: &String| {
-            quota_groups
-                .and_then(|q| q.get(g))
-                .cloned()
-                .unwrap_or_else(|| vec![cred.id])
-        };
-        let credentials = match (lock.sharing, &cred.quota_group) {
-            // groot ADR 0008: an account-level failure rests every credential of the quota group.
-            (Sharing::Account, Some(g)) => group(g),
-            // groot ADR 0008: corroboration — an ambiguous 429 rests the quota group only once
-            // 3 such failures from 2 different members fell within 30 s; else its route.
-            (Sharing::AccountIfCorroborated, Some(g))
-                if state
-                    .corroboration
-                    .observe(cred.workspace_id, g, state.clock.now_ms(), member_id) =>
-            {
-                tracing::info!(credential = %cred.name, quota_group = %g, "ambiguous 429 corroborated; the quota group rests");
-                group(g)
-            }
-            _ => vec![cred.id],
-        };
-        let until = lock.until.timestamp_millis();
-        let rule = class.rule.name();
-        let mut targets = vec![match lock.models {
-            LockModels::One => LockTarget::Model(upstream_model.to_owned()),
-            LockModels::AllFree => LockTarget::AllFree,
-            LockModels::All => LockTarget::Credential,
-        }];
-        if lock.models == LockModels::AllFree && !classify::is_free_model(upstream_model) {
-            targets.push(LockTarget::Model(upstream_model.to_owned()));
-        }
-        for t in &targets {
-            rows.extend(state.locks.park(&credentials, t, until, rule));
-        }
-        tracing::info!(credential = %cred.name, model = upstream_model, rule, until = %lock.until, "upstream credential parked");
-    }
-    if !rows.is_empty() || class.banned {
-        let (s, banned) = (state.clone(), class.banned.then_some(cred.id));
-        state.spawn_background(async move {
-            s.store
-                .write_until_done("persisting upstream locks", &s.shutdown, || {
-                    locks::persist(&s.store, &rows, banned)
-                })
-                .await;
-        });
-    }
-    class.lock.as_ref().map(|l| l.until)
-}
-
-fn rfc3339(t: DateTime<Utc>) -> String {
-    t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
-}
-
 /// The chain model's credentials that serve `endpoint`, by priority, weighted random within a
 /// priority (Efraimidis–Spirakis keys).
 fn candidates(model: &ModelRoute, endpoint: Endpoint) -> Vec<Arc<Credential>> {
@@ -803,134 +634,11 @@ fn candidates(model: &ModelRoute, endpoint: Endpoint) -> Vec<Arc<Credential>> {
     keyed.into_iter().map(|(_, _, c)| c).collect()
 }
 
-/// The HTTP request of one attempt: the provider's auth and version headers on `out`.
-pub(crate) fn request(
-    cred: &Credential,
-    client_headers: &HeaderMap,
-    out: adapter::Outgoing,
-) -> Request<Bytes> {
-    let mut req = Request::new(out.body);
-    *req.method_mut() = Method::POST;
-    *req.uri_mut() = out.url;
-    let h = req.headers_mut();
-    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    if cred.provider.speaks_anthropic() {
-        h.insert("x-api-key", cred.auth.clone());
-        let version = client_headers
-            .get("anthropic-version")
-            .cloned()
-            .unwrap_or(HeaderValue::from_static("2023-06-01"));
-        h.insert("anthropic-version", version);
-        if let Some(beta) = client_headers.get("anthropic-beta") {
-            h.insert("anthropic-beta", beta.clone());
-        }
-    } else {
-        h.insert(header::AUTHORIZATION, cred.auth.clone());
-    }
-    req
-}
-
-/// Why a success was not served.
-enum Unread {
-    /// It is not what the endpoint promises.
-    Invalid(String),
-    /// Its body could not be read.
-    Broken(String),
-}
-
-/// A success: the event stream the request asked for, passed on as it comes; else the body,
-/// read whole, checked to be the JSON of the endpoint `provider` was called on, and translated
-/// into the client's format where it differs. The one place a complete answer is read.
-async fn read_answer(
-    endpoint: Endpoint,
-    provider: Provider,
-    stream: bool,
-    response: http::Response,
-) -> Result<Answer, Unread> {
-    let content_type = response.headers().get(header::CONTENT_TYPE).cloned();
-    let is_sse = content_type
-        .as_ref()
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("text/event-stream"));
-    if is_sse {
-        return if stream {
-            Ok(Answer::Stream(response))
-        } else {
-            Err(Unread::Invalid(
-                "an event stream to a request that asked for none".to_owned(),
-            ))
-        };
-    }
-    let status = response.status().as_u16();
-    let body = match http_body_util::BodyExt::collect(response.into_body()).await {
-        Ok(b) => b.to_bytes(),
-        Err(e) => return Err(Unread::Broken(format!("reading the response failed: {e}"))),
-    };
-    let translation = Translation::of(endpoint, provider);
-    let native = translation.map_or(endpoint, Translation::upstream_endpoint);
-    adapter::check_answer(native, &body).map_err(Unread::Invalid)?;
-    let body = match translation {
-        Some(t) => translate::answer(t, &body).map_err(Unread::Invalid)?,
-        None => body,
-    };
-    Ok(Answer::Complete(Complete {
-        status,
-        content_type,
-        body,
-    }))
-}
-
-/// An upstream's error answer, kept to pass back: the headers worth passing on and at most
-/// [`MAX_ERROR_BODY`] bytes of the body, the credential's secret masked out of both (DESIGN.md
-/// §9: an error body may echo the key; everything after this — classification, the answer, the
-/// log — sees only the masked bytes).
-async fn read_error(response: http::Response, cred: &Credential) -> UpstreamError {
-    let mask = &cred.mask;
-    let status = response.status().as_u16();
-    let mut headers = HeaderMap::new();
-    for (k, v) in response.headers() {
-        let name = k.as_str();
-        if name == "content-type"
-            || name == "retry-after"
-            || name == "retry-after-ms"
-            || name.starts_with("x-ratelimit-")
-            || name.starts_with("anthropic-ratelimit-")
-        {
-            let masked = match mask.mask(v.as_bytes()) {
-                Cow::Borrowed(_) => v.clone(),
-                Cow::Owned(m) => match HeaderValue::from_bytes(&m) {
-                    Ok(m) => m,
-                    Err(_) => continue,
-                },
-            };
-            headers.append(k.clone(), masked);
-        }
-    }
-    let mut body = Vec::new();
-    let mut stream = response.into_body().into_data_stream();
-    while let Some(Ok(chunk)) = stream.next().await {
-        let room = MAX_ERROR_BODY.saturating_sub(body.len());
-        body.extend_from_slice(&chunk[..chunk.len().min(room)]);
-        if body.len() >= MAX_ERROR_BODY {
-            break;
-        }
-    }
-    let body = match mask.mask(&body) {
-        Cow::Borrowed(_) => Bytes::from(body),
-        Cow::Owned(masked) => Bytes::from(masked),
-    };
-    UpstreamError {
-        status,
-        headers,
-        body,
-        provider: cred.provider,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::upstream::Provider;
+    use axum::http::HeaderValue;
 
     /// groot ADR 0008 after classification: which failures of a lone credential get its one
     /// retry. Each row: name, status, headers, body, whether the retry may fire.

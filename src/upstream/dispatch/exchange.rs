@@ -1,0 +1,142 @@
+//! One exchange with an upstream: the request an attempt sends, and its answer read — a success
+//! checked to be what the endpoint promises, or an error kept (masked) to pass back.
+
+use std::borrow::Cow;
+
+use axum::http::{HeaderMap, HeaderValue, Method, Request, header};
+use bytes::Bytes;
+use futures::StreamExt;
+
+use super::{Answer, Complete, UpstreamError};
+use crate::translate::{self, Translation};
+use crate::upstream::Provider;
+use crate::upstream::adapter::{self, Endpoint};
+use crate::upstream::http;
+use crate::upstream::pool::Credential;
+
+/// Most bytes of an upstream error body read (and passed back).
+const MAX_ERROR_BODY: usize = 256 * 1024;
+
+/// The HTTP request of one attempt: the provider's auth and version headers on `out`.
+pub(crate) fn request(
+    cred: &Credential,
+    client_headers: &HeaderMap,
+    out: adapter::Outgoing,
+) -> Request<Bytes> {
+    let mut req = Request::new(out.body);
+    *req.method_mut() = Method::POST;
+    *req.uri_mut() = out.url;
+    let h = req.headers_mut();
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    if cred.provider.speaks_anthropic() {
+        h.insert("x-api-key", cred.auth.clone());
+        let version = client_headers
+            .get("anthropic-version")
+            .cloned()
+            .unwrap_or(HeaderValue::from_static("2023-06-01"));
+        h.insert("anthropic-version", version);
+        if let Some(beta) = client_headers.get("anthropic-beta") {
+            h.insert("anthropic-beta", beta.clone());
+        }
+    } else {
+        h.insert(header::AUTHORIZATION, cred.auth.clone());
+    }
+    req
+}
+
+/// Why a success was not served.
+pub(super) enum Unread {
+    /// It is not what the endpoint promises.
+    Invalid(String),
+    /// Its body could not be read.
+    Broken(String),
+}
+
+/// A success: the event stream the request asked for, passed on as it comes; else the body,
+/// read whole, checked to be the JSON of the endpoint `provider` was called on, and translated
+/// into the client's format where it differs. The one place a complete answer is read.
+pub(super) async fn read_answer(
+    endpoint: Endpoint,
+    provider: Provider,
+    stream: bool,
+    response: http::Response,
+) -> Result<Answer, Unread> {
+    let content_type = response.headers().get(header::CONTENT_TYPE).cloned();
+    let is_sse = content_type
+        .as_ref()
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"));
+    if is_sse {
+        return if stream {
+            Ok(Answer::Stream(response))
+        } else {
+            Err(Unread::Invalid(
+                "an event stream to a request that asked for none".to_owned(),
+            ))
+        };
+    }
+    let status = response.status().as_u16();
+    let body = match http_body_util::BodyExt::collect(response.into_body()).await {
+        Ok(b) => b.to_bytes(),
+        Err(e) => return Err(Unread::Broken(format!("reading the response failed: {e}"))),
+    };
+    let translation = Translation::of(endpoint, provider);
+    let native = translation.map_or(endpoint, Translation::upstream_endpoint);
+    adapter::check_answer(native, &body).map_err(Unread::Invalid)?;
+    let body = match translation {
+        Some(t) => translate::answer(t, &body).map_err(Unread::Invalid)?,
+        None => body,
+    };
+    Ok(Answer::Complete(Complete {
+        status,
+        content_type,
+        body,
+    }))
+}
+
+/// An upstream's error answer, kept to pass back: the headers worth passing on and at most
+/// [`MAX_ERROR_BODY`] bytes of the body, the credential's secret masked out of both (DESIGN.md
+/// §9: an error body may echo the key; everything after this — classification, the answer, the
+/// log — sees only the masked bytes).
+pub(super) async fn read_error(response: http::Response, cred: &Credential) -> UpstreamError {
+    let mask = &cred.mask;
+    let status = response.status().as_u16();
+    let mut headers = HeaderMap::new();
+    for (k, v) in response.headers() {
+        let name = k.as_str();
+        if name == "content-type"
+            || name == "retry-after"
+            || name == "retry-after-ms"
+            || name.starts_with("x-ratelimit-")
+            || name.starts_with("anthropic-ratelimit-")
+        {
+            let masked = match mask.mask(v.as_bytes()) {
+                Cow::Borrowed(_) => v.clone(),
+                Cow::Owned(m) => match HeaderValue::from_bytes(&m) {
+                    Ok(m) => m,
+                    Err(_) => continue,
+                },
+            };
+            headers.append(k.clone(), masked);
+        }
+    }
+    let mut body = Vec::new();
+    let mut stream = response.into_body().into_data_stream();
+    while let Some(Ok(chunk)) = stream.next().await {
+        let room = MAX_ERROR_BODY.saturating_sub(body.len());
+        body.extend_from_slice(&chunk[..chunk.len().min(room)]);
+        if body.len() >= MAX_ERROR_BODY {
+            break;
+        }
+    }
+    let body = match mask.mask(&body) {
+        Cow::Borrowed(_) => Bytes::from(body),
+        Cow::Owned(masked) => Bytes::from(masked),
+    };
+    UpstreamError {
+        status,
+        headers,
+        body,
+        provider: cred.provider,
+    }
+}
