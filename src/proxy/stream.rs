@@ -17,7 +17,8 @@ use super::completion::{Completion, Outcome, Source};
 use crate::deadline::{Deadline, Missed};
 use crate::error::ApiError;
 use crate::translate::stream::StreamTranslator;
-use crate::upstream::adapter::{Endpoint, SseTap, UsageReport};
+use crate::upstream::adapter::{Endpoint, UsageReport};
+use crate::upstream::sse::SseTap;
 use crate::upstream::usage;
 
 /// The body of a streamed response.

@@ -13,7 +13,7 @@ use super::messages_to_chat::stop_reason;
 /// Most bytes of one event the translator keeps back waiting for its end. An upstream is not
 /// trusted: an event longer than this is not translated (nothing of it reaches the client), and
 /// the stream goes on with the next one.
-pub const MAX_EVENT_BYTES: usize = 8 * crate::upstream::adapter::MAX_EVENT_BYTES;
+pub const MAX_EVENT_BYTES: usize = 8 * crate::upstream::sse::MAX_EVENT_BYTES;
 
 /// Translates one stream.
 #[derive(Debug)]

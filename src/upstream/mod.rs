@@ -10,6 +10,7 @@ pub mod http;
 pub mod locks;
 pub mod mask;
 pub mod pool;
+pub mod sse;
 pub mod usage;
 
 /// The kind of provider behind a credential.
