@@ -1,0 +1,260 @@
+#!/usr/bin/env python3
+"""Many keys, policies and credentials: one gateway on a store seeded through the resources file
+with a large tenancy, against the same run with a small one (issue 24 §2).
+
+For each size it reports: the first start (the resources file applied to an empty SQLite store)
+and a restart (the same file, nothing to change), RSS at rest, requests/s and aigw CPU per request
+at 50 connections with every request on a random key and a random model, RSS after that load,
+the time a key deleted through the admin API on one gateway takes to be refused by a second
+gateway on the same store that holds it in its cache, and the p95 of the admin list endpoints (`/admin/v1/keys`, `members`, `policies`,
+`upstreams`, as the console calls them). Usage:
+
+    cargo build --release --bin aigw && python3 bench/scale.py [--keys 100000] [--duration 10]
+    python3 bench/scale.py --short --bin target/debug/aigw     # a smoke run of seconds (CI)
+
+Needs wrk (Debian: apt-get install wrk). Traffic goes to 127.0.0.1 only.
+"""
+
+import argparse
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import run  # noqa: E402  (the proxy benchmark's helpers: ports, readiness, CPU and RSS)
+
+ROOT = run.ROOT
+OWNER, OWNER_PASS = "owner@scale.test", "scale-owner-pass"
+LUA = """
+local keys, models = {}, {}
+for line in io.lines(os.getenv("SCALE_KEYS")) do keys[#keys + 1] = line end
+for line in io.lines(os.getenv("SCALE_MODELS")) do models[#models + 1] = line end
+math.randomseed(os.time())
+request = function()
+  local body = '{"model":"' .. models[math.random(#models)] ..
+    '","messages":[{"role":"user","content":"Summarise the benchmark in one short sentence please"}]}'
+  return wrk.format("POST", "/v1/chat/completions",
+    {["Content-Type"] = "application/json", ["Authorization"] = "Bearer " .. keys[math.random(#keys)]}, body)
+end
+done = function(summary, latency, requests)
+  local e = summary.errors
+  io.write(string.format("BENCH requests=%d duration_us=%d errors=%d non2xx=%d p50=%d p99=%d p999=%d\\n",
+    summary.requests, summary.duration, e.connect + e.read + e.write + e.timeout, e.status,
+    latency:percentile(50), latency:percentile(99), latency:percentile(99.9)))
+end
+"""
+
+
+def api_key(i):
+    return f"sk-aigw-{i:032d}"
+
+
+def resources(size, mock_port):
+    """The resources file of one tenancy size: keys spread over members, members over departments,
+    one requests-per-day policy per member up to `policies`, credentials spread over models (ten
+    credentials a model)."""
+    keys, members, depts, policies, creds = size
+    models = max(1, creds // 10)
+    out = ['[[workspace]]\nname = "scale"\n']
+    out += [f'[[department]]\nworkspace = "scale"\nname = "d{d}"\n' for d in range(depts)]
+    out += [f'[[member]]\nworkspace = "scale"\ndepartment = "d{m % depts}"\nemail = "m{m}@scale.test"\n'
+            f'role = "member"\n' for m in range(members)]
+    out += [f'[[api_key]]\nmember = "m{k % members}@scale.test"\nname = "k{k}"\nkey = "{api_key(k)}"\n'
+            for k in range(keys)]
+    out += [f'[[model]]\nworkspace = "scale"\nname = "model-{m}"\nprice = {{ prompt = 0.15, completion = 0.60 }}\n'
+            for m in range(models)]
+    out += [f'[[upstream]]\nworkspace = "scale"\nname = "cred-{c}"\nprovider = "openai-compatible"\n'
+            f'base_url = "http://127.0.0.1:{mock_port}/v1"\napi_key = "scale-upstream-key-{c}"\n'
+            f'models = ["model-{c % models}"]\nmax_in_flight = 1024\n' for c in range(creds)]
+    out += [f'[[policy]]\nworkspace = "scale"\nsubject = "member"\ntarget = "m{p % members}@scale.test"\n'
+            f'metric = "requests"\nwindow = "day"\nlimit = 1000000000000\n' for p in range(policies)]
+    return "\n".join(out), [f"model-{m}" for m in range(models)]
+
+
+def start(binary, home, db, resources_file=None):
+    port = run.free_port()
+    env = {"PATH": os.environ.get("PATH", ""), "AIGW_LISTEN": f"127.0.0.1:{port}",
+           "AIGW_DATABASE_URL": f"sqlite://{db}", "AIGW_LOG": "warn",
+           "AIGW_BOOTSTRAP_EMAIL": OWNER, "AIGW_BOOTSTRAP_PASSWORD": OWNER_PASS}
+    args = [binary, "serve"] + (["--resources", resources_file] if resources_file else [])
+    began = time.monotonic()
+    gw = subprocess.Popen(args, env=env, cwd=home, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    run.wait_ready(f"http://127.0.0.1:{port}/readyz", gw, timeout=600)
+    return gw, port, time.monotonic() - began
+
+
+def stop(gw):
+    gw.terminate()
+    gw.wait(timeout=60)
+
+
+def rss_mib(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def call(method, url, token=None, body=None):
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, method=method)
+    req.add_header("content-type", "application/json")
+    if token:
+        req.add_header("authorization", f"Bearer {token}")
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return r.status, r.read()
+
+
+def load(port, key_list, models, conns, duration, home):
+    keys_file, models_file, lua = (os.path.join(home, n) for n in ("keys.txt", "models.txt", "scale.lua"))
+    with open(keys_file, "w") as f:
+        f.write("\n".join(key_list) + "\n")
+    with open(models_file, "w") as f:
+        f.write("\n".join(models) + "\n")
+    with open(lua, "w") as f:
+        f.write(LUA)
+    env = dict(os.environ, SCALE_KEYS=keys_file, SCALE_MODELS=models_file)
+    out = subprocess.run(["wrk", "-t1", f"-c{conns}", f"-d{duration}s", "-s", lua, f"http://127.0.0.1:{port}/"],
+                         env=env, capture_output=True, text=True, check=True).stdout
+    line = next((ln for ln in out.splitlines() if ln.startswith("BENCH ")), None)
+    if not line:
+        sys.exit(f"wrk printed no result:\n{out}")
+    r = {k: int(v) for k, v in (kv.split("=") for kv in line[6:].split())}
+    r["rps"] = r["requests"] / (r["duration_us"] / 1e6)
+    return r
+
+
+def propagation(port_a, port_b, token):
+    """A key created through gateway A and used on gateway B (which then holds it in its cache),
+    then deleted through A: seconds until B refuses it. A new key needs no propagation (a key a
+    gateway has not seen is read from the store); a change to what a gateway holds does."""
+    _, body = call("POST", f"http://127.0.0.1:{port_a}/admin/v1/keys", token, {"name": f"new-{time.time_ns()}"})
+    created = json.loads(body)
+    chat = {"model": "model-0", "messages": [{"role": "user", "content": "hi"}]}
+    call("POST", f"http://127.0.0.1:{port_b}/v1/chat/completions", created["key"], chat)
+    call("DELETE", f"http://127.0.0.1:{port_a}/admin/v1/keys/{created['id']}", token)
+    deleted = time.monotonic()
+    while time.monotonic() - deleted < 30:
+        try:
+            call("POST", f"http://127.0.0.1:{port_b}/v1/chat/completions", created["key"], chat)
+        except urllib.error.HTTPError as e:
+            if e.code == 401:
+                return time.monotonic() - deleted
+        time.sleep(0.01)
+    return float("inf")
+
+
+def admin_p95(port, token, rounds):
+    out = {}
+    for path in ("keys", "members", "policies", "upstreams"):
+        times, size = [], 0
+        for _ in range(rounds):
+            began = time.monotonic()
+            _, body = call("GET", f"http://127.0.0.1:{port}/admin/v1/{path}", token)
+            times.append((time.monotonic() - began) * 1000)
+            size = len(body)
+        times.sort()
+        out[path] = (times[max(0, int(len(times) * 0.95 + 0.5) - 1)], size)
+    return out
+
+
+def measure(binary, size, duration, rounds, mock_port, tmp):
+    name = "x".join(str(n) for n in size)
+    home = os.path.join(tmp, name)
+    os.makedirs(home)
+    text, models = resources(size, mock_port)
+    res = os.path.join(home, "resources.toml")
+    with open(res, "w") as f:
+        f.write(text)
+    db = os.path.join(home, "aigw.db")
+    gw, port, first = start(binary, home, db, res)
+    stop(gw)
+    gw, port, again = start(binary, home, db, res)
+    r = {"first_start_s": first, "restart_s": again, "rss_rest_mib": rss_mib(gw.pid)}
+    b = None
+    try:
+        keys = [api_key(k) for k in range(size[0])]
+        load(port, keys, models, 10, 1, home)  # warm-up
+        before = run.cpu_seconds(gw.pid)
+        w = load(port, keys, models, 50, duration, home)
+        r["rps"] = w["rps"]
+        r["errors"] = w["errors"] + w["non2xx"]
+        r["cpu_us"] = (run.cpu_seconds(gw.pid) - before) / max(w["requests"], 1) * 1e6
+        r["rss_load_mib"] = rss_mib(gw.pid)
+        _, body = call("POST", f"http://127.0.0.1:{port}/admin/v1/auth/login", None,
+                       {"email": OWNER, "password": OWNER_PASS})
+        token = json.loads(body)["token"]
+        b, port_b, _ = start(binary, home, db)
+        r["propagation_s"] = max(propagation(port, port_b, token) for _ in range(3))
+        r["admin"] = admin_p95(port, token, rounds)
+    finally:
+        stop(gw)
+        if b:
+            stop(b)
+    return r
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--bin", default=os.path.join(ROOT, "target", "release", "aigw"))
+    ap.add_argument("--keys", type=int, default=100_000)
+    ap.add_argument("--members", type=int, default=10_000)
+    ap.add_argument("--departments", type=int, default=100)
+    ap.add_argument("--policies", type=int, default=10_000)
+    ap.add_argument("--credentials", type=int, default=1_000)
+    ap.add_argument("--duration", type=int, default=10, help="seconds of load per size (default 10)")
+    ap.add_argument("--rounds", type=int, default=20, help="calls per admin list endpoint (default 20)")
+    ap.add_argument("--short", action="store_true", help="tiny sizes and seconds: a smoke run")
+    args = ap.parse_args()
+    if not shutil.which("wrk"):
+        sys.exit("wrk is not installed (Debian: apt-get install wrk)")
+    binary = os.path.abspath(args.bin)
+    if not os.path.exists(binary):
+        sys.exit(f"{binary} is missing: cargo build --release --bin aigw")
+    small = (10, 10, 10, 10, 10)
+    large = (args.keys, args.members, args.departments, args.policies, args.credentials)
+    if args.short:
+        large, args.duration, args.rounds = (200, 50, 5, 50, 20), 1, 3
+    random.seed(1)
+    tmp = tempfile.mkdtemp(prefix="aigw-scale-")
+    mock_port = run.free_port()
+    mock = subprocess.Popen([binary, "mock-upstream", "--no-record", "--listen", f"127.0.0.1:{mock_port}"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        run.wait_ready(f"http://127.0.0.1:{mock_port}/__mock/calls", mock)
+        results = {s: measure(binary, s, args.duration, args.rounds, mock_port, tmp) for s in (small, large)}
+    finally:
+        mock.terminate()
+        mock.wait(timeout=20)
+        shutil.rmtree(tmp, ignore_errors=True)
+    rev = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True,
+                         text=True).stdout.strip()
+    print(f"# many keys, policies and credentials ({rev}, {os.path.basename(binary)}, SQLite, "
+          f"{args.duration} s of load at 50 connections, {os.cpu_count()} cores)\n")
+    print("| keys / members / departments / policies / credentials | first start | restart | RSS at rest "
+          "| req/s @50 | aigw CPU/request | RSS after load | key deletion to a 2nd gateway | errors |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for s, r in results.items():
+        print(f"| {' / '.join(f'{n:,}' for n in s)} | {r['first_start_s']:.1f} s | {r['restart_s']:.1f} s | "
+              f"{r['rss_rest_mib']:.0f} MiB | {r['rps']:,.0f} | {r['cpu_us']:.1f} µs | {r['rss_load_mib']:.0f} MiB | "
+              f"{r['propagation_s'] * 1000:.0f} ms | {r['errors']} |")
+    print("\n| keys / members / … | " + " | ".join(f"GET /admin/v1/{p} p95 (bytes)" for p in
+                                                   ("keys", "members", "policies", "upstreams")) + " |")
+    print("|---|---|---|---|---|")
+    for s, r in results.items():
+        print(f"| {s[0]:,} / {s[1]:,} / … | " + " | ".join(f"{t:.0f} ms ({n:,})" for t, n in r["admin"].values())
+              + " |")
+    small_cpu, large_cpu = results[small]["cpu_us"], results[large]["cpu_us"]
+    print(f"\n- CPU per request with the large tenancy: {(large_cpu / small_cpu - 1) * 100:+.0f} % "
+          f"(target: within 10 %)")
+
+
+if __name__ == "__main__":
+    main()
