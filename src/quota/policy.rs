@@ -29,45 +29,81 @@ pub struct PolicyRule {
     pub mode: Mode,
 }
 
-/// Every policy, by workspace.
+/// Every policy, by workspace, indexed so that finding a caller's costs the same with ten
+/// policies or ten thousand.
 #[derive(Debug, Default)]
 pub struct Policies {
-    by_workspace: HashMap<i64, Vec<PolicyRule>>,
+    by_workspace: HashMap<i64, WorkspacePolicies>,
+}
+
+/// One workspace's policies, each with its place in the load order (the order they apply in).
+#[derive(Debug, Default)]
+struct WorkspacePolicies {
+    /// Policies for each subject of their kind (`target = "*"`).
+    each: Vec<(usize, PolicyRule)>,
+    /// Policies naming one subject, by its kind and id.
+    named: HashMap<(SubjectKind, i64), Vec<(usize, PolicyRule)>>,
 }
 
 impl Policies {
     /// Loads every policy; a row that does not parse is skipped with an error in the log.
     pub async fn load(store: &Store) -> StoreResult<Policies> {
         let mut p = Policies::default();
-        for row in store.all_policies().await? {
-            match PolicyRule::from_row(&row) {
-                Some(r) => p.by_workspace.entry(row.workspace_id).or_default().push(r),
+        for (order, row) in store.all_policies().await?.iter().enumerate() {
+            match PolicyRule::from_row(row) {
+                Some(r) => p.insert(order, r, row.workspace_id),
                 None => tracing::error!(policy = row.id, "unreadable policy row skipped"),
             }
         }
         Ok(p)
     }
 
-    /// The policies that apply to `caller`, with the subject each one counts.
+    fn insert(&mut self, order: usize, rule: PolicyRule, workspace_id: i64) {
+        let ws = self.by_workspace.entry(workspace_id).or_default();
+        if rule.target_id == 0 {
+            ws.each.push((order, rule));
+        } else {
+            ws.named
+                .entry((rule.subject, rule.target_id))
+                .or_default()
+                .push((order, rule));
+        }
+    }
+
+    /// The policies that apply to `caller`, with the subject each one counts, in load order.
     pub fn applying_to<'a>(&'a self, caller: &Caller) -> Vec<(&'a PolicyRule, i64)> {
-        let Some(rules) = self.by_workspace.get(&caller.workspace_id) else {
+        let Some(ws) = self.by_workspace.get(&caller.workspace_id) else {
             return Vec::new();
         };
-        rules
-            .iter()
-            .filter_map(|r| {
-                let subject_id = match r.subject {
-                    SubjectKind::Apikey => caller.key_id,
-                    SubjectKind::Member => caller.member_id,
-                    SubjectKind::Dept => caller.department_id?,
-                    SubjectKind::Ws => caller.workspace_id,
-                };
-                let named = r.target_id == subject_id;
-                let each = r.target_id == 0
-                    && (r.scope_department_id == 0 || Some(r.scope_department_id) == caller.department_id);
-                (named || each).then_some((r, subject_id))
-            })
-            .collect()
+        let subject_of = |kind: SubjectKind| match kind {
+            SubjectKind::Apikey => Some(caller.key_id),
+            SubjectKind::Member => Some(caller.member_id),
+            SubjectKind::Dept => caller.department_id,
+            SubjectKind::Ws => Some(caller.workspace_id),
+        };
+        let mut found: Vec<(usize, &PolicyRule, i64)> = Vec::new();
+        for (order, r) in &ws.each {
+            if let Some(subject_id) = subject_of(r.subject)
+                && (r.scope_department_id == 0 || Some(r.scope_department_id) == caller.department_id)
+            {
+                found.push((*order, r, subject_id));
+            }
+        }
+        for kind in [
+            SubjectKind::Apikey,
+            SubjectKind::Member,
+            SubjectKind::Dept,
+            SubjectKind::Ws,
+        ] {
+            let Some(subject_id) = subject_of(kind) else {
+                continue;
+            };
+            for (order, r) in ws.named.get(&(kind, subject_id)).into_iter().flatten() {
+                found.push((*order, r, subject_id));
+            }
+        }
+        found.sort_unstable_by_key(|(order, _, _)| *order);
+        found.into_iter().map(|(_, r, s)| (r, s)).collect()
     }
 }
 
@@ -84,5 +120,91 @@ impl PolicyRule {
             limit: row.limit_value,
             mode: row.mode.parse().ok()?,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The rule as DESIGN.md §4 states it, by a scan of every policy: a policy applies when it
+    /// names the caller's subject of its kind, or names each subject (optionally within a
+    /// department the caller is in).
+    fn by_scan<'a>(rules: &'a [(PolicyRule, i64)], caller: &Caller) -> Vec<(&'a PolicyRule, i64)> {
+        rules
+            .iter()
+            .filter(|(_, ws)| *ws == caller.workspace_id)
+            .filter_map(|(r, _)| {
+                let subject_id = match r.subject {
+                    SubjectKind::Apikey => caller.key_id,
+                    SubjectKind::Member => caller.member_id,
+                    SubjectKind::Dept => caller.department_id?,
+                    SubjectKind::Ws => caller.workspace_id,
+                };
+                let named = r.target_id == subject_id;
+                let each = r.target_id == 0
+                    && (r.scope_department_id == 0 || Some(r.scope_department_id) == caller.department_id);
+                (named || each).then_some((r, subject_id))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_index_finds_what_a_scan_finds_in_the_same_order() {
+        let kinds = [
+            SubjectKind::Apikey,
+            SubjectKind::Member,
+            SubjectKind::Dept,
+            SubjectKind::Ws,
+        ];
+        let mut rules = Vec::new();
+        let mut id = 0;
+        // Every kind, naming ids 0 (each) to 3, scoped to no department or department 2, in two
+        // workspaces, interleaved so that the load order mixes named and each.
+        for target_id in 0..4 {
+            for scope in [0, 2] {
+                for (k, kind) in kinds.iter().enumerate() {
+                    id += 1;
+                    let rule = PolicyRule {
+                        id,
+                        subject: *kind,
+                        target_id,
+                        scope_department_id: if target_id == 0 { scope } else { 0 },
+                        metric: Metric::Requests,
+                        window: Window::Day,
+                        limit: 10,
+                        mode: Mode::Enforce,
+                    };
+                    rules.push((rule, 1 + (k as i64 % 2)));
+                }
+            }
+        }
+        let mut policies = Policies::default();
+        for (order, (r, ws)) in rules.iter().enumerate() {
+            policies.insert(order, r.clone(), *ws);
+        }
+        for workspace_id in 1..=3 {
+            for key_id in 1..=4 {
+                for member_id in 1..=4 {
+                    for department_id in [None, Some(1), Some(2), Some(3)] {
+                        let caller = Caller {
+                            key_id,
+                            key_name: "k".into(),
+                            member_id,
+                            department_id,
+                            workspace_id,
+                        };
+                        let ids = |v: Vec<(&PolicyRule, i64)>| {
+                            v.iter().map(|(r, s)| (r.id, *s)).collect::<Vec<_>>()
+                        };
+                        assert_eq!(
+                            ids(policies.applying_to(&caller)),
+                            ids(by_scan(&rules, &caller)),
+                            "{caller:?}"
+                        );
+                    }
+                }
+            }
+        }
     }
 }
