@@ -1,9 +1,8 @@
 //! Applying a checked resources file: each entry upserted by name, counted as created, updated
 //! or unchanged; nothing the file does not name is touched.
 
-use std::collections::HashMap;
-
 use super::check::Plan;
+use super::index::Index;
 use super::spec::{
     ApiKeySpec, MemberSpec, ModelSpec, PolicySpec, ResourcesFile, UpstreamSpec, WorkspaceSpec,
 };
@@ -13,34 +12,32 @@ use crate::managed::{Kind, Managed};
 use crate::quota::window::Window;
 use crate::quota::{Metric, Mode, SubjectKind, credits_to_micros};
 use crate::store::{
-    DepartmentStore, KeyStore, MemberStore, ModelRow, ModelStore, NewMember, PolicyRow, PolicyStore,
+    DepartmentStore, KeyStore, MemberStore, ModelRow, ModelStore, NewKey, NewMember, PolicyRow, PolicyStore,
     ServedModel, Store, StoreError, UpstreamRow, UpstreamStore, WorkspaceStore,
 };
 use crate::upstream::Provider;
 
-/// The store, the time of this run, and the workspace ids looked up so far.
+/// The store, the time of this run, and what the store holds of the tenancy.
 struct Applier<'a> {
     store: &'a Store,
     master: &'a MasterKey,
     now: i64,
-    ws_ids: HashMap<String, i64>,
+    index: &'a mut Index,
     summary: ApplySummary,
+}
+
+/// `check` proved it exists; it vanished since.
+fn vanished(what: &str, name: &str) -> ResourcesError {
+    StoreError::Corrupt(format!("{what} {name:?} vanished while applying")).into()
 }
 
 impl Applier<'_> {
     /// The id of a workspace `check` has proven to exist (or that this run created).
-    async fn ws_id(&mut self, name: &str) -> Result<i64, ResourcesError> {
-        if let Some(id) = self.ws_ids.get(name) {
-            return Ok(*id);
-        }
-        let id = self
-            .store
-            .workspace_by_name(name)
-            .await?
+    fn ws_id(&self, name: &str) -> Result<i64, ResourcesError> {
+        self.index
+            .workspace(name)
             .map(|w| w.id)
-            .ok_or_else(|| StoreError::Corrupt(format!("workspace {name:?} vanished while applying")))?;
-        self.ws_ids.insert(name.to_owned(), id);
-        Ok(id)
+            .ok_or_else(|| vanished("workspace", name))
     }
 
     /// Counts one entry into the summary.
@@ -56,10 +53,12 @@ impl Applier<'_> {
     }
 }
 
-/// Upserts every entry of `f`, in the order of their references.
+/// Upserts every entry of `f`, in the order of their references. Members and keys, the tables a
+/// large tenancy has many rows of, are created in bulk.
 pub(super) async fn apply(
     store: &Store,
     master: &MasterKey,
+    index: &mut Index,
     f: &ResourcesFile,
     plan: &Plan,
     now: i64,
@@ -68,26 +67,24 @@ pub(super) async fn apply(
         store,
         master,
         now,
-        ws_ids: HashMap::new(),
+        index,
         summary: ApplySummary::default(),
     };
     for w in &f.workspace {
         workspace(&mut a, w).await?;
     }
+    a.index.reload_workspaces(store).await?;
     for d in &f.department {
-        let ws = a.ws_id(&d.workspace).await?;
-        let exists = store.department_by_name(ws, &d.name).await?.is_some();
+        let ws = a.ws_id(&d.workspace)?;
+        let exists = a.index.department(ws, &d.name).is_some();
         if !exists {
-            store.create_department(ws, &d.name, now).await?;
+            let created = store.create_department(ws, &d.name, now).await?;
+            a.index.add_department(created);
         }
         a.tally(!exists, false);
     }
-    for m in &f.member {
-        member(&mut a, m).await?;
-    }
-    for k in &f.api_key {
-        api_key(&mut a, k).await?;
-    }
+    members(&mut a, &f.member).await?;
+    api_keys(&mut a, &f.api_key).await?;
     for (u, (provider, base_url, served)) in f.upstream.iter().zip(&plan.upstreams) {
         upstream(&mut a, u, *provider, base_url, served).await?;
     }
@@ -121,87 +118,110 @@ async fn workspace(a: &mut Applier<'_>, w: &WorkspaceSpec) -> Result<(), Resourc
     Ok(())
 }
 
-async fn member(a: &mut Applier<'_>, m: &MemberSpec) -> Result<(), ResourcesError> {
+/// Creates the members the store lacks (in bulk) and updates the others one by one.
+async fn members(a: &mut Applier<'_>, specs: &[MemberSpec]) -> Result<(), ResourcesError> {
     let store = a.store;
-    let ws = a.ws_id(&m.workspace).await?;
-    let dept = match &m.department {
-        Some(d) => store.department_by_name(ws, d).await?.map(|d| d.id),
-        None => None,
-    };
-    let Some(existing) = store.member_by_email(&m.email).await? else {
-        let hash = m.password.as_deref().map(crypto::hash_password);
-        let new = NewMember {
-            workspace_id: ws,
-            department_id: dept,
-            email: &m.email,
-            role: &m.role,
-            password_hash: hash.as_deref(),
-        };
-        store.create_member(&new, a.now).await?;
-        a.tally(true, false);
-        return Ok(());
-    };
-    let mut changed = false;
-    if existing.department_id != dept || existing.role != m.role {
-        store.update_member(existing.id, dept, &m.role).await?;
-        changed = true;
-    }
-    if let Some(p) = &m.password
-        && !existing
-            .password_hash
+    // (workspace, department, password hash) of each member to create.
+    let mut new: Vec<(&MemberSpec, i64, Option<i64>, Option<String>)> = Vec::new();
+    for m in specs {
+        let ws = a.ws_id(&m.workspace)?;
+        let dept = m
+            .department
             .as_deref()
-            .is_some_and(|h| crypto::verify_password(p, h))
-    {
-        store
-            .set_member_password(existing.id, &crypto::hash_password(p))
-            .await?;
-        changed = true;
+            .and_then(|d| a.index.department(ws, d))
+            .map(|d| d.id);
+        let Some(existing) = a.index.member(&m.email) else {
+            new.push((m, ws, dept, m.password.as_deref().map(crypto::hash_password)));
+            a.tally(true, false);
+            continue;
+        };
+        let (id, mut changed) = (existing.id, false);
+        if existing.department_id != dept || existing.role != m.role {
+            store.update_member(id, dept, &m.role).await?;
+            changed = true;
+        }
+        if let Some(p) = &m.password
+            && !existing
+                .password_hash
+                .as_deref()
+                .is_some_and(|h| crypto::verify_password(p, h))
+        {
+            store.set_member_password(id, &crypto::hash_password(p)).await?;
+            changed = true;
+        }
+        a.tally(false, changed);
     }
-    a.tally(false, changed);
+    if !new.is_empty() {
+        let rows: Vec<NewMember> = new
+            .iter()
+            .map(|(m, ws, dept, hash)| NewMember {
+                workspace_id: *ws,
+                department_id: *dept,
+                email: &m.email,
+                role: &m.role,
+                password_hash: hash.as_deref(),
+            })
+            .collect();
+        store.create_members(&rows, a.now).await?;
+        a.index.reload_members(store).await?;
+    }
     Ok(())
 }
 
-async fn api_key(a: &mut Applier<'_>, k: &ApiKeySpec) -> Result<(), ResourcesError> {
+/// Creates the keys the store lacks (in bulk) and replaces the secret of the others where the
+/// file names a new one.
+async fn api_keys(a: &mut Applier<'_>, specs: &[ApiKeySpec]) -> Result<(), ResourcesError> {
     let store = a.store;
-    let member = store
-        .member_by_email(&k.member)
-        .await?
-        .ok_or_else(|| StoreError::Corrupt(format!("member {:?} vanished while applying", k.member)))?;
-    match store.key_by_name(member.id, &k.name).await? {
-        None => {
-            let plain = match &k.key {
-                Some(key) => key.clone(),
-                None => {
-                    let key = crypto::generate_api_key();
-                    a.summary
-                        .generated_keys
-                        .push((format!("{}/{}", k.member, k.name), key.clone()));
-                    key
-                }
-            };
-            store
-                .create_key(
-                    member.workspace_id,
-                    member.id,
-                    Some(member.id),
-                    &k.name,
-                    &crypto::hash_api_key(&plain),
-                    &crypto::display_prefix(&plain),
-                    a.now,
-                )
-                .await?;
-            a.tally(true, false);
-        }
-        Some(existing) => {
-            let new_hash = k.key.as_deref().map(crypto::hash_api_key);
-            let changed = new_hash.as_ref().is_some_and(|h| *h != existing.key_hash);
-            if let (true, Some(h), Some(plain)) = (changed, &new_hash, &k.key) {
-                store
-                    .set_key_hash(existing.id, h, &crypto::display_prefix(plain))
-                    .await?;
+    // (workspace, member, hash, display prefix) of each key to create.
+    let mut new: Vec<(&ApiKeySpec, i64, i64, String, String)> = Vec::new();
+    for k in specs {
+        let member = a
+            .index
+            .member(&k.member)
+            .ok_or_else(|| vanished("member", &k.member))?;
+        let (ws, member_id) = (member.workspace_id, member.id);
+        match a.index.key(member_id, &k.name) {
+            None => {
+                let plain = match &k.key {
+                    Some(key) => key.clone(),
+                    None => {
+                        let key = crypto::generate_api_key();
+                        a.summary
+                            .generated_keys
+                            .push((format!("{}/{}", k.member, k.name), key.clone()));
+                        key
+                    }
+                };
+                let (hash, prefix) = (crypto::hash_api_key(&plain), crypto::display_prefix(&plain));
+                new.push((k, ws, member_id, hash, prefix));
+                a.tally(true, false);
             }
-            a.tally(false, changed);
+            Some(existing) => {
+                let new_hash = k.key.as_deref().map(crypto::hash_api_key);
+                let changed = new_hash.as_ref().is_some_and(|h| *h != existing.key_hash);
+                if let (true, Some(h), Some(plain)) = (changed, &new_hash, &k.key) {
+                    store
+                        .set_key_hash(existing.id, h, &crypto::display_prefix(plain))
+                        .await?;
+                }
+                a.tally(false, changed);
+            }
         }
+    }
+    if !new.is_empty() {
+        let rows: Vec<NewKey> = new
+            .iter()
+            .map(|(k, ws, member_id, hash, prefix)| NewKey {
+                workspace_id: *ws,
+                member_id: *member_id,
+                created_by: Some(*member_id),
+                name: &k.name,
+                key_hash: hash,
+                prefix,
+            })
+            .collect();
+        store.create_keys(&rows, a.now).await?;
+        a.index.reload_keys(store).await?;
     }
     Ok(())
 }
@@ -214,7 +234,7 @@ async fn upstream(
     served: &[(String, String)],
 ) -> Result<(), ResourcesError> {
     let (store, now) = (a.store, a.now);
-    let ws = a.ws_id(&u.workspace).await?;
+    let ws = a.ws_id(&u.workspace)?;
     let models: Vec<ServedModel> = served
         .iter()
         .map(|(name, upstream)| ServedModel {
@@ -266,7 +286,7 @@ async fn upstream(
 
 async fn model(a: &mut Applier<'_>, m: &ModelSpec) -> Result<(), ResourcesError> {
     let (store, now) = (a.store, a.now);
-    let ws = a.ws_id(&m.workspace).await?;
+    let ws = a.ws_id(&m.workspace)?;
     let existing = store.model_by_name(ws, &m.name).await?;
     let row = ModelRow {
         id: existing.as_ref().map_or(0, |e| e.id),
@@ -291,10 +311,10 @@ async fn policy(
     (subject, metric, window, mode, limit): (SubjectKind, Metric, Window, Mode, i64),
 ) -> Result<(), ResourcesError> {
     let (store, now) = (a.store, a.now);
-    let ws = a.ws_id(&p.workspace).await?;
-    let target_id = resolve_target(store, ws, subject, &p.target).await?;
+    let ws = a.ws_id(&p.workspace)?;
+    let target_id = resolve_target(a.index, ws, subject, &p.target)?;
     let scope = match &p.department {
-        Some(d) => store.department_by_name(ws, d).await?.map_or(0, |d| d.id),
+        Some(d) => a.index.department(ws, d).map_or(0, |d| d.id),
         None => 0,
     };
     let window = window.to_string();
@@ -326,66 +346,56 @@ async fn policy(
     Ok(())
 }
 
-/// The ids of every entity the file declares, once applied.
+/// The ids of every entity the file declares, once applied (`index` read after the apply).
 pub(super) async fn declared(
     store: &Store,
+    index: &Index,
     f: &ResourcesFile,
     plan: &Plan,
 ) -> Result<Managed, ResourcesError> {
     let mut m = Managed::default();
-    let mut ws_ids: HashMap<&str, i64> = HashMap::new();
+    let ws = |name: &str| index.workspace(name).map(|w| w.id);
     for w in &f.workspace {
-        if let Some(ws) = store.workspace_by_name(&w.name).await? {
-            m.insert(Kind::Workspace, ws.id);
-            ws_ids.insert(&w.name, ws.id);
+        if let Some(id) = ws(&w.name) {
+            m.insert(Kind::Workspace, id);
         }
     }
-    let ws = async |name: &str| -> Result<Option<i64>, ResourcesError> {
-        if let Some(id) = ws_ids.get(name) {
-            return Ok(Some(*id));
-        }
-        Ok(store.workspace_by_name(name).await?.map(|w| w.id))
-    };
     for d in &f.department {
-        if let Some(w) = ws(&d.workspace).await?
-            && let Some(dept) = store.department_by_name(w, &d.name).await?
-        {
+        if let Some(dept) = index.department_in(&d.workspace, &d.name) {
             m.insert(Kind::Department, dept.id);
         }
     }
     for mem in &f.member {
-        if let Some(row) = store.member_by_email(&mem.email).await? {
+        if let Some(row) = index.member(&mem.email) {
             m.insert(Kind::Member, row.id);
         }
     }
     for k in &f.api_key {
-        if let Some(member) = store.member_by_email(&k.member).await?
-            && let Some(key) = store.key_by_name(member.id, &k.name).await?
-        {
+        if let Some(key) = index.key_at(&k.member, &k.name) {
             m.insert(Kind::ApiKey, key.id);
         }
     }
     for u in &f.upstream {
-        if let Some(w) = ws(&u.workspace).await?
+        if let Some(w) = ws(&u.workspace)
             && let Some(up) = store.upstream_by_name(w, &u.name).await?
         {
             m.insert(Kind::Upstream, up.id);
         }
     }
     for model in &f.model {
-        if let Some(w) = ws(&model.workspace).await?
+        if let Some(w) = ws(&model.workspace)
             && let Some(row) = store.model_by_name(w, &model.name).await?
         {
             m.insert(Kind::Model, row.id);
         }
     }
     for (p, (subject, metric, window, _, _)) in f.policy.iter().zip(&plan.policies) {
-        let Some(w) = ws(&p.workspace).await? else {
+        let Some(w) = ws(&p.workspace) else {
             continue;
         };
-        let target_id = resolve_target(store, w, *subject, &p.target).await?;
+        let target_id = resolve_target(index, w, *subject, &p.target)?;
         let scope = match &p.department {
-            Some(d) => store.department_by_name(w, d).await?.map_or(0, |d| d.id),
+            Some(d) => index.department(w, d).map_or(0, |d| d.id),
             None => 0,
         };
         let window = window.to_string();
@@ -400,26 +410,18 @@ pub(super) async fn declared(
 }
 
 /// The id a policy target names (0 for `*`), once `check` has proven it exists.
-async fn resolve_target(
-    store: &Store,
-    ws: i64,
-    subject: SubjectKind,
-    target: &str,
-) -> Result<i64, ResourcesError> {
+fn resolve_target(index: &Index, ws: i64, subject: SubjectKind, target: &str) -> Result<i64, ResourcesError> {
     if target == "*" {
         return Ok(0);
     }
     let id = match subject {
-        SubjectKind::Apikey => match target.split_once('/') {
-            Some((email, name)) => match store.member_by_email(email).await? {
-                Some(m) => store.key_by_name(m.id, name).await?.map(|k| k.id),
-                None => None,
-            },
-            None => None,
-        },
-        SubjectKind::Member => store.member_by_email(target).await?.map(|m| m.id),
-        SubjectKind::Dept => store.department_by_name(ws, target).await?.map(|d| d.id),
+        SubjectKind::Apikey => target
+            .split_once('/')
+            .and_then(|(email, name)| index.key_at(email, name))
+            .map(|k| k.id),
+        SubjectKind::Member => index.member(target).map(|m| m.id),
+        SubjectKind::Dept => index.department(ws, target).map(|d| d.id),
         SubjectKind::Ws => Some(ws),
     };
-    id.ok_or_else(|| StoreError::Corrupt(format!("policy target {target:?} vanished while applying")).into())
+    id.ok_or_else(|| vanished("policy target", target))
 }

@@ -4,6 +4,7 @@
 
 use std::collections::{HashMap, HashSet};
 
+use super::index::Index;
 use super::spec::{
     ApiKeySpec, DepartmentSpec, MemberSpec, ModelSpec, PolicySpec, ResourcesFile, ServedModelSpec,
     UpstreamSpec, WorkspaceSpec,
@@ -12,7 +13,7 @@ use super::{Ctx, ResourcesError};
 use crate::crypto;
 use crate::quota::window::{Window, WindowParseError};
 use crate::quota::{Metric, Mode, SubjectKind};
-use crate::store::{DepartmentStore, KeyStore, MemberStore, ModelStore, Role, Store, WorkspaceStore};
+use crate::store::{ModelStore, Role, Store, WorkspaceStore};
 use crate::upstream::Provider;
 use crate::validate;
 
@@ -29,6 +30,8 @@ pub(super) struct Plan {
 /// may point at, and the keys already declared (a second declaration is refused).
 struct Known<'f> {
     store: &'f Store,
+    /// What the store holds of the tenancy.
+    index: &'f Index,
     seen: HashSet<String>,
     workspaces: HashSet<&'f str>,
     departments: HashSet<(&'f str, &'f str)>,
@@ -44,50 +47,43 @@ impl<'f> Known<'f> {
         !self.seen.insert(key)
     }
 
-    async fn workspace(&self, name: &str) -> Result<bool, ResourcesError> {
-        Ok(self.workspaces.contains(name) || self.store.workspace_by_name(name).await?.is_some())
+    fn workspace(&self, name: &str) -> bool {
+        self.workspaces.contains(name) || self.index.workspace(name).is_some()
     }
 
-    async fn department(&self, ws: &str, name: &str) -> Result<bool, ResourcesError> {
-        if self.departments.contains(&(ws, name)) {
-            return Ok(true);
-        }
-        Ok(match self.store.workspace_by_name(ws).await? {
-            Some(w) => self.store.department_by_name(w.id, name).await?.is_some(),
-            None => false,
-        })
+    fn department(&self, ws: &str, name: &str) -> bool {
+        self.departments.contains(&(ws, name)) || self.index.department_in(ws, name).is_some()
     }
 
     /// A member's workspace, from the file or the store.
-    async fn member_workspace(&self, email: &str) -> Result<Option<String>, ResourcesError> {
+    fn member_workspace(&self, email: &str) -> Option<&str> {
         if let Some(ws) = self.members.get(email) {
-            return Ok(Some((*ws).to_owned()));
+            return Some(ws);
         }
-        Ok(match self.store.member_by_email(email).await? {
-            Some(m) => self.store.workspace(m.workspace_id).await?.map(|w| w.name),
-            None => None,
-        })
+        self.index
+            .member(email)
+            .and_then(|m| self.index.workspace_name(m.workspace_id))
     }
 
     /// Whether the key `email/name` is declared or stored.
-    async fn key(&self, address: &str) -> Result<bool, ResourcesError> {
-        if self.keys.contains(address) {
-            return Ok(true);
-        }
-        let Some((email, name)) = address.split_once('/') else {
-            return Ok(false);
-        };
-        Ok(match self.store.member_by_email(email).await? {
-            Some(m) => self.store.key_by_name(m.id, name).await?.is_some(),
-            None => false,
-        })
+    fn key(&self, address: &str) -> bool {
+        self.keys.contains(address)
+            || address
+                .split_once('/')
+                .is_some_and(|(email, name)| self.index.key_at(email, name).is_some())
     }
 }
 
 /// Checks every entry, table by table in the order they depend on each other.
-pub(super) async fn check(ctx: &Ctx<'_>, store: &Store, f: &ResourcesFile) -> Result<Plan, ResourcesError> {
+pub(super) async fn check(
+    ctx: &Ctx<'_>,
+    store: &Store,
+    index: &Index,
+    f: &ResourcesFile,
+) -> Result<Plan, ResourcesError> {
     let mut known = Known {
         store,
+        index,
         seen: HashSet::new(),
         workspaces: HashSet::new(),
         departments: HashSet::new(),
@@ -98,23 +94,23 @@ pub(super) async fn check(ctx: &Ctx<'_>, store: &Store, f: &ResourcesFile) -> Re
         workspace(ctx, &mut known, i, w)?;
     }
     for (i, d) in f.department.iter().enumerate() {
-        department(ctx, &mut known, i, d).await?;
+        department(ctx, &mut known, i, d)?;
     }
     for (i, m) in f.member.iter().enumerate() {
-        member(ctx, &mut known, i, m).await?;
+        member(ctx, &mut known, i, m)?;
     }
     for (i, k) in f.api_key.iter().enumerate() {
-        api_key(ctx, &mut known, i, k).await?;
+        api_key(ctx, &mut known, i, k)?;
     }
     let mut plan = Plan::default();
     for (i, u) in f.upstream.iter().enumerate() {
-        plan.upstreams.push(upstream(ctx, &mut known, i, u).await?);
+        plan.upstreams.push(upstream(ctx, &mut known, i, u)?);
     }
     for (i, m) in f.model.iter().enumerate() {
         model(ctx, &mut known, f, i, m).await?;
     }
     for (i, p) in f.policy.iter().enumerate() {
-        plan.policies.push(policy(ctx, &mut known, i, p).await?);
+        plan.policies.push(policy(ctx, &mut known, i, p)?);
     }
     Ok(plan)
 }
@@ -137,7 +133,7 @@ fn workspace<'f>(
     Ok(())
 }
 
-async fn department<'f>(
+fn department<'f>(
     ctx: &Ctx<'_>,
     known: &mut Known<'f>,
     i: usize,
@@ -145,7 +141,7 @@ async fn department<'f>(
 ) -> Result<(), ResourcesError> {
     let e = |m: String| ctx.entry("department", i, &d.name, m);
     validate::name("name", &d.name).map_err(e)?;
-    if !known.workspace(&d.workspace).await? {
+    if !known.workspace(&d.workspace) {
         return Err(e(format!("workspace {:?} does not exist", d.workspace)));
     }
     if known.declared_twice(format!("dept/{}/{}", d.workspace, d.name)) {
@@ -155,7 +151,7 @@ async fn department<'f>(
     Ok(())
 }
 
-async fn member<'f>(
+fn member<'f>(
     ctx: &Ctx<'_>,
     known: &mut Known<'f>,
     i: usize,
@@ -164,11 +160,11 @@ async fn member<'f>(
     let e = |msg: String| ctx.entry("member", i, &m.email, msg);
     validate::email(&m.email).map_err(e)?;
     m.role.parse::<Role>().map_err(e)?;
-    if !known.workspace(&m.workspace).await? {
+    if !known.workspace(&m.workspace) {
         return Err(e(format!("workspace {:?} does not exist", m.workspace)));
     }
     if let Some(d) = &m.department
-        && !known.department(&m.workspace, d).await?
+        && !known.department(&m.workspace, d)
     {
         return Err(e(format!(
             "department {d:?} does not exist in workspace {:?}",
@@ -181,9 +177,8 @@ async fn member<'f>(
     if known.declared_twice(format!("member/{}", m.email)) {
         return Err(e(format!("member {:?} is declared twice", m.email)));
     }
-    if let Some(existing) = known.store.member_by_email(&m.email).await? {
-        let ws = known.store.workspace(existing.workspace_id).await?;
-        if ws.as_ref().map(|w| w.name.as_str()) != Some(m.workspace.as_str()) {
+    if let Some(existing) = known.index.member(&m.email) {
+        if known.index.workspace_name(existing.workspace_id) != Some(m.workspace.as_str()) {
             return Err(e(format!("{:?} already belongs to another workspace", m.email)));
         }
     }
@@ -191,16 +186,11 @@ async fn member<'f>(
     Ok(())
 }
 
-async fn api_key(
-    ctx: &Ctx<'_>,
-    known: &mut Known<'_>,
-    i: usize,
-    k: &ApiKeySpec,
-) -> Result<(), ResourcesError> {
+fn api_key(ctx: &Ctx<'_>, known: &mut Known<'_>, i: usize, k: &ApiKeySpec) -> Result<(), ResourcesError> {
     let label = format!("{}/{}", k.member, k.name);
     let e = |m: String| ctx.entry("api_key", i, &label, m);
     validate::key_name("name", &k.name).map_err(e)?;
-    if known.member_workspace(&k.member).await?.is_none() {
+    if known.member_workspace(&k.member).is_none() {
         return Err(e(format!("member {:?} does not exist", k.member)));
     }
     if let Some(key) = &k.key
@@ -217,7 +207,7 @@ async fn api_key(
     Ok(())
 }
 
-async fn upstream(
+fn upstream(
     ctx: &Ctx<'_>,
     known: &mut Known<'_>,
     i: usize,
@@ -225,7 +215,7 @@ async fn upstream(
 ) -> Result<(Provider, String, validate::ServedModels), ResourcesError> {
     let e = |m: String| ctx.entry("upstream", i, &u.name, m);
     validate::name("name", &u.name).map_err(e)?;
-    if !known.workspace(&u.workspace).await? {
+    if !known.workspace(&u.workspace) {
         return Err(e(format!("workspace {:?} does not exist", u.workspace)));
     }
     let provider: Provider = u.provider.parse().map_err(e)?;
@@ -272,7 +262,7 @@ async fn model(
 ) -> Result<(), ResourcesError> {
     let e = |msg: String| ctx.entry("model", i, &m.name, msg);
     validate::name("name", &m.name).map_err(e)?;
-    if !known.workspace(&m.workspace).await? {
+    if !known.workspace(&m.workspace) {
         return Err(e(format!("workspace {:?} does not exist", m.workspace)));
     }
     if let Some(p) = &m.price {
@@ -306,7 +296,7 @@ async fn model(
     Ok(())
 }
 
-async fn policy(
+fn policy(
     ctx: &Ctx<'_>,
     known: &mut Known<'_>,
     i: usize,
@@ -314,7 +304,7 @@ async fn policy(
 ) -> Result<(SubjectKind, Metric, Window, Mode, i64), ResourcesError> {
     let label = format!("{} {}", p.subject, p.target);
     let e = |m: String| ctx.entry("policy", i, &label, m);
-    if !known.workspace(&p.workspace).await? {
+    if !known.workspace(&p.workspace) {
         return Err(e(format!("workspace {:?} does not exist", p.workspace)));
     }
     let subject: SubjectKind = p.subject.parse().map_err(e)?;
@@ -337,12 +327,10 @@ async fn policy(
                         p.target
                     )));
                 }
-                known.key(&p.target).await?
+                known.key(&p.target)
             }
-            SubjectKind::Member => {
-                known.member_workspace(&p.target).await?.as_deref() == Some(p.workspace.as_str())
-            }
-            SubjectKind::Dept => known.department(&p.workspace, &p.target).await?,
+            SubjectKind::Member => known.member_workspace(&p.target) == Some(p.workspace.as_str()),
+            SubjectKind::Dept => known.department(&p.workspace, &p.target),
             SubjectKind::Ws => p.target == p.workspace,
         };
         if !found {
@@ -357,7 +345,7 @@ async fn policy(
         if !matches!(subject, SubjectKind::Apikey | SubjectKind::Member) {
             return Err(e("department narrows only apikey and member policies".into()));
         }
-        if !known.department(&p.workspace, d).await? {
+        if !known.department(&p.workspace, d) {
             return Err(e(format!(
                 "department {d:?} does not exist in workspace {:?}",
                 p.workspace

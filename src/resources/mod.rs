@@ -8,6 +8,7 @@
 
 mod apply;
 mod check;
+mod index;
 mod spec;
 
 use std::path::Path;
@@ -108,12 +109,13 @@ pub async fn apply_text(
     })?;
     let ctx = Ctx { path, text };
     spec::expand_file(&ctx, &mut file, env)?;
-    let plan = check::check(&ctx, store, &file).await?;
-    let mut summary = apply::apply(store, master, &file, &plan, now).await?;
+    let mut index = index::Index::load(store).await?;
+    let plan = check::check(&ctx, store, &index, &file).await?;
+    let mut summary = apply::apply(store, master, &mut index, &file, &plan, now).await?;
     if summary.created + summary.updated > 0 {
         store.bump_config_epoch().await?;
     }
-    summary.managed = apply::declared(store, &file, &plan).await?;
+    summary.managed = apply::declared(store, &index, &file, &plan).await?;
     Ok(summary)
 }
 

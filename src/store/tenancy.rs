@@ -1,7 +1,8 @@
 //! Workspaces, departments, members, API keys, upstream credentials, models and policies.
 
 use super::{
-    ApiKeyRow, Department, MemberRow, ModelRow, PolicyRow, Store, StoreResult, UpstreamRow, Workspace,
+    ApiKeyRow, Department, MemberRow, ModelRow, PolicyRow, SqlBuilder, Store, StoreResult, UpstreamRow,
+    Workspace,
 };
 
 /// Workspaces.
@@ -72,6 +73,8 @@ pub trait DepartmentStore {
     async fn create_department(&self, workspace_id: i64, name: &str, now: i64) -> StoreResult<Department>;
     /// Every department of a workspace.
     async fn departments(&self, workspace_id: i64) -> StoreResult<Vec<Department>>;
+    /// Every department of every workspace (the resources file's index).
+    async fn all_departments(&self) -> StoreResult<Vec<Department>>;
 }
 
 impl DepartmentStore for Store {
@@ -93,6 +96,11 @@ impl DepartmentStore for Store {
         .bind(now)
         .fetch_one(self.pool())
         .await?)
+    }
+    async fn all_departments(&self) -> StoreResult<Vec<Department>> {
+        Ok(sqlx::query_as("SELECT * FROM departments")
+            .fetch_all(self.pool())
+            .await?)
     }
     async fn departments(&self, workspace_id: i64) -> StoreResult<Vec<Department>> {
         Ok(
@@ -131,6 +139,10 @@ pub trait MemberStore {
     async fn member(&self, id: i64) -> StoreResult<Option<MemberRow>>;
     /// Creates a member.
     async fn create_member(&self, m: &NewMember<'_>, now: i64) -> StoreResult<MemberRow>;
+    /// Creates many members in one transaction, in batches (the resources file).
+    async fn create_members(&self, members: &[NewMember<'_>], now: i64) -> StoreResult<()>;
+    /// Every member of every workspace (the resources file's index).
+    async fn all_members(&self) -> StoreResult<Vec<MemberRow>>;
     /// Sets department and role.
     async fn update_member(&self, id: i64, department_id: Option<i64>, role: &str) -> StoreResult<()>;
     /// Sets the password hash.
@@ -145,6 +157,30 @@ impl MemberStore for Store {
             .bind(email)
             .fetch_optional(self.pool())
             .await?)
+    }
+    async fn all_members(&self) -> StoreResult<Vec<MemberRow>> {
+        Ok(sqlx::query_as("SELECT * FROM members")
+            .fetch_all(self.pool())
+            .await?)
+    }
+    async fn create_members(&self, members: &[NewMember<'_>], now: i64) -> StoreResult<()> {
+        let mut tx = self.pool().begin().await?;
+        for chunk in members.chunks(BULK_ROWS) {
+            let mut b = SqlBuilder::new(
+                self,
+                "INSERT INTO members (workspace_id, department_id, email, role, password_hash, active, created_at) VALUES ",
+            );
+            for (i, m) in chunk.iter().enumerate() {
+                b.push(if i == 0 { "(" } else { ", (" });
+                b.bind(m.workspace_id).push(", ").bind(m.department_id).push(", ");
+                b.bind(m.email).push(", ").bind(m.role).push(", ");
+                b.bind(m.password_hash).push(", 1, ").bind(now).push(")");
+            }
+            let (sql, args) = b.finish();
+            sqlx::query_with(&sql, args).execute(&mut *tx).await?;
+        }
+        tx.commit().await?;
+        Ok(())
     }
     async fn member(&self, id: i64) -> StoreResult<Option<MemberRow>> {
         Ok(sqlx::query_as("SELECT * FROM members WHERE id = $1")
@@ -192,6 +228,27 @@ impl MemberStore for Store {
     }
 }
 
+/// Rows one statement of a bulk create inserts (at most 7 values each: under SQLite's and
+/// Postgres's parameter limits).
+const BULK_ROWS: usize = 500;
+
+/// What a key is made of when created in bulk.
+#[derive(Clone, Debug)]
+pub struct NewKey<'a> {
+    /// Workspace.
+    pub workspace_id: i64,
+    /// Owning member.
+    pub member_id: i64,
+    /// Member who created it.
+    pub created_by: Option<i64>,
+    /// Name, unique per member.
+    pub name: &'a str,
+    /// SHA-256 of the key, hex.
+    pub key_hash: &'a str,
+    /// Display prefix.
+    pub prefix: &'a str,
+}
+
 /// A key as the request path needs it: the key and who it belongs to, in one read.
 #[derive(Clone, Debug, PartialEq, Eq, sqlx::FromRow)]
 pub struct KeyIdentity {
@@ -233,6 +290,10 @@ pub trait KeyStore {
         prefix: &str,
         now: i64,
     ) -> StoreResult<ApiKeyRow>;
+    /// Creates many keys in one transaction, in batches (the resources file).
+    async fn create_keys(&self, keys: &[NewKey<'_>], now: i64) -> StoreResult<()>;
+    /// Every key of every workspace (the resources file's index).
+    async fn all_keys(&self) -> StoreResult<Vec<ApiKeyRow>>;
     /// Replaces a key's hash (a resources file that names a new key for the same name).
     async fn set_key_hash(&self, id: i64, key_hash: &str, prefix: &str) -> StoreResult<()>;
     /// Deletes a key.
@@ -287,6 +348,35 @@ impl KeyStore for Store {
         .bind(now)
         .fetch_one(self.pool())
         .await?)
+    }
+    async fn create_keys(&self, keys: &[NewKey<'_>], now: i64) -> StoreResult<()> {
+        let mut tx = self.pool().begin().await?;
+        for chunk in keys.chunks(BULK_ROWS) {
+            let mut b = SqlBuilder::new(
+                self,
+                "INSERT INTO api_keys (workspace_id, member_id, created_by, name, key_hash, prefix, created_at) VALUES ",
+            );
+            for (i, k) in chunk.iter().enumerate() {
+                b.push(if i == 0 { "(" } else { ", (" });
+                b.bind(k.workspace_id).push(", ").bind(k.member_id).push(", ");
+                b.bind(k.created_by).push(", ").bind(k.name).push(", ");
+                b.bind(k.key_hash)
+                    .push(", ")
+                    .bind(k.prefix)
+                    .push(", ")
+                    .bind(now)
+                    .push(")");
+            }
+            let (sql, args) = b.finish();
+            sqlx::query_with(&sql, args).execute(&mut *tx).await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+    async fn all_keys(&self) -> StoreResult<Vec<ApiKeyRow>> {
+        Ok(sqlx::query_as("SELECT * FROM api_keys")
+            .fetch_all(self.pool())
+            .await?)
     }
     async fn set_key_hash(&self, id: i64, key_hash: &str, prefix: &str) -> StoreResult<()> {
         sqlx::query("UPDATE api_keys SET key_hash = $1, prefix = $2 WHERE id = $3")
