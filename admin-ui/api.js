@@ -100,10 +100,17 @@ export const api = {
   post: (path, body = {}) => request(path, { method: 'POST', body }),
   patch: (path, body) => request(path, { method: 'PATCH', body }),
   del: (path) => request(path, { method: 'DELETE' }),
-  /** A list endpoint's `data` array. */
-  list: async (path, query) => {
-    const r = await request(path, { query });
-    return Array.isArray(r) ? r : (r && Array.isArray(r.data) ? r.data : []);
+  /** A list endpoint's `data` array, every page of it (following `next_cursor`). */
+  list: async (path, query = {}) => {
+    const all = [];
+    let cursor;
+    do {
+      const r = await request(path, { query: cursor === undefined ? query : { ...query, cursor } });
+      if (Array.isArray(r)) return r;
+      all.push(...(r && Array.isArray(r.data) ? r.data : []));
+      cursor = r && r.next_cursor != null ? r.next_cursor : undefined;
+    } while (cursor !== undefined);
+    return all;
   },
   /** Downloads a file answer (CSV export) as a blob, with the token. */
   download: async (path, query, filename) => {

@@ -149,6 +149,14 @@ pub trait AdminStore {
     async fn rows_in<T>(&self, table: Table, workspace_id: i64) -> StoreResult<Vec<T>>
     where
         T: for<'r> sqlx::FromRow<'r, sqlx::any::AnyRow> + Send + Unpin;
+    /// A page of `table`'s rows in `workspace_id`: ids above `after`, ascending, at most `limit`.
+    async fn page_in<T>(&self, table: Table, workspace_id: i64, after: i64, limit: i64) -> StoreResult<Vec<T>>
+    where
+        T: for<'r> sqlx::FromRow<'r, sqlx::any::AnyRow> + Send + Unpin;
+    /// The rows of `table` in `workspace_id` with these ids (a page's references).
+    async fn rows_with_ids<T>(&self, table: Table, workspace_id: i64, ids: &[i64]) -> StoreResult<Vec<T>>
+    where
+        T: for<'r> sqlx::FromRow<'r, sqlx::any::AnyRow> + Send + Unpin;
     /// Deletes row `id` of `table` if it belongs to `workspace_id`; whether it did.
     async fn delete_in(&self, table: Table, workspace_id: i64, id: i64) -> StoreResult<bool>;
     /// Renames a department.
@@ -207,6 +215,43 @@ impl AdminStore for Store {
             .bind(workspace_id)
             .fetch_all(self.pool())
             .await?)
+    }
+
+    async fn page_in<T>(&self, table: Table, workspace_id: i64, after: i64, limit: i64) -> StoreResult<Vec<T>>
+    where
+        T: for<'r> sqlx::FromRow<'r, sqlx::any::AnyRow> + Send + Unpin,
+    {
+        let sql = format!(
+            "SELECT * FROM {} WHERE workspace_id = $1 AND id > $2 ORDER BY id LIMIT $3",
+            table.name()
+        );
+        Ok(sqlx::query_as(&sql)
+            .bind(workspace_id)
+            .bind(after)
+            .bind(limit)
+            .fetch_all(self.pool())
+            .await?)
+    }
+
+    async fn rows_with_ids<T>(&self, table: Table, workspace_id: i64, ids: &[i64]) -> StoreResult<Vec<T>>
+    where
+        T: for<'r> sqlx::FromRow<'r, sqlx::any::AnyRow> + Send + Unpin,
+    {
+        let mut rows = Vec::with_capacity(ids.len());
+        for chunk in ids.chunks(500) {
+            let mut b = SqlBuilder::new(self, &format!("SELECT * FROM {} WHERE workspace_id = ", table.name()));
+            b.bind(workspace_id).push(" AND id IN (");
+            for (i, id) in chunk.iter().enumerate() {
+                if i > 0 {
+                    b.push(", ");
+                }
+                b.bind(*id);
+            }
+            b.push(") ORDER BY id");
+            let (sql, args) = b.finish();
+            rows.extend(sqlx::query_as_with(&sql, args).fetch_all(self.pool()).await?);
+        }
+        Ok(rows)
     }
 
     async fn delete_in(&self, table: Table, workspace_id: i64, id: i64) -> StoreResult<bool> {
