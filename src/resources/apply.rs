@@ -128,6 +128,7 @@ async fn member(a: &mut Applier<'_>, m: &MemberSpec) -> Result<(), ResourcesErro
         Some(d) => store.department_by_name(ws, d).await?.map(|d| d.id),
         None => None,
     };
+    let allowed = declared_models(&m.allowed_models);
     let Some(existing) = store.member_by_email(&m.email).await? else {
         let hash = m.password.as_deref().map(crypto::hash_password);
         let new = NewMember {
@@ -137,11 +138,22 @@ async fn member(a: &mut Applier<'_>, m: &MemberSpec) -> Result<(), ResourcesErro
             role: &m.role,
             password_hash: hash.as_deref(),
         };
-        store.create_member(&new, a.now).await?;
+        let created = store.create_member(&new, a.now).await?;
+        if allowed.is_some() || m.max_in_flight.is_some() {
+            store
+                .set_member_guardrails(created.id, allowed.as_deref(), m.max_in_flight)
+                .await?;
+        }
         a.tally(true, false);
         return Ok(());
     };
     let mut changed = false;
+    if existing.allowed_models != allowed || existing.max_in_flight != m.max_in_flight {
+        store
+            .set_member_guardrails(existing.id, allowed.as_deref(), m.max_in_flight)
+            .await?;
+        changed = true;
+    }
     if existing.department_id != dept || existing.role != m.role {
         store.update_member(existing.id, dept, &m.role).await?;
         changed = true;
@@ -167,6 +179,7 @@ async fn api_key(a: &mut Applier<'_>, k: &ApiKeySpec) -> Result<(), ResourcesErr
         .member_by_email(&k.member)
         .await?
         .ok_or_else(|| StoreError::Corrupt(format!("member {:?} vanished while applying", k.member)))?;
+    let allowed = declared_models(&k.allowed_models);
     match store.key_by_name(member.id, &k.name).await? {
         None => {
             let plain = match &k.key {
@@ -179,7 +192,7 @@ async fn api_key(a: &mut Applier<'_>, k: &ApiKeySpec) -> Result<(), ResourcesErr
                     key
                 }
             };
-            store
+            let created = store
                 .create_key(
                     member.workspace_id,
                     member.id,
@@ -190,20 +203,41 @@ async fn api_key(a: &mut Applier<'_>, k: &ApiKeySpec) -> Result<(), ResourcesErr
                     a.now,
                 )
                 .await?;
+            if allowed.is_some() || k.max_in_flight.is_some() {
+                store
+                    .set_key_guardrails(created.id, allowed.as_deref(), k.max_in_flight)
+                    .await?;
+            }
             a.tally(true, false);
         }
         Some(existing) => {
             let new_hash = k.key.as_deref().map(crypto::hash_api_key);
-            let changed = new_hash.as_ref().is_some_and(|h| *h != existing.key_hash);
-            if let (true, Some(h), Some(plain)) = (changed, &new_hash, &k.key) {
+            let new_secret = new_hash.as_ref().is_some_and(|h| *h != existing.key_hash);
+            if let (true, Some(h), Some(plain)) = (new_secret, &new_hash, &k.key) {
                 store
                     .set_key_hash(existing.id, h, &crypto::display_prefix(plain))
                     .await?;
             }
-            a.tally(false, changed);
+            let new_guardrails =
+                existing.allowed_models != allowed || existing.max_in_flight != k.max_in_flight;
+            if new_guardrails {
+                store
+                    .set_key_guardrails(existing.id, allowed.as_deref(), k.max_in_flight)
+                    .await?;
+            }
+            a.tally(false, new_secret || new_guardrails);
         }
     }
     Ok(())
+}
+
+/// A declared model allow-list as stored (trimmed as `check` accepted it); none when absent, so
+/// the file states the whole of a key's or member's guardrails.
+fn declared_models(list: &Option<Vec<String>>) -> Option<String> {
+    let trimmed: Option<Vec<String>> = list
+        .as_ref()
+        .map(|l| l.iter().map(|m| m.trim().to_owned()).collect());
+    crate::caller::encode_model_list(trimmed.as_deref())
 }
 
 async fn upstream(
