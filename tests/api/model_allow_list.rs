@@ -75,6 +75,7 @@ both_backends!(
     key_and_member_lists_both_apply,
     the_fallback_chain_skips_models_the_key_may_not_call,
     the_admin_api_sets_and_clears_allow_lists,
+    the_resources_file_sets_both_guardrails,
 );
 
 async fn a_key_calls_only_the_models_its_list_allows(db: TestDb) {
@@ -309,6 +310,75 @@ async fn the_admin_api_sets_and_clears_allow_lists(db: TestDb) {
     assert_eq!(listed(&app, &plain).await, ["fast"]);
     app.stop().await;
 }
+
+async fn the_resources_file_sets_both_guardrails(db: TestDb) {
+    let declared = |models: &str, cap: u32| {
+        format!(
+            "[[member]]\nworkspace = \"acme\"\nemail = \"carol@acme.test\"\nrole = \"member\"\n\
+             allowed_models = [{models}]\nmax_in_flight = {cap}\n\
+             [[api_key]]\nmember = \"carol@acme.test\"\nname = \"svc\"\nkey = \"{CAROL}\"\n\
+             allowed_models = [\"gpt-4o-mini\", \"claude-*\"]\nmax_in_flight = 3\n"
+        )
+    };
+    let (app, _mock) = start(&db, &declared("\"gpt-*\", \"claude-sonnet\"", 5)).await;
+    let token = app.login(OWNER, OWNER_PASSWORD).await;
+    let read = |path: &'static str| {
+        let (app, token) = (&app, &token);
+        async move {
+            let (_, v) = admin(app, token, reqwest::Method::GET, path, None).await;
+            v["data"].as_array().unwrap().clone()
+        }
+    };
+    let carol = read("/admin/v1/members")
+        .await
+        .into_iter()
+        .find(|m| m["email"] == "carol@acme.test")
+        .unwrap();
+    assert_eq!(carol["allowed_models"], json!(["gpt-*", "claude-sonnet"]));
+    assert_eq!(carol["max_in_flight"], 5);
+    let svc = read("/admin/v1/keys")
+        .await
+        .into_iter()
+        .find(|k| k["name"] == "svc")
+        .unwrap();
+    assert_eq!(svc["allowed_models"], json!(["gpt-4o-mini", "claude-*"]));
+    assert_eq!(svc["max_in_flight"], 3);
+    assert_eq!(listed(&app, CAROL).await, ["claude-sonnet", "gpt-4o-mini"]);
+    let key_id = svc["id"].as_i64().unwrap();
+    let ok = call(&app, CAROL, "/v1/chat/completions", &chat("gpt-4o-mini", false)).await;
+    assert_eq!(ok.0, 200, "{}", ok.1);
+    assert_eq!(app.state.in_flight.count(aigw::caller::Guarded::Key, key_id), 0);
+    app.stop().await;
+
+    // Edited in the file: applied at the next start, in place.
+    let mock = MockUpstream::start().await.unwrap();
+    let edited = format!(
+        "{}\n[[member]]\nworkspace = \"acme\"\nemail = \"{OWNER}\"\nrole = \"owner\"\npassword = \"{OWNER_PASSWORD}\"\n{}",
+        resources(&mock),
+        declared("\"claude-sonnet\"", 7)
+    );
+    let app = spawn_app(&db, Setup::resources(edited)).await;
+    assert_eq!(listed(&app, CAROL).await, ["claude-sonnet"]);
+    assert_not_allowed(
+        &call(&app, CAROL, "/v1/chat/completions", &chat("gpt-4o-mini", false)).await,
+        "gpt-4o-mini",
+        "member",
+    );
+    let token = app.login(OWNER, OWNER_PASSWORD).await;
+    let (_, keys) = admin(
+        &app,
+        &token,
+        reqwest::Method::GET,
+        &format!("/admin/v1/keys/{key_id}"),
+        None,
+    )
+    .await;
+    assert_eq!(keys["name"], "svc", "the same key");
+    app.stop().await;
+}
+
+/// carol's key, declared with guardrails in the resources file.
+const CAROL: &str = "sk-aigw-CarolServiceKey0123456789abcdefg";
 
 /// An admin API call: status and JSON body.
 pub async fn admin(
