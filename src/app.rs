@@ -67,6 +67,8 @@ pub struct Inner {
     pub sessions: crate::admin::session::Sessions,
     /// Gateway API keys on the request path.
     pub keys: KeyResolver,
+    /// Requests in flight per capped key and member (per process: a cap holds per replica).
+    pub in_flight: crate::in_flight::InFlight,
     /// Queue of request logs for the batch writer.
     pub logs: LogSink,
     /// The HTTP client to upstreams (no retries of its own, no redirects); each serving thread
@@ -298,6 +300,7 @@ impl Gateway {
             policies: ArcSwap::from_pointee(policies),
             quota,
             keys: KeyResolver::new(),
+            in_flight: crate::in_flight::InFlight::default(),
             sessions,
             breakers,
             locks,

@@ -16,6 +16,10 @@ pub const MAX_SDK_WAIT_SECS: u64 = 60;
 /// `Retry-After` of a `store_unavailable` refusal.
 pub const STORE_RETRY_AFTER_SECS: u64 = 2;
 
+/// `Retry-After` of a `concurrency_limit` refusal: short, as a slot frees when any of the
+/// caller's requests ends.
+pub const CONCURRENCY_RETRY_AFTER_SECS: u64 = 2;
+
 /// What a quota refusal reports.
 #[derive(Debug)]
 pub struct QuotaRefusal {
@@ -112,6 +116,30 @@ pub enum ApiError {
     ModelNotFound {
         /// The model asked for.
         model: String,
+    },
+    /// The model is outside the key's or its member's allow-list (issue 25 item 3). Logged, and
+    /// counted toward the key's breaker like every gateway refusal.
+    #[error(
+        "the model `{model}` is not allowed for {}; GET /v1/models lists the models it may call",
+        .by.described()
+    )]
+    ModelNotAllowed {
+        /// The model asked for.
+        model: String,
+        /// Whose list refused it.
+        by: crate::caller::Guarded,
+    },
+    /// The key or its member already has `max_in_flight` requests in flight on this gateway
+    /// (issue 25 item 4). Logged, and counted toward the key's breaker like every gateway 429.
+    #[error(
+        "{} already has {limit} requests in flight, its max_in_flight; retry when one of them ends",
+        .by.described()
+    )]
+    ConcurrencyLimit {
+        /// Whose cap.
+        by: crate::caller::Guarded,
+        /// The cap.
+        limit: u32,
     },
     /// Malformed JSON, wrong types, missing fields.
     #[error("{message}")]
@@ -240,8 +268,11 @@ impl ApiError {
             ApiError::AuthThrottled { .. }
             | ApiError::QuotaExceeded(_)
             | ApiError::CircuitOpen { .. }
+            | ApiError::ConcurrencyLimit { .. }
             | ApiError::UpstreamQuotaExhausted { .. } => StatusCode::TOO_MANY_REQUESTS,
-            ApiError::KeyBanned { .. } | ApiError::Forbidden { .. } => StatusCode::FORBIDDEN,
+            ApiError::KeyBanned { .. } | ApiError::Forbidden { .. } | ApiError::ModelNotAllowed { .. } => {
+                StatusCode::FORBIDDEN
+            }
             ApiError::Conflict { .. } => StatusCode::CONFLICT,
             ApiError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::InvalidField { .. } => StatusCode::UNPROCESSABLE_ENTITY,
@@ -277,6 +308,8 @@ impl ApiError {
             ApiError::InvalidMetricsToken => "invalid_metrics_token",
             ApiError::AuthThrottled { .. } => "auth_rate_limited",
             ApiError::ModelNotFound { .. } => "model_not_found",
+            ApiError::ModelNotAllowed { .. } => "model_not_allowed",
+            ApiError::ConcurrencyLimit { .. } => "concurrency_limit",
             ApiError::InvalidRequest { .. } => "invalid_request_error",
             ApiError::RequestTooLarge { .. } => "request_too_large",
             ApiError::HeaderTooLarge { .. } => "request_header_too_large",
@@ -306,8 +339,11 @@ impl ApiError {
             ApiError::AuthThrottled { .. }
             | ApiError::QuotaExceeded(_)
             | ApiError::CircuitOpen { .. }
+            | ApiError::ConcurrencyLimit { .. }
             | ApiError::UpstreamQuotaExhausted { .. } => "rate_limit_error",
-            ApiError::KeyBanned { .. } | ApiError::Forbidden { .. } => "permission_error",
+            ApiError::KeyBanned { .. } | ApiError::Forbidden { .. } | ApiError::ModelNotAllowed { .. } => {
+                "permission_error"
+            }
             ApiError::Conflict { .. } | ApiError::InvalidField { .. } | ApiError::MethodNotAllowed { .. } => {
                 "invalid_request_error"
             }
@@ -339,6 +375,7 @@ impl ApiError {
             ApiError::TooManyConnections { .. } => Some(1),
             // The gateway checks the database every half second; most outages are restarts.
             ApiError::StoreUnavailable => Some(STORE_RETRY_AFTER_SECS),
+            ApiError::ConcurrencyLimit { .. } => Some(CONCURRENCY_RETRY_AFTER_SECS),
             _ => None,
         }
     }
@@ -355,6 +392,15 @@ impl ApiError {
             ApiError::InvalidRequest { param: Some(p), .. } => error["param"] = json!(p),
             ApiError::InvalidField { field, .. } => error["param"] = json!(field),
             ApiError::ModelNotFound { .. } => error["param"] = json!("model"),
+            ApiError::ModelNotAllowed { model, by } => {
+                error["param"] = json!("model");
+                error["model"] = json!(model);
+                error["subject"] = json!(by.as_str());
+            }
+            ApiError::ConcurrencyLimit { by, limit } => {
+                error["subject"] = json!(by.as_str());
+                error["limit"] = json!(limit);
+            }
             ApiError::QuotaExceeded(q) => {
                 error["subject"] = json!(q.subject);
                 error["metric"] = json!(q.metric);
@@ -520,6 +566,14 @@ mod tests {
             ApiError::Internal,
             ApiError::InvalidMetricsToken,
             ApiError::StoreUnavailable,
+            ApiError::ModelNotAllowed {
+                model: text(),
+                by: crate::caller::Guarded::Key,
+            },
+            ApiError::ConcurrencyLimit {
+                by: crate::caller::Guarded::Member,
+                limit: 2,
+            },
         ]
     }
 
@@ -552,6 +606,8 @@ mod tests {
             ApiError::Internal => 24,
             ApiError::InvalidMetricsToken => 25,
             ApiError::StoreUnavailable => 26,
+            ApiError::ModelNotAllowed { .. } => 27,
+            ApiError::ConcurrencyLimit { .. } => 28,
         }
     }
 
@@ -563,7 +619,7 @@ mod tests {
         assert_eq!(numbers, expected, "every_variant() lists each variant once");
         assert_eq!(
             numbers.len(),
-            27,
+            29,
             "a variant added to variant_number is listed too"
         );
     }

@@ -14,6 +14,7 @@ pub mod deadline;
 pub mod error;
 pub mod forwarded;
 pub mod idle_poll;
+pub mod in_flight;
 pub mod managed;
 pub mod mock_upstream;
 pub mod proxy;

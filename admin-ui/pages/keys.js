@@ -1,5 +1,7 @@
 // API keys: create (the key is shown once, with a copy button), budgets on my own keys (an
-// apikey guardrail), delete, and each key's breaker: trips, blocked-until countdown, banned.
+// apikey guardrail), the models a key may call and its cap on requests in flight (set by a
+// member on a new key of theirs, by owners and admins on any key), delete, and each key's
+// breaker: trips, blocked-until countdown, banned.
 
 import { api } from '../api.js';
 import {
@@ -7,6 +9,7 @@ import {
   field, select, handleSubmit, toast, busy, pageHeader, secretDialog, metricLabel, windowLabel, bar, idle,
 } from '../ui.js';
 import { metricWindowFields, validatePolicy, windowValue, editPolicy, deletePolicy } from './guardrails.js';
+import { limitsFields, validateLimits, limitsBody, limitsCell, editLimits } from './limits.js';
 
 /** The breaker's state; the cell is the button that opens its history. */
 function breakerCell(k) {
@@ -27,6 +30,7 @@ async function createKey(ctx, members) {
     if (ctx.role !== 'member' && members.length) {
       fields.push(field('For member', select('member_id', members.filter((m) => m.active !== false).map((m) => [m.id, m.email]), ctx.me.id)));
     }
+    fields.push(...limitsFields());
     const form = h('form.form', ...fields,
       h('div.actions', h('button', { type: 'button', onclick: () => close() }, 'Cancel'), h('button.primary', { type: 'submit' }, 'Create key')));
     handleSubmit(form, {
@@ -34,10 +38,13 @@ async function createKey(ctx, members) {
         const v = fd.get('name').trim();
         if (!v) return { name: 'Give the key a name.' };
         if (v.includes('/')) return { name: 'A key name cannot contain "/".' };
-        return null;
+        return validateLimits(fd);
       },
       send: async (fd) => {
         const body = { name: fd.get('name').trim() };
+        const limits = limitsBody(fd);
+        if (limits.allowed_models) body.allowed_models = limits.allowed_models;
+        if (limits.max_in_flight) body.max_in_flight = limits.max_in_flight;
         if (fd.get('member_id') && Number(fd.get('member_id')) !== ctx.me.id) body.member_id = Number(fd.get('member_id'));
         const created = await api.post('/keys', body);
         close(created);
@@ -144,6 +151,7 @@ export default {
               }));
             },
           },
+          { label: 'Limits', class: 'c-limits', cell: limitsCell },
           { label: 'Breaker', cell: breakerCell },
           {
             label: 'Actions',
@@ -151,6 +159,12 @@ export default {
             cell: (k) => [
               (ctx.role !== 'member' || k.created_by === ctx.me.id) // members budget only keys they created
                 ? h('button.small', { type: 'button', 'aria-label': `Budget of key ${k.name}`, onclick: () => budgetDialog(ctx, k, policies, load) }, 'Budget') : null,
+              ctx.role !== 'member' // a member sets a key's limits only when creating it
+                ? h('button.small', {
+                  type: 'button',
+                  'aria-label': `Limits of key ${k.name}`,
+                  onclick: async () => { if (await editLimits(k, { title: `Limits of key ${k.name}`, path: `/keys/${k.id}`, who: 'key', what: `Key ${k.name}` })) load(); },
+                }, 'Limits') : null,
               h('button.small.danger', {
                 type: 'button',
                 'aria-label': `Delete key ${k.name}`,

@@ -1,10 +1,12 @@
 // Members (owners and admins): invite (shows a one-time password), change role and department,
-// deactivate or reactivate, reset a password.
+// the models their keys may call and their cap on requests in flight, deactivate or reactivate,
+// reset a password.
 
 import { api } from '../api.js';
 import {
   h, clear, table, badge, managedBadge, confirmManaged, MANAGED_TEXT, alertBox, messageOf, fmtTime, dialog, confirmDialog, field, select, handleSubmit, toast, busy, pageHeader, secretDialog,
 } from '../ui.js';
+import { limitsFields, validateLimits, limitsBody, limitsCell, editLimits } from './limits.js';
 
 const ROLES = [['member', 'Member'], ['admin', 'Admin'], ['owner', 'Owner']];
 
@@ -15,11 +17,16 @@ async function invite(ctx, departments) {
       field('Email', h('input', { type: 'email', name: 'email', required: true, autocomplete: 'off' })),
       field('Role', select('role', roles, 'member'), 'Members manage their own keys; admins manage members, upstreams and models; owners everything.'),
       field('Department', select('department_id', [['', 'None'], ...departments.map((d) => [d.id, d.name])], '')),
+      ...limitsFields({}, { who: 'member' }),
       h('div.actions', h('button', { type: 'button', onclick: () => close() }, 'Cancel'), h('button.primary', { type: 'submit' }, 'Invite')));
     handleSubmit(form, {
+      validate: validateLimits,
       send: async (fd) => {
         const body = { email: fd.get('email').trim(), role: fd.get('role') };
         if (fd.get('department_id')) body.department_id = Number(fd.get('department_id'));
+        const limits = limitsBody(fd);
+        if (limits.allowed_models) body.allowed_models = limits.allowed_models;
+        if (limits.max_in_flight) body.max_in_flight = limits.max_in_flight;
         close(await api.post('/members', body));
       },
     });
@@ -69,30 +76,39 @@ export default {
               return sel;
             },
           },
+          { label: 'Limits', class: 'c-limits', cell: limitsCell },
           { label: 'Status', cell: (m) => (m.active === false ? badge('deactivated', 'neutral') : badge('active', 'ok')) },
           { label: 'Since', cell: (m) => fmtTime(m.created_at, { seconds: false }) },
           {
             label: 'Actions',
             class: 'actions-cell',
-            cell: (m) => (m.id === ctx.me.id ? h('span.muted', '—') : [
-              h('button.small', {
+            cell: (m) => [
+              // Only the owner sets the limits of owners and admins.
+              ctx.role === 'owner' || m.role === 'member' ? h('button.small', {
                 type: 'button',
-                'aria-label': `${m.active === false ? 'Reactivate' : 'Deactivate'} ${m.email}`,
-                onclick: async () => {
-                  if (m.active !== false && !(await confirmDialog('Deactivate member', `Deactivate ${m.email}? They cannot sign in and their keys stop working.`, { confirm: 'Deactivate' }))) return;
-                  patch(m, { active: m.active === false }, m.active === false ? 'reactivated' : 'deactivated');
-                },
-              }, m.active === false ? 'Reactivate' : 'Deactivate'),
-              h('button.small', {
-                type: 'button',
-                'aria-label': `Reset the password of ${m.email}`,
-                onclick: (e) => busy(e.currentTarget, async () => {
-                  if (!(await confirmDialog('Reset password', `Give ${m.email} a new one-time password? Their current password stops working.${m.managed_by ? ` ${MANAGED_TEXT}` : ''}`, { confirm: 'Reset password', danger: false }))) return;
-                  const r = await api.post(`/members/${m.id}/reset-password`);
-                  await secretDialog('New one-time password', `Give this password to ${m.email}; they should change it after signing in.`, r.one_time_password, 'One-time password');
-                }),
-              }, 'Reset password'),
-            ]),
+                'aria-label': `Limits of ${m.email}`,
+                onclick: async () => { if (await editLimits(m, { title: `Limits of ${m.email}`, path: `/members/${m.id}`, who: 'member', what: m.email })) load(); },
+              }, 'Limits') : null,
+              ...(m.id === ctx.me.id ? [] : [
+                h('button.small', {
+                  type: 'button',
+                  'aria-label': `${m.active === false ? 'Reactivate' : 'Deactivate'} ${m.email}`,
+                  onclick: async () => {
+                    if (m.active !== false && !(await confirmDialog('Deactivate member', `Deactivate ${m.email}? They cannot sign in and their keys stop working.`, { confirm: 'Deactivate' }))) return;
+                    patch(m, { active: m.active === false }, m.active === false ? 'reactivated' : 'deactivated');
+                  },
+                }, m.active === false ? 'Reactivate' : 'Deactivate'),
+                h('button.small', {
+                  type: 'button',
+                  'aria-label': `Reset the password of ${m.email}`,
+                  onclick: (e) => busy(e.currentTarget, async () => {
+                    if (!(await confirmDialog('Reset password', `Give ${m.email} a new one-time password? Their current password stops working.${m.managed_by ? ` ${MANAGED_TEXT}` : ''}`, { confirm: 'Reset password', danger: false }))) return;
+                    const r = await api.post(`/members/${m.id}/reset-password`);
+                    await secretDialog('New one-time password', `Give this password to ${m.email}; they should change it after signing in.`, r.one_time_password, 'One-time password');
+                  }),
+                }, 'Reset password'),
+              ]),
+            ],
           },
         ], members, { empty: 'No members yet.', caption: 'Members' }));
       } catch (err) {

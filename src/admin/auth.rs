@@ -168,6 +168,8 @@ pub async fn my_quota(State(state): State<AppState>, actor: Actor) -> AdminResul
         member_id: member.id,
         department_id: member.department_id,
         workspace_id: member.workspace_id,
+        models: Default::default(),
+        in_flight: Default::default(),
     };
     // Member, department and workspace quotas (no key: key id 0 matches no key policy).
     let d = state

@@ -9,8 +9,8 @@ use serde_json::{Value, json};
 
 use super::session::Actor;
 use super::{
-    AdminResult, Body, Id, audit, checked, config_changed, created, delete_policies, no_content, rfc3339,
-    store_error,
+    AdminResult, Body, Id, audit, checked, config_changed, created, delete_policies, double_option,
+    no_content, rfc3339, store_error,
 };
 use crate::app::AppState;
 use crate::breaker;
@@ -42,9 +42,47 @@ fn key_json(state: &AppState, k: &ApiKeyRow, members: &[MemberRow]) -> Value {
         "created_by": k.created_by,
         "created_at": k.created_at,
         "last_used_at": k.last_used_at,
+        "allowed_models": stored_models(k.allowed_models.as_deref()),
+        "max_in_flight": k.max_in_flight,
         "breaker": {"trips": trips, "banned": banned, "blocked_until": blocked_until.and_then(rfc3339)},
         "managed_by": state.managed.by(Kind::ApiKey, k.id),
     })
+}
+
+/// A stored model allow-list as the API shows it: the list, or null for every model.
+pub(super) fn stored_models(stored: Option<&str>) -> Value {
+    match crate::caller::decode_model_list(stored) {
+        Ok(list) => json!(list),
+        Err(e) => {
+            tracing::error!(error = %e, "unreadable model allow-list");
+            Value::Null
+        }
+    }
+}
+
+/// The guardrails beside quotas of a key or member, as stored, after a request that may change
+/// either (`None`: keep `before`'s; `Some(None)`: remove it).
+pub(super) fn guardrails(
+    allowed_models: Option<Option<Vec<String>>>,
+    max_in_flight: Option<Option<i64>>,
+    before: (Option<String>, Option<i64>),
+) -> AdminResult<(Option<String>, Option<i64>)> {
+    let allowed = match allowed_models {
+        None => before.0,
+        Some(None) => None,
+        Some(Some(list)) => {
+            let list = checked(
+                "allowed_models",
+                validate::allowed_models("allowed_models", &list),
+            )?;
+            crate::caller::encode_model_list(Some(&list))
+        }
+    };
+    let cap = match max_in_flight {
+        None => before.1,
+        Some(cap) => checked("max_in_flight", validate::max_in_flight("max_in_flight", cap))?,
+    };
+    Ok((allowed, cap))
 }
 
 async fn members(state: &AppState, actor: &Actor) -> AdminResult<Vec<MemberRow>> {
@@ -82,11 +120,20 @@ pub struct NewKey {
     /// Whose key: the actor's own if absent; a manager may name another member.
     #[serde(default)]
     member_id: Option<i64>,
+    /// The public models the key may call: names or trailing-`*` patterns; null: every model.
+    #[serde(default)]
+    allowed_models: Option<Vec<String>>,
+    /// The most requests the key may have in flight on one gateway; null: no cap.
+    #[serde(default)]
+    max_in_flight: Option<i64>,
 }
 
-/// `POST /admin/v1/keys` `{name, member_id?}` → the key, with its plaintext this once.
+/// `POST /admin/v1/keys` `{name, member_id?, allowed_models?, max_in_flight?}` → the key, with
+/// its plaintext this once.
 pub async fn create(State(state): State<AppState>, actor: Actor, Body(req): Body<NewKey>) -> AdminResult {
     let name = checked("name", validate::key_name("name", &req.name))?;
+    let (allowed_models, max_in_flight) =
+        guardrails(Some(req.allowed_models), Some(req.max_in_flight), (None, None))?;
     let owner_id = req.member_id.unwrap_or(actor.member.id);
     if owner_id != actor.member.id && !actor.manages() {
         return Err(ApiError::Forbidden {
@@ -112,7 +159,7 @@ pub async fn create(State(state): State<AppState>, actor: Actor, Body(req): Body
         });
     }
     let plaintext = crypto::generate_api_key();
-    let k = state
+    let mut k = state
         .store
         .create_key(
             actor.workspace_id(),
@@ -125,6 +172,15 @@ pub async fn create(State(state): State<AppState>, actor: Actor, Body(req): Body
         )
         .await
         .map_err(store_error)?;
+    if allowed_models.is_some() || max_in_flight.is_some() {
+        // Before the plaintext is shown: no request can use the key without its guardrails.
+        state
+            .store
+            .set_key_guardrails(k.id, allowed_models.as_deref(), max_in_flight)
+            .await
+            .map_err(store_error)?;
+        (k.allowed_models, k.max_in_flight) = (allowed_models, max_in_flight);
+    }
     let mut body = key_json(&state, &k, &members);
     audit(
         &state,
@@ -145,6 +201,59 @@ pub async fn get(State(state): State<AppState>, actor: Actor, Id(id): Id) -> Adm
     let k = visible_key(&state, &actor, id).await?;
     let members = members(&state, &actor).await?;
     Ok(Json(key_json(&state, &k, &members)).into_response())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KeyPatch {
+    /// A list, or null for every model; absent keeps the current one.
+    #[serde(default, with = "double_option")]
+    allowed_models: Option<Option<Vec<String>>>,
+    /// A cap, or null for none; absent keeps the current one.
+    #[serde(default, with = "double_option")]
+    max_in_flight: Option<Option<i64>>,
+}
+
+/// `PATCH /admin/v1/keys/{id}` `{allowed_models?, max_in_flight?}` (owner or admin): the key's
+/// guardrails beside quotas: from the key's next request here, within a second elsewhere. A
+/// member sets them only when creating a key, so cannot lift what an owner or admin set later.
+pub async fn update(
+    State(state): State<AppState>,
+    actor: Actor,
+    Id(id): Id,
+    Body(req): Body<KeyPatch>,
+) -> AdminResult {
+    let k = visible_key(&state, &actor, id).await?;
+    let (allowed_models, max_in_flight) = guardrails(
+        req.allowed_models,
+        req.max_in_flight,
+        (k.allowed_models.clone(), k.max_in_flight),
+    )?;
+    state
+        .store
+        .set_key_guardrails(k.id, allowed_models.as_deref(), max_in_flight)
+        .await
+        .map_err(store_error)?;
+    config_changed(&state).await?;
+    let members = members(&state, &actor).await?;
+    let before = key_json(&state, &k, &members);
+    let after = ApiKeyRow {
+        allowed_models,
+        max_in_flight,
+        ..k
+    };
+    let body = key_json(&state, &after, &members);
+    audit(
+        &state,
+        &actor,
+        "update",
+        "api_key",
+        id,
+        Some(before),
+        Some(body.clone()),
+    )
+    .await;
+    Ok(Json(body).into_response())
 }
 
 /// `DELETE /admin/v1/keys/{id}`: the key stops working on every gateway within a second; the

@@ -101,6 +101,7 @@ admin_routes! {
     get "/admin/v1/keys" Member => keys::list;
     post "/admin/v1/keys" Member => keys::create;
     get "/admin/v1/keys/{id}" Member => keys::get;
+    patch "/admin/v1/keys/{id}" Admin => keys::update;
     delete "/admin/v1/keys/{id}" Member => keys::delete;
     get "/admin/v1/keys/{id}/breaker" Member => keys::breaker;
 

@@ -214,6 +214,8 @@ pub fn member_json(state: &AppState, m: &MemberRow) -> Value {
         "role": m.role,
         "department_id": m.department_id,
         "active": m.active == 1,
+        "allowed_models": super::keys::stored_models(m.allowed_models.as_deref()),
+        "max_in_flight": m.max_in_flight,
         "created_at": m.created_at,
         "managed_by": state.managed.by(Kind::Member, m.id),
     })
@@ -287,9 +289,15 @@ pub struct Invite {
     role: String,
     #[serde(default)]
     department_id: Option<i64>,
+    /// The public models the member's keys may call; null: every model.
+    #[serde(default)]
+    allowed_models: Option<Vec<String>>,
+    /// The most requests the member's keys together may have in flight on one gateway.
+    #[serde(default)]
+    max_in_flight: Option<i64>,
 }
 
-/// `POST /admin/v1/members` `{email, role, department_id?}`: invites a member with a one-time
+/// `POST /admin/v1/members` `{email, role, department_id?, allowed_models?, max_in_flight?}`: invites a member with a one-time
 /// password, shown in this answer only.
 pub async fn invite_member(
     State(state): State<AppState>,
@@ -299,6 +307,11 @@ pub async fn invite_member(
     let email = checked("email", validate::email(req.email.trim()))?;
     let role = parse_role(&req.role)?;
     may_assign(&actor, None, role)?;
+    let (allowed_models, max_in_flight) =
+        super::keys::guardrails(Some(req.allowed_models), Some(req.max_in_flight), (None, None))?;
+    if allowed_models.is_some() || max_in_flight.is_some() {
+        may_guard(&actor, role)?;
+    }
     check_department(&state, &actor, req.department_id).await?;
     if state
         .store
@@ -313,7 +326,7 @@ pub async fn invite_member(
     }
     let password = crypto::generate_password();
     let hash = one_time_password_hash(&password).await?;
-    let m = state
+    let mut m = state
         .store
         .create_member(
             &NewMember {
@@ -327,6 +340,14 @@ pub async fn invite_member(
         )
         .await
         .map_err(store_error)?;
+    if allowed_models.is_some() || max_in_flight.is_some() {
+        state
+            .store
+            .set_member_guardrails(m.id, allowed_models.as_deref(), max_in_flight)
+            .await
+            .map_err(store_error)?;
+        (m.allowed_models, m.max_in_flight) = (allowed_models, max_in_flight);
+    }
     config_changed(&state).await?;
     audit(
         &state,
@@ -353,10 +374,28 @@ pub struct MemberPatch {
     department_id: Option<Option<i64>>,
     #[serde(default)]
     active: Option<bool>,
+    /// A list, or null for every model; absent keeps the current one.
+    #[serde(default, with = "double_option")]
+    allowed_models: Option<Option<Vec<String>>>,
+    /// A cap, or null for none; absent keeps the current one.
+    #[serde(default, with = "double_option")]
+    max_in_flight: Option<Option<i64>>,
 }
 
-/// `PATCH /admin/v1/members/{id}` `{role?, department_id?, active?}`. Deactivating signs the
-/// member out and stops their keys; the last active owner cannot be demoted or deactivated.
+/// Only the owner sets the guardrails of owners and admins; an admin those of members (as with
+/// member quotas).
+fn may_guard(actor: &Actor, role: Role) -> AdminResult<()> {
+    if actor.role() != Role::Owner && role != Role::Member {
+        return Err(ApiError::Forbidden {
+            message: "only the owner sets allowed models or max_in_flight on owners and admins".into(),
+        });
+    }
+    Ok(())
+}
+
+/// `PATCH /admin/v1/members/{id}` `{role?, department_id?, active?, allowed_models?,
+/// max_in_flight?}`. Deactivating signs the member out and stops their keys; the last active
+/// owner cannot be demoted or deactivated.
 pub async fn update_member(
     State(state): State<AppState>,
     actor: Actor,
@@ -387,11 +426,26 @@ pub async fn update_member(
             message: "the workspace's last active owner cannot be demoted or deactivated".into(),
         });
     }
+    let guarded = req.allowed_models.is_some() || req.max_in_flight.is_some();
+    if guarded {
+        may_guard(&actor, before.role())?;
+    }
+    let (allowed_models, max_in_flight) = super::keys::guardrails(
+        req.allowed_models,
+        req.max_in_flight,
+        (before.allowed_models.clone(), before.max_in_flight),
+    )?;
     let store = &state.store;
     store
         .update_member(id, department_id, role.as_str())
         .await
         .map_err(store_error)?;
+    if guarded {
+        store
+            .set_member_guardrails(id, allowed_models.as_deref(), max_in_flight)
+            .await
+            .map_err(store_error)?;
+    }
     if let Some(active) = req.active
         && active != (before.active == 1)
     {

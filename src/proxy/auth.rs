@@ -17,7 +17,7 @@ use moka::Expiry;
 use moka::future::Cache;
 
 use crate::app::AppState;
-use crate::caller::Caller;
+use crate::caller::{Caller, InFlightCaps, ModelAccess, decode_cap, decode_model_list};
 use crate::crypto;
 use crate::error::ApiError;
 use crate::store::{KeyStore, Store, StoreError};
@@ -217,15 +217,25 @@ async fn read(store: &Store, digest: KeyDigest) -> Result<Option<Arc<Caller>>, S
     let found = store
         .at_home(|s| async move { s.identity_by_hash(&hash).await })
         .await?;
-    Ok(found.filter(|k| k.member_active == 1).map(|k| {
-        Arc::new(Caller {
-            key_id: k.key_id,
-            key_name: k.key_name,
-            member_id: k.member_id,
-            department_id: k.department_id,
-            workspace_id: k.workspace_id,
-        })
-    }))
+    let Some(k) = found.filter(|k| k.member_active == 1) else {
+        return Ok(None);
+    };
+    let list = |stored: &Option<String>| decode_model_list(stored.as_deref()).map_err(StoreError::Corrupt);
+    Ok(Some(Arc::new(Caller {
+        models: ModelAccess {
+            key: list(&k.allowed_models)?,
+            member: list(&k.member_allowed_models)?,
+        },
+        in_flight: InFlightCaps {
+            key: decode_cap(k.max_in_flight),
+            member: decode_cap(k.member_max_in_flight),
+        },
+        key_id: k.key_id,
+        key_name: k.key_name,
+        member_id: k.member_id,
+        department_id: k.department_id,
+        workspace_id: k.workspace_id,
+    })))
 }
 
 /// The key from `Authorization: Bearer …` or `x-api-key`.

@@ -10,6 +10,7 @@ use metrics::{Counter, Histogram};
 use crate::app::AppState;
 use crate::caller::Caller;
 use crate::deadline::Missed;
+use crate::in_flight::InFlightGuard;
 use crate::quota::engine::QuotaDecision;
 use crate::request_log::LogRecord;
 use crate::translate::Translation;
@@ -156,6 +157,8 @@ pub struct Completion {
     /// The serving credential's in-flight slot, freed when this completion ends (finished, or
     /// dropped with the stream when the client goes away).
     slot: Option<Slot>,
+    /// The caller's place under its key's and member's `max_in_flight`, released the same way.
+    in_flight: Option<InFlightGuard>,
     /// Language of the gateway's own messages for this request.
     pub locale: crate::config::Locale,
 }
@@ -192,6 +195,7 @@ impl Completion {
             credential: None,
             quota: None,
             slot: None,
+            in_flight: None,
             locale: state_locale,
         }
     }
@@ -279,6 +283,11 @@ impl Completion {
         self.slot = Some(slot);
     }
 
+    /// Holds the caller's in-flight place until the request completes.
+    pub fn hold_in_flight(&mut self, guard: InFlightGuard) {
+        self.in_flight = Some(guard);
+    }
+
     /// What the attempts say, for the status explanation.
     pub fn attempts_summary(&self) -> String {
         self.attempts
@@ -315,6 +324,7 @@ impl Completion {
                 .count_tokens(credential, usage.total(), self.state.clock.now_ms());
         }
         self.slot = None;
+        self.in_flight = None;
         let r = &mut self.record;
         if let Some(why) = &outcome.invalid_usage {
             tracing::warn!(

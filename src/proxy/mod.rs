@@ -132,7 +132,18 @@ pub async fn handle(
     };
     completion.requested(&body.model, body.stream);
 
-    // 4. Quota pre-check: every policy on the key, member, department and workspace.
+    // 4. Model allow-list (the key's and its member's): before any quota or upstream work.
+    if let Err(by) = caller.models.check(&body.model) {
+        return refuse(
+            completion,
+            ApiError::ModelNotAllowed {
+                model: body.model,
+                by,
+            },
+        );
+    }
+
+    // 5. Quota pre-check: every policy on the key, member, department and workspace.
     let routes = state.routes.load();
     let workspace = routes.workspaces.get(&caller.workspace_id);
     let tz = state.timezone_of(caller.workspace_id);
@@ -160,14 +171,32 @@ pub async fn handle(
         return with_quota(refuse(completion, err), &quota, untouched, now);
     }
 
-    // 5. Route: the model and its fallback chain in the caller's workspace.
-    let chain = workspace.map(|ws| ws.chain(&body.model)).unwrap_or_default();
+    // 6. Concurrency cap (the key's and its member's `max_in_flight`, on this gateway): the
+    //    place is held until the request ends, its stream finished or cut included.
+    match state
+        .in_flight
+        .admit(caller.in_flight, caller.key_id, caller.member_id)
+    {
+        Ok(place) => completion.hold_in_flight(place),
+        Err(over) => {
+            let err = ApiError::ConcurrencyLimit {
+                by: over.by,
+                limit: over.limit,
+            };
+            return with_quota(refuse(completion, err), &quota, untouched, now);
+        }
+    }
+
+    // 7. Route: the model and its fallback chain in the caller's workspace, without the models
+    //    the caller may not call.
+    let mut chain = workspace.map(|ws| ws.chain(&body.model)).unwrap_or_default();
+    chain.retain(|m| caller.models.allows(&m.name));
     if chain.is_empty() {
         let resp = refuse(completion, ApiError::ModelNotFound { model: body.model });
         return with_quota(resp, &quota, untouched, now);
     }
 
-    // 6. Dispatch within the deadline (the whole answer, or a stream's first byte); failures are
+    // 8. Dispatch within the deadline (the whole answer, or a stream's first byte); failures are
     //    classified and the chain moves on.
     let strip_usage = body.stream
         && endpoint == Endpoint::ChatCompletions
@@ -186,7 +215,7 @@ pub async fn handle(
     )
     .await;
 
-    // 7. Respond; accounting runs when the response (or stream) is complete.
+    // 9. Respond; accounting runs when the response (or stream) is complete.
     match dispatched {
         Dispatched::Served {
             answer,
@@ -492,13 +521,13 @@ async fn my_quota(State(state): State<AppState>, Authenticated(caller): Authenti
     axum::Json(json!({"object": "list", "data": quota::report::rows(&decision)})).into_response()
 }
 
-/// `GET /v1/models`: the models the caller's workspace offers.
+/// `GET /v1/models`: the models the caller's workspace offers that the caller may call.
 async fn models(State(state): State<AppState>, Authenticated(caller): Authenticated) -> Response {
     let routes = state.routes.load();
     let mut names: Vec<&String> = routes
         .workspaces
         .get(&caller.workspace_id)
-        .map(|ws| ws.models.keys().collect())
+        .map(|ws| ws.models.keys().filter(|m| caller.models.allows(m)).collect())
         .unwrap_or_default();
     names.sort();
     let data: Vec<_> = names

@@ -193,6 +193,8 @@ mod tests {
                             member_id,
                             department_id,
                             workspace_id,
+                            models: Default::default(),
+                            in_flight: Default::default(),
                         };
                         let ids = |v: Vec<(&PolicyRule, i64)>| {
                             v.iter().map(|(r, s)| (r.id, *s)).collect::<Vec<_>>()

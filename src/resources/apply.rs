@@ -130,12 +130,19 @@ async fn members(a: &mut Applier<'_>, specs: &[MemberSpec]) -> Result<(), Resour
             .as_deref()
             .and_then(|d| a.index.department(ws, d))
             .map(|d| d.id);
+        let allowed = declared_models(&m.allowed_models);
         let Some(existing) = a.index.member(&m.email) else {
             new.push((m, ws, dept, m.password.as_deref().map(crypto::hash_password)));
             a.tally(true, false);
             continue;
         };
         let (id, mut changed) = (existing.id, false);
+        if existing.allowed_models != allowed || existing.max_in_flight != m.max_in_flight {
+            store
+                .set_member_guardrails(id, allowed.as_deref(), m.max_in_flight)
+                .await?;
+            changed = true;
+        }
         if existing.department_id != dept || existing.role != m.role {
             store.update_member(id, dept, &m.role).await?;
             changed = true;
@@ -151,25 +158,36 @@ async fn members(a: &mut Applier<'_>, specs: &[MemberSpec]) -> Result<(), Resour
         }
         a.tally(false, changed);
     }
-    if !new.is_empty() {
-        let rows: Vec<NewMember> = new
-            .iter()
-            .map(|(m, ws, dept, hash)| NewMember {
-                workspace_id: *ws,
-                department_id: *dept,
-                email: &m.email,
-                role: &m.role,
-                password_hash: hash.as_deref(),
-            })
-            .collect();
-        store.create_members(&rows, a.now).await?;
-        a.index.reload_members(store).await?;
+    if new.is_empty() {
+        return Ok(());
+    }
+    let rows: Vec<NewMember> = new
+        .iter()
+        .map(|(m, ws, dept, hash)| NewMember {
+            workspace_id: *ws,
+            department_id: *dept,
+            email: &m.email,
+            role: &m.role,
+            password_hash: hash.as_deref(),
+        })
+        .collect();
+    store.create_members(&rows, a.now).await?;
+    a.index.reload_members(store).await?;
+    for (m, ..) in &new {
+        let allowed = declared_models(&m.allowed_models);
+        if (allowed.is_some() || m.max_in_flight.is_some())
+            && let Some(created) = a.index.member(&m.email)
+        {
+            store
+                .set_member_guardrails(created.id, allowed.as_deref(), m.max_in_flight)
+                .await?;
+        }
     }
     Ok(())
 }
 
-/// Creates the keys the store lacks (in bulk) and replaces the secret of the others where the
-/// file names a new one.
+/// Creates the keys the store lacks (in bulk) and, for the others, replaces the secret where the
+/// file names a new one and sets the guardrails it states.
 async fn api_keys(a: &mut Applier<'_>, specs: &[ApiKeySpec]) -> Result<(), ResourcesError> {
     let store = a.store;
     // (workspace, member, hash, display prefix) of each key to create.
@@ -180,50 +198,74 @@ async fn api_keys(a: &mut Applier<'_>, specs: &[ApiKeySpec]) -> Result<(), Resou
             .member(&k.member)
             .ok_or_else(|| vanished("member", &k.member))?;
         let (ws, member_id) = (member.workspace_id, member.id);
-        match a.index.key(member_id, &k.name) {
-            None => {
-                let plain = match &k.key {
-                    Some(key) => key.clone(),
-                    None => {
-                        let key = crypto::generate_api_key();
-                        a.summary
-                            .generated_keys
-                            .push((format!("{}/{}", k.member, k.name), key.clone()));
-                        key
-                    }
-                };
-                let (hash, prefix) = (crypto::hash_api_key(&plain), crypto::display_prefix(&plain));
-                new.push((k, ws, member_id, hash, prefix));
-                a.tally(true, false);
-            }
-            Some(existing) => {
-                let new_hash = k.key.as_deref().map(crypto::hash_api_key);
-                let changed = new_hash.as_ref().is_some_and(|h| *h != existing.key_hash);
-                if let (true, Some(h), Some(plain)) = (changed, &new_hash, &k.key) {
-                    store
-                        .set_key_hash(existing.id, h, &crypto::display_prefix(plain))
-                        .await?;
+        let Some(existing) = a.index.key(member_id, &k.name) else {
+            let plain = match &k.key {
+                Some(key) => key.clone(),
+                None => {
+                    let key = crypto::generate_api_key();
+                    a.summary
+                        .generated_keys
+                        .push((format!("{}/{}", k.member, k.name), key.clone()));
+                    key
                 }
-                a.tally(false, changed);
-            }
+            };
+            let (hash, prefix) = (crypto::hash_api_key(&plain), crypto::display_prefix(&plain));
+            new.push((k, ws, member_id, hash, prefix));
+            a.tally(true, false);
+            continue;
+        };
+        let new_hash = k.key.as_deref().map(crypto::hash_api_key);
+        let new_secret = new_hash.as_ref().is_some_and(|h| *h != existing.key_hash);
+        if let (true, Some(h), Some(plain)) = (new_secret, &new_hash, &k.key) {
+            store
+                .set_key_hash(existing.id, h, &crypto::display_prefix(plain))
+                .await?;
+        }
+        let allowed = declared_models(&k.allowed_models);
+        let new_guardrails = existing.allowed_models != allowed || existing.max_in_flight != k.max_in_flight;
+        if new_guardrails {
+            store
+                .set_key_guardrails(existing.id, allowed.as_deref(), k.max_in_flight)
+                .await?;
+        }
+        a.tally(false, new_secret || new_guardrails);
+    }
+    if new.is_empty() {
+        return Ok(());
+    }
+    let rows: Vec<NewKey> = new
+        .iter()
+        .map(|(k, ws, member_id, hash, prefix)| NewKey {
+            workspace_id: *ws,
+            member_id: *member_id,
+            created_by: Some(*member_id),
+            name: &k.name,
+            key_hash: hash,
+            prefix,
+        })
+        .collect();
+    store.create_keys(&rows, a.now).await?;
+    a.index.reload_keys(store).await?;
+    for (k, _, member_id, ..) in &new {
+        let allowed = declared_models(&k.allowed_models);
+        if (allowed.is_some() || k.max_in_flight.is_some())
+            && let Some(created) = a.index.key(*member_id, &k.name)
+        {
+            store
+                .set_key_guardrails(created.id, allowed.as_deref(), k.max_in_flight)
+                .await?;
         }
     }
-    if !new.is_empty() {
-        let rows: Vec<NewKey> = new
-            .iter()
-            .map(|(k, ws, member_id, hash, prefix)| NewKey {
-                workspace_id: *ws,
-                member_id: *member_id,
-                created_by: Some(*member_id),
-                name: &k.name,
-                key_hash: hash,
-                prefix,
-            })
-            .collect();
-        store.create_keys(&rows, a.now).await?;
-        a.index.reload_keys(store).await?;
-    }
     Ok(())
+}
+
+/// A declared model allow-list as stored (trimmed as `check` accepted it); none when absent, so
+/// the file states the whole of a key's or member's guardrails.
+fn declared_models(list: &Option<Vec<String>>) -> Option<String> {
+    let trimmed: Option<Vec<String>> = list
+        .as_ref()
+        .map(|l| l.iter().map(|m| m.trim().to_owned()).collect());
+    crate::caller::encode_model_list(trimmed.as_deref())
 }
 
 async fn upstream(

@@ -174,6 +174,7 @@ fn member<'f>(
     if let Some(p) = &m.password {
         validate::password("password", p).map_err(e)?;
     }
+    guardrails(&m.allowed_models, m.max_in_flight).map_err(e)?;
     if known.declared_twice(format!("member/{}", m.email)) {
         return Err(e(format!("member {:?} is declared twice", m.email)));
     }
@@ -200,10 +201,20 @@ fn api_key(ctx: &Ctx<'_>, known: &mut Known<'_>, i: usize, k: &ApiKeySpec) -> Re
             "key must be \"sk-aigw-\" followed by 32 letters or digits".into()
         ));
     }
+    guardrails(&k.allowed_models, k.max_in_flight).map_err(e)?;
     if known.declared_twice(format!("key/{label}")) {
         return Err(e(format!("key {label:?} is declared twice")));
     }
     known.keys.insert(label);
+    Ok(())
+}
+
+/// A key's or member's guardrails beside quotas: the model allow-list and the concurrency cap.
+fn guardrails(allowed_models: &Option<Vec<String>>, max_in_flight: Option<i64>) -> Result<(), String> {
+    if let Some(list) = allowed_models {
+        validate::allowed_models("allowed_models", list)?;
+    }
+    validate::max_in_flight("max_in_flight", max_in_flight)?;
     Ok(())
 }
 

@@ -46,6 +46,11 @@ pub(super) struct MemberSpec {
     pub(super) email: String,
     pub(super) role: String,
     pub(super) password: Option<String>,
+    /// The public models the member's keys may call (names or trailing-`*` patterns); every
+    /// model when absent.
+    pub(super) allowed_models: Option<Vec<String>>,
+    /// The most requests the member's keys together may have in flight on one gateway.
+    pub(super) max_in_flight: Option<i64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -54,6 +59,11 @@ pub(super) struct ApiKeySpec {
     pub(super) member: String,
     pub(super) name: String,
     pub(super) key: Option<String>,
+    /// The public models the key may call (names or trailing-`*` patterns); every model when
+    /// absent.
+    pub(super) allowed_models: Option<Vec<String>>,
+    /// The most requests the key may have in flight on one gateway.
+    pub(super) max_in_flight: Option<i64>,
 }
 
 #[derive(Debug, Deserialize)]

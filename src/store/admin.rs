@@ -150,7 +150,13 @@ pub trait AdminStore {
     where
         T: for<'r> sqlx::FromRow<'r, sqlx::any::AnyRow> + Send + Unpin;
     /// A page of `table`'s rows in `workspace_id`: ids above `after`, ascending, at most `limit`.
-    async fn page_in<T>(&self, table: Table, workspace_id: i64, after: i64, limit: i64) -> StoreResult<Vec<T>>
+    async fn page_in<T>(
+        &self,
+        table: Table,
+        workspace_id: i64,
+        after: i64,
+        limit: i64,
+    ) -> StoreResult<Vec<T>>
     where
         T: for<'r> sqlx::FromRow<'r, sqlx::any::AnyRow> + Send + Unpin;
     /// The rows of `table` in `workspace_id` with these ids (a page's references).
@@ -239,7 +245,10 @@ impl AdminStore for Store {
     {
         let mut rows = Vec::with_capacity(ids.len());
         for chunk in ids.chunks(500) {
-            let mut b = SqlBuilder::new(self, &format!("SELECT * FROM {} WHERE workspace_id = ", table.name()));
+            let mut b = SqlBuilder::new(
+                self,
+                &format!("SELECT * FROM {} WHERE workspace_id = ", table.name()),
+            );
             b.bind(workspace_id).push(" AND id IN (");
             for (i, id) in chunk.iter().enumerate() {
                 if i > 0 {

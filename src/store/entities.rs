@@ -86,6 +86,11 @@ pub struct MemberRow {
     pub created_at: i64,
     /// Bumped by sign-out and password change: tokens issued under an older epoch are refused.
     pub session_epoch: i64,
+    /// JSON list of the public models (names or trailing-`*` patterns) the member's keys may
+    /// call; none: every model.
+    pub allowed_models: Option<String>,
+    /// Most requests the member's keys together may have in flight on one gateway; none: no cap.
+    pub max_in_flight: Option<i64>,
 }
 
 impl MemberRow {
@@ -116,6 +121,11 @@ pub struct ApiKeyRow {
     pub created_at: i64,
     /// Unix ms of the last authenticated request.
     pub last_used_at: Option<i64>,
+    /// JSON list of the public models (names or trailing-`*` patterns) the key may call; none:
+    /// every model.
+    pub allowed_models: Option<String>,
+    /// Most requests the key may have in flight on one gateway; none: no cap.
+    pub max_in_flight: Option<i64>,
 }
 
 /// An upstream credential (channel), with its secret still sealed.

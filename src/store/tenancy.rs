@@ -145,6 +145,13 @@ pub trait MemberStore {
     async fn all_members(&self) -> StoreResult<Vec<MemberRow>>;
     /// Sets department and role.
     async fn update_member(&self, id: i64, department_id: Option<i64>, role: &str) -> StoreResult<()>;
+    /// Sets a member's guardrails: the model allow-list (JSON) and concurrency cap of their keys.
+    async fn set_member_guardrails(
+        &self,
+        id: i64,
+        allowed_models: Option<&str>,
+        max_in_flight: Option<i64>,
+    ) -> StoreResult<()>;
     /// Sets the password hash.
     async fn set_member_password(&self, id: i64, password_hash: &str) -> StoreResult<()>;
     /// How many active owners exist across all workspaces.
@@ -211,6 +218,20 @@ impl MemberStore for Store {
             .await?;
         Ok(())
     }
+    async fn set_member_guardrails(
+        &self,
+        id: i64,
+        allowed_models: Option<&str>,
+        max_in_flight: Option<i64>,
+    ) -> StoreResult<()> {
+        sqlx::query("UPDATE members SET allowed_models = $1, max_in_flight = $2 WHERE id = $3")
+            .bind(allowed_models)
+            .bind(max_in_flight)
+            .bind(id)
+            .execute(self.pool())
+            .await?;
+        Ok(())
+    }
     async fn set_member_password(&self, id: i64, password_hash: &str) -> StoreResult<()> {
         sqlx::query("UPDATE members SET password_hash = $1 WHERE id = $2")
             .bind(password_hash)
@@ -266,6 +287,14 @@ pub struct KeyIdentity {
     pub created_by: Option<i64>,
     /// Member still active (1) or deactivated (0).
     pub member_active: i64,
+    /// The key's model allow-list (JSON), if any.
+    pub allowed_models: Option<String>,
+    /// The key's concurrency cap, if any.
+    pub max_in_flight: Option<i64>,
+    /// The member's model allow-list (JSON), if any.
+    pub member_allowed_models: Option<String>,
+    /// The member's concurrency cap, if any.
+    pub member_max_in_flight: Option<i64>,
 }
 
 /// Gateway API keys.
@@ -294,6 +323,13 @@ pub trait KeyStore {
     async fn create_keys(&self, keys: &[NewKey<'_>], now: i64) -> StoreResult<()>;
     /// Every key of every workspace (the resources file's index).
     async fn all_keys(&self) -> StoreResult<Vec<ApiKeyRow>>;
+    /// Sets a key's guardrails: its model allow-list (JSON) and concurrency cap.
+    async fn set_key_guardrails(
+        &self,
+        id: i64,
+        allowed_models: Option<&str>,
+        max_in_flight: Option<i64>,
+    ) -> StoreResult<()>;
     /// Replaces a key's hash (a resources file that names a new key for the same name).
     async fn set_key_hash(&self, id: i64, key_hash: &str, prefix: &str) -> StoreResult<()>;
     /// Deletes a key.
@@ -308,7 +344,8 @@ impl KeyStore for Store {
     async fn identity_by_hash(&self, key_hash: &str) -> StoreResult<Option<KeyIdentity>> {
         Ok(sqlx::query_as(
             "SELECT k.id AS key_id, k.name AS key_name, k.member_id, m.department_id, k.workspace_id,
-                    k.created_by, m.active AS member_active
+                    k.created_by, m.active AS member_active, k.allowed_models, k.max_in_flight,
+                    m.allowed_models AS member_allowed_models, m.max_in_flight AS member_max_in_flight
              FROM api_keys k JOIN members m ON m.id = k.member_id
              WHERE k.key_hash = $1",
         )
@@ -377,6 +414,20 @@ impl KeyStore for Store {
         Ok(sqlx::query_as("SELECT * FROM api_keys")
             .fetch_all(self.pool())
             .await?)
+    }
+    async fn set_key_guardrails(
+        &self,
+        id: i64,
+        allowed_models: Option<&str>,
+        max_in_flight: Option<i64>,
+    ) -> StoreResult<()> {
+        sqlx::query("UPDATE api_keys SET allowed_models = $1, max_in_flight = $2 WHERE id = $3")
+            .bind(allowed_models)
+            .bind(max_in_flight)
+            .bind(id)
+            .execute(self.pool())
+            .await?;
+        Ok(())
     }
     async fn set_key_hash(&self, id: i64, key_hash: &str, prefix: &str) -> StoreResult<()> {
         sqlx::query("UPDATE api_keys SET key_hash = $1, prefix = $2 WHERE id = $3")

@@ -274,6 +274,25 @@ const BAD_FILES: &[(&str, &str, &[&str])] = &[
         &["line 2", "invalid type"],
     ),
     ("not toml", "[[workspace\nname=", &["resources file"]),
+    (
+        "empty allow-list",
+        "[[workspace]]\nname = \"acme\"\n[[member]]\nworkspace = \"acme\"\nemail = \"a@acme.test\"\nrole = \"member\"\n[[api_key]]\nmember = \"a@acme.test\"\nname = \"k\"\nallowed_models = []\n",
+        &[
+            "[[api_key]] #1",
+            "line 7",
+            "allowed_models must list at least one model",
+        ],
+    ),
+    (
+        "star inside a pattern",
+        "[[workspace]]\nname = \"acme\"\n[[member]]\nworkspace = \"acme\"\nemail = \"a@acme.test\"\nrole = \"member\"\nallowed_models = [\"gpt-*-mini\"]\n",
+        &["[[member]] #1", "line 3", "\"gpt-*-mini\"", "a * may only end it"],
+    ),
+    (
+        "zero in flight",
+        "[[workspace]]\nname = \"acme\"\n[[member]]\nworkspace = \"acme\"\nemail = \"a@acme.test\"\nrole = \"member\"\nmax_in_flight = 0\n",
+        &["[[member]] #1", "max_in_flight must be between 1 and 1000000"],
+    ),
 ];
 
 async fn bad_files_are_refused_and_change_nothing(db: TestDb) {

@@ -434,6 +434,95 @@ async function settle(p) {
   await p.locator('#main p.loading').first().waitFor({ state: 'detached' }).catch(() => {});
 }
 
+test('owner: limits a key and a member to some models and a number in flight; the proxy refuses the rest', async () => {
+  const p = await page();
+  await signIn(p, OWNER);
+  const json = { 'content-type': 'application/json' };
+  const ownerToken = await p.evaluate(() => sessionStorage.getItem('aigw.console.token'));
+  const asOwner = (path, init = {}) => fetch(`${stack.base}/admin/v1${path}`, { ...init, headers: { ...json, authorization: `Bearer ${ownerToken}` } });
+
+  // A new key with an allow-list and a cap, from the create form; a bad pattern is refused there.
+  await nav(p, 'API keys');
+  await p.getByRole('button', { name: 'New API key' }).click();
+  const dlg = p.getByRole('dialog', { name: 'New API key' });
+  await dlg.getByLabel('Name').fill('limited');
+  await dlg.getByLabel('Allowed models').fill('gpt-*-mini');
+  await dlg.getByRole('button', { name: 'Create key' }).click();
+  await dlg.locator('.field-error').filter({ hasText: 'may only end a pattern' }).waitFor();
+  assert.equal(await dlg.getByLabel('Allowed models').getAttribute('aria-invalid'), 'true');
+  await dlg.getByLabel('Allowed models').fill('gpt-4o*, fast');
+  await dlg.getByLabel('Max in flight').fill('2');
+  await dlg.getByRole('button', { name: 'Create key' }).click();
+  const shown = p.getByRole('dialog', { name: 'Your new API key' });
+  const key = await shown.getByLabel('API key').inputValue();
+  await shown.getByRole('button', { name: 'Done' }).click();
+  const row = p.getByRole('row').filter({ hasText: 'limited' });
+  await row.getByText('gpt-4o*, fast').waitFor();
+  await row.getByText('≤ 2 in flight').waitFor();
+  await shot(p, 'owner-key-limits');
+
+  const allowed = await chat(stack, key, 'gpt-4o-mini');
+  assert.equal(allowed.status, 200, JSON.stringify(allowed.body));
+  const refused = await chat(stack, key, 'claude-sonnet');
+  assert.equal(refused.status, 403, JSON.stringify(refused.body));
+  assert.equal(refused.body.error.code, 'model_not_allowed');
+  assert.equal(refused.body.error.param, 'model');
+  assert.equal(refused.body.error.model, 'claude-sonnet');
+  const models = await (await fetch(`${stack.base}/v1/models`, { headers: { authorization: `Bearer ${key}` } })).json();
+  assert.ok(models.data.length > 0);
+  assert.deepEqual(models.data.map((m) => m.id).filter((id) => !id.startsWith('gpt-4o') && id !== 'fast'), [], 'only allowed models listed');
+
+  // Edited from the row: another list, no cap.
+  await row.getByRole('button', { name: 'Limits of key limited' }).click();
+  const edit = p.getByRole('dialog', { name: 'Limits of key limited' });
+  assert.equal(await edit.getByLabel('Allowed models').inputValue(), 'gpt-4o*, fast');
+  assert.equal(await edit.getByLabel('Max in flight').inputValue(), '2');
+  await edit.getByLabel('Allowed models').fill('claude-*');
+  await edit.getByLabel('Max in flight').fill('');
+  await edit.getByRole('button', { name: 'Save limits' }).click();
+  await edit.waitFor({ state: 'detached' });
+  await row.getByText('claude-*').waitFor();
+  await row.getByText('no cap').waitFor();
+  const now = await chat(stack, key, 'gpt-4o-mini');
+  assert.equal(now.status, 403, 'the new list applies to the next request');
+  const keys = (await (await asOwner('/keys')).json()).data;
+  const limited = keys.find((k) => k.name === 'limited');
+  assert.deepEqual([limited.allowed_models, limited.max_in_flight], [['claude-*'], null]);
+
+  // A member invited with limits, then changed from the Members page; their keys follow them.
+  await nav(p, 'Members');
+  await p.getByRole('button', { name: 'Invite member' }).click();
+  const invite = p.getByRole('dialog', { name: 'Invite a member' });
+  await invite.getByLabel('Email').fill('lin@acme.test');
+  await invite.getByLabel('Allowed models').fill('gpt-4o-mini');
+  await invite.getByLabel('Max in flight').fill('0');
+  await invite.getByRole('button', { name: 'Invite' }).click();
+  await invite.locator('.field-error').first().waitFor(); // refused before sending
+  assert.equal(await invite.getByLabel('Max in flight').getAttribute('aria-invalid'), 'true');
+  await invite.getByLabel('Max in flight').fill('3');
+  await invite.getByRole('button', { name: 'Invite' }).click();
+  const otp = p.getByRole('dialog', { name: 'Member invited' });
+  await otp.getByRole('button', { name: 'Done' }).click();
+  const linRow = p.getByRole('row').filter({ hasText: 'lin@acme.test' });
+  await linRow.getByText('≤ 3 in flight').waitFor();
+  await linRow.getByRole('button', { name: 'Limits of lin@acme.test' }).click();
+  const memberEdit = p.getByRole('dialog', { name: 'Limits of lin@acme.test' });
+  await memberEdit.getByLabel('Max in flight').fill('5');
+  await memberEdit.getByRole('button', { name: 'Save limits' }).click();
+  await memberEdit.waitFor({ state: 'detached' });
+  await linRow.getByText('≤ 5 in flight').waitFor();
+  await shot(p, 'owner-member-limits');
+  const lin = (await (await asOwner('/members')).json()).data.find((m) => m.email === 'lin@acme.test');
+  assert.deepEqual([lin.allowed_models, lin.max_in_flight], [['gpt-4o-mini'], 5]);
+  const made = await asOwner('/keys', { method: 'POST', body: JSON.stringify({ name: 'lin-app', member_id: lin.id }) });
+  assert.equal(made.status, 201);
+  const linKey = (await made.json()).key;
+  const byMember = await chat(stack, linKey, 'claude-sonnet');
+  assert.equal(byMember.status, 403);
+  assert.equal(byMember.body.error.subject, 'member');
+  assert.equal((await chat(stack, linKey, 'gpt-4o-mini')).status, 200);
+});
+
 test('every page at 390, 1280 and 1920 px: screenshots, and nothing wider than its box', async () => {
   const failures = [];
   for (const [width, height] of WIDTHS) {
