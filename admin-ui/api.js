@@ -105,7 +105,8 @@ export const api = {
     const all = [];
     let cursor;
     do {
-      const r = await request(path, { query: cursor === undefined ? query : { ...query, cursor } });
+      // After a first page of the default size, the rest in pages of the most a page holds.
+      const r = await request(path, { query: cursor === undefined ? query : { ...query, cursor, limit: 1000 } });
       if (Array.isArray(r)) return r;
       all.push(...(r && Array.isArray(r.data) ? r.data : []));
       cursor = r && r.next_cursor != null ? r.next_cursor : undefined;

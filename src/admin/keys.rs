@@ -9,8 +9,8 @@ use serde_json::{Value, json};
 
 use super::session::Actor;
 use super::{
-    AdminResult, Body, Id, audit, checked, config_changed, created, delete_policies, double_option,
-    no_content, rfc3339, store_error,
+    AdminResult, Body, Id, Page, Params, audit, checked, config_changed, created, delete_policies,
+    double_option, no_content, page_of, rfc3339, store_error,
 };
 use crate::app::AppState;
 use crate::breaker;
@@ -93,24 +93,38 @@ async fn members(state: &AppState, actor: &Actor) -> AdminResult<Vec<MemberRow>>
         .map_err(store_error)
 }
 
-/// `GET /admin/v1/keys`: the actor's keys, or every key of the workspace for a manager.
-pub async fn list(State(state): State<AppState>, actor: Actor) -> AdminResult {
+/// `GET /admin/v1/keys`: the actor's keys, or every key of the workspace for a manager, a page
+/// at a time.
+pub async fn list(State(state): State<AppState>, actor: Actor, Params(page): Params<Page>) -> AdminResult {
+    let (after, limit) = page.bounds()?;
+    let ws = actor.workspace_id();
     let keys: Vec<ApiKeyRow> = if actor.manages() {
         state
             .store
-            .rows_in(Table::ApiKeys, actor.workspace_id())
+            .page_in(Table::ApiKeys, ws, after, limit + 1)
             .await
             .map_err(store_error)?
     } else {
-        state
+        let mut own = state
             .store
             .keys_of_member(actor.member.id)
             .await
-            .map_err(store_error)?
+            .map_err(store_error)?;
+        own.retain(|k| k.id > after);
+        own.sort_unstable_by_key(|k| k.id);
+        own
     };
-    let members = members(&state, &actor).await?;
+    let (keys, next_cursor) = page_of(keys, limit, |k| k.id);
+    let mut member_ids: Vec<i64> = keys.iter().map(|k| k.member_id).collect();
+    member_ids.sort_unstable();
+    member_ids.dedup();
+    let members: Vec<MemberRow> = state
+        .store
+        .rows_with_ids(Table::Members, ws, &member_ids)
+        .await
+        .map_err(store_error)?;
     let data: Vec<Value> = keys.iter().map(|k| key_json(&state, k, &members)).collect();
-    Ok(Json(json!({ "data": data })).into_response())
+    Ok(Json(json!({ "data": data, "next_cursor": next_cursor })).into_response())
 }
 
 #[derive(Deserialize)]

@@ -388,6 +388,44 @@ pub mod double_option {
 }
 
 /// `201 Created` with a JSON body.
+/// `?cursor=&limit=` of a list that grows with the tenancy (keys, members, policies, upstreams,
+/// models): the rows with ids above `cursor`, at most `limit` (1–1,000, default 100), in id order;
+/// the answer's `next_cursor` fetches the next page (null after the last).
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Page {
+    #[serde(default)]
+    cursor: Option<i64>,
+    #[serde(default)]
+    limit: Option<i64>,
+}
+
+/// Rows a page holds unless `limit` says otherwise.
+const PAGE_ROWS: i64 = 100;
+
+impl Page {
+    /// The id after which the page starts, and how many rows it holds at most.
+    pub fn bounds(&self) -> AdminResult<(i64, i64)> {
+        let limit = self.limit.unwrap_or(PAGE_ROWS);
+        if !(1..=1000).contains(&limit) {
+            return Err(ApiError::field("limit", "limit must be between 1 and 1000"));
+        }
+        Ok((self.cursor.unwrap_or(0).max(0), limit))
+    }
+}
+
+/// One page's rows, read with one row more than `limit` to know whether another page follows:
+/// the rows to show and the `next_cursor` (the last shown id, when more follow).
+pub fn page_of<T>(mut rows: Vec<T>, limit: i64, id: impl Fn(&T) -> i64) -> (Vec<T>, Option<i64>) {
+    if rows.len() as i64 > limit {
+        rows.truncate(limit as usize);
+        let next = rows.last().map(&id);
+        (rows, next)
+    } else {
+        (rows, None)
+    }
+}
+
 pub fn created(body: serde_json::Value) -> Response {
     (axum::http::StatusCode::CREATED, axum::Json(body)).into_response()
 }

@@ -6,6 +6,8 @@
 //! every budget on the keys they created but changes or deletes only the ones they set
 //! themselves: a limit an owner or admin put over them (or the file declares) is theirs to keep.
 
+use std::collections::HashMap;
+
 use axum::Json;
 use axum::extract::State;
 use axum::response::IntoResponse;
@@ -13,7 +15,9 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::session::Actor;
-use super::{AdminResult, Body, Id, Params, audit, config_changed, created, no_content, store_error};
+use super::{
+    AdminResult, Body, Id, Page, Params, audit, config_changed, created, no_content, page_of, store_error,
+};
 use crate::app::AppState;
 use crate::error::ApiError;
 use crate::managed::Kind;
@@ -24,18 +28,58 @@ use crate::store::{
     AdminStore, ApiKeyRow, Department, MemberRow, PolicyRow, PolicyStore, Role, Table, WorkspaceStore,
 };
 
-/// The workspace's members, keys and departments: what policies name.
+/// The workspace's members, keys and departments, by id: what policies name.
 struct Names {
     workspace_id: i64,
     workspace: String,
-    members: Vec<MemberRow>,
-    keys: Vec<ApiKeyRow>,
-    departments: Vec<Department>,
+    members: HashMap<i64, MemberRow>,
+    keys: HashMap<i64, ApiKeyRow>,
+    departments: HashMap<i64, Department>,
 }
 
 impl Names {
+    /// Every member, key and department of workspace `ws`.
     async fn load(state: &AppState, ws: i64) -> AdminResult<Names> {
         let store = &state.store;
+        let members: Vec<MemberRow> = store.rows_in(Table::Members, ws).await.map_err(store_error)?;
+        let keys: Vec<ApiKeyRow> = store.rows_in(Table::ApiKeys, ws).await.map_err(store_error)?;
+        Names::of(state, ws, members, keys).await
+    }
+
+    /// What the policies `rows` of workspace `ws` name: their target members and keys, the
+    /// members of those keys, and every department (a page of the list needs no more).
+    async fn of_policies(state: &AppState, ws: i64, rows: &[PolicyRow]) -> AdminResult<Names> {
+        let store = &state.store;
+        let targets = |subject: &str| -> Vec<i64> {
+            rows.iter()
+                .filter(|p| p.subject == subject && p.target_id != 0)
+                .map(|p| p.target_id)
+                .collect()
+        };
+        let keys: Vec<ApiKeyRow> = store
+            .rows_with_ids(Table::ApiKeys, ws, &targets("apikey"))
+            .await
+            .map_err(store_error)?;
+        let mut member_ids = targets("member");
+        member_ids.extend(keys.iter().map(|k| k.member_id));
+        member_ids.sort_unstable();
+        member_ids.dedup();
+        let members: Vec<MemberRow> = store
+            .rows_with_ids(Table::Members, ws, &member_ids)
+            .await
+            .map_err(store_error)?;
+        Names::of(state, ws, members, keys).await
+    }
+
+    async fn of(
+        state: &AppState,
+        ws: i64,
+        members: Vec<MemberRow>,
+        keys: Vec<ApiKeyRow>,
+    ) -> AdminResult<Names> {
+        let store = &state.store;
+        let departments: Vec<Department> =
+            store.rows_in(Table::Departments, ws).await.map_err(store_error)?;
         Ok(Names {
             workspace_id: ws,
             workspace: store
@@ -44,18 +88,22 @@ impl Names {
                 .map_err(store_error)?
                 .map(|w| w.name)
                 .unwrap_or_default(),
-            members: store.rows_in(Table::Members, ws).await.map_err(store_error)?,
-            keys: store.rows_in(Table::ApiKeys, ws).await.map_err(store_error)?,
-            departments: store.rows_in(Table::Departments, ws).await.map_err(store_error)?,
+            members: members.into_iter().map(|m| (m.id, m)).collect(),
+            keys: keys.into_iter().map(|k| (k.id, k)).collect(),
+            departments: departments.into_iter().map(|d| (d.id, d)).collect(),
         })
     }
 
     fn member(&self, id: i64) -> Option<&MemberRow> {
-        self.members.iter().find(|m| m.id == id)
+        self.members.get(&id)
     }
 
     fn key(&self, id: i64) -> Option<&ApiKeyRow> {
-        self.keys.iter().find(|k| k.id == id)
+        self.keys.get(&id)
+    }
+
+    fn department(&self, id: i64) -> Option<&Department> {
+        self.departments.get(&id)
     }
 
     /// How the console names one subject: a key as `<email>/<name>`, a member by email, a
@@ -67,11 +115,7 @@ impl Names {
                 format!("{email}/{}", k.name)
             }),
             SubjectKind::Member => self.member(id).map(|m| m.email.clone()),
-            SubjectKind::Dept => self
-                .departments
-                .iter()
-                .find(|d| d.id == id)
-                .map(|d| d.name.clone()),
+            SubjectKind::Dept => self.department(id).map(|d| d.name.clone()),
             SubjectKind::Ws => (id == self.workspace_id).then(|| self.workspace.clone()),
         }
     }
@@ -89,7 +133,7 @@ impl Names {
                 .key(id)
                 .is_some_and(|k| in_scope(self.member(k.member_id).and_then(|m| m.department_id))),
             SubjectKind::Member => self.member(id).is_some_and(|m| in_scope(m.department_id)),
-            SubjectKind::Dept => self.departments.iter().any(|d| d.id == id) && in_scope(Some(id)),
+            SubjectKind::Dept => self.department(id).is_some() && in_scope(Some(id)),
             SubjectKind::Ws => id == self.workspace_id,
         }
     }
@@ -109,9 +153,7 @@ impl Names {
                 .map(|m| m.email.clone())
                 .unwrap_or_default(),
             "dept" => self
-                .departments
-                .iter()
-                .find(|d| d.id == p.target_id)
+                .department(p.target_id)
                 .map(|d| d.name.clone())
                 .unwrap_or_default(),
             _ => self.workspace.clone(),
@@ -200,18 +242,21 @@ async fn policy_json(state: &AppState, names: &Names, p: &PolicyRow) -> AdminRes
 }
 
 /// `GET /admin/v1/policies`: every policy the actor may read, with current usage.
-pub async fn list(State(state): State<AppState>, actor: Actor) -> AdminResult {
-    let names = Names::load(&state, actor.workspace_id()).await?;
+pub async fn list(State(state): State<AppState>, actor: Actor, Params(page): Params<Page>) -> AdminResult {
+    let (after, limit) = page.bounds()?;
+    let ws = actor.workspace_id();
     let rows: Vec<PolicyRow> = state
         .store
-        .rows_in(Table::Policies, actor.workspace_id())
+        .page_in(Table::Policies, ws, after, limit + 1)
         .await
         .map_err(store_error)?;
+    let (rows, next_cursor) = page_of(rows, limit, |p| p.id);
+    let names = Names::of_policies(&state, ws, &rows).await?;
     let mut data = Vec::new();
     for p in rows.iter().filter(|p| may_read(&actor, &names, p)) {
         data.push(policy_json(&state, &names, p).await?);
     }
-    Ok(Json(json!({ "data": data })).into_response())
+    Ok(Json(json!({ "data": data, "next_cursor": next_cursor })).into_response())
 }
 
 #[derive(Deserialize)]
@@ -376,7 +421,7 @@ pub async fn create(State(state): State<AppState>, actor: Actor, Body(req): Body
                 .key(target_id)
                 .is_some_and(|k| actor.manages() || k.created_by == Some(actor.member.id)),
             SubjectKind::Member => names.member(target_id).is_some(),
-            SubjectKind::Dept => names.departments.iter().any(|d| d.id == target_id),
+            SubjectKind::Dept => names.department(target_id).is_some(),
             SubjectKind::Ws => target_id == ws,
         };
         if !exists {
@@ -395,7 +440,7 @@ pub async fn create(State(state): State<AppState>, actor: Actor, Body(req): Body
                 "department_id narrows only apikey and member policies",
             ));
         }
-        if !names.departments.iter().any(|x| x.id == d) {
+        if names.department(d).is_none() {
             return Err(ApiError::field(
                 "department_id",
                 format!("department {d} does not exist in this workspace"),

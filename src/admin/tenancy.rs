@@ -8,8 +8,8 @@ use serde_json::{Value, json};
 
 use super::session::Actor;
 use super::{
-    AdminResult, Body, Id, audit, checked, config_changed, created, delete_policies, double_option,
-    name_field, no_content, store_error,
+    AdminResult, Body, Id, Page, Params, audit, checked, config_changed, created, delete_policies,
+    double_option, name_field, no_content, page_of, store_error,
 };
 use crate::app::AppState;
 use crate::crypto;
@@ -222,16 +222,16 @@ pub fn member_json(state: &AppState, m: &MemberRow) -> Value {
 }
 
 /// `GET /admin/v1/members`.
-pub async fn members(State(state): State<AppState>, actor: Actor) -> AdminResult {
+pub async fn members(State(state): State<AppState>, actor: Actor, Params(page): Params<Page>) -> AdminResult {
+    let (after, limit) = page.bounds()?;
     let rows: Vec<MemberRow> = state
         .store
-        .rows_in(Table::Members, actor.workspace_id())
+        .page_in(Table::Members, actor.workspace_id(), after, limit + 1)
         .await
         .map_err(store_error)?;
-    Ok(
-        Json(json!({"data": rows.iter().map(|m| member_json(&state, m)).collect::<Vec<_>>()}))
-            .into_response(),
-    )
+    let (rows, next_cursor) = page_of(rows, limit, |m| m.id);
+    let data: Vec<Value> = rows.iter().map(|m| member_json(&state, m)).collect();
+    Ok(Json(json!({ "data": data, "next_cursor": next_cursor })).into_response())
 }
 
 async fn member_in(state: &AppState, actor: &Actor, id: i64) -> AdminResult<MemberRow> {

@@ -10,8 +10,8 @@ use serde_json::{Value, json};
 
 use super::session::Actor;
 use super::{
-    AdminResult, Body, Id, audit, checked, config_changed, created, double_option, name_field, no_content,
-    rfc3339, store_error,
+    AdminResult, Body, Id, Page, Params, audit, checked, config_changed, created, double_option, name_field,
+    no_content, page_of, rfc3339, store_error,
 };
 use crate::app::AppState;
 use crate::error::ApiError;
@@ -69,14 +69,16 @@ async fn upstream_in(state: &AppState, actor: &Actor, id: i64) -> AdminResult<Up
 }
 
 /// `GET /admin/v1/upstreams`.
-pub async fn list(State(state): State<AppState>, actor: Actor) -> AdminResult {
+pub async fn list(State(state): State<AppState>, actor: Actor, Params(page): Params<Page>) -> AdminResult {
+    let (after, limit) = page.bounds()?;
     let rows: Vec<UpstreamRow> = state
         .store
-        .rows_in(Table::Upstreams, actor.workspace_id())
+        .page_in(Table::Upstreams, actor.workspace_id(), after, limit + 1)
         .await
         .map_err(store_error)?;
+    let (rows, next_cursor) = page_of(rows, limit, |u| u.id);
     let data: Vec<Value> = rows.iter().map(|u| upstream_json(&state, u)).collect();
-    Ok(Json(json!({ "data": data })).into_response())
+    Ok(Json(json!({ "data": data, "next_cursor": next_cursor })).into_response())
 }
 
 /// `GET /admin/v1/upstreams/{id}`: the credential with its running locks — what is parked, by

@@ -6,6 +6,7 @@
 mod admin;
 mod breaker;
 mod entities;
+mod keys;
 mod locks;
 mod request_logs;
 mod tenancy;
@@ -14,6 +15,7 @@ mod usage;
 pub use admin::*;
 pub use breaker::*;
 pub use entities::*;
+pub use keys::*;
 pub use locks::*;
 pub use request_logs::*;
 pub use tenancy::*;
