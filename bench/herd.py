@@ -57,11 +57,13 @@ import asyncio
 import hashlib
 import json
 import math
+import multiprocessing
 import os
 import random
 import resource
 import sys
 import time
+import types
 import urllib.request
 from dataclasses import dataclass, field
 
@@ -76,11 +78,6 @@ from aigw_client import AsyncPacedTransport, Settings  # noqa: E402
 from aigw_client._httpx import httpx  # noqa: E402
 
 import lean_http as lean  # noqa: E402  (bench/lean_http.py: the naive clients' connections)
-
-try:
-    import openai  # the official SDK the helper plugs into (tests/clients/requirements.txt)
-except ImportError:  # pragma: no cover
-    openai = None
 
 RULES = ("once", "fixed", "backoff", "jitter", "helper")
 RULE_NAMES = {"once": "retry at once", "fixed": "fixed wait", "backoff": "exponential backoff",
@@ -274,6 +271,10 @@ class Recording(httpx.AsyncBaseTransport):
 def helper_sdk(g, run, pool):
     """The official SDK's client (openai.AsyncOpenAI, max_retries=0) paced by aigw_client, over
     the lean pool; without the openai package, httpx's client with the same transport."""
+    try:
+        import openai  # the official SDK the helper plugs into (tests/clients/requirements.txt)
+    except ImportError:  # pragma: no cover
+        openai = None
     transport = AsyncPacedTransport(Recording(run, LeanTransport(pool)), settings=Settings(
         most_wait=MOST_WAIT, max_attempts=MAX_TRIES))
     http = httpx.AsyncClient(transport=transport, timeout=httpx.Timeout(30.0))
@@ -379,34 +380,80 @@ async def spend(g, run):
     raise RuntimeError(f"could not use up the quota of {run_id(run.limit, run.rule, run.n)}")
 
 
+def quota_worker(pipe, gw, rule, n, seed):
+    """One rule's quota crowd in a process of its own (a crowd of 1,000 per rule, five at once,
+    is more than one Python process can send on time): on "warm" opens the crowd's connections
+    and answers "ready"; on ("go", at) runs the crowd from `at` (wall clock) and sends its
+    figures back."""
+    raise_fd_limit()
+    g = types.SimpleNamespace(gw=gw, hostport=("127.0.0.1", int(gw.rsplit(":", 1)[1])))
+    run = Run("quota", rule, n)
+
+    async def main():
+        await asyncio.to_thread(pipe.recv)  # "warm"
+        go = await prepare_crowd(g, run, seed)
+        pipe.send("ready")
+        _, at = await asyncio.to_thread(pipe.recv)
+        await asyncio.sleep(max(0.0, at - time.time()))
+        run.start = time.monotonic()
+        run.window_left = 60 - time.time() % 60
+        await go()
+    try:
+        asyncio.run(main())
+    except EOFError:  # the parent gave the runs up
+        return
+    pipe.send({k: getattr(run, k) for k in ("calls", "served_at", "done_at", "gave_up", "quota_reads",
+                                            "window_left")})
+    pipe.close()
+
+
 async def quota_phase(g, runs, seed, crowd_at, fill):
     """Every rule's crowd at once, each on its own key whose quota for the minute is used up, at
-    `crowd_at` (wall clock; None: at once). `fill(deadline)` runs other work meanwhile."""
-    await asyncio.gather(*(spend(g, r) for r in runs))
-    if crowd_at is not None:
-        await fill(crowd_at - WARM_S)
-        if time.time() > crowd_at - 0.5:
-            print(f"quota runs of {runs[0].n} clients skipped: using up their quotas took longer "
-                  "than the window had left", file=sys.stderr, flush=True)
-            for r in runs:
-                r.skipped = True
-            return
-    gos = [await prepare_crowd(g, r, seed) for r in runs]
-    if crowd_at is not None:
-        if time.time() > crowd_at:
-            print(f"quota runs of {runs[0].n} clients start {time.time() - crowd_at:.1f} s late",
-                  file=sys.stderr, flush=True)
-        await asyncio.sleep(max(0.0, crowd_at - time.time()))
-    before = mock_calls(g.mock)
-    start = time.monotonic()
+    `crowd_at` (wall clock; None: at once), each crowd in a process of its own.
+    `fill(deadline)` runs other work meanwhile."""
+    ctx = multiprocessing.get_context("spawn")
+    workers = []
     for r in runs:
-        r.start = start
-        r.window_left = 60 - time.time() % 60
-    await asyncio.gather(*(go() for go in gos))
-    after = mock_calls(g.mock)
-    for r in runs:
-        cred = f"cred-{run_id(r.limit, r.rule, r.n)}"
-        r.upstream_calls = after.get(cred, 0) - before.get(cred, 0)
+        mine, theirs = ctx.Pipe()
+        p = ctx.Process(target=quota_worker, args=(theirs, g.gw, r.rule, r.n, seed), daemon=True)
+        p.start()
+        workers.append((p, mine))
+    try:
+        await asyncio.gather(*(spend(g, r) for r in runs))
+        if crowd_at is not None:
+            await fill(crowd_at - WARM_S)
+            if time.time() > crowd_at - 0.5:
+                print(f"quota runs of {runs[0].n} clients skipped: using up their quotas took "
+                      "longer than the window had left", file=sys.stderr, flush=True)
+                for r in runs:
+                    r.skipped = True
+                return
+        for _, pipe in workers:
+            pipe.send("warm")
+        for _, pipe in workers:
+            await asyncio.to_thread(pipe.recv)
+        if crowd_at is None:
+            crowd_at = time.time() + 0.3
+        elif time.time() > crowd_at - 0.1:
+            print(f"quota runs of {runs[0].n} clients start {time.time() - crowd_at + 0.1:.1f} s "
+                  "late", file=sys.stderr, flush=True)
+            crowd_at = time.time() + 0.1
+        before = mock_calls(g.mock)
+        for _, pipe in workers:
+            pipe.send(("go", crowd_at))
+        for r, (p, pipe) in zip(runs, workers):
+            for k, v in (await asyncio.to_thread(pipe.recv)).items():
+                setattr(r, k, v)
+        after = mock_calls(g.mock)
+        for r in runs:
+            cred = f"cred-{run_id(r.limit, r.rule, r.n)}"
+            r.upstream_calls = after.get(cred, 0) - before.get(cred, 0)
+    finally:
+        for p, pipe in workers:
+            pipe.close()
+            p.join(timeout=5)
+            if p.is_alive():
+                p.terminate()
 
 
 @dataclass
@@ -642,6 +689,7 @@ def main():
     crowds = [20] if args.short else [int(x) for x in (args.crowds or "20,100,1000").split(",")]
     gw_mod.BIN = os.path.abspath(args.bin)
     raise_fd_limit()
+    load_before = os.getloadavg()
     began = time.monotonic()
     with gw_mod.running(resources(crowds), env={"AIGW_LOG": "error"}, record_calls=False) as g:
         g.hostport = ("127.0.0.1", int(g.gw.rsplit(":", 1)[1]))
@@ -660,10 +708,12 @@ def main():
     print(f"Rate-limited upstream: the mock serves a quarter of the crowd per second "
           f"({', '.join(f'{n}: {upstream_rate(n)}/s' for n in crowds)}).\n")
     print(table(runs, "upstream"))
-    print(f"\nwhole run: {total:.0f} s")
+    load = os.getloadavg()
+    print(f"\nwhole run: {total:.0f} s; load average (1 min) {load_before[0]:.1f} before, "
+          f"{load[0]:.1f} after, {load[2]:.1f} over 15 min; {os.cpu_count()} cores")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"seconds": round(total, 1),
+            json.dump({"seconds": round(total, 1), "load_before": load_before, "load_after": load,
                        "ceilings": [{"kind": c.kind, "n": c.n, "calls": c.calls,
                                      "seconds": round(c.seconds, 2), "per_s": round(c.rate())}
                                     for c in ceilings],
