@@ -697,9 +697,10 @@ def main():
     total = time.monotonic() - began
     print()
     if ceilings:
+        how = {"lean": "over lean connections (the naive rules)",
+               "sdk": "through the SDK and the helper"}
         print("Ceiling (no limit; the gateway and the mock on the same cores): " + "; ".join(
-            f"{c.n} clients {'over lean connections (the naive rules)' if c.kind == 'lean' else 'through the SDK and the helper'}"
-            f" {c.rate():.0f} calls/s" for c in ceilings) + ".\n")
+            f"{c.n} clients {how[c.kind]} {c.rate():.0f} calls/s" for c in ceilings) + ".\n")
     print(f"Guardrail quota: `requests` per minute on the key = a quarter of the crowd, used up "
           f"when the crowds start {LEAD:g} s before the minute ends "
           f"({', '.join(f'{n}: {quota_limit(n)}' for n in crowds)}).\n")
