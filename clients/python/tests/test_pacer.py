@@ -306,3 +306,66 @@ def test_a_refusal_at_most_halves_the_rate_and_the_wait_itself_is_not_counted_tw
     assert p._keys[KEY].models["m"].base_rate() == pytest.approx(40.0)
     cycle(2, 0.0)  # a short unlucky cycle would say 2/s: the rate only halves
     assert p._keys[KEY].models["m"].base_rate() == pytest.approx(20.0)
+
+
+def learn_rate(p, vt, served=20, after=0.05, wait="1"):
+    """A first burst: ``served`` calls go through in ``after`` s, the next is refused with a
+    wait of ``wait`` s: the pacer learns ``served / (after + wait)``."""
+    tickets = [p.plan(KEY, "m", 1e9).ticket for _ in range(served + 1)]
+    for t in tickets:
+        p.sent(t)
+    vt.sleep(after)
+    for t in tickets[:served]:
+        p.observe(t, 200, {})
+    p.observe(tickets[served], 429, {"retry-after": wait}, error("upstream_quota_exhausted"))
+
+
+def test_refusals_of_one_burst_cut_the_rate_once_not_once_each():
+    # The calls already paced when the upstream refuses go out one by one into the same parked
+    # credential, each refused with the few milliseconds left: one burst, so one cut.
+    vt = VirtualTime(T0)
+    p = pacer(vt, extra_base=0, extra_share=0, rate_growth=1e9)
+    p.primed(KEY, [])
+    learn_rate(p, vt)  # 20 / 1.05 s
+    rate = 20 / 1.05
+    queued = [p.plan(KEY, "m", 1e9).ticket for _ in range(30)]
+    for i, t in enumerate(queued):
+        vt.t = max(vt.t, t.start)
+        p.sent(t)
+        vt.sleep(0.002)  # its answer comes back before the next call goes
+        p.observe(t, 429, {"retry-after-ms": "3"}, error("upstream_quota_exhausted"))
+    ms = p._keys[KEY].models["m"]
+    assert ms.base_rate() >= rate / 2 * 0.999, "cut once, at most by half"
+    # A wait the server named still bounds the next call.
+    assert ms.hold == pytest.approx(vt.t + 0.003)
+    # The calls queued behind them are spaced at that rate, not minutes apart.
+    got = starts(p, 10, model="m", allowance=8)
+    assert None not in got, "no call refused locally with wait_too_long"
+    assert got[0] >= ms.hold
+    assert got[-1] - vt.t < 10 / (rate / 2) + 0.01
+
+
+def test_a_run_of_cuts_stops_at_the_floor():
+    # Each refusal from a call sent after the previous cut, in a cycle where nothing was served:
+    # each may halve the rate, but never below min_rate (the named waits still hold the calls).
+    vt = VirtualTime(T0)
+    p = pacer(vt, extra_base=0, extra_share=0, rate_growth=1e9, min_rate=1.0)
+    p.primed(KEY, [])
+    learn_rate(p, vt)
+    for _ in range(30):
+        t = p.plan(KEY, "m", 1e9).ticket
+        vt.t = max(vt.t, t.start)
+        p.sent(t)
+        vt.sleep(0.002)
+        p.observe(t, 429, {"retry-after-ms": "3"}, error("upstream_quota_exhausted"))
+    assert p._keys[KEY].models["m"].base_rate(1.0) == pytest.approx(1.0)
+    got = starts(p, 5, model="m", allowance=8)
+    assert got[1] - got[0] == pytest.approx(1.0, rel=1e-3)
+
+
+def test_the_floor_does_not_raise_a_rate_the_upstream_measured_lower():
+    vt = VirtualTime(T0)
+    p = pacer(vt, extra_base=0, extra_share=0, rate_growth=1e9, min_rate=1.0)
+    p.primed(KEY, [])
+    learn_rate(p, vt, served=1, after=0.0, wait="20")  # a slow provider: 1 call per 20 s
+    assert p._keys[KEY].models["m"].base_rate(1.0) == pytest.approx(1 / 20)

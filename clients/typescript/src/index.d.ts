@@ -20,6 +20,8 @@ export interface Settings {
   recheck?: number;
   /** The rate learned from an upstream's refusals grows back by its own size over this many seconds (10). */
   rateGrowth?: number;
+  /** Calls per second below which refusals do not push the learned rate, unless the upstream itself let fewer through (1). */
+  minRate?: number;
   /** Read `GET /v1/quota` before the first call of a key (true). */
   prime?: boolean;
 }
@@ -80,6 +82,8 @@ export interface Ticket {
   start: number;
   sentAt?: number;
   done: boolean;
+  /** When the pacer gave it its turn (monotonic seconds). */
+  plannedAt?: number;
 }
 
 export interface Plan {

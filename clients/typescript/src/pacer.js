@@ -24,6 +24,7 @@ export const DEFAULTS = Object.freeze({
   resetDelay: GATEWAY_RESET_DELAY_MIN,
   recheck: 60,
   rateGrowth: 10,
+  minRate: 1,
   prime: true,
 });
 
@@ -60,13 +61,13 @@ function newModel() {
 /**
  * The rate the upstream let through over the last cycle a refusal ended: the calls it served over
  * the time calls could go and the wait it asked for; never less than half the rate learned before
- * (one refusal at most halves it).
+ * (one cut at most halves it), nor than `floor` when the rate learned before was at least that.
  */
-function baseRate(ms) {
+function baseRate(ms, floor = 0) {
   if (!ms.prev) return undefined;
   const [, going, end, wait] = ms.prev;
   let rate = ms.prevServed / Math.max(end - going + wait, 1e-3);
-  if (ms.before) rate = Math.max(rate, ms.before / 2);
+  if (ms.before) rate = Math.max(rate, ms.before / 2, Math.min(ms.before, floor));
   return rate || undefined;
 }
 
@@ -80,6 +81,7 @@ export class Pacer {
     this.settings = { ...DEFAULTS, ...settings };
     if (this.settings.maxAttempts < 1) throw new RangeError('maxAttempts must be at least 1');
     if (this.settings.mostWait < 0) throw new RangeError('mostWait must not be negative');
+    if (this.settings.minRate < 0) throw new RangeError('minRate must not be negative');
     this.clock = time.clock ?? (() => performance.now() / 1000);
     this.wall = time.wall ?? (() => Date.now() / 1000);
     this.random = time.random ?? Math.random;
@@ -168,7 +170,7 @@ export class Pacer {
       ms.tat = paced ? after : Math.max(ms.tat, after);
       if (ms.cycleStart === undefined) ms.cycleStart = now;
     }
-    return { kind: 'go', wait: Math.max(wait, 0), ticket: { key, model, quotaSlot: slot, start, sentAt: undefined, done: false } };
+    return { kind: 'go', wait: Math.max(wait, 0), ticket: { key, model, quotaSlot: slot, start, sentAt: undefined, done: false, plannedAt: now } };
   }
 
   /**
@@ -257,7 +259,7 @@ export class Pacer {
   }
 
   rate(ms, now) {
-    const base = baseRate(ms);
+    const base = baseRate(ms, this.settings.minRate);
     if (base === undefined) return undefined;
     return base * (1 + Math.max(now - ms.lastRefusal, 0) / this.settings.rateGrowth);
   }
@@ -340,10 +342,14 @@ export class Pacer {
         ms.hold = now + wait;
         ms.holdWait = wait;
       }
-      // Only an attempt sent after the last refusal tells something new about the rate.
-      const sent = ticket.sentAt ?? now;
-      if (sent >= ms.lastRefusal) {
-        ms.before = baseRate(ms);
+      // One cut per burst, as TCP cuts its window once per window of losses: only an attempt
+      // given its turn after the last cut tells something new about the rate. The calls paced
+      // before it (sent, or still waiting for their turn and sent into the same parked
+      // credential, each refused with the few milliseconds left) do not cut again; their named
+      // waits still hold the calls.
+      const planned = ticket.plannedAt ?? ticket.sentAt ?? now;
+      if (planned >= ms.lastRefusal) {
+        ms.before = baseRate(ms, this.settings.minRate);
         const start = ms.cycleStart ?? now;
         ms.prev = [start, Math.max(start, ms.resume), now, wait];
         ms.prevServed = ms.served;

@@ -68,6 +68,10 @@ class Settings:
     #: The rate learned from an upstream's refusals grows back by its own size over this many
     #: seconds without a refusal.
     rate_growth: float = 10.0
+    #: Calls per second below which refusals do not push the learned rate (unless the upstream
+    #: itself let fewer through): a run of refusals cannot space the calls absurdly far apart,
+    #: and the waits the refusals name still hold the calls.
+    min_rate: float = 1.0
     #: Read ``GET /v1/quota`` before the first call of a key, so that the first calls are paced.
     prime: bool = True
 
@@ -76,6 +80,8 @@ class Settings:
             raise ValueError("max_attempts must be at least 1")
         if self.most_wait < 0:
             raise ValueError("most_wait must not be negative")
+        if self.min_rate < 0:
+            raise ValueError("min_rate must not be negative")
 
 
 @dataclass
@@ -131,16 +137,17 @@ class ModelState:
     before: Optional[float] = None
     closed: Optional[Closure] = None
 
-    def base_rate(self) -> Optional[float]:
+    def base_rate(self, floor: float = 0.0) -> Optional[float]:
         """The rate the upstream let through over the last cycle a refusal ended: the calls it
         served over the time calls could go and the wait it asked for; never less than half the
-        rate learned before (one refusal at most halves it)."""
+        rate learned before (one cut at most halves it), nor than ``floor`` when the rate
+        learned before was at least that."""
         if self.prev is None:
             return None
         _, going, end, wait = self.prev
         rate = self.prev_served / max(end - going + wait, 1e-3)
         if self.before:
-            rate = max(rate, self.before / 2.0)
+            rate = max(rate, self.before / 2.0, min(self.before, floor))
         return rate or None
 
 
@@ -169,6 +176,8 @@ class Ticket:
     start: float
     sent_at: Optional[float] = None
     done: bool = False
+    #: When the pacer gave it its turn (monotonic).
+    planned_at: Optional[float] = None
 
 
 @dataclass(frozen=True)
@@ -290,7 +299,8 @@ class Pacer:
                 ms.tat = after if paced else max(ms.tat, after)
                 if ms.cycle_start is None:
                     ms.cycle_start = now
-            return Plan("go", wait=max(wait, 0.0), ticket=Ticket(key, model, quota_slot, start))
+            ticket = Ticket(key, model, quota_slot, start, planned_at=now)
+            return Plan("go", wait=max(wait, 0.0), ticket=ticket)
 
     def _held(self, ks: KeyState, ms: Optional[ModelState], quota_slot: float, now: float,
               in_turn: bool = True):
@@ -381,7 +391,7 @@ class Pacer:
         return remaining / per_call - planned
 
     def _rate(self, ms: ModelState, now: float) -> Optional[float]:
-        base = ms.base_rate()
+        base = ms.base_rate(self.settings.min_rate)
         if base is None:
             return None
         return base * (1.0 + max(now - ms.last_refusal, 0.0) / self.settings.rate_growth)
@@ -478,10 +488,16 @@ class Pacer:
         if v.scope == "model" and ms is not None:
             if now + wait > ms.hold:
                 ms.hold, ms.hold_wait = now + wait, wait
-            # Only an attempt sent after the last refusal tells something new about the rate.
-            sent = ticket.sent_at if ticket.sent_at is not None else now
-            if sent >= ms.last_refusal:
-                ms.before = ms.base_rate()
+            # One cut per burst, as TCP cuts its window once per window of losses: only an
+            # attempt given its turn after the last cut tells something new about the rate. The
+            # calls paced before it (sent, or still waiting for their turn and sent into the
+            # same parked credential, each refused with the few milliseconds left) do not cut
+            # again; their named waits still hold the calls.
+            planned = ticket.planned_at
+            if planned is None:
+                planned = ticket.sent_at if ticket.sent_at is not None else now
+            if planned >= ms.last_refusal:
+                ms.before = ms.base_rate(self.settings.min_rate)
                 start = ms.cycle_start if ms.cycle_start is not None else now
                 ms.prev, ms.prev_served = (start, max(start, ms.resume), now, wait), ms.served
                 ms.cycle_start, ms.served, ms.last_refusal = now, 0, now

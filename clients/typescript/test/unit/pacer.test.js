@@ -235,3 +235,62 @@ test('a refusal at most halves the rate', () => {
   const [a, b] = starts(p, 2, 'm');
   close([b - a], [1 / 20]);
 });
+
+// A first burst: `served` calls go through in `after` s, the next is refused with a wait of
+// `wait` s: the pacer learns served / (after + wait).
+function learnRate(p, vt, served = 20, after = 0.05, wait = '1') {
+  const tickets = [...Array(served + 1)].map(() => p.plan(KEY, 'm', 1e9).ticket);
+  tickets.forEach((t) => p.sent(t));
+  vt.t += after;
+  tickets.slice(0, served).forEach((t) => p.observe(t, 200, new Headers()));
+  p.observe(tickets[served], 429, new Headers({ 'retry-after': wait }), error('upstream_quota_exhausted'));
+}
+
+// Sends `n` calls one by one at their paced turn, each refused with the few milliseconds left.
+function refusedOneByOne(p, vt, tickets) {
+  for (const t of tickets) {
+    vt.t = Math.max(vt.t, t.start);
+    p.sent(t);
+    vt.t += 0.002; // its answer comes back before the next call goes
+    p.observe(t, 429, new Headers({ 'retry-after-ms': '3' }), error('upstream_quota_exhausted'));
+  }
+}
+
+test('refusals of one burst cut the rate once, not once each', () => {
+  // The calls already paced when the upstream refuses go out one by one into the same parked
+  // credential: one burst, so one cut.
+  const vt = new VirtualTime();
+  const p = pacer(vt, { extraBase: 0, extraShare: 0, rateGrowth: 1e9 });
+  p.primed(KEY, []);
+  learnRate(p, vt); // 20 / 1.05 s
+  const rate = 20 / 1.05;
+  refusedOneByOne(p, vt, [...Array(30)].map(() => p.plan(KEY, 'm', 1e9).ticket));
+  const ms = p.keys.get(KEY).models.get('m');
+  assert.ok(Math.abs(ms.hold - (vt.t + 0.003)) < 1e-6, 'a wait the server named still bounds the next call');
+  const got = starts(p, 10, 'm', 8);
+  assert.ok(!got.includes(undefined), 'no call refused locally with wait_too_long');
+  assert.ok(got[0] >= ms.hold);
+  const [a, b] = got.slice(-2);
+  assert.ok(Math.abs((b - a) - 2 / rate) < 1e-6, `cut once, by half: ${b - a}`);
+});
+
+test('a run of cuts stops at the floor', () => {
+  // Each refusal from a call given its turn after the previous cut, in a cycle where nothing was
+  // served: each may halve the rate, but never below minRate.
+  const vt = new VirtualTime();
+  const p = pacer(vt, { extraBase: 0, extraShare: 0, rateGrowth: 1e9, minRate: 1 });
+  p.primed(KEY, []);
+  learnRate(p, vt);
+  for (let i = 0; i < 30; i++) refusedOneByOne(p, vt, [p.plan(KEY, 'm', 1e9).ticket]);
+  const got = starts(p, 3, 'm', 8);
+  close([got[2] - got[1]], [1], 1e-6);
+});
+
+test('the floor does not raise a rate the upstream measured lower', () => {
+  const vt = new VirtualTime();
+  const p = pacer(vt, { extraBase: 0, extraShare: 0, rateGrowth: 1e9, minRate: 1 });
+  p.primed(KEY, []);
+  learnRate(p, vt, 1, 0, '20'); // a slow provider: 1 call per 20 s
+  const [a, b] = starts(p, 2, 'm');
+  close([b - a], [20], 1e-6);
+});
