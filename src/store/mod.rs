@@ -10,6 +10,7 @@ mod locks;
 mod request_logs;
 mod tenancy;
 mod usage;
+mod usage_rollup;
 
 pub use admin::*;
 pub use breaker::*;
@@ -18,6 +19,7 @@ pub use locks::*;
 pub use request_logs::*;
 pub use tenancy::*;
 pub use usage::*;
+pub use usage_rollup::{HOUR_MS, hour_of};
 
 use std::path::PathBuf;
 use std::str::FromStr;

@@ -16,6 +16,7 @@ mod accounts;
 mod guardrails;
 mod inputs;
 mod isolation;
+mod months;
 mod reports;
 
 const OTHER_KEY: &str = "sk-aigw-OTHERotherOTHERotherOTHERoth1234";

@@ -1,0 +1,204 @@
+//! The usage rollup: requests, tokens and credits per hour (UTC), workspace, member, key,
+//! department and model, added in the same transaction as the logs they sum. The usage reports
+//! read whole hours from it and only the minutes at the edges of their range from the logs, so
+//! they cost the same over a month of ten million logs as over a day, and stay exact: a rollup
+//! row is always the sum of the logs of its hour (the retention task prunes both at an hour
+//! boundary).
+
+use std::collections::BTreeMap;
+
+use super::{Backend, LogRecord, SqlBuilder, Store, StoreResult, UsageGrouping, UsageRow};
+
+/// An hour, in ms.
+pub const HOUR_MS: i64 = 3_600_000;
+
+/// The start of the hour (UTC) that holds `ts`.
+pub fn hour_of(ts: i64) -> i64 {
+    ts.div_euclid(HOUR_MS) * HOUR_MS
+}
+
+/// A rollup row's key: workspace, hour, member, key, department (0: none), model group.
+type RollupKey = (i64, i64, i64, i64, i64, String);
+
+/// `served:` and the model that served, or `asked:` and the model asked for (the usage by model
+/// tells the two apart; see [`UsageGrouping::Model`]).
+fn model_group(r: &LogRecord) -> String {
+    match &r.model_served {
+        Some(m) => format!("served:{m}"),
+        None => format!("asked:{}", r.model_requested.as_deref().unwrap_or("")),
+    }
+}
+
+/// Rollup rows per INSERT statement, largest first (as for the logs: few distinct statements).
+const STATEMENT_ROWS: [usize; 4] = [100, 20, 5, 1];
+
+/// Adds `records` to the rollup, in `tx`. The batch is summed here first, then each of its rows
+/// is upserted in key order, so that two gateways' flushes lock rows in the same order.
+pub(super) async fn add(
+    store: &Store,
+    tx: &mut sqlx::Transaction<'static, sqlx::Any>,
+    records: &[LogRecord],
+) -> StoreResult<()> {
+    let mut sums: BTreeMap<RollupKey, [i64; 5]> = BTreeMap::new();
+    for r in records {
+        let key = (
+            r.workspace_id,
+            hour_of(r.ts),
+            r.member_id,
+            r.key_id,
+            r.department_id.unwrap_or(0),
+            model_group(r),
+        );
+        let s = sums.entry(key).or_default();
+        for (acc, v) in s
+            .iter_mut()
+            .zip([1, r.prompt_tokens, r.completion_tokens, r.total_tokens, r.credits])
+        {
+            *acc = acc.saturating_add(v);
+        }
+    }
+    let rows: Vec<(RollupKey, [i64; 5])> = sums.into_iter().collect();
+    let mut rest = rows.as_slice();
+    while !rest.is_empty() {
+        let n = STATEMENT_ROWS.into_iter().find(|&n| n <= rest.len()).unwrap_or(1);
+        let (chunk, tail) = rest.split_at(n);
+        rest = tail;
+        let mut b = SqlBuilder::new(
+            store,
+            "INSERT INTO usage_rollup (workspace_id, hour_start, member_id, key_id, department_id, \
+             model_group, requests, prompt_tokens, completion_tokens, total_tokens, credits) VALUES ",
+        );
+        for (i, ((ws, hour, member, key, dept, group), sums)) in chunk.iter().enumerate() {
+            b.push(if i == 0 { "(" } else { ", (" });
+            b.bind(*ws).push(", ").bind(*hour).push(", ").bind(*member);
+            b.push(", ").bind(*key).push(", ").bind(*dept).push(", ");
+            b.bind(group.as_str());
+            for v in sums {
+                b.push(", ").bind(*v);
+            }
+            b.push(")");
+        }
+        // Saturating addition on both backends, as for the quota counters.
+        let add = |c: &str| {
+            format!(
+                "{c} = CASE WHEN excluded.{c} <= 0 THEN usage_rollup.{c} + excluded.{c} \
+                 WHEN usage_rollup.{c} > 9223372036854775807 - excluded.{c} THEN 9223372036854775807 \
+                 ELSE usage_rollup.{c} + excluded.{c} END"
+            )
+        };
+        let set: Vec<String> = [
+            "requests",
+            "prompt_tokens",
+            "completion_tokens",
+            "total_tokens",
+            "credits",
+        ]
+        .into_iter()
+        .map(add)
+        .collect();
+        b.push(&format!(
+            " ON CONFLICT (workspace_id, hour_start, member_id, key_id, department_id, model_group) \
+             DO UPDATE SET {}",
+            set.join(", ")
+        ));
+        let (sql, args) = b.finish();
+        sqlx::query_with(&sql, args).execute(&mut **tx).await?;
+    }
+    Ok(())
+}
+
+/// Usage in `[from_ms, to_ms)` grouped by `by` (days at `offset_ms` from UTC): the whole hours
+/// from the rollup, the rest (the edges, or all of it for a zone whose offset is not whole
+/// hours) from the logs.
+pub(super) async fn report(
+    store: &Store,
+    workspace_id: i64,
+    member_id: Option<i64>,
+    (from_ms, to_ms): (i64, i64),
+    by: UsageGrouping,
+    offset_ms: i64,
+) -> StoreResult<Vec<UsageRow>> {
+    // The rollup's hours inside the range: [first, last).
+    let mut first = hour_of(from_ms);
+    if first < from_ms {
+        first = first.saturating_add(HOUR_MS);
+    }
+    let mut last = hour_of(to_ms);
+    if by == UsageGrouping::Day && offset_ms % HOUR_MS != 0 || last < first {
+        // A day that starts inside an hour cannot be told from hourly sums: the logs only.
+        (first, last) = (from_ms, from_ms);
+    }
+    let group = |time: &str, dept: &str, model: &str| match by {
+        UsageGrouping::Day => format!("CAST((({time} + {offset_ms}) / 86400000) AS TEXT)"),
+        UsageGrouping::Key => "CAST(key_id AS TEXT)".to_owned(),
+        UsageGrouping::Member => "CAST(member_id AS TEXT)".to_owned(),
+        UsageGrouping::Dept => dept.to_owned(),
+        UsageGrouping::Model => model.to_owned(),
+    };
+    let rolled = group(
+        "hour_start",
+        "CASE WHEN department_id = 0 THEN '' ELSE CAST(department_id AS TEXT) END",
+        "model_group",
+    );
+    let logged = group(
+        "ts",
+        "COALESCE(CAST(department_id AS TEXT), '')",
+        "CASE WHEN model_served IS NOT NULL THEN 'served:' || model_served \
+         ELSE 'asked:' || COALESCE(model_requested, '') END",
+    );
+    // Sums saturate at i64::MAX rather than fail the report (SQLite's SUM stops with
+    // "integer overflow", a Postgres sum past BIGINT does not cast back). SQLite's TOTAL adds
+    // as floats, exact up to 2^53, and its cast to INTEGER saturates.
+    let sum = |column: &str| match store.backend() {
+        Backend::Sqlite => format!("CAST(TOTAL({column}) AS INTEGER) AS {column}"),
+        Backend::Postgres => {
+            format!("CAST(LEAST(COALESCE(SUM({column}), 0), 9223372036854775807) AS BIGINT) AS {column}")
+        }
+    };
+    let sums = [
+        "requests",
+        "prompt_tokens",
+        "completion_tokens",
+        "total_tokens",
+        "credits",
+    ]
+    .map(sum)
+    .join(", ");
+    let mut b = SqlBuilder::new(
+        store,
+        &format!(
+            "SELECT group_key, {sums} FROM (
+               SELECT {rolled} AS group_key, requests, prompt_tokens, completion_tokens, total_tokens, credits
+               FROM usage_rollup WHERE workspace_id = "
+        ),
+    );
+    b.bind(workspace_id)
+        .push(" AND hour_start >= ")
+        .bind(first)
+        .push(" AND hour_start < ")
+        .bind(last);
+    if let Some(m) = member_id {
+        b.push(" AND member_id = ").bind(m);
+    }
+    b.push(&format!(
+        " UNION ALL
+          SELECT {logged} AS group_key, 1, prompt_tokens, completion_tokens, total_tokens, credits
+          FROM request_logs WHERE workspace_id = "
+    ));
+    b.bind(workspace_id)
+        .push(" AND ((ts >= ")
+        .bind(from_ms)
+        .push(" AND ts < ")
+        .bind(first.min(to_ms))
+        .push(") OR (ts >= ")
+        .bind(last.max(from_ms))
+        .push(" AND ts < ")
+        .bind(to_ms)
+        .push("))");
+    if let Some(m) = member_id {
+        b.push(" AND member_id = ").bind(m);
+    }
+    b.push(") usage GROUP BY group_key ORDER BY 1");
+    let (sql, args) = b.finish();
+    Ok(sqlx::query_as_with(&sql, args).fetch_all(store.pool()).await?)
+}
