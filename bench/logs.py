@@ -25,7 +25,8 @@ top tenth of keys make ~46 % of requests), 6 models (40/20/15/10/8/7 %), 93 % st
 rest 429/400/404/502/504 from the gateway or the upstream, 60 % of chats streamed, prompt tokens
 20..4020 and completions 10..1510 (skewed low), credits from per-model prices.
 
-Bounded: loopback only; Postgres at 127.0.0.1:5432 (user postgres), in a database this script
+Bounded: loopback only; Postgres at 127.0.0.1:5432 (user postgres; or the server of
+AIGW_TEST_POSTGRES_URL), in a database this script
 creates and drops (aigw_logs_bench, aigw_logs_smoke with --short); SQLite in a temporary folder.
 """
 
@@ -44,7 +45,8 @@ import urllib.parse
 import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PG = "postgres://postgres@127.0.0.1:5432/"
+# The server of the test suite's database (AIGW_TEST_POSTGRES_URL), or 127.0.0.1:5432.
+PG = os.environ.get("AIGW_TEST_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test").rsplit("/", 1)[0] + "/"
 OWNER, MEMBER, PASSWORD = "owner@bench.test", "m1@bench.test", "bench-pass-123456"
 DAY = 86_400_000
 SPAN_DAYS = 90
@@ -266,14 +268,18 @@ FROM t JOIN bench_keys k ON k.idx = t.kidx JOIN bench_models m ON m.idx = t.midx
 """
 
 ROLLUP = """
-INSERT INTO usage_rollup (workspace_id, hour_start, member_id, key_id, department_id, model_group,
-  requests, prompt_tokens, completion_tokens, total_tokens, credits)
-SELECT workspace_id, (ts / 3600000) * 3600000, member_id, key_id, COALESCE(department_id, 0),
+INSERT INTO usage_rollup (workspace_id, hour_start, dimension, group_key, requests, prompt_tokens,
+  completion_tokens, total_tokens, credits)
+SELECT workspace_id, (ts / 3600000) * 3600000, 'model',
   CASE WHEN model_served IS NOT NULL THEN 'served:' || model_served
        ELSE 'asked:' || COALESCE(model_requested, '') END,
   COUNT(*), SUM(prompt_tokens), SUM(completion_tokens), SUM(total_tokens), SUM(credits)
-FROM request_logs
-GROUP BY 1, 2, 3, 4, 5, 6;
+FROM request_logs GROUP BY 1, 2, 3, 4;
+INSERT INTO usage_rollup (workspace_id, hour_start, dimension, group_key, requests, prompt_tokens,
+  completion_tokens, total_tokens, credits)
+SELECT workspace_id, (ts / 3600000) * 3600000, 'dept', COALESCE(CAST(department_id AS TEXT), ''),
+  COUNT(*), SUM(prompt_tokens), SUM(completion_tokens), SUM(total_tokens), SUM(credits)
+FROM request_logs GROUP BY 1, 2, 3, 4;
 """
 
 
@@ -410,6 +416,16 @@ def measure(gw, db, repeat, label):
             break
     results.append(("list", "next pages of the last 24 h", times, 50))
     log(f"  [{label}] list         next pages of the last 24 h              p95 {pct(times, 95):7.1f} ms")
+    # The detail of a log, by its request id (the console's Details button).
+    rids = db.run(f"SELECT request_id FROM request_logs WHERE id % 100003 = 7 LIMIT {max(repeat, 5)}").splitlines()
+    times = []
+    for rid in rids:
+        t = time.perf_counter()
+        gw.call("GET", f"/admin/v1/logs/{rid}", owner)
+        times.append((time.perf_counter() - t) * 1000)
+    if times:
+        results.append(("list", "one log by request id", times, 1))
+        log(f"  [{label}] list         one log by request id                    p95 {pct(times, 95):7.1f} ms")
     return results, export(gw, owner, now)
 
 
@@ -466,6 +482,7 @@ def retention(binary, db, tmp, res, mock_port, days, rate, label):
     # Pruned when the oldest row (by id, the primary key: no scan) is inside the retention.
     cutoff = (int(time.time() * 1000) - days * DAY) // 3_600_000 * 3_600_000
     oldest = lambda: int(db.value("SELECT ts FROM request_logs ORDER BY id LIMIT 1"))
+    key_id = int(db.value(f"SELECT id FROM api_keys WHERE name = 'k1'"))
     t0 = time.time()
     gw = Gateway(binary, db, tmp, res, mock_port, retention_days=days)
     try:
@@ -481,13 +498,14 @@ def retention(binary, db, tmp, res, mock_port, days, rate, label):
                 lat.append((done - t) * 1000)
                 rid = headers.get("x-request-id") or headers.get("X-Request-Id")
                 sent[0] += 1
-                # The log is readable once the writer has flushed it.
+                # The log is readable once the writer has flushed it (looked up among the key's
+                # latest, an indexed query on every schema).
+                path = f"/admin/v1/logs?key_id={key_id}&from={int(time.time() * 1000) - 600_000}&limit=100"
                 while not stop.is_set():
-                    try:
-                        gw.call("GET", f"/admin/v1/logs/{rid}", owner)
+                    _, _, body = gw.call("GET", path, owner)
+                    if any(r["request_id"] == rid for r in json.loads(body)["data"]):
                         break
-                    except urllib.error.HTTPError:
-                        time.sleep(0.02)
+                    time.sleep(0.02)
                 lags.append((time.perf_counter() - done) * 1000)
                 time.sleep(max(0.0, 1.0 / rate - (time.perf_counter() - t)))
 
@@ -551,7 +569,8 @@ def mb(v):
 
 def report(args, backend, gen_s, sizes, phases, n):
     print(f"\n### {backend}: {n:,} rows\n")
-    print(f"Generation: {gen_s:.0f} s ({gen_s / (n / 1e6):.0f} s per million rows, indexes included).\n")
+    if gen_s is not None:
+        print(f"Generation: {gen_s:.0f} s ({gen_s / (n / 1e6):.0f} s per million rows, indexes included).\n")
     print("| | logs (table + indexes) | usage rollup | whole database | per million rows |")
     print("|---|---|---|---|---|")
     for label, s in sizes:
@@ -561,7 +580,7 @@ def report(args, backend, gen_s, sizes, phases, n):
     print("\n| query | " + " | ".join(f"{lab} p50 / p95 (ms)" for lab in labels) + " |")
     print("|---|" + "---|" * len(labels))
     rows = {}
-    for lab, (res, _), _ in phases:
+    for lab, (res, _), *_ in phases:
         for kind, name, times, _ in res:
             rows.setdefault((kind, name), {})[lab] = times
     for (kind, name), by in rows.items():
@@ -569,7 +588,7 @@ def report(args, backend, gen_s, sizes, phases, n):
         print(f"| {kind}: {name} | " + " | ".join(cells) + " |")
     for kind in ("list", "usage", "member usage"):
         cells = []
-        for lab, (res, _), _ in phases:
+        for lab, (res, _), *_ in phases:
             all_t = [t for k, _, times, _ in res if k == kind for t in times]
             cells.append(f"**{pct(all_t, 95):.0f}**")
         print(f"| **p95 of every {kind} query** | " + " | ".join(cells) + " |")
@@ -599,16 +618,21 @@ def run_backend(args, backend):
     with open(res, "w") as f:
         f.write(resources(args.keys, args.members, args.depts, mock_port))
     first = args.before or args.bin
-    db.create()
+    if not args.reuse:
+        db.create()
     try:
-        log(f"{backend}: schema and entities ({args.keys} keys, {args.members} members, {args.depts} departments)")
-        Gateway(first, db, tmp, res, mock_port).stop()
-        log(f"{backend}: generating {n:,} rows")
-        gen_s = generate(db, n, int(time.time() * 1000), args.chunk)
+        if args.reuse:
+            n = int(db.value("SELECT count(*) FROM request_logs"))
+            gen_s = None
+        else:
+            log(f"{backend}: schema and entities ({args.keys} keys, {args.members} members, {args.depts} departments)")
+            Gateway(first, db, tmp, res, mock_port).stop()
+            log(f"{backend}: generating {n:,} rows")
+            gen_s = generate(db, n, int(time.time() * 1000), args.chunk)
         sizes = [("after generation" + (" (before)" if args.before else ""), db.sizes())]
         phases = []
         # Retention drops the oldest days: 2 with the older binary, 2 more with this one.
-        keep = [SPAN_DAYS - 2, SPAN_DAYS - 4]
+        keep = [SPAN_DAYS - 4, SPAN_DAYS - 6] if args.reuse else [SPAN_DAYS - 2, SPAN_DAYS - 4]
         for i, binary in enumerate([args.before, args.bin] if args.before else [args.bin]):
             label = ("before", "after")[i] if args.before else "this build"
             while not os.path.exists(binary):
@@ -623,12 +647,13 @@ def run_backend(args, backend):
             finally:
                 gw.stop()
             ret = retention(binary, db, tmp, res, mock_port, keep[i], args.rate, label)
-            phases.append((label, measured, ret))
-        cap = writer_capacity(args.bin, db, tmp, res, mock_port, args.writer_rows)
+            cap = writer_capacity(binary, db, tmp, res, mock_port, args.writer_rows)
+            phases.append((label, measured, ret, cap))
         report(args, backend, gen_s, sizes, phases, n)
-        print(f"\nLog writer: {cap['rows']:,} requests at {cap['requests_per_s']:.0f}/s, {cap['flushes']:.0f} flushes "
-              f"({cap['rows_per_flush'] or 0:.0f} rows each), {cap['rows_per_flush_second'] or 0:,.0f} rows per second "
-              "of flush time.")
+        for label, _, _, cap in phases:
+            print(f"\nLog writer ({label}): {cap['rows']:,} requests at {cap['requests_per_s']:.0f}/s, "
+                  f"{cap['flushes']:.0f} flushes ({cap['rows_per_flush'] or 0:.0f} rows each), "
+                  f"{cap['rows_per_flush_second'] or 0:,.0f} rows per second of flush time.")
     finally:
         mock.terminate()
         if not args.keep:
@@ -651,16 +676,19 @@ def main():
     p.add_argument("--writer-rows", type=int, default=8000)
     p.add_argument("--pg-db", default="aigw_logs_bench")
     p.add_argument("--keep", action="store_true", help="keep the database and the temporary folder")
+    p.add_argument("--reuse", action="store_true", help="Postgres: measure the database --keep left (no generation)")
     p.add_argument("--short", action="store_true", help="a smoke run: tiny sizes, seconds")
     args = p.parse_args()
+    args.bin = os.path.abspath(args.bin)
+    args.before = args.before and os.path.abspath(args.before)
     if args.short:
         args.keys, args.members, args.depts, args.repeat = 20, 10, 3, 2
         args.writer_rows, args.pg_db = 160, "aigw_logs_smoke"
     backends = ["postgres", "sqlite"] if args.backend == "both" else [args.backend]
-    if "postgres" in backends and subprocess.run(["pg_isready", "-h", "127.0.0.1", "-t", "5"],
+    if "postgres" in backends and subprocess.run(["pg_isready", "-d", PG + "postgres", "-t", "5"],
                                                  capture_output=True).returncode != 0:
         if os.environ.get("CI") == "true" or args.backend == "postgres":
-            sys.exit("Postgres at 127.0.0.1:5432 is unreachable")
+            sys.exit(f"Postgres at {PG} is unreachable")
         log("Postgres is unreachable: SQLite only")
         backends.remove("postgres")
     for b in backends:

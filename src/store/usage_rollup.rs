@@ -1,9 +1,11 @@
-//! The usage rollup: requests, tokens and credits per hour (UTC), workspace, member, key,
-//! department and model, added in the same transaction as the logs they sum. The usage reports
-//! read whole hours from it and only the minutes at the edges of their range from the logs, so
-//! they cost the same over a month of ten million logs as over a day, and stay exact: a rollup
-//! row is always the sum of the logs of its hour (the retention task prunes both at an hour
-//! boundary).
+//! The usage rollup: requests, tokens and credits per hour (UTC), workspace, and model or
+//! department, added in the same transaction as the logs they sum. A workspace's usage by day,
+//! by model and by department reads whole hours from it and only the minutes at the edges of
+//! its range from the logs: a few dozen rows per hour whatever the traffic, and exact, since a
+//! rollup row is always the sum of the logs of its hour (the retention task prunes both at an
+//! hour boundary). Groupings with thousands of values (keys, members) and one member's own usage
+//! read the logs: an hourly row per key or member would be about as many rows as the logs
+//! (measured in docs/performance.md, "Months of logs").
 
 use std::collections::BTreeMap;
 
@@ -17,8 +19,8 @@ pub fn hour_of(ts: i64) -> i64 {
     ts.div_euclid(HOUR_MS) * HOUR_MS
 }
 
-/// A rollup row's key: workspace, hour, member, key, department (0: none), model group.
-type RollupKey = (i64, i64, i64, i64, i64, String);
+/// A rollup row's key: workspace, hour, dimension (`model` or `dept`), group.
+type RollupKey = (i64, i64, &'static str, String);
 
 /// `served:` and the model that served, or `asked:` and the model asked for (the usage by model
 /// tells the two apart; see [`UsageGrouping::Model`]).
@@ -41,20 +43,17 @@ pub(super) async fn add(
 ) -> StoreResult<()> {
     let mut sums: BTreeMap<RollupKey, [i64; 5]> = BTreeMap::new();
     for r in records {
-        let key = (
-            r.workspace_id,
-            hour_of(r.ts),
-            r.member_id,
-            r.key_id,
-            r.department_id.unwrap_or(0),
-            model_group(r),
-        );
-        let s = sums.entry(key).or_default();
-        for (acc, v) in s
-            .iter_mut()
-            .zip([1, r.prompt_tokens, r.completion_tokens, r.total_tokens, r.credits])
-        {
-            *acc = acc.saturating_add(v);
+        let dept = r.department_id.map(|d| d.to_string()).unwrap_or_default();
+        for (dimension, group) in [("model", model_group(r)), ("dept", dept)] {
+            let s = sums
+                .entry((r.workspace_id, hour_of(r.ts), dimension, group))
+                .or_default();
+            for (acc, v) in
+                s.iter_mut()
+                    .zip([1, r.prompt_tokens, r.completion_tokens, r.total_tokens, r.credits])
+            {
+                *acc = acc.saturating_add(v);
+            }
         }
     }
     let rows: Vec<(RollupKey, [i64; 5])> = sums.into_iter().collect();
@@ -65,14 +64,13 @@ pub(super) async fn add(
         rest = tail;
         let mut b = SqlBuilder::new(
             store,
-            "INSERT INTO usage_rollup (workspace_id, hour_start, member_id, key_id, department_id, \
-             model_group, requests, prompt_tokens, completion_tokens, total_tokens, credits) VALUES ",
+            "INSERT INTO usage_rollup (workspace_id, hour_start, dimension, group_key, requests, \
+             prompt_tokens, completion_tokens, total_tokens, credits) VALUES ",
         );
-        for (i, ((ws, hour, member, key, dept, group), sums)) in chunk.iter().enumerate() {
+        for (i, ((ws, hour, dimension, group), sums)) in chunk.iter().enumerate() {
             b.push(if i == 0 { "(" } else { ", (" });
-            b.bind(*ws).push(", ").bind(*hour).push(", ").bind(*member);
-            b.push(", ").bind(*key).push(", ").bind(*dept).push(", ");
-            b.bind(group.as_str());
+            b.bind(*ws).push(", ").bind(*hour).push(", ").bind(*dimension);
+            b.push(", ").bind(group.as_str());
             for v in sums {
                 b.push(", ").bind(*v);
             }
@@ -97,7 +95,7 @@ pub(super) async fn add(
         .map(add)
         .collect();
         b.push(&format!(
-            " ON CONFLICT (workspace_id, hour_start, member_id, key_id, department_id, model_group) \
+            " ON CONFLICT (workspace_id, hour_start, dimension, group_key) \
              DO UPDATE SET {}",
             set.join(", ")
         ));
@@ -108,8 +106,7 @@ pub(super) async fn add(
 }
 
 /// Usage in `[from_ms, to_ms)` grouped by `by` (days at `offset_ms` from UTC): the whole hours
-/// from the rollup, the rest (the edges, or all of it for a zone whose offset is not whole
-/// hours) from the logs.
+/// from the rollup when it has the grouping, the rest (the edges, or all of it) from the logs.
 pub(super) async fn report(
     store: &Store,
     workspace_id: i64,
@@ -124,28 +121,34 @@ pub(super) async fn report(
         first = first.saturating_add(HOUR_MS);
     }
     let mut last = hour_of(to_ms);
-    if by == UsageGrouping::Day && offset_ms % HOUR_MS != 0 || last < first {
-        // A day that starts inside an hour cannot be told from hourly sums: the logs only.
+    let dimension = match by {
+        UsageGrouping::Dept => "dept",
+        _ => "model",
+    };
+    let rolled_up = member_id.is_none()
+        && match by {
+            // A day that starts inside an hour cannot be told from hourly sums.
+            UsageGrouping::Day => offset_ms % HOUR_MS == 0,
+            UsageGrouping::Model | UsageGrouping::Dept => true,
+            UsageGrouping::Key | UsageGrouping::Member => false,
+        };
+    if !rolled_up || last < first {
         (first, last) = (from_ms, from_ms);
     }
-    let group = |time: &str, dept: &str, model: &str| match by {
-        UsageGrouping::Day => format!("CAST((({time} + {offset_ms}) / 86400000) AS TEXT)"),
+    let day = |time: &str| format!("CAST((({time} + {offset_ms}) / 86400000) AS TEXT)");
+    let rolled = match by {
+        UsageGrouping::Day => day("hour_start"),
+        _ => "group_key".to_owned(),
+    };
+    let logged = match by {
+        UsageGrouping::Day => day("ts"),
         UsageGrouping::Key => "CAST(key_id AS TEXT)".to_owned(),
         UsageGrouping::Member => "CAST(member_id AS TEXT)".to_owned(),
-        UsageGrouping::Dept => dept.to_owned(),
-        UsageGrouping::Model => model.to_owned(),
+        UsageGrouping::Dept => "COALESCE(CAST(department_id AS TEXT), '')".to_owned(),
+        UsageGrouping::Model => "CASE WHEN model_served IS NOT NULL THEN 'served:' || model_served \
+             ELSE 'asked:' || COALESCE(model_requested, '') END"
+            .to_owned(),
     };
-    let rolled = group(
-        "hour_start",
-        "CASE WHEN department_id = 0 THEN '' ELSE CAST(department_id AS TEXT) END",
-        "model_group",
-    );
-    let logged = group(
-        "ts",
-        "COALESCE(CAST(department_id AS TEXT), '')",
-        "CASE WHEN model_served IS NOT NULL THEN 'served:' || model_served \
-         ELSE 'asked:' || COALESCE(model_requested, '') END",
-    );
     // Sums saturate at i64::MAX rather than fail the report (SQLite's SUM stops with
     // "integer overflow", a Postgres sum past BIGINT does not cast back). SQLite's TOTAL adds
     // as floats, exact up to 2^53, and its cast to INTEGER saturates.
@@ -173,13 +176,12 @@ pub(super) async fn report(
         ),
     );
     b.bind(workspace_id)
+        .push(" AND dimension = ")
+        .bind(dimension)
         .push(" AND hour_start >= ")
         .bind(first)
         .push(" AND hour_start < ")
         .bind(last);
-    if let Some(m) = member_id {
-        b.push(" AND member_id = ").bind(m);
-    }
     b.push(&format!(
         " UNION ALL
           SELECT {logged} AS group_key, 1, prompt_tokens, completion_tokens, total_tokens, credits
