@@ -182,23 +182,21 @@ pub(super) async fn report(
         .bind(first)
         .push(" AND hour_start < ")
         .bind(last);
-    b.push(&format!(
-        " UNION ALL
-          SELECT {logged} AS group_key, 1, prompt_tokens, completion_tokens, total_tokens, credits
-          FROM request_logs WHERE workspace_id = "
-    ));
-    b.bind(workspace_id)
-        .push(" AND ((ts >= ")
-        .bind(from_ms)
-        .push(" AND ts < ")
-        .bind(first.min(to_ms))
-        .push(") OR (ts >= ")
-        .bind(last.max(from_ms))
-        .push(" AND ts < ")
-        .bind(to_ms)
-        .push("))");
-    if let Some(m) = member_id {
-        b.push(" AND member_id = ").bind(m);
+    // The edges, each a plain range of the (workspace_id, ts) index.
+    for (lo, hi) in [(from_ms, first.min(to_ms)), (last.max(from_ms), to_ms)] {
+        b.push(&format!(
+            " UNION ALL
+              SELECT {logged} AS group_key, 1, prompt_tokens, completion_tokens, total_tokens, credits
+              FROM request_logs WHERE workspace_id = "
+        ));
+        b.bind(workspace_id)
+            .push(" AND ts >= ")
+            .bind(lo)
+            .push(" AND ts < ")
+            .bind(hi);
+        if let Some(m) = member_id {
+            b.push(" AND member_id = ").bind(m);
+        }
     }
     b.push(") usage GROUP BY group_key ORDER BY 1");
     let (sql, args) = b.finish();
