@@ -146,7 +146,7 @@ pub trait RequestLogStore {
 
 /// Rows one retention batch deletes at most: a few milliseconds of the database's time, so the
 /// log writer (on SQLite, waiting for the one write lock) is never held up for long.
-pub const PRUNE_BATCH: i64 = 5000;
+pub const PRUNE_BATCH: i64 = 1000;
 
 impl RequestLogStore for Store {
     async fn insert_logs(&self, records: &[LogRecord]) -> StoreResult<()> {
