@@ -132,7 +132,7 @@ pub(super) async fn report(
             UsageGrouping::Model | UsageGrouping::Dept => true,
             UsageGrouping::Key | UsageGrouping::Member => false,
         };
-    if !rolled_up || last < first {
+    if last < first {
         (first, last) = (from_ms, from_ms);
     }
     let day = |time: &str| format!("CAST((({time} + {offset_ms}) / 86400000) AS TEXT)");
@@ -167,6 +167,30 @@ pub(super) async fn report(
     ]
     .map(sum)
     .join(", ");
+    if !rolled_up {
+        // The logs alone: one plain aggregate, which the database can run in parallel.
+        let sums = ["prompt_tokens", "completion_tokens", "total_tokens", "credits"]
+            .map(sum)
+            .join(", ");
+        let mut b = SqlBuilder::new(
+            store,
+            &format!(
+                "SELECT {logged} AS group_key, CAST(COUNT(*) AS BIGINT) AS requests, {sums}
+                 FROM request_logs WHERE workspace_id = "
+            ),
+        );
+        b.bind(workspace_id)
+            .push(" AND ts >= ")
+            .bind(from_ms)
+            .push(" AND ts < ")
+            .bind(to_ms);
+        if let Some(m) = member_id {
+            b.push(" AND member_id = ").bind(m);
+        }
+        b.push(&format!(" GROUP BY {logged} ORDER BY 1"));
+        let (sql, args) = b.finish();
+        return Ok(sqlx::query_as_with(&sql, args).fetch_all(store.pool()).await?);
+    }
     let mut b = SqlBuilder::new(
         store,
         &format!(
@@ -194,9 +218,6 @@ pub(super) async fn report(
             .bind(lo)
             .push(" AND ts < ")
             .bind(hi);
-        if let Some(m) = member_id {
-            b.push(" AND member_id = ").bind(m);
-        }
     }
     b.push(") usage GROUP BY group_key ORDER BY 1");
     let (sql, args) = b.finish();
