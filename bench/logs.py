@@ -2,10 +2,12 @@
 """Months of logs (issue 24 §3), measured against a real aigw: fills a fresh database with
 request logs in bulk, then times the console's queries through the admin HTTP API.
 
-    cargo build --release --bin aigw
-    python3 bench/logs.py --backend postgres --rows 10000000 --bin target/release/aigw
-    python3 bench/logs.py --backend sqlite --rows 1000000 --bin target/release/aigw
+    cargo build --bin aigw
+    python3 bench/logs.py --backend postgres --rows 10000000 --before OLD_AIGW --bin target/debug/aigw
+    python3 bench/logs.py --backend sqlite --rows 1000000 --before OLD_AIGW --bin target/debug/aigw
     python3 bench/logs.py --short --bin target/debug/aigw      # CI smoke run (seconds)
+
+Tables and findings: docs/performance.md, "Months of logs".
 
 --before BIN: the database is created and filled by that (older) binary, measured with it, then
 opened by --bin, which migrates it; both are measured on the same rows in the same run.
