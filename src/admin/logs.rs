@@ -14,7 +14,7 @@ use super::{AdminResult, Params, PathText, store_error};
 use crate::app::AppState;
 use crate::error::ApiError;
 use crate::quota::micros_to_credits;
-use crate::request_log::{LogFilter, LogRecord};
+use crate::request_log::{LogFilter, LogPage, LogRecord};
 use crate::store::{
     AdminStore, ApiKeyRow, Department, MemberRow, ModelRow, RequestLogStore, Table, UsageGrouping, UsageRow,
 };
@@ -73,7 +73,10 @@ fn log_json(r: &LogRecord) -> Value {
 /// Rows at most in one CSV export.
 const EXPORT_MAX_ROWS: usize = 100_000;
 
-/// `GET /admin/v1/logs/export`: the filtered logs as CSV (at most 100,000 rows, newest first).
+/// `GET /admin/v1/logs/export`: the filtered logs as CSV (at most 100,000 rows, newest first),
+/// streamed a page at a time: the gateway holds one page of 500 rows, never the whole export.
+/// The first page is read before answering, so that a database that fails is an error status;
+/// a later failure ends the download short (and is logged).
 pub async fn export(
     State(state): State<AppState>,
     actor: Actor,
@@ -81,20 +84,50 @@ pub async fn export(
 ) -> AdminResult {
     let mut f = scoped(&actor, f)?;
     f.limit = Some(500);
-    let mut out = String::from(CSV_HEADER);
-    out.push('\n');
-    let mut rows = 0;
-    loop {
-        let page = state.store.logs(&f).await.map_err(store_error)?;
+    let first = state.store.logs(&f).await.map_err(store_error)?;
+    let pages = ExportPages {
+        store: state.store.clone(),
+        filter: f,
+        rows: 0,
+        first: Some(first),
+        done: false,
+    };
+    let body = futures::stream::unfold(pages, |mut p| async move {
+        if p.done {
+            return None;
+        }
+        let page = match p.first.take() {
+            Some(page) => page,
+            // The body is polled where the connection is served: the page is read on the
+            // store's own runtime (`Store::at_home`).
+            None => match p.store.at_home({
+                let filter = p.filter.clone();
+                |s| async move { s.logs(&filter).await }
+            })
+            .await
+            {
+                Ok(page) => page,
+                Err(e) => {
+                    tracing::warn!(error = %e, rows = p.rows, "the CSV export stopped short: reading the logs failed");
+                    return None;
+                }
+            },
+        };
+        let mut out = String::new();
+        if p.rows == 0 {
+            out.push_str(CSV_HEADER);
+            out.push('\n');
+        }
         for r in &page.items {
             csv_row(&mut out, r);
-            rows += 1;
         }
+        p.rows += page.items.len();
         match page.next_cursor {
-            Some(c) if rows < EXPORT_MAX_ROWS => f.cursor = Some(c),
-            _ => break,
+            Some(c) if p.rows < EXPORT_MAX_ROWS => p.filter.cursor = Some(c),
+            _ => p.done = true,
         }
-    }
+        Some((Ok::<_, std::io::Error>(bytes::Bytes::from(out)), p))
+    });
     Ok((
         [
             (header::CONTENT_TYPE, "text/csv; charset=utf-8"),
@@ -103,9 +136,19 @@ pub async fn export(
                 "attachment; filename=\"aigw-logs.csv\"",
             ),
         ],
-        out,
+        axum::body::Body::from_stream(body),
     )
         .into_response())
+}
+
+/// Where a streamed export is: the filter with the next page's cursor, the rows written, the
+/// first page (read before answering).
+struct ExportPages {
+    store: crate::store::Store,
+    filter: LogFilter,
+    rows: usize,
+    first: Option<LogPage>,
+    done: bool,
 }
 
 const CSV_HEADER: &str = "id,request_id,ts,key_id,member_id,department_id,endpoint,model_requested,model_served,\

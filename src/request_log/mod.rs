@@ -10,7 +10,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::clock::Clock;
 pub use crate::store::{LogFilter, LogPage, LogRecord};
-use crate::store::{RequestLogStore, Store};
+use crate::store::{PRUNE_BATCH, RequestLogStore, Store, hour_of};
 
 /// Most rows one flush collects.
 const FLUSH_MAX: usize = 2000;
@@ -146,7 +146,10 @@ async fn write_with_retry(
     batch.clear();
 }
 
-/// Starts the retention task: prunes at start and every hour.
+/// Starts the retention task: prunes at start and every hour, in batches of [`PRUNE_BATCH`]
+/// rows with a pause between them, so that the log writer (and, on SQLite, every other writer)
+/// gets the database between two batches however much there is to delete. The cutoff is an
+/// hour boundary: the usage rollup holds whole hours and is pruned with the logs it sums.
 pub fn start_retention(
     store: Store,
     clock: Clock,
@@ -156,11 +159,24 @@ pub fn start_retention(
 ) {
     tasks.spawn(async move {
         loop {
-            let cutoff = clock.now_ms() - i64::from(days) * 86_400_000;
-            match store.prune_logs(cutoff).await {
-                Ok(0) => {}
-                Ok(n) => tracing::info!(rows = n, days, "pruned request logs past retention"),
-                Err(e) => tracing::warn!(error = %e, "request log retention failed"),
+            let cutoff = hour_of(clock.now_ms() - i64::from(days) * 86_400_000);
+            let mut pruned = 0;
+            loop {
+                match store.prune_logs_batch(cutoff, PRUNE_BATCH).await {
+                    Ok(0) => break,
+                    Ok(n) => pruned += n,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "request log retention failed");
+                        break;
+                    }
+                }
+                tokio::select! {
+                    () = tokio::time::sleep(PRUNE_PAUSE) => {},
+                    () = stop.cancelled() => return,
+                }
+            }
+            if pruned > 0 {
+                tracing::info!(rows = pruned, days, "pruned request logs past retention");
             }
             tokio::select! {
                 () = tokio::time::sleep(Duration::from_secs(3600)) => {},
@@ -169,3 +185,6 @@ pub fn start_retention(
         }
     });
 }
+
+/// The pause between two retention batches.
+const PRUNE_PAUSE: Duration = Duration::from_millis(20);

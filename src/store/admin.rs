@@ -4,7 +4,7 @@
 
 use serde::Serialize;
 
-use super::{AuditRow, Backend, SqlBuilder, Store, StoreResult};
+use super::{AuditRow, Store, StoreResult};
 
 /// The tables the admin API addresses by id inside a workspace.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -346,50 +346,6 @@ impl AdminStore for Store {
     ) -> StoreResult<Vec<UsageRow>> {
         // The day of a row in the workspace's zone is its shifted time divided by a day; the
         // handler turns that day number into a date.
-        let group = match by {
-            UsageGrouping::Day => "CAST(((ts + {off}) / 86400000) AS TEXT)",
-            UsageGrouping::Key => "CAST(key_id AS TEXT)",
-            UsageGrouping::Member => "CAST(member_id AS TEXT)",
-            UsageGrouping::Dept => "COALESCE(CAST(department_id AS TEXT), '')",
-            UsageGrouping::Model => {
-                "CASE WHEN model_served IS NOT NULL THEN 'served:' || model_served \
-                 ELSE 'asked:' || COALESCE(model_requested, '') END"
-            }
-        }
-        .replace("{off}", &offset_ms.to_string());
-        // Sums saturate at i64::MAX rather than fail the report (SQLite's SUM stops with
-        // "integer overflow", a Postgres sum past BIGINT does not cast back). SQLite's TOTAL adds
-        // as floats, exact up to 2^53, and its cast to INTEGER saturates.
-        let sum = |column: &str| match self.backend() {
-            Backend::Sqlite => format!("CAST(TOTAL({column}) AS INTEGER) AS {column}"),
-            Backend::Postgres => {
-                format!("CAST(LEAST(COALESCE(SUM({column}), 0), 9223372036854775807) AS BIGINT) AS {column}")
-            }
-        };
-        let (prompt, completion, total, credits) = (
-            sum("prompt_tokens"),
-            sum("completion_tokens"),
-            sum("total_tokens"),
-            sum("credits"),
-        );
-        let mut b = SqlBuilder::new(
-            self,
-            &format!(
-                "SELECT {group} AS group_key, CAST(COUNT(*) AS BIGINT) AS requests,
-                   {prompt}, {completion}, {total}, {credits}
-                 FROM request_logs WHERE workspace_id = "
-            ),
-        );
-        b.bind(workspace_id)
-            .push(" AND ts >= ")
-            .bind(from_ms)
-            .push(" AND ts < ")
-            .bind(to_ms);
-        if let Some(m) = member_id {
-            b.push(" AND member_id = ").bind(m);
-        }
-        b.push(&format!(" GROUP BY {group} ORDER BY 1"));
-        let (sql, args) = b.finish();
-        Ok(sqlx::query_as_with(&sql, args).fetch_all(self.pool()).await?)
+        super::usage_rollup::report(self, workspace_id, member_id, (from_ms, to_ms), by, offset_ms).await
     }
 }

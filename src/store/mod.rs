@@ -11,6 +11,7 @@ mod locks;
 mod request_logs;
 mod tenancy;
 mod usage;
+mod usage_rollup;
 
 pub use admin::*;
 pub use breaker::*;
@@ -20,6 +21,7 @@ pub use locks::*;
 pub use request_logs::*;
 pub use tenancy::*;
 pub use usage::*;
+pub use usage_rollup::{HOUR_MS, hour_of};
 
 use std::path::PathBuf;
 use std::str::FromStr;

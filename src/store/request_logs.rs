@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{SqlBuilder, Store, StoreResult};
+use super::{Backend, HOUR_MS, SqlBuilder, Store, StoreResult};
 
 /// One request, as logged.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, sqlx::FromRow)]
@@ -125,11 +125,28 @@ pub trait RequestLogStore {
     async fn insert_logs(&self, records: &[LogRecord]) -> StoreResult<()>;
     /// The log of one request in a workspace.
     async fn log_by_request_id(&self, workspace_id: i64, request_id: &str) -> StoreResult<Option<LogRecord>>;
-    /// Logs matching `f`, newest first, one page.
+    /// Logs matching `f`, newest first (by `ts`, then `id`), one page.
     async fn logs(&self, f: &LogFilter) -> StoreResult<LogPage>;
-    /// Deletes logs older than `cutoff_ms`; returns how many.
-    async fn prune_logs(&self, cutoff_ms: i64) -> StoreResult<u64>;
+    /// Deletes logs older than `cutoff_ms`, in batches; returns how many.
+    async fn prune_logs(&self, cutoff_ms: i64) -> StoreResult<u64> {
+        let mut total = 0;
+        loop {
+            let n = self.prune_logs_batch(cutoff_ms, PRUNE_BATCH).await?;
+            total += n;
+            if n == 0 {
+                return Ok(total);
+            }
+        }
+    }
+    /// Deletes at most `limit` logs older than `cutoff_ms`, oldest first, in one short
+    /// transaction; once none is left, the usage rollup's hours that end at or before
+    /// `cutoff_ms` (at most `limit` rows of them). Returns the rows deleted (0: nothing left).
+    async fn prune_logs_batch(&self, cutoff_ms: i64, limit: i64) -> StoreResult<u64>;
 }
+
+/// Rows one retention batch deletes at most: a few milliseconds of the database's time, so the
+/// log writer (on SQLite, waiting for the one write lock) is never held up for long.
+pub const PRUNE_BATCH: i64 = 1000;
 
 impl RequestLogStore for Store {
     async fn insert_logs(&self, records: &[LogRecord]) -> StoreResult<()> {
@@ -201,6 +218,7 @@ impl RequestLogStore for Store {
             let (sql, args) = b.finish();
             sqlx::query_with(&sql, args).execute(&mut *tx).await?;
         }
+        super::usage_rollup::add(self, &mut tx, records).await?;
         // A key's "last used", written behind with its logs rather than on the request path; in
         // ascending key order, so that two gateways' flushes lock the rows in the same order (in a
         // transaction, any other order can deadlock on Postgres).
@@ -256,10 +274,14 @@ impl RequestLogStore for Store {
         if let Some(v) = &f.source {
             b.push(" AND source = ").bind(v.clone());
         }
+        // Keyset pagination on (ts, id), the order of every log index: the cursor is the id of
+        // the previous page's last row, whose ts the subquery finds by primary key.
         if let Some(v) = f.cursor {
-            b.push(" AND id < ").bind(v);
+            b.push(" AND (ts, id) < (SELECT ts, id FROM request_logs WHERE id = ")
+                .bind(v)
+                .push(")");
         }
-        b.push(" ORDER BY id DESC LIMIT ").bind(limit + 1);
+        b.push(" ORDER BY ts DESC, id DESC LIMIT ").bind(limit + 1);
         let (sql, args) = b.finish();
         let mut items: Vec<LogRecord> = sqlx::query_as_with(&sql, args).fetch_all(self.pool()).await?;
         let next_cursor = if items.len() as i64 > limit {
@@ -271,11 +293,30 @@ impl RequestLogStore for Store {
         Ok(LogPage { items, next_cursor })
     }
 
-    async fn prune_logs(&self, cutoff_ms: i64) -> StoreResult<u64> {
-        let r = sqlx::query("DELETE FROM request_logs WHERE ts < $1")
-            .bind(cutoff_ms)
-            .execute(self.pool())
-            .await?;
+    async fn prune_logs_batch(&self, cutoff_ms: i64, limit: i64) -> StoreResult<u64> {
+        let r = sqlx::query(
+            "DELETE FROM request_logs WHERE id IN
+               (SELECT id FROM request_logs WHERE ts < $1 ORDER BY ts LIMIT $2)",
+        )
+        .bind(cutoff_ms)
+        .bind(limit)
+        .execute(self.pool())
+        .await?;
+        if r.rows_affected() > 0 {
+            return Ok(r.rows_affected());
+        }
+        let row = match self.backend() {
+            Backend::Postgres => "ctid",
+            Backend::Sqlite => "rowid",
+        };
+        let r = sqlx::query(&format!(
+            "DELETE FROM usage_rollup WHERE {row} IN
+               (SELECT {row} FROM usage_rollup WHERE hour_start <= $1 ORDER BY hour_start LIMIT $2)"
+        ))
+        .bind(cutoff_ms.saturating_sub(HOUR_MS))
+        .bind(limit)
+        .execute(self.pool())
+        .await?;
         Ok(r.rows_affected())
     }
 }

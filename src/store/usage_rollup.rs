@@ -1,0 +1,225 @@
+//! The usage rollup: requests, tokens and credits per hour (UTC), workspace, and model or
+//! department, added in the same transaction as the logs they sum. A workspace's usage by day,
+//! by model and by department reads whole hours from it and only the minutes at the edges of
+//! its range from the logs: a few dozen rows per hour whatever the traffic, and exact, since a
+//! rollup row is always the sum of the logs of its hour (the retention task prunes both at an
+//! hour boundary). Groupings with thousands of values (keys, members) and one member's own usage
+//! read the logs: an hourly row per key or member would be about as many rows as the logs
+//! (measured in docs/performance.md, "Months of logs").
+
+use std::collections::BTreeMap;
+
+use super::{Backend, LogRecord, SqlBuilder, Store, StoreResult, UsageGrouping, UsageRow};
+
+/// An hour, in ms.
+pub const HOUR_MS: i64 = 3_600_000;
+
+/// The start of the hour (UTC) that holds `ts`.
+pub fn hour_of(ts: i64) -> i64 {
+    ts.div_euclid(HOUR_MS) * HOUR_MS
+}
+
+/// A rollup row's key: workspace, hour, dimension (`model` or `dept`), group.
+type RollupKey = (i64, i64, &'static str, String);
+
+/// `served:` and the model that served, or `asked:` and the model asked for (the usage by model
+/// tells the two apart; see [`UsageGrouping::Model`]).
+fn model_group(r: &LogRecord) -> String {
+    match &r.model_served {
+        Some(m) => format!("served:{m}"),
+        None => format!("asked:{}", r.model_requested.as_deref().unwrap_or("")),
+    }
+}
+
+/// Rollup rows per INSERT statement, largest first (as for the logs: few distinct statements).
+const STATEMENT_ROWS: [usize; 4] = [100, 20, 5, 1];
+
+/// Adds `records` to the rollup, in `tx`. The batch is summed here first, then each of its rows
+/// is upserted in key order, so that two gateways' flushes lock rows in the same order.
+pub(super) async fn add(
+    store: &Store,
+    tx: &mut sqlx::Transaction<'static, sqlx::Any>,
+    records: &[LogRecord],
+) -> StoreResult<()> {
+    let mut sums: BTreeMap<RollupKey, [i64; 5]> = BTreeMap::new();
+    for r in records {
+        let dept = r.department_id.map(|d| d.to_string()).unwrap_or_default();
+        for (dimension, group) in [("model", model_group(r)), ("dept", dept)] {
+            let s = sums
+                .entry((r.workspace_id, hour_of(r.ts), dimension, group))
+                .or_default();
+            for (acc, v) in
+                s.iter_mut()
+                    .zip([1, r.prompt_tokens, r.completion_tokens, r.total_tokens, r.credits])
+            {
+                *acc = acc.saturating_add(v);
+            }
+        }
+    }
+    let rows: Vec<(RollupKey, [i64; 5])> = sums.into_iter().collect();
+    let mut rest = rows.as_slice();
+    while !rest.is_empty() {
+        let n = STATEMENT_ROWS.into_iter().find(|&n| n <= rest.len()).unwrap_or(1);
+        let (chunk, tail) = rest.split_at(n);
+        rest = tail;
+        let mut b = SqlBuilder::new(
+            store,
+            "INSERT INTO usage_rollup (workspace_id, hour_start, dimension, group_key, requests, \
+             prompt_tokens, completion_tokens, total_tokens, credits) VALUES ",
+        );
+        for (i, ((ws, hour, dimension, group), sums)) in chunk.iter().enumerate() {
+            b.push(if i == 0 { "(" } else { ", (" });
+            b.bind(*ws).push(", ").bind(*hour).push(", ").bind(*dimension);
+            b.push(", ").bind(group.as_str());
+            for v in sums {
+                b.push(", ").bind(*v);
+            }
+            b.push(")");
+        }
+        // Saturating addition on both backends, as for the quota counters.
+        let add = |c: &str| {
+            format!(
+                "{c} = CASE WHEN excluded.{c} <= 0 THEN usage_rollup.{c} + excluded.{c} \
+                 WHEN usage_rollup.{c} > 9223372036854775807 - excluded.{c} THEN 9223372036854775807 \
+                 ELSE usage_rollup.{c} + excluded.{c} END"
+            )
+        };
+        let set: Vec<String> = [
+            "requests",
+            "prompt_tokens",
+            "completion_tokens",
+            "total_tokens",
+            "credits",
+        ]
+        .into_iter()
+        .map(add)
+        .collect();
+        b.push(&format!(
+            " ON CONFLICT (workspace_id, hour_start, dimension, group_key) \
+             DO UPDATE SET {}",
+            set.join(", ")
+        ));
+        let (sql, args) = b.finish();
+        sqlx::query_with(&sql, args).execute(&mut **tx).await?;
+    }
+    Ok(())
+}
+
+/// Usage in `[from_ms, to_ms)` grouped by `by` (days at `offset_ms` from UTC): the whole hours
+/// from the rollup when it has the grouping, the rest (the edges, or all of it) from the logs.
+pub(super) async fn report(
+    store: &Store,
+    workspace_id: i64,
+    member_id: Option<i64>,
+    (from_ms, to_ms): (i64, i64),
+    by: UsageGrouping,
+    offset_ms: i64,
+) -> StoreResult<Vec<UsageRow>> {
+    // The rollup's hours inside the range: [first, last).
+    let mut first = hour_of(from_ms);
+    if first < from_ms {
+        first = first.saturating_add(HOUR_MS);
+    }
+    let mut last = hour_of(to_ms);
+    let dimension = match by {
+        UsageGrouping::Dept => "dept",
+        _ => "model",
+    };
+    let rolled_up = member_id.is_none()
+        && match by {
+            // A day that starts inside an hour cannot be told from hourly sums.
+            UsageGrouping::Day => offset_ms % HOUR_MS == 0,
+            UsageGrouping::Model | UsageGrouping::Dept => true,
+            UsageGrouping::Key | UsageGrouping::Member => false,
+        };
+    if last < first {
+        (first, last) = (from_ms, from_ms);
+    }
+    let day = |time: &str| format!("CAST((({time} + {offset_ms}) / 86400000) AS TEXT)");
+    let rolled = match by {
+        UsageGrouping::Day => day("hour_start"),
+        _ => "group_key".to_owned(),
+    };
+    let logged = match by {
+        UsageGrouping::Day => day("ts"),
+        UsageGrouping::Key => "CAST(key_id AS TEXT)".to_owned(),
+        UsageGrouping::Member => "CAST(member_id AS TEXT)".to_owned(),
+        UsageGrouping::Dept => "COALESCE(CAST(department_id AS TEXT), '')".to_owned(),
+        UsageGrouping::Model => "CASE WHEN model_served IS NOT NULL THEN 'served:' || model_served \
+             ELSE 'asked:' || COALESCE(model_requested, '') END"
+            .to_owned(),
+    };
+    // Sums saturate at i64::MAX rather than fail the report (SQLite's SUM stops with
+    // "integer overflow", a Postgres sum past BIGINT does not cast back). SQLite's TOTAL adds
+    // as floats, exact up to 2^53, and its cast to INTEGER saturates.
+    let sum = |column: &str| match store.backend() {
+        Backend::Sqlite => format!("CAST(TOTAL({column}) AS INTEGER) AS {column}"),
+        Backend::Postgres => {
+            format!("CAST(LEAST(COALESCE(SUM({column}), 0), 9223372036854775807) AS BIGINT) AS {column}")
+        }
+    };
+    let sums = [
+        "requests",
+        "prompt_tokens",
+        "completion_tokens",
+        "total_tokens",
+        "credits",
+    ]
+    .map(sum)
+    .join(", ");
+    if !rolled_up {
+        // The logs alone: one plain aggregate, which the database can run in parallel.
+        let sums = ["prompt_tokens", "completion_tokens", "total_tokens", "credits"]
+            .map(sum)
+            .join(", ");
+        let mut b = SqlBuilder::new(
+            store,
+            &format!(
+                "SELECT {logged} AS group_key, CAST(COUNT(*) AS BIGINT) AS requests, {sums}
+                 FROM request_logs WHERE workspace_id = "
+            ),
+        );
+        b.bind(workspace_id)
+            .push(" AND ts >= ")
+            .bind(from_ms)
+            .push(" AND ts < ")
+            .bind(to_ms);
+        if let Some(m) = member_id {
+            b.push(" AND member_id = ").bind(m);
+        }
+        b.push(&format!(" GROUP BY {logged} ORDER BY 1"));
+        let (sql, args) = b.finish();
+        return Ok(sqlx::query_as_with(&sql, args).fetch_all(store.pool()).await?);
+    }
+    let mut b = SqlBuilder::new(
+        store,
+        &format!(
+            "SELECT group_key, {sums} FROM (
+               SELECT {rolled} AS group_key, requests, prompt_tokens, completion_tokens, total_tokens, credits
+               FROM usage_rollup WHERE workspace_id = "
+        ),
+    );
+    b.bind(workspace_id)
+        .push(" AND dimension = ")
+        .bind(dimension)
+        .push(" AND hour_start >= ")
+        .bind(first)
+        .push(" AND hour_start < ")
+        .bind(last);
+    // The edges, each a plain range of the (workspace_id, ts) index.
+    for (lo, hi) in [(from_ms, first.min(to_ms)), (last.max(from_ms), to_ms)] {
+        b.push(&format!(
+            " UNION ALL
+              SELECT {logged} AS group_key, 1, prompt_tokens, completion_tokens, total_tokens, credits
+              FROM request_logs WHERE workspace_id = "
+        ));
+        b.bind(workspace_id)
+            .push(" AND ts >= ")
+            .bind(lo)
+            .push(" AND ts < ")
+            .bind(hi);
+    }
+    b.push(") usage GROUP BY group_key ORDER BY 1");
+    let (sql, args) = b.finish();
+    Ok(sqlx::query_as_with(&sql, args).fetch_all(store.pool()).await?)
+}
