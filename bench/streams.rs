@@ -10,7 +10,7 @@
 //! `STREAMS streams=… completed=… errors=… peak_open=… events=… ttfb_p50=… ttfb_p99=… gap_p50=…
 //! gap_p99=… gap_max=… duration_us=… errors_by=kind:n,…`. A stream counts as completed when it
 //! ends with `data: [DONE]`; anything else is an error (connect, handshake, send, status, body,
-//! unfinished, timeout). bench/streams.py builds and runs it.
+//! unfinished, timeout; `status-CODE` for an answer other than 200). bench/streams.py builds and runs it.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -35,7 +35,7 @@ struct Seen {
     ttfb_us: Option<u32>,
     gaps_us: Vec<u32>,
     events: u64,
-    error: Option<&'static str>,
+    error: Option<String>,
 }
 
 /// What every stream shares.
@@ -90,7 +90,7 @@ async fn run(shared: Arc<Shared>, count: usize, rate: f64) -> Vec<Seen> {
             match tokio::time::timeout(STREAM_TIMEOUT, one(&shared)).await {
                 Ok(seen) => seen,
                 Err(_) => Seen {
-                    error: Some("timeout"),
+                    error: Some("timeout".to_owned()),
                     ..Seen::default()
                 },
             }
@@ -99,7 +99,7 @@ async fn run(shared: Arc<Shared>, count: usize, rate: f64) -> Vec<Seen> {
     let mut seen = Vec::with_capacity(count);
     for t in tasks {
         seen.push(t.await.unwrap_or_else(|_| Seen {
-            error: Some("panic"),
+            error: Some("panic".to_owned()),
             ..Seen::default()
         }));
     }
@@ -131,7 +131,8 @@ async fn one(shared: &Shared) -> Seen {
         return errored(seen, "send");
     };
     if response.status() != http::StatusCode::OK {
-        return errored(seen, "status");
+        seen.error = Some(format!("status-{}", response.status().as_u16()));
+        return seen;
     }
     let open = shared.open.fetch_add(1, Ordering::Relaxed) + 1;
     shared.peak_open.fetch_max(open, Ordering::Relaxed);
@@ -167,12 +168,12 @@ async fn one(shared: &Shared) -> Seen {
         }
     };
     shared.open.fetch_sub(1, Ordering::Relaxed);
-    seen.error = error.or((!done).then_some("unfinished"));
+    seen.error = error.or((!done).then_some("unfinished")).map(str::to_owned);
     seen
 }
 
-fn errored(mut seen: Seen, kind: &'static str) -> Seen {
-    seen.error = Some(kind);
+fn errored(mut seen: Seen, kind: &str) -> Seen {
+    seen.error = Some(kind.to_owned());
     seen
 }
 
@@ -186,7 +187,7 @@ fn report(seen: &[Seen], peak_open: usize, duration_us: u128) {
     ttfb.sort_unstable();
     gaps.sort_unstable();
     let mut by_kind: Vec<(&str, usize)> = Vec::new();
-    for kind in seen.iter().filter_map(|s| s.error) {
+    for kind in seen.iter().filter_map(|s| s.error.as_deref()) {
         match by_kind.iter_mut().find(|(k, _)| *k == kind) {
             Some((_, n)) => *n += 1,
             None => by_kind.push((kind, 1)),
