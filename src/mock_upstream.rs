@@ -57,6 +57,11 @@ pub struct Script {
     /// Wait this long between streamed chunks.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub chunk_delay_ms: Option<u64>,
+    /// Streamed: add up to this many milliseconds, at random, to every wait between chunks after
+    /// the first (the first chunk still comes `chunk_delay_ms` after the head): an LLM's uneven
+    /// pace, e.g. `chunk_delay_ms` 20 and `chunk_jitter_ms` 30 for events 20–50 ms apart.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chunk_jitter_ms: Option<u64>,
     /// Words in the completion (one streamed chunk each); default 5.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub words: Option<u32>,
@@ -189,6 +194,11 @@ impl Script {
     /// Wait between streamed chunks.
     pub fn chunk_delay(mut self, ms: u64) -> Self {
         self.chunk_delay_ms = Some(ms);
+        self
+    }
+    /// Add up to `ms` at random to every wait between streamed chunks after the first.
+    pub fn chunk_jitter(mut self, ms: u64) -> Self {
+        self.chunk_jitter_ms = Some(ms);
         self
     }
     /// Words in the completion.

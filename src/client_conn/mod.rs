@@ -54,6 +54,8 @@ struct LimitsInner {
     header_timeout: Duration,
     idle_timeout: Duration,
     http: auto::Builder<TokioExecutor>,
+    /// `http` for a connection whose first bytes showed HTTP/1 (see [`opening`]).
+    http1: auto::Builder<TokioExecutor>,
     /// The answers standing in for the HTTP parser's own, rendered once.
     malformed: Bytes,
     uri_too_long: Bytes,
@@ -78,6 +80,7 @@ impl ClientLimits {
         ClientLimits(Arc::new(LimitsInner {
             header_timeout: Duration::from_secs(settings.client_header_timeout_secs),
             idle_timeout: Duration::from_secs(settings.client_idle_timeout_secs),
+            http1: http.clone().http1_only(),
             http,
             malformed: render(ParserRefusal::Malformed),
             uri_too_long: render(ParserRefusal::UriTooLong),
@@ -111,13 +114,18 @@ pub async fn serve_connection(
     // Streamed chunks must leave at once: no Nagle delay on client connections.
     let _ = tcp.set_nodelay(true);
     let watch = Arc::new(Watch::new(limits.0.header_timeout, limits.0.idle_timeout));
+    let http = match opening(&tcp, limits.0.header_timeout, &stopping, peer).await {
+        Some(Opening::Http1) => &limits.0.http1,
+        Some(Opening::Either) => &limits.0.http,
+        None => return,
+    };
     let io = TokioIo::new(ClientIo::new(tcp, Arc::clone(&watch), limits.clone()));
     let service = GatewayService {
         router,
         peer,
         watch: Arc::clone(&watch),
     };
-    let mut conn = pin!(limits.0.http.serve_connection(io, service));
+    let mut conn = pin!(http.serve_connection(io, service));
     let mut stop = pin!(stopping.cancelled());
     let mut stop_sent = false;
     let mut timer = pin!(tokio::time::sleep(limits.0.header_timeout));
@@ -162,6 +170,48 @@ pub async fn serve_connection(
     if let Some(e) = ended {
         // A client that goes away mid-request or sends garbage is not the gateway's fault.
         tracing::debug!(%peer, error = %e, "client connection ended with an error");
+    }
+}
+
+/// What a client connection's first bytes show.
+enum Opening {
+    /// Not the start of HTTP/2's preface: an HTTP/1 request.
+    Http1,
+    /// Perhaps HTTP/2's preface: the server tells the versions apart.
+    Either,
+}
+
+/// Waits for the client's first bytes without taking them, within the header timeout (counted
+/// from the accept, as the head's) and until `stopping`; `None` when the connection ended,
+/// failed or timed out first.
+///
+/// Knowing the version lets hyper's HTTP/1 server read the request itself. After the server's
+/// own version check, the bytes that check read are handed back alone, and hyper's read buffer,
+/// 8 KiB reserved for that first short read, then grows to 16 KiB for the connection's life: 8
+/// KiB more per open stream (docs/performance.md, many long streams).
+async fn opening(
+    tcp: &TcpStream,
+    header_timeout: Duration,
+    stopping: &CancellationToken,
+    peer: SocketAddr,
+) -> Option<Opening> {
+    const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+    let mut first = [0u8; 3];
+    tokio::select! {
+        peeked = tcp.peek(&mut first) => match peeked {
+            Ok(n) if n > 0 && H2_PREFACE.starts_with(&first[..n]) => Some(Opening::Either),
+            Ok(n) if n > 0 => Some(Opening::Http1),
+            // Closed or failed before a byte.
+            _ => None,
+        },
+        () = tokio::time::sleep(header_timeout) => {
+            let bound = Expired::Header.label();
+            metrics::counter!("aigw_client_connections_timed_out_total", "bound" => bound).increment(1);
+            tracing::debug!(%peer, bound, "client connection timed out; closed");
+            None
+        }
+        // Stopping, and no request has begun: nothing to drain.
+        () = stopping.cancelled() => None,
     }
 }
 
@@ -236,5 +286,62 @@ impl http_body::Body for ServedBody {
 
     fn size_hint(&self) -> http_body::SizeHint {
         self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::AsyncWriteExt;
+
+    /// The server's end of a loopback connection whose client first sends `first` (and closes
+    /// when `close`), and the client's end.
+    async fn pair(first: &[u8], close: bool) -> (TcpStream, Option<TcpStream>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let mut client = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
+        let (server, _) = listener.accept().await.unwrap();
+        client.write_all(first).await.unwrap();
+        if close {
+            drop(client);
+            return (server, None);
+        }
+        (server, Some(client))
+    }
+
+    async fn opening_of(first: &[u8], close: bool) -> Option<Opening> {
+        let (server, _client) = pair(first, close).await;
+        let peer = server.peer_addr().unwrap();
+        let got = opening(
+            &server,
+            Duration::from_millis(50),
+            &CancellationToken::new(),
+            peer,
+        )
+        .await;
+        // Peeked, not taken: the server still reads the first bytes.
+        if got.is_some() {
+            let mut buf = [0u8; 1];
+            server.peek(&mut buf).await.unwrap();
+            assert_eq!(buf[0], first[0]);
+        }
+        got
+    }
+
+    #[tokio::test]
+    async fn the_first_bytes_tell_http1_from_a_possible_http2_preface() {
+        assert!(matches!(
+            opening_of(b"POST /v1/chat", false).await,
+            Some(Opening::Http1)
+        ));
+        assert!(matches!(
+            opening_of(b"PRI * HTTP/2.0", false).await,
+            Some(Opening::Either)
+        ));
+        assert!(matches!(opening_of(b"P", false).await, Some(Opening::Either)));
+        assert!(opening_of(b"", true).await.is_none(), "closed before a byte");
+        assert!(
+            opening_of(b"", false).await.is_none(),
+            "silent past the header timeout"
+        );
     }
 }

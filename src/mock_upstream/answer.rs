@@ -176,18 +176,28 @@ pub(super) fn stall_after_head(inc: &Incoming, resp: Response) -> Response {
     Response::from_parts(parts, Body::from_stream(body))
 }
 
-/// An SSE response whose events are produced with the script's chunk delay; `None` drops the
-/// connection; with `stall`, the last event is followed by nothing, the connection kept open.
+/// An SSE response whose events are produced with the script's chunk delay (and jitter after the
+/// first); `None` drops the connection; with `stall`, the last event is followed by nothing, the
+/// connection kept open.
 pub(super) fn sse_response(inc: &Incoming, events: Vec<Option<String>>, stall: bool) -> Response {
     let delay = inc.script.chunk_delay_ms.unwrap_or(0);
-    let stream = futures::stream::unfold(events.into_iter(), move |mut it| async move {
+    let jitter = inc.script.chunk_jitter_ms.unwrap_or(0);
+    let stream = futures::stream::unfold((events.into_iter(), true), move |(mut it, first)| async move {
         let next = it.next()?;
-        if delay > 0 {
-            tokio::time::sleep(Duration::from_millis(delay)).await;
+        let wait = if first || jitter == 0 {
+            delay
+        } else {
+            delay + rand::Rng::gen_range(&mut rand::thread_rng(), 0..=jitter)
+        };
+        if wait > 0 {
+            tokio::time::sleep(Duration::from_millis(wait)).await;
         }
         match next {
-            Some(ev) => Some((Ok::<Bytes, std::io::Error>(Bytes::from(ev)), it)),
-            None => Some((Err(std::io::Error::other("mock: dropped connection")), it)),
+            Some(ev) => Some((Ok::<Bytes, std::io::Error>(Bytes::from(ev)), (it, false))),
+            None => Some((
+                Err(std::io::Error::other("mock: dropped connection")),
+                (it, false),
+            )),
         }
     });
     let stalled = if stall {

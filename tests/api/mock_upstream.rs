@@ -199,3 +199,29 @@ async fn a_rate_limit_refuses_calls_over_the_windows_allowance() {
         .unwrap();
     assert_eq!(listed["by_credential"], json!({"k1": 3, "k2": 1}));
 }
+
+#[tokio::test]
+async fn a_script_paces_streams_with_a_delay_and_jitter() {
+    let mock = MockUpstream::start().await.unwrap();
+    let r = reqwest::Client::new()
+        .post(format!("http://{}/__mock/script", mock.addr()))
+        .json(&json!({"words": 2, "chunk_delay_ms": 5, "chunk_jitter_ms": 10}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201, "chunk_jitter_ms is a script field");
+    let started = std::time::Instant::now();
+    let r = post(
+        &mock,
+        "/v1/chat/completions",
+        "k1",
+        json!({"model": "m", "stream": true, "messages": [{"role": "user", "content": "hi"}]}),
+    )
+    .await;
+    let text = r.text().await.unwrap();
+    assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
+    let events = text.matches("data: ").count();
+    assert_eq!(events, 5, "role, two words, finish, [DONE]: {text}");
+    // Each event waits at least the delay (the jitter only adds to it).
+    assert!(started.elapsed() >= std::time::Duration::from_millis(5 * events as u64));
+}

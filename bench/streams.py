@@ -1,0 +1,220 @@
+#!/usr/bin/env python3
+"""Many long streams: holds 1,000, 5,000 and 10,000 streamed chat completions open at once, each on
+its own connection, direct to the mock upstream and through a release aigw, in the same run.
+
+The mock paces every stream (`chunk_delay_ms` and `chunk_jitter_ms` of its script): 50 events,
+20–50 ms apart at 1,000 streams. Above 1,000 the pace slows in proportion (100–250 ms at 5,000,
+200–500 ms at 10,000), so that every size sends the same ~28,000 events a second: on 2 shared
+cores, 285,000 events a second would measure the machine, not the memory and latency of holding
+streams. bench/streams.rs opens the streams (ramped at --rate a second) and times every event.
+
+Prints, per size and path: streams completed, errors, most open at once, time to first event
+p50/p99, gap between events p99; for aigw, the added TTFB and gap (aigw minus direct, same run),
+its CPU time per stream and per event (from /proc/PID/stat), and its RSS per thousand open streams
+(peak RSS while they are held minus RSS at rest, after a warm-up). Usage:
+
+    cargo build --release --bin aigw --example streams && python3 bench/streams.py
+    python3 bench/streams.py --sizes 1000 [--events 50] [--gap-ms 20-50] [--rate 2000]
+    python3 bench/streams.py --short --bin target/debug/aigw   # smoke test, seconds (.ci/run)
+
+Raises RLIMIT_NOFILE as far as allowed (a stream through aigw holds two sockets in aigw).
+Traffic goes to 127.0.0.1 only.
+"""
+
+import argparse
+import json
+import os
+import re
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from run import CRED, KEY, RESOURCES, chat_body, cpu_seconds, free_port, wait_ready  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Every stream through aigw holds one client and one upstream connection: the default caps
+# (10,000 client connections, 4,096 upstream connections per host) are raised above the largest size
+# (and within what a hard open-file limit of 20,000 allows without a warning).
+GATEWAY_ENV = {"AIGW_MAX_CLIENT_CONNECTIONS": "12000", "AIGW_MAX_UPSTREAM_CONNECTIONS_PER_HOST": "12000"}
+
+
+def raise_nofile():
+    """Raises this process's open-file limit (inherited by everything it starts) as far as it may."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:
+        with open("/proc/sys/fs/nr_open") as f:
+            ceiling = int(f.read())
+    except OSError:
+        ceiling = hard
+    for want in (ceiling, 262144, 65536, hard):
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, want), max(hard, want)))
+            break
+        except (ValueError, OSError):
+            continue
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
+def rss_kib(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+class PeakRss:
+    """Samples a process's RSS every 20 ms in a thread while the block runs; `.peak` is the most."""
+
+    def __init__(self, pid):
+        self.pid, self.peak, self._stop = pid, 0, threading.Event()
+
+    def __enter__(self):
+        def sample():
+            while not self._stop.is_set():
+                self.peak = max(self.peak, rss_kib(self.pid))
+                time.sleep(0.02)
+        self._thread = threading.Thread(target=sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+
+def post(url, body):
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                 headers={"content-type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return r.status
+
+
+def pace(mock_port, events, gap_lo, gap_hi):
+    """Scripts every call to the mock: `events` events (role, words, finish, [DONE]), the first
+    `gap_lo` ms after the head, the rest gap_lo..gap_hi ms apart."""
+    post(f"http://127.0.0.1:{mock_port}/__mock/reset", {})
+    post(f"http://127.0.0.1:{mock_port}/__mock/script",
+         {"words": max(events - 3, 1), "chunk_delay_ms": gap_lo, "chunk_jitter_ms": gap_hi - gap_lo})
+
+
+def load(gen, port, key, count, rate):
+    """Runs the load generator; returns its STREAMS line as a dict of numbers (errors_by as text)."""
+    done = subprocess.run([gen, f"127.0.0.1:{port}", "/v1/chat/completions", key, str(count), str(rate)],
+                          input=chat_body(True), capture_output=True, text=True)
+    m = re.search(r"STREAMS (.*)", done.stdout)
+    if done.returncode != 0 or not m:
+        sys.exit(f"the load generator failed against 127.0.0.1:{port}:\n{done.stdout}{done.stderr}")
+    r = dict(kv.split("=", 1) for kv in m.group(1).split())
+    return {k: (v if k == "errors_by" else int(v)) for k, v in r.items()}
+
+
+def start_gateway(binary, tmp, mock_port):
+    port = free_port()
+    home = os.path.join(tmp, "gw")
+    os.makedirs(home)
+    res = os.path.join(home, "resources.toml")
+    with open(res, "w") as f:
+        f.write(RESOURCES.format(key=KEY, mock=mock_port, cred=CRED).replace(
+            "max_in_flight = 1024", "max_in_flight = 100000"))
+    env = {"PATH": os.environ.get("PATH", ""), "AIGW_LISTEN": f"127.0.0.1:{port}",
+           "AIGW_DATABASE_URL": f"sqlite://{home}/aigw.db", "AIGW_LOG": "warn",
+           "AIGW_BOOTSTRAP_PASSWORD": "bench-owner-pass", **GATEWAY_ENV}
+    gw = subprocess.Popen([binary, "serve", "--resources", res], env=env, cwd=home,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    return gw, port
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--bin", default=os.path.join(ROOT, "target", "release", "aigw"))
+    ap.add_argument("--gen", default=None, help="the load generator (default: beside --bin, examples/streams)")
+    ap.add_argument("--sizes", default="1000,5000,10000", help="stream counts, comma-separated")
+    ap.add_argument("--events", type=int, default=50, help="events per stream")
+    ap.add_argument("--gap-ms", default="20-50", help="gap between events at --per streams (ms, LO-HI)")
+    ap.add_argument("--per", type=int, default=1000, help="above this many streams the gap grows in proportion")
+    ap.add_argument("--rate", type=int, default=2000, help="new streams a second during the ramp")
+    ap.add_argument("--short", action="store_true", help="smoke test: 50 streams of 10 events, 5-10 ms apart")
+    args = ap.parse_args()
+    if args.short:
+        args.sizes, args.events, args.gap_ms = "50", 10, "5-10"
+    args.bin = os.path.abspath(args.bin)
+    gen = os.path.abspath(args.gen or os.path.join(os.path.dirname(args.bin), "examples", "streams"))
+    for path in (args.bin, gen):
+        if not os.path.exists(path):
+            sys.exit(f"{path} is missing: cargo build --release --bin aigw --example streams")
+    sizes = [int(s) for s in args.sizes.split(",")]
+    gap_lo, gap_hi = (int(x) for x in args.gap_ms.split("-"))
+    nofile = raise_nofile()
+    if nofile < 2 * max(sizes) + 100:
+        print(f"warning: RLIMIT_NOFILE is {nofile}; aigw needs two sockets a stream, {2 * max(sizes)} and "
+              "its own files", file=sys.stderr)
+
+    tmp = tempfile.mkdtemp(prefix="aigw-streams-")
+    mock_port = free_port()
+    mock = subprocess.Popen([args.bin, "mock-upstream", "--no-record", "--listen", f"127.0.0.1:{mock_port}"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    gw, rows, failed = None, [], []
+    try:
+        gw, gw_port = start_gateway(args.bin, tmp, mock_port)
+        wait_ready(f"http://127.0.0.1:{mock_port}/__mock/calls", mock)
+        wait_ready(f"http://127.0.0.1:{gw_port}/readyz", gw)
+        # Warm up (caches, the first page faults, the log writer), then let it settle: the rest RSS.
+        pace(mock_port, 10, 1, 2)
+        load(gen, gw_port, KEY, 100, 1000)
+        time.sleep(1.0)
+        rest, mock_rest = rss_kib(gw.pid), rss_kib(mock.pid)
+        for n in sizes:
+            scale = max(1.0, n / args.per)
+            lo, hi = round(gap_lo * scale), round(gap_hi * scale)
+            pace(mock_port, args.events, lo, hi)
+            with PeakRss(mock.pid) as mock_peak:
+                direct = load(gen, mock_port, CRED, n, args.rate)
+            cpu0 = cpu_seconds(gw.pid)
+            with PeakRss(gw.pid) as peak:
+                through = load(gen, gw_port, KEY, n, args.rate)
+            cpu = cpu_seconds(gw.pid) - cpu0
+            rows.append((n, lo, hi, direct, through, cpu, peak.peak, mock_peak.peak))
+            for path, r in (("direct", direct), ("aigw", through)):
+                if r["errors"]:
+                    failed.append(f"{n} streams {path}: {r['errors']} errors ({r['errors_by']})")
+    finally:
+        for p in (p for p in (gw, mock) if p):
+            p.terminate()
+            p.wait(timeout=30)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    rev = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    print(f"# many long streams ({rev}, {args.bin}, {args.events} events a stream, ramp {args.rate}/s, "
+          f"{os.cpu_count()} cores, RLIMIT_NOFILE {nofile})\n")
+    print("| streams | gap | path | completed | errors | most open | TTFB p50 | TTFB p99 | gap p99 |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for n, lo, hi, direct, through, *_ in rows:
+        for path, r in (("direct", direct), ("aigw", through)):
+            print(f"| {n:,} | {lo}–{hi} ms | {path} | {r['completed']:,} | {r['errors']} | {r['peak_open']:,} | "
+                  f"{r['ttfb_p50'] / 1000:.2f} ms | {r['ttfb_p99'] / 1000:.2f} ms | {r['gap_p99'] / 1000:.2f} ms |")
+    print()
+    print("| streams | added TTFB p50 | added TTFB p99 | added gap p99 | aigw CPU per stream | per event "
+          "| aigw RSS per 1,000 open | per open stream | the mock's, direct |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for n, _, _, direct, through, cpu, peak, mock_peak in rows:
+        per_k = (peak - rest) / max(through["peak_open"], 1) * 1000 / 1024
+        mock_k = (mock_peak - mock_rest) / max(direct["peak_open"], 1) * 1000 / 1024
+        print(f"| {n:,} | {(through['ttfb_p50'] - direct['ttfb_p50']) / 1000:.2f} ms | "
+              f"{(through['ttfb_p99'] - direct['ttfb_p99']) / 1000:.2f} ms | "
+              f"{(through['gap_p99'] - direct['gap_p99']) / 1000:.2f} ms | "
+              f"{cpu / max(through['completed'], 1) * 1e6:,.0f} µs | {cpu / max(through['events'], 1) * 1e6:.1f} µs | "
+              f"{per_k:.1f} MiB | {per_k * 1024 / 1000:.1f} KiB | {mock_k * 1024 / 1000:.1f} KiB |")
+    print(f"\naigw RSS at rest {rest / 1024:.1f} MiB; peak {max(r[6] for r in rows) / 1024:.1f} MiB")
+    if failed:
+        sys.exit("errors: " + "; ".join(failed))
+
+
+if __name__ == "__main__":
+    main()
