@@ -45,6 +45,17 @@ pub enum ApiError {
         "invalid API key: provide a valid gateway key as `Authorization: Bearer sk-aigw-…` or `x-api-key`"
     )]
     InvalidApiKey,
+    /// A known key past its `expires_at` (issue 25 item 2). Neither counted toward the key's
+    /// breaker nor logged, like every 401: nothing was attempted for the key, and counting would
+    /// let a forgotten client ban a key for good before an admin extends it.
+    #[error(
+        "this API key expired at {expired_at}; ask its owner or a workspace admin to extend it or \
+         to issue a new key"
+    )]
+    KeyExpired {
+        /// When it expired, RFC 3339.
+        expired_at: String,
+    },
     /// The key's breaker is open (DESIGN.md §5).
     #[error("{message}")]
     CircuitOpen {
@@ -262,6 +273,7 @@ impl ApiError {
     pub fn status(&self) -> StatusCode {
         match self {
             ApiError::InvalidApiKey
+            | ApiError::KeyExpired { .. }
             | ApiError::InvalidCredentials
             | ApiError::InvalidToken
             | ApiError::InvalidMetricsToken => StatusCode::UNAUTHORIZED,
@@ -299,6 +311,7 @@ impl ApiError {
     pub fn code(&self) -> &'static str {
         match self {
             ApiError::InvalidApiKey => "invalid_api_key",
+            ApiError::KeyExpired { .. } => "api_key_expired",
             ApiError::InvalidCredentials => "invalid_credentials",
             ApiError::Forbidden { .. } => "forbidden",
             ApiError::MethodNotAllowed { .. } => "method_not_allowed",
@@ -333,6 +346,7 @@ impl ApiError {
     pub fn error_type(&self) -> &'static str {
         match self {
             ApiError::InvalidApiKey
+            | ApiError::KeyExpired { .. }
             | ApiError::InvalidCredentials
             | ApiError::InvalidToken
             | ApiError::InvalidMetricsToken => "authentication_error",
@@ -410,6 +424,7 @@ impl ApiError {
                 error["reset_at"] = json!(q.reset_at);
             }
             ApiError::CircuitOpen { blocked_until, .. } => error["blocked_until"] = json!(blocked_until),
+            ApiError::KeyExpired { expired_at } => error["expired_at"] = json!(expired_at),
             _ => {}
         }
         if let Some(s) = self.retry_after() {
@@ -574,6 +589,7 @@ mod tests {
                 by: crate::caller::Guarded::Member,
                 limit: 2,
             },
+            ApiError::KeyExpired { expired_at: text() },
         ]
     }
 
@@ -608,6 +624,7 @@ mod tests {
             ApiError::StoreUnavailable => 26,
             ApiError::ModelNotAllowed { .. } => 27,
             ApiError::ConcurrencyLimit { .. } => 28,
+            ApiError::KeyExpired { .. } => 29,
         }
     }
 
@@ -619,7 +636,7 @@ mod tests {
         assert_eq!(numbers, expected, "every_variant() lists each variant once");
         assert_eq!(
             numbers.len(),
-            29,
+            30,
             "a variant added to variant_number is listed too"
         );
     }

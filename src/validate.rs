@@ -206,6 +206,19 @@ pub fn max_in_flight(field: &str, value: Option<i64>) -> Result<Option<i64>, Str
     Ok(value)
 }
 
+/// A key's `expires_at`: an RFC 3339 instant with its offset (`2027-01-01T00:00:00+08:00`), as
+/// stored (Unix ms).
+pub fn expires_at(field: &str, value: &str) -> Result<i64, String> {
+    chrono::DateTime::parse_from_rfc3339(value.trim())
+        .map(|t| t.timestamp_millis())
+        .map_err(|_| {
+            format!(
+                "{field} must be an RFC 3339 time with its offset, e.g. \"2027-01-01T00:00:00+08:00\" \
+                 (got {value:?})"
+            )
+        })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -233,6 +246,13 @@ mod tests {
         assert!(allowed_models("m", &vec!["x".to_owned(); 101]).is_err());
         assert_eq!(max_in_flight("max_in_flight", Some(1)), Ok(Some(1)));
         assert_eq!(max_in_flight("max_in_flight", None), Ok(None));
+        assert_eq!(expires_at("expires_at", "1970-01-01T08:00:01+08:00"), Ok(1000));
+        assert!(expires_at("expires_at", "2027-01-01").is_err(), "no offset");
+        assert!(
+            expires_at("expires_at", "tomorrow")
+                .unwrap_err()
+                .contains("RFC 3339")
+        );
         assert!(max_in_flight("max_in_flight", Some(0)).is_err());
     }
 

@@ -1,7 +1,9 @@
 // API keys: create (the key is shown once, with a copy button), budgets on my own keys (an
 // apikey guardrail), the models a key may call and its cap on requests in flight (set by a
 // member on a new key of theirs, by owners and admins on any key), delete, and each key's
-// breaker: trips, blocked-until countdown, banned.
+// breaker: trips, blocked-until countdown, banned. A key may expire (set when creating it, by
+// owners and admins later): keys expiring within 7 days are marked. Rotate issues a new secret
+// on the same key, shown once, while the old one works for a grace time.
 
 import { api } from '../api.js';
 import {
@@ -10,6 +12,70 @@ import {
 } from '../ui.js';
 import { metricWindowFields, validatePolicy, windowValue, editPolicy, deletePolicy } from './guardrails.js';
 import { limitsFields, validateLimits, limitsBody, limitsCell, editLimits } from './limits.js';
+
+/** Keys expiring within this long are marked. */
+const SOON_MS = 7 * 24 * 3600 * 1000;
+
+/** The key's expiry: never, the date (marked when within 7 days or past), and the old secret's
+ * grace end after a rotation. For owners and admins, the button that changes it. */
+function expiryCell(k, edit) {
+  const shown = expiryText(k);
+  return edit
+    ? h('button.link-button.expiry', { type: 'button', 'aria-label': `Expiry of key ${k.name}`, title: 'Change the expiry', onclick: () => edit(k) }, shown)
+    : shown;
+}
+
+function expiryText(k) {
+  const grace = k.previous_secret_expires_at
+    ? [h('br'), h('small.muted', { title: fmtTime(k.previous_secret_expires_at) }, 'old secret ', countdown(k.previous_secret_expires_at, 'retired'))]
+    : null;
+  if (!k.expires_at) return [h('span.muted', 'never'), grace];
+  const left = new Date(k.expires_at).getTime() - Date.now();
+  const when = h('span', { title: fmtTime(k.expires_at) }, fmtRecent(k.expires_at, { seconds: false }));
+  let mark = null;
+  if (k.expired || left <= 0) mark = badge('expired', 'danger', 'Requests with this key answer 401 api_key_expired');
+  else if (left < SOON_MS) mark = badge('expires soon', 'warn', 'Expires within 7 days');
+  return [when, mark ? [' ', mark] : null, grace];
+}
+
+/** A date-time typed in the form (local time) as RFC 3339, or null when blank. */
+function expiryOf(fd) {
+  const v = String(fd.get('expires_at') || '').trim();
+  return v ? new Date(v).toISOString() : null;
+}
+
+const GRACES = [
+  [0, 'At once'], [3600, '1 hour'], [86400, '24 hours'], [7 * 86400, '7 days'], [30 * 86400, '30 days'],
+];
+
+/** Asks for the grace and rotates `k`; resolves the key with its new secret, or nothing. */
+function rotateKey(k) {
+  return dialog(`Rotate key ${k.name}`, (close) => {
+    const form = h('form.form',
+      h('p', 'A new secret replaces this key\'s secret. Quotas, usage, breaker and logs stay with the key. Apps still using the old secret keep working until the grace time ends, then get 401.'),
+      k.managed_by ? h('p.hint', MANAGED_TEXT) : null,
+      field('Old secret keeps working', select('grace_seconds', GRACES.map(([v, label]) => [v, label]), 86400)),
+      h('div.actions', h('button', { type: 'button', onclick: () => close() }, 'Cancel'), h('button.primary', { type: 'submit' }, 'Rotate key')));
+    handleSubmit(form, {
+      send: async (fd) => close(await api.post(`/keys/${k.id}/rotate`, { grace_seconds: Number(fd.get('grace_seconds')) })),
+    });
+    return form;
+  });
+}
+
+/** Sets or clears `k`'s expiry (owners and admins); resolves true when saved. */
+function editExpiry(k) {
+  return dialog(`Expiry of key ${k.name}`, (close) => {
+    const local = k.expires_at ? new Date(new Date(k.expires_at).getTime() - new Date().getTimezoneOffset() * 60000).toISOString().slice(0, 16) : '';
+    const form = h('form.form',
+      field('Expires at', h('input', { name: 'expires_at', type: 'datetime-local', value: local }), 'Your browser\'s local time; blank for never. A past time stops the key at once.'),
+      h('div.actions', h('button', { type: 'button', onclick: () => close() }, 'Cancel'), h('button.primary', { type: 'submit' }, 'Save expiry')));
+    handleSubmit(form, {
+      send: async (fd) => { await api.patch(`/keys/${k.id}`, { expires_at: expiryOf(fd) }); close(true); },
+    });
+    return form;
+  });
+}
 
 /** The breaker's state; the cell is the button that opens its history. */
 function breakerCell(k) {
@@ -31,6 +97,7 @@ async function createKey(ctx, members) {
       fields.push(field('For member', select('member_id', members.filter((m) => m.active !== false).map((m) => [m.id, m.email]), ctx.me.id)));
     }
     fields.push(...limitsFields());
+    fields.push(field('Expires at', h('input', { name: 'expires_at', type: 'datetime-local' }), 'Optional, in your browser\'s local time; blank for never.'));
     const form = h('form.form', ...fields,
       h('div.actions', h('button', { type: 'button', onclick: () => close() }, 'Cancel'), h('button.primary', { type: 'submit' }, 'Create key')));
     handleSubmit(form, {
@@ -38,6 +105,8 @@ async function createKey(ctx, members) {
         const v = fd.get('name').trim();
         if (!v) return { name: 'Give the key a name.' };
         if (v.includes('/')) return { name: 'A key name cannot contain "/".' };
+        const exp = expiryOf(fd);
+        if (exp && new Date(exp).getTime() <= Date.now()) return { expires_at: 'Choose a time in the future, or leave it blank.' };
         return validateLimits(fd);
       },
       send: async (fd) => {
@@ -45,6 +114,7 @@ async function createKey(ctx, members) {
         const limits = limitsBody(fd);
         if (limits.allowed_models) body.allowed_models = limits.allowed_models;
         if (limits.max_in_flight) body.max_in_flight = limits.max_in_flight;
+        if (expiryOf(fd)) body.expires_at = expiryOf(fd);
         if (fd.get('member_id') && Number(fd.get('member_id')) !== ctx.me.id) body.member_id = Number(fd.get('member_id'));
         const created = await api.post('/keys', body);
         close(created);
@@ -152,10 +222,18 @@ export default {
             },
           },
           { label: 'Limits', class: 'c-limits', cell: limitsCell },
+          {
+            label: 'Expires',
+            class: 'c-expires',
+            // Like the limits, an expiry is changed by owners and admins.
+            cell: (k) => expiryCell(k, ctx.role !== 'member' && (async () => {
+              if (await editExpiry(k)) { toast(`Key ${k.name}: expiry saved.`); load(); }
+            })),
+          },
           { label: 'Breaker', cell: breakerCell },
           {
             label: 'Actions',
-            class: 'actions-cell',
+            class: 'actions-cell key-actions',
             cell: (k) => [
               (ctx.role !== 'member' || k.created_by === ctx.me.id) // members budget only keys they created
                 ? h('button.small', { type: 'button', 'aria-label': `Budget of key ${k.name}`, onclick: () => budgetDialog(ctx, k, policies, load) }, 'Budget') : null,
@@ -165,6 +243,16 @@ export default {
                   'aria-label': `Limits of key ${k.name}`,
                   onclick: async () => { if (await editLimits(k, { title: `Limits of key ${k.name}`, path: `/keys/${k.id}`, who: 'key', what: `Key ${k.name}` })) load(); },
                 }, 'Limits') : null,
+              h('button.small', {
+                type: 'button',
+                'aria-label': `Rotate key ${k.name}`,
+                onclick: async () => {
+                  const rotated = await rotateKey(k);
+                  if (!rotated) return;
+                  await secretDialog(`New secret of key ${k.name}`, `The key "${k.name}" has a new secret. Copy it now: it is not shown again.`, rotated.key, 'API key');
+                  load();
+                },
+              }, 'Rotate'),
               h('button.small.danger', {
                 type: 'button',
                 'aria-label': `Delete key ${k.name}`,

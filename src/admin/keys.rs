@@ -1,5 +1,7 @@
 //! Gateway API keys: a member manages their own; owners and admins every key of the workspace.
-//! The plaintext is shown once, at creation; the store keeps its SHA-256 and a display prefix.
+//! The plaintext is shown once, at creation or rotation; the store keeps its SHA-256 and a display
+//! prefix. A key may expire (`expires_at`); rotating it issues a new secret on the same key (same
+//! quotas, usage, breaker and logs) while the replaced one works on for a grace time.
 
 use axum::Json;
 use axum::extract::State;
@@ -17,7 +19,7 @@ use crate::breaker;
 use crate::crypto;
 use crate::error::ApiError;
 use crate::managed::Kind;
-use crate::store::{AdminStore, ApiKeyRow, KeyStore, MemberRow, Table};
+use crate::store::{AdminStore, ApiKeyRow, KeyGuardrails, KeyStore, MemberRow, Table};
 use crate::validate;
 
 /// The key `id` if the actor may see it: their own, or any of the workspace for a manager.
@@ -32,7 +34,12 @@ pub async fn visible_key(state: &AppState, actor: &Actor, id: i64) -> AdminResul
 }
 
 fn key_json(state: &AppState, k: &ApiKeyRow, members: &[MemberRow]) -> Value {
-    let (trips, blocked_until, banned) = state.breakers.standing(k.id, state.clock.now_ms());
+    let now = state.clock.now_ms();
+    let (trips, blocked_until, banned) = state.breakers.standing(k.id, now);
+    // The replaced secret is shown while it still works only.
+    let grace_end = k
+        .previous_expires_at
+        .filter(|t| *t > now && k.previous_key_hash.is_some());
     json!({
         "id": k.id,
         "name": k.name,
@@ -44,6 +51,9 @@ fn key_json(state: &AppState, k: &ApiKeyRow, members: &[MemberRow]) -> Value {
         "last_used_at": k.last_used_at,
         "allowed_models": stored_models(k.allowed_models.as_deref()),
         "max_in_flight": k.max_in_flight,
+        "expires_at": k.expires_at.and_then(rfc3339),
+        "expired": k.expires_at.is_some_and(|t| now >= t),
+        "previous_secret_expires_at": grace_end.and_then(rfc3339),
         "breaker": {"trips": trips, "banned": banned, "blocked_until": blocked_until.and_then(rfc3339)},
         "managed_by": state.managed.by(Kind::ApiKey, k.id),
     })
@@ -140,14 +150,35 @@ pub struct NewKey {
     /// The most requests the key may have in flight on one gateway; null: no cap.
     #[serde(default)]
     max_in_flight: Option<i64>,
+    /// When the key stops working (RFC 3339, in the future); null: never.
+    #[serde(default)]
+    expires_at: Option<String>,
 }
 
-/// `POST /admin/v1/keys` `{name, member_id?, allowed_models?, max_in_flight?}` → the key, with
-/// its plaintext this once.
+/// A key's `expires_at` as stored, from the request's RFC 3339 text (none: never).
+fn expiry(text: Option<&str>) -> AdminResult<Option<i64>> {
+    text.map(|t| checked("expires_at", validate::expires_at("expires_at", t)))
+        .transpose()
+}
+
+/// `POST /admin/v1/keys` `{name, member_id?, allowed_models?, max_in_flight?, expires_at?}` → the
+/// key, with its plaintext this once.
 pub async fn create(State(state): State<AppState>, actor: Actor, Body(req): Body<NewKey>) -> AdminResult {
     let name = checked("name", validate::key_name("name", &req.name))?;
     let (allowed_models, max_in_flight) =
         guardrails(Some(req.allowed_models), Some(req.max_in_flight), (None, None))?;
+    let expires_at = expiry(req.expires_at.as_deref())?;
+    if expires_at.is_some_and(|t| t <= state.clock.now_ms()) {
+        return Err(ApiError::field(
+            "expires_at",
+            "expires_at is in the past: a new key must expire later",
+        ));
+    }
+    let wanted = KeyGuardrails {
+        allowed_models,
+        max_in_flight,
+        expires_at,
+    };
     let owner_id = req.member_id.unwrap_or(actor.member.id);
     if owner_id != actor.member.id && !actor.manages() {
         return Err(ApiError::Forbidden {
@@ -186,14 +217,15 @@ pub async fn create(State(state): State<AppState>, actor: Actor, Body(req): Body
         )
         .await
         .map_err(store_error)?;
-    if allowed_models.is_some() || max_in_flight.is_some() {
+    if !wanted.is_empty() {
         // Before the plaintext is shown: no request can use the key without its guardrails.
         state
             .store
-            .set_key_guardrails(k.id, allowed_models.as_deref(), max_in_flight)
+            .set_key_guardrails(k.id, &wanted)
             .await
             .map_err(store_error)?;
-        (k.allowed_models, k.max_in_flight) = (allowed_models, max_in_flight);
+        (k.allowed_models, k.max_in_flight, k.expires_at) =
+            (wanted.allowed_models, wanted.max_in_flight, wanted.expires_at);
     }
     let mut body = key_json(&state, &k, &members);
     audit(
@@ -226,11 +258,16 @@ pub struct KeyPatch {
     /// A cap, or null for none; absent keeps the current one.
     #[serde(default, with = "double_option")]
     max_in_flight: Option<Option<i64>>,
+    /// An RFC 3339 time (a past one expires the key at once), or null for never; absent keeps
+    /// the current one.
+    #[serde(default, with = "double_option")]
+    expires_at: Option<Option<String>>,
 }
 
-/// `PATCH /admin/v1/keys/{id}` `{allowed_models?, max_in_flight?}` (owner or admin): the key's
-/// guardrails beside quotas: from the key's next request here, within a second elsewhere. A
-/// member sets them only when creating a key, so cannot lift what an owner or admin set later.
+/// `PATCH /admin/v1/keys/{id}` `{allowed_models?, max_in_flight?, expires_at?}` (owner or admin):
+/// the key's guardrails beside quotas: from the key's next request here, within a second
+/// elsewhere. A member sets them only when creating a key, so cannot lift what an owner or admin
+/// set later.
 pub async fn update(
     State(state): State<AppState>,
     actor: Actor,
@@ -243,17 +280,27 @@ pub async fn update(
         req.max_in_flight,
         (k.allowed_models.clone(), k.max_in_flight),
     )?;
+    let expires_at = match &req.expires_at {
+        None => k.expires_at,
+        Some(text) => expiry(text.as_deref())?,
+    };
+    let wanted = KeyGuardrails {
+        allowed_models,
+        max_in_flight,
+        expires_at,
+    };
     state
         .store
-        .set_key_guardrails(k.id, allowed_models.as_deref(), max_in_flight)
+        .set_key_guardrails(k.id, &wanted)
         .await
         .map_err(store_error)?;
     config_changed(&state).await?;
     let members = members(&state, &actor).await?;
     let before = key_json(&state, &k, &members);
     let after = ApiKeyRow {
-        allowed_models,
-        max_in_flight,
+        allowed_models: wanted.allowed_models,
+        max_in_flight: wanted.max_in_flight,
+        expires_at: wanted.expires_at,
         ..k
     };
     let body = key_json(&state, &after, &members);
@@ -284,6 +331,68 @@ pub async fn delete(State(state): State<AppState>, actor: Actor, Id(id): Id) -> 
     config_changed(&state).await?;
     audit(&state, &actor, "delete", "api_key", k.id, Some(before), None).await;
     Ok(no_content())
+}
+
+/// The grace of a replaced secret when the request names none: a day, time for a deployment.
+pub const DEFAULT_GRACE_SECS: i64 = 86_400;
+/// The longest grace: 30 days.
+pub const MAX_GRACE_SECS: i64 = 30 * 86_400;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Rotation {
+    /// How long the replaced secret keeps working: 0 (stops at once) to 30 days; a day if absent.
+    #[serde(default)]
+    grace_seconds: Option<i64>,
+}
+
+/// `POST /admin/v1/keys/{id}/rotate` `{grace_seconds?}` (whoever may delete the key): a new
+/// secret on the same key, its plaintext in the answer this once. The replaced secret keeps
+/// working for the grace, then answers like an unknown key; a secret still in grace from an
+/// earlier rotation stops at once. Quotas, usage, breaker, logs and expiry stay the key's.
+pub async fn rotate(
+    State(state): State<AppState>,
+    actor: Actor,
+    Id(id): Id,
+    Body(req): Body<Rotation>,
+) -> AdminResult {
+    let k = visible_key(&state, &actor, id).await?;
+    let grace = req.grace_seconds.unwrap_or(DEFAULT_GRACE_SECS);
+    if !(0..=MAX_GRACE_SECS).contains(&grace) {
+        return Err(ApiError::field(
+            "grace_seconds",
+            format!("grace_seconds must be between 0 and {MAX_GRACE_SECS} (30 days)"),
+        ));
+    }
+    let grace_end = (grace > 0).then(|| state.clock.now_ms().saturating_add(grace * 1000));
+    let plaintext = crypto::generate_api_key();
+    let rotated = state
+        .store
+        .rotate_key(
+            k.id,
+            &crypto::hash_api_key(&plaintext),
+            &crypto::display_prefix(&plaintext),
+            grace_end,
+        )
+        .await
+        .map_err(store_error)?
+        .ok_or(ApiError::NotFound { what: "API key" })?;
+    config_changed(&state).await?;
+    let members = members(&state, &actor).await?;
+    let before = key_json(&state, &k, &members);
+    let mut body = key_json(&state, &rotated, &members);
+    audit(
+        &state,
+        &actor,
+        "rotate",
+        "api_key",
+        k.id,
+        Some(before),
+        Some(body.clone()),
+    )
+    .await;
+    body["key"] = json!(plaintext);
+    Ok(Json(body).into_response())
 }
 
 /// `GET /admin/v1/keys/{id}/breaker`: trips so far, blocked until, banned, and the history of its

@@ -103,6 +103,7 @@ admin_routes! {
     get "/admin/v1/keys/{id}" Member => keys::get;
     patch "/admin/v1/keys/{id}" Admin => keys::update;
     delete "/admin/v1/keys/{id}" Member => keys::delete;
+    post "/admin/v1/keys/{id}/rotate" Member => keys::rotate;
     get "/admin/v1/keys/{id}/breaker" Member => keys::breaker;
 
     get "/admin/v1/policies" Member => policies::list;

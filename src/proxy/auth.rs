@@ -1,7 +1,8 @@
 //! Gateway API keys on the request path: key → member → department → workspace through a moka
 //! cache (unknown keys cached briefly too; known ones kept as the last good copy while the store
 //! is unreachable), and a governor limiter that slows repeated failed authentication from one
-//! address.
+//! address. The cached answer carries when the key expires and, for a secret a rotation
+//! replaced, when its grace ends, so both are judged by the clock without a database read.
 
 use std::net::{IpAddr, SocketAddr};
 use std::num::NonZeroU32;
@@ -53,13 +54,45 @@ const FRESH_MS: i64 = 300_000;
 /// How long an unknown key is remembered at all: short, so a key created elsewhere works at once.
 const UNKNOWN_TTL: Duration = Duration::from_secs(1);
 
-/// A cached answer of the store: the caller (none for an unknown key), and when and under which
-/// configuration it was read.
+/// A cached answer of the store: the caller (none for an unknown key) and until when the
+/// presented secret is good, and when and under which configuration it was read.
 #[derive(Clone)]
 struct Answer {
-    caller: Option<Arc<Caller>>,
+    caller: Option<(Arc<Caller>, Validity)>,
     read_at_ms: i64,
     epoch: u64,
+}
+
+/// Until when a presented secret works (Unix ms; none: no end).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Validity {
+    /// The key's `expires_at`: from then on, 401 `api_key_expired`.
+    key_expires_at: Option<i64>,
+    /// For a secret a rotation replaced, the end of its grace: from then on it is an unknown key
+    /// (401 `invalid_api_key`), as a retired secret is not kept and its holder learns nothing.
+    secret_retires_at: Option<i64>,
+}
+
+/// Why a known key's secret does not work at an instant.
+#[derive(Debug, PartialEq, Eq)]
+enum Lapsed {
+    /// The secret was replaced by a rotation and its grace is over.
+    Retired,
+    /// The key expired at this instant (Unix ms).
+    Expired(i64),
+}
+
+impl Validity {
+    /// Whether the secret works at `now_ms` (a retired secret first: it no longer names the key).
+    fn check(&self, now_ms: i64) -> Result<(), Lapsed> {
+        if self.secret_retires_at.is_some_and(|t| now_ms >= t) {
+            return Err(Lapsed::Retired);
+        }
+        match self.key_expires_at {
+            Some(t) if now_ms >= t => Err(Lapsed::Expired(t)),
+            _ => Ok(()),
+        }
+    }
 }
 
 /// Known keys stay until evicted (the last good copy, for an outage); unknown ones a second.
@@ -136,9 +169,18 @@ impl KeyResolver {
             }
             _ => None,
         };
-        match caller {
-            Some(c) => Ok(c),
-            None => Err(self.refuse(ip)),
+        let Some((caller, validity)) = caller else {
+            return Err(self.refuse(ip));
+        };
+        match validity.check(now_ms) {
+            Ok(()) => Ok(caller),
+            Err(Lapsed::Retired) => Err(self.refuse(ip)),
+            // Not throttled as a guess: the key is real, and the client must read why.
+            Err(Lapsed::Expired(at)) => Err(ApiError::KeyExpired {
+                expired_at: chrono::DateTime::from_timestamp_millis(at)
+                    .map(|t| t.to_rfc3339())
+                    .unwrap_or_default(),
+            }),
         }
     }
 
@@ -150,7 +192,7 @@ impl KeyResolver {
         store: &Store,
         digest: KeyDigest,
         now_ms: i64,
-    ) -> Result<Option<Arc<Caller>>, ApiError> {
+    ) -> Result<Option<(Arc<Caller>, Validity)>, ApiError> {
         let epoch = self.epoch.load(Ordering::Relaxed);
         let cached = self.cache.get(&digest).await;
         if let Some(a) = &cached
@@ -210,8 +252,9 @@ impl KeyResolver {
     }
 }
 
-/// The caller of the key with `digest`, from the store (none: unknown, or its member disabled).
-async fn read(store: &Store, digest: KeyDigest) -> Result<Option<Arc<Caller>>, StoreError> {
+/// The caller of the key with `digest` and until when that secret works, from the store (none:
+/// unknown, or its member disabled).
+async fn read(store: &Store, digest: KeyDigest) -> Result<Option<(Arc<Caller>, Validity)>, StoreError> {
     store.fail_fast()?;
     let hash = hex::encode(digest);
     let found = store
@@ -221,7 +264,12 @@ async fn read(store: &Store, digest: KeyDigest) -> Result<Option<Arc<Caller>>, S
         return Ok(None);
     };
     let list = |stored: &Option<String>| decode_model_list(stored.as_deref()).map_err(StoreError::Corrupt);
-    Ok(Some(Arc::new(Caller {
+    let validity = Validity {
+        key_expires_at: k.expires_at,
+        // A replaced secret without a grace end never works (a row written by hand).
+        secret_retires_at: (k.via_previous != 0).then_some(k.previous_expires_at.unwrap_or(i64::MIN)),
+    };
+    let caller = Arc::new(Caller {
         models: ModelAccess {
             key: list(&k.allowed_models)?,
             member: list(&k.member_allowed_models)?,
@@ -235,7 +283,8 @@ async fn read(store: &Store, digest: KeyDigest) -> Result<Option<Arc<Caller>>, S
         member_id: k.member_id,
         department_id: k.department_id,
         workspace_id: k.workspace_id,
-    })))
+    });
+    Ok(Some((caller, validity)))
 }
 
 /// The key from `Authorization: Bearer …` or `x-api-key`.
@@ -279,6 +328,26 @@ mod tests {
                 h.insert(*k, v.parse().unwrap());
             }
             assert_eq!(presented_key(&h), *want, "{headers:?}");
+        }
+    }
+
+    #[test]
+    fn validity_at_an_instant() {
+        let v = |key_expires_at, secret_retires_at| Validity {
+            key_expires_at,
+            secret_retires_at,
+        };
+        let rows: &[(Validity, i64, Result<(), Lapsed>)] = &[
+            (v(None, None), i64::MAX, Ok(())),
+            (v(Some(100), None), 99, Ok(())),
+            (v(Some(100), None), 100, Err(Lapsed::Expired(100))),
+            (v(None, Some(50)), 49, Ok(())),
+            (v(None, Some(50)), 50, Err(Lapsed::Retired)),
+            (v(Some(100), Some(50)), 60, Err(Lapsed::Retired)),
+            (v(Some(40), Some(50)), 45, Err(Lapsed::Expired(40))),
+        ];
+        for (validity, now, want) in rows {
+            assert_eq!(validity.check(*now), *want, "{validity:?} at {now}");
         }
     }
 }

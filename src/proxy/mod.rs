@@ -84,8 +84,10 @@ pub async fn handle(
     caller: Authentication,
     req: Request,
 ) -> Response {
-    // 1. Authenticate (the extractor): key → member → department → workspace (cached). Not
-    //    logged when refused: an unknown key belongs to no workspace.
+    // 1. Authenticate (the extractor): key → member → department → workspace (cached), the
+    //    key's expiry and a rotated secret's grace judged by the clock. Not logged nor counted
+    //    toward a breaker when refused: an unknown key belongs to no workspace, and nothing was
+    //    attempted for an expired one.
     let caller = match caller {
         Ok(Authenticated(c)) => c,
         Err(e) => {

@@ -12,10 +12,11 @@ use crate::managed::{Kind, Managed};
 use crate::quota::window::Window;
 use crate::quota::{Metric, Mode, SubjectKind, credits_to_micros};
 use crate::store::{
-    DepartmentStore, KeyStore, MemberStore, ModelRow, ModelStore, NewKey, NewMember, PolicyRow, PolicyStore,
-    ServedModel, Store, StoreError, UpstreamRow, UpstreamStore, WorkspaceStore,
+    DepartmentStore, KeyGuardrails, KeyStore, MemberStore, ModelRow, ModelStore, NewKey, NewMember,
+    PolicyRow, PolicyStore, ServedModel, Store, StoreError, UpstreamRow, UpstreamStore, WorkspaceStore,
 };
 use crate::upstream::Provider;
+use crate::validate;
 
 /// The store, the time of this run, and what the store holds of the tenancy.
 struct Applier<'a> {
@@ -221,12 +222,10 @@ async fn api_keys(a: &mut Applier<'_>, specs: &[ApiKeySpec]) -> Result<(), Resou
                 .set_key_hash(existing.id, h, &crypto::display_prefix(plain))
                 .await?;
         }
-        let allowed = declared_models(&k.allowed_models);
-        let new_guardrails = existing.allowed_models != allowed || existing.max_in_flight != k.max_in_flight;
+        let declared = declared_guardrails(k);
+        let new_guardrails = KeyGuardrails::of(existing) != declared;
         if new_guardrails {
-            store
-                .set_key_guardrails(existing.id, allowed.as_deref(), k.max_in_flight)
-                .await?;
+            store.set_key_guardrails(existing.id, &declared).await?;
         }
         a.tally(false, new_secret || new_guardrails);
     }
@@ -247,16 +246,27 @@ async fn api_keys(a: &mut Applier<'_>, specs: &[ApiKeySpec]) -> Result<(), Resou
     store.create_keys(&rows, a.now).await?;
     a.index.reload_keys(store).await?;
     for (k, _, member_id, ..) in &new {
-        let allowed = declared_models(&k.allowed_models);
-        if (allowed.is_some() || k.max_in_flight.is_some())
+        let declared = declared_guardrails(k);
+        if !declared.is_empty()
             && let Some(created) = a.index.key(*member_id, &k.name)
         {
-            store
-                .set_key_guardrails(created.id, allowed.as_deref(), k.max_in_flight)
-                .await?;
+            store.set_key_guardrails(created.id, &declared).await?;
         }
     }
     Ok(())
+}
+
+/// A key's guardrails as the file states them, whole: what it leaves out is removed.
+fn declared_guardrails(k: &ApiKeySpec) -> KeyGuardrails {
+    KeyGuardrails {
+        allowed_models: declared_models(&k.allowed_models),
+        max_in_flight: k.max_in_flight,
+        // `check` accepted it.
+        expires_at: k
+            .expires_at
+            .as_deref()
+            .and_then(|t| validate::expires_at("expires_at", t).ok()),
+    }
 }
 
 /// A declared model allow-list as stored (trimmed as `check` accepted it); none when absent, so

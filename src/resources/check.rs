@@ -202,6 +202,11 @@ fn api_key(ctx: &Ctx<'_>, known: &mut Known<'_>, i: usize, k: &ApiKeySpec) -> Re
         ));
     }
     guardrails(&k.allowed_models, k.max_in_flight).map_err(e)?;
+    // A past time is accepted: the file is applied at every start, and a key that expired since
+    // must not stop the gateway from starting.
+    if let Some(at) = &k.expires_at {
+        validate::expires_at("expires_at", at).map_err(e)?;
+    }
     if known.declared_twice(format!("key/{label}")) {
         return Err(e(format!("key {label:?} is declared twice")));
     }

@@ -64,6 +64,8 @@ pub(super) struct ApiKeySpec {
     pub(super) allowed_models: Option<Vec<String>>,
     /// The most requests the key may have in flight on one gateway.
     pub(super) max_in_flight: Option<i64>,
+    /// When the key stops working (RFC 3339 with its offset); never when absent.
+    pub(super) expires_at: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]

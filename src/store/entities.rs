@@ -126,6 +126,12 @@ pub struct ApiKeyRow {
     pub allowed_models: Option<String>,
     /// Most requests the key may have in flight on one gateway; none: no cap.
     pub max_in_flight: Option<i64>,
+    /// Unix ms from which the key answers `api_key_expired`; none: never.
+    pub expires_at: Option<i64>,
+    /// SHA-256 (hex) of the secret the last rotation replaced, while it may still be in grace.
+    pub previous_key_hash: Option<String>,
+    /// Unix ms at which the replaced secret stops working.
+    pub previous_expires_at: Option<i64>,
 }
 
 /// An upstream credential (channel), with its secret still sealed.

@@ -49,6 +49,40 @@ pub struct KeyIdentity {
     pub member_allowed_models: Option<String>,
     /// The member's concurrency cap, if any.
     pub member_max_in_flight: Option<i64>,
+    /// Unix ms at which the key expires, if it does.
+    pub expires_at: Option<i64>,
+    /// 1 when the hash matched the secret a rotation replaced (then valid until
+    /// `previous_expires_at`), 0 for the current secret.
+    pub via_previous: i64,
+    /// Unix ms at which the replaced secret stops working.
+    pub previous_expires_at: Option<i64>,
+}
+
+/// A key's guardrails beside quotas, as stored.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct KeyGuardrails {
+    /// The model allow-list (JSON), if any.
+    pub allowed_models: Option<String>,
+    /// The concurrency cap, if any.
+    pub max_in_flight: Option<i64>,
+    /// Unix ms at which the key expires, if it does.
+    pub expires_at: Option<i64>,
+}
+
+impl KeyGuardrails {
+    /// The guardrails `row` has.
+    pub fn of(row: &ApiKeyRow) -> Self {
+        KeyGuardrails {
+            allowed_models: row.allowed_models.clone(),
+            max_in_flight: row.max_in_flight,
+            expires_at: row.expires_at,
+        }
+    }
+
+    /// Whether none is set (a new key then needs no second write).
+    pub fn is_empty(&self) -> bool {
+        *self == KeyGuardrails::default()
+    }
 }
 
 /// Gateway API keys.
@@ -77,15 +111,21 @@ pub trait KeyStore {
     async fn create_keys(&self, keys: &[NewKey<'_>], now: i64) -> StoreResult<()>;
     /// Every key of every workspace (the resources file's index).
     async fn all_keys(&self) -> StoreResult<Vec<ApiKeyRow>>;
-    /// Sets a key's guardrails: its model allow-list (JSON) and concurrency cap.
-    async fn set_key_guardrails(
+    /// Sets a key's guardrails: its model allow-list (JSON), concurrency cap and expiry.
+    async fn set_key_guardrails(&self, id: i64, guardrails: &KeyGuardrails) -> StoreResult<()>;
+    /// Replaces a key's hash at once (a resources file that names a new key for the same name):
+    /// no secret is left in grace.
+    async fn set_key_hash(&self, id: i64, key_hash: &str, prefix: &str) -> StoreResult<()>;
+    /// Rotates a key's secret: `key_hash` becomes the secret, the current one keeps working until
+    /// `previous_expires_at` (none: it stops at once; a secret still in grace from an earlier
+    /// rotation stops at once either way). Returns the key as it is now.
+    async fn rotate_key(
         &self,
         id: i64,
-        allowed_models: Option<&str>,
-        max_in_flight: Option<i64>,
-    ) -> StoreResult<()>;
-    /// Replaces a key's hash (a resources file that names a new key for the same name).
-    async fn set_key_hash(&self, id: i64, key_hash: &str, prefix: &str) -> StoreResult<()>;
+        key_hash: &str,
+        prefix: &str,
+        previous_expires_at: Option<i64>,
+    ) -> StoreResult<Option<ApiKeyRow>>;
     /// Deletes a key.
     async fn delete_key(&self, id: i64) -> StoreResult<bool>;
     /// Keys of a member.
@@ -99,10 +139,15 @@ impl KeyStore for Store {
         Ok(sqlx::query_as(
             "SELECT k.id AS key_id, k.name AS key_name, k.member_id, m.department_id, k.workspace_id,
                     k.created_by, m.active AS member_active, k.allowed_models, k.max_in_flight,
-                    m.allowed_models AS member_allowed_models, m.max_in_flight AS member_max_in_flight
+                    m.allowed_models AS member_allowed_models, m.max_in_flight AS member_max_in_flight,
+                    k.expires_at, CAST(CASE WHEN k.key_hash = $1 THEN 0 ELSE 1 END AS BIGINT) AS via_previous,
+                    k.previous_expires_at
              FROM api_keys k JOIN members m ON m.id = k.member_id
-             WHERE k.key_hash = $1",
+             WHERE k.key_hash = $2 OR k.previous_key_hash = $3
+             ORDER BY via_previous LIMIT 1",
         )
+        .bind(key_hash)
+        .bind(key_hash)
         .bind(key_hash)
         .fetch_optional(self.pool())
         .await?)
@@ -169,28 +214,56 @@ impl KeyStore for Store {
             .fetch_all(self.pool())
             .await?)
     }
-    async fn set_key_guardrails(
-        &self,
-        id: i64,
-        allowed_models: Option<&str>,
-        max_in_flight: Option<i64>,
-    ) -> StoreResult<()> {
-        sqlx::query("UPDATE api_keys SET allowed_models = $1, max_in_flight = $2 WHERE id = $3")
-            .bind(allowed_models)
-            .bind(max_in_flight)
-            .bind(id)
-            .execute(self.pool())
-            .await?;
+    async fn set_key_guardrails(&self, id: i64, g: &KeyGuardrails) -> StoreResult<()> {
+        sqlx::query(
+            "UPDATE api_keys SET allowed_models = $1, max_in_flight = $2, expires_at = $3 WHERE id = $4",
+        )
+        .bind(g.allowed_models.as_deref())
+        .bind(g.max_in_flight)
+        .bind(g.expires_at)
+        .bind(id)
+        .execute(self.pool())
+        .await?;
         Ok(())
     }
     async fn set_key_hash(&self, id: i64, key_hash: &str, prefix: &str) -> StoreResult<()> {
-        sqlx::query("UPDATE api_keys SET key_hash = $1, prefix = $2 WHERE id = $3")
+        sqlx::query(
+            "UPDATE api_keys SET key_hash = $1, prefix = $2, previous_key_hash = NULL,
+                    previous_expires_at = NULL
+             WHERE id = $3",
+        )
+        .bind(key_hash)
+        .bind(prefix)
+        .bind(id)
+        .execute(self.pool())
+        .await?;
+        Ok(())
+    }
+    async fn rotate_key(
+        &self,
+        id: i64,
+        key_hash: &str,
+        prefix: &str,
+        previous_expires_at: Option<i64>,
+    ) -> StoreResult<Option<ApiKeyRow>> {
+        // The right-hand sides read the row as it was: the current secret becomes the previous.
+        let previous = if previous_expires_at.is_some() {
+            "key_hash"
+        } else {
+            "NULL"
+        };
+        let sql = format!(
+            "UPDATE api_keys SET previous_key_hash = {previous}, previous_expires_at = $1,
+                    key_hash = $2, prefix = $3
+             WHERE id = $4 RETURNING *"
+        );
+        Ok(sqlx::query_as(&sql)
+            .bind(previous_expires_at)
             .bind(key_hash)
             .bind(prefix)
             .bind(id)
-            .execute(self.pool())
-            .await?;
-        Ok(())
+            .fetch_optional(self.pool())
+            .await?)
     }
     async fn delete_key(&self, id: i64) -> StoreResult<bool> {
         let r = sqlx::query("DELETE FROM api_keys WHERE id = $1")

@@ -12,6 +12,7 @@ mod concurrency_cap;
 mod deadlines;
 mod deployment;
 mod foundation;
+mod key_lifecycle;
 mod mock_upstream;
 mod model_allow_list;
 mod openapi;

@@ -160,6 +160,10 @@ async fn sample(
         ("post", "/admin/v1/keys") => (p.to_owned(), Some(json!({"name": unique("k")}))),
         (_, "/admin/v1/keys/{id}") => (format!("/admin/v1/keys/{}", fresh_key().await), None),
         (_, "/admin/v1/keys/{id}/breaker") => (format!("/admin/v1/keys/{}/breaker", fresh_key().await), None),
+        ("post", "/admin/v1/keys/{id}/rotate") => (
+            format!("/admin/v1/keys/{}/rotate", fresh_key().await),
+            Some(json!({"grace_seconds": 60})),
+        ),
         ("post", "/admin/v1/policies") => (
             p.to_owned(),
             Some(
