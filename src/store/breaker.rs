@@ -67,6 +67,8 @@ impl BreakerStore for Store {
     }
 
     async fn add_breaker_buckets(&self, batch: &[BucketDelta]) -> StoreResult<()> {
+        // One transaction: a flush that fails is retried whole, so no part may have been added.
+        let mut tx = self.pool().begin().await?;
         for chunk in batch.chunks(500) {
             let mut b = SqlBuilder::new(
                 self,
@@ -82,26 +84,34 @@ impl BreakerStore for Store {
                  failed = breaker_buckets.failed + excluded.failed",
             );
             let (sql, args) = b.finish();
-            sqlx::query_with(&sql, args).execute(self.pool()).await?;
+            sqlx::query_with(&sql, args).execute(&mut *tx).await?;
         }
+        tx.commit().await?;
         Ok(())
     }
 
     async fn breaker_window(&self, keys: &[i64], after_second: i64) -> StoreResult<Vec<(i64, i64, i64)>> {
-        let mut b = SqlBuilder::new(
-            self,
-            "SELECT key_id, CAST(SUM(total) AS BIGINT), CAST(SUM(failed) AS BIGINT) FROM breaker_buckets WHERE second > ",
-        );
-        b.bind(after_second).push(" AND key_id IN (");
-        for (i, k) in keys.iter().enumerate() {
-            if i > 0 {
-                b.push(", ");
+        let mut rows = Vec::with_capacity(keys.len());
+        // In chunks: one statement's placeholders are bounded (32,766 on SQLite), the keys that
+        // answered in a flush interval are not.
+        for chunk in keys.chunks(500) {
+            let mut b = SqlBuilder::new(
+                self,
+                "SELECT key_id, CAST(SUM(total) AS BIGINT), CAST(SUM(failed) AS BIGINT) FROM breaker_buckets WHERE second > ",
+            );
+            b.bind(after_second).push(" AND key_id IN (");
+            for (i, k) in chunk.iter().enumerate() {
+                if i > 0 {
+                    b.push(", ");
+                }
+                b.bind(*k);
             }
-            b.bind(*k);
+            b.push(") GROUP BY key_id");
+            let (sql, args) = b.finish();
+            let found: Vec<(i64, i64, i64)> = sqlx::query_as_with(&sql, args).fetch_all(self.pool()).await?;
+            rows.extend(found);
         }
-        b.push(") GROUP BY key_id");
-        let (sql, args) = b.finish();
-        Ok(sqlx::query_as_with(&sql, args).fetch_all(self.pool()).await?)
+        Ok(rows)
     }
 
     async fn record_trip(&self, key_id: i64, t: &TripRow) -> StoreResult<bool> {
@@ -149,5 +159,25 @@ impl BreakerStore for Store {
         .bind(key_id)
         .fetch_all(self.pool())
         .await?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A flush interval in which more keys answered than one statement may name (SQLite allows
+    /// 32,766 placeholders): the buckets are added and the window read back whole.
+    #[tokio::test]
+    async fn a_flush_of_more_keys_than_one_statement_may_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite:{}", dir.path().join("breaker.db").display());
+        let store = Store::connect(&url).await.unwrap();
+        let keys: Vec<i64> = (1..=40_000).collect();
+        let batch: Vec<BucketDelta> = keys.iter().map(|k| ((*k, 100), (2, 1))).collect();
+        store.add_breaker_buckets(&batch).await.unwrap();
+        let rows = store.breaker_window(&keys, 99).await.unwrap();
+        assert_eq!(rows.len(), keys.len());
+        assert!(rows.iter().all(|&(_, total, failed)| total == 2 && failed == 1));
     }
 }
