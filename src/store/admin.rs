@@ -4,7 +4,7 @@
 
 use serde::Serialize;
 
-use super::{AuditRow, Store, StoreResult};
+use super::{AuditRow, SqlBuilder, Store, StoreResult};
 
 /// The tables the admin API addresses by id inside a workspace.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
