@@ -88,14 +88,29 @@ def start(binary, home, db, resources_file=None):
            "AIGW_BOOTSTRAP_EMAIL": OWNER, "AIGW_BOOTSTRAP_PASSWORD": OWNER_PASS}
     args = [binary, "serve"] + (["--resources", resources_file] if resources_file else [])
     began = time.monotonic()
-    gw = subprocess.Popen(args, env=env, cwd=home, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    run.wait_ready(f"http://127.0.0.1:{port}/readyz", gw, timeout=600)
+    # The log goes to a file: a pipe nobody reads would stall the gateway once full.
+    log = open(os.path.join(home, f"gateway-{port}.log"), "w")
+    gw = subprocess.Popen(args, env=env, cwd=home, stdout=subprocess.DEVNULL, stderr=log)
+    deadline = time.monotonic() + 600
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1):
+                break
+        except OSError:
+            if gw.poll() is not None or time.monotonic() > deadline:
+                sys.exit(f"the gateway did not get ready; its log: {log.name}")
+            time.sleep(0.05)
     return gw, port, time.monotonic() - began
 
 
 def stop(gw):
     gw.terminate()
-    gw.wait(timeout=60)
+    try:
+        gw.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        print(f"warning: gateway {gw.pid} still running 60 s after SIGTERM; killed", file=sys.stderr)
+        gw.kill()
+        gw.wait()
 
 
 def rss_mib(pid):
