@@ -100,11 +100,13 @@ pub async fn export(
             Some(page) => page,
             // The body is polled where the connection is served: the page is read on the
             // store's own runtime (`Store::at_home`).
-            None => match p.store.at_home({
-                let filter = p.filter.clone();
-                |s| async move { s.logs(&filter).await }
-            })
-            .await
+            None => match p
+                .store
+                .at_home({
+                    let filter = p.filter.clone();
+                    |s| async move { s.logs(&filter).await }
+                })
+                .await
             {
                 Ok(page) => page,
                 Err(e) => {

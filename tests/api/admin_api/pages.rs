@@ -76,7 +76,10 @@ async fn growing_lists_come_in_pages_that_cover_every_row_once(db: TestDb) {
             .call(Method::GET, &format!("/admin/v1/keys?{bad}"), Some(&owner), None)
             .await;
         assert_eq!(status, status_wanted, "{bad}: {body}");
-        assert!(body["error"]["message"].as_str().unwrap().contains("limit"), "{bad}: {body}");
+        assert!(
+            body["error"]["message"].as_str().unwrap().contains("limit"),
+            "{bad}: {body}"
+        );
     }
 }
 
