@@ -204,17 +204,21 @@ pub async fn create(State(state): State<AppState>, actor: Actor, Body(req): Body
         });
     }
     let plaintext = crypto::generate_api_key();
+    let (key_hash, prefix) = (
+        crypto::hash_api_key(&plaintext),
+        crypto::display_prefix(&plaintext),
+    );
+    let new = crate::store::NewKey {
+        workspace_id: actor.workspace_id(),
+        member_id: owner.id,
+        created_by: Some(actor.member.id),
+        name: &name,
+        key_hash: &key_hash,
+        prefix: &prefix,
+    };
     let mut k = state
         .store
-        .create_key(
-            actor.workspace_id(),
-            owner.id,
-            Some(actor.member.id),
-            &name,
-            &crypto::hash_api_key(&plaintext),
-            &crypto::display_prefix(&plaintext),
-            state.clock.now_ms(),
-        )
+        .create_key(&new, state.clock.now_ms())
         .await
         .map_err(store_error)?;
     if !wanted.is_empty() {

@@ -7,7 +7,7 @@ use super::{ApiKeyRow, SqlBuilder, Store, StoreResult};
 /// Postgres's parameter limits).
 pub(super) const BULK_ROWS: usize = 500;
 
-/// What a key is made of when created in bulk.
+/// What a key is made of when created.
 #[derive(Clone, Debug)]
 pub struct NewKey<'a> {
     /// Workspace.
@@ -96,17 +96,7 @@ pub trait KeyStore {
     /// The key a member has under this name.
     async fn key_by_name(&self, member_id: i64, name: &str) -> StoreResult<Option<ApiKeyRow>>;
     /// Creates a key from its hash and display prefix.
-    #[expect(clippy::too_many_arguments, reason = "a row's columns")]
-    async fn create_key(
-        &self,
-        workspace_id: i64,
-        member_id: i64,
-        created_by: Option<i64>,
-        name: &str,
-        key_hash: &str,
-        prefix: &str,
-        now: i64,
-    ) -> StoreResult<ApiKeyRow>;
+    async fn create_key(&self, k: &NewKey<'_>, now: i64) -> StoreResult<ApiKeyRow>;
     /// Creates many keys in one transaction, in batches (the resources file).
     async fn create_keys(&self, keys: &[NewKey<'_>], now: i64) -> StoreResult<()>;
     /// Every key of every workspace (the resources file's index).
@@ -161,26 +151,17 @@ impl KeyStore for Store {
                 .await?,
         )
     }
-    async fn create_key(
-        &self,
-        workspace_id: i64,
-        member_id: i64,
-        created_by: Option<i64>,
-        name: &str,
-        key_hash: &str,
-        prefix: &str,
-        now: i64,
-    ) -> StoreResult<ApiKeyRow> {
+    async fn create_key(&self, k: &NewKey<'_>, now: i64) -> StoreResult<ApiKeyRow> {
         Ok(sqlx::query_as(
             "INSERT INTO api_keys (workspace_id, member_id, created_by, name, key_hash, prefix, created_at)
              VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING *",
         )
-        .bind(workspace_id)
-        .bind(member_id)
-        .bind(created_by)
-        .bind(name)
-        .bind(key_hash)
-        .bind(prefix)
+        .bind(k.workspace_id)
+        .bind(k.member_id)
+        .bind(k.created_by)
+        .bind(k.name)
+        .bind(k.key_hash)
+        .bind(k.prefix)
         .bind(now)
         .fetch_one(self.pool())
         .await?)
