@@ -174,6 +174,9 @@ impl<'q> SqlBuilder<'q> {
     }
 }
 
+/// How long the start waits for a first connection the pool cannot open at once.
+const START_PATIENCE: Duration = Duration::from_secs(15);
+
 static POSTGRES_MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("migrations/postgres");
 static SQLITE_MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("migrations/sqlite");
 
@@ -384,9 +387,23 @@ impl Store {
 
     /// Applies the migrations this build knows that the database lacks.
     pub async fn migrate(&self) -> StoreResult<()> {
-        match self.migrator().run(&self.pool).await {
+        let mut conn = self.acquire_at_start().await?;
+        match self.migrator().run(&mut *conn).await {
             Err(sqlx::migrate::MigrateError::VersionMissing(version)) => Err(StoreError::Newer { version }),
             other => Ok(other?),
+        }
+    }
+
+    /// A connection for the start's own work (the start lock, migrations): the pool's acquire
+    /// timeout is short so that the request path fails fast in an outage, but a server slow to
+    /// accept a connection at start (a busy Postgres) is waited for, up to [`START_PATIENCE`].
+    async fn acquire_at_start(&self) -> StoreResult<sqlx::pool::PoolConnection<sqlx::Any>> {
+        let deadline = tokio::time::Instant::now() + START_PATIENCE;
+        loop {
+            match self.pool.acquire().await {
+                Err(sqlx::Error::PoolTimedOut) if tokio::time::Instant::now() < deadline => continue,
+                other => return Ok(other?),
+            }
         }
     }
 
@@ -402,7 +419,7 @@ impl Store {
     pub async fn start_lock(&self) -> StoreResult<StartLock> {
         match self.backend {
             Backend::Postgres => {
-                let mut conn = self.pool.acquire().await?.detach();
+                let mut conn = self.acquire_at_start().await?.detach();
                 // The key names the schema: gateways on other schemas of the server start freely.
                 const KEY: &str = "hashtextextended('aigw:start:' || COALESCE(current_schema(), ''), 0)";
                 let taken: bool = sqlx::query_scalar(&format!("SELECT pg_try_advisory_lock({KEY})"))
