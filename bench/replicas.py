@@ -283,7 +283,7 @@ def stored_requests(key):
                     f"name = 'burst{key}')"))
 
 
-def burst(gws, home, b, limit, conns, seconds, flush_ms, statements, rate):
+def burst(gws, home, b, limit, conns, seconds, flush_ms, statements, rate, slowest):
     # The limit is per minute: start early in one, so the burst and its flushes fit in it.
     if time.time() % 60 > 60 - seconds - 5 * flush_ms / 1000 - 3:
         time.sleep(60 - time.time() % 60 + 0.5)
@@ -304,7 +304,9 @@ def burst(gws, home, b, limit, conns, seconds, flush_ms, statements, rate):
     # The rate at which the four gateways admit requests: the loaded window's, at the same
     # connections (the burst's own rate is mostly fast refusals once the limit is passed).
     rates = rate
-    cycle = flush_ms / 1000 + max(d["flush"].get("quota", {}).get("ceiling", 0.0), 0.0)
+    # When no quota flush ended within the burst (they take longer), the loaded window's ceiling.
+    q = d["flush"].get("quota", {})
+    cycle = flush_ms / 1000 + (q["ceiling"] if q.get("count") else slowest)
     in_flight = conns * len(gws)
     bound = in_flight + 2 * cycle * rates
     return {"limit": limit, "admitted": admitted, "over": admitted - limit, "bound": bound, "rate": rates,
@@ -343,7 +345,7 @@ def measure_size(gws, home, n, args, flush_ms, b):
     idle["rps"], idle["errors"] = 0.0, 0
     say(f"  {n:,} subjects: burst on a {args.burst_limit}/minute key")
     bst = burst(gws, home, b, args.burst_limit, args.conns, args.burst_seconds, flush_ms, args.statements,
-                loaded["rps"])
+                loaded["rps"], loaded["flush"].get("quota", {}).get("ceiling", 0.0))
     return {"warm_s": warm_s, "warm_requests": sum(r["requests"] for r in warm),
             "warm_errors": sum(r["errors"] for r in warm), "warm_non2xx": sum(r["non2xx"] for r in warm), "loaded": loaded, "idle": idle, "burst": bst}
 
