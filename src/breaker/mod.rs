@@ -285,10 +285,13 @@ impl Breakers {
     /// involved. Off the request path (the flush task).
     pub async fn flush(&self, store: &Store, now: DateTime<Utc>) -> StoreResult<()> {
         let _one_at_a_time = self.flushing.lock().await;
-        let batch: Vec<BucketDelta> =
+        let mut batch: Vec<BucketDelta> =
             std::mem::take(&mut *self.pending.lock().unwrap_or_else(|p| p.into_inner()))
                 .into_iter()
                 .collect();
+        // In (key, second) order: gateways flushing at once lock the same rows in the same
+        // order, so they wait for each other instead of deadlocking (bench/replicas.py saw it).
+        batch.sort_unstable_by_key(|(slot, _)| *slot);
         let now_s = now.timestamp_millis().div_euclid(1000);
         let keys: Vec<i64> = {
             let mut shared = self.shared.lock().unwrap_or_else(|p| p.into_inner());
