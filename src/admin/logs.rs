@@ -70,6 +70,9 @@ fn log_json(r: &LogRecord) -> Value {
     v
 }
 
+/// 9999-12-31T23:59:59.999Z, the last instant a usage report reaches.
+const LAST_INSTANT_MS: i64 = 253_402_300_799_999;
+
 /// Rows at most in one CSV export.
 const EXPORT_MAX_ROWS: usize = 100_000;
 
@@ -236,6 +239,12 @@ pub async fn usage(
     let to = q.to.unwrap_or(now.timestamp_millis() + 1);
     // Saturating: `to` comes from the query, and near i64::MIN the subtraction would overflow.
     let from = q.from.unwrap_or(to.saturating_sub(30 * 86_400_000));
+    if from >= to {
+        return Err(ApiError::field("from", "from must be before to"));
+    }
+    // No log is older than 1970 or later than the year 9999: the range is clamped to that, so
+    // that the hour and day arithmetic below never meets an absurd instant.
+    let (from, to) = (from.clamp(0, LAST_INSTANT_MS), to.clamp(0, LAST_INSTANT_MS));
     if from >= to {
         return Err(ApiError::field("from", "from must be before to"));
     }

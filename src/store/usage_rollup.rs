@@ -16,7 +16,7 @@ pub const HOUR_MS: i64 = 3_600_000;
 
 /// The start of the hour (UTC) that holds `ts`.
 pub fn hour_of(ts: i64) -> i64 {
-    ts.div_euclid(HOUR_MS) * HOUR_MS
+    ts.div_euclid(HOUR_MS).saturating_mul(HOUR_MS)
 }
 
 /// A rollup row's key: workspace, hour, dimension (`model` or `dept`), group.
