@@ -91,6 +91,8 @@ pub struct Inner {
     pub connections: crate::client_conn::ConnectionSlots,
     /// The entities the resources file applied at start declares (marked in the admin API).
     pub managed: crate::managed::Managed,
+    /// OpenTelemetry traces: off unless `otel_endpoint` is set.
+    pub tracer: crate::otel::Tracer,
 }
 
 impl AppState {
@@ -290,6 +292,8 @@ impl Gateway {
         locks.load(&store, clock.now_ms(), true).await?;
         let connections = crate::client_conn::ConnectionSlots::new(settings.max_client_connections);
         let quota = QuotaCounters::new(settings.store_outage_counters);
+        let tracer =
+            crate::otel::Tracer::start(&settings, &tasks, shutdown.clone()).map_err(StartError::Config)?;
         let state = AppState(Arc::new(Inner {
             settings,
             store,
@@ -316,6 +320,7 @@ impl Gateway {
             runtime: tokio::runtime::Handle::current(),
             connections,
             managed,
+            tracer,
         }));
         background::start_config_watch(state.clone(), epoch);
         background::start_quota_flush(state.clone());

@@ -190,7 +190,7 @@ macro_rules! plain_setting_values {
         }
     )*};
 }
-plain_setting_values!(u32, u64, usize, String, Locale, LogFormat, OutageCounters);
+plain_setting_values!(u32, u64, usize, f64, String, Locale, LogFormat, OutageCounters);
 
 impl SettingValue for Secret {
     type File = Secret;
@@ -481,6 +481,22 @@ settings! {
     /// logs, the audit log and sign-in throttling, is the rightmost address of that header not
     /// in these networks. Empty: the connection's own address, the header ignored.
     trusted_proxies: Vec<ipnet::IpNet> = Vec::new(), "AIGW_TRUSTED_PROXIES";
+    /// Where traces go: an OTLP/HTTP collector's base URL (`http://collector:4318`, to which
+    /// `/v1/traces` is added) or its full traces URL. Unset: no traces.
+    otel_endpoint: Option<String> = None, "AIGW_OTEL_ENDPOINT", check |v| match v {
+        Some(u) if !(u.starts_with("http://") || u.starts_with("https://")) => Err("expected an http:// or https:// URL".into()),
+        _ => Ok(()),
+    };
+    /// Headers sent with every export, `name=value` pairs separated by commas (a collector's API
+    /// key, for instance); never shown.
+    otel_headers: Option<Secret> = None, "AIGW_OTEL_HEADERS";
+    /// Of the traces that start at the gateway (no `traceparent` from the caller), the share
+    /// sampled, 0 to 1; a caller's sampled flag is always followed.
+    otel_sample_ratio: f64 = 1.0, "AIGW_OTEL_SAMPLE_RATIO", check |v| {
+        if (0.0..=1.0).contains(v) { Ok(()) } else { Err("must be 0..=1".into()) }
+    };
+    /// `service.name` of the exported spans.
+    otel_service_name: String = "aigw".to_owned(), "AIGW_OTEL_SERVICE_NAME";
 }
 
 /// A setting that could not be read; the message names the setting and where it came from.

@@ -263,6 +263,9 @@ pub struct Call {
     /// stream reports (a dropped or stalled stream reports nothing; nor does a script's `usage`
     /// override).
     pub usage: Option<(u64, u64)>,
+    /// The W3C `traceparent` the call carried.
+    #[serde(default)]
+    pub traceparent: Option<String>,
 }
 
 /// Calls kept for inspection; the count keeps counting past it.

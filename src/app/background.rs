@@ -66,13 +66,14 @@ pub(super) fn start_quota_flush(state: AppState) {
 impl AppState {
     /// Shares everything this gateway has done so far and learns what the others did, without
     /// waiting for the background intervals: waits for the writes handed off the request path
-    /// (locks, breaker trips), writes the queued request logs, flushes the quota, own-limit and
+    /// (locks, breaker trips), writes the queued request logs, exports the finished spans, flushes the quota, own-limit and
     /// breaker counts, then reloads the configuration, locks and trips from the store. The
     /// background tasks keep their intervals; this is the sync point of the behaviour tests
     /// (`TestApp::sync`), which would otherwise wait on those intervals.
     pub async fn sync(&self) {
         self.pending_writes.wait().await;
         self.logs.flush().await;
+        self.tracer.flush().await;
         self.flush_counters().await;
         self.reload().await;
     }

@@ -50,6 +50,7 @@ pub(super) struct Incoming {
     pub(super) model: Option<String>,
     pub(super) stream: bool,
     pub(super) script: Script,
+    pub(super) traceparent: Option<String>,
 }
 
 impl Incoming {
@@ -68,6 +69,10 @@ impl Incoming {
             model,
             stream,
             script,
+            traceparent: headers
+                .get("traceparent")
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned),
         }
     }
 
@@ -102,6 +107,7 @@ impl Incoming {
             body: self.body.clone(),
             status,
             usage,
+            traceparent: self.traceparent.clone(),
         });
     }
 

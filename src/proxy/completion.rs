@@ -16,7 +16,7 @@ use crate::request_log::LogRecord;
 use crate::translate::Translation;
 use crate::upstream::adapter::Endpoint;
 use crate::upstream::admission::Slot;
-use crate::upstream::dispatch::{self, Attempt};
+use crate::upstream::dispatch::{self, Attempt, AttemptLog};
 use crate::upstream::pool::{Credential, ModelRoute};
 use crate::usage::Usage;
 
@@ -59,6 +59,8 @@ pub struct Outcome {
     pub explanation: String,
     /// Time to the first byte sent to the client.
     pub ttfb: Option<Duration>,
+    /// Why the model stopped, per choice (read only for traced requests).
+    pub finish_reasons: Vec<String>,
 }
 
 impl Outcome {
@@ -73,6 +75,7 @@ impl Outcome {
             source: None,
             explanation: String::new(),
             ttfb,
+            finish_reasons: Vec::new(),
         }
     }
 
@@ -106,6 +109,7 @@ impl Outcome {
             source: Some(source),
             explanation: explanation.into(),
             ttfb: None,
+            finish_reasons: Vec::new(),
         }
     }
 }
@@ -161,6 +165,8 @@ pub struct Completion {
     in_flight: Option<InFlightGuard>,
     /// Language of the gateway's own messages for this request.
     pub locale: crate::config::Locale,
+    /// The request's trace, when traces are exported.
+    pub trace: Option<crate::otel::RequestTrace>,
 }
 
 impl Completion {
@@ -197,7 +203,15 @@ impl Completion {
             slot: None,
             in_flight: None,
             locale: state_locale,
+            trace: None,
         }
+    }
+
+    /// Whether the request's spans are recorded (its finish reasons are then read).
+    pub fn traced(&self) -> bool {
+        self.trace
+            .as_ref()
+            .is_some_and(crate::otel::RequestTrace::sampled)
     }
 
     /// When the request started.
@@ -243,9 +257,12 @@ impl Completion {
         &self.attempts
     }
 
-    /// The attempts list dispatch fills.
-    pub fn attempts_mut(&mut self) -> &mut Vec<Attempt> {
-        &mut self.attempts
+    /// What dispatch fills: the attempts, each with its span when the request is traced.
+    pub fn dispatch_log(&mut self) -> AttemptLog<'_> {
+        AttemptLog {
+            attempts: &mut self.attempts,
+            trace: self.trace.as_ref(),
+        }
     }
 
     /// Notes who served the request.
@@ -381,7 +398,7 @@ impl Completion {
             m.prompt_tokens.increment(usage.prompt);
             m.completion_tokens.increment(usage.completion);
         }
-        self.state.logs.send(std::mem::take(&mut self.record));
+        let record = std::mem::take(&mut self.record);
 
         // Every logged request's final status is a breaker outcome (status >= 400 fails).
         let trip = self
@@ -389,6 +406,23 @@ impl Completion {
             .breakers
             .record(self.caller.key_id, self.state.clock.now(), outcome.status);
         let banned = trip.as_ref().is_some_and(|t| t.banned);
+        if let Some(trace) = &self.trace {
+            let breaker = match &trip {
+                Some(t) if t.banned => "banned",
+                Some(_) => "tripped",
+                None => "closed",
+            };
+            let quota = self.quota.as_deref();
+            let done = super::spans::Finished {
+                record: &record,
+                attempts: &self.attempts,
+                quota,
+                breaker,
+                finish_reasons: &outcome.finish_reasons,
+            };
+            super::spans::finished(&self.state, trace, self.endpoint, &self.caller, done);
+        }
+        self.state.logs.send(record);
         if let Some(t) = trip {
             tracing::warn!(
                 key = self.caller.key_id,

@@ -3,6 +3,7 @@
 pub mod auth;
 pub mod body;
 pub mod completion;
+mod spans;
 pub mod stream;
 
 use std::net::SocketAddr;
@@ -84,6 +85,8 @@ pub async fn handle(
     caller: Authentication,
     req: Request,
 ) -> Response {
+    // The caller's trace, continued (when traces are exported).
+    let trace = state.tracer.request(req.headers());
     // 1. Authenticate (the extractor): key → member → department → workspace (cached), the
     //    key's expiry and a rotated secret's grace judged by the clock. Not logged nor counted
     //    toward a breaker when refused: an unknown key belongs to no workspace, and nothing was
@@ -94,6 +97,7 @@ pub async fn handle(
             metrics::counter!("aigw_requests_total", "endpoint" => endpoint.name(), "status" => e.status().as_str().to_owned(),
                 "code" => e.code(), "source" => "gateway")
             .increment(1);
+            spans::refused(&state, trace.as_ref(), endpoint, None, &e);
             return e.into_response();
         }
     };
@@ -101,7 +105,9 @@ pub async fn handle(
     //    nor logged.
     let locale = locale_of(&state, req.headers());
     if let Err(refusal) = state.breakers.gate(caller.key_id, state.clock.now()) {
-        return breaker_error(&refusal, locale).into_response();
+        let e = breaker_error(&refusal, locale);
+        spans::refused(&state, trace.as_ref(), endpoint, Some(&caller), &e);
+        return e.into_response();
     }
     let request_id = req
         .extensions()
@@ -117,6 +123,7 @@ pub async fn handle(
         client.to_string(),
     );
     completion.locale = locale;
+    completion.trace = trace;
 
     // 3. Read and check the body (size and time limits, JSON, required fields).
     let (parts, body) = req.into_parts();
@@ -213,7 +220,7 @@ pub async fn handle(
         workspace.map(|w| &w.quota_groups),
         caller.member_id,
         deadline,
-        completion.attempts_mut(),
+        completion.dispatch_log(),
     )
     .await;
 
@@ -288,6 +295,10 @@ pub async fn handle(
                     Outcome::estimated(status, estimate, reported.invalid_reason(), ttfb)
                 }
             };
+            let mut outcome = outcome;
+            if completion.traced() {
+                outcome.finish_reasons = spans::finish_reasons(endpoint, &bytes);
+            }
             let usage = outcome.usage.unwrap_or_default();
             let credits = completion.credits(usage);
             let ban = completion.ban_context();

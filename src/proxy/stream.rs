@@ -203,6 +203,7 @@ impl ProxyStream {
                 Outcome::estimated(200, estimate, reported.invalid_reason(), self.ttfb)
             }
         };
+        outcome.finish_reasons = std::mem::take(&mut self.tap.finish_reasons);
         let summary = completion.attempts_summary();
         if let Some(e) = timeout {
             metrics::counter!("aigw_stream_errors_total").increment(1);

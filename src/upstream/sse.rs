@@ -51,6 +51,9 @@ pub struct SseTap {
     pub error: Option<String>,
     /// Whether the stream ended properly (`[DONE]` or `message_stop`).
     pub finished: bool,
+    /// The finish reasons the stream named (`finish_reason`, Anthropic's `stop_reason`), for
+    /// traces; a few, each short.
+    pub finish_reasons: Vec<String>,
 }
 
 impl SseTap {
@@ -70,6 +73,7 @@ impl SseTap {
             content_chunks: 0,
             error: None,
             finished: false,
+            finish_reasons: Vec::new(),
         }
     }
 
@@ -231,6 +235,12 @@ impl SseTap {
         {
             self.content_chunks += 1;
         }
+        for i in NEEDLES.finish_reason.find_iter(data) {
+            let rest = &data[i + FINISH_REASON.len()..];
+            if let Some(end) = memchr::memchr(b'"', rest) {
+                self.finish_reason(std::str::from_utf8(&rest[..end]).unwrap_or_default());
+            }
+        }
         // `"usage":` followed by an object (the usage chunk, perhaps) or by null.
         let (mut usage_object, mut usage_null) = (false, false);
         for i in NEEDLES.usage.find_iter(data) {
@@ -261,6 +271,17 @@ impl SseTap {
             }
         }
         out.extend_from_slice(event);
+    }
+
+    /// Notes a finish reason (at most [`MAX_FINISH_REASONS`], each at most 64 bytes).
+    fn finish_reason(&mut self, reason: &str) {
+        if !reason.is_empty()
+            && reason.len() <= 64
+            && self.finish_reasons.len() < MAX_FINISH_REASONS
+            && !self.finish_reasons.iter().any(|r| r == reason)
+        {
+            self.finish_reasons.push(reason.to_owned());
+        }
     }
 
     /// Keeps an error event's message, masked.
@@ -297,10 +318,13 @@ impl SseTap {
                 }
             }
             "message_delta" => {
-                if let Ok(v) = serde_json::from_slice::<Value>(data_of(text.as_bytes()))
-                    && let Some(u) = v.get("usage")
-                {
-                    self.usage.merge_anthropic_delta(u, self.ceiling);
+                if let Ok(v) = serde_json::from_slice::<Value>(data_of(text.as_bytes())) {
+                    if let Some(u) = v.get("usage") {
+                        self.usage.merge_anthropic_delta(u, self.ceiling);
+                    }
+                    if let Some(r) = v.pointer("/delta/stop_reason").and_then(Value::as_str) {
+                        self.finish_reason(r);
+                    }
                 }
             }
             "content_block_delta" => self.content_chunks += 1,
@@ -349,6 +373,7 @@ fn continued_event_end(before: &[u8], chunk: &[u8]) -> Option<usize> {
 /// The substrings an OpenAI-format event is searched for, each searcher built once.
 struct Needles {
     finish_error: Finder<'static>,
+    finish_reason: Finder<'static>,
     content: Finder<'static>,
     empty_content: Finder<'static>,
     usage: Finder<'static>,
@@ -357,6 +382,7 @@ struct Needles {
 
 static NEEDLES: LazyLock<Needles> = LazyLock::new(|| Needles {
     finish_error: Finder::new(b"\"finish_reason\":\"error\""),
+    finish_reason: Finder::new(FINISH_REASON),
     content: Finder::new(b"\"content\":\""),
     empty_content: Finder::new(b"\"content\":\"\""),
     usage: Finder::new(USAGE),
@@ -364,6 +390,9 @@ static NEEDLES: LazyLock<Needles> = LazyLock::new(|| Needles {
 });
 
 const USAGE: &[u8] = b"\"usage\":";
+const FINISH_REASON: &[u8] = b"\"finish_reason\":\"";
+/// Most finish reasons a stream's trace keeps (one per choice, usually one).
+const MAX_FINISH_REASONS: usize = 8;
 const USAGE_NULL: &[u8] = b"\"usage\":null";
 
 /// The two fields of a chunk that tell whether it is the usage chunk.
@@ -455,6 +484,30 @@ mod tests {
         }
         tap.finish(&mut out);
         String::from_utf8(out.to_vec()).unwrap()
+    }
+
+    #[test]
+    fn finish_reasons_are_noted_once_each_and_bounded() {
+        let long = "x".repeat(65);
+        let events = [
+            "data: {\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":null}]}\n\n".to_owned(),
+            "data: {\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"length\"},{\"index\":1,\"finish_reason\":\"stop\"}]}\n\n".to_owned(),
+            "data: {\"choices\":[{\"index\":2,\"delta\":{},\"finish_reason\":\"stop\"}]}\n\n".to_owned(),
+            format!("data: {{\"choices\":[{{\"finish_reason\":\"{long}\"}}]}}\n\n"),
+            "data: [DONE]\n\n".to_owned(),
+        ];
+        let parts: Vec<&str> = events.iter().map(String::as_str).collect();
+        let mut tap = SseTap::new(Endpoint::ChatCompletions, false, CEILING);
+        feed_all(&mut tap, &parts);
+        assert_eq!(tap.finish_reasons, ["length", "stop"]);
+
+        let anthropic = [
+            "event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\"},\"usage\":{\"output_tokens\":3}}\n\n",
+            "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n",
+        ];
+        let mut tap = SseTap::new(Endpoint::Messages, false, CEILING);
+        feed_all(&mut tap, &anthropic);
+        assert_eq!(tap.finish_reasons, ["end_turn"]);
     }
 
     #[test]

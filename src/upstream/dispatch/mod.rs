@@ -13,7 +13,7 @@ mod park;
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use axum::http::HeaderMap;
 use chrono::{DateTime, Utc};
@@ -22,7 +22,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 pub(crate) use self::exchange::request;
 use self::exchange::{Unread, read_answer, read_error};
-pub use self::outcome::{Answer, Attempt, Complete, Dispatched, UpstreamError};
+pub use self::outcome::{Answer, Attempt, AttemptLog, Complete, Dispatched, UpstreamError};
 pub use self::park::time_out;
 use self::park::{park, rfc3339};
 use super::adapter::{Endpoint, Fields};
@@ -36,6 +36,7 @@ use crate::clock::Clock;
 use crate::config::Settings;
 use crate::deadline::Deadline;
 use crate::error::ApiError;
+use crate::otel::{AttemptSpan, RequestTrace};
 use crate::translate;
 
 /// What dispatching needs of the gateway, borrowed for one request: the settings, the clock, the
@@ -90,7 +91,7 @@ pub async fn dispatch(
     quota_groups: Option<&HashMap<String, Vec<i64>>>,
     member_id: i64,
     deadline: Deadline,
-    attempts: &mut Vec<Attempt>,
+    log: AttemptLog<'_>,
 ) -> Dispatched {
     let mut run = Run {
         up: upstreams,
@@ -100,7 +101,9 @@ pub async fn dispatch(
         quota_groups,
         member_id,
         deadline,
-        attempts,
+        attempts: log.attempts,
+        trace: log.trace,
+        sending: None,
         sent: 0,
         last: None,
         earliest_free: None,
@@ -222,6 +225,10 @@ struct Run<'a> {
     /// The end of the request's time budget.
     deadline: Deadline,
     attempts: &'a mut Vec<Attempt>,
+    /// The request's trace, when traces are exported: each request sent carries a `traceparent`.
+    trace: Option<&'a RequestTrace>,
+    /// The span of the request being sent, given to the attempt it ends in.
+    sending: Option<AttemptSpan>,
     /// Requests sent upstream so far (the attempt budget counts these).
     sent: usize,
     /// What to answer if nothing serves.
@@ -241,6 +248,12 @@ impl Run<'_> {
     /// Whether the attempt budget or the time budget is spent.
     fn spent(&self) -> bool {
         self.sent >= self.up.settings.max_attempts as usize || self.deadline.passed()
+    }
+
+    /// Logs an attempt; the request it sent (if any) gives it its span.
+    fn push(&mut self, mut attempt: Attempt) {
+        attempt.span = self.sending.take();
+        self.attempts.push(attempt);
     }
 
     fn free_at(&mut self, until_ms: i64) {
@@ -291,8 +304,15 @@ impl Run<'_> {
         let mut retry = single.then(|| http::duplicate(&req));
         loop {
             self.sent += 1;
+            if let Some(trace) = self.trace {
+                self.sending = Some(trace.attempt(req.headers_mut()));
+            }
             let started = Instant::now();
-            let Some(sent) = self.deadline.bound(self.up.http.send(req)).await else {
+            let sent = self.deadline.bound(self.up.http.send(req)).await;
+            if let Some(span) = &mut self.sending {
+                span.answered = Some(SystemTime::now());
+            }
+            let Some(sent) = sent else {
                 return self.timed_out(cred, upstream_model, Attempt::of(cred, model));
             };
             let upstream_latency = started.elapsed();
@@ -310,14 +330,14 @@ impl Run<'_> {
                     if let Some(again) = retry.take()
                         && self.retry_pause(cred, upstream_model).await
                     {
-                        self.attempts.push(Attempt {
+                        self.push(Attempt {
                             rule: Some(SINGLE_CANDIDATE_RETRY),
                             ..attempt
                         });
                         req = again;
                         continue;
                     }
-                    self.attempts.push(attempt);
+                    self.push(attempt);
                     self.last = Some(Dispatched::GatewayFailed(ApiError::UpstreamUnreachable {
                         message: what,
                     }));
@@ -350,7 +370,7 @@ impl Run<'_> {
                     // Like a connection failure: nothing parked, the next candidate is tried.
                     Some(Err(Unread::Broken(what))) => {
                         let what = cred.mask.mask_str(&what).into_owned();
-                        self.attempts.push(Attempt {
+                        self.push(Attempt {
                             status: Some(status),
                             error: Some(what.clone()),
                             ..Attempt::of(cred, model)
@@ -361,7 +381,7 @@ impl Run<'_> {
                         return Step::Failed(NextStep::NextCredential);
                     }
                 };
-                self.attempts.push(Attempt {
+                self.push(Attempt {
                     status: Some(status),
                     ..Attempt::of(cred, model)
                 });
@@ -388,7 +408,7 @@ impl Run<'_> {
                 && let Some(again) = retry.take()
                 && self.retry_pause(cred, upstream_model).await
             {
-                self.attempts.push(Attempt {
+                self.push(Attempt {
                     status: Some(status),
                     rule: Some(SINGLE_CANDIDATE_RETRY),
                     ..Attempt::of(cred, model)
@@ -405,7 +425,7 @@ impl Run<'_> {
     fn timed_out(&mut self, cred: &Credential, upstream_model: &str, mut attempt: Attempt) -> Step {
         let missed = self.deadline.missed();
         time_out(self.up, cred, upstream_model, &missed, &mut attempt);
-        self.attempts.push(attempt);
+        self.push(attempt);
         self.last = Some(Dispatched::GatewayFailed(self.deadline.error()));
         Step::Failed(NextStep::Stop)
     }
@@ -464,7 +484,7 @@ impl Run<'_> {
         class: Classification,
     ) -> NextStep {
         let lock_until = self.park(cred, upstream_model, &class);
-        self.attempts.push(Attempt {
+        self.push(Attempt {
             status: Some(error.status),
             rule: Some(class.rule.name()),
             lock_until: lock_until.map(rfc3339),
@@ -487,7 +507,7 @@ impl Run<'_> {
         let class = classify::invalid_response(self.up.clock.now());
         let lock_until = self.park(cred, upstream_model, &class);
         tracing::warn!(credential = %cred.name, model = upstream_model, status, reason = %reason, "upstream answer refused");
-        self.attempts.push(Attempt {
+        self.push(Attempt {
             status: Some(status),
             rule: Some(class.rule.name()),
             error: Some(reason.clone()),
@@ -541,7 +561,7 @@ impl Run<'_> {
             if let Some(until) = lock_until {
                 self.free_at(until.timestamp_millis());
             }
-            self.attempts.push(Attempt {
+            self.push(Attempt {
                 rule: Some(class.rule.name()),
                 error: Some(CREDENTIAL_BUSY.to_owned()),
                 lock_until: lock_until.map(rfc3339),

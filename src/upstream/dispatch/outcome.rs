@@ -39,6 +39,17 @@ pub struct Attempt {
     /// The translation the request went through (set when the request completes), if any.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub translated: Option<&'static str>,
+    /// Its span, when the request is traced and this attempt sent a request.
+    #[serde(skip)]
+    pub span: Option<crate::otel::AttemptSpan>,
+}
+
+/// Where dispatch writes: the request's attempts, and its trace (each request sent carries it).
+pub struct AttemptLog<'a> {
+    /// Every attempt, for the log.
+    pub attempts: &'a mut Vec<Attempt>,
+    /// The request's trace, when traces are exported.
+    pub trace: Option<&'a crate::otel::RequestTrace>,
 }
 
 fn provider_name<S: serde::Serializer>(p: &Provider, s: S) -> Result<S::Ok, S::Error> {
@@ -58,6 +69,7 @@ impl Attempt {
             lock_until: None,
             provider: cred.provider,
             translated: None,
+            span: None,
         }
     }
 }
