@@ -59,7 +59,33 @@ async function loadContext() {
   return { me, role: me.role, timezone, workspace: me.workspace || {}, navigate };
 }
 
+/** The return of a single sign-on (`#sso_token=…` or `#sso_error=…`): the token is kept and the
+ *  fragment replaced at once, so it stays in neither the address bar nor the history. */
+const SSO_ERRORS = {
+  no_access: 'Your account is in no group that gives access to aigw. Ask your administrator.',
+  member_disabled: 'Your member account is disabled. Ask your workspace owner.',
+  state_mismatch: 'The sign-in could not be verified (it was started in another window or tab). Try again.',
+  sign_in_expired: 'The sign-in took too long or was started elsewhere. Try again.',
+  token_refused: 'The identity provider’s answer was refused. Ask your administrator to check the gateway’s log.',
+  provider_error: 'The identity provider could not be reached or refused the sign-in. Try again shortly.',
+  provider_refused: 'The identity provider did not sign you in.',
+};
+let ssoError = null;
+
+function takeSsoReturn() {
+  const m = /^#sso_(token|error)=(.*)$/.exec(location.hash);
+  if (!m) return;
+  if (m[1] === 'token') {
+    session.set(decodeURIComponent(m[2]));
+    ctx = null;
+  } else {
+    ssoError = SSO_ERRORS[m[2]] || 'Single sign-on failed. Try again.';
+  }
+  history.replaceState(null, '', `${location.pathname}${location.search}#/${m[1] === 'token' ? 'overview' : 'signin'}`);
+}
+
 async function route() {
+  takeSsoReturn();
   const seq = ++renderSeq;
   if (cleanup) { try { cleanup(); } catch { /* page already gone */ } cleanup = null; }
   const { name, args, params } = parseHash();
@@ -153,12 +179,22 @@ function renderSignIn() {
       else route();
     },
   });
+  const sso = h('div.sso');
   clear(root, h('main#main.signin',
     h('div.card',
       h('h1', 'Sign in to aigw'),
+      ssoError ? alertBox('error', ssoError) : null,
+      sso,
       h('p.muted', 'Use the email and password your workspace owner gave you.'),
       form)));
+  ssoError = null;
   email.focus();
+  api.get('/auth/methods').then((m) => {
+    if (!m || !m.sso) return;
+    clear(sso,
+      h('a.button.primary', { href: m.sso.start_url }, 'Sign in with SSO'),
+      h('p.muted.or', 'or'));
+  }).catch(() => { /* an older gateway: passwords only */ });
 }
 
 async function signOut() {

@@ -93,6 +93,8 @@ pub struct Inner {
     pub managed: crate::managed::Managed,
     /// OpenTelemetry traces: off unless `otel_endpoint` is set.
     pub tracer: crate::otel::Tracer,
+    /// The identity provider of the console's single sign-on, if `oidc_issuer` is set.
+    pub oidc: Option<crate::oidc::Oidc>,
 }
 
 impl AppState {
@@ -294,6 +296,7 @@ impl Gateway {
         let quota = QuotaCounters::new(settings.store_outage_counters);
         let tracer =
             crate::otel::Tracer::start(&settings, &tasks, shutdown.clone()).map_err(StartError::Config)?;
+        let oidc = crate::oidc::Oidc::from_settings(&settings).map_err(StartError::Config)?;
         let state = AppState(Arc::new(Inner {
             settings,
             store,
@@ -321,6 +324,7 @@ impl Gateway {
             connections,
             managed,
             tracer,
+            oidc,
         }));
         background::start_config_watch(state.clone(), epoch);
         background::start_quota_flush(state.clone());

@@ -9,6 +9,8 @@ use std::str::FromStr;
 use chrono_tz::Tz;
 use serde::Deserialize;
 
+pub mod sso;
+
 /// A secret value: never printed by `Debug` or `Display`.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Secret(String);
@@ -497,6 +499,35 @@ settings! {
     };
     /// `service.name` of the exported spans.
     otel_service_name: String = "aigw".to_owned(), "AIGW_OTEL_SERVICE_NAME";
+    /// The OpenID Connect issuer whose sign-in the console offers (its discovery document is at
+    /// `<issuer>/.well-known/openid-configuration`). Unset: no single sign-on.
+    oidc_issuer: Option<String> = None, "AIGW_OIDC_ISSUER", check |v| http_url(v.as_deref());
+    /// The client id aigw is registered with at the identity provider.
+    oidc_client_id: Option<String> = None, "AIGW_OIDC_CLIENT_ID";
+    /// The client secret (a confidential client); unset for a public client (PKCE alone).
+    oidc_client_secret: Option<Secret> = None, "AIGW_OIDC_CLIENT_SECRET";
+    /// The redirect URI registered at the identity provider: this gateway's
+    /// `…/admin/v1/auth/oidc/callback` as browsers reach it.
+    oidc_redirect_url: Option<String> = None, "AIGW_OIDC_REDIRECT_URL", check |v| http_url(v.as_deref());
+    /// Scopes asked for, separated by spaces (`openid` is always asked for).
+    oidc_scopes: String = "openid email profile".to_owned(), "AIGW_OIDC_SCOPES";
+    /// The ID token claim that lists the member's groups.
+    oidc_groups_claim: String = "groups".to_owned(), "AIGW_OIDC_GROUPS_CLAIM";
+    /// Which groups give access: each to a workspace, a role and optionally a department.
+    oidc_groups: Vec<sso::SsoGroup> = Vec::new(), "AIGW_OIDC_GROUPS";
+    /// Workspaces (by name) whose members sign in only through single sign-on: their passwords
+    /// are refused.
+    sso_only_workspaces: Vec<String> = Vec::new(), "AIGW_SSO_ONLY_WORKSPACES";
+}
+
+/// An optional `http://` or `https://` URL.
+fn http_url(v: Option<&str>) -> Result<(), String> {
+    match v {
+        Some(u) if !(u.starts_with("http://") || u.starts_with("https://")) => {
+            Err("expected an http:// or https:// URL".into())
+        }
+        _ => Ok(()),
+    }
 }
 
 /// A setting that could not be read; the message names the setting and where it came from.
@@ -528,6 +559,12 @@ impl Settings {
             return bad(
                 "single_candidate_retry_min_ms (AIGW_SINGLE_CANDIDATE_RETRY_MIN_MS)",
                 "must not exceed single_candidate_retry_max_ms",
+            );
+        }
+        if self.oidc_issuer.is_some() && (self.oidc_client_id.is_none() || self.oidc_redirect_url.is_none()) {
+            return bad(
+                "oidc_issuer (AIGW_OIDC_ISSUER)",
+                "single sign-on also needs oidc_client_id and oidc_redirect_url",
             );
         }
         if let Some(admin) = self.admin_listen

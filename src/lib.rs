@@ -17,6 +17,7 @@ pub mod idle_poll;
 pub mod in_flight;
 pub mod managed;
 pub mod mock_upstream;
+pub mod oidc;
 pub mod otel;
 pub mod proxy;
 pub mod quota;

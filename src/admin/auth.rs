@@ -52,6 +52,12 @@ pub async fn login(
     .await
     .unwrap_or(false);
     match member {
+        Some(m) if ok && has_hash && m.active == 1 && super::sso::sso_only(&state, m.workspace_id).await => {
+            Err(ApiError::Forbidden {
+                message: "this workspace signs in through single sign-on only: use \"Sign in with SSO\""
+                    .into(),
+            })
+        }
         Some(m) if ok && has_hash && m.active == 1 => {
             let (token, expires_at) = state.sessions.issue(&m, state.clock.now());
             Ok(

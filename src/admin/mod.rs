@@ -13,6 +13,7 @@ mod logs;
 mod models;
 mod policies;
 pub mod session;
+mod sso;
 mod tenancy;
 mod upstreams;
 
@@ -83,6 +84,9 @@ admin_routes! {
     post "/admin/v1/auth/login" Public => auth::login;
     post "/admin/v1/auth/logout" Member => auth::logout;
     post "/admin/v1/auth/password" Member => auth::change_password;
+    get "/admin/v1/auth/methods" Public => sso::methods;
+    get "/admin/v1/auth/oidc/start" Public => sso::start;
+    get "/admin/v1/auth/oidc/callback" Public => sso::callback;
     get "/admin/v1/me" Member => auth::me;
     get "/admin/v1/me/quota" Member => auth::my_quota;
 

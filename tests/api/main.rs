@@ -21,6 +21,7 @@ mod quota;
 mod reference;
 mod resources;
 mod serving;
+mod sso;
 mod startup;
 mod store_outage;
 mod traces;

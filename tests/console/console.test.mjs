@@ -621,6 +621,51 @@ test('every page at 390, 1280 and 1920 px: screenshots, and nothing wider than i
   assert.deepEqual(failures, []);
 });
 
+test('single sign-on: the identity provider signs a member in, with the role of their group', async () => {
+  // The provider's development pages link a web font: refused, so nothing leaves this machine,
+  // and left out of the page's problems (they are the provider's, not the console's).
+  const own = [];
+  const { context, page: p } = await openPage(stack, { problems: own, also: [stack.idp] });
+  contexts.push(context);
+  p.setDefaultTimeout(15000);
+  await p.route(/^https?:\/\/(?!127\.0\.0\.1)/, (r) => r.abort());
+  await p.goto('/console/');
+  await p.getByRole('link', { name: 'Sign in with SSO' }).click();
+  // The provider's own sign-in and consent pages.
+  await p.locator('input[name="login"]').fill('sam@acme.test');
+  await p.locator('input[name="password"]').fill('any');
+  await p.getByRole('button', { name: 'Sign-in' }).click();
+  await p.getByRole('button', { name: 'Continue' }).click();
+  // Back in the console, signed in as a new admin; the token is not left in the address.
+  await p.getByRole('heading', { name: 'My quota' }).waitFor();
+  await p.locator('.who-email', { hasText: 'sam@acme.test' }).waitFor();
+  assert.equal(await p.locator('.who .badge').innerText(), 'admin');
+  assert.ok(!p.url().includes('sso_token'), p.url());
+  await shot(p, 'sso-signed-in');
+
+  await p.getByRole('button', { name: 'Sign out' }).click();
+  await p.getByRole('link', { name: 'Sign in with SSO' }).waitFor();
+
+  // Someone in no mapped group (a fresh browser: no session at the provider) is told why, on
+  // the sign-in page.
+  const second = await openPage(stack, { problems: own, also: [stack.idp] });
+  contexts.push(second.context);
+  const q = second.page;
+  q.setDefaultTimeout(15000);
+  await q.route(/^https?:\/\/(?!127\.0\.0\.1)/, (r) => r.abort());
+  await q.goto('/console/');
+  await q.getByRole('link', { name: 'Sign in with SSO' }).click();
+  await q.locator('input[name="login"]').fill('nobody@acme.test');
+  await q.locator('input[name="password"]').fill('any');
+  await q.getByRole('button', { name: 'Sign-in' }).click();
+  await q.getByRole('button', { name: 'Continue' }).click();
+  await q.getByText('in no group that gives access').waitFor();
+  assert.ok(q.url().endsWith('#/signin'), q.url());
+  await shot(q, 'sso-no-access');
+  const font = /fonts\.googleapis\.com|net::ERR_FAILED/;
+  assert.deepEqual(own.filter((x) => !font.test(x)), []);
+});
+
 test('no request left for another host and no page error', () => {
   assert.deepEqual(problems, []);
 });

@@ -9,6 +9,7 @@ import net from 'node:net';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { chromium } from 'playwright-core';
+import { startIdp, SSO_CLIENT } from './oidc.mjs';
 
 const here = path.dirname(fileURLToPath(import.meta.url));
 export const repo = path.resolve(here, '..', '..');
@@ -173,6 +174,8 @@ export async function startStack() {
   const tmp = mkdtempSync(path.join(tmpdir(), 'aigw-console-'));
   const mock = await startMock();
   const port = await freePort();
+  const base = `http://127.0.0.1:${port}`;
+  const idp = await startIdp(await freePort(), `${base}/admin/v1/auth/oidc/callback`);
   const resPath = path.join(tmp, 'resources.toml');
   writeFileSync(resPath, resources(mock.url));
   const gateway = startProcess('gateway', ['serve', '--resources', resPath], {
@@ -180,12 +183,17 @@ export async function startStack() {
     AIGW_LISTEN: `127.0.0.1:${port}`,
     AIGW_BOOTSTRAP_EMAIL: OWNER.email,
     AIGW_BOOTSTRAP_PASSWORD: OWNER.password,
+    AIGW_OIDC_ISSUER: idp.issuer,
+    AIGW_OIDC_CLIENT_ID: SSO_CLIENT.id,
+    AIGW_OIDC_CLIENT_SECRET: SSO_CLIENT.secret,
+    AIGW_OIDC_REDIRECT_URL: `${base}/admin/v1/auth/oidc/callback`,
+    AIGW_OIDC_SCOPES: 'openid email groups',
+    AIGW_OIDC_GROUPS: 'aigw-admins=acme:admin',
   });
-  const base = `http://127.0.0.1:${port}`;
   try {
     await waitReady(base, gateway);
   } catch (e) {
-    await stop(gateway); await stop(mock.child);
+    await stop(gateway); await stop(mock.child); await idp.close();
     throw e;
   }
   const executablePath = process.env.CHROMIUM_BIN || '/usr/bin/chromium';
@@ -193,11 +201,13 @@ export async function startStack() {
   return {
     base,
     mockUrl: mock.url,
+    idp: idp.issuer,
     browser,
     async stop() {
       await browser.close().catch(() => {});
       await stop(gateway);
       await stop(mock.child);
+      await idp.close();
       rmSync(tmp, { recursive: true, force: true });
     },
   };
@@ -207,7 +217,7 @@ export async function startStack() {
  * A new page with its guards: every request must go to the gateway (or be data:/blob:), and
  * no uncaught page error may happen. `problems` collects what went wrong.
  */
-export async function openPage(stack, { width = 1280, height = 800, problems }) {
+export async function openPage(stack, { width = 1280, height = 800, problems, also = [] }) {
   const context = await stack.browser.newContext({
     viewport: { width, height },
     acceptDownloads: true,
@@ -219,7 +229,9 @@ export async function openPage(stack, { width = 1280, height = 800, problems }) 
   page.on('request', (req) => {
     const u = req.url();
     if (u.startsWith('data:') || u.startsWith('blob:')) return;
-    if (new URL(u).origin !== origin) problems.push(`request to another host: ${req.method()} ${u}`);
+    if (new URL(u).origin !== origin && !also.includes(new URL(u).origin)) {
+      problems.push(`request to another host: ${req.method()} ${u}`);
+    }
   });
   page.on('pageerror', (err) => problems.push(`uncaught page error: ${err.message}`));
   page.on('console', (msg) => {
