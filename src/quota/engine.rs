@@ -69,6 +69,9 @@ struct Counter {
     flushing: i64,
     /// Checked or added since the last flush (refreshed by the next one).
     touched: bool,
+    /// The policies that counted into it, each with the alert thresholds this gateway knows are
+    /// in the outbox for this window ([`QuotaCounters::crossings`]).
+    watchers: Vec<(i64, Vec<u16>)>,
 }
 
 impl Counter {
@@ -81,6 +84,7 @@ impl Counter {
             pending: 0,
             flushing: 0,
             touched: false,
+            watchers: Vec::new(),
         }
     }
 
@@ -97,6 +101,19 @@ impl Counter {
             .saturating_add(self.pending)
             .saturating_add(self.flushing)
     }
+}
+
+/// A threshold of a policy's budget alert that its counter's total has reached.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Crossing {
+    /// The counter (subject, metric, window and its start).
+    pub key: CounterKey,
+    /// The policy.
+    pub policy_id: i64,
+    /// The counter's global total.
+    pub used: i64,
+    /// Percent of the limit reached.
+    pub threshold: u16,
 }
 
 /// One policy as it stands for this request.
@@ -395,13 +412,54 @@ impl QuotaCounters {
     pub fn record(&self, decision: &QuotaDecision, usage: Usage, credits: i64) {
         let mut map = self.counters.lock().unwrap_or_else(|p| p.into_inner());
         for (i, s) in decision.standings.iter().enumerate() {
+            let c = map
+                .entry(s.key.clone())
+                .or_insert_with(|| Counter::new(s.window_end));
             // A handful of standings: a scan beats hashing into a set.
             if !decision.standings[..i].iter().any(|earlier| earlier.key == s.key) {
-                let c = map
-                    .entry(s.key.clone())
-                    .or_insert_with(|| Counter::new(s.window_end));
                 c.pending = c.pending.saturating_add(amount(s.key.metric, usage, credits));
                 c.touched = true;
+            }
+            if !c.watchers.iter().any(|(policy, _)| *policy == s.rule.id) {
+                c.watchers.push((s.rule.id, Vec::new()));
+            }
+        }
+    }
+
+    /// Budget alerts: the thresholds that counters' global totals (as of the last flush) have
+    /// reached for the policies that counted into them, and that this gateway has not yet put in
+    /// the outbox ([`QuotaCounters::mark_fired`]). `reached(policy_id, used)` names the
+    /// thresholds a total reaches for a policy (none for a policy without alerts).
+    pub fn crossings(&self, reached: impl Fn(i64, i64) -> Vec<u16>) -> Vec<Crossing> {
+        let map = self.counters.lock().unwrap_or_else(|p| p.into_inner());
+        let mut out = Vec::new();
+        for (key, c) in map.iter().filter(|(_, c)| c.known) {
+            for (policy_id, fired) in &c.watchers {
+                for threshold in reached(*policy_id, c.global) {
+                    if !fired.contains(&threshold) {
+                        out.push(Crossing {
+                            key: key.clone(),
+                            policy_id: *policy_id,
+                            used: c.global,
+                            threshold,
+                        });
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// Notes crossings as in the outbox: [`QuotaCounters::crossings`] leaves them out from now
+    /// on (until their counter's window ends).
+    pub fn mark_fired(&self, done: &[Crossing]) {
+        let mut map = self.counters.lock().unwrap_or_else(|p| p.into_inner());
+        for d in done {
+            if let Some(c) = map.get_mut(&d.key)
+                && let Some((_, fired)) = c.watchers.iter_mut().find(|(p, _)| *p == d.policy_id)
+                && !fired.contains(&d.threshold)
+            {
+                fired.push(d.threshold);
             }
         }
     }
