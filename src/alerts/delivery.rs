@@ -252,6 +252,49 @@ mod tests {
     }
 
     #[test]
+    fn a_failed_try_is_retried_until_the_alert_is_a_day_old() {
+        let alert = |attempts, give_up_at| AlertEventRow {
+            id: 1,
+            workspace_id: 1,
+            policy_id: 1,
+            subject: "ws".into(),
+            subject_id: 1,
+            time_window: "day".into(),
+            window_start: 0,
+            threshold: 80,
+            payload: "{}".into(),
+            status: "pending".into(),
+            attempts,
+            next_attempt_at: 0,
+            give_up_at,
+            lease_until: 0,
+            last_status: None,
+            last_error: None,
+            created_at: 0,
+            delivered_at: None,
+        };
+        let failed = Sent::Failed(Some(500), "HTTP 500".into());
+        // (tries before, give up at, now, next try)
+        let cases = [
+            (0, GIVE_UP_AFTER_MS, 0, Some(1000)),
+            (3, GIVE_UP_AFTER_MS, 10_000, Some(18_000)),
+            (20, GIVE_UP_AFTER_MS, 3_600_000, Some(7_200_000)),
+            (40, GIVE_UP_AFTER_MS, GIVE_UP_AFTER_MS - 1000, None),
+            (0, 500, 0, None),
+        ];
+        for (attempts, give_up_at, now, next) in cases {
+            let a = attempt(&alert(attempts, give_up_at), &failed, now);
+            assert_eq!(a.next_attempt_at, next, "{attempts} tries, at {now}");
+            assert_eq!((a.status, a.error), (Some(500), Some("HTTP 500")));
+        }
+        let delivered = attempt(&alert(5, 0), &Sent::Delivered(204), 7);
+        assert_eq!(
+            (delivered.error, delivered.next_attempt_at, delivered.status),
+            (None, None, Some(204))
+        );
+    }
+
+    #[test]
     fn the_signature_is_an_hmac_of_the_time_and_the_body() {
         // RFC 4231 test case 2 ("Jefe"), with its data split as "<t>.<body>" would be.
         let s = signature("Jefe", 1, b"what do ya want for nothing?");

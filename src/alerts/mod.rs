@@ -151,8 +151,13 @@ impl Alerts {
         });
         let mut done = Vec::with_capacity(crossings.len());
         let mut fired = 0;
+        let mut missed = Vec::new();
         for c in crossings {
             let Some(a) = rules.get(c.policy_id) else { continue };
+            if !missed.is_empty() {
+                missed.push(c);
+                continue;
+            }
             let tz = tz_of(a.workspace_id);
             match self.put(store, a, &c, now, tz).await {
                 Ok(new) => {
@@ -161,11 +166,12 @@ impl Alerts {
                 }
                 Err(e) => {
                     store.log_failure(&e, "budget alert not written; tried again after the next flush");
-                    break;
+                    missed.push(c);
                 }
             }
         }
         quota.mark_fired(&done);
+        quota.check_again(&missed);
         if fired > 0 {
             metrics::counter!("aigw_budget_alerts_total", "event" => "fired").increment(fired as u64);
             self.wake.notify_one();
@@ -248,6 +254,42 @@ async fn payload(
 #[cfg(test)]
 mod tests {
     use super::reached;
+    use crate::validate::{alert_thresholds, webhook};
+
+    #[test]
+    fn alert_settings_follow_their_rules() {
+        // (thresholds, stored or the start of the message)
+        let lists: &[(&[i64], Result<&[u16], &str>)] = &[
+            (&[100, 80, 80], Ok(&[80, 100])),
+            (&[1, 1000], Ok(&[1, 1000])),
+            (&[], Err("at must list 1 to 10")),
+            (&[0], Err("at: each threshold")),
+            (&[1001], Err("at: each threshold")),
+            (&[-80], Err("at: each threshold")),
+            (&[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11], Err("at must list 1 to 10")),
+        ];
+        for (list, want) in lists {
+            match (alert_thresholds("at", list), want) {
+                (Ok(got), Ok(w)) => assert_eq!(got, *w, "{list:?}"),
+                (Err(got), Err(w)) => assert!(got.starts_with(w), "{list:?}: {got}"),
+                (got, w) => panic!("{list:?}: got {got:?}, want {w:?}"),
+            }
+        }
+        // (webhook, accepted)
+        let urls = [
+            ("https://hooks.example/aigw?x=1", true),
+            (" http://10.0.0.7:8080/hook ", true),
+            ("ftp://hooks.example/x", false),
+            ("https://", false),
+            ("hooks.example/aigw", false),
+            ("https://user:pw@hooks.example/x", false),
+            ("https://hooks.example/a b", false),
+            ("javascript:alert(1)", false),
+        ];
+        for (url, ok) in urls {
+            assert_eq!(webhook("webhook", url).is_ok(), ok, "{url}");
+        }
+    }
 
     #[test]
     fn thresholds_are_reached_at_exactly_their_share() {

@@ -72,6 +72,8 @@ struct Counter {
     /// The policies that counted into it, each with the alert thresholds this gateway knows are
     /// in the outbox for this window ([`QuotaCounters::crossings`]).
     watchers: Vec<(i64, Vec<u16>)>,
+    /// Whether its global total changed since [`QuotaCounters::crossings`] last looked at it.
+    alert_check: bool,
 }
 
 impl Counter {
@@ -85,6 +87,7 @@ impl Counter {
             flushing: 0,
             touched: false,
             watchers: Vec::new(),
+            alert_check: false,
         }
     }
 
@@ -429,11 +432,13 @@ impl QuotaCounters {
     /// Budget alerts: the thresholds that counters' global totals (as of the last flush) have
     /// reached for the policies that counted into them, and that this gateway has not yet put in
     /// the outbox ([`QuotaCounters::mark_fired`]). `reached(policy_id, used)` names the
-    /// thresholds a total reaches for a policy (none for a policy without alerts).
+    /// thresholds a total reaches for a policy (none for a policy without alerts). Looks only at
+    /// the counters whose total changed since the last call, so its cost follows the traffic.
     pub fn crossings(&self, reached: impl Fn(i64, i64) -> Vec<u16>) -> Vec<Crossing> {
-        let map = self.counters.lock().unwrap_or_else(|p| p.into_inner());
+        let mut map = self.counters.lock().unwrap_or_else(|p| p.into_inner());
         let mut out = Vec::new();
-        for (key, c) in map.iter().filter(|(_, c)| c.known) {
+        for (key, c) in map.iter_mut().filter(|(_, c)| c.known && c.alert_check) {
+            c.alert_check = false;
             for (policy_id, fired) in &c.watchers {
                 for threshold in reached(*policy_id, c.global) {
                     if !fired.contains(&threshold) {
@@ -448,6 +453,17 @@ impl QuotaCounters {
             }
         }
         out
+    }
+
+    /// Notes crossings that could not be put in the outbox: the next call of
+    /// [`QuotaCounters::crossings`] looks at their counters again.
+    pub fn check_again(&self, missed: &[Crossing]) {
+        let mut map = self.counters.lock().unwrap_or_else(|p| p.into_inner());
+        for m in missed {
+            if let Some(c) = map.get_mut(&m.key) {
+                c.alert_check = true;
+            }
+        }
     }
 
     /// Notes crossings as in the outbox: [`QuotaCounters::crossings`] leaves them out from now
@@ -517,6 +533,7 @@ impl QuotaCounters {
                 c.touched = true;
             } else {
                 // Committed (a row that came back unreadable was still written).
+                let before = c.global;
                 match totals.get(key) {
                     Some(total) => {
                         c.global = *total;
@@ -524,6 +541,7 @@ impl QuotaCounters {
                     }
                     None => c.global = c.global.saturating_add(*delta),
                 }
+                c.alert_check |= c.global != before;
                 c.flushing = 0;
             }
         }

@@ -108,7 +108,68 @@ both_backends!(
     a_receiver_that_is_down_gets_the_alert_later_even_across_a_restart,
     two_replicas_fire_each_threshold_once,
     alert_settings_are_checked_and_the_secret_never_comes_back,
+    the_resources_file_sets_alerts_idempotently,
 );
+
+async fn the_resources_file_sets_alerts_idempotently(db: TestDb) {
+    let mock = MockUpstream::start().await.unwrap();
+    let with = |alerts: &str| setup(&mock, &alert_policy("ws", "acme", "requests", 10, alerts));
+    let signed =
+        format!("{{ at = [80, 100], webhook = \"https://hooks.example/a\", secret = \"{SECRET}\" }}");
+    let app = spawn_app(&db, Setup::resources(with(&signed))).await;
+    let apply = async |text: String| {
+        aigw::resources::apply_text(
+            &app.state.store,
+            &app.state.master_key,
+            "again.toml",
+            &text,
+            &|_| None,
+            0,
+        )
+        .await
+        .unwrap()
+    };
+    let shown = async || {
+        app.sync().await;
+        let owner = app.login(OWNER, "boss-password").await;
+        let (_, v) = call(&app, Method::GET, "/admin/v1/policies", &owner, None).await;
+        v["data"][0]["alerts"].clone()
+    };
+    assert_eq!(
+        shown().await,
+        json!({"at": [80, 100], "webhook": "https://hooks.example/a", "has_secret": true})
+    );
+    let again = apply(with(&signed)).await;
+    assert_eq!(
+        (again.created, again.updated),
+        (0, 0),
+        "the same file changes nothing: {again}"
+    );
+    let unsigned = apply(with("{ at = [90], webhook = \"https://hooks.example/a\" }")).await;
+    assert_eq!(unsigned.updated, 1, "{unsigned}");
+    assert_eq!(
+        shown().await,
+        json!({"at": [90], "webhook": "https://hooks.example/a", "has_secret": false})
+    );
+    let text = setup(
+        &mock,
+        &alert_policy(
+            "ws",
+            "acme",
+            "requests",
+            10,
+            "{ at = [90], webhook = \"https://hooks.example/a\" }",
+        ),
+    );
+    let without = apply(text.replace(
+        "alerts = { at = [90], webhook = \"https://hooks.example/a\" }\n",
+        "",
+    ))
+    .await;
+    assert_eq!(without.updated, 1, "{without}");
+    assert_eq!(shown().await, Value::Null, "the file's policy has no alerts now");
+    app.stop().await;
+}
 
 async fn each_threshold_fires_once_per_window_and_subject_signed(db: TestDb) {
     let mock = MockUpstream::start().await.unwrap();
