@@ -259,7 +259,8 @@ mod tests {
     #[test]
     fn alert_settings_follow_their_rules() {
         // (thresholds, stored or the start of the message)
-        let lists: &[(&[i64], Result<&[u16], &str>)] = &[
+        type Case<'a> = (&'a [i64], Result<&'a [u16], &'a str>);
+        let lists: &[Case] = &[
             (&[100, 80, 80], Ok(&[80, 100])),
             (&[1, 1000], Ok(&[1, 1000])),
             (&[], Err("at must list 1 to 10")),
