@@ -13,7 +13,6 @@ use serde_json::{Value, json};
 
 use super::session::Actor;
 use super::{AdminResult, Id, Params, audit, checked, double_option, rfc3339, store_error};
-use crate::alerts::AlertRule;
 use crate::alerts::delivery::GIVE_UP_AFTER_MS;
 use crate::app::AppState;
 use crate::error::ApiError;
@@ -32,6 +31,23 @@ pub struct AlertsInput {
     secret: Option<Option<String>>,
 }
 
+/// The sealed secret of policy `policy_id`'s alerts as stored.
+pub async fn current_secret(
+    state: &AppState,
+    workspace_id: i64,
+    policy_id: i64,
+) -> AdminResult<Option<String>> {
+    let rows = state
+        .store
+        .policy_alerts_in(workspace_id)
+        .await
+        .map_err(store_error)?;
+    Ok(rows
+        .into_iter()
+        .find(|r| r.policy_id == policy_id)
+        .and_then(|r| r.secret_sealed))
+}
+
 /// Refuses alerts from a member (see the module comment).
 pub fn may_set(actor: &Actor) -> AdminResult<()> {
     if actor.manages() {
@@ -43,14 +59,14 @@ pub fn may_set(actor: &Actor) -> AdminResult<()> {
     }
 }
 
-/// The stored settings of `input` for policy `policy_id`, keeping the secret of `before` when
-/// the input does not mention one.
+/// The stored settings of `input` for policy `policy_id`, keeping the secret the policy has
+/// (`current`, sealed) when the input does not mention one.
 pub fn settings(
     state: &AppState,
     workspace_id: i64,
     policy_id: i64,
     input: &AlertsInput,
-    before: Option<&AlertRule>,
+    current: Option<String>,
 ) -> AdminResult<PolicyAlertRow> {
     let thresholds = checked(
         "alerts.at",
@@ -61,7 +77,7 @@ pub fn settings(
         crate::validate::webhook("alerts.webhook", &input.webhook),
     )?;
     let secret_sealed = match &input.secret {
-        None => before.and_then(|b| b.secret_sealed.clone()),
+        None => current,
         Some(None) => None,
         Some(Some(secret)) => {
             checked(

@@ -549,15 +549,12 @@ pub async fn update(
         None => None,
         Some(input) => {
             super::alerts::may_set(&actor)?;
-            let rules = state.alerts.rules.load();
             Some(match input {
-                Some(i) => Some(super::alerts::settings(
-                    &state,
-                    before.workspace_id,
-                    id,
-                    i,
-                    rules.get(id),
-                )?),
+                Some(i) => {
+                    let ws = before.workspace_id;
+                    let secret = super::alerts::current_secret(&state, ws, id).await?;
+                    Some(super::alerts::settings(&state, ws, id, i, secret)?)
+                }
                 None => None,
             })
         }
