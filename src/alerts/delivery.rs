@@ -24,8 +24,9 @@ const FIRST_BACKOFF_MS: i64 = 1000;
 /// The longest wait between two tries.
 const MAX_BACKOFF_MS: i64 = 3600 * 1000;
 /// How long a gateway holds the alerts it took for delivery (another gateway takes them over
-/// after it, should this one die mid-delivery).
-const LEASE_MS: i64 = 60_000;
+/// after it, should this one die mid-delivery): longer than a batch can take, one receiver
+/// after another at [`TIMEOUT`] each, so no alert is sent by two gateways at once.
+const LEASE_MS: i64 = 300_000;
 /// Alerts taken per round of a pass.
 const BATCH: i64 = 20;
 /// Rounds per pass at most (the next pass continues).
