@@ -7,6 +7,7 @@ import { h, clear, alertBox, messageOf, handleSubmit, field, setZone, tickAll, t
 
 import overview from './pages/overview.js';
 import guardrails from './pages/guardrails.js';
+import alerts from './pages/alerts.js';
 import keys from './pages/keys.js';
 import upstreams from './pages/upstreams.js';
 import models from './pages/models.js';
@@ -16,8 +17,8 @@ import members from './pages/members.js';
 import audit from './pages/audit.js';
 import settings from './pages/settings.js';
 
-const PAGES = { overview, guardrails, keys, upstreams, models, logs, usage, members, audit, settings };
-const ORDER = ['overview', 'guardrails', 'keys', 'upstreams', 'models', 'logs', 'usage', 'members', 'audit', 'settings'];
+const PAGES = { overview, guardrails, alerts, keys, upstreams, models, logs, usage, members, audit, settings };
+const ORDER = ['overview', 'guardrails', 'alerts', 'keys', 'upstreams', 'models', 'logs', 'usage', 'members', 'audit', 'settings'];
 
 const root = document.getElementById('app');
 let ctx = null; // { me, role, timezone, workspace, navigate }

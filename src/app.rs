@@ -54,6 +54,8 @@ pub struct Inner {
     pub policies: ArcSwap<Policies>,
     /// Quota counters, flushed in batches.
     pub quota: QuotaCounters,
+    /// Budget alerts: fired after each quota flush, delivered from the outbox in the background.
+    pub alerts: crate::alerts::Alerts,
     /// Learned locks on upstream credentials.
     pub locks: crate::upstream::locks::Locks,
     /// Upstream credentials' own-limit usage and in-flight slots: decided in memory, the counts
@@ -263,6 +265,8 @@ impl Gateway {
 
         let routes = Routes::load(&store, &master_key).await?;
         let policies = Policies::load(&store).await?;
+        let alerts = crate::alerts::Alerts::new(crate::alerts::AlertRules::load(&store).await?)
+            .map_err(StartError::Config)?;
         let epoch = store.config_epoch().await?;
         let shutdown = CancellationToken::new();
         let tasks = TaskTracker::new();
@@ -306,6 +310,7 @@ impl Gateway {
             routes: ArcSwap::from_pointee(routes),
             policies: ArcSwap::from_pointee(policies),
             quota,
+            alerts,
             keys: KeyResolver::new(),
             in_flight: crate::in_flight::InFlight::default(),
             sessions,
@@ -328,6 +333,7 @@ impl Gateway {
         }));
         background::start_config_watch(state.clone(), epoch);
         background::start_quota_flush(state.clone());
+        background::start_alert_delivery(state.clone());
         Ok(Gateway {
             listener,
             admin_listener,

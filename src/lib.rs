@@ -2,6 +2,7 @@
 //! [`app::Gateway`] is the entry point.
 
 pub mod admin;
+pub mod alerts;
 pub mod app;
 pub mod breaker;
 pub mod caller;

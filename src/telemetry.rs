@@ -123,6 +123,12 @@ pub const FAMILIES: &[Family] = &[
         "Requests a guardrail quota refused (mode enforce) or would have refused (mode shadow), by the quota's subject kind.",
     ),
     family(
+        "aigw_budget_alerts_total",
+        Kind::Counter,
+        &["event"],
+        "Budget alerts by event: fired (put in the outbox), delivered, retried (a try failed, another follows), given_up.",
+    ),
+    family(
         "aigw_breaker_trips_total",
         Kind::Counter,
         &["step"],
@@ -263,6 +269,9 @@ fn describe_and_register() {
     }
     for kind in FLUSH_KINDS {
         metrics::counter!("aigw_store_flush_failures_total", "kind" => kind).increment(0);
+    }
+    for event in ["fired", "delivered", "retried", "given_up"] {
+        metrics::counter!("aigw_budget_alerts_total", "event" => event).increment(0);
     }
     for subject in ["apikey", "member", "dept", "ws"] {
         for mode in ["enforce", "shadow"] {

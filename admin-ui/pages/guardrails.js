@@ -7,6 +7,7 @@ import {
   h, clear, table, bar, badge, managedBadge, managedWarning, MANAGED_TEXT, alertBox, messageOf, fmtNum, fmtTime, countdown, dialog, confirmDialog,
   field, select, handleSubmit, toast, busy, pageHeader, METRICS, metricLabel, windowLabel, idle,
 } from '../ui.js';
+import { alertFields, alertsValue, alertsText, validateAlerts } from './alerts.js';
 
 export const SUBJECTS = [
   ['member', 'Member'],
@@ -101,11 +102,19 @@ export async function editPolicy(p) {
       h('p', `${SUBJECT_NAMES[p.subject] || p.subject}: ${targetText(p)} — ${metricLabel(p.metric).toLowerCase()} ${windowLabel(p.window)}`),
       field('Limit', limit),
       modeFieldset(p.mode),
+      alertFields(p),
       h('div.actions', h('button', { type: 'button', onclick: () => close() }, 'Cancel'), h('button.primary', { type: 'submit' }, 'Save')));
     handleSubmit(form, {
-      validate: (fd) => (Number(fd.get('limit')) > 0 ? null : { limit: 'The limit must be a number above 0.' }),
+      validate: (fd) => ({
+        ...(Number(fd.get('limit')) > 0 ? {} : { limit: 'The limit must be a number above 0.' }),
+        ...validateAlerts(fd),
+      }),
       send: async (fd) => {
-        await api.patch(`/policies/${p.id}`, { limit: Number(fd.get('limit')), mode: fd.get('mode') });
+        const body = { limit: Number(fd.get('limit')), mode: fd.get('mode') };
+        const alerts = alertsValue(fd);
+        // Unchanged alerts are not sent: a guardrail edited by someone who may not set them keeps them.
+        if (JSON.stringify(alerts) !== JSON.stringify(p.alerts ? { at: p.alerts.at, webhook: p.alerts.webhook } : null)) body.alerts = alerts;
+        await api.patch(`/policies/${p.id}`, body);
         toast('Guardrail saved.');
         close(true);
       },
@@ -163,11 +172,12 @@ async function createPolicy(ctx, lists) {
       field('Subject kind', subject),
       scope, targetField, deptField,
       ...metricWindowFields(),
+      alertFields(null),
       h('div.actions', h('button', { type: 'button', onclick: () => close() }, 'Cancel'), h('button.primary', { type: 'submit' }, 'Create guardrail')));
     sync();
     handleSubmit(form, {
       validate: (fd) => {
-        const errors = validatePolicy(fd);
+        const errors = { ...validatePolicy(fd), ...validateAlerts(fd) };
         if (fd.get('scope') === 'one' && !fd.get('target_id')) errors.target_id = 'Choose who this guardrail applies to.';
         return errors;
       },
@@ -182,6 +192,8 @@ async function createPolicy(ctx, lists) {
           mode: fd.get('mode'),
         };
         if (each && fd.get('department_id')) body.department_id = Number(fd.get('department_id'));
+        const alerts = alertsValue(fd);
+        if (alerts) body.alerts = alerts;
         await api.post('/policies', body);
         toast('Guardrail created.');
         close(true);
@@ -225,6 +237,7 @@ export default {
           { label: 'Remaining', cell: (p) => (p.remaining === null || p.remaining === undefined ? '—' : fmtNum(p.remaining)) },
           { label: 'Resets', cell: resetCell },
           { label: 'Mode', cell: (p) => (p.mode === 'shadow' ? badge('shadow', 'info') : badge('enforce', 'ok')) },
+          { label: 'Alerts', cell: alertsText },
           {
             label: 'Actions',
             class: 'actions-cell',

@@ -7,6 +7,7 @@
 //! and sets budgets only on keys they created. Everything is scoped to the caller's workspace; an
 //! id of another workspace answers 404, as if it did not exist.
 
+mod alerts;
 mod auth;
 mod keys;
 mod logs;
@@ -116,6 +117,8 @@ admin_routes! {
     patch "/admin/v1/policies/{id}" Member => policies::update;
     delete "/admin/v1/policies/{id}" Member => policies::delete;
     get "/admin/v1/quota/standings" Admin => policies::standings;
+    get "/admin/v1/alerts" Admin => alerts::list;
+    post "/admin/v1/alerts/{id}/retry" Admin => alerts::retry;
 
     get "/admin/v1/upstreams" Admin => upstreams::list;
     post "/admin/v1/upstreams" Admin => upstreams::create;

@@ -25,7 +25,8 @@ use crate::quota::engine::{PolicyRule, display_value};
 use crate::quota::window::{Window, format_reset_at};
 use crate::quota::{Metric, Mode, SubjectKind};
 use crate::store::{
-    AdminStore, ApiKeyRow, Department, MemberRow, PolicyRow, PolicyStore, Role, Table, WorkspaceStore,
+    AdminStore, AlertStore, ApiKeyRow, Department, MemberRow, PolicyRow, PolicyStore, Role, Table,
+    WorkspaceStore,
 };
 
 /// The workspace's members, keys and departments, by id: what policies name.
@@ -225,6 +226,7 @@ async fn policy_json(state: &AppState, names: &Names, p: &PolicyRow) -> AdminRes
         "created_at": p.created_at,
         "updated_at": p.updated_at,
         "managed_by": state.managed.by(Kind::Policy, p.id),
+        "alerts": super::alerts::json_of(state, p.id),
     });
     // One named subject has one counter to show; "each" has one per subject.
     if let Some(rule) = PolicyRule::from_row(p).filter(|r| r.target_id != 0) {
@@ -254,7 +256,9 @@ pub async fn list(State(state): State<AppState>, actor: Actor, Params(page): Par
     let names = Names::of_policies(&state, ws, &rows).await?;
     let mut data = Vec::new();
     for p in rows.iter().filter(|p| may_read(&actor, &names, p)) {
-        data.push(policy_json(&state, &names, p).await?);
+        let mut v = policy_json(&state, &names, p).await?;
+        super::alerts::redact(&actor, &mut v);
+        data.push(v);
     }
     Ok(Json(json!({ "data": data, "next_cursor": next_cursor })).into_response())
 }
@@ -352,7 +356,9 @@ async fn visible(state: &AppState, actor: &Actor, names: &Names, id: i64) -> Adm
 pub async fn get(State(state): State<AppState>, actor: Actor, Id(id): Id) -> AdminResult {
     let names = Names::load(&state, actor.workspace_id()).await?;
     let p = visible(&state, &actor, &names, id).await?;
-    Ok(Json(policy_json(&state, &names, &p).await?).into_response())
+    let mut v = policy_json(&state, &names, &p).await?;
+    super::alerts::redact(&actor, &mut v);
+    Ok(Json(v).into_response())
 }
 
 #[derive(Deserialize)]
@@ -370,6 +376,9 @@ pub struct NewPolicy {
     limit: f64,
     #[serde(default)]
     mode: Option<String>,
+    /// Budget alerts: thresholds and webhook.
+    #[serde(default)]
+    alerts: Option<super::alerts::AlertsInput>,
 }
 
 fn parse_limit(metric: Metric, limit: f64) -> AdminResult<i64> {
@@ -402,6 +411,13 @@ pub async fn create(State(state): State<AppState>, actor: Actor, Body(req): Body
     let limit = parse_limit(metric, req.limit)?;
     let mode = parse_mode(req.mode.as_deref())?;
     let ws = actor.workspace_id();
+    let alerts = match &req.alerts {
+        Some(input) => {
+            super::alerts::may_set(&actor)?;
+            Some(super::alerts::settings(&state, ws, 0, input, None)?)
+        }
+        None => None,
+    };
     let names = Names::load(&state, ws).await?;
     let target_id = match (subject, req.target_id) {
         // The workspace is one subject whichever way it is named.
@@ -473,6 +489,14 @@ pub async fn create(State(state): State<AppState>, actor: Actor, Body(req): Body
         });
     }
     row.id = state.store.save_policy(&row).await.map_err(store_error)?;
+    if let Some(mut a) = alerts {
+        a.policy_id = row.id;
+        state
+            .store
+            .set_policy_alerts(row.id, Some(&a))
+            .await
+            .map_err(store_error)?;
+    }
     config_changed(&state).await?;
     let body = policy_json(&state, &names, &row).await?;
     audit(
@@ -495,6 +519,9 @@ pub struct PolicyPatch {
     limit: Option<f64>,
     #[serde(default)]
     mode: Option<String>,
+    /// Absent: unchanged; null: no alerts; an object: these alerts.
+    #[serde(default, with = "super::double_option")]
+    alerts: Option<Option<super::alerts::AlertsInput>>,
 }
 
 /// `PATCH /admin/v1/policies/{id}` `{limit?, mode?}`: usage is kept (counters belong to the
@@ -518,12 +545,33 @@ pub async fn update(
     if req.mode.is_some() {
         after.mode = parse_mode(req.mode.as_deref())?.as_str().to_owned();
     }
+    let alerts = match &req.alerts {
+        None => None,
+        Some(input) => {
+            super::alerts::may_set(&actor)?;
+            Some(match input {
+                Some(i) => {
+                    let ws = before.workspace_id;
+                    let secret = super::alerts::current_secret(&state, ws, id).await?;
+                    Some(super::alerts::settings(&state, ws, id, i, secret)?)
+                }
+                None => None,
+            })
+        }
+    };
+    let before_json = policy_json(&state, &names, &before).await?;
     after.updated_at = state.clock.now_ms();
     // The limit is now this actor's: one an owner or admin changed is read-only to the member.
     after.created_by = Some(actor.member.id);
     state.store.save_policy(&after).await.map_err(store_error)?;
+    if let Some(a) = &alerts {
+        state
+            .store
+            .set_policy_alerts(id, a.as_ref())
+            .await
+            .map_err(store_error)?;
+    }
     config_changed(&state).await?;
-    let before_json = policy_json(&state, &names, &before).await?;
     let after_json = policy_json(&state, &names, &after).await?;
     audit(
         &state,

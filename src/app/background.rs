@@ -1,6 +1,7 @@
 //! The background tasks that keep a gateway in step with the database and the other replicas:
 //! the configuration poll (which also reads other gateways' locks and ends a store outage) and the
-//! counter flush; and [`AppState::sync`], which does both at once.
+//! counter flush (which fires budget alerts), the alert delivery; and [`AppState::sync`], which
+//! does them all at once.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -63,11 +64,36 @@ pub(super) fn start_quota_flush(state: AppState) {
     });
 }
 
+/// How often each gateway looks for budget alerts due for delivery (retries and other
+/// gateways' alerts); an alert fired here is sent at once.
+const ALERT_POLL: Duration = Duration::from_secs(1);
+
+/// Delivers budget alerts from the outbox: at once when this gateway fired one, else every
+/// [`ALERT_POLL`]. At shutdown a delivery under way is dropped: its lease runs out and it is sent
+/// again by whichever gateway runs next (receivers deduplicate by the alert's `id`).
+pub(super) fn start_alert_delivery(state: AppState) {
+    let s = state.clone();
+    state.tasks.spawn(async move {
+        loop {
+            tokio::select! {
+                () = tokio::time::sleep(ALERT_POLL) => {},
+                () = s.alerts.wake.notified() => {},
+                () = s.shutdown.cancelled() => break,
+            }
+            tokio::select! {
+                _ = s.alerts.deliver_due(&s.store, &s.master_key, &s.clock) => {},
+                () = s.shutdown.cancelled() => break,
+            }
+        }
+    });
+}
+
 impl AppState {
     /// Shares everything this gateway has done so far and learns what the others did, without
     /// waiting for the background intervals: waits for the writes handed off the request path
-    /// (locks, breaker trips), writes the queued request logs, exports the finished spans, flushes the quota, own-limit and
-    /// breaker counts, then reloads the configuration, locks and trips from the store. The
+    /// (locks, breaker trips), writes the queued request logs, exports the finished spans,
+    /// flushes the quota, own-limit and breaker counts (firing budget alerts), then reloads the
+    /// configuration, locks and trips from the store, and delivers the budget alerts due. The
     /// background tasks keep their intervals; this is the sync point of the behaviour tests
     /// (`TestApp::sync`), which would otherwise wait on those intervals.
     pub async fn sync(&self) {
@@ -76,6 +102,9 @@ impl AppState {
         self.tracer.flush().await;
         self.flush_counters().await;
         self.reload().await;
+        self.alerts
+            .deliver_due(&self.store, &self.master_key, &self.clock)
+            .await;
     }
 
     /// Writes the quota counters, upstream own-limit counts and breaker windows to the store and
@@ -86,6 +115,12 @@ impl AppState {
             self.store
                 .log_failure(&e, "quota flush failed; usage kept for the next flush");
         }
+        // Budget alerts: the counters now hold every replica's totals.
+        self.alerts
+            .fire(&self.store, &self.quota, self.clock.now(), |ws| {
+                self.timezone_of(ws)
+            })
+            .await;
         let own_limits = self.admission.flush(&self.store, self.clock.now_ms());
         if let Err(e) = timed_flush("own_limits", own_limits).await {
             self.store
@@ -105,10 +140,11 @@ impl AppState {
             Ok::<_, crate::store::StoreError>((
                 Routes::load(&self.store, &self.master_key).await?,
                 Policies::load(&self.store).await?,
+                crate::alerts::AlertRules::load(&self.store).await?,
             ))
         };
         match loaded.await {
-            Ok((routes, policies)) => {
+            Ok((routes, policies, alert_rules)) => {
                 if let Err(e) = self.locks.load(&self.store, self.clock.now_ms(), true).await {
                     self.store.log_failure(&e, "lock reload failed");
                 }
@@ -123,6 +159,7 @@ impl AppState {
                 }
                 self.routes.store(Arc::new(routes));
                 self.policies.store(Arc::new(policies));
+                self.alerts.rules.store(Arc::new(alert_rules));
                 self.keys.invalidate_all();
                 true
             }

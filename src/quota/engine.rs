@@ -69,6 +69,11 @@ struct Counter {
     flushing: i64,
     /// Checked or added since the last flush (refreshed by the next one).
     touched: bool,
+    /// The policies that counted into it, each with the alert thresholds this gateway knows are
+    /// in the outbox for this window ([`QuotaCounters::crossings`]).
+    watchers: Vec<(i64, Vec<u16>)>,
+    /// Whether its global total changed since [`QuotaCounters::crossings`] last looked at it.
+    alert_check: bool,
 }
 
 impl Counter {
@@ -81,6 +86,8 @@ impl Counter {
             pending: 0,
             flushing: 0,
             touched: false,
+            watchers: Vec::new(),
+            alert_check: false,
         }
     }
 
@@ -97,6 +104,19 @@ impl Counter {
             .saturating_add(self.pending)
             .saturating_add(self.flushing)
     }
+}
+
+/// A threshold of a policy's budget alert that its counter's total has reached.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Crossing {
+    /// The counter (subject, metric, window and its start).
+    pub key: CounterKey,
+    /// The policy.
+    pub policy_id: i64,
+    /// The counter's global total.
+    pub used: i64,
+    /// Percent of the limit reached.
+    pub threshold: u16,
 }
 
 /// One policy as it stands for this request.
@@ -395,13 +415,67 @@ impl QuotaCounters {
     pub fn record(&self, decision: &QuotaDecision, usage: Usage, credits: i64) {
         let mut map = self.counters.lock().unwrap_or_else(|p| p.into_inner());
         for (i, s) in decision.standings.iter().enumerate() {
+            let c = map
+                .entry(s.key.clone())
+                .or_insert_with(|| Counter::new(s.window_end));
             // A handful of standings: a scan beats hashing into a set.
             if !decision.standings[..i].iter().any(|earlier| earlier.key == s.key) {
-                let c = map
-                    .entry(s.key.clone())
-                    .or_insert_with(|| Counter::new(s.window_end));
                 c.pending = c.pending.saturating_add(amount(s.key.metric, usage, credits));
                 c.touched = true;
+            }
+            if !c.watchers.iter().any(|(policy, _)| *policy == s.rule.id) {
+                c.watchers.push((s.rule.id, Vec::new()));
+            }
+        }
+    }
+
+    /// Budget alerts: the thresholds that counters' global totals (as of the last flush) have
+    /// reached for the policies that counted into them, and that this gateway has not yet put in
+    /// the outbox ([`QuotaCounters::mark_fired`]). `reached(policy_id, used)` names the
+    /// thresholds a total reaches for a policy (none for a policy without alerts). Looks only at
+    /// the counters whose total changed since the last call, so its cost follows the traffic.
+    pub fn crossings(&self, reached: impl Fn(i64, i64) -> Vec<u16>) -> Vec<Crossing> {
+        let mut map = self.counters.lock().unwrap_or_else(|p| p.into_inner());
+        let mut out = Vec::new();
+        for (key, c) in map.iter_mut().filter(|(_, c)| c.known && c.alert_check) {
+            c.alert_check = false;
+            for (policy_id, fired) in &c.watchers {
+                for threshold in reached(*policy_id, c.global) {
+                    if !fired.contains(&threshold) {
+                        out.push(Crossing {
+                            key: key.clone(),
+                            policy_id: *policy_id,
+                            used: c.global,
+                            threshold,
+                        });
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// Notes crossings that could not be put in the outbox: the next call of
+    /// [`QuotaCounters::crossings`] looks at their counters again.
+    pub fn check_again(&self, missed: &[Crossing]) {
+        let mut map = self.counters.lock().unwrap_or_else(|p| p.into_inner());
+        for m in missed {
+            if let Some(c) = map.get_mut(&m.key) {
+                c.alert_check = true;
+            }
+        }
+    }
+
+    /// Notes crossings as in the outbox: [`QuotaCounters::crossings`] leaves them out from now
+    /// on (until their counter's window ends).
+    pub fn mark_fired(&self, done: &[Crossing]) {
+        let mut map = self.counters.lock().unwrap_or_else(|p| p.into_inner());
+        for d in done {
+            if let Some(c) = map.get_mut(&d.key)
+                && let Some((_, fired)) = c.watchers.iter_mut().find(|(p, _)| *p == d.policy_id)
+                && !fired.contains(&d.threshold)
+            {
+                fired.push(d.threshold);
             }
         }
     }
@@ -459,6 +533,7 @@ impl QuotaCounters {
                 c.touched = true;
             } else {
                 // Committed (a row that came back unreadable was still written).
+                let before = c.global;
                 match totals.get(key) {
                     Some(total) => {
                         c.global = *total;
@@ -466,6 +541,7 @@ impl QuotaCounters {
                     }
                     None => c.global = c.global.saturating_add(*delta),
                 }
+                c.alert_check |= c.global != before;
                 c.flushing = 0;
             }
         }

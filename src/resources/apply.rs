@@ -389,13 +389,61 @@ async fn policy(
         created_at: existing.as_ref().map_or(now, |e| e.created_at),
         updated_at: existing.as_ref().map_or(now, |e| e.updated_at),
     };
-    let changed = existing.as_ref().is_some_and(|e| *e != row);
+    let mut changed = existing.as_ref().is_some_and(|e| *e != row);
     if existing.is_none() || changed {
         row.updated_at = now;
-        store.save_policy(&row).await?;
+        row.id = store.save_policy(&row).await?;
     }
+    changed |= policy_alerts(a, p, ws, row.id).await? && existing.is_some();
     a.tally(existing.is_none(), changed);
     Ok(())
+}
+
+/// Sets the policy's budget alerts as the file declares them (none when it declares none: the
+/// file's policy is the file's); whether they changed.
+async fn policy_alerts(
+    a: &Applier<'_>,
+    p: &PolicySpec,
+    ws: i64,
+    policy_id: i64,
+) -> Result<bool, ResourcesError> {
+    use crate::store::{AlertStore, PolicyAlertRow};
+    let current = a
+        .store
+        .policy_alerts_in(ws)
+        .await?
+        .into_iter()
+        .find(|r| r.policy_id == policy_id);
+    let Some(spec) = &p.alerts else {
+        if current.is_some() {
+            a.store.set_policy_alerts(policy_id, None).await?;
+        }
+        return Ok(current.is_some());
+    };
+    let thresholds = validate::alert_thresholds("alerts.at", &spec.at).unwrap_or_default();
+    let webhook = validate::webhook("alerts.webhook", &spec.webhook).unwrap_or_default();
+    let thresholds = serde_json::to_string(&thresholds).unwrap_or_default();
+    // A sealed secret differs at every sealing: compare what it opens to.
+    let same_secret = |c: &PolicyAlertRow| match (&c.secret_sealed, &spec.secret) {
+        (None, None) => true,
+        (Some(sealed), Some(plain)) => a.master.open(sealed).is_ok_and(|s| s == *plain),
+        _ => false,
+    };
+    let unchanged = current
+        .as_ref()
+        .is_some_and(|c| c.thresholds == thresholds && c.webhook == webhook && same_secret(c));
+    if !unchanged {
+        let row = PolicyAlertRow {
+            policy_id,
+            workspace_id: ws,
+            thresholds,
+            webhook,
+            secret_sealed: spec.secret.as_deref().map(|s| a.master.seal(s)),
+            updated_at: a.now,
+        };
+        a.store.set_policy_alerts(policy_id, Some(&row)).await?;
+    }
+    Ok(!unchanged)
 }
 
 /// The ids of every entity the file declares, once applied (`index` read after the apply).

@@ -331,6 +331,13 @@ fn policy(
         .map_err(|err: WindowParseError| e(err.to_string()))?;
     let mode: Mode = p.mode.parse().map_err(e)?;
     let limit = validate::policy_limit(metric, p.limit, validate::Range::Operator).map_err(e)?;
+    if let Some(a) = &p.alerts {
+        validate::alert_thresholds("alerts.at", &a.at).map_err(e)?;
+        validate::webhook("alerts.webhook", &a.webhook).map_err(e)?;
+        if let Some(secret) = &a.secret {
+            validate::alert_secret("alerts.secret", secret).map_err(e)?;
+        }
+    }
     if p.target != "*" {
         if p.department.is_some() {
             return Err(e("department only narrows target = \"*\"".into()));

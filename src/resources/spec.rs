@@ -153,6 +153,17 @@ pub(super) struct PolicySpec {
     pub(super) limit: f64,
     #[serde(default = "enforce")]
     pub(super) mode: String,
+    /// Budget alerts (DESIGN.md §10); none: the policy has none.
+    pub(super) alerts: Option<AlertsSpec>,
+}
+
+/// `alerts = { at = [80, 100], webhook = "https://…", secret = "${HOOK_SECRET}" }`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct AlertsSpec {
+    pub(super) at: Vec<i64>,
+    pub(super) webhook: String,
+    pub(super) secret: Option<String>,
 }
 
 fn one() -> i64 {
@@ -280,7 +291,12 @@ pub(super) fn expand_file(
             &label,
             [&mut p.workspace, &mut p.target]
                 .into_iter()
-                .chain(p.department.as_mut()),
+                .chain(p.department.as_mut())
+                .chain(
+                    p.alerts
+                        .iter_mut()
+                        .flat_map(|a| std::iter::once(&mut a.webhook).chain(a.secret.as_mut())),
+                ),
             env,
         )?;
     }

@@ -4,6 +4,7 @@
 //! surface of, say, API keys is read in one place.
 
 mod admin;
+mod alerts;
 mod breaker;
 mod entities;
 mod keys;
@@ -14,6 +15,7 @@ mod usage;
 mod usage_rollup;
 
 pub use admin::*;
+pub use alerts::*;
 pub use breaker::*;
 pub use entities::*;
 pub use keys::*;
@@ -23,14 +25,13 @@ pub use tenancy::*;
 pub use usage::*;
 pub use usage_rollup::{HOUR_MS, hour_of};
 
+use sqlx::any::{AnyConnectOptions, AnyPoolOptions};
+use sqlx::{AnyPool, ConnectOptions};
 use std::path::PathBuf;
 use std::str::FromStr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
-
-use sqlx::any::{AnyConnectOptions, AnyPoolOptions};
-use sqlx::{AnyPool, ConnectOptions};
 
 /// Which database the store runs on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -499,8 +500,7 @@ impl Store {
         }
     }
 
-    /// Whether the database answered the last calls: while it does not, the request path serves
-    /// from memory and what needs the database fails at once with [`StoreError::Unavailable`].
+    /// Whether the database answered the last calls (else what needs it fails fast: [`Store::fail_fast`]).
     pub fn available(&self) -> bool {
         self.health.down_since_ms.load(Ordering::Relaxed) == 0
     }

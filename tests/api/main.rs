@@ -8,6 +8,7 @@ mod admin_api;
 mod architecture;
 mod binary;
 mod breaker;
+mod budget_alerts;
 mod concurrency_cap;
 mod deadlines;
 mod deployment;

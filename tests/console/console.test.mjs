@@ -6,6 +6,8 @@
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { readFile } from 'node:fs/promises';
+import { createHmac } from 'node:crypto';
+import http from 'node:http';
 import {
   startStack, openPage, signIn, chat, anthropicMessage, mockScript, mockCalls, shot,
   OWNER, ADA, ADA_KEY, OWNER_KEY, FLAKY_KEY, PRIMARY_SECRET,
@@ -390,7 +392,7 @@ test('owner: invites a member (one-time password), sees API errors as messages, 
 });
 
 const PAGES = [
-  ['overview', 'Overview'], ['guardrails', 'Guardrails'], ['keys', 'API keys'], ['upstreams', 'Upstreams'],
+  ['overview', 'Overview'], ['guardrails', 'Guardrails'], ['alerts', 'Alerts'], ['keys', 'API keys'], ['upstreams', 'Upstreams'],
   ['models', 'Models'], ['logs', 'Logs'], ['usage', 'Usage'], ['members', 'Members'], ['audit', 'Audit log'], ['settings', 'Settings'],
 ];
 const WIDTHS = [[390, 844], [1280, 800], [1920, 1080]];
@@ -581,6 +583,73 @@ test('owner: a key expiring within 7 days is marked; Rotate shows the new secret
   await expiry.getByLabel('Expires at').fill(local(Date.now() + 5 * 86400e3));
   await expiry.getByRole('button', { name: 'Save expiry' }).click();
   await row.getByText('expires soon').waitFor();
+});
+
+test('owner: a guardrail with budget alerts; the webhook gets a signed alert, Alerts shows its delivery, Send now delivers it', async () => {
+  // A webhook receiver that answers 500 until told otherwise.
+  const got = [];
+  let answer = 500;
+  const server = http.createServer((req, res) => {
+    let raw = '';
+    req.on('data', (c) => { raw += c; });
+    req.on('end', () => { got.push({ headers: req.headers, raw, body: JSON.parse(raw) }); res.writeHead(answer); res.end(); });
+  });
+  await new Promise((ok) => server.listen(0, '127.0.0.1', ok));
+  const hook = `http://127.0.0.1:${server.address().port}/hook`;
+  const secret = 'console-signing-secret-01';
+  try {
+    const p = await page();
+    await signIn(p, OWNER);
+    await nav(p, 'Guardrails');
+    await p.getByRole('button', { name: 'New guardrail' }).click();
+    const dlg = p.getByRole('dialog', { name: 'New guardrail' });
+    await dlg.getByLabel('Subject kind').selectOption('apikey');
+    await dlg.getByLabel('Subject', { exact: true }).selectOption({ label: `${OWNER.email}/ops` });
+    await dlg.getByLabel('Metric', { exact: true }).selectOption('requests');
+    await dlg.getByLabel('Window', { exact: true }).selectOption('day');
+    await dlg.getByLabel('Limit', { exact: true }).fill('100');
+    // The console checks the thresholds; the gateway checks the secret (its 422 lands by the field).
+    await dlg.getByLabel('Alert at (% of the limit)').fill('0');
+    await dlg.getByLabel('Webhook URL').fill(hook);
+    await dlg.getByRole('button', { name: 'Create guardrail' }).click();
+    await dlg.locator('.field-error').filter({ hasText: 'from 1 to 1000' }).waitFor();
+    await dlg.getByLabel('Alert at (% of the limit)').fill('1, 100');
+    await dlg.getByLabel('Signing secret').fill('too-short');
+    await dlg.getByRole('button', { name: 'Create guardrail' }).click();
+    await dlg.locator('.field-error').filter({ hasText: '16 to 512' }).waitFor();
+    await shot(p, 'desktop-guardrail-alerts');
+    await dlg.getByLabel('Signing secret').fill(secret);
+    await dlg.getByRole('button', { name: 'Create guardrail' }).click();
+    await dlg.waitFor({ state: 'detached' });
+    const row = p.getByRole('row').filter({ hasText: `${OWNER.email}/ops` });
+    await row.getByText('1 %, 100 %').waitFor();
+
+    // One request is 1 % of 100: the gateway fires after its next flush and sends at once.
+    assert.equal((await chat(stack, OWNER_KEY)).status, 200);
+    for (let i = 0; i < 100 && got.length === 0; i += 1) await new Promise((ok) => setTimeout(ok, 100));
+    assert.ok(got.length >= 1, 'the receiver got the alert');
+    const first = got[0];
+    assert.equal(first.body.subject.name, `${OWNER.email}/ops`);
+    assert.equal(first.body.threshold, 1);
+    assert.equal(first.body.workspace, 'acme');
+    const [, t, v1] = /^t=(\d+),v1=([0-9a-f]{64})$/.exec(first.headers['x-aigw-signature']);
+    assert.equal(createHmac('sha256', secret).update(`${t}.${first.raw}`).digest('hex'), v1);
+
+    // The Alerts page: retrying after the 500, with the receiver's answer.
+    await nav(p, 'Alerts');
+    const alertRow = p.getByRole('row').filter({ hasText: `${OWNER.email}/ops` });
+    await alertRow.getByText('retrying').waitFor();
+    await alertRow.getByText(/HTTP 500/).first().waitFor();
+    await shot(p, 'desktop-alerts-retrying');
+    answer = 200;
+    // The gateway's own retry may come first; either way it ends delivered.
+    await alertRow.getByRole('button', { name: /Send the 1 % alert now/ }).click({ timeout: 3000 }).catch(() => {});
+    await alertRow.getByText('delivered', { exact: true }).waitFor({ timeout: 20000 });
+    assert.ok(got.every((g) => g.body.id === first.body.id), 'one alert, tried until delivered');
+    await shot(p, 'desktop-alerts-delivered');
+  } finally {
+    server.close();
+  }
 });
 
 test('every page at 390, 1280 and 1920 px: screenshots, and nothing wider than its box', async () => {

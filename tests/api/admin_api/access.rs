@@ -204,6 +204,14 @@ async fn sample(
             (m == "patch").then(|| json!({"price": {"prompt": 0.5, "completion": 1.5}})),
         ),
         ("get", "/admin/v1/logs/{request_id}") => (format!("/admin/v1/logs/{request_id}"), None),
+        ("post", "/admin/v1/alerts/{id}/retry") => {
+            // The alert the matrix's first request fired, never delivered (nothing listens).
+            let alerts = admin.ok(Method::GET, "/admin/v1/alerts", &owner, None).await;
+            (
+                format!("/admin/v1/alerts/{}/retry", alerts["data"][0]["id"]),
+                None,
+            )
+        }
         ("get", path) if !path.contains('{') => (path.to_owned(), None),
         ("post", "/admin/v1/auth/logout") => (p.to_owned(), None),
         other => panic!("the matrix has no sample for {other:?}: add one"),
@@ -215,6 +223,22 @@ async fn every_route_for_every_role(db: TestDb) {
     let mock = MockUpstream::start().await.unwrap();
     let app = spawn_app(&db, Setup::resources(resources(&mock))).await;
     let admin = Admin { app: &app };
+    // A budget alert on ada's requests whose receiver is down, for the alert routes: it fires at
+    // her first request and stays pending.
+    let owner = admin.login("owner@acme.test").await;
+    let members = admin.ok(Method::GET, "/admin/v1/members", &owner, None).await;
+    let ada = members["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["email"] == "ada@acme.test")
+        .unwrap()["id"]
+        .clone();
+    let alerting = json!({"subject": "member", "target_id": ada, "metric": "requests", "window": "day",
+        "limit": 100, "alerts": {"at": [1], "webhook": "http://127.0.0.1:9/nobody-listens"}});
+    admin
+        .ok(Method::POST, "/admin/v1/policies", &owner, Some(alerting))
+        .await;
     // One request of ada's, so a log exists that every role may read.
     let chat = json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]});
     assert_eq!(
@@ -222,6 +246,7 @@ async fn every_route_for_every_role(db: TestDb) {
         200
     );
     let request_id = app.logs("acme", 1).await[0].request_id.clone();
+    app.sync().await;
 
     let mut checked = 0;
     let mut refused_by_setter = 0;
