@@ -140,6 +140,16 @@ pub enum ApiError {
         /// Whose list refused it.
         by: crate::caller::Guarded,
     },
+    /// A tag outside the key's `allowed_tags` (issue 25 item 6). Logged, and counted toward the
+    /// key's breaker like `model_not_allowed`.
+    #[error(
+        "the tag `{tag}` is not allowed for this API key; send only the tags its allowed_tags list, \
+         or ask an admin to add it"
+    )]
+    TagNotAllowed {
+        /// The first tag refused, `key=value`.
+        tag: String,
+    },
     /// The key or its member already has `max_in_flight` requests in flight on this gateway
     /// (issue 25 item 4). Logged, and counted toward the key's breaker like every gateway 429.
     #[error(
@@ -282,9 +292,10 @@ impl ApiError {
             | ApiError::CircuitOpen { .. }
             | ApiError::ConcurrencyLimit { .. }
             | ApiError::UpstreamQuotaExhausted { .. } => StatusCode::TOO_MANY_REQUESTS,
-            ApiError::KeyBanned { .. } | ApiError::Forbidden { .. } | ApiError::ModelNotAllowed { .. } => {
-                StatusCode::FORBIDDEN
-            }
+            ApiError::KeyBanned { .. }
+            | ApiError::Forbidden { .. }
+            | ApiError::ModelNotAllowed { .. }
+            | ApiError::TagNotAllowed { .. } => StatusCode::FORBIDDEN,
             ApiError::Conflict { .. } => StatusCode::CONFLICT,
             ApiError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::InvalidField { .. } => StatusCode::UNPROCESSABLE_ENTITY,
@@ -322,6 +333,7 @@ impl ApiError {
             ApiError::AuthThrottled { .. } => "auth_rate_limited",
             ApiError::ModelNotFound { .. } => "model_not_found",
             ApiError::ModelNotAllowed { .. } => "model_not_allowed",
+            ApiError::TagNotAllowed { .. } => "tag_not_allowed",
             ApiError::ConcurrencyLimit { .. } => "concurrency_limit",
             ApiError::InvalidRequest { .. } => "invalid_request_error",
             ApiError::RequestTooLarge { .. } => "request_too_large",
@@ -355,9 +367,10 @@ impl ApiError {
             | ApiError::CircuitOpen { .. }
             | ApiError::ConcurrencyLimit { .. }
             | ApiError::UpstreamQuotaExhausted { .. } => "rate_limit_error",
-            ApiError::KeyBanned { .. } | ApiError::Forbidden { .. } | ApiError::ModelNotAllowed { .. } => {
-                "permission_error"
-            }
+            ApiError::KeyBanned { .. }
+            | ApiError::Forbidden { .. }
+            | ApiError::ModelNotAllowed { .. }
+            | ApiError::TagNotAllowed { .. } => "permission_error",
             ApiError::Conflict { .. } | ApiError::InvalidField { .. } | ApiError::MethodNotAllowed { .. } => {
                 "invalid_request_error"
             }
@@ -410,6 +423,10 @@ impl ApiError {
                 error["param"] = json!("model");
                 error["model"] = json!(model);
                 error["subject"] = json!(by.as_str());
+            }
+            ApiError::TagNotAllowed { tag } => {
+                error["param"] = json!(crate::tags::TAGS_HEADER);
+                error["tag"] = json!(tag);
             }
             ApiError::ConcurrencyLimit { by, limit } => {
                 error["subject"] = json!(by.as_str());
@@ -590,6 +607,7 @@ mod tests {
                 limit: 2,
             },
             ApiError::KeyExpired { expired_at: text() },
+            ApiError::TagNotAllowed { tag: text() },
         ]
     }
 
@@ -625,6 +643,7 @@ mod tests {
             ApiError::ModelNotAllowed { .. } => 27,
             ApiError::ConcurrencyLimit { .. } => 28,
             ApiError::KeyExpired { .. } => 29,
+            ApiError::TagNotAllowed { .. } => 30,
         }
     }
 
@@ -636,7 +655,7 @@ mod tests {
         assert_eq!(numbers, expected, "every_variant() lists each variant once");
         assert_eq!(
             numbers.len(),
-            30,
+            31,
             "a variant added to variant_number is listed too"
         );
     }

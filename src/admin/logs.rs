@@ -19,6 +19,8 @@ use crate::store::{
     AdminStore, ApiKeyRow, Department, MemberRow, ModelRow, RequestLogStore, Table, UsageGrouping, UsageRow,
 };
 
+use crate::tags;
+
 /// The filter as the actor may use it: always their workspace; a member always their own logs.
 fn scoped(actor: &Actor, mut f: LogFilter) -> AdminResult<LogFilter> {
     f.workspace_id = actor.workspace_id();
@@ -34,6 +36,16 @@ fn scoped(actor: &Actor, mut f: LogFilter) -> AdminResult<LogFilter> {
         && !matches!(s.as_str(), "gateway" | "upstream")
     {
         return Err(ApiError::field("source", "source must be gateway or upstream"));
+    }
+    if let Some(t) = &f.tag
+        && !t
+            .split_once('=')
+            .is_some_and(|(k, v)| tags::valid_key(k) && tags::valid_value(v))
+    {
+        return Err(ApiError::field(
+            "tag",
+            "tag must be `key=value`, e.g. team=search",
+        ));
     }
     if f.limit.is_some_and(|l| !(1..=500).contains(&l)) {
         return Err(ApiError::field("limit", "limit must be between 1 and 500"));
@@ -158,7 +170,7 @@ struct ExportPages {
 
 const CSV_HEADER: &str = "id,request_id,ts,key_id,member_id,department_id,endpoint,model_requested,model_served,\
 upstream_id,attempts,status,code,source,explanation,stream,prompt_tokens,completion_tokens,total_tokens,credits,\
-usage_estimated,latency_ms,ttfb_ms,upstream_latency_ms,would_refuse";
+usage_estimated,latency_ms,ttfb_ms,upstream_latency_ms,would_refuse,tags,end_user";
 
 fn csv_row(out: &mut String, r: &LogRecord) {
     let opt = |v: Option<i64>| v.map(|v| v.to_string()).unwrap_or_default();
@@ -188,6 +200,8 @@ fn csv_row(out: &mut String, r: &LogRecord) {
         opt(r.ttfb_ms),
         opt(r.upstream_latency_ms),
         csv_text(r.would_refuse.as_deref().unwrap_or("")),
+        csv_text(r.tags.as_deref().unwrap_or("")),
+        csv_text(r.end_user.as_deref().unwrap_or("")),
     ];
     out.push_str(&fields.join(","));
     out.push('\n');

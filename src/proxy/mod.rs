@@ -25,6 +25,7 @@ use crate::error::{ApiError, ERROR_SOURCE, MAX_SDK_WAIT_SECS, QuotaRefusal, SHOU
 use crate::quota::engine::{QuotaDecision, display_value};
 use crate::quota::window::format_reset_at;
 use crate::quota::{self, Metric};
+use crate::tags::{self, Tags};
 use crate::translate::stream::StreamTranslator;
 use crate::translate::{self, Translation};
 use crate::upstream::Provider;
@@ -133,6 +134,18 @@ pub async fn handle(
         Err(e) => return refuse(completion, e),
     };
     completion.requested(&body.model, body.stream);
+
+    // 3b. Tags and end user (`x-aigw-tags`, `x-aigw-end-user` or the body's `user`), stored on
+    //     the log; a tag outside the key's `allowed_tags` is refused before any quota or
+    //     upstream work, like a model outside its allow-list.
+    let (tags, end_user) = match labels(&parts.headers, &body) {
+        Ok(l) => l,
+        Err(e) => return refuse(completion, e),
+    };
+    completion.labelled(&tags, end_user.as_deref());
+    if let Some(tag) = tags.first_not_allowed(caller.allowed_tags.as_deref()) {
+        return refuse(completion, ApiError::TagNotAllowed { tag });
+    }
 
     // 4. Model allow-list (the key's and its member's): before any quota or upstream work.
     if let Err(by) = caller.models.check(&body.model) {
@@ -435,6 +448,22 @@ fn refuse(completion: Completion, e: ApiError) -> Response {
 }
 
 /// The language of the gateway's own messages: `Accept-Language: zh…` or the configured locale.
+/// The request's tags and end user (the rules in [`crate::tags`]).
+fn labels(
+    headers: &axum::http::HeaderMap,
+    body: &body::ProxyBody,
+) -> Result<(Tags, Option<String>), ApiError> {
+    let refused = |r: tags::Refused| ApiError::invalid(r.message, Some(r.param));
+    let tags =
+        Tags::parse(headers.get_all(tags::TAGS_HEADER).iter().map(|v| v.as_bytes())).map_err(refused)?;
+    let end_user = tags::end_user(
+        headers.get(tags::END_USER_HEADER).map(|v| v.as_bytes()),
+        body.fields.get("user").map(|v| v.get()),
+    )
+    .map_err(refused)?;
+    Ok((tags, end_user))
+}
+
 fn locale_of(state: &AppState, headers: &axum::http::HeaderMap) -> Locale {
     let zh = headers
         .get(header::ACCEPT_LANGUAGE)

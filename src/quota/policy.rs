@@ -195,6 +195,7 @@ mod tests {
                             workspace_id,
                             models: Default::default(),
                             in_flight: Default::default(),
+                            allowed_tags: None,
                         };
                         let ids = |v: Vec<(&PolicyRule, i64)>| {
                             v.iter().map(|(r, s)| (r.id, *s)).collect::<Vec<_>>()

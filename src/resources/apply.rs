@@ -266,6 +266,7 @@ fn declared_guardrails(k: &ApiKeySpec) -> KeyGuardrails {
             .expires_at
             .as_deref()
             .and_then(|t| validate::expires_at("expires_at", t).ok()),
+        allowed_tags: declared_models(&k.allowed_tags),
     }
 }
 

@@ -202,6 +202,9 @@ fn api_key(ctx: &Ctx<'_>, known: &mut Known<'_>, i: usize, k: &ApiKeySpec) -> Re
         ));
     }
     guardrails(&k.allowed_models, k.max_in_flight).map_err(e)?;
+    if let Some(list) = &k.allowed_tags {
+        crate::tags::allowed_tags("allowed_tags", list).map_err(e)?;
+    }
     // A past time is accepted: the file is applied at every start, and a key that expired since
     // must not stop the gateway from starting.
     if let Some(at) = &k.expires_at {

@@ -23,6 +23,7 @@ mod resources;
 mod serving;
 mod startup;
 mod store_outage;
+mod tags_end_users;
 mod translate;
 mod untrusted_upstream;
 mod upstream;
