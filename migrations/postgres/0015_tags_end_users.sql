@@ -10,3 +10,29 @@ CREATE INDEX request_logs_end_user_ts ON request_logs (workspace_id, end_user, t
 
 -- A key's tag allow-list: a JSON array of `key=value` or `key=*`; null allows every tag.
 ALTER TABLE api_keys ADD COLUMN allowed_tags TEXT;
+
+-- Each tag value and each end user a workspace has seen gets an id, the subject id its quota
+-- counters and policies use (as a key's or member's). Rows are created on first sight, refused
+-- past the caps (settings max_tag_keys, max_tag_values, max_end_users), never deleted by
+-- traffic. A row whose tag_value is '*' stands for every value of its key: the target of a
+-- policy on each value of that tag (`target = "team=*"`); no request sends '*' as a value.
+CREATE TABLE tag_values (
+    id           BIGSERIAL PRIMARY KEY,
+    workspace_id BIGINT NOT NULL,
+    tag_key      TEXT NOT NULL,
+    tag_value    TEXT NOT NULL,
+    created_at   BIGINT NOT NULL,
+    UNIQUE (workspace_id, tag_key, tag_value)
+);
+CREATE TABLE end_users (
+    id           BIGSERIAL PRIMARY KEY,
+    workspace_id BIGINT NOT NULL,
+    end_user     TEXT NOT NULL,
+    created_at   BIGINT NOT NULL,
+    UNIQUE (workspace_id, end_user)
+);
+
+-- Policies on a tag value and on end users (subject "tag", "end_user").
+ALTER TABLE policies DROP CONSTRAINT policies_subject_check;
+ALTER TABLE policies ADD CONSTRAINT policies_subject_check
+    CHECK (subject IN ('apikey', 'member', 'dept', 'ws', 'tag', 'end_user'));

@@ -12,6 +12,7 @@ mod keys;
 mod logs;
 mod models;
 mod policies;
+mod policy_labels;
 pub mod session;
 mod tenancy;
 mod upstreams;

@@ -158,14 +158,31 @@ pub async fn handle(
         );
     }
 
-    // 5. Quota pre-check: every policy on the key, member, department and workspace.
+    // 5. Quota pre-check: every policy on the key, member, department and workspace, and on
+    //    the request's tag values and end user (their subject ids, made on first sight under
+    //    the workspace's caps).
+    let labels = match state
+        .labels
+        .resolve(
+            &state.store,
+            state.label_caps(),
+            caller.workspace_id,
+            &tags,
+            end_user.as_deref(),
+            state.clock.now_ms(),
+        )
+        .await
+    {
+        Ok(l) => l,
+        Err(e) => return refuse(completion, e),
+    };
     let routes = state.routes.load();
     let workspace = routes.workspaces.get(&caller.workspace_id);
     let tz = state.timezone_of(caller.workspace_id);
     let now = state.clock.now();
     let quota = match state
         .quota
-        .check(&state.store, &state.policies.load(), &caller, now, tz)
+        .check_request(&state.store, &state.policies.load(), &caller, &labels, now, tz)
         .await
     {
         Ok(q) => Arc::new(q),
@@ -182,6 +199,7 @@ pub async fn handle(
             limit: display_value(s.rule.metric, s.rule.limit),
             used: display_value(s.rule.metric, s.used),
             reset_at: s.reset_at.as_ref().map(format_reset_at),
+            subject_name: labels.name_of(s.rule.subject, s.key.subject_id),
         }));
         return with_quota(refuse(completion, err), &quota, untouched, now);
     }

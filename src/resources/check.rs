@@ -351,6 +351,31 @@ fn policy(
             SubjectKind::Member => known.member_workspace(&p.target) == Some(p.workspace.as_str()),
             SubjectKind::Dept => known.department(&p.workspace, &p.target),
             SubjectKind::Ws => p.target == p.workspace,
+            // A tag value or end user is made when the policy is applied.
+            SubjectKind::Tag => {
+                let valid = p.target.split_once('=').is_some_and(|(k, v)| {
+                    crate::tags::valid_key(k) && (v == "*" || crate::tags::valid_value(v))
+                });
+                if !valid {
+                    return Err(e(format!(
+                        "tag target {:?} must be \"key=value\", \"key=*\" or \"*\"",
+                        p.target
+                    )));
+                }
+                true
+            }
+            SubjectKind::EndUser => {
+                if !matches!(
+                    crate::tags::end_user(Some(p.target.as_bytes()), None),
+                    Ok(Some(_))
+                ) {
+                    return Err(e(format!(
+                        "end_user target {:?} must be 1 to 256 printable characters, or \"*\"",
+                        p.target
+                    )));
+                }
+                true
+            }
         };
         if !found {
             return Err(e(format!(

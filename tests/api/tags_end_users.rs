@@ -293,3 +293,259 @@ async fn a_key_sends_only_its_allowed_tags(db: TestDb) {
 
 /// carol's key, declared with a tag allow-list in the resources file.
 const CAROL: &str = "sk-aigw-CarolTaggedKey0123456789abcdefgh";
+
+/// [`start`]'s workspace and `extra`, with `settings` adjusted.
+async fn start_with(
+    db: &TestDb,
+    extra: &str,
+    settings: impl FnOnce(&mut aigw::Settings) + Send + 'static,
+) -> (TestApp, aigw::mock_upstream::MockUpstream) {
+    let mock = aigw::mock_upstream::MockUpstream::start().await.unwrap();
+    let text = format!(
+        "{}\n[[member]]\nworkspace = \"acme\"\nemail = \"{OWNER}\"\nrole = \"owner\"\npassword = \"{OWNER_PASSWORD}\"\n\
+         [[api_key]]\nmember = \"ada@acme.test\"\nname = \"other\"\nkey = \"{OTHER}\"\n{extra}",
+        crate::proxy::resources(&mock)
+    );
+    let setup = crate::helpers::Setup {
+        settings: Box::new(settings),
+        ..crate::helpers::Setup::resources(text)
+    };
+    (crate::helpers::spawn_app(db, setup).await, mock)
+}
+
+fn policy(subject: &str, target: &str, limit: u32) -> String {
+    format!(
+        "[[policy]]\nworkspace = \"acme\"\nsubject = \"{subject}\"\ntarget = \"{target}\"\n\
+         metric = \"requests\"\nwindow = \"minute\"\nlimit = {limit}\n"
+    )
+}
+
+both_backends!(
+    new_tag_values_and_end_users_past_the_caps_are_refused,
+    a_policy_on_a_tag_value_counts_that_value_only,
+    a_policy_on_each_end_user_counts_each_one,
+    the_admin_api_sets_tag_policies_and_lists_their_standings,
+);
+
+async fn new_tag_values_and_end_users_past_the_caps_are_refused(db: TestDb) {
+    let (app, mock) = start_with(&db, "", |s| {
+        s.max_tag_keys = 2;
+        s.max_tag_values = 2;
+        s.max_end_users = 1;
+    })
+    .await;
+    for tags in ["team=a", "team=b", "team=a,env=x"] {
+        assert_eq!(
+            call(&app, KEY, &[("x-aigw-tags", tags)], &chat(None)).await.0,
+            200,
+            "{tags}"
+        );
+    }
+    let calls = mock.call_count();
+    let (status, v) = call(&app, KEY, &[("x-aigw-tags", "team=c")], &chat(None)).await;
+    assert_eq!(status, 400, "{v}");
+    let e = &v["error"];
+    assert_eq!(
+        (&e["code"], &e["param"], &e["tag_key"], &e["limit"]),
+        (
+            &json!("tag_value_limit"),
+            &json!("x-aigw-tags"),
+            &json!("team"),
+            &json!(2)
+        )
+    );
+    assert!(e["message"].as_str().unwrap().contains("max_tag_values"), "{v}");
+    let (status, v) = call(&app, KEY, &[("x-aigw-tags", "region=eu")], &chat(None)).await;
+    assert_eq!(
+        (status, &v["error"]["code"]),
+        (400, &json!("tag_value_limit")),
+        "a third key: {v}"
+    );
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains("max_tag_keys"),
+        "{v}"
+    );
+    assert_eq!(mock.call_count(), calls, "nothing went upstream");
+    // Known values keep working.
+    assert_eq!(
+        call(&app, KEY, &[("x-aigw-tags", "team=b,env=x")], &chat(None))
+            .await
+            .0,
+        200
+    );
+
+    assert_eq!(
+        call(&app, KEY, &[("x-aigw-end-user", "alice")], &chat(None))
+            .await
+            .0,
+        200
+    );
+    let (status, v) = call(&app, KEY, &[], &chat(Some(json!("bob")))).await;
+    assert_eq!(status, 400, "{v}");
+    assert_eq!(
+        (&v["error"]["code"], &v["error"]["param"], &v["error"]["limit"]),
+        (&json!("end_user_limit"), &json!("x-aigw-end-user"), &json!(1))
+    );
+    assert_eq!(call(&app, KEY, &[], &chat(Some(json!("alice")))).await.0, 200);
+    assert_eq!(
+        call(&app, KEY, &[], &chat(None)).await.0,
+        200,
+        "no end user: no cap"
+    );
+    app.stop().await;
+
+    // The caps count what the store holds, across restarts.
+    let (app, _mock) = start_with(&db, "", |s| s.max_tag_values = 2).await;
+    let (status, v) = call(&app, KEY, &[("x-aigw-tags", "team=d")], &chat(None)).await;
+    assert_eq!((status, &v["error"]["code"]), (400, &json!("tag_value_limit")));
+    assert_eq!(
+        call(&app, KEY, &[("x-aigw-tags", "team=a")], &chat(None)).await.0,
+        200
+    );
+    app.stop().await;
+}
+
+/// Asserts a quota refusal on `subject` naming `name`.
+fn assert_refused_on((status, v): &(u16, Value), subject: &str, name: &str) {
+    assert_eq!(*status, 429, "{v}");
+    let e = &v["error"];
+    assert_eq!(e["code"], "quota_exceeded", "{v}");
+    assert_eq!(e["subject"], subject);
+    assert_eq!(e[subject], name, "{v}");
+    assert_eq!(
+        e["message"],
+        format!("rate limit exceeded on {subject} requests/minute")
+    );
+}
+
+async fn a_policy_on_a_tag_value_counts_that_value_only(db: TestDb) {
+    let policies = format!(
+        "{}{}",
+        policy("tag", "team=search", 1),
+        policy("tag", "feature=*", 1)
+    );
+    let (app, _mock) = start_with(&db, &policies, |_| {}).await;
+    let with = |tags: &'static str| [("x-aigw-tags", tags)];
+    assert_eq!(call(&app, KEY, &with("team=search"), &chat(None)).await.0, 200);
+    assert_refused_on(
+        &call(&app, OTHER, &with("team=search,env=x"), &chat(None)).await,
+        "tag",
+        "team=search",
+    );
+    for other in ["team=ads", "env=x", ""] {
+        assert_eq!(call(&app, KEY, &with(other), &chat(None)).await.0, 200, "{other}");
+    }
+    // `feature=*`: each value of the key on its own counter.
+    assert_eq!(call(&app, KEY, &with("feature=a"), &chat(None)).await.0, 200);
+    assert_eq!(call(&app, KEY, &with("feature=b"), &chat(None)).await.0, 200);
+    assert_refused_on(
+        &call(&app, KEY, &with("feature=a"), &chat(None)).await,
+        "tag",
+        "feature=a",
+    );
+    // A new minute: usable again.
+    app.clock.advance(chrono::Duration::seconds(60));
+    assert_eq!(
+        call(&app, KEY, &with("team=search,feature=a"), &chat(None))
+            .await
+            .0,
+        200
+    );
+    app.stop().await;
+}
+
+async fn a_policy_on_each_end_user_counts_each_one(db: TestDb) {
+    let policies = format!("{}{}", policy("end_user", "*", 2), policy("end_user", "vip", 1));
+    let (app, _mock) = start_with(&db, &policies, |_| {}).await;
+    let as_user = |u: &'static str| [("x-aigw-end-user", u)];
+    for _ in 0..2 {
+        assert_eq!(call(&app, KEY, &as_user("alice"), &chat(None)).await.0, 200);
+    }
+    // The body's `user` is the same end user, on any key.
+    assert_refused_on(
+        &call(&app, OTHER, &[], &chat(Some(json!("alice")))).await,
+        "end_user",
+        "alice",
+    );
+    assert_eq!(call(&app, KEY, &as_user("bob"), &chat(None)).await.0, 200);
+    assert_eq!(call(&app, KEY, &[], &chat(None)).await.0, 200, "no end user");
+    assert_eq!(call(&app, KEY, &as_user("vip"), &chat(None)).await.0, 200);
+    assert_refused_on(
+        &call(&app, KEY, &as_user("vip"), &chat(None)).await,
+        "end_user",
+        "vip",
+    );
+    app.stop().await;
+}
+
+async fn the_admin_api_sets_tag_policies_and_lists_their_standings(db: TestDb) {
+    let (app, _mock) = start(&db, "").await;
+    let token = app.login(OWNER, OWNER_PASSWORD).await;
+    let create = |body: Value| {
+        let (app, token) = (&app, &token);
+        async move {
+            admin(
+                app,
+                token,
+                reqwest::Method::POST,
+                "/admin/v1/policies",
+                Some(body),
+            )
+            .await
+        }
+    };
+    let (status, p) = create(json!({"subject": "tag", "target": "team=*", "metric": "requests",
+                                    "window": "day", "limit": 2}))
+    .await;
+    assert_eq!(status, 201, "{p}");
+    assert_eq!((&p["subject"], &p["target"]), (&json!("tag"), &json!("team=*")));
+    let (status, p) = create(
+        json!({"subject": "end_user", "target": "alice", "metric": "requests",
+                                    "window": "day", "limit": 5}),
+    )
+    .await;
+    assert_eq!(status, 201, "{p}");
+    assert_eq!(p["target"], "alice");
+    for bad in [
+        json!({"subject": "tag", "target": "Team=x", "metric": "requests", "window": "day", "limit": 1}),
+        json!({"subject": "tag", "target_id": 1, "metric": "requests", "window": "day", "limit": 1}),
+        json!({"subject": "member", "target": "x", "metric": "requests", "window": "day", "limit": 1}),
+    ] {
+        let (status, v) = create(bad.clone()).await;
+        assert_eq!(status, 422, "{bad}: {v}");
+    }
+    for _ in 0..2 {
+        let (status, v) = call(&app, KEY, &[("x-aigw-tags", "team=search")], &chat(None)).await;
+        assert_eq!(status, 200, "{v}");
+    }
+    let (status, v) = call(&app, KEY, &[("x-aigw-tags", "team=search")], &chat(None)).await;
+    assert_eq!((status, &v["error"]["tag"]), (429, &json!("team=search")), "{v}");
+    app.state
+        .quota
+        .flush(&app.state.store, app.clock.now())
+        .await
+        .unwrap();
+    let (_, standings) = admin(
+        &app,
+        &token,
+        reqwest::Method::GET,
+        "/admin/v1/quota/standings",
+        None,
+    )
+    .await;
+    let rows = standings["data"].as_array().unwrap();
+    assert!(
+        rows.iter()
+            .any(|s| s["subject"] == "tag" && s["subject_name"] == "team=search" && s["used"] == 2),
+        "{standings}"
+    );
+    let (_, list) = admin(&app, &token, reqwest::Method::GET, "/admin/v1/policies", None).await;
+    let targets: Vec<&Value> = list["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| &p["target"])
+        .collect();
+    assert_eq!(targets, [&json!("team=*"), &json!("alice")]);
+    app.stop().await;
+}
