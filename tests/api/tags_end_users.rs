@@ -325,6 +325,7 @@ both_backends!(
     a_policy_on_a_tag_value_counts_that_value_only,
     a_policy_on_each_end_user_counts_each_one,
     the_admin_api_sets_tag_policies_and_lists_their_standings,
+    usage_is_reported_by_the_values_of_a_tag,
 );
 
 async fn new_tag_values_and_end_users_past_the_caps_are_refused(db: TestDb) {
@@ -547,5 +548,74 @@ async fn the_admin_api_sets_tag_policies_and_lists_their_standings(db: TestDb) {
         .map(|p| &p["target"])
         .collect();
     assert_eq!(targets, [&json!("team=*"), &json!("alice")]);
+    app.stop().await;
+}
+
+async fn usage_is_reported_by_the_values_of_a_tag(db: TestDb) {
+    let (app, _mock) = start(&db, "").await;
+    for tags in [
+        "team=search,feature=a",
+        "team=search",
+        "team=ads",
+        "feature=a",
+        "",
+    ] {
+        assert_eq!(
+            call(&app, KEY, &[("x-aigw-tags", tags)], &chat(None)).await.0,
+            200
+        );
+    }
+    app.logs("acme", 5).await;
+    let report = |query: &'static str| {
+        let app = &app;
+        async move {
+            let token = app.login(OWNER, OWNER_PASSWORD).await;
+            let token = token.as_str();
+            let (status, v) = admin(
+                app,
+                token,
+                reqwest::Method::GET,
+                &format!("/admin/v1/usage?{query}"),
+                None,
+            )
+            .await;
+            assert_eq!(status, 200, "{query}: {v}");
+            v["data"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|r| {
+                    (
+                        r["label"].as_str().unwrap().to_owned(),
+                        r["requests"].as_i64().unwrap(),
+                    )
+                })
+                .collect::<Vec<_>>()
+        }
+    };
+    let want = vec![("ads".to_owned(), 1), ("search".to_owned(), 2)];
+    // This hour's logs (the edge of the range) …
+    assert_eq!(report("by=tag&tag_key=team").await, want);
+    assert_eq!(report("by=tag&tag_key=feature").await, [("a".to_owned(), 2)]);
+    assert_eq!(report("by=tag&tag_key=region").await, []);
+    // … and, hours later, the hourly rollup: the same figures.
+    app.clock.advance(chrono::Duration::hours(3));
+    assert_eq!(report("by=tag&tag_key=team").await, want);
+    let token = app.login(OWNER, OWNER_PASSWORD).await;
+    for bad in ["by=tag", "by=tag&tag_key=Team", "by=day&tag_key=team"] {
+        let (status, v) = admin(
+            &app,
+            &token,
+            reqwest::Method::GET,
+            &format!("/admin/v1/usage?{bad}"),
+            None,
+        )
+        .await;
+        assert_eq!(
+            (status, &v["error"]["param"]),
+            (422, &json!("tag_key")),
+            "{bad}: {v}"
+        );
+    }
     app.stop().await;
 }
