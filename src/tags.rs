@@ -311,7 +311,9 @@ mod tests {
     #[test]
     fn end_users() {
         let huge = format!("\"{}\"", "u".repeat(257));
-        let rows: &[(Option<&str>, Option<&str>, Result<Option<&str>, &str>)] = &[
+        /// Header, body `user`, and the end user or the refused param.
+        type Row<'a> = (Option<&'a str>, Option<&'a str>, Result<Option<&'a str>, &'a str>);
+        let rows: &[Row] = &[
             (None, None, Ok(None)),
             (Some("alice"), None, Ok(Some("alice"))),
             (Some(" alice "), Some("\"bob\""), Ok(Some("alice"))),

@@ -142,7 +142,9 @@ async fn tags_and_end_users_are_logged_filtered_and_exported(db: TestDb) {
 async fn malformed_tags_and_end_users_are_refused_naming_the_header(db: TestDb) {
     let (app, mock) = start(&db, "").await;
     let long_user = "u".repeat(257);
-    let cases: Vec<(Vec<(&str, &str)>, Value, &str)> = vec![
+    /// Headers, body, and the param the refusal names.
+    type Case<'a> = (Vec<(&'a str, &'a str)>, Value, &'a str);
+    let cases: Vec<Case> = vec![
         (vec![("x-aigw-tags", "team")], chat(None), "x-aigw-tags"),
         (vec![("x-aigw-tags", "Team=search")], chat(None), "x-aigw-tags"),
         (vec![("x-aigw-tags", "team=a,team=b")], chat(None), "x-aigw-tags"),
