@@ -377,14 +377,6 @@ fn at_most_60000(v: &u64) -> Result<(), String> {
     }
 }
 
-fn label_cap(v: &u32) -> Result<(), String> {
-    if (1..=100_000_000).contains(v) {
-        Ok(())
-    } else {
-        Err("must be 1..=100000000".into())
-    }
-}
-
 fn database_url_form(v: &str) -> Result<(), String> {
     let ok = v.starts_with("sqlite:") || v.starts_with("postgres://") || v.starts_with("postgresql://");
     if ok {
@@ -443,15 +435,12 @@ settings! {
     flush_interval_ms: u64 = 250, "AIGW_FLUSH_INTERVAL_MS", check |v| {
         if (10..=60_000).contains(v) { Ok(()) } else { Err("must be 10..=60000".into()) }
     };
-    /// Most distinct tag keys (`x-aigw-tags`) a workspace may have; a request bringing a new
-    /// one past it is refused with `tag_value_limit`.
-    max_tag_keys: u32 = 50, "AIGW_MAX_TAG_KEYS", check label_cap;
-    /// Most distinct values of one tag key a workspace may have; a request bringing a new one
-    /// past it is refused with `tag_value_limit`.
-    max_tag_values: u32 = 1000, "AIGW_MAX_TAG_VALUES", check label_cap;
-    /// Most distinct end users a workspace may have; a request naming a new one past it is
-    /// refused with `end_user_limit`.
-    max_end_users: u32 = 100_000, "AIGW_MAX_END_USERS", check label_cap;
+    /// Most tag keys (`x-aigw-tags`) per workspace; a new one past it: `tag_value_limit`.
+    max_tag_keys: u32 = 50, "AIGW_MAX_TAG_KEYS", check at_least_1;
+    /// Most values of one tag key per workspace; a new one past it: `tag_value_limit`.
+    max_tag_values: u32 = 1000, "AIGW_MAX_TAG_VALUES", check at_least_1;
+    /// Most end users per workspace; a new one past it: `end_user_limit`.
+    max_end_users: u32 = 100_000, "AIGW_MAX_END_USERS", check at_least_1;
     /// Request logs older than this many days are deleted.
     log_retention_days: u32 = 30, "AIGW_LOG_RETENTION_DAYS", check at_least_1;
     /// Where generated secrets (`aigw.keys`) are kept; default: beside the SQLite file, else `.`.
