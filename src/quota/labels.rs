@@ -1,9 +1,11 @@
 //! The subject ids of tag values and end users (issue 25 item 6), cached: a request's labels are
 //! resolved from memory, and only a value this gateway has not seen yet reads (or makes) its row
 //! in the store, where the workspace's caps are checked. Known values keep working past a cap;
-//! only a new one is refused.
+//! only a new one is refused. A cap once reached stays reached (rows are never deleted, caps
+//! change with a restart): it is remembered, so a client that keeps sending new values past it
+//! costs one indexed lookup each, never a count.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 
 use super::policy::Labels;
@@ -17,6 +19,10 @@ use crate::tags::Tags;
 pub struct LabelIds {
     tags: Mutex<HashMap<(i64, String, String), i64>>,
     end_users: Mutex<HashMap<(i64, String), i64>>,
+    /// Caps found reached: (workspace, the tag key for its values; none for the tag keys
+    /// themselves) and workspaces full of end users.
+    full_tags: Mutex<HashSet<(i64, Option<String>)>>,
+    full_end_users: Mutex<HashSet<i64>>,
 }
 
 impl LabelIds {
@@ -44,10 +50,33 @@ impl LabelIds {
                 None => {
                     store.fail_fast()?;
                     let (k, v) = (key.to_owned(), value.to_owned());
+                    let known = {
+                        let full = self.full_tags.lock().unwrap_or_else(|p| p.into_inner());
+                        LabelCaps {
+                            tag_keys: if full.contains(&(ws, None)) {
+                                0
+                            } else {
+                                caps.tag_keys
+                            },
+                            tag_values: if full.contains(&(ws, Some(k.clone()))) {
+                                0
+                            } else {
+                                caps.tag_values
+                            },
+                            ..caps
+                        }
+                    };
                     let found = store
-                        .at_home(|s| async move { s.tag_value_id(ws, &k, &v, Some(caps), now_ms).await })
+                        .at_home(|s| async move { s.tag_value_id(ws, &k, &v, Some(known), now_ms).await })
                         .await?;
-                    let id = found.map_err(|over| refusal(over, key, caps))?;
+                    let id = found.map_err(|over| {
+                        let scope = (over == OverCap::TagValues).then(|| key.to_owned());
+                        self.full_tags
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .insert((ws, scope));
+                        refusal(over, key, caps)
+                    })?;
                     self.tags
                         .lock()
                         .unwrap_or_else(|p| p.into_inner())
@@ -69,10 +98,29 @@ impl LabelIds {
                 None => {
                     store.fail_fast()?;
                     let u = user.to_owned();
+                    let known = LabelCaps {
+                        end_users: if self
+                            .full_end_users
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .contains(&ws)
+                        {
+                            0
+                        } else {
+                            caps.end_users
+                        },
+                        ..caps
+                    };
                     let found = store
-                        .at_home(|s| async move { s.end_user_id(ws, &u, Some(caps), now_ms).await })
+                        .at_home(|s| async move { s.end_user_id(ws, &u, Some(known), now_ms).await })
                         .await?;
-                    let id = found.map_err(|over| refusal(over, user, caps))?;
+                    let id = found.map_err(|over| {
+                        self.full_end_users
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .insert(ws);
+                        refusal(over, user, caps)
+                    })?;
                     self.end_users
                         .lock()
                         .unwrap_or_else(|p| p.into_inner())

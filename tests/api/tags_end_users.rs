@@ -358,6 +358,13 @@ async fn new_tag_values_and_end_users_past_the_caps_are_refused(db: TestDb) {
         )
     );
     assert!(e["message"].as_str().unwrap().contains("max_tag_values"), "{v}");
+    // Once reached, the cap is remembered: another new value is refused the same way.
+    let (status, v) = call(&app, KEY, &[("x-aigw-tags", "team=e")], &chat(None)).await;
+    assert_eq!(
+        (status, &v["error"]["code"]),
+        (400, &json!("tag_value_limit")),
+        "{v}"
+    );
     let (status, v) = call(&app, KEY, &[("x-aigw-tags", "region=eu")], &chat(None)).await;
     assert_eq!(
         (status, &v["error"]["code"]),
@@ -390,6 +397,12 @@ async fn new_tag_values_and_end_users_past_the_caps_are_refused(db: TestDb) {
         (&json!("end_user_limit"), &json!("x-aigw-end-user"), &json!(1))
     );
     assert_eq!(call(&app, KEY, &[], &chat(Some(json!("alice")))).await.0, 200);
+    let (status, v) = call(&app, KEY, &[("x-aigw-end-user", "carol")], &chat(None)).await;
+    assert_eq!(
+        (status, &v["error"]["code"]),
+        (400, &json!("end_user_limit")),
+        "{v}"
+    );
     assert_eq!(
         call(&app, KEY, &[], &chat(None)).await.0,
         200,

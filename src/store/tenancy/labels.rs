@@ -38,7 +38,8 @@ pub enum OverCap {
     EndUsers,
 }
 
-/// The caps on what a workspace may have (none: no cap, for what an admin names).
+/// The caps on what a workspace may have (none: no cap, for what an admin names). A cap of 0
+/// means the caller knows it is reached: a new one is refused without counting.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LabelCaps {
     /// Distinct tag keys.
@@ -110,6 +111,9 @@ impl LabelStore for Store {
         // Two gateways may both count under the cap and both add: a cap holds to within the
         // values first seen at the same moment.
         if let Some(caps) = caps {
+            if caps.tag_values == 0 {
+                return Ok(Err(OverCap::TagValues));
+            }
             let values: i64 = sqlx::query_scalar(
                 "SELECT COUNT(*) FROM tag_values WHERE workspace_id = $1 AND tag_key = $2 AND tag_value <> '*'",
             )
@@ -119,6 +123,9 @@ impl LabelStore for Store {
             .await?;
             if values >= caps.tag_values {
                 return Ok(Err(OverCap::TagValues));
+            }
+            if values == 0 && caps.tag_keys == 0 {
+                return Ok(Err(OverCap::TagKeys));
             }
             if values == 0 {
                 let keys: i64 = sqlx::query_scalar(
@@ -162,6 +169,9 @@ impl LabelStore for Store {
             return Ok(Ok(id));
         }
         if let Some(caps) = caps {
+            if caps.end_users == 0 {
+                return Ok(Err(OverCap::EndUsers));
+            }
             let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM end_users WHERE workspace_id = $1")
                 .bind(ws)
                 .fetch_one(self.pool())
