@@ -7,7 +7,8 @@
 //!    values are trimmed, empty items (`a=b,`) are ignored, several `x-aigw-tags` headers read
 //!    as one list (HTTP's rule for comma lists).
 //! 2. A key is 1 to 64 of `a-z 0-9 _ . -`; a value 1 to 128 printable ASCII characters other
-//!    than `,` (it may hold `=`: the first `=` splits key from value).
+//!    than `,` (it may hold `=`: the first `=` splits key from value), and not `*` alone (the
+//!    wildcard of `allowed_tags` and policy targets).
 //! 3. At most 10 tags, one value per key.
 //! 4. The end user is `x-aigw-end-user` when sent and not blank (the header wins), else the
 //!    body's `user` when it is a non-empty string; at most 256 characters, no control characters.
@@ -57,9 +58,11 @@ pub fn valid_key(key: &str) -> bool {
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'_' | b'.' | b'-'))
 }
 
-/// Whether `value` is a valid tag value.
+/// Whether `value` is a valid tag value. `*` alone is not one: in `allowed_tags` and policy
+/// targets it stands for every value of the key.
 pub fn valid_value(value: &str) -> bool {
     (1..=MAX_VALUE_LEN).contains(&value.len())
+        && value != "*"
         && value.bytes().all(|b| (0x20..0x7f).contains(&b) && b != b',')
 }
 
@@ -85,7 +88,7 @@ impl Tags {
                 if !valid_value(value) {
                     return Err(Refused::tags(format!(
                         "`{TAGS_HEADER}`: the value of tag {key:?} must be 1 to {MAX_VALUE_LEN} printable ASCII \
-                         characters other than `,`"
+                         characters other than `,`, and not `*` alone"
                     )));
                 }
                 if tags.iter().any(|(k, _)| k == key) {
@@ -253,6 +256,8 @@ mod tests {
             ("env=prod eu", Ok("env=prod eu")),
             ("team", Err(TAGS_HEADER)),
             ("team=", Err(TAGS_HEADER)),
+            ("team=*", Err(TAGS_HEADER)),
+            ("team=a*", Ok("team=a*")),
             ("=search", Err(TAGS_HEADER)),
             ("Team=search", Err(TAGS_HEADER)),
             ("te am=search", Err(TAGS_HEADER)),
