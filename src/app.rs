@@ -69,6 +69,8 @@ pub struct Inner {
     pub sessions: crate::admin::session::Sessions,
     /// Gateway API keys on the request path.
     pub keys: KeyResolver,
+    /// The subject ids of tag values and end users this gateway has seen.
+    pub labels: crate::quota::labels::LabelIds,
     /// Requests in flight per capped key and member (per process: a cap holds per replica).
     pub in_flight: crate::in_flight::InFlight,
     /// Queue of request logs for the batch writer.
@@ -313,6 +315,7 @@ impl Gateway {
             alerts,
             keys: KeyResolver::new(),
             in_flight: crate::in_flight::InFlight::default(),
+            labels: Default::default(),
             sessions,
             breakers,
             locks,
@@ -426,5 +429,14 @@ impl AppState {
             .get(&workspace_id)
             .and_then(|w| w.timezone)
             .unwrap_or(self.settings.timezone)
+    }
+
+    /// The caps on tag keys, tag values and end users per workspace (settings).
+    pub fn label_caps(&self) -> crate::store::LabelCaps {
+        crate::store::LabelCaps {
+            tag_keys: i64::from(self.settings.max_tag_keys),
+            tag_values: i64::from(self.settings.max_tag_values),
+            end_users: i64::from(self.settings.max_end_users),
+        }
     }
 }

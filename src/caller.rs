@@ -20,6 +20,8 @@ pub struct Caller {
     pub models: ModelAccess,
     /// The key's and the member's caps on requests in flight.
     pub in_flight: InFlightCaps,
+    /// The tags the key may send (`key=value` or `key=*`); none: every tag.
+    pub allowed_tags: Option<Vec<String>>,
 }
 
 /// The key's and the member's model allow-lists: a model must be allowed by both (a list that

@@ -437,6 +437,12 @@ settings! {
     flush_interval_ms: u64 = 250, "AIGW_FLUSH_INTERVAL_MS", check |v| {
         if (10..=60_000).contains(v) { Ok(()) } else { Err("must be 10..=60000".into()) }
     };
+    /// Most tag keys (`x-aigw-tags`) per workspace; a new one past it: `tag_value_limit`.
+    max_tag_keys: u32 = 50, "AIGW_MAX_TAG_KEYS", check at_least_1;
+    /// Most values of one tag key per workspace; a new one past it: `tag_value_limit`.
+    max_tag_values: u32 = 1000, "AIGW_MAX_TAG_VALUES", check at_least_1;
+    /// Most end users per workspace; a new one past it: `end_user_limit`.
+    max_end_users: u32 = 100_000, "AIGW_MAX_END_USERS", check at_least_1;
     /// Request logs older than this many days are deleted.
     log_retention_days: u32 = 30, "AIGW_LOG_RETENTION_DAYS", check at_least_1;
     /// Where generated secrets (`aigw.keys`) are kept; default: beside the SQLite file, else `.`.

@@ -35,6 +35,28 @@ pub struct QuotaRefusal {
     pub used: Value,
     /// RFC 3339 with the zone's offset; none for `total`.
     pub reset_at: Option<String>,
+    /// For a `tag` or `end_user` policy: which one (`team=search`, the end user's id).
+    pub subject_name: Option<String>,
+}
+
+/// The message of a label cap refusal.
+fn label_limit_message(over: crate::store::OverCap, tag_key: Option<&str>, limit: i64) -> String {
+    use crate::store::OverCap;
+    match over {
+        OverCap::TagKeys => format!(
+            "this workspace already has {limit} tag keys (max_tag_keys); send a tag key it has seen, \
+             or ask an admin to raise the cap"
+        ),
+        OverCap::TagValues => format!(
+            "tag `{}` already has {limit} values in this workspace (max_tag_values); send one of its \
+             known values, or ask an admin to raise the cap",
+            tag_key.unwrap_or_default()
+        ),
+        OverCap::EndUsers => format!(
+            "this workspace already has {limit} end users (max_end_users); send a known end user or \
+             none, or ask an admin to raise the cap"
+        ),
+    }
 }
 
 /// A refusal or failure produced by the gateway itself.
@@ -139,6 +161,27 @@ pub enum ApiError {
         model: String,
         /// Whose list refused it.
         by: crate::caller::Guarded,
+    },
+    /// A tag outside the key's `allowed_tags` (issue 25 item 6). Logged, and counted toward the
+    /// key's breaker like `model_not_allowed`.
+    #[error(
+        "the tag `{tag}` is not allowed for this API key; send only the tags its allowed_tags list, \
+         or ask an admin to add it"
+    )]
+    TagNotAllowed {
+        /// The first tag refused, `key=value`.
+        tag: String,
+    },
+    /// A tag value or end user new to the workspace, past its cap (settings `max_tag_keys`,
+    /// `max_tag_values`, `max_end_users`; issue 25 item 6). Values already seen keep working.
+    #[error("{}", label_limit_message(*over, tag_key.as_deref(), *limit))]
+    LabelLimit {
+        /// Which cap.
+        over: crate::store::OverCap,
+        /// The tag key, for a tag.
+        tag_key: Option<String>,
+        /// The cap.
+        limit: i64,
     },
     /// The key or its member already has `max_in_flight` requests in flight on this gateway
     /// (issue 25 item 4). Logged, and counted toward the key's breaker like every gateway 429.
@@ -282,16 +325,17 @@ impl ApiError {
             | ApiError::CircuitOpen { .. }
             | ApiError::ConcurrencyLimit { .. }
             | ApiError::UpstreamQuotaExhausted { .. } => StatusCode::TOO_MANY_REQUESTS,
-            ApiError::KeyBanned { .. } | ApiError::Forbidden { .. } | ApiError::ModelNotAllowed { .. } => {
-                StatusCode::FORBIDDEN
-            }
+            ApiError::KeyBanned { .. }
+            | ApiError::Forbidden { .. }
+            | ApiError::ModelNotAllowed { .. }
+            | ApiError::TagNotAllowed { .. } => StatusCode::FORBIDDEN,
             ApiError::Conflict { .. } => StatusCode::CONFLICT,
             ApiError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::InvalidField { .. } => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::ModelNotFound { .. } | ApiError::RouteNotFound { .. } | ApiError::NotFound { .. } => {
                 StatusCode::NOT_FOUND
             }
-            ApiError::InvalidRequest { .. } => StatusCode::BAD_REQUEST,
+            ApiError::InvalidRequest { .. } | ApiError::LabelLimit { .. } => StatusCode::BAD_REQUEST,
             ApiError::RequestTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::HeaderTooLarge { .. } => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             ApiError::UriTooLong => StatusCode::URI_TOO_LONG,
@@ -322,6 +366,12 @@ impl ApiError {
             ApiError::AuthThrottled { .. } => "auth_rate_limited",
             ApiError::ModelNotFound { .. } => "model_not_found",
             ApiError::ModelNotAllowed { .. } => "model_not_allowed",
+            ApiError::TagNotAllowed { .. } => "tag_not_allowed",
+            ApiError::LabelLimit {
+                over: crate::store::OverCap::EndUsers,
+                ..
+            } => "end_user_limit",
+            ApiError::LabelLimit { .. } => "tag_value_limit",
             ApiError::ConcurrencyLimit { .. } => "concurrency_limit",
             ApiError::InvalidRequest { .. } => "invalid_request_error",
             ApiError::RequestTooLarge { .. } => "request_too_large",
@@ -355,14 +405,16 @@ impl ApiError {
             | ApiError::CircuitOpen { .. }
             | ApiError::ConcurrencyLimit { .. }
             | ApiError::UpstreamQuotaExhausted { .. } => "rate_limit_error",
-            ApiError::KeyBanned { .. } | ApiError::Forbidden { .. } | ApiError::ModelNotAllowed { .. } => {
-                "permission_error"
-            }
+            ApiError::KeyBanned { .. }
+            | ApiError::Forbidden { .. }
+            | ApiError::ModelNotAllowed { .. }
+            | ApiError::TagNotAllowed { .. } => "permission_error",
             ApiError::Conflict { .. } | ApiError::InvalidField { .. } | ApiError::MethodNotAllowed { .. } => {
                 "invalid_request_error"
             }
             ApiError::ModelNotFound { .. }
             | ApiError::InvalidRequest { .. }
+            | ApiError::LabelLimit { .. }
             | ApiError::RequestTooLarge { .. }
             | ApiError::RequestTimeout { .. }
             | ApiError::HeaderTooLarge { .. }
@@ -411,6 +463,20 @@ impl ApiError {
                 error["model"] = json!(model);
                 error["subject"] = json!(by.as_str());
             }
+            ApiError::LabelLimit { over, tag_key, limit } => {
+                error["param"] = json!(match over {
+                    crate::store::OverCap::EndUsers => crate::tags::END_USER_HEADER,
+                    _ => crate::tags::TAGS_HEADER,
+                });
+                error["limit"] = json!(limit);
+                if let Some(k) = tag_key {
+                    error["tag_key"] = json!(k);
+                }
+            }
+            ApiError::TagNotAllowed { tag } => {
+                error["param"] = json!(crate::tags::TAGS_HEADER);
+                error["tag"] = json!(tag);
+            }
             ApiError::ConcurrencyLimit { by, limit } => {
                 error["subject"] = json!(by.as_str());
                 error["limit"] = json!(limit);
@@ -422,6 +488,9 @@ impl ApiError {
                 error["limit"] = q.limit.clone();
                 error["used"] = q.used.clone();
                 error["reset_at"] = json!(q.reset_at);
+                if let Some(name) = &q.subject_name {
+                    error[q.subject] = json!(name);
+                }
             }
             ApiError::CircuitOpen { blocked_until, .. } => error["blocked_until"] = json!(blocked_until),
             ApiError::KeyExpired { expired_at } => error["expired_at"] = json!(expired_at),
@@ -532,6 +601,7 @@ mod tests {
             limit: json!(1),
             used: json!(1),
             reset_at: None,
+            subject_name: None,
         };
         let text = || "x".to_owned();
         vec![
@@ -590,6 +660,17 @@ mod tests {
                 limit: 2,
             },
             ApiError::KeyExpired { expired_at: text() },
+            ApiError::TagNotAllowed { tag: text() },
+            ApiError::LabelLimit {
+                over: crate::store::OverCap::TagValues,
+                tag_key: Some(text()),
+                limit: 1,
+            },
+            ApiError::LabelLimit {
+                over: crate::store::OverCap::EndUsers,
+                tag_key: None,
+                limit: 1,
+            },
         ]
     }
 
@@ -625,6 +706,12 @@ mod tests {
             ApiError::ModelNotAllowed { .. } => 27,
             ApiError::ConcurrencyLimit { .. } => 28,
             ApiError::KeyExpired { .. } => 29,
+            ApiError::TagNotAllowed { .. } => 30,
+            ApiError::LabelLimit {
+                over: crate::store::OverCap::EndUsers,
+                ..
+            } => 32,
+            ApiError::LabelLimit { .. } => 31,
         }
     }
 
@@ -636,7 +723,7 @@ mod tests {
         assert_eq!(numbers, expected, "every_variant() lists each variant once");
         assert_eq!(
             numbers.len(),
-            30,
+            33,
             "a variant added to variant_number is listed too"
         );
     }

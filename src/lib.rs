@@ -26,6 +26,7 @@ pub mod request_log;
 pub mod resources;
 pub mod serving;
 pub mod store;
+pub mod tags;
 pub mod telemetry;
 pub mod translate;
 pub mod upstream;

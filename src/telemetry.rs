@@ -284,14 +284,16 @@ fn describe_and_register() {
 /// refused request increments a handle, with no registry lookup.
 pub fn quota_refusals(subject: crate::quota::SubjectKind, mode: crate::quota::Mode) -> &'static Counter {
     use crate::quota::{Mode, SubjectKind};
-    const SUBJECTS: [SubjectKind; 4] = [
+    const SUBJECTS: [SubjectKind; 6] = [
         SubjectKind::Apikey,
         SubjectKind::Member,
         SubjectKind::Dept,
         SubjectKind::Ws,
+        SubjectKind::Tag,
+        SubjectKind::EndUser,
     ];
     const MODES: [Mode; 2] = [Mode::Enforce, Mode::Shadow];
-    static HANDLES: OnceLock<[[Counter; 2]; 4]> = OnceLock::new();
+    static HANDLES: OnceLock<[[Counter; 2]; 6]> = OnceLock::new();
     let handles = HANDLES.get_or_init(|| {
         SUBJECTS.map(|s| {
             MODES.map(|m| {

@@ -14,9 +14,18 @@ export const SUBJECTS = [
   ['dept', 'Department'],
   ['ws', 'Workspace'],
   ['apikey', 'API key'],
+  ['tag', 'Tag'],
+  ['end_user', 'End user'],
 ];
 const SUBJECT_NAMES = Object.fromEntries(SUBJECTS);
-const EACH_NAMES = { member: 'Each member', dept: 'Each department', ws: 'The workspace', apikey: 'Each API key' };
+const EACH_NAMES = {
+  member: 'Each member', dept: 'Each department', ws: 'The workspace', apikey: 'Each API key', tag: 'Each tag value', end_user: 'Each end user',
+};
+/** Subjects named by text (a tag value, an end user's id) rather than chosen from a list. */
+const TEXT_TARGETS = {
+  tag: ['Tag', 'team=search for one value, or team=* for each value of the tag on its own counter.', 'team=search'],
+  end_user: ['End user', 'The id clients send in x-aigw-end-user (or the body\'s user).', 'e.g. alice@example.com'],
+};
 
 export const WINDOWS = [
   ['minute', 'Minute'],
@@ -75,6 +84,7 @@ export function modeFieldset(value) {
 }
 
 function targetText(p) {
+  if (p.subject === 'tag' && p.target && p.target.endsWith('=*')) return `Each value of ${p.target.slice(0, -2)}`;
   if (p.target_id === null || p.target_id === undefined) {
     return `${EACH_NAMES[p.subject] || 'Each'}${p.department_name || p.department_id ? ` in ${p.department_name || `department ${p.department_id}`}` : ''}`;
   }
@@ -141,6 +151,8 @@ async function createPolicy(ctx, lists) {
       h('label', scopeOne, ' One subject'), h('label.each-label', scopeEach, h('span.each-text', ' Each member')));
     const target = h('select', { name: 'target_id' });
     const targetField = field('Subject', target);
+    const targetInput = h('input', { name: 'target', autocomplete: 'off' });
+    const textField = field('Target', targetInput, TEXT_TARGETS.tag[1]);
     const dept = select('department_id', [['', 'The whole workspace'], ...lists.departments.map((d) => [d.id, d.name])], '');
     const deptField = field('Within', dept, 'Narrow "each" to the members or keys of one department.');
 
@@ -159,9 +171,19 @@ async function createPolicy(ctx, lists) {
       scope.querySelector('.each-label').hidden = s === 'ws';
       if (s === 'ws') scopeOne.checked = true;
       const each = scopeEach.checked;
-      targetField.hidden = each;
-      target.disabled = each;
-      target.required = !each;
+      const byText = TEXT_TARGETS[s];
+      targetField.hidden = each || Boolean(byText);
+      target.disabled = targetField.hidden;
+      target.required = !targetField.hidden;
+      textField.hidden = each || !byText;
+      targetInput.disabled = textField.hidden;
+      targetInput.required = !textField.hidden;
+      if (byText) {
+        textField.querySelector('label').textContent = byText[0];
+        targetInput.placeholder = byText[2];
+        const hint = textField.querySelector('.hint');
+        if (hint) hint.textContent = byText[1];
+      }
       deptField.hidden = !(each && (s === 'member' || s === 'apikey') && lists.departments.length);
       dept.disabled = deptField.hidden;
     };
@@ -170,7 +192,7 @@ async function createPolicy(ctx, lists) {
 
     const form = h('form.form',
       field('Subject kind', subject),
-      scope, targetField, deptField,
+      scope, targetField, textField, deptField,
       ...metricWindowFields(),
       alertFields(null),
       h('div.actions', h('button', { type: 'button', onclick: () => close() }, 'Cancel'), h('button.primary', { type: 'submit' }, 'Create guardrail')));
@@ -178,14 +200,21 @@ async function createPolicy(ctx, lists) {
     handleSubmit(form, {
       validate: (fd) => {
         const errors = { ...validatePolicy(fd), ...validateAlerts(fd) };
-        if (fd.get('scope') === 'one' && !fd.get('target_id')) errors.target_id = 'Choose who this guardrail applies to.';
+        const byText = TEXT_TARGETS[fd.get('subject')];
+        if (fd.get('scope') === 'one' && !byText && !fd.get('target_id')) errors.target_id = 'Choose who this guardrail applies to.';
+        const t = String(fd.get('target') || '').trim();
+        if (fd.get('scope') === 'one' && byText && !t) errors.target = `Name the ${byText[0].toLowerCase()}.`;
+        else if (fd.get('scope') === 'one' && fd.get('subject') === 'tag' && !/^[a-z0-9_.-]{1,64}=[^,]{1,128}$/.test(t)) {
+          errors.target = 'Write key=value or key=* (key: a-z, 0-9, _ . -).';
+        }
         return errors;
       },
       send: async (fd) => {
         const each = fd.get('scope') === 'each';
+        const byText = TEXT_TARGETS[fd.get('subject')];
         const body = {
           subject: fd.get('subject'),
-          target_id: each ? null : Number(fd.get('target_id')),
+          ...(byText ? { target: each ? '*' : String(fd.get('target')).trim() } : { target_id: each ? null : Number(fd.get('target_id')) }),
           metric: fd.get('metric'),
           window: windowValue(fd),
           limit: Number(fd.get('limit')),
@@ -213,7 +242,7 @@ export default {
     const newBtn = h('button.primary', { type: 'button' }, 'New guardrail');
     clear(main,
       pageHeader('Guardrails', newBtn),
-      h('p.muted', 'Quotas on members, departments, the workspace and API keys. A request is refused once usage reaches the limit; shadow guardrails only report.'),
+      h('p.muted', 'Quotas on members, departments, the workspace, API keys, tag values (x-aigw-tags) and end users. A request is refused once usage reaches the limit; shadow guardrails only report.'),
       body);
 
     const lists = { members: [], departments: [], keys: [] };

@@ -96,7 +96,7 @@ async function createKey(ctx, members) {
     if (ctx.role !== 'member' && members.length) {
       fields.push(field('For member', select('member_id', members.filter((m) => m.active !== false).map((m) => [m.id, m.email]), ctx.me.id)));
     }
-    fields.push(...limitsFields());
+    fields.push(...limitsFields({}, { who: 'key' }));
     fields.push(field('Expires at', h('input', { name: 'expires_at', type: 'datetime-local' }), 'Optional, in your browser\'s local time; blank for never.'));
     const form = h('form.form', ...fields,
       h('div.actions', h('button', { type: 'button', onclick: () => close() }, 'Cancel'), h('button.primary', { type: 'submit' }, 'Create key')));
@@ -114,6 +114,7 @@ async function createKey(ctx, members) {
         const limits = limitsBody(fd);
         if (limits.allowed_models) body.allowed_models = limits.allowed_models;
         if (limits.max_in_flight) body.max_in_flight = limits.max_in_flight;
+        if (limits.allowed_tags) body.allowed_tags = limits.allowed_tags;
         if (expiryOf(fd)) body.expires_at = expiryOf(fd);
         if (fd.get('member_id') && Number(fd.get('member_id')) !== ctx.me.id) body.member_id = Number(fd.get('member_id'));
         const created = await api.post('/keys', body);

@@ -43,7 +43,7 @@ function queryOf(fd) {
     const r = RANGES.find(([k]) => k === range);
     q.from = Date.now() - r[2];
   }
-  for (const k of ['key_id', 'member_id', 'model', 'status', 'source']) {
+  for (const k of ['key_id', 'member_id', 'model', 'status', 'source', 'tag', 'end_user']) {
     const v = (fd.get(k) || '').trim();
     if (v) q[k] = v;
   }
@@ -77,6 +77,8 @@ async function showDetail(row, names) {
       h('dt', 'Upstream'), h('dd', names.upstream(l.upstream_id)),
       h('dt', 'Streamed'), h('dd', l.stream ? 'yes' : 'no'),
       h('dt', 'Client address'), h('dd', l.client_ip || '—'),
+      h('dt', 'Tags'), h('dd', l.tags ? h('code', l.tags) : '—'),
+      h('dt', 'End user'), h('dd', l.end_user || '—'),
       h('dt', 'Tokens'), h('dd', `${fmtNum(l.prompt_tokens)} prompt + ${fmtNum(l.completion_tokens)} completion = ${fmtNum(l.total_tokens)}${l.usage_estimated ? ' (estimated)' : ''}`),
       h('dt', 'Credits'), h('dd', logCredits(l)),
       h('dt', 'Latency'), h('dd', `${ms(l.latency_ms)} total, ${ms(l.ttfb_ms)} to first byte, ${ms(l.upstream_latency_ms)} upstream`),
@@ -125,6 +127,8 @@ export default {
       field('Model', select('model', [['', 'Any model'], ...models.map((m) => [m.name, m.name])], ctx.params.get('model') || '')),
       field('Status', h('input', { name: 'status', type: 'number', min: 100, max: 599, inputmode: 'numeric', placeholder: 'e.g. 429', value: ctx.params.get('status') || '' })),
       field('Source', select('source', [['', 'Any source'], ['gateway', 'Gateway'], ['upstream', 'Upstream']], ctx.params.get('source') || '')),
+      field('Tag', h('input', { name: 'tag', autocomplete: 'off', placeholder: 'e.g. team=search', value: ctx.params.get('tag') || '' })),
+      field('End user', h('input', { name: 'end_user', autocomplete: 'off', placeholder: 'any', value: ctx.params.get('end_user') || '' })),
       h('div.filter-actions', h('button.primary', { type: 'submit' }, 'Apply filters')));
 
     const exportBtn = h('button', { type: 'button' }, 'Export CSV');
@@ -157,6 +161,7 @@ export default {
         },
         { label: 'Model', class: 'c-model', cell: (l) => (l.model_served && l.model_served !== l.model_requested ? `${l.model_requested} → ${l.model_served}` : l.model_requested || '—') },
         { label: 'Key', class: 'c-key', cell: (l) => breakable(names.key(l.key_id)) },
+        { label: 'Tags / end user', class: 'c-tags col-wide', cell: (l) => [l.tags ? h('code.tags', breakable(l.tags)) : h('span.muted', '—'), l.end_user ? [h('br'), h('small', breakable(l.end_user))] : null] },
         { label: 'Tokens', class: 'c-num col-wide', cell: (l) => `${fmtNum(l.total_tokens)}${l.usage_estimated ? '*' : ''}` },
         { label: 'Credits', class: 'c-num col-wide', cell: logCredits },
         { label: 'Latency', class: 'c-num col-wide nowrap', cell: (l) => ms(l.latency_ms) },
@@ -181,6 +186,8 @@ export default {
     handleSubmit(filters, {
       validate: (fd) => {
         const errors = {};
+        const tag = (fd.get('tag') || '').trim();
+        if (tag && !/^[a-z0-9_.-]{1,64}=[^,]{1,128}$/.test(tag)) errors.tag = 'Write one tag as key=value, e.g. team=search.';
         if (fd.get('range') === 'custom') {
           if (!fd.get('from')) errors.from = 'Choose where the range starts.';
           if (fd.get('from') && fd.get('to') && new Date(fd.get('from')) >= new Date(fd.get('to'))) errors.to = 'The end must be after the start.';

@@ -1,5 +1,6 @@
-// Usage: requests, tokens and credits by day (columns, plain SVG) and by key and by model
-// (bars, plain HTML), each with a table of the same figures for those who would rather read.
+// Usage: requests, tokens and credits by day (columns, plain SVG), by key, by model and by the
+// values of one tag key (bars, plain HTML), each with a table of the same figures for those who
+// would rather read.
 
 import { api } from '../api.js';
 import { h, clear, alertBox, messageOf, fmtNum, fmtTime, select, field, pageHeader, table, breakable } from '../ui.js';
@@ -117,7 +118,9 @@ export default {
   async render(main, ctx) {
     const metric = select('metric', METRICS, 'requests');
     const range = select('range', RANGES, '30');
-    const controls = h('form.filters', { 'aria-label': 'Chart options', onsubmit: (e) => e.preventDefault() }, field('Show', metric), field('Range', range));
+    const tagKey = h('input', { name: 'tag_key', autocomplete: 'off', placeholder: 'e.g. team', value: ctx.params.get('tag_key') || '' });
+    const controls = h('form.filters', { 'aria-label': 'Chart options', onsubmit: (e) => { e.preventDefault(); load(); } },
+      field('Show', metric), field('Range', range), field('By tag', tagKey, 'A tag key from x-aigw-tags: usage per value.'));
     const body = h('div', h('p.loading', 'Loading usage…'));
     clear(main, pageHeader('Usage'), h('p.muted', ctx.role === 'member' ? 'Your usage.' : 'Usage of the whole workspace.'), controls, body);
 
@@ -134,14 +137,17 @@ export default {
         section(`${METRICS.find(([k]) => k === m)[1]} by day`, columnChart(data.day, m, `${mName} by day`), data.day, 'Day'),
         h('div.grid.usage-split',
           section('By key', barList(data.key, m, `${mName} by key`), data.key, 'Key'),
-          section('By model', barList(data.model, m, `${mName} by model`), data.model, 'Model')));
+          section('By model', barList(data.model, m, `${mName} by model`), data.model, 'Model')),
+        data.tagKey ? section(`By tag ${data.tagKey}`, barList(data.tag, m, `${mName} by tag ${data.tagKey}`), data.tag, 'Value') : null);
     };
     const load = async () => {
       const days = Number(range.value);
       const q = { from: Date.now() - days * 86400e3, to: Date.now() };
       try {
-        const [day, key, model] = await Promise.all(['day', 'key', 'model'].map((by) => api.get('/usage', { by, ...q }).then((r) => r.data || [])));
-        data = { day: fillDays(day, days), key, model };
+        const tk = tagKey.value.trim();
+        const byTag = /^[a-z0-9_.-]{1,64}$/.test(tk) ? api.get('/usage', { by: 'tag', tag_key: tk, ...q }).then((r) => r.data || []) : Promise.resolve([]);
+        const [day, key, model, tag] = await Promise.all([...['day', 'key', 'model'].map((by) => api.get('/usage', { by, ...q }).then((r) => r.data || [])), byTag]);
+        data = { day: fillDays(day, days), key, model, tag, tagKey: tk && /^[a-z0-9_.-]{1,64}$/.test(tk) ? tk : '' };
         draw();
       } catch (err) {
         clear(body, alertBox('error', messageOf(err)));
@@ -149,6 +155,7 @@ export default {
     };
     metric.addEventListener('change', draw);
     range.addEventListener('change', load);
+    tagKey.addEventListener('change', load);
     await load();
   },
 };

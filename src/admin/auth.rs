@@ -176,6 +176,7 @@ pub async fn my_quota(State(state): State<AppState>, actor: Actor) -> AdminResul
         workspace_id: member.workspace_id,
         models: Default::default(),
         in_flight: Default::default(),
+        allowed_tags: None,
     };
     // Member, department and workspace quotas (no key: key id 0 matches no key policy).
     let d = state

@@ -51,6 +51,7 @@ fn key_json(state: &AppState, k: &ApiKeyRow, members: &[MemberRow]) -> Value {
         "last_used_at": k.last_used_at,
         "allowed_models": stored_models(k.allowed_models.as_deref()),
         "max_in_flight": k.max_in_flight,
+        "allowed_tags": stored_models(k.allowed_tags.as_deref()),
         "expires_at": k.expires_at.and_then(rfc3339),
         "expired": k.expires_at.is_some_and(|t| now >= t),
         "previous_secret_expires_at": grace_end.and_then(rfc3339),
@@ -93,6 +94,19 @@ pub(super) fn guardrails(
         Some(cap) => checked("max_in_flight", validate::max_in_flight("max_in_flight", cap))?,
     };
     Ok((allowed, cap))
+}
+
+/// A key's tag allow-list as stored, after a request that may change it (`None`: keep
+/// `before`; `Some(None)`: every tag).
+fn tag_list(wanted: Option<Option<Vec<String>>>, before: Option<String>) -> AdminResult<Option<String>> {
+    Ok(match wanted {
+        None => before,
+        Some(None) => None,
+        Some(Some(list)) => {
+            let list = checked("allowed_tags", crate::tags::allowed_tags("allowed_tags", &list))?;
+            crate::caller::encode_model_list(Some(&list))
+        }
+    })
 }
 
 async fn members(state: &AppState, actor: &Actor) -> AdminResult<Vec<MemberRow>> {
@@ -153,6 +167,9 @@ pub struct NewKey {
     /// When the key stops working (RFC 3339, in the future); null: never.
     #[serde(default)]
     expires_at: Option<String>,
+    /// The tags the key may send (`key=value` or `key=*`); null: every tag.
+    #[serde(default)]
+    allowed_tags: Option<Vec<String>>,
 }
 
 /// A key's `expires_at` as stored, from the request's RFC 3339 text (none: never).
@@ -161,7 +178,7 @@ fn expiry(text: Option<&str>) -> AdminResult<Option<i64>> {
         .transpose()
 }
 
-/// `POST /admin/v1/keys` `{name, member_id?, allowed_models?, max_in_flight?, expires_at?}` → the
+/// `POST /admin/v1/keys` `{name, member_id?, allowed_models?, max_in_flight?, expires_at?, allowed_tags?}` → the
 /// key, with its plaintext this once.
 pub async fn create(State(state): State<AppState>, actor: Actor, Body(req): Body<NewKey>) -> AdminResult {
     let name = checked("name", validate::key_name("name", &req.name))?;
@@ -178,6 +195,7 @@ pub async fn create(State(state): State<AppState>, actor: Actor, Body(req): Body
         allowed_models,
         max_in_flight,
         expires_at,
+        allowed_tags: tag_list(Some(req.allowed_tags), None)?,
     };
     let owner_id = req.member_id.unwrap_or(actor.member.id);
     if owner_id != actor.member.id && !actor.manages() {
@@ -228,8 +246,12 @@ pub async fn create(State(state): State<AppState>, actor: Actor, Body(req): Body
             .set_key_guardrails(k.id, &wanted)
             .await
             .map_err(store_error)?;
-        (k.allowed_models, k.max_in_flight, k.expires_at) =
-            (wanted.allowed_models, wanted.max_in_flight, wanted.expires_at);
+        (k.allowed_models, k.max_in_flight, k.expires_at, k.allowed_tags) = (
+            wanted.allowed_models,
+            wanted.max_in_flight,
+            wanted.expires_at,
+            wanted.allowed_tags,
+        );
     }
     let mut body = key_json(&state, &k, &members);
     audit(
@@ -266,9 +288,12 @@ pub struct KeyPatch {
     /// the current one.
     #[serde(default, with = "double_option")]
     expires_at: Option<Option<String>>,
+    /// A tag allow-list, or null for every tag; absent keeps the current one.
+    #[serde(default, with = "double_option")]
+    allowed_tags: Option<Option<Vec<String>>>,
 }
 
-/// `PATCH /admin/v1/keys/{id}` `{allowed_models?, max_in_flight?, expires_at?}` (owner or admin):
+/// `PATCH /admin/v1/keys/{id}` `{allowed_models?, max_in_flight?, expires_at?, allowed_tags?}` (owner or admin):
 /// the key's guardrails beside quotas: from the key's next request here, within a second
 /// elsewhere. A member sets them only when creating a key, so cannot lift what an owner or admin
 /// set later.
@@ -292,6 +317,7 @@ pub async fn update(
         allowed_models,
         max_in_flight,
         expires_at,
+        allowed_tags: tag_list(req.allowed_tags, k.allowed_tags.clone())?,
     };
     state
         .store
@@ -305,6 +331,7 @@ pub async fn update(
         allowed_models: wanted.allowed_models,
         max_in_flight: wanted.max_in_flight,
         expires_at: wanted.expires_at,
+        allowed_tags: wanted.allowed_tags,
         ..k
     };
     let body = key_json(&state, &after, &members);

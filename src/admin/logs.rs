@@ -19,6 +19,8 @@ use crate::store::{
     AdminStore, ApiKeyRow, Department, MemberRow, ModelRow, RequestLogStore, Table, UsageGrouping, UsageRow,
 };
 
+use crate::tags;
+
 /// The filter as the actor may use it: always their workspace; a member always their own logs.
 fn scoped(actor: &Actor, mut f: LogFilter) -> AdminResult<LogFilter> {
     f.workspace_id = actor.workspace_id();
@@ -34,6 +36,16 @@ fn scoped(actor: &Actor, mut f: LogFilter) -> AdminResult<LogFilter> {
         && !matches!(s.as_str(), "gateway" | "upstream")
     {
         return Err(ApiError::field("source", "source must be gateway or upstream"));
+    }
+    if let Some(t) = &f.tag
+        && !t
+            .split_once('=')
+            .is_some_and(|(k, v)| tags::valid_key(k) && tags::valid_value(v))
+    {
+        return Err(ApiError::field(
+            "tag",
+            "tag must be `key=value`, e.g. team=search",
+        ));
     }
     if f.limit.is_some_and(|l| !(1..=500).contains(&l)) {
         return Err(ApiError::field("limit", "limit must be between 1 and 500"));
@@ -158,7 +170,7 @@ struct ExportPages {
 
 const CSV_HEADER: &str = "id,request_id,ts,key_id,member_id,department_id,endpoint,model_requested,model_served,\
 upstream_id,attempts,status,code,source,explanation,stream,prompt_tokens,completion_tokens,total_tokens,credits,\
-usage_estimated,latency_ms,ttfb_ms,upstream_latency_ms,would_refuse";
+usage_estimated,latency_ms,ttfb_ms,upstream_latency_ms,would_refuse,tags,end_user";
 
 fn csv_row(out: &mut String, r: &LogRecord) {
     let opt = |v: Option<i64>| v.map(|v| v.to_string()).unwrap_or_default();
@@ -188,6 +200,8 @@ fn csv_row(out: &mut String, r: &LogRecord) {
         opt(r.ttfb_ms),
         opt(r.upstream_latency_ms),
         csv_text(r.would_refuse.as_deref().unwrap_or("")),
+        csv_text(r.tags.as_deref().unwrap_or("")),
+        csv_text(r.end_user.as_deref().unwrap_or("")),
     ];
     out.push_str(&fields.join(","));
     out.push('\n');
@@ -223,6 +237,9 @@ pub struct UsageQuery {
     /// Unix ms, exclusive; default now.
     #[serde(default)]
     to: Option<i64>,
+    /// With `by=tag`: the tag key whose values group the usage.
+    #[serde(default)]
+    tag_key: Option<String>,
 }
 
 /// `GET /admin/v1/usage?by=day|key|member|dept|model&from&to`: requests, tokens and credits per
@@ -234,7 +251,24 @@ pub async fn usage(
     Params(q): Params<UsageQuery>,
 ) -> AdminResult {
     let by_name = q.by.as_deref().unwrap_or("day");
-    let by: UsageGrouping = by_name.parse().map_err(|m: String| ApiError::field("by", m))?;
+    let tag_key = match (by_name, q.tag_key.as_deref()) {
+        ("tag", Some(k)) if tags::valid_key(k) => Some(k),
+        ("tag", _) => {
+            return Err(ApiError::field(
+                "tag_key",
+                "by=tag needs tag_key, a tag key (e.g. team)",
+            ));
+        }
+        (_, Some(_)) => return Err(ApiError::field("tag_key", "tag_key goes with by=tag")),
+        _ => None,
+    };
+    let by: UsageGrouping = match tag_key {
+        // Grouped by the tag's values below; the grouping is a placeholder.
+        Some(_) => UsageGrouping::Model,
+        None => by_name
+            .parse()
+            .map_err(|m: String| ApiError::field("by", format!("{m}, or tag with tag_key")))?,
+    };
     let now = state.clock.now();
     let to = q.to.unwrap_or(now.timestamp_millis() + 1);
     // Saturating: `to` comes from the query, and near i64::MIN the subtraction would overflow.
@@ -256,6 +290,18 @@ pub async fn usage(
             .local_minus_utc(),
     ) * 1000;
     let member = (!actor.manages()).then_some(actor.member.id);
+    if let Some(key) = tag_key {
+        let rows = state
+            .store
+            .usage_by_tag(ws, member, from, to, key)
+            .await
+            .map_err(store_error)?;
+        let data: Vec<Value> = rows.iter().map(|r| usage_json(r, &r.group_key)).collect();
+        return Ok(
+            Json(json!({"by": by_name, "tag_key": key, "from": from, "to": to, "data": data}))
+                .into_response(),
+        );
+    }
     let mut rows = state
         .store
         .usage(ws, member, from, to, by, offset_ms)
@@ -289,18 +335,23 @@ pub async fn usage(
                 UsageGrouping::Model if r.group_key.is_empty() => Some(OTHER_MODELS.into()),
                 UsageGrouping::Model => Some(r.group_key.clone()),
             };
-            json!({
-                "group": r.group_key,
-                "label": label.unwrap_or_else(|| r.group_key.clone()),
-                "requests": r.requests,
-                "prompt_tokens": r.prompt_tokens,
-                "completion_tokens": r.completion_tokens,
-                "total_tokens": r.total_tokens,
-                "credits": micros_to_credits(r.credits),
-            })
+            usage_json(r, &label.unwrap_or_else(|| r.group_key.clone()))
         })
         .collect();
     Ok(Json(json!({"by": by_name, "from": from, "to": to, "data": data})).into_response())
+}
+
+/// One group of a usage report.
+fn usage_json(r: &UsageRow, label: &str) -> Value {
+    json!({
+        "group": r.group_key,
+        "label": label,
+        "requests": r.requests,
+        "prompt_tokens": r.prompt_tokens,
+        "completion_tokens": r.completion_tokens,
+        "total_tokens": r.total_tokens,
+        "credits": micros_to_credits(r.credits),
+    })
 }
 
 /// The label of the usage no model of the workspace accounts for.

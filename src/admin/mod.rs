@@ -13,6 +13,7 @@ mod keys;
 mod logs;
 mod models;
 mod policies;
+mod policy_labels;
 pub mod session;
 mod sso;
 mod tenancy;

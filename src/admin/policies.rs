@@ -36,6 +36,8 @@ struct Names {
     members: HashMap<i64, MemberRow>,
     keys: HashMap<i64, ApiKeyRow>,
     departments: HashMap<i64, Department>,
+    /// Tag values and end users of this workspace that policies or counters name.
+    labels: super::policy_labels::LabelNames,
 }
 
 impl Names {
@@ -81,7 +83,9 @@ impl Names {
         let store = &state.store;
         let departments: Vec<Department> =
             store.rows_in(Table::Departments, ws).await.map_err(store_error)?;
+        let labels = super::policy_labels::LabelNames::of_policies(state, ws).await?;
         Ok(Names {
+            labels,
             workspace_id: ws,
             workspace: store
                 .workspace(ws)
@@ -118,12 +122,16 @@ impl Names {
             SubjectKind::Member => self.member(id).map(|m| m.email.clone()),
             SubjectKind::Dept => self.department(id).map(|d| d.name.clone()),
             SubjectKind::Ws => (id == self.workspace_id).then(|| self.workspace.clone()),
+            SubjectKind::Tag | SubjectKind::EndUser => self.labels.name(kind, id),
         }
     }
 
     /// Whether `rule` counts subject `id` (of the rule's kind, in this workspace): its one
     /// target, or, for "each", every subject of the kind inside its department if it names one.
     fn covers(&self, rule: &PolicyRule, id: i64) -> bool {
+        if matches!(rule.subject, SubjectKind::Tag | SubjectKind::EndUser) {
+            return self.labels.covers(rule, id);
+        }
         if rule.target_id != 0 {
             return rule.target_id == id;
         }
@@ -136,6 +144,7 @@ impl Names {
             SubjectKind::Member => self.member(id).is_some_and(|m| in_scope(m.department_id)),
             SubjectKind::Dept => self.department(id).is_some() && in_scope(Some(id)),
             SubjectKind::Ws => id == self.workspace_id,
+            SubjectKind::Tag | SubjectKind::EndUser => false,
         }
     }
 
@@ -157,6 +166,10 @@ impl Names {
                 .department(p.target_id)
                 .map(|d| d.name.clone())
                 .unwrap_or_default(),
+            "tag" | "end_user" => {
+                let kind = p.subject.parse().unwrap_or(SubjectKind::Tag);
+                self.labels.name(kind, p.target_id).unwrap_or_default()
+            }
             _ => self.workspace.clone(),
         }
     }
@@ -228,8 +241,10 @@ async fn policy_json(state: &AppState, names: &Names, p: &PolicyRow) -> AdminRes
         "managed_by": state.managed.by(Kind::Policy, p.id),
         "alerts": super::alerts::json_of(state, p.id),
     });
-    // One named subject has one counter to show; "each" has one per subject.
-    if let Some(rule) = PolicyRule::from_row(p).filter(|r| r.target_id != 0) {
+    // One named subject has one counter to show; "each" (and every value of a tag key) has one
+    // per subject.
+    if let Some(rule) = PolicyRule::from_row(p).filter(|r| r.target_id != 0 && !names.labels.is_each_value(r))
+    {
         let tz = state.timezone_of(p.workspace_id);
         let s = state
             .quota
@@ -287,7 +302,7 @@ pub async fn standings(
         ));
     }
     let ws = actor.workspace_id();
-    let names = Names::load(&state, ws).await?;
+    let mut names = Names::load(&state, ws).await?;
     let rows: Vec<PolicyRow> = state
         .store
         .rows_in(Table::Policies, ws)
@@ -301,6 +316,10 @@ pub async fn standings(
             .standings_of_all(&state.store, &rule, now, tz)
             .await
             .map_err(store_error)?;
+        names
+            .labels
+            .learn(&state, ws, rule.subject, all.iter().map(|s| s.key.subject_id))
+            .await?;
         for s in all.iter().filter(|s| names.covers(&rule, s.key.subject_id)) {
             // A limit of 0 refuses everything: it is full.
             let percent = if rule.limit > 0 {
@@ -368,6 +387,10 @@ pub struct NewPolicy {
     /// The one subject; null or absent: each subject of that kind.
     #[serde(default)]
     target_id: Option<i64>,
+    /// For `tag`: `key=value`, `key=*` (each value of the key) or `*` (each value of every
+    /// key); for `end_user`: the end user's id or `*`. Null or absent: `*`.
+    #[serde(default)]
+    target: Option<String>,
     /// With "each": only inside this department.
     #[serde(default)]
     department_id: Option<i64>,
@@ -418,8 +441,20 @@ pub async fn create(State(state): State<AppState>, actor: Actor, Body(req): Body
         }
         None => None,
     };
-    let names = Names::load(&state, ws).await?;
+    let mut names = Names::load(&state, ws).await?;
     let target_id = match (subject, req.target_id) {
+        (SubjectKind::Tag | SubjectKind::EndUser, target_id) => {
+            names
+                .labels
+                .target(&state, ws, subject, target_id, req.target.as_deref())
+                .await?
+        }
+        (_, _) if req.target.is_some() => {
+            return Err(ApiError::field(
+                "target",
+                "target names a tag or an end user; other subjects take target_id",
+            ));
+        }
         // The workspace is one subject whichever way it is named.
         (SubjectKind::Ws, None) => ws,
         (_, None) => 0,
@@ -439,6 +474,7 @@ pub async fn create(State(state): State<AppState>, actor: Actor, Body(req): Body
             SubjectKind::Member => names.member(target_id).is_some(),
             SubjectKind::Dept => names.department(target_id).is_some(),
             SubjectKind::Ws => target_id == ws,
+            SubjectKind::Tag | SubjectKind::EndUser => names.labels.name(subject, target_id).is_some(),
         };
         if !exists {
             return Err(ApiError::field(

@@ -278,6 +278,7 @@ async fn read(store: &Store, digest: KeyDigest) -> Result<Option<(Arc<Caller>, V
             key: decode_cap(k.max_in_flight),
             member: decode_cap(k.member_max_in_flight),
         },
+        allowed_tags: list(&k.allowed_tags)?,
         key_id: k.key_id,
         key_name: k.key_name,
         member_id: k.member_id,

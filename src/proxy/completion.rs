@@ -230,6 +230,12 @@ impl Completion {
         self.record.stream = i64::from(stream);
     }
 
+    /// Notes the request's tags and end user.
+    pub fn labelled(&mut self, tags: &crate::tags::Tags, end_user: Option<&str>) {
+        self.record.tags = tags.stored();
+        self.record.end_user = end_user.map(str::to_owned);
+    }
+
     /// What answering a ban needs, taken before `finish` consumes the completion.
     pub fn ban_context(&self) -> super::BanContext {
         super::BanContext {

@@ -26,6 +26,7 @@ use crate::error::{ApiError, ERROR_SOURCE, MAX_SDK_WAIT_SECS, QuotaRefusal, SHOU
 use crate::quota::engine::{QuotaDecision, display_value};
 use crate::quota::window::format_reset_at;
 use crate::quota::{self, Metric};
+use crate::tags::{self, Tags};
 use crate::translate::stream::StreamTranslator;
 use crate::translate::{self, Translation};
 use crate::upstream::Provider;
@@ -141,6 +142,18 @@ pub async fn handle(
     };
     completion.requested(&body.model, body.stream);
 
+    // 3b. Tags and end user (`x-aigw-tags`, `x-aigw-end-user` or the body's `user`), stored on
+    //     the log; a tag outside the key's `allowed_tags` is refused before any quota or
+    //     upstream work, like a model outside its allow-list.
+    let (tags, end_user) = match labels(&parts.headers, &body) {
+        Ok(l) => l,
+        Err(e) => return refuse(completion, e),
+    };
+    completion.labelled(&tags, end_user.as_deref());
+    if let Some(tag) = tags.first_not_allowed(caller.allowed_tags.as_deref()) {
+        return refuse(completion, ApiError::TagNotAllowed { tag });
+    }
+
     // 4. Model allow-list (the key's and its member's): before any quota or upstream work.
     if let Err(by) = caller.models.check(&body.model) {
         return refuse(
@@ -152,14 +165,31 @@ pub async fn handle(
         );
     }
 
-    // 5. Quota pre-check: every policy on the key, member, department and workspace.
+    // 5. Quota pre-check: every policy on the key, member, department and workspace, and on
+    //    the request's tag values and end user (their subject ids, made on first sight under
+    //    the workspace's caps).
+    let labels = match state
+        .labels
+        .resolve(
+            &state.store,
+            state.label_caps(),
+            caller.workspace_id,
+            &tags,
+            end_user.as_deref(),
+            state.clock.now_ms(),
+        )
+        .await
+    {
+        Ok(l) => l,
+        Err(e) => return refuse(completion, e),
+    };
     let routes = state.routes.load();
     let workspace = routes.workspaces.get(&caller.workspace_id);
     let tz = state.timezone_of(caller.workspace_id);
     let now = state.clock.now();
     let quota = match state
         .quota
-        .check(&state.store, &state.policies.load(), &caller, now, tz)
+        .check_request(&state.store, &state.policies.load(), &caller, &labels, now, tz)
         .await
     {
         Ok(q) => Arc::new(q),
@@ -176,6 +206,7 @@ pub async fn handle(
             limit: display_value(s.rule.metric, s.rule.limit),
             used: display_value(s.rule.metric, s.used),
             reset_at: s.reset_at.as_ref().map(format_reset_at),
+            subject_name: labels.name_of(s.rule.subject, s.key.subject_id),
         }));
         return with_quota(refuse(completion, err), &quota, untouched, now);
     }
@@ -446,6 +477,22 @@ fn refuse(completion: Completion, e: ApiError) -> Response {
 }
 
 /// The language of the gateway's own messages: `Accept-Language: zh…` or the configured locale.
+/// The request's tags and end user (the rules in [`crate::tags`]).
+fn labels(
+    headers: &axum::http::HeaderMap,
+    body: &body::ProxyBody,
+) -> Result<(Tags, Option<String>), ApiError> {
+    let refused = |r: tags::Refused| ApiError::invalid(r.message, Some(r.param));
+    let tags =
+        Tags::parse(headers.get_all(tags::TAGS_HEADER).iter().map(|v| v.as_bytes())).map_err(refused)?;
+    let end_user = tags::end_user(
+        headers.get(tags::END_USER_HEADER).map(|v| v.as_bytes()),
+        body.fields.get("user").map(|v| v.get()),
+    )
+    .map_err(refused)?;
+    Ok((tags, end_user))
+}
+
 fn locale_of(state: &AppState, headers: &axum::http::HeaderMap) -> Locale {
     let zh = headers
         .get(header::ACCEPT_LANGUAGE)

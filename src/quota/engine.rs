@@ -12,7 +12,7 @@ use std::sync::Mutex;
 use chrono::{DateTime, FixedOffset, Utc};
 use chrono_tz::Tz;
 
-pub use super::policy::{Policies, PolicyRule};
+pub use super::policy::{Labels, Policies, PolicyRule};
 use super::window::{self, Window};
 use super::{Metric, Mode, SubjectKind};
 use crate::caller::Caller;
@@ -279,7 +279,21 @@ impl QuotaCounters {
         now: DateTime<Utc>,
         tz: Tz,
     ) -> StoreResult<QuotaDecision> {
-        let applying = policies.applying_to(caller);
+        self.check_request(store, policies, caller, &Labels::default(), now, tz)
+            .await
+    }
+
+    /// [`QuotaCounters::check`] for a request carrying `labels` (its tags and end user).
+    pub async fn check_request(
+        &self,
+        store: &Store,
+        policies: &Policies,
+        caller: &Caller,
+        labels: &Labels,
+        now: DateTime<Utc>,
+        tz: Tz,
+    ) -> StoreResult<QuotaDecision> {
+        let applying = policies.applying_to_request(caller, labels);
         let mut standings = Vec::with_capacity(applying.len());
         for (rule, subject_id) in applying {
             standings.push(self.standing(store, rule, subject_id, now, tz).await?);

@@ -2,6 +2,7 @@
 
 pub mod engine;
 pub mod headers;
+pub mod labels;
 pub mod policy;
 pub mod report;
 pub mod window;
@@ -20,6 +21,11 @@ pub enum SubjectKind {
     Dept,
     /// The whole workspace.
     Ws,
+    /// One value of a tag the request carries (`team=search`; issue 25 item 6).
+    Tag,
+    /// The end user the request names.
+    #[serde(rename = "end_user")]
+    EndUser,
 }
 
 impl SubjectKind {
@@ -30,6 +36,8 @@ impl SubjectKind {
             SubjectKind::Member => "member",
             SubjectKind::Dept => "dept",
             SubjectKind::Ws => "ws",
+            SubjectKind::Tag => "tag",
+            SubjectKind::EndUser => "end_user",
         }
     }
 }
@@ -42,8 +50,10 @@ impl std::str::FromStr for SubjectKind {
             "member" => Ok(SubjectKind::Member),
             "dept" => Ok(SubjectKind::Dept),
             "ws" => Ok(SubjectKind::Ws),
+            "tag" => Ok(SubjectKind::Tag),
+            "end_user" => Ok(SubjectKind::EndUser),
             other => Err(format!(
-                "unknown subject {other:?} (expected apikey, member, dept or ws)"
+                "unknown subject {other:?} (expected apikey, member, dept, ws, tag or end_user)"
             )),
         }
     }

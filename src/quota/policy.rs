@@ -6,7 +6,31 @@ use std::collections::HashMap;
 use super::window::Window;
 use super::{Metric, Mode, SubjectKind};
 use crate::caller::Caller;
-use crate::store::{PolicyRow, PolicyStore, Store, StoreResult};
+use crate::store::{LabelStore, PolicyRow, PolicyStore, Store, StoreResult};
+
+/// The tag values and end user of one request as quota subjects (issue 25 item 6).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Labels {
+    /// Each tag: its key, its value, and the value's subject id.
+    pub tags: Vec<(String, String, i64)>,
+    /// The end user and their subject id.
+    pub end_user: Option<(String, i64)>,
+}
+
+impl Labels {
+    /// How a refusal names subject `id` of `kind`: `team=search`, or the end user's id.
+    pub fn name_of(&self, kind: SubjectKind, id: i64) -> Option<String> {
+        match kind {
+            SubjectKind::Tag => self
+                .tags
+                .iter()
+                .find(|t| t.2 == id)
+                .map(|(k, v, _)| format!("{k}={v}")),
+            SubjectKind::EndUser => self.end_user.as_ref().filter(|e| e.1 == id).map(|e| e.0.clone()),
+            _ => None,
+        }
+    }
+}
 
 /// A policy ready to evaluate.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -43,24 +67,51 @@ struct WorkspacePolicies {
     each: Vec<(usize, PolicyRule)>,
     /// Policies naming one subject, by its kind and id.
     named: HashMap<(SubjectKind, i64), Vec<(usize, PolicyRule)>>,
+    /// Tag policies on each value of one tag key (`target = "team=*"`), by the key.
+    each_value_of: HashMap<String, Vec<(usize, PolicyRule)>>,
 }
 
 impl Policies {
     /// Loads every policy; a row that does not parse is skipped with an error in the log.
     pub async fn load(store: &Store) -> StoreResult<Policies> {
         let mut p = Policies::default();
-        for (order, row) in store.all_policies().await?.iter().enumerate() {
+        let rows = store.all_policies().await?;
+        // A tag policy's target is a tag value, or `key=*` for each value of the key.
+        let tag_targets: Vec<i64> = rows
+            .iter()
+            .filter(|r| r.subject == SubjectKind::Tag.as_str() && r.target_id != 0)
+            .map(|r| r.target_id)
+            .collect();
+        let each_value_of: HashMap<i64, String> = if tag_targets.is_empty() {
+            HashMap::new()
+        } else {
+            store
+                .tag_values_with_ids(&tag_targets)
+                .await?
+                .into_iter()
+                .filter(|t| t.tag_value == "*")
+                .map(|t| (t.id, t.tag_key))
+                .collect()
+        };
+        for (order, row) in rows.iter().enumerate() {
             match PolicyRule::from_row(row) {
-                Some(r) => p.insert(order, r, row.workspace_id),
+                Some(r) => {
+                    let key = (r.subject == SubjectKind::Tag)
+                        .then(|| each_value_of.get(&r.target_id).cloned())
+                        .flatten();
+                    p.insert(order, r, row.workspace_id, key)
+                }
                 None => tracing::error!(policy = row.id, "unreadable policy row skipped"),
             }
         }
         Ok(p)
     }
 
-    fn insert(&mut self, order: usize, rule: PolicyRule, workspace_id: i64) {
+    fn insert(&mut self, order: usize, rule: PolicyRule, workspace_id: i64, each_value_of: Option<String>) {
         let ws = self.by_workspace.entry(workspace_id).or_default();
-        if rule.target_id == 0 {
+        if let Some(key) = each_value_of {
+            ws.each_value_of.entry(key).or_default().push((order, rule));
+        } else if rule.target_id == 0 {
             ws.each.push((order, rule));
         } else {
             ws.named
@@ -72,6 +123,13 @@ impl Policies {
 
     /// The policies that apply to `caller`, with the subject each one counts, in load order.
     pub fn applying_to<'a>(&'a self, caller: &Caller) -> Vec<(&'a PolicyRule, i64)> {
+        self.applying_to_request(caller, &Labels::default())
+    }
+
+    /// The policies that apply to a request of `caller` carrying `labels`, with the subject each
+    /// one counts, in load order. A tag policy counts each tag value it covers: `team=*` counts
+    /// `team=search` on the same counter as a policy naming `team=search`.
+    pub fn applying_to_request<'a>(&'a self, caller: &Caller, labels: &Labels) -> Vec<(&'a PolicyRule, i64)> {
         let Some(ws) = self.by_workspace.get(&caller.workspace_id) else {
             return Vec::new();
         };
@@ -80,13 +138,32 @@ impl Policies {
             SubjectKind::Member => Some(caller.member_id),
             SubjectKind::Dept => caller.department_id,
             SubjectKind::Ws => Some(caller.workspace_id),
+            SubjectKind::Tag | SubjectKind::EndUser => None,
         };
         let mut found: Vec<(usize, &PolicyRule, i64)> = Vec::new();
         for (order, r) in &ws.each {
+            match r.subject {
+                SubjectKind::Tag => found.extend(labels.tags.iter().map(|t| (*order, r, t.2))),
+                SubjectKind::EndUser => found.extend(labels.end_user.iter().map(|e| (*order, r, e.1))),
+                _ => {}
+            }
             if let Some(subject_id) = subject_of(r.subject)
                 && (r.scope_department_id == 0 || Some(r.scope_department_id) == caller.department_id)
             {
                 found.push((*order, r, subject_id));
+            }
+        }
+        for (key, _, id) in &labels.tags {
+            for (order, r) in ws.named.get(&(SubjectKind::Tag, *id)).into_iter().flatten() {
+                found.push((*order, r, *id));
+            }
+            for (order, r) in ws.each_value_of.get(key).into_iter().flatten() {
+                found.push((*order, r, *id));
+            }
+        }
+        if let Some((_, id)) = &labels.end_user {
+            for (order, r) in ws.named.get(&(SubjectKind::EndUser, *id)).into_iter().flatten() {
+                found.push((*order, r, *id));
             }
         }
         for kind in [
@@ -140,6 +217,7 @@ mod tests {
                     SubjectKind::Member => caller.member_id,
                     SubjectKind::Dept => caller.department_id?,
                     SubjectKind::Ws => caller.workspace_id,
+                    SubjectKind::Tag | SubjectKind::EndUser => return None,
                 };
                 let named = r.target_id == subject_id;
                 let each = r.target_id == 0
@@ -181,7 +259,7 @@ mod tests {
         }
         let mut policies = Policies::default();
         for (order, (r, ws)) in rules.iter().enumerate() {
-            policies.insert(order, r.clone(), *ws);
+            policies.insert(order, r.clone(), *ws, None);
         }
         for workspace_id in 1..=3 {
             for key_id in 1..=4 {
@@ -195,6 +273,7 @@ mod tests {
                             workspace_id,
                             models: Default::default(),
                             in_flight: Default::default(),
+                            allowed_tags: None,
                         };
                         let ids = |v: Vec<(&PolicyRule, i64)>| {
                             v.iter().map(|(r, s)| (r.id, *s)).collect::<Vec<_>>()

@@ -12,8 +12,9 @@ use crate::managed::{Kind, Managed};
 use crate::quota::window::Window;
 use crate::quota::{Metric, Mode, SubjectKind, credits_to_micros};
 use crate::store::{
-    DepartmentStore, KeyGuardrails, KeyStore, MemberStore, ModelRow, ModelStore, NewKey, NewMember,
-    PolicyRow, PolicyStore, ServedModel, Store, StoreError, UpstreamRow, UpstreamStore, WorkspaceStore,
+    DepartmentStore, KeyGuardrails, KeyStore, LabelStore, MemberStore, ModelRow, ModelStore, NewKey,
+    NewMember, PolicyRow, PolicyStore, ServedModel, Store, StoreError, UpstreamRow, UpstreamStore,
+    WorkspaceStore,
 };
 use crate::upstream::Provider;
 use crate::validate;
@@ -266,6 +267,7 @@ fn declared_guardrails(k: &ApiKeySpec) -> KeyGuardrails {
             .expires_at
             .as_deref()
             .and_then(|t| validate::expires_at("expires_at", t).ok()),
+        allowed_tags: declared_models(&k.allowed_tags),
     }
 }
 
@@ -364,7 +366,7 @@ async fn policy(
 ) -> Result<(), ResourcesError> {
     let (store, now) = (a.store, a.now);
     let ws = a.ws_id(&p.workspace)?;
-    let target_id = resolve_target(a.index, ws, subject, &p.target)?;
+    let target_id = resolve_target(store, a.index, ws, subject, &p.target, now).await?;
     let scope = match &p.department {
         Some(d) => a.index.department(ws, d).map_or(0, |d| d.id),
         None => 0,
@@ -493,7 +495,7 @@ pub(super) async fn declared(
         let Some(w) = ws(&p.workspace) else {
             continue;
         };
-        let target_id = resolve_target(index, w, *subject, &p.target)?;
+        let target_id = resolve_target(store, index, w, *subject, &p.target, 0).await?;
         let scope = match &p.department {
             Some(d) => index.department(w, d).map_or(0, |d| d.id),
             None => 0,
@@ -509,12 +511,25 @@ pub(super) async fn declared(
     Ok(m)
 }
 
-/// The id a policy target names (0 for `*`), once `check` has proven it exists.
-fn resolve_target(index: &Index, ws: i64, subject: SubjectKind, target: &str) -> Result<i64, ResourcesError> {
+/// The id a policy target names (0 for `*`), once `check` has proven it exists; a tag value or
+/// end user is made if new (an operator's target is not held to the caps on what clients send).
+async fn resolve_target(
+    store: &Store,
+    index: &Index,
+    ws: i64,
+    subject: SubjectKind,
+    target: &str,
+    now: i64,
+) -> Result<i64, ResourcesError> {
     if target == "*" {
         return Ok(0);
     }
     let id = match subject {
+        SubjectKind::Tag => {
+            let (key, value) = target.split_once('=').unwrap_or((target, ""));
+            store.tag_value_id(ws, key, value, None, now).await?.ok()
+        }
+        SubjectKind::EndUser => store.end_user_id(ws, target.trim(), None, now).await?.ok(),
         SubjectKind::Apikey => target
             .split_once('/')
             .and_then(|(email, name)| index.key_at(email, name))

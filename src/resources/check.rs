@@ -202,6 +202,9 @@ fn api_key(ctx: &Ctx<'_>, known: &mut Known<'_>, i: usize, k: &ApiKeySpec) -> Re
         ));
     }
     guardrails(&k.allowed_models, k.max_in_flight).map_err(e)?;
+    if let Some(list) = &k.allowed_tags {
+        crate::tags::allowed_tags("allowed_tags", list).map_err(e)?;
+    }
     // A past time is accepted: the file is applied at every start, and a key that expired since
     // must not stop the gateway from starting.
     if let Some(at) = &k.expires_at {
@@ -355,6 +358,31 @@ fn policy(
             SubjectKind::Member => known.member_workspace(&p.target) == Some(p.workspace.as_str()),
             SubjectKind::Dept => known.department(&p.workspace, &p.target),
             SubjectKind::Ws => p.target == p.workspace,
+            // A tag value or end user is made when the policy is applied.
+            SubjectKind::Tag => {
+                let valid = p.target.split_once('=').is_some_and(|(k, v)| {
+                    crate::tags::valid_key(k) && (v == "*" || crate::tags::valid_value(v))
+                });
+                if !valid {
+                    return Err(e(format!(
+                        "tag target {:?} must be \"key=value\", \"key=*\" or \"*\"",
+                        p.target
+                    )));
+                }
+                true
+            }
+            SubjectKind::EndUser => {
+                if !matches!(
+                    crate::tags::end_user(Some(p.target.as_bytes()), None),
+                    Ok(Some(_))
+                ) {
+                    return Err(e(format!(
+                        "end_user target {:?} must be 1 to 256 printable characters, or \"*\"",
+                        p.target
+                    )));
+                }
+                true
+            }
         };
         if !found {
             return Err(e(format!(

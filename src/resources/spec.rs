@@ -66,6 +66,8 @@ pub(super) struct ApiKeySpec {
     pub(super) max_in_flight: Option<i64>,
     /// When the key stops working (RFC 3339 with its offset); never when absent.
     pub(super) expires_at: Option<String>,
+    /// The tags the key may send (`key=value` or `key=*`); every tag when absent.
+    pub(super) allowed_tags: Option<Vec<String>>,
 }
 
 #[derive(Debug, Deserialize)]

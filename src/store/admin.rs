@@ -191,6 +191,16 @@ pub trait AdminStore {
         by: UsageGrouping,
         offset_ms: i64,
     ) -> StoreResult<Vec<UsageRow>>;
+    /// Usage of a workspace between two instants per value of tag `key`; optionally one
+    /// member's only.
+    async fn usage_by_tag(
+        &self,
+        workspace_id: i64,
+        member_id: Option<i64>,
+        from_ms: i64,
+        to_ms: i64,
+        key: &str,
+    ) -> StoreResult<Vec<UsageRow>>;
 }
 
 impl AdminStore for Store {
@@ -347,5 +357,15 @@ impl AdminStore for Store {
         // The day of a row in the workspace's zone is its shifted time divided by a day; the
         // handler turns that day number into a date.
         super::usage_rollup::report(self, workspace_id, member_id, (from_ms, to_ms), by, offset_ms).await
+    }
+    async fn usage_by_tag(
+        &self,
+        workspace_id: i64,
+        member_id: Option<i64>,
+        from_ms: i64,
+        to_ms: i64,
+        key: &str,
+    ) -> StoreResult<Vec<UsageRow>> {
+        super::usage_rollup::report_by_tag(self, workspace_id, member_id, (from_ms, to_ms), key).await
     }
 }

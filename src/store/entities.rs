@@ -128,6 +128,8 @@ pub struct ApiKeyRow {
     pub max_in_flight: Option<i64>,
     /// Unix ms from which the key answers `api_key_expired`; none: never.
     pub expires_at: Option<i64>,
+    /// JSON list of the tags (`key=value` or `key=*`) the key may send; none: every tag.
+    pub allowed_tags: Option<String>,
     /// SHA-256 (hex) of the secret the last rotation replaced, while it may still be in grace.
     pub previous_key_hash: Option<String>,
     /// Unix ms at which the replaced secret stops working.

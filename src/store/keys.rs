@@ -45,6 +45,8 @@ pub struct KeyIdentity {
     pub allowed_models: Option<String>,
     /// The key's concurrency cap, if any.
     pub max_in_flight: Option<i64>,
+    /// The key's tag allow-list (JSON), if any.
+    pub allowed_tags: Option<String>,
     /// The member's model allow-list (JSON), if any.
     pub member_allowed_models: Option<String>,
     /// The member's concurrency cap, if any.
@@ -67,6 +69,8 @@ pub struct KeyGuardrails {
     pub max_in_flight: Option<i64>,
     /// Unix ms at which the key expires, if it does.
     pub expires_at: Option<i64>,
+    /// The tag allow-list (JSON), if any.
+    pub allowed_tags: Option<String>,
 }
 
 impl KeyGuardrails {
@@ -76,6 +80,7 @@ impl KeyGuardrails {
             allowed_models: row.allowed_models.clone(),
             max_in_flight: row.max_in_flight,
             expires_at: row.expires_at,
+            allowed_tags: row.allowed_tags.clone(),
         }
     }
 
@@ -128,7 +133,7 @@ impl KeyStore for Store {
     async fn identity_by_hash(&self, key_hash: &str) -> StoreResult<Option<KeyIdentity>> {
         Ok(sqlx::query_as(
             "SELECT k.id AS key_id, k.name AS key_name, k.member_id, m.department_id, k.workspace_id,
-                    k.created_by, m.active AS member_active, k.allowed_models, k.max_in_flight,
+                    k.created_by, m.active AS member_active, k.allowed_models, k.max_in_flight, k.allowed_tags,
                     m.allowed_models AS member_allowed_models, m.max_in_flight AS member_max_in_flight,
                     k.expires_at, CAST(CASE WHEN k.key_hash = $1 THEN 0 ELSE 1 END AS BIGINT) AS via_previous,
                     k.previous_expires_at
@@ -197,11 +202,13 @@ impl KeyStore for Store {
     }
     async fn set_key_guardrails(&self, id: i64, g: &KeyGuardrails) -> StoreResult<()> {
         sqlx::query(
-            "UPDATE api_keys SET allowed_models = $1, max_in_flight = $2, expires_at = $3 WHERE id = $4",
+            "UPDATE api_keys SET allowed_models = $1, max_in_flight = $2, expires_at = $3, allowed_tags = $4
+             WHERE id = $5",
         )
         .bind(g.allowed_models.as_deref())
         .bind(g.max_in_flight)
         .bind(g.expires_at)
+        .bind(g.allowed_tags.as_deref())
         .bind(id)
         .execute(self.pool())
         .await?;

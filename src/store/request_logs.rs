@@ -64,11 +64,16 @@ pub struct LogRecord {
     pub client_ip: Option<String>,
     /// Shadow policies that would have refused this request.
     pub would_refuse: Option<String>,
+    /// The request's tags, sorted by key: `feature=summaries,team=search` (issue 25 item 6).
+    pub tags: Option<String>,
+    /// The end user the request named (`x-aigw-end-user`, or the body's `user`).
+    pub end_user: Option<String>,
 }
 
 const COLUMNS: &str = "request_id, ts, workspace_id, key_id, member_id, department_id, endpoint, model_requested, \
     model_served, upstream_id, attempts, attempts_detail, status, code, source, explanation, stream, prompt_tokens, \
-    completion_tokens, total_tokens, credits, usage_estimated, latency_ms, ttfb_ms, upstream_latency_ms, client_ip, would_refuse";
+    completion_tokens, total_tokens, credits, usage_estimated, latency_ms, ttfb_ms, upstream_latency_ms, client_ip, would_refuse, \
+    tags, end_user";
 
 /// Rows per INSERT statement, largest first. A flush is written as statements of exactly these
 /// sizes, so the database prepares each of these four statements once and then finds it in its
@@ -98,10 +103,26 @@ pub struct LogFilter {
     pub status: Option<i64>,
     /// Only this source (`gateway` or `upstream`).
     pub source: Option<String>,
+    /// Only requests carrying this tag, `key=value` (issue 25 item 6).
+    pub tag: Option<String>,
+    /// Only requests of this end user.
+    pub end_user: Option<String>,
     /// Rows with an id below this (the previous page's `next_cursor`).
     pub cursor: Option<i64>,
     /// Page size (1..=500, default 50).
     pub limit: Option<i64>,
+}
+
+/// `text` matched literally by LIKE (with `ESCAPE '\'`).
+fn like_escaped(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if matches!(c, '%' | '_' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
 }
 
 /// A page of logs, newest first.
@@ -213,6 +234,10 @@ impl RequestLogStore for Store {
                     .bind(r.client_ip.as_deref())
                     .push(", ")
                     .bind(r.would_refuse.as_deref())
+                    .push(", ")
+                    .bind(r.tags.as_deref())
+                    .push(", ")
+                    .bind(r.end_user.as_deref())
                     .push(")");
             }
             let (sql, args) = b.finish();
@@ -273,6 +298,16 @@ impl RequestLogStore for Store {
         }
         if let Some(v) = &f.source {
             b.push(" AND source = ").bind(v.clone());
+        }
+        if let Some(v) = &f.end_user {
+            b.push(" AND end_user = ").bind(v.clone());
+        }
+        // Tags are stored sorted and comma-separated, and a value holds no comma: the tag is
+        // one whole item of the list.
+        if let Some(v) = &f.tag {
+            b.push(" AND ',' || tags || ',' LIKE ")
+                .bind(format!("%,{},%", like_escaped(v)))
+                .push(" ESCAPE '\\'");
         }
         // Keyset pagination on (ts, id), the order of every log index: the cursor is the id of
         // the previous page's last row, whose ts the subquery finds by primary key.

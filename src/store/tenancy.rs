@@ -1,5 +1,9 @@
 //! Workspaces, departments, members, upstream credentials, models and policies (API keys: `keys.rs`).
 
+mod labels;
+
+pub use labels::*;
+
 use super::keys::BULK_ROWS;
 use super::{
     Department, MemberRow, ModelRow, PolicyRow, SqlBuilder, Store, StoreResult, UpstreamRow, Workspace,

@@ -19,8 +19,9 @@ pub fn hour_of(ts: i64) -> i64 {
     ts.div_euclid(HOUR_MS).saturating_mul(HOUR_MS)
 }
 
-/// A rollup row's key: workspace, hour, dimension (`model` or `dept`), group.
-type RollupKey = (i64, i64, &'static str, String);
+/// A rollup row's key: workspace, hour, dimension (`model`, `dept`, or `tag:` and a tag key),
+/// group (for a tag: its value).
+type RollupKey = (i64, i64, String, String);
 
 /// `served:` and the model that served, or `asked:` and the model asked for (the usage by model
 /// tells the two apart; see [`UsageGrouping::Model`]).
@@ -44,7 +45,11 @@ pub(super) async fn add(
     let mut sums: BTreeMap<RollupKey, [i64; 5]> = BTreeMap::new();
     for r in records {
         let dept = r.department_id.map(|d| d.to_string()).unwrap_or_default();
-        for (dimension, group) in [("model", model_group(r)), ("dept", dept)] {
+        // Tag values are bounded by the workspace's caps (max_tag_keys × max_tag_values).
+        let tags = crate::tags::Tags::from_stored(r.tags.as_deref());
+        let tag_groups = tags.iter().map(|(k, v)| (format!("tag:{k}"), v.to_owned()));
+        let groups = [("model".to_owned(), model_group(r)), ("dept".to_owned(), dept)];
+        for (dimension, group) in groups.into_iter().chain(tag_groups) {
             let s = sums
                 .entry((r.workspace_id, hour_of(r.ts), dimension, group))
                 .or_default();
@@ -69,7 +74,11 @@ pub(super) async fn add(
         );
         for (i, ((ws, hour, dimension, group), sums)) in chunk.iter().enumerate() {
             b.push(if i == 0 { "(" } else { ", (" });
-            b.bind(*ws).push(", ").bind(*hour).push(", ").bind(*dimension);
+            b.bind(*ws)
+                .push(", ")
+                .bind(*hour)
+                .push(", ")
+                .bind(dimension.as_str());
             b.push(", ").bind(group.as_str());
             for v in sums {
                 b.push(", ").bind(*v);
@@ -218,6 +227,93 @@ pub(super) async fn report(
             .bind(lo)
             .push(" AND ts < ")
             .bind(hi);
+    }
+    b.push(") usage GROUP BY group_key ORDER BY 1");
+    let (sql, args) = b.finish();
+    Ok(sqlx::query_as_with(&sql, args).fetch_all(store.pool()).await?)
+}
+
+/// Usage in `[from_ms, to_ms)` per value of tag `key` (requests without it are not listed): the
+/// whole hours from the rollup's `tag:<key>` rows, the edges (and one member's own usage) from
+/// the logs, whose value of the tag is cut out of the stored list in SQL.
+pub(super) async fn report_by_tag(
+    store: &Store,
+    workspace_id: i64,
+    member_id: Option<i64>,
+    (from_ms, to_ms): (i64, i64),
+    key: &str,
+) -> StoreResult<Vec<UsageRow>> {
+    let mut first = hour_of(from_ms);
+    if first < from_ms {
+        first = first.saturating_add(HOUR_MS);
+    }
+    let mut last = hour_of(to_ms);
+    if last < first || member_id.is_some() {
+        (first, last) = (from_ms, from_ms);
+    }
+    let find = match store.backend() {
+        Backend::Sqlite => "instr",
+        Backend::Postgres => "strpos",
+    };
+    // `,k=` found in `,tags,`; the value runs from after it to the next comma. Only a valid tag
+    // key (a-z 0-9 _ . -, nothing SQL reads as syntax) is written into the statement.
+    if !crate::tags::valid_key(key) {
+        return Ok(Vec::new());
+    }
+    let needle = format!("',{key}='");
+    let after = key.len() + 2;
+    let list = "(',' || tags || ',')";
+    let rest = format!("substr({list}, {find}({list}, {needle}) + {after})");
+    let value = format!("substr({rest}, 1, {find}({rest}, ',') - 1)");
+    let sum = |column: &str| match store.backend() {
+        Backend::Sqlite => format!("CAST(TOTAL({column}) AS INTEGER) AS {column}"),
+        Backend::Postgres => {
+            format!("CAST(LEAST(COALESCE(SUM({column}), 0), 9223372036854775807) AS BIGINT) AS {column}")
+        }
+    };
+    let sums = [
+        "requests",
+        "prompt_tokens",
+        "completion_tokens",
+        "total_tokens",
+        "credits",
+    ]
+    .map(sum)
+    .join(", ");
+    let mut b = SqlBuilder::new(
+        store,
+        &format!(
+            "SELECT group_key, {sums} FROM (
+           SELECT group_key, requests, prompt_tokens, completion_tokens, total_tokens, credits
+           FROM usage_rollup WHERE workspace_id = "
+        ),
+    );
+    b.bind(workspace_id)
+        .push(" AND dimension = ")
+        .bind(format!("tag:{key}"))
+        .push(" AND hour_start >= ")
+        .bind(first)
+        .push(" AND hour_start < ")
+        .bind(last);
+    let edges = if first == last && first == from_ms {
+        vec![(from_ms, to_ms)]
+    } else {
+        vec![(from_ms, first.min(to_ms)), (last.max(from_ms), to_ms)]
+    };
+    for (lo, hi) in edges {
+        b.push(&format!(
+            " UNION ALL
+              SELECT {value} AS group_key, 1, prompt_tokens, completion_tokens, total_tokens, credits
+              FROM request_logs WHERE {find}({list}, {needle}) > 0 AND workspace_id = "
+        ));
+        b.bind(workspace_id)
+            .push(" AND ts >= ")
+            .bind(lo)
+            .push(" AND ts < ")
+            .bind(hi);
+        if let Some(m) = member_id {
+            b.push(" AND member_id = ").bind(m);
+        }
     }
     b.push(") usage GROUP BY group_key ORDER BY 1");
     let (sql, args) = b.finish();

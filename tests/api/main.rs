@@ -25,6 +25,7 @@ mod serving;
 mod sso;
 mod startup;
 mod store_outage;
+mod tags_end_users;
 mod traces;
 mod translate;
 mod untrusted_upstream;

@@ -652,6 +652,77 @@ test('owner: a guardrail with budget alerts; the webhook gets a signed alert, Al
   }
 });
 
+test('owner: a key limited to some tags, a guardrail on a tag value, logs and usage by tag', async () => {
+  const p = await page();
+  await signIn(p, OWNER);
+  const tagged = async (key, tags, endUser) => {
+    const headers = { authorization: `Bearer ${key}`, 'content-type': 'application/json', 'x-aigw-tags': tags };
+    if (endUser) headers['x-aigw-end-user'] = endUser;
+    const r = await fetch(`${stack.base}/v1/chat/completions`, {
+      method: 'POST', headers, body: JSON.stringify({ model: 'gpt-4o-mini', messages: [{ role: 'user', content: 'hi' }] }),
+    });
+    return { status: r.status, body: await r.json().catch(() => null) };
+  };
+
+  // A key that may send team=search and any feature; a malformed entry is refused in the form.
+  await nav(p, 'API keys');
+  await p.getByRole('button', { name: 'New API key' }).click();
+  const dlg = p.getByRole('dialog', { name: 'New API key' });
+  await dlg.getByLabel('Name').fill('tagged');
+  await dlg.getByLabel('Allowed tags').fill('Team=search');
+  await dlg.getByRole('button', { name: 'Create key' }).click();
+  await dlg.locator('.field-error').filter({ hasText: 'key=value' }).waitFor();
+  await dlg.getByLabel('Allowed tags').fill('team=search, feature=*');
+  await dlg.getByRole('button', { name: 'Create key' }).click();
+  const shown = p.getByRole('dialog', { name: 'Your new API key' });
+  const key = await shown.getByLabel('API key').inputValue();
+  await shown.getByRole('button', { name: 'Done' }).click();
+  await p.getByRole('row').filter({ hasText: 'tagged' }).getByText('tags: team=search, feature=*').waitFor();
+
+  const refused = await tagged(key, 'team=ads');
+  assert.equal(refused.status, 403, JSON.stringify(refused.body));
+  assert.deepEqual([refused.body.error.code, refused.body.error.tag], ['tag_not_allowed', 'team=ads']);
+  assert.equal((await tagged(key, 'team=search,feature=summaries', 'alice')).status, 200);
+
+  // A guardrail of one request a day on team=search: the next such request is refused.
+  await nav(p, 'Guardrails');
+  await p.getByRole('button', { name: 'New guardrail' }).click();
+  const g = p.getByRole('dialog', { name: 'New guardrail' });
+  await g.getByLabel('Subject kind').selectOption('tag');
+  await g.getByLabel('Tag', { exact: true }).fill('team=search');
+  await g.getByRole('spinbutton', { name: 'Limit' }).fill('1');
+  await g.getByRole('button', { name: 'Create guardrail' }).click();
+  await g.waitFor({ state: 'detached' });
+  await p.getByRole('row').filter({ hasText: 'team=search' }).waitFor();
+  await shot(p, 'owner-tag-guardrail');
+  // Counted from the guardrail on (as every quota): one more request, then the refusal.
+  assert.equal((await tagged(key, 'team=search', 'bob')).status, 200);
+  const over = await tagged(key, 'team=search', 'bob');
+  assert.equal(over.status, 429, JSON.stringify(over.body));
+  assert.deepEqual([over.body.error.subject, over.body.error.tag], ['tag', 'team=search']);
+
+  // Logs filtered by the tag and by the end user show both columns.
+  await nav(p, 'Logs');
+  await p.getByLabel('Tag', { exact: true }).fill('team=search');
+  await p.getByRole('button', { name: 'Apply filters' }).click();
+  const logs = p.getByRole('table', { name: 'Request logs' });
+  await logs.getByText('429').waitFor();
+  assert.equal(await logs.locator('tbody tr').count(), 3);
+  await p.getByLabel('End user').fill('alice');
+  await p.getByRole('button', { name: 'Apply filters' }).click();
+  await logs.locator('tbody tr').filter({ hasText: 'alice' }).waitFor();
+  assert.equal(await logs.locator('tbody tr').count(), 1);
+  await shot(p, 'owner-logs-by-tag');
+
+  // Usage per value of a tag key.
+  await nav(p, 'Usage');
+  await p.getByLabel('By tag').fill('team');
+  await p.getByLabel('By tag').press('Enter');
+  const section = p.locator('section').filter({ has: p.getByRole('heading', { name: 'By tag team' }) });
+  await section.getByText('search').first().waitFor();
+  await shot(p, 'owner-usage-by-tag');
+});
+
 test('every page at 390, 1280 and 1920 px: screenshots, and nothing wider than its box', async () => {
   const failures = [];
   for (const [width, height] of WIDTHS) {

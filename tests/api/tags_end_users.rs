@@ -1,0 +1,636 @@
+//! Tags and end users (issue 25 item 6): `x-aigw-tags`, `x-aigw-end-user` and the body's `user`
+//! are stored on the request log, filterable and exported; a malformed header is a 400 naming
+//! it; a key's `allowed_tags` refuses other tags with a 403 `tag_not_allowed` before any quota
+//! or upstream work.
+
+use serde_json::{Value, json};
+
+use crate::both_backends;
+use crate::helpers::{TestApp, TestDb};
+use crate::model_allow_list::{OTHER, OWNER, OWNER_PASSWORD, admin, key_id, patch, start};
+use crate::proxy::KEY;
+
+fn chat(user: Option<Value>) -> Value {
+    let mut body = json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]});
+    if let Some(u) = user {
+        body["user"] = u;
+    }
+    body
+}
+
+/// A chat call with `headers`: status and JSON body.
+async fn call(app: &TestApp, key: &str, headers: &[(&str, &str)], body: &Value) -> (u16, Value) {
+    let mut req = app
+        .client
+        .post(format!("{}/v1/chat/completions", app.address))
+        .bearer_auth(key)
+        .json(body);
+    for (name, value) in headers {
+        req = req.header(*name, *value);
+    }
+    let r = req.send().await.unwrap();
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap_or(Value::Null))
+}
+
+/// The request ids of the logs `GET /admin/v1/logs?{query}` lists.
+async fn listed(app: &TestApp, token: &str, query: &str) -> Vec<(Value, Value)> {
+    let (status, page) = admin(
+        app,
+        token,
+        reqwest::Method::GET,
+        &format!("/admin/v1/logs?{query}"),
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{query}: {page}");
+    page["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| (l["tags"].clone(), l["end_user"].clone()))
+        .collect()
+}
+
+both_backends!(
+    tags_and_end_users_are_logged_filtered_and_exported,
+    malformed_tags_and_end_users_are_refused_naming_the_header,
+    a_key_sends_only_its_allowed_tags,
+);
+
+async fn tags_and_end_users_are_logged_filtered_and_exported(db: TestDb) {
+    let (app, _mock) = start(&db, "").await;
+    let token = app.login(OWNER, OWNER_PASSWORD).await;
+    let tagged = [("x-aigw-tags", " team=search , feature=summaries")];
+    assert_eq!(call(&app, KEY, &tagged, &chat(None)).await.0, 200);
+    // The body's `user` is the end user; the header wins over it.
+    assert_eq!(call(&app, KEY, &[], &chat(Some(json!("u-body")))).await.0, 200);
+    let both = [("x-aigw-end-user", "u-header"), ("x-aigw-tags", "team=ads")];
+    assert_eq!(
+        call(&app, OTHER, &both, &chat(Some(json!("u-body")))).await.0,
+        200
+    );
+    assert_eq!(call(&app, KEY, &[], &chat(None)).await.0, 200);
+    app.logs("acme", 4).await;
+
+    let all = listed(&app, &token, "").await;
+    assert_eq!(
+        all,
+        [
+            (Value::Null, Value::Null),
+            (json!("team=ads"), json!("u-header")),
+            (Value::Null, json!("u-body")),
+            (json!("feature=summaries,team=search"), Value::Null),
+        ],
+        "newest first, tags sorted by key"
+    );
+    assert_eq!(
+        listed(&app, &token, "tag=team=search").await,
+        [(json!("feature=summaries,team=search"), Value::Null)]
+    );
+    assert_eq!(listed(&app, &token, "tag=feature=summaries").await.len(), 1);
+    assert_eq!(
+        listed(&app, &token, "tag=team=sea").await.len(),
+        0,
+        "a whole value only"
+    );
+    assert_eq!(
+        listed(&app, &token, "tag=team=%25").await.len(),
+        0,
+        "LIKE wildcards are literal"
+    );
+    assert_eq!(
+        listed(&app, &token, "end_user=u-header").await,
+        [(json!("team=ads"), json!("u-header"))]
+    );
+    assert_eq!(
+        listed(&app, &token, "end_user=u-body&tag=team=ads").await.len(),
+        0,
+        "filters combine"
+    );
+    let (status, bad) = admin(
+        &app,
+        &token,
+        reqwest::Method::GET,
+        "/admin/v1/logs?tag=team",
+        None,
+    )
+    .await;
+    assert_eq!((status, &bad["error"]["param"]), (422, &json!("tag")), "{bad}");
+
+    let csv = app
+        .client
+        .get(format!("{}/admin/v1/logs/export?tag=team=ads", app.address))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let mut lines = csv.lines();
+    assert!(
+        lines.next().unwrap().ends_with(",would_refuse,tags,end_user"),
+        "{csv}"
+    );
+    let row = lines.next().unwrap();
+    assert!(row.ends_with(",team=ads,u-header"), "{row}");
+    assert_eq!(lines.next(), None);
+    app.stop().await;
+}
+
+async fn malformed_tags_and_end_users_are_refused_naming_the_header(db: TestDb) {
+    let (app, mock) = start(&db, "").await;
+    let long_user = "u".repeat(257);
+    /// Headers, body, and the param the refusal names.
+    type Case<'a> = (Vec<(&'a str, &'a str)>, Value, &'a str);
+    let cases: Vec<Case> = vec![
+        (vec![("x-aigw-tags", "team")], chat(None), "x-aigw-tags"),
+        (vec![("x-aigw-tags", "Team=search")], chat(None), "x-aigw-tags"),
+        (vec![("x-aigw-tags", "team=a,team=b")], chat(None), "x-aigw-tags"),
+        (
+            vec![("x-aigw-end-user", long_user.as_str())],
+            chat(None),
+            "x-aigw-end-user",
+        ),
+        (vec![], chat(Some(json!(42))), "user"),
+        (vec![], chat(Some(json!({"id": "x"}))), "user"),
+        (vec![], chat(Some(json!(long_user))), "user"),
+    ];
+    for (headers, body, param) in &cases {
+        let (status, v) = call(&app, KEY, headers, body).await;
+        assert_eq!(status, 400, "{headers:?}: {v}");
+        assert_eq!(v["error"]["code"], "invalid_request_error");
+        assert_eq!(v["error"]["param"], *param, "{v}");
+    }
+    assert_eq!(mock.call_count(), 0, "nothing went upstream");
+    // A blank header names no one; the body's `user` then does.
+    let (status, _) = call(&app, KEY, &[("x-aigw-end-user", " ")], &chat(Some(json!("bob")))).await;
+    assert_eq!(status, 200);
+    let logs = app.logs("acme", cases.len() + 1).await;
+    assert_eq!(logs[0].end_user.as_deref(), Some("bob"));
+    assert_eq!(
+        logs.iter().filter(|l| l.status == 400).count(),
+        cases.len(),
+        "each refusal is logged"
+    );
+    app.stop().await;
+}
+
+async fn a_key_sends_only_its_allowed_tags(db: TestDb) {
+    // One request a minute on the key: a refused tag must use none of it.
+    let policy = "[[policy]]\nworkspace = \"acme\"\nsubject = \"apikey\"\ntarget = \"ada@acme.test/ci\"\n\
+                  metric = \"requests\"\nwindow = \"minute\"\nlimit = 1\n";
+    let (app, mock) = start(&db, policy).await;
+    let token = app.login(OWNER, OWNER_PASSWORD).await;
+    let key = key_id(&app, &token, "ci").await;
+    let path = format!("/admin/v1/keys/{key}");
+    let set = patch(
+        &app,
+        &token,
+        &path,
+        json!({"allowed_tags": [" team=search ", "feature=*"]}),
+    )
+    .await;
+    assert_eq!(
+        set["allowed_tags"],
+        json!(["team=search", "feature=*"]),
+        "stored trimmed"
+    );
+    assert_eq!(set["allowed_models"], Value::Null, "other guardrails are kept");
+
+    for tags in ["team=ads", "team=search,env=prod"] {
+        let (status, v) = call(&app, KEY, &[("x-aigw-tags", tags)], &chat(None)).await;
+        assert_eq!(status, 403, "{tags}: {v}");
+        let e = &v["error"];
+        assert_eq!(e["code"], "tag_not_allowed");
+        assert_eq!(e["type"], "permission_error");
+        assert_eq!(e["param"], "x-aigw-tags");
+        assert!(
+            ["team=ads", "env=prod"].contains(&e["tag"].as_str().unwrap()),
+            "{v}"
+        );
+    }
+    assert_eq!(mock.call_count(), 0);
+    let ok = [("x-aigw-tags", "team=search,feature=anything")];
+    let (status, v) = call(&app, KEY, &ok, &chat(None)).await;
+    assert_eq!(status, 200, "{v}");
+    // Another key has no list: every tag.
+    assert_eq!(
+        call(&app, OTHER, &[("x-aigw-tags", "team=ads")], &chat(None))
+            .await
+            .0,
+        200
+    );
+
+    // Invalid lists are refused naming the field; null lifts the list.
+    for bad in [
+        json!([]),
+        json!(["team"]),
+        json!(["Team=x"]),
+        json!(["a=b", "a=b"]),
+    ] {
+        let (status, v) = admin(
+            &app,
+            &token,
+            reqwest::Method::PATCH,
+            &path,
+            Some(json!({"allowed_tags": bad})),
+        )
+        .await;
+        assert_eq!(status, 422, "{bad}: {v}");
+        assert_eq!(v["error"]["param"], "allowed_tags", "{v}");
+    }
+    let (status, _) = admin(
+        &app,
+        &token,
+        reqwest::Method::PATCH,
+        &path,
+        Some(json!({"allowed_tags": "team=x"})),
+    )
+    .await;
+    assert_eq!(status, 400);
+    let cleared = patch(&app, &token, &path, json!({"allowed_tags": null})).await;
+    assert_eq!(cleared["allowed_tags"], Value::Null);
+    // A key created with a list; the resources file sets one too.
+    let (status, created) = admin(
+        &app,
+        &token,
+        reqwest::Method::POST,
+        "/admin/v1/keys",
+        Some(json!({"name": "tagged", "allowed_tags": ["team=*"]})),
+    )
+    .await;
+    assert_eq!(status, 201, "{created}");
+    assert_eq!(created["allowed_tags"], json!(["team=*"]));
+    let plain = created["key"].as_str().unwrap().to_owned();
+    let (status, v) = call(&app, &plain, &[("x-aigw-tags", "env=x")], &chat(None)).await;
+    assert_eq!((status, &v["error"]["tag"]), (403, &json!("env=x")));
+    app.stop().await;
+
+    let declared = format!(
+        "[[member]]\nworkspace = \"acme\"\nemail = \"carol@acme.test\"\nrole = \"member\"\n\
+         [[api_key]]\nmember = \"carol@acme.test\"\nname = \"svc\"\nkey = \"{CAROL}\"\n\
+         allowed_tags = [\"team=search\"]\n"
+    );
+    let (app, _mock) = start(&db, &declared).await;
+    let (status, v) = call(&app, CAROL, &[("x-aigw-tags", "team=ads")], &chat(None)).await;
+    assert_eq!((status, &v["error"]["code"]), (403, &json!("tag_not_allowed")));
+    let (status, _) = call(&app, CAROL, &[("x-aigw-tags", "team=search")], &chat(None)).await;
+    assert_eq!(status, 200);
+    let logs = app.logs("acme", 5).await;
+    assert_eq!(
+        logs.iter()
+            .filter(|l| l.code.as_deref() == Some("tag_not_allowed"))
+            .count(),
+        4,
+        "each refusal is logged (with its tags)"
+    );
+    assert!(
+        logs.iter()
+            .any(|l| l.code.as_deref() == Some("tag_not_allowed") && l.tags.as_deref() == Some("team=ads"))
+    );
+    app.stop().await;
+}
+
+/// carol's key, declared with a tag allow-list in the resources file.
+const CAROL: &str = "sk-aigw-CarolTaggedKey0123456789abcdefgh";
+
+/// [`start`]'s workspace and `extra`, with `settings` adjusted.
+async fn start_with(
+    db: &TestDb,
+    extra: &str,
+    settings: impl FnOnce(&mut aigw::Settings) + Send + 'static,
+) -> (TestApp, aigw::mock_upstream::MockUpstream) {
+    let mock = aigw::mock_upstream::MockUpstream::start().await.unwrap();
+    let text = format!(
+        "{}\n[[member]]\nworkspace = \"acme\"\nemail = \"{OWNER}\"\nrole = \"owner\"\npassword = \"{OWNER_PASSWORD}\"\n\
+         [[api_key]]\nmember = \"ada@acme.test\"\nname = \"other\"\nkey = \"{OTHER}\"\n{extra}",
+        crate::proxy::resources(&mock)
+    );
+    let setup = crate::helpers::Setup {
+        settings: Box::new(settings),
+        ..crate::helpers::Setup::resources(text)
+    };
+    (crate::helpers::spawn_app(db, setup).await, mock)
+}
+
+fn policy(subject: &str, target: &str, limit: u32) -> String {
+    format!(
+        "[[policy]]\nworkspace = \"acme\"\nsubject = \"{subject}\"\ntarget = \"{target}\"\n\
+         metric = \"requests\"\nwindow = \"minute\"\nlimit = {limit}\n"
+    )
+}
+
+both_backends!(
+    new_tag_values_and_end_users_past_the_caps_are_refused,
+    a_policy_on_a_tag_value_counts_that_value_only,
+    a_policy_on_each_end_user_counts_each_one,
+    the_admin_api_sets_tag_policies_and_lists_their_standings,
+    usage_is_reported_by_the_values_of_a_tag,
+);
+
+async fn new_tag_values_and_end_users_past_the_caps_are_refused(db: TestDb) {
+    let (app, mock) = start_with(&db, "", |s| {
+        s.max_tag_keys = 2;
+        s.max_tag_values = 2;
+        s.max_end_users = 1;
+    })
+    .await;
+    for tags in ["team=a", "team=b", "team=a,env=x"] {
+        assert_eq!(
+            call(&app, KEY, &[("x-aigw-tags", tags)], &chat(None)).await.0,
+            200,
+            "{tags}"
+        );
+    }
+    let calls = mock.call_count();
+    let (status, v) = call(&app, KEY, &[("x-aigw-tags", "team=c")], &chat(None)).await;
+    assert_eq!(status, 400, "{v}");
+    let e = &v["error"];
+    assert_eq!(
+        (&e["code"], &e["param"], &e["tag_key"], &e["limit"]),
+        (
+            &json!("tag_value_limit"),
+            &json!("x-aigw-tags"),
+            &json!("team"),
+            &json!(2)
+        )
+    );
+    assert!(e["message"].as_str().unwrap().contains("max_tag_values"), "{v}");
+    // Once reached, the cap is remembered: another new value is refused the same way.
+    let (status, v) = call(&app, KEY, &[("x-aigw-tags", "team=e")], &chat(None)).await;
+    assert_eq!(
+        (status, &v["error"]["code"]),
+        (400, &json!("tag_value_limit")),
+        "{v}"
+    );
+    let (status, v) = call(&app, KEY, &[("x-aigw-tags", "region=eu")], &chat(None)).await;
+    assert_eq!(
+        (status, &v["error"]["code"]),
+        (400, &json!("tag_value_limit")),
+        "a third key: {v}"
+    );
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains("max_tag_keys"),
+        "{v}"
+    );
+    assert_eq!(mock.call_count(), calls, "nothing went upstream");
+    // Known values keep working.
+    assert_eq!(
+        call(&app, KEY, &[("x-aigw-tags", "team=b,env=x")], &chat(None))
+            .await
+            .0,
+        200
+    );
+
+    assert_eq!(
+        call(&app, KEY, &[("x-aigw-end-user", "alice")], &chat(None))
+            .await
+            .0,
+        200
+    );
+    let (status, v) = call(&app, KEY, &[], &chat(Some(json!("bob")))).await;
+    assert_eq!(status, 400, "{v}");
+    assert_eq!(
+        (&v["error"]["code"], &v["error"]["param"], &v["error"]["limit"]),
+        (&json!("end_user_limit"), &json!("x-aigw-end-user"), &json!(1))
+    );
+    assert_eq!(call(&app, KEY, &[], &chat(Some(json!("alice")))).await.0, 200);
+    let (status, v) = call(&app, KEY, &[("x-aigw-end-user", "carol")], &chat(None)).await;
+    assert_eq!(
+        (status, &v["error"]["code"]),
+        (400, &json!("end_user_limit")),
+        "{v}"
+    );
+    assert_eq!(
+        call(&app, KEY, &[], &chat(None)).await.0,
+        200,
+        "no end user: no cap"
+    );
+    app.stop().await;
+
+    // The caps count what the store holds, across restarts.
+    let (app, _mock) = start_with(&db, "", |s| s.max_tag_values = 2).await;
+    let (status, v) = call(&app, KEY, &[("x-aigw-tags", "team=d")], &chat(None)).await;
+    assert_eq!((status, &v["error"]["code"]), (400, &json!("tag_value_limit")));
+    assert_eq!(
+        call(&app, KEY, &[("x-aigw-tags", "team=a")], &chat(None)).await.0,
+        200
+    );
+    app.stop().await;
+}
+
+/// Asserts a quota refusal on `subject` naming `name`.
+fn assert_refused_on((status, v): &(u16, Value), subject: &str, name: &str) {
+    assert_eq!(*status, 429, "{v}");
+    let e = &v["error"];
+    assert_eq!(e["code"], "quota_exceeded", "{v}");
+    assert_eq!(e["subject"], subject);
+    assert_eq!(e[subject], name, "{v}");
+    assert_eq!(
+        e["message"],
+        format!("rate limit exceeded on {subject} requests/minute")
+    );
+}
+
+async fn a_policy_on_a_tag_value_counts_that_value_only(db: TestDb) {
+    let policies = format!(
+        "{}{}",
+        policy("tag", "team=search", 1),
+        policy("tag", "feature=*", 1)
+    );
+    let (app, _mock) = start_with(&db, &policies, |_| {}).await;
+    let with = |tags: &'static str| [("x-aigw-tags", tags)];
+    assert_eq!(call(&app, KEY, &with("team=search"), &chat(None)).await.0, 200);
+    assert_refused_on(
+        &call(&app, OTHER, &with("team=search,env=x"), &chat(None)).await,
+        "tag",
+        "team=search",
+    );
+    for other in ["team=ads", "env=x", ""] {
+        assert_eq!(call(&app, KEY, &with(other), &chat(None)).await.0, 200, "{other}");
+    }
+    // `feature=*`: each value of the key on its own counter.
+    assert_eq!(call(&app, KEY, &with("feature=a"), &chat(None)).await.0, 200);
+    assert_eq!(call(&app, KEY, &with("feature=b"), &chat(None)).await.0, 200);
+    assert_refused_on(
+        &call(&app, KEY, &with("feature=a"), &chat(None)).await,
+        "tag",
+        "feature=a",
+    );
+    // A new minute: usable again.
+    app.clock.advance(chrono::Duration::seconds(60));
+    assert_eq!(
+        call(&app, KEY, &with("team=search,feature=a"), &chat(None))
+            .await
+            .0,
+        200
+    );
+    app.stop().await;
+}
+
+async fn a_policy_on_each_end_user_counts_each_one(db: TestDb) {
+    let policies = format!("{}{}", policy("end_user", "*", 2), policy("end_user", "vip", 1));
+    let (app, _mock) = start_with(&db, &policies, |_| {}).await;
+    let as_user = |u: &'static str| [("x-aigw-end-user", u)];
+    for _ in 0..2 {
+        assert_eq!(call(&app, KEY, &as_user("alice"), &chat(None)).await.0, 200);
+    }
+    // The body's `user` is the same end user, on any key.
+    assert_refused_on(
+        &call(&app, OTHER, &[], &chat(Some(json!("alice")))).await,
+        "end_user",
+        "alice",
+    );
+    assert_eq!(call(&app, KEY, &as_user("bob"), &chat(None)).await.0, 200);
+    assert_eq!(call(&app, KEY, &[], &chat(None)).await.0, 200, "no end user");
+    assert_eq!(call(&app, KEY, &as_user("vip"), &chat(None)).await.0, 200);
+    assert_refused_on(
+        &call(&app, KEY, &as_user("vip"), &chat(None)).await,
+        "end_user",
+        "vip",
+    );
+    app.stop().await;
+}
+
+async fn the_admin_api_sets_tag_policies_and_lists_their_standings(db: TestDb) {
+    let (app, _mock) = start(&db, "").await;
+    let token = app.login(OWNER, OWNER_PASSWORD).await;
+    let create = |body: Value| {
+        let (app, token) = (&app, &token);
+        async move {
+            admin(
+                app,
+                token,
+                reqwest::Method::POST,
+                "/admin/v1/policies",
+                Some(body),
+            )
+            .await
+        }
+    };
+    let (status, p) = create(json!({"subject": "tag", "target": "team=*", "metric": "requests",
+                                    "window": "day", "limit": 2}))
+    .await;
+    assert_eq!(status, 201, "{p}");
+    assert_eq!((&p["subject"], &p["target"]), (&json!("tag"), &json!("team=*")));
+    let (status, p) = create(
+        json!({"subject": "end_user", "target": "alice", "metric": "requests",
+                                    "window": "day", "limit": 5}),
+    )
+    .await;
+    assert_eq!(status, 201, "{p}");
+    assert_eq!(p["target"], "alice");
+    for bad in [
+        json!({"subject": "tag", "target": "Team=x", "metric": "requests", "window": "day", "limit": 1}),
+        json!({"subject": "tag", "target_id": 1, "metric": "requests", "window": "day", "limit": 1}),
+        json!({"subject": "member", "target": "x", "metric": "requests", "window": "day", "limit": 1}),
+    ] {
+        let (status, v) = create(bad.clone()).await;
+        assert_eq!(status, 422, "{bad}: {v}");
+    }
+    for _ in 0..2 {
+        let (status, v) = call(&app, KEY, &[("x-aigw-tags", "team=search")], &chat(None)).await;
+        assert_eq!(status, 200, "{v}");
+    }
+    let (status, v) = call(&app, KEY, &[("x-aigw-tags", "team=search")], &chat(None)).await;
+    assert_eq!((status, &v["error"]["tag"]), (429, &json!("team=search")), "{v}");
+    app.state
+        .quota
+        .flush(&app.state.store, app.clock.now())
+        .await
+        .unwrap();
+    let (_, standings) = admin(
+        &app,
+        &token,
+        reqwest::Method::GET,
+        "/admin/v1/quota/standings",
+        None,
+    )
+    .await;
+    let rows = standings["data"].as_array().unwrap();
+    assert!(
+        rows.iter()
+            .any(|s| s["subject"] == "tag" && s["subject_name"] == "team=search" && s["used"] == 2),
+        "{standings}"
+    );
+    let (_, list) = admin(&app, &token, reqwest::Method::GET, "/admin/v1/policies", None).await;
+    let targets: Vec<&Value> = list["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| &p["target"])
+        .collect();
+    assert_eq!(targets, [&json!("team=*"), &json!("alice")]);
+    app.stop().await;
+}
+
+async fn usage_is_reported_by_the_values_of_a_tag(db: TestDb) {
+    let (app, _mock) = start(&db, "").await;
+    for tags in [
+        "team=search,feature=a",
+        "team=search",
+        "team=ads",
+        "feature=a",
+        "",
+    ] {
+        assert_eq!(
+            call(&app, KEY, &[("x-aigw-tags", tags)], &chat(None)).await.0,
+            200
+        );
+    }
+    app.logs("acme", 5).await;
+    let report = |query: &'static str| {
+        let app = &app;
+        async move {
+            let token = app.login(OWNER, OWNER_PASSWORD).await;
+            let token = token.as_str();
+            let (status, v) = admin(
+                app,
+                token,
+                reqwest::Method::GET,
+                &format!("/admin/v1/usage?{query}"),
+                None,
+            )
+            .await;
+            assert_eq!(status, 200, "{query}: {v}");
+            v["data"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|r| {
+                    (
+                        r["label"].as_str().unwrap().to_owned(),
+                        r["requests"].as_i64().unwrap(),
+                    )
+                })
+                .collect::<Vec<_>>()
+        }
+    };
+    let want = vec![("ads".to_owned(), 1), ("search".to_owned(), 2)];
+    // This hour's logs (the edge of the range) …
+    assert_eq!(report("by=tag&tag_key=team").await, want);
+    assert_eq!(report("by=tag&tag_key=feature").await, [("a".to_owned(), 2)]);
+    assert_eq!(report("by=tag&tag_key=region").await, []);
+    // … and, hours later, the hourly rollup: the same figures.
+    app.clock.advance(chrono::Duration::hours(3));
+    assert_eq!(report("by=tag&tag_key=team").await, want);
+    let token = app.login(OWNER, OWNER_PASSWORD).await;
+    for bad in ["by=tag", "by=tag&tag_key=Team", "by=day&tag_key=team"] {
+        let (status, v) = admin(
+            &app,
+            &token,
+            reqwest::Method::GET,
+            &format!("/admin/v1/usage?{bad}"),
+            None,
+        )
+        .await;
+        assert_eq!(
+            (status, &v["error"]["param"]),
+            (422, &json!("tag_key")),
+            "{bad}: {v}"
+        );
+    }
+    app.stop().await;
+}
