@@ -282,6 +282,70 @@ def compare_policies(gws, duration, rounds):
     print(f"- p99 at 1 connection: {med[4][1] - med[0][1]:+.0f} µs (target: no more than 100 µs added)")
 
 
+class OtlpSink:
+    """A collector that accepts every OTLP/HTTP export (200, empty body) and counts its bytes: the
+    far end of the traces' cost, kept out of the gateway's CPU."""
+
+    def __init__(self):
+        import http.server
+        import threading
+        sink = self
+        self.exports, self.bytes = 0, 0
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):
+                n = int(self.headers.get("content-length") or 0)
+                self.rfile.read(n)
+                sink.exports += 1
+                sink.bytes += n
+                self.send_response(200)
+                self.send_header("content-length", "0")
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+
+
+def compare_tracing(tmp, mock_port, duration, rounds, stream=False, ratio=1.0):
+    """What OpenTelemetry traces cost: one gateway with tracing off, one exporting the share
+    `ratio` of traces to a local sink, in alternation; medians, and what the sink received."""
+    sink = OtlpSink()
+    labels = ("off", "on")
+    gws = [start_gateway(tmp, mock_port, 0, name="otel-off"),
+           start_gateway(tmp, mock_port, 0, name="otel-on", env={"AIGW_OTEL_ENDPOINT": sink.url,
+                                                                   "AIGW_OTEL_SAMPLE_RATIO": str(ratio)})]
+    try:
+        for gw, port in gws:
+            wait_ready(f"http://127.0.0.1:{port}/readyz", gw)
+        runs, med = alternate(gws, labels, duration, rounds, stream)
+        time.sleep(2)  # the last batch
+        metrics = urllib.request.urlopen(f"http://127.0.0.1:{gws[1][1]}/metrics", timeout=10).read().decode()
+    finally:
+        for gw, _ in gws:
+            gw.terminate()
+            gw.wait(timeout=20)
+        sink.close()
+    count = lambda name: sum(float(l.split()[-1]) for l in metrics.splitlines() if l.startswith(name))
+    mode = "streamed" if stream else "non-streamed"
+    print(f"# traces off vs on ({mode}, sample ratio {ratio}, {rounds} alternating rounds of {duration} s, medians)\n")
+    print("| tracing | req/s @50 | aigw CPU/request | p50 @1 | p99 @1 | rounds (req/s) |")
+    print("|---|---|---|---|---|---|")
+    for n in labels:
+        rps, p99, cpu, p50, _, _ = med[n]
+        each = ", ".join(f"{r[0]:,.0f}" for r in runs[n])
+        print(f"| {n} | {rps:,.0f} | {cpu:.1f} µs | {p50:.0f} µs | {p99:.0f} µs | {each} |")
+    print(f"\n- spans exported {count('aigw_trace_spans_exported_total'):,.0f}, dropped "
+          f"{count('aigw_trace_spans_dropped_total'):,.0f}; the sink got {sink.exports:,} exports, "
+          f"{sink.bytes / 1e6:,.1f} MB")
+
+
 def compare_binaries(gws, labels, duration, rounds, stream=False):
     """Two builds of aigw (say, before and after a change), measured in alternation; medians."""
     runs, med = alternate(gws, labels, duration, rounds, stream)
@@ -603,7 +667,7 @@ def main():
                     help="instead: this build against OTHER_AIGW (another aigw binary, e.g. of an earlier commit), "
                          "measured in alternation for --rounds rounds (non-streamed, or --streamed); prints the "
                          "medians")
-    ap.add_argument("--streamed", action="store_true", help="with --compare-bin: compare streamed requests")
+    ap.add_argument("--streamed", action="store_true", help="with --compare-bin or --compare-tracing: streamed requests")
     ap.add_argument("--rounds", type=int, default=5, help="rounds of --compare-bin (default 5)")
     ap.add_argument("--instructions", action="store_true",
                     help="instead: aigw's instructions per request under callgrind (valgrind), non-streamed "
@@ -624,6 +688,11 @@ def main():
                     help="instead: idle_poll_us 0, 50, 200 and 1000 at a light load (--rate requests/s on one "
                          "connection), in alternation for --rounds rounds: CPU per request and latency")
     ap.add_argument("--rate", type=float, default=100, help="with --light: requests per second (default 100)")
+    ap.add_argument("--compare-tracing", type=int, metavar="ROUNDS", default=0,
+                    help="tracing off vs on (OTLP to a local sink), alternating ROUNDS rounds "
+                         "(with --streamed: streamed requests)")
+    ap.add_argument("--sample-ratio", type=float, default=1.0,
+                    help="with --compare-tracing: otel_sample_ratio of the traced gateway (default 1)")
     ap.add_argument("--bin", default=None, help="the aigw binary to measure (default target/release/aigw)")
     args = ap.parse_args()
     global BIN
@@ -658,6 +727,15 @@ def main():
         try:
             wait_ready(f"http://127.0.0.1:{mock_port}/__mock/calls", mock)
             light_load(tmp, mock_port, args.rate, args.duration, args.rounds)
+        finally:
+            mock.terminate()
+            mock.wait(timeout=20)
+            shutil.rmtree(tmp, ignore_errors=True)
+        return
+    if args.compare_tracing:
+        try:
+            wait_ready(f"http://127.0.0.1:{mock_port}/__mock/calls", mock)
+            compare_tracing(tmp, mock_port, args.duration, args.compare_tracing, args.streamed, args.sample_ratio)
         finally:
             mock.terminate()
             mock.wait(timeout=20)

@@ -128,7 +128,9 @@ async fn sign_in(
         .await
         .map_err(|_| "unavailable")?;
     let Some((mapping, workspace_id)) = mapping_for(state, &id.groups, existing.as_ref()).await else {
-        if let Some(m) = &existing {
+        if let Some(m) = &existing
+            && manages(state, m.workspace_id).await
+        {
             // Removed from every mapped group: this and every open session end now.
             let _ = store.bump_session_epoch(m.id).await;
             let actor = Actor {
@@ -273,6 +275,15 @@ async fn mapping_for(
         }
     }
     best
+}
+
+/// Whether some `oidc_groups` entry gives access to `workspace_id` (its members' access is then
+/// the provider's to decide).
+async fn manages(state: &AppState, workspace_id: i64) -> bool {
+    match state.store.workspace(workspace_id).await {
+        Ok(Some(ws)) => state.settings.oidc_groups.iter().any(|g| g.workspace == ws.name),
+        _ => false,
+    }
 }
 
 /// The sign-in under way that the browser's cookie carries, if it is ours and readable.
