@@ -129,6 +129,18 @@ pub const FAMILIES: &[Family] = &[
         "Budget alerts by event: fired (put in the outbox), delivered, retried (a try failed, another follows), given_up.",
     ),
     family(
+        "aigw_trace_spans_exported_total",
+        Kind::Counter,
+        &[],
+        "Spans sent to the OpenTelemetry collector.",
+    ),
+    family(
+        "aigw_trace_spans_dropped_total",
+        Kind::Counter,
+        &[],
+        "Spans dropped: the export queue was full or an export failed.",
+    ),
+    family(
         "aigw_breaker_trips_total",
         Kind::Counter,
         &["step"],
@@ -258,6 +270,8 @@ fn describe_and_register() {
         "aigw_stream_errors_total",
         "aigw_client_connections_refused_total",
         "aigw_client_accept_failures_total",
+        "aigw_trace_spans_exported_total",
+        "aigw_trace_spans_dropped_total",
     ] {
         metrics::counter!(name).increment(0);
     }
@@ -273,7 +287,7 @@ fn describe_and_register() {
     for event in ["fired", "delivered", "retried", "given_up"] {
         metrics::counter!("aigw_budget_alerts_total", "event" => event).increment(0);
     }
-    for subject in ["apikey", "member", "dept", "ws"] {
+    for subject in ["apikey", "member", "dept", "ws", "tag", "end_user"] {
         for mode in ["enforce", "shadow"] {
             metrics::counter!("aigw_quota_refusals_total", "subject" => subject, "mode" => mode).increment(0);
         }

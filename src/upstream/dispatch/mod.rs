@@ -7,6 +7,7 @@
 //! retries by itself, and the only retry of the same credential is a single candidate's one retry
 //! of a connection failure or of a 5xx whose classification leaves it usable (groot ADR 0008).
 
+mod candidates;
 mod exchange;
 mod outcome;
 mod park;
@@ -20,6 +21,7 @@ use chrono::{DateTime, Utc};
 use rand::Rng;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+use self::candidates::candidates;
 pub(crate) use self::exchange::request;
 use self::exchange::{Unread, read_answer, read_error};
 pub use self::outcome::{Answer, Attempt, AttemptLog, Complete, Dispatched, UpstreamError};
@@ -635,23 +637,6 @@ impl Run<'_> {
 /// error.
 fn leaves_credential_usable(class: &Classification) -> bool {
     class.rule == Rule::ServerError && class.next == NextStep::NextCredential && !class.banned
-}
-
-/// The chain model's credentials that serve `endpoint`, by priority, weighted random within a
-/// priority (Efraimidis–Spirakis keys).
-fn candidates(model: &ModelRoute, endpoint: Endpoint) -> Vec<Arc<Credential>> {
-    let mut rng = rand::thread_rng();
-    let mut keyed: Vec<(i64, f64, Arc<Credential>)> = model
-        .credentials
-        .iter()
-        .filter(|c| endpoint.served_by(c.provider))
-        .map(|c| {
-            let u: f64 = rng.gen_range(f64::EPSILON..1.0);
-            (c.priority, -u.ln() / c.weight as f64, c.clone())
-        })
-        .collect();
-    keyed.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.total_cmp(&b.1)));
-    keyed.into_iter().map(|(_, _, c)| c).collect()
 }
 
 #[cfg(test)]
