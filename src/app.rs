@@ -318,7 +318,7 @@ impl Gateway {
             managed,
         }));
         background::start_config_watch(state.clone(), epoch);
-        background::start_quota_flush(state.clone());
+        background::start_counter_flushes(state.clone());
         Ok(Gateway {
             listener,
             admin_listener,

@@ -22,6 +22,7 @@ mod reference;
 mod resources;
 mod serving;
 mod startup;
+mod store_contention;
 mod store_outage;
 mod translate;
 mod untrusted_upstream;
