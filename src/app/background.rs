@@ -1,7 +1,7 @@
 //! The background tasks that keep a gateway in step with the database and the other replicas:
-//! the configuration poll (which also reads other gateways' locks and ends a store outage) and
-//! the counter flushes, one task per kind of counter; and [`AppState::sync`], which does all of
-//! them at once.
+//! the configuration poll (which also reads other gateways' locks and is the store's health
+//! probe) and the counter flushes, one task per kind of counter; and [`AppState::sync`], which
+//! does all of them at once.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,8 +24,9 @@ pub(super) fn start_config_watch(state: AppState, mut epoch: i64) {
                 () = tokio::time::sleep(s.config_poll) => {},
                 () = s.shutdown.cancelled() => break,
             }
-            // The epoch read is also the database's health probe: it ends an outage.
-            match s.store.config_epoch().await {
+            // The epoch read is also the database's health probe: it ends an outage, and finds
+            // one that a busy pool hides (store/health.rs).
+            match s.store.probe_epoch().await {
                 Ok(now) => {
                     s.store.note_success();
                     if now != epoch && s.reload().await {

@@ -1,5 +1,6 @@
 //! The database busy, not down (Postgres, where several gateways share the rows they flush): a
-//! flush held up by row locks delays only its own kind of count. Locks are taken by the test on a connection of
+//! flush held up by row locks delays only its own kind of count, and a pool whose connections
+//! all wait on locks is not taken for an outage. Locks are taken by the test on a connection of
 //! its own, as another gateway's long flush would hold them.
 
 use std::time::{Duration, Instant};
@@ -73,5 +74,49 @@ async fn a_breaker_flush_stuck_on_row_locks_does_not_hold_up_the_quota_flush() {
         wait_stored(&db, want).await;
     }
     lock.rollback().await.unwrap();
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_connection_waiting_on_locks_is_not_an_outage() {
+    let Some((db, app, _mock)) = start().await else {
+        return;
+    };
+    assert_eq!(chat(&app, KEY).await, 200);
+    // Every first sight of a key reads `api_keys`: with the table locked, each holds a pooled
+    // connection until the lock goes, and the calls beyond the pool's size time out waiting.
+    let lock = hold(&db, "LOCK TABLE api_keys IN ACCESS EXCLUSIVE MODE").await;
+    let waiting: Vec<_> = (0..24)
+        .map(|i| {
+            let (address, client) = (app.address.clone(), app.client.clone());
+            tokio::spawn(async move {
+                client
+                    .post(format!("{address}/v1/chat/completions"))
+                    .bearer_auth(format!("sk-aigw-BusyPoolUnseenKey{i:015}"))
+                    .json(&json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]}))
+                    .send()
+                    .await
+                    .map(|r| r.status().as_u16())
+            })
+        })
+        .collect();
+    // Past the pool's acquire timeout (750 ms) and several health probes (every 500 ms).
+    let until = Instant::now() + Duration::from_millis(2500);
+    while Instant::now() < until {
+        assert!(
+            app.state.store.available(),
+            "a pool busy waiting on row locks was taken for an outage"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(app.get("/readyz").await.status(), 200, "still ready");
+    assert_eq!(chat(&app, KEY).await, 200, "a known key is served meanwhile");
+    lock.rollback().await.unwrap();
+    for w in waiting {
+        let status = w.await.unwrap().unwrap();
+        // Unknown keys: refused once read, or 503 for those that found no connection in time.
+        assert!(matches!(status, 401 | 429 | 503), "got {status}");
+    }
+    assert!(app.state.store.available());
     app.stop().await;
 }
