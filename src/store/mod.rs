@@ -190,6 +190,8 @@ pub struct Store {
     sqlite_file: Option<PathBuf>,
     /// Whether the database answers, shared by every clone.
     health: Arc<Health>,
+    /// The keys' last-used stamps this gateway wrote (`request_logs::LastUsedStamps`).
+    last_used: Arc<LastUsedStamps>,
     /// The runtime the store was opened on, which drives its connections ([`Store::at_home`]).
     home: tokio::runtime::Handle,
 }
@@ -369,6 +371,7 @@ impl Store {
             backend,
             sqlite_file,
             health: Arc::new(Health::new(target, probe)),
+            last_used: Arc::default(),
             home: tokio::runtime::Handle::current(),
         })
     }
