@@ -22,7 +22,7 @@ pub use locks::*;
 pub use request_logs::*;
 pub use tenancy::*;
 pub use usage::*;
-pub use usage_rollup::{HOUR_MS, hour_of};
+pub use usage_rollup::{DAY_MS, HOUR_MS, day_of, hour_of};
 
 use std::path::PathBuf;
 use std::str::FromStr;
@@ -380,9 +380,12 @@ impl Store {
     pub async fn migrate(&self) -> StoreResult<()> {
         let mut conn = self.acquire_at_start().await?;
         match self.migrator().run(&mut *conn).await {
-            Err(sqlx::migrate::MigrateError::VersionMissing(version)) => Err(StoreError::Newer { version }),
-            other => Ok(other?),
+            Err(sqlx::migrate::MigrateError::VersionMissing(version)) => {
+                return Err(StoreError::Newer { version });
+            }
+            other => other?,
         }
+        Ok(())
     }
 
     /// A connection for the start's own work (the start lock, migrations): the pool's acquire

@@ -1,5 +1,5 @@
-//! Months of logs (issue 24 §3): the usage reports read an hourly rollup written with the logs
-//! and stay equal to the sums of the logs, retention deletes in bounded batches and keeps them
+//! Months of logs (issue 24 §3): the usage reports read rollups (hourly, and daily by key and
+//! member) written with the logs and stay equal to the sums of the logs, retention deletes in bounded batches and keeps them
 //! equal, the CSV export streams page after page, and log pages follow the requests' time.
 
 use aigw::request_log::LogRecord;
@@ -153,8 +153,9 @@ async fn usage_from_the_rollup_equals_the_sums_of_the_logs(db: TestDb) {
     ];
     check(store, ws, &ranges, &logs, "after the flushes").await;
 
-    // Retention at an hour boundary, five rows at a time: never more, until nothing is left.
-    let cutoff = hour - 20 * HOUR_MS;
+    // Retention at a day boundary (as the retention task cuts), five rows at a time: never
+    // more, until nothing is left.
+    let cutoff = (hour - 20 * HOUR_MS).div_euclid(86_400_000) * 86_400_000;
     let mut deleted = 0;
     loop {
         let n = store.prune_logs_batch(cutoff, 5).await.unwrap();
