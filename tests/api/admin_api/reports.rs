@@ -35,7 +35,10 @@ async fn a_keys_last_use_is_written_when_it_moves_by_a_minute(db: TestDb) {
     // (seconds after the first use, the stamp then stored)
     for (after, stamp) in [(0, 0), (30, 0), (59, 0), (60, 60), (100, 60), (125, 125)] {
         app.clock.set(start + chrono::Duration::seconds(after));
-        assert_eq!(app.post_json("/v1/chat/completions", KEY, &chat).await.status(), 200);
+        assert_eq!(
+            app.post_json("/v1/chat/completions", KEY, &chat).await.status(),
+            200
+        );
         assert_eq!(
             last_used().await,
             Some(start_ms + stamp * 1000),
