@@ -319,6 +319,7 @@ impl Gateway {
         }));
         background::start_config_watch(state.clone(), epoch);
         background::start_counter_flushes(state.clone());
+        background::start_store_upkeep(state.clone());
         Ok(Gateway {
             listener,
             admin_listener,

@@ -84,6 +84,22 @@ pub(super) fn start_counter_flushes(state: AppState) {
     }
 }
 
+/// How often the store's upkeep runs ([`crate::store::Store::optimize`]).
+const UPKEEP: Duration = Duration::from_secs(3600);
+
+/// Runs the store's upkeep every hour (SQLite: `PRAGMA optimize`; nothing on Postgres).
+pub(super) fn start_store_upkeep(state: AppState) {
+    let s = state.clone();
+    state.tasks.spawn(async move {
+        loop {
+            tokio::select! {
+                () = tokio::time::sleep(UPKEEP) => s.store.optimize().await,
+                () = s.shutdown.cancelled() => break,
+            }
+        }
+    });
+}
+
 impl AppState {
     /// Shares everything this gateway has done so far and learns what the others did, without
     /// waiting for the background intervals: waits for the writes handed off the request path

@@ -340,6 +340,8 @@ impl Store {
                         // WAL with NORMAL sync: no fsync per commit, still never corrupt; a power
                         // loss may lose the last commits (the documented flush-interval bound).
                         conn.execute("PRAGMA synchronous = NORMAL").await?;
+                        // Bounds the work of `PRAGMA optimize` on large tables ([`Store::optimize`]).
+                        conn.execute("PRAGMA analysis_limit = 400").await?;
                     }
                     Ok(())
                 })
@@ -385,7 +387,27 @@ impl Store {
             }
             other => other?,
         }
+        drop(conn);
+        // Migrations may have built indexes the planner has no statistics for yet.
+        self.optimize().await;
         Ok(())
+    }
+
+    /// SQLite: `PRAGMA optimize`, which gathers the query planner's statistics (`ANALYZE`) of the
+    /// tables and indexes that lack them or have changed much since, bounded by
+    /// `analysis_limit`; as SQLite's documentation recommends for long-lived connections, at
+    /// start (after the migrations), every hour, and at shutdown. Postgres analyzes by itself
+    /// (autovacuum). A failure is logged: the statistics are only a hint to the planner.
+    pub async fn optimize(&self) {
+        if self.backend != Backend::Sqlite {
+            return;
+        }
+        if let Err(e) = sqlx::query("PRAGMA optimize = 0x10002")
+            .execute(self.pool())
+            .await
+        {
+            tracing::warn!(error = %e, "PRAGMA optimize failed");
+        }
     }
 
     /// A connection for the start's own work (the start lock, migrations): the pool's acquire
@@ -534,6 +556,7 @@ impl Store {
 
     /// Closes every connection (graceful shutdown).
     pub async fn close(&self) {
+        self.optimize().await;
         self.pool.close().await;
     }
 }

@@ -13,6 +13,41 @@ both_backends!(
     log_pages_follow_the_requests_time,
 );
 
+/// SQLite gathers the query planner's statistics (`PRAGMA optimize`) at start, after the
+/// migrations, and at shutdown: without them it plans the reports' queries blind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_gathers_the_planners_statistics() {
+    let db = TestDb::sqlite();
+    let mock = MockUpstream::start().await.unwrap();
+    let app = spawn_app(&db, Setup::resources(resources(&mock))).await;
+    let ws = acme(&app).await;
+    let logs = varied_logs(ws, app.clock.now_ms());
+    app.state.store.insert_logs(&logs).await.unwrap();
+    app.stop().await;
+    let stats = || async {
+        let pool = sqlx::AnyPool::connect(&db.direct_url).await.unwrap();
+        let n: i64 = sqlx::query_scalar(
+            "SELECT CAST(COUNT(*) AS BIGINT) FROM sqlite_master WHERE name = 'sqlite_stat1'",
+        )
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        if n == 0 {
+            return 0;
+        }
+        sqlx::query_scalar::<_, i64>(
+            "SELECT CAST(COUNT(*) AS BIGINT) FROM sqlite_stat1 WHERE tbl = 'request_logs'",
+        )
+        .fetch_one(&pool)
+        .await
+        .unwrap()
+    };
+    assert!(
+        stats().await > 0,
+        "the logs' indexes have statistics after a stop"
+    );
+}
+
 /// The workspace id of acme.
 async fn acme(app: &TestApp) -> i64 {
     app.state
