@@ -27,7 +27,7 @@ request is the baseline. Usage:
     python3 bench/replicas.py --short --bin target/debug/aigw      # a smoke run of seconds (CI)
 
 Needs wrk and psql, and Postgres at 127.0.0.1:5432 (`--postgres`) with trust for user postgres and
-room for the four gateways' pools (up to 4 × 17 connections). Traffic goes to 127.0.0.1 only.
+room for the four gateways' pools (up to 4 × 18 connections). Traffic goes to 127.0.0.1 only.
 """
 
 import argparse
@@ -51,7 +51,7 @@ DB = "aigw_replicas_bench"
 MASTER_KEY = "11" * 32
 JWT_SECRET = "replicas-jwt-secret-0123456789abcdef0123456789"
 MODEL = "model-0"
-TABLES = ("usage_counters", "breaker_buckets", "request_logs", "usage_rollup", "api_keys")
+TABLES = ("usage_counters", "breaker_buckets", "request_logs", "usage_rollup", "usage_rollup_daily", "api_keys")
 # wrk's script for one pass: each connection takes the next key; after the last answer the thread
 # stops sending and leaves a file behind, and the caller then interrupts wrk (which prints its summary).
 ONE_PASS = scale.LUA.replace("done = function", """
@@ -363,7 +363,7 @@ def fmt_row(label, w, n=0):
     stmts = f"{w['stmts_s']:,.0f}" if w["stmts_s"] is not None else "n/a"
     return (f"| {label} | {w['rps']:,.0f} | {w['xact_s']:,.0f} | {stmts} | {upserts:,.0f} | {w['rows_s']:,.0f} | "
             f"{t['usage_counters']:,.0f} | {t['breaker_buckets']:,.0f} | {t['request_logs']:,.0f} | "
-            f"{t['usage_rollup']:,.0f} | {t['api_keys']:,.0f} | "
+            f"{t['usage_rollup'] + t['usage_rollup_daily']:,.0f} | {t['api_keys']:,.0f} | "
             f"{w['pg_cpu'] * 100:.0f} % | {w['gw_cpu'] * 100:.0f} % | "
             f"{q.get('per_s', 0):.1f}, {q.get('mean', 0) * 1000:.1f} ms (≤ {q.get('ceiling', 0) * 1000:.0f}) | "
             f"{lg.get('per_s', 0):.1f}, {lg.get('mean', 0) * 1000:.1f} ms | {w['errors']} |")
@@ -376,7 +376,7 @@ def report(binary, args, baseline, results):
           f"gateway, {os.cpu_count()} cores shared by the gateways, Postgres, wrk and the mock)\n")
     print("| window | req/s | transactions/s | statements/s (pg_stat_statements) | counter upserts/s "
           "(quota flushes × ⌈subjects/500⌉) | rows written/s | usage_counters rows/s "
-          "| breaker_buckets rows/s | request_logs rows/s | usage_rollup rows/s | api_keys rows/s (last used) | Postgres CPU | gateways' CPU "
+          "| breaker_buckets rows/s | request_logs rows/s | usage rollups rows/s (hourly + daily) | api_keys rows/s (last used) | Postgres CPU | gateways' CPU "
           "| quota flushes/s, mean (ceiling) | log flushes/s, mean | errors |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     baseline["rps"], baseline["errors"] = 0.0, 0

@@ -335,7 +335,8 @@ impl Gateway {
             oidc,
         }));
         background::start_config_watch(state.clone(), epoch);
-        background::start_quota_flush(state.clone());
+        background::start_counter_flushes(state.clone());
+        background::start_store_upkeep(state.clone());
         background::start_alert_delivery(state.clone());
         Ok(Gateway {
             listener,

@@ -312,10 +312,41 @@ pub async fn usage(
         let models: Vec<ModelRow> = store.rows_in(Table::Models, ws).await.map_err(store_error)?;
         rows = by_real_model(rows, &models);
     }
-    let members: Vec<MemberRow> = store.rows_in(Table::Members, ws).await.map_err(store_error)?;
-    let keys: Vec<ApiKeyRow> = store.rows_in(Table::ApiKeys, ws).await.map_err(store_error)?;
-    let depts: Vec<Department> = store.rows_in(Table::Departments, ws).await.map_err(store_error)?;
-    let email = |id: i64| members.iter().find(|m| m.id == id).map(|m| m.email.clone());
+    // Only the tables the labels need, looked up by id: a report by key over a workspace of
+    // 100,000 keys has as many rows to label.
+    let (keys, members, depts) = {
+        use rustc_hash::FxHashMap;
+        let keyed = matches!(by, UsageGrouping::Key);
+        let keys: Vec<ApiKeyRow> = if keyed {
+            store.rows_in(Table::ApiKeys, ws).await.map_err(store_error)?
+        } else {
+            Vec::new()
+        };
+        let members: Vec<MemberRow> = if keyed || by == UsageGrouping::Member {
+            store.rows_in(Table::Members, ws).await.map_err(store_error)?
+        } else {
+            Vec::new()
+        };
+        let depts: Vec<Department> = if by == UsageGrouping::Dept {
+            store.rows_in(Table::Departments, ws).await.map_err(store_error)?
+        } else {
+            Vec::new()
+        };
+        (
+            keys.into_iter()
+                .map(|k| (k.id, (k.member_id, k.name)))
+                .collect::<FxHashMap<_, _>>(),
+            members
+                .into_iter()
+                .map(|m| (m.id, m.email))
+                .collect::<FxHashMap<_, _>>(),
+            depts
+                .into_iter()
+                .map(|d| (d.id, d.name))
+                .collect::<FxHashMap<_, _>>(),
+        )
+    };
+    let email = |id: i64| members.get(&id).cloned();
     let data: Vec<Value> = rows
         .iter()
         .map(|r| {
@@ -325,12 +356,12 @@ pub async fn usage(
                     .and_then(|d| chrono::DateTime::from_timestamp(d * 86_400, 0))
                     .map(|t| t.format("%Y-%m-%d").to_string()),
                 UsageGrouping::Key => id
-                    .and_then(|id| keys.iter().find(|k| k.id == id))
-                    .map(|k| format!("{}/{}", email(k.member_id).unwrap_or_default(), k.name)),
+                    .and_then(|id| keys.get(&id))
+                    .map(|(member, name)| format!("{}/{name}", email(*member).unwrap_or_default())),
                 UsageGrouping::Member => id.and_then(email),
                 UsageGrouping::Dept => id
-                    .and_then(|id| depts.iter().find(|d| d.id == id))
-                    .map(|d| d.name.clone())
+                    .and_then(|id| depts.get(&id))
+                    .cloned()
                     .or(Some("(no department)".into())),
                 UsageGrouping::Model if r.group_key.is_empty() => Some(OTHER_MODELS.into()),
                 UsageGrouping::Model => Some(r.group_key.clone()),

@@ -1,7 +1,7 @@
 //! The background tasks that keep a gateway in step with the database and the other replicas:
-//! the configuration poll (which also reads other gateways' locks and ends a store outage) and the
-//! counter flush (which fires budget alerts), the alert delivery; and [`AppState::sync`], which
-//! does them all at once.
+//! the configuration poll (which also reads other gateways' locks and is the store's health
+//! probe), the counter flushes, one task per kind of counter (the quota flush fires budget
+//! alerts), the alert delivery; and [`AppState::sync`], which does all of them at once.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,8 +24,9 @@ pub(super) fn start_config_watch(state: AppState, mut epoch: i64) {
                 () = tokio::time::sleep(s.config_poll) => {},
                 () = s.shutdown.cancelled() => break,
             }
-            // The epoch read is also the database's health probe: it ends an outage.
-            match s.store.config_epoch().await {
+            // The epoch read is also the database's health probe: it ends an outage, and finds
+            // one that a busy pool hides (store/health.rs).
+            match s.store.probe_epoch().await {
                 Ok(now) => {
                     s.store.note_success();
                     if now != epoch && s.reload().await {
@@ -45,20 +46,55 @@ pub(super) fn start_config_watch(state: AppState, mut epoch: i64) {
     });
 }
 
-/// Flushes quota counters and upstream own-limit counts every flush interval, and once more at shutdown (after the last
-/// request finished), so a graceful stop loses nothing.
-pub(super) fn start_quota_flush(state: AppState) {
-    let s = state.clone();
+/// The counts a gateway shares with the others through the store, each flushed by its own task.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Counts {
+    /// Quota counters (`usage_counters`).
+    Quota,
+    /// Upstream credentials' own-limit counts (`upstream_counters`).
+    OwnLimits,
+    /// The key breakers' shared window (`breaker_buckets`).
+    Breakers,
+}
+
+impl Counts {
+    const ALL: [Counts; 3] = [Counts::Quota, Counts::OwnLimits, Counts::Breakers];
+}
+
+/// Flushes each kind of count every flush interval, and once more at shutdown (after the last
+/// request finished), so a graceful stop loses nothing. One task per kind: a flush slowed by row
+/// locks (the breaker window's rows are shared by every gateway) delays only its own kind, never
+/// the quota counters.
+pub(super) fn start_counter_flushes(state: AppState) {
     let every = Duration::from_millis(state.settings.flush_interval_ms);
+    for counts in Counts::ALL {
+        let s = state.clone();
+        state.tasks.spawn(async move {
+            loop {
+                let stopping = tokio::select! {
+                    () = tokio::time::sleep(every) => false,
+                    () = s.shutdown.cancelled() => true,
+                };
+                s.flush(counts).await;
+                if stopping {
+                    break;
+                }
+            }
+        });
+    }
+}
+
+/// How often the store's upkeep runs ([`crate::store::Store::optimize`]).
+const UPKEEP: Duration = Duration::from_secs(3600);
+
+/// Runs the store's upkeep every hour (SQLite: `PRAGMA optimize`; nothing on Postgres).
+pub(super) fn start_store_upkeep(state: AppState) {
+    let s = state.clone();
     state.tasks.spawn(async move {
         loop {
-            let stopping = tokio::select! {
-                () = tokio::time::sleep(every) => false,
-                () = s.shutdown.cancelled() => true,
-            };
-            s.flush_counters().await;
-            if stopping {
-                break;
+            tokio::select! {
+                () = tokio::time::sleep(UPKEEP) => s.store.optimize().await,
+                () = s.shutdown.cancelled() => break,
             }
         }
     });
@@ -108,29 +144,47 @@ impl AppState {
     }
 
     /// Writes the quota counters, upstream own-limit counts and breaker windows to the store and
-    /// reads back what the other gateways counted; a failed flush keeps its counts for the next.
+    /// reads back what the other gateways counted, one after the other.
     async fn flush_counters(&self) {
+        for counts in Counts::ALL {
+            self.flush(counts).await;
+        }
+    }
+
+    /// Writes one kind of count and reads back the others' totals; a failed flush keeps its
+    /// counts for the next.
+    async fn flush(&self, counts: Counts) {
         use crate::telemetry::timed_flush;
-        if let Err(e) = timed_flush("quota", self.quota.flush(&self.store, self.clock.now())).await {
-            self.store
-                .log_failure(&e, "quota flush failed; usage kept for the next flush");
-        }
-        // Budget alerts: the counters now hold every replica's totals.
-        self.alerts
-            .fire(&self.store, &self.quota, self.clock.now(), |ws| {
-                self.timezone_of(ws)
-            })
-            .await;
-        let own_limits = self.admission.flush(&self.store, self.clock.now_ms());
-        if let Err(e) = timed_flush("own_limits", own_limits).await {
-            self.store
-                .log_failure(&e, "own-limit flush failed; counts kept for the next flush");
-        }
-        if let Err(e) = timed_flush("breakers", self.breakers.flush(&self.store, self.clock.now())).await {
-            self.store.log_failure(
-                &e,
-                "breaker window flush failed; outcomes kept for the next flush",
-            );
+        match counts {
+            Counts::Quota => {
+                let flush = self.quota.flush(&self.store, self.clock.now());
+                if let Err(e) = timed_flush("quota", flush).await {
+                    self.store
+                        .log_failure(&e, "quota flush failed; usage kept for the next flush");
+                }
+                // Budget alerts: the counters now hold every replica's totals.
+                self.alerts
+                    .fire(&self.store, &self.quota, self.clock.now(), |ws| {
+                        self.timezone_of(ws)
+                    })
+                    .await;
+            }
+            Counts::OwnLimits => {
+                let flush = self.admission.flush(&self.store, self.clock.now_ms());
+                if let Err(e) = timed_flush("own_limits", flush).await {
+                    self.store
+                        .log_failure(&e, "own-limit flush failed; counts kept for the next flush");
+                }
+            }
+            Counts::Breakers => {
+                let flush = self.breakers.flush(&self.store, self.clock.now());
+                if let Err(e) = timed_flush("breakers", flush).await {
+                    self.store.log_failure(
+                        &e,
+                        "breaker window flush failed; outcomes kept for the next flush",
+                    );
+                }
+            }
         }
     }
 

@@ -9,8 +9,8 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use crate::clock::Clock;
+use crate::store::{DAY_MS, PRUNE_BATCH, RequestLogStore, Store, day_of};
 pub use crate::store::{LogFilter, LogPage, LogRecord};
-use crate::store::{PRUNE_BATCH, RequestLogStore, Store, hour_of};
 
 /// Most rows one flush collects.
 const FLUSH_MAX: usize = 2000;
@@ -148,8 +148,9 @@ async fn write_with_retry(
 
 /// Starts the retention task: prunes at start and every hour, in batches of [`PRUNE_BATCH`]
 /// rows with a pause between them, so that the log writer (and, on SQLite, every other writer)
-/// gets the database between two batches however much there is to delete. The cutoff is an
-/// hour boundary: the usage rollup holds whole hours and is pruned with the logs it sums.
+/// gets the database between two batches however much there is to delete. The cutoff is a day
+/// boundary (UTC): the usage rollups hold whole hours and days and are pruned with the logs they
+/// sum, so logs are kept up to a day longer than `days`.
 pub fn start_retention(
     store: Store,
     clock: Clock,
@@ -159,7 +160,7 @@ pub fn start_retention(
 ) {
     tasks.spawn(async move {
         loop {
-            let cutoff = hour_of(clock.now_ms() - i64::from(days) * 86_400_000);
+            let cutoff = day_of(clock.now_ms() - i64::from(days) * DAY_MS);
             let mut pruned = 0;
             loop {
                 match store.prune_logs_batch(cutoff, PRUNE_BATCH).await {

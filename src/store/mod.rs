@@ -7,6 +7,7 @@ mod admin;
 mod alerts;
 mod breaker;
 mod entities;
+mod health;
 mod keys;
 mod locks;
 mod request_logs;
@@ -23,16 +24,16 @@ pub use locks::*;
 pub use request_logs::*;
 pub use tenancy::*;
 pub use usage::*;
-pub use usage_rollup::{HOUR_MS, hour_of};
+pub use usage_rollup::{DAY_MS, HOUR_MS, day_of, hour_of};
 
 use sqlx::any::{AnyConnectOptions, AnyPoolOptions};
 use sqlx::{AnyPool, ConnectOptions};
 use std::path::PathBuf;
 use std::str::FromStr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
+use health::Health;
 /// Which database the store runs on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Backend {
@@ -190,20 +191,10 @@ pub struct Store {
     sqlite_file: Option<PathBuf>,
     /// Whether the database answers, shared by every clone.
     health: Arc<Health>,
+    /// The keys' last-used stamps this gateway wrote (`request_logs::LastUsedStamps`).
+    last_used: Arc<LastUsedStamps>,
     /// The runtime the store was opened on, which drives its connections ([`Store::at_home`]).
     home: tokio::runtime::Handle,
-}
-
-/// Whether the database answers, as the gateway's own calls found it. Marked down by the first
-/// call that finds it out of reach, up again by the configuration poll (every half second), so
-/// that while it is down the request path does not wait on it at all, and the outage and the
-/// recovery are each logged once.
-#[derive(Debug)]
-struct Health {
-    /// When the outage began (ms since the Unix epoch); 0 while the database answers.
-    down_since_ms: AtomicI64,
-    /// `host:port` (Postgres) or the file (SQLite): named in the outage's log lines.
-    target: String,
 }
 
 /// `host:port` of a Postgres URL, for log lines (never the user or password).
@@ -340,6 +331,8 @@ impl Store {
         let options = AnyConnectOptions::from_str(&url)?
             .log_statements(tracing::log::LevelFilter::Trace)
             .log_slow_statements(tracing::log::LevelFilter::Warn, Duration::from_secs(1));
+        // The health probe's own connection (store/health.rs): the pool's may all be busy.
+        let probe = (backend == Backend::Postgres).then(|| options.clone());
         let pool = AnyPoolOptions::new()
             .after_connect(move |conn, _meta| {
                 Box::pin(async move {
@@ -348,6 +341,8 @@ impl Store {
                         // WAL with NORMAL sync: no fsync per commit, still never corrupt; a power
                         // loss may lose the last commits (the documented flush-interval bound).
                         conn.execute("PRAGMA synchronous = NORMAL").await?;
+                        // Bounds the work of `PRAGMA optimize` on large tables ([`Store::optimize`]).
+                        conn.execute("PRAGMA analysis_limit = 400").await?;
                     }
                     Ok(())
                 })
@@ -378,10 +373,8 @@ impl Store {
             pool,
             backend,
             sqlite_file,
-            health: Arc::new(Health {
-                down_since_ms: AtomicI64::new(0),
-                target,
-            }),
+            health: Arc::new(Health::new(target, probe)),
+            last_used: Arc::default(),
             home: tokio::runtime::Handle::current(),
         })
     }
@@ -390,8 +383,31 @@ impl Store {
     pub async fn migrate(&self) -> StoreResult<()> {
         let mut conn = self.acquire_at_start().await?;
         match self.migrator().run(&mut *conn).await {
-            Err(sqlx::migrate::MigrateError::VersionMissing(version)) => Err(StoreError::Newer { version }),
-            other => Ok(other?),
+            Err(sqlx::migrate::MigrateError::VersionMissing(version)) => {
+                return Err(StoreError::Newer { version });
+            }
+            other => other?,
+        }
+        drop(conn);
+        // Migrations may have built indexes the planner has no statistics for yet.
+        self.optimize().await;
+        Ok(())
+    }
+
+    /// SQLite: `PRAGMA optimize`, which gathers the query planner's statistics (`ANALYZE`) of the
+    /// tables and indexes that lack them or have changed much since, bounded by
+    /// `analysis_limit`; as SQLite's documentation recommends for long-lived connections, at
+    /// start (after the migrations), every hour, and at shutdown. Postgres analyzes by itself
+    /// (autovacuum). A failure is logged: the statistics are only a hint to the planner.
+    pub async fn optimize(&self) {
+        if self.backend != Backend::Sqlite {
+            return;
+        }
+        if let Err(e) = sqlx::query("PRAGMA optimize = 0x10002")
+            .execute(self.pool())
+            .await
+        {
+            tracing::warn!(error = %e, "PRAGMA optimize failed");
         }
     }
 
@@ -500,110 +516,6 @@ impl Store {
         }
     }
 
-    /// Whether the database answered the last calls (else what needs it fails fast: [`Store::fail_fast`]).
-    pub fn available(&self) -> bool {
-        self.health.down_since_ms.load(Ordering::Relaxed) == 0
-    }
-
-    /// `Err(Unavailable)` at once while the database is known to be out of reach.
-    pub fn fail_fast(&self) -> StoreResult<()> {
-        if self.available() {
-            Ok(())
-        } else {
-            Err(StoreError::Unavailable)
-        }
-    }
-
-    /// Notes a failed call: an unreachable database marks the store down (logged once, when the
-    /// outage begins). Returns whether it was unreachable, so that the caller logs only the other
-    /// failures itself.
-    pub fn note_failure(&self, e: &StoreError) -> bool {
-        if !e.is_unreachable() {
-            return false;
-        }
-        let now = chrono::Utc::now().timestamp_millis().max(1);
-        if self
-            .health
-            .down_since_ms
-            .compare_exchange(0, now, Ordering::Relaxed, Ordering::Relaxed)
-            .is_ok()
-        {
-            tracing::error!(
-                database = %self.health.target,
-                error = %e,
-                "database unreachable: serving keys, policies and routes from memory; \
-                 what needs the database answers 503 store_unavailable; counts are kept for later"
-            );
-        }
-        true
-    }
-
-    /// Notes a call that succeeded: ends an outage (logged once, with its length).
-    pub fn note_success(&self) {
-        let since = self.health.down_since_ms.swap(0, Ordering::Relaxed);
-        if since != 0 {
-            let secs = (chrono::Utc::now().timestamp_millis() - since).max(0) as f64 / 1000.0;
-            tracing::warn!(
-                database = %self.health.target,
-                outage_secs = secs,
-                "database reachable again: writing what was counted meanwhile"
-            );
-        }
-    }
-
-    /// Logs a failed background call as `what`, unless the database is out of reach (the outage
-    /// is logged once, when it begins).
-    pub fn log_failure(&self, e: &StoreError, what: &str) {
-        if !self.note_failure(e) {
-            tracing::warn!(error = %e, "{what}");
-        }
-    }
-
-    /// Runs `write` until it is written: while the database is out of reach it is retried, with
-    /// waits from 100 ms doubling to 5 s, so that what was learned during an outage (a lock, a
-    /// breaker trip) reaches the store when it is back. A refusal is logged and not retried. Once
-    /// `stop` is cancelled (shutdown) it gets five more tries, then the loss is logged.
-    pub async fn write_until_done<F, Fut>(
-        &self,
-        what: &str,
-        stop: &tokio_util::sync::CancellationToken,
-        mut write: F,
-    ) where
-        F: FnMut() -> Fut,
-        Fut: Future<Output = StoreResult<()>>,
-    {
-        let mut wait = Duration::from_millis(100);
-        let mut tries_after_stop = 0;
-        loop {
-            let e = match write().await {
-                Ok(()) => return,
-                Err(e) => e,
-            };
-            if !self.note_failure(&e) {
-                tracing::error!(error = %e, "{what}: the database refused it");
-                return;
-            }
-            if stop.is_cancelled() {
-                tries_after_stop += 1;
-                if tries_after_stop >= 5 {
-                    tracing::error!(error = %e, "{what}: lost, the database stayed unreachable until shutdown");
-                    return;
-                }
-            }
-            // At shutdown the remaining tries come a little apart, not minutes.
-            let pause = if stop.is_cancelled() {
-                Duration::from_millis(200)
-            } else {
-                wait
-            };
-            tokio::select! {
-                () = tokio::time::sleep(pause) => {}
-                () = stop.cancelled(), if !stop.is_cancelled() => {}
-            }
-            wait = (wait * 2).min(Duration::from_secs(5));
-        }
-    }
-
     /// Whether the database answers and every migration this build knows is applied.
     pub async fn ready(&self) -> bool {
         if !self.available() {
@@ -614,15 +526,15 @@ impl Store {
             .iter()
             .filter(|m| m.migration_type.is_up_migration())
             .count() as i64;
-        let applied: Result<i64, _> =
-            sqlx::query_scalar("SELECT CAST(COUNT(*) AS BIGINT) FROM _sqlx_migrations WHERE success = TRUE")
-                .fetch_one(self.pool())
-                .await;
+        // Through the health probe's connection: ready while the pooled ones are all busy.
+        let applied = self
+            .probe_scalar("SELECT CAST(COUNT(*) AS BIGINT) FROM _sqlx_migrations WHERE success = TRUE")
+            .await;
         match applied {
             Ok(n) => n >= expected,
             Err(e) => {
                 // The probe itself may be the first to find the database gone.
-                self.note_failure(&e.into());
+                self.note_failure(&e);
                 false
             }
         }
@@ -645,6 +557,7 @@ impl Store {
 
     /// Closes every connection (graceful shutdown).
     pub async fn close(&self) {
+        self.optimize().await;
         self.pool.close().await;
     }
 }

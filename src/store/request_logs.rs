@@ -160,14 +160,57 @@ pub trait RequestLogStore {
         }
     }
     /// Deletes at most `limit` logs older than `cutoff_ms`, oldest first, in one short
-    /// transaction; once none is left, the usage rollup's hours that end at or before
-    /// `cutoff_ms` (at most `limit` rows of them). Returns the rows deleted (0: nothing left).
+    /// transaction; once none is left, the usage rollups' hours, then days, that end at or
+    /// before `cutoff_ms` (at most `limit` rows of them). The rollups stay exact when the cutoff
+    /// is a day boundary (UTC). Returns the rows deleted (0: nothing left).
     async fn prune_logs_batch(&self, cutoff_ms: i64, limit: i64) -> StoreResult<u64>;
 }
 
 /// Rows one retention batch deletes at most: a few milliseconds of the database's time, so the
 /// log writer (on SQLite, waiting for the one write lock) is never held up for long.
 pub const PRUNE_BATCH: i64 = 1000;
+
+/// How far a key's `last_used_at` must move before it is written again: it is exact to this
+/// (docs/scaling.md), and a key in constant use costs its row a write a minute per gateway.
+pub const LAST_USED_STEP_MS: i64 = 60_000;
+
+/// The last-used stamps this gateway wrote, per key: a batch writes only those that moved by
+/// [`LAST_USED_STEP_MS`] since.
+#[derive(Debug, Default)]
+pub(super) struct LastUsedStamps(std::sync::Mutex<rustc_hash::FxHashMap<i64, i64>>);
+
+/// Keys remembered at most; past it the memory starts again (each key is then written once more).
+const LAST_USED_KEPT: usize = 200_000;
+
+impl LastUsedStamps {
+    /// The (key, latest use) of `records` that moved by a step since this gateway last wrote
+    /// them, in key order.
+    fn due(&self, records: &[LogRecord]) -> Vec<(i64, i64)> {
+        let mut latest: std::collections::BTreeMap<i64, i64> = std::collections::BTreeMap::new();
+        for r in records.iter().filter(|r| r.key_id > 0) {
+            let t = latest.entry(r.key_id).or_insert(r.ts);
+            *t = (*t).max(r.ts);
+        }
+        let written = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        latest
+            .into_iter()
+            .filter(|(key, ts)| {
+                written
+                    .get(key)
+                    .is_none_or(|w| *ts >= w.saturating_add(LAST_USED_STEP_MS))
+            })
+            .collect()
+    }
+
+    /// Notes stamps committed.
+    fn written(&self, stamps: &[(i64, i64)]) {
+        let mut written = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if written.len() + stamps.len() > LAST_USED_KEPT {
+            written.clear();
+        }
+        written.extend(stamps.iter().copied());
+    }
+}
 
 impl RequestLogStore for Store {
     async fn insert_logs(&self, records: &[LogRecord]) -> StoreResult<()> {
@@ -243,23 +286,28 @@ impl RequestLogStore for Store {
             let (sql, args) = b.finish();
             sqlx::query_with(&sql, args).execute(&mut *tx).await?;
         }
+        // A key's "last used", written behind with its logs rather than on the request path,
+        // and only when it moves by a minute or more (LAST_USED_STEP_MS): a busy key's row is
+        // written about once a minute instead of with every batch of every gateway. In
+        // ascending key order, so that two gateways' flushes lock the rows in the same order
+        // (in a transaction, any other order can deadlock on Postgres).
+        let due = self.last_used.due(records);
+        for &(key_id, ts) in &due {
+            sqlx::query(
+                "UPDATE api_keys SET last_used_at = $1 WHERE id = $2 \
+                 AND (last_used_at IS NULL OR last_used_at <= $3)",
+            )
+            .bind(ts)
+            .bind(key_id)
+            .bind(ts.saturating_sub(LAST_USED_STEP_MS))
+            .execute(&mut *tx)
+            .await?;
+        }
+        // The rollup's rows are the ones every gateway's batches share (a few per hour): locked
+        // last, so they are held only until the commit that follows.
         super::usage_rollup::add(self, &mut tx, records).await?;
-        // A key's "last used", written behind with its logs rather than on the request path; in
-        // ascending key order, so that two gateways' flushes lock the rows in the same order (in a
-        // transaction, any other order can deadlock on Postgres).
-        let mut last_used: std::collections::BTreeMap<i64, i64> = std::collections::BTreeMap::new();
-        for r in records.iter().filter(|r| r.key_id > 0) {
-            let t = last_used.entry(r.key_id).or_default();
-            *t = (*t).max(r.ts);
-        }
-        for (key_id, ts) in last_used {
-            sqlx::query("UPDATE api_keys SET last_used_at = $1 WHERE id = $2 AND (last_used_at IS NULL OR last_used_at < $1)")
-                .bind(ts)
-                .bind(key_id)
-                .execute(&mut *tx)
-                .await?;
-        }
         tx.commit().await?;
+        self.last_used.written(&due);
         Ok(())
     }
 
@@ -349,6 +397,19 @@ impl RequestLogStore for Store {
                (SELECT {row} FROM usage_rollup WHERE hour_start <= $1 ORDER BY hour_start LIMIT $2)"
         ))
         .bind(cutoff_ms.saturating_sub(HOUR_MS))
+        .bind(limit)
+        .execute(self.pool())
+        .await?;
+        if r.rows_affected() > 0 {
+            return Ok(r.rows_affected());
+        }
+        // A day goes once all of it is before the cutoff (a day boundary for the daily rollup
+        // to stay exact: see `request_log::start_retention`).
+        let r = sqlx::query(&format!(
+            "DELETE FROM usage_rollup_daily WHERE {row} IN
+               (SELECT {row} FROM usage_rollup_daily WHERE day_start <= $1 ORDER BY day_start LIMIT $2)"
+        ))
+        .bind(cutoff_ms.saturating_sub(super::DAY_MS))
         .bind(limit)
         .execute(self.pool())
         .await?;

@@ -1,11 +1,12 @@
-//! The usage rollup: requests, tokens and credits per hour (UTC), workspace, and model or
-//! department, added in the same transaction as the logs they sum. A workspace's usage by day,
-//! by model and by department reads whole hours from it and only the minutes at the edges of
-//! its range from the logs: a few dozen rows per hour whatever the traffic, and exact, since a
-//! rollup row is always the sum of the logs of its hour (the retention task prunes both at an
-//! hour boundary). Groupings with thousands of values (keys, members) and one member's own usage
-//! read the logs: an hourly row per key or member would be about as many rows as the logs
-//! (measured in docs/performance.md, "Months of logs").
+//! The usage rollups: requests, tokens and credits per hour (UTC), workspace, and model or
+//! department (`usage_rollup`), and per day (UTC), workspace, and key or member
+//! (`usage_rollup_daily`), added in the same transaction as the logs they sum. A workspace's
+//! usage by day, model or department reads whole hours from the first, by key or member whole
+//! days from the second, and only the time at the edges of its range from the logs. Exact, since
+//! a rollup row is always the sum of the logs of its hour or day (the retention task prunes an
+//! hour or a day once all its logs are gone). Keys and members are rolled up by day because an
+//! hourly row per key is about as many rows as the logs with thousands of keys (measured in
+//! docs/performance.md, "Months of logs"). One member's own usage reads the logs.
 
 use std::collections::BTreeMap;
 
@@ -14,14 +15,45 @@ use super::{Backend, LogRecord, SqlBuilder, Store, StoreResult, UsageGrouping, U
 /// An hour, in ms.
 pub const HOUR_MS: i64 = 3_600_000;
 
+/// A day, in ms.
+pub const DAY_MS: i64 = 86_400_000;
+
+/// The start of the day (UTC) that holds `ts`.
+pub fn day_of(ts: i64) -> i64 {
+    ts.div_euclid(DAY_MS).saturating_mul(DAY_MS)
+}
+
 /// The start of the hour (UTC) that holds `ts`.
 pub fn hour_of(ts: i64) -> i64 {
     ts.div_euclid(HOUR_MS).saturating_mul(HOUR_MS)
 }
 
-/// A rollup row's key: workspace, hour, dimension (`model`, `dept`, or `tag:` and a tag key),
-/// group (for a tag: its value).
+/// A rollup row's key: workspace, hour or day, dimension (`model`, `dept`, `tag:` and a tag key
+/// by hour; `key`, `member` by day), group (for a tag: its value).
 type RollupKey = (i64, i64, String, String);
+
+/// A rollup row's sums: requests, prompt, completion and total tokens, credits.
+type Sums = [i64; 5];
+
+/// A rollup table: its name, the column of its time unit, and that unit in ms.
+#[derive(Clone, Copy)]
+struct Rollup {
+    table: &'static str,
+    time: &'static str,
+    unit_ms: i64,
+}
+
+const HOURLY: Rollup = Rollup {
+    table: "usage_rollup",
+    time: "hour_start",
+    unit_ms: HOUR_MS,
+};
+
+const DAILY: Rollup = Rollup {
+    table: "usage_rollup_daily",
+    time: "day_start",
+    unit_ms: DAY_MS,
+};
 
 /// `served:` and the model that served, or `asked:` and the model asked for (the usage by model
 /// tells the two apart; see [`UsageGrouping::Model`]).
@@ -35,33 +67,54 @@ fn model_group(r: &LogRecord) -> String {
 /// Rollup rows per INSERT statement, largest first (as for the logs: few distinct statements).
 const STATEMENT_ROWS: [usize; 4] = [100, 20, 5, 1];
 
-/// Adds `records` to the rollup, in `tx`. The batch is summed here first, then each of its rows
-/// is upserted in key order, so that two gateways' flushes lock rows in the same order.
+/// Adds `records` to the rollups, in `tx`. The batch is summed here first (one upsert per row
+/// of a batch, however many logs it sums), then the rows are upserted in key order, the daily
+/// ones first and the hourly ones (which every gateway's batches share) last, so that two
+/// gateways' flushes lock rows in the same order.
 pub(super) async fn add(
     store: &Store,
     tx: &mut sqlx::Transaction<'static, sqlx::Any>,
     records: &[LogRecord],
 ) -> StoreResult<()> {
-    let mut sums: BTreeMap<RollupKey, [i64; 5]> = BTreeMap::new();
+    let mut hourly: BTreeMap<RollupKey, Sums> = BTreeMap::new();
+    let mut daily: BTreeMap<RollupKey, Sums> = BTreeMap::new();
     for r in records {
+        let values = [1, r.prompt_tokens, r.completion_tokens, r.total_tokens, r.credits];
         let dept = r.department_id.map(|d| d.to_string()).unwrap_or_default();
+        let hour = hour_of(r.ts);
+        let day = day_of(r.ts);
         // Tag values are bounded by the workspace's caps (max_tag_keys × max_tag_values).
         let tags = crate::tags::Tags::from_stored(r.tags.as_deref());
-        let tag_groups = tags.iter().map(|(k, v)| (format!("tag:{k}"), v.to_owned()));
-        let groups = [("model".to_owned(), model_group(r)), ("dept".to_owned(), dept)];
-        for (dimension, group) in groups.into_iter().chain(tag_groups) {
-            let s = sums
-                .entry((r.workspace_id, hour_of(r.ts), dimension, group))
-                .or_default();
-            for (acc, v) in
-                s.iter_mut()
-                    .zip([1, r.prompt_tokens, r.completion_tokens, r.total_tokens, r.credits])
-            {
+        let tag_rows = tags
+            .iter()
+            .map(|(k, v)| (false, hour, format!("tag:{k}"), v.to_owned()));
+        let rows = [
+            (false, hour, "model".to_owned(), model_group(r)),
+            (false, hour, "dept".to_owned(), dept),
+            (true, day, "key".to_owned(), r.key_id.to_string()),
+            (true, day, "member".to_owned(), r.member_id.to_string()),
+        ];
+        for (by_day, start, dimension, group) in rows.into_iter().chain(tag_rows) {
+            let sums = if by_day { &mut daily } else { &mut hourly };
+            let s = sums.entry((r.workspace_id, start, dimension, group)).or_default();
+            for (acc, v) in s.iter_mut().zip(values) {
                 *acc = acc.saturating_add(v);
             }
         }
     }
-    let rows: Vec<(RollupKey, [i64; 5])> = sums.into_iter().collect();
+    upsert(store, tx, DAILY, daily).await?;
+    upsert(store, tx, HOURLY, hourly).await
+}
+
+/// Upserts `sums` into `rollup`, in key order.
+async fn upsert(
+    store: &Store,
+    tx: &mut sqlx::Transaction<'static, sqlx::Any>,
+    rollup: Rollup,
+    sums: BTreeMap<RollupKey, Sums>,
+) -> StoreResult<()> {
+    let Rollup { table, time, .. } = rollup;
+    let rows: Vec<(RollupKey, Sums)> = sums.into_iter().collect();
     let mut rest = rows.as_slice();
     while !rest.is_empty() {
         let n = STATEMENT_ROWS.into_iter().find(|&n| n <= rest.len()).unwrap_or(1);
@@ -69,14 +122,16 @@ pub(super) async fn add(
         rest = tail;
         let mut b = SqlBuilder::new(
             store,
-            "INSERT INTO usage_rollup (workspace_id, hour_start, dimension, group_key, requests, \
-             prompt_tokens, completion_tokens, total_tokens, credits) VALUES ",
+            &format!(
+                "INSERT INTO {table} (workspace_id, {time}, dimension, group_key, requests, \
+                 prompt_tokens, completion_tokens, total_tokens, credits) VALUES "
+            ),
         );
-        for (i, ((ws, hour, dimension, group), sums)) in chunk.iter().enumerate() {
+        for (i, ((ws, start, dimension, group), sums)) in chunk.iter().enumerate() {
             b.push(if i == 0 { "(" } else { ", (" });
             b.bind(*ws)
                 .push(", ")
-                .bind(*hour)
+                .bind(*start)
                 .push(", ")
                 .bind(dimension.as_str());
             b.push(", ").bind(group.as_str());
@@ -88,9 +143,9 @@ pub(super) async fn add(
         // Saturating addition on both backends, as for the quota counters.
         let add = |c: &str| {
             format!(
-                "{c} = CASE WHEN excluded.{c} <= 0 THEN usage_rollup.{c} + excluded.{c} \
-                 WHEN usage_rollup.{c} > 9223372036854775807 - excluded.{c} THEN 9223372036854775807 \
-                 ELSE usage_rollup.{c} + excluded.{c} END"
+                "{c} = CASE WHEN excluded.{c} <= 0 THEN {table}.{c} + excluded.{c} \
+                 WHEN {table}.{c} > 9223372036854775807 - excluded.{c} THEN 9223372036854775807 \
+                 ELSE {table}.{c} + excluded.{c} END"
             )
         };
         let set: Vec<String> = [
@@ -104,8 +159,7 @@ pub(super) async fn add(
         .map(add)
         .collect();
         b.push(&format!(
-            " ON CONFLICT (workspace_id, hour_start, dimension, group_key) \
-             DO UPDATE SET {}",
+            " ON CONFLICT (workspace_id, {time}, dimension, group_key) DO UPDATE SET {}",
             set.join(", ")
         ));
         let (sql, args) = b.finish();
@@ -115,7 +169,8 @@ pub(super) async fn add(
 }
 
 /// Usage in `[from_ms, to_ms)` grouped by `by` (days at `offset_ms` from UTC): the whole hours
-/// from the rollup when it has the grouping, the rest (the edges, or all of it) from the logs.
+/// or days from the rollup that has the grouping, the rest (the edges, or all of it) from the
+/// logs.
 pub(super) async fn report(
     store: &Store,
     workspace_id: i64,
@@ -124,29 +179,31 @@ pub(super) async fn report(
     by: UsageGrouping,
     offset_ms: i64,
 ) -> StoreResult<Vec<UsageRow>> {
-    // The rollup's hours inside the range: [first, last).
-    let mut first = hour_of(from_ms);
-    if first < from_ms {
-        first = first.saturating_add(HOUR_MS);
-    }
-    let mut last = hour_of(to_ms);
-    let dimension = match by {
-        UsageGrouping::Dept => "dept",
-        _ => "model",
+    // Which rollup has the grouping, if any: hours by model or department (and by day when
+    // days start on the hour), days by key or member. One member's own usage reads the logs.
+    let (rollup, dimension) = match by {
+        // A day that starts inside an hour cannot be told from hourly sums.
+        UsageGrouping::Day if offset_ms % HOUR_MS == 0 => (Some(HOURLY), "model"),
+        UsageGrouping::Day => (None, "model"),
+        UsageGrouping::Model => (Some(HOURLY), "model"),
+        UsageGrouping::Dept => (Some(HOURLY), "dept"),
+        UsageGrouping::Key => (Some(DAILY), "key"),
+        UsageGrouping::Member => (Some(DAILY), "member"),
     };
-    let rolled_up = member_id.is_none()
-        && match by {
-            // A day that starts inside an hour cannot be told from hourly sums.
-            UsageGrouping::Day => offset_ms % HOUR_MS == 0,
-            UsageGrouping::Model | UsageGrouping::Dept => true,
-            UsageGrouping::Key | UsageGrouping::Member => false,
-        };
+    let rollup = rollup.filter(|_| member_id.is_none());
+    let Rollup { table, time, unit_ms } = rollup.unwrap_or(HOURLY);
+    // The rollup's hours or days inside the range: [first, last).
+    let mut first = from_ms.div_euclid(unit_ms).saturating_mul(unit_ms);
+    if first < from_ms {
+        first = first.saturating_add(unit_ms);
+    }
+    let mut last = to_ms.div_euclid(unit_ms).saturating_mul(unit_ms);
     if last < first {
         (first, last) = (from_ms, from_ms);
     }
     let day = |time: &str| format!("CAST((({time} + {offset_ms}) / 86400000) AS TEXT)");
     let rolled = match by {
-        UsageGrouping::Day => day("hour_start"),
+        UsageGrouping::Day => day(time),
         _ => "group_key".to_owned(),
     };
     let logged = match by {
@@ -176,7 +233,7 @@ pub(super) async fn report(
     ]
     .map(sum)
     .join(", ");
-    if !rolled_up {
+    if rollup.is_none() {
         // The logs alone: one plain aggregate, which the database can run in parallel.
         let sums = ["prompt_tokens", "completion_tokens", "total_tokens", "credits"]
             .map(sum)
@@ -205,15 +262,15 @@ pub(super) async fn report(
         &format!(
             "SELECT group_key, {sums} FROM (
                SELECT {rolled} AS group_key, requests, prompt_tokens, completion_tokens, total_tokens, credits
-               FROM usage_rollup WHERE workspace_id = "
+               FROM {table} WHERE workspace_id = "
         ),
     );
     b.bind(workspace_id)
         .push(" AND dimension = ")
         .bind(dimension)
-        .push(" AND hour_start >= ")
+        .push(&format!(" AND {time} >= "))
         .bind(first)
-        .push(" AND hour_start < ")
+        .push(&format!(" AND {time} < "))
         .bind(last);
     // The edges, each a plain range of the (workspace_id, ts) index.
     for (lo, hi) in [(from_ms, first.min(to_ms)), (last.max(from_ms), to_ms)] {

@@ -24,6 +24,7 @@ mod resources;
 mod serving;
 mod sso;
 mod startup;
+mod store_contention;
 mod store_outage;
 mod tags_end_users;
 mod traces;

@@ -6,7 +6,46 @@ both_backends!(
     usage_by_model_names_only_models_of_the_workspace,
     quota_standings_list_each_subject_near_its_limit,
     logs_usage_and_csv_export,
+    a_keys_last_use_is_written_when_it_moves_by_a_minute,
 );
+
+/// A key's `last_used_at` is written behind with its logs, and only when it moves by a minute or
+/// more: a key in constant use costs its row a write a minute, not one per log batch.
+async fn a_keys_last_use_is_written_when_it_moves_by_a_minute(db: TestDb) {
+    let mock = MockUpstream::start().await.unwrap();
+    let app = spawn_app(&db, Setup::resources(resources(&mock))).await;
+    let admin = Admin { app: &app };
+    let owner = admin.login("owner@acme.test").await;
+    let chat = json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]});
+    let last_used = || async {
+        app.sync().await;
+        let keys = admin.ok(Method::GET, "/admin/v1/keys", &owner, None).await;
+        let ci = keys["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|k| k["name"] == "ci")
+            .unwrap()
+            .clone();
+        ci["last_used_at"].as_i64()
+    };
+    assert_eq!(last_used().await, None, "never used");
+    let start = app.clock.now();
+    let start_ms = start.timestamp_millis();
+    // (seconds after the first use, the stamp then stored)
+    for (after, stamp) in [(0, 0), (30, 0), (59, 0), (60, 60), (100, 60), (125, 125)] {
+        app.clock.set(start + chrono::Duration::seconds(after));
+        assert_eq!(
+            app.post_json("/v1/chat/completions", KEY, &chat).await.status(),
+            200
+        );
+        assert_eq!(
+            last_used().await,
+            Some(start_ms + stamp * 1000),
+            "used {after} s after the first use"
+        );
+    }
+}
 
 /// Usage by model lists the models of the workspace: a request for a model that does not
 /// exist, or with no model at all, is not a model of its own but counts in one "other" row
