@@ -704,8 +704,13 @@ test('owner: a key limited to some tags, a guardrail on a tag value, logs and us
   // Logs filtered by the tag and by the end user show both columns.
   await nav(p, 'Logs');
   await p.getByLabel('Tag', { exact: true }).fill('team=search');
-  await p.getByRole('button', { name: 'Apply filters' }).click();
   const logs = p.getByRole('table', { name: 'Request logs' });
+  // The log writer flushes every 250 ms: the last request's row may come a moment later.
+  for (let i = 0; i < 40; i += 1) {
+    await p.getByRole('button', { name: 'Apply filters' }).click();
+    if (await logs.getByText('429').isVisible().catch(() => false)) break;
+    await new Promise((ok) => setTimeout(ok, 250));
+  }
   await logs.getByText('429').waitFor();
   assert.equal(await logs.locator('tbody tr').count(), 3);
   await p.getByLabel('End user').fill('alice');
