@@ -332,8 +332,9 @@ INSERT INTO bench_statuses VALUES {statuses};
         defs = db.run("SELECT indexname || '|' || indexdef FROM pg_indexes WHERE tablename = 'request_logs' "
                       "AND indexname <> 'request_logs_pkey'").splitlines()
     else:
-        defs = db.run("SELECT name || '|' || sql FROM sqlite_master WHERE type = 'index' AND tbl_name = 'request_logs' "
-                      "AND sql IS NOT NULL").splitlines()
+        # An index's SQL may span lines (a partial index's WHERE): one line each here.
+        defs = db.run("SELECT name || '|' || replace(replace(sql, char(13), ' '), char(10), ' ') FROM sqlite_master "
+                      "WHERE type = 'index' AND tbl_name = 'request_logs' AND sql IS NOT NULL").splitlines()
     defs = [d.split("|", 1) for d in defs if d]
     db.run("".join(f"DROP INDEX {name};\n" for name, _ in defs))
     rnd = "random()" if pg else "((random() & 9007199254740991) / 9007199254740992.0)"
