@@ -476,7 +476,6 @@ fn refuse(completion: Completion, e: ApiError) -> Response {
     e.into_response()
 }
 
-/// The language of the gateway's own messages: `Accept-Language: zh…` or the configured locale.
 /// The request's tags and end user (the rules in [`crate::tags`]).
 fn labels(
     headers: &axum::http::HeaderMap,
@@ -493,6 +492,7 @@ fn labels(
     Ok((tags, end_user))
 }
 
+/// The language of the gateway's own messages: `Accept-Language: zh…` or the configured locale.
 fn locale_of(state: &AppState, headers: &axum::http::HeaderMap) -> Locale {
     let zh = headers
         .get(header::ACCEPT_LANGUAGE)
