@@ -383,10 +383,7 @@ settings! {
     trusted_proxies: Vec<ipnet::IpNet> = Vec::new(), "AIGW_TRUSTED_PROXIES";
     /// Where traces go: an OTLP/HTTP collector's base URL (`http://collector:4318`, to which
     /// `/v1/traces` is added) or its full traces URL. Unset: no traces.
-    otel_endpoint: Option<String> = None, "AIGW_OTEL_ENDPOINT", check |v| match v {
-        Some(u) if !(u.starts_with("http://") || u.starts_with("https://")) => Err("expected an http:// or https:// URL".into()),
-        _ => Ok(()),
-    };
+    otel_endpoint: Option<String> = None, "AIGW_OTEL_ENDPOINT", check |v| http_url(v.as_deref());
     /// Headers sent with every export, `name=value` pairs separated by commas (a collector's API
     /// key, for instance); never shown.
     otel_headers: Option<Secret> = None, "AIGW_OTEL_HEADERS";
