@@ -29,6 +29,9 @@ pub const PENDING_TTL_SECS: i64 = 600;
 const LEEWAY_SECS: i64 = 60;
 /// Requests to the provider: discovery, keys, token.
 const PROVIDER_TIMEOUT: Duration = Duration::from_secs(10);
+/// The largest answer read from the provider (discovery, keys, token): real ones are a few KiB;
+/// a provider that sends more is refused before it fills the gateway's memory.
+const MAX_PROVIDER_BODY: usize = 1024 * 1024;
 
 /// The algorithms an ID token may be signed with: asymmetric only (never `none`, never HMAC with
 /// the client secret).
@@ -220,8 +223,7 @@ impl Oidc {
         if !r.status().is_success() {
             return Err(OidcError::Provider(format!("{url} answered {}", r.status())));
         }
-        let body = r
-            .bytes()
+        let body = capped_body(r)
             .await
             .map_err(|e| OidcError::Provider(format!("{url}: {e}")))?;
         serde_json::from_slice(&body)
@@ -260,8 +262,7 @@ impl Oidc {
             .await
             .map_err(|e| OidcError::Provider(format!("token endpoint: {e}")))?;
         let status = r.status();
-        let body = r
-            .bytes()
+        let body = capped_body(r)
             .await
             .map_err(|e| OidcError::Provider(format!("token endpoint: {e}")))?;
         let body: Value = serde_json::from_slice(&body).map_err(|e| {
@@ -434,6 +435,21 @@ fn form_encode(pairs: &[(&str, &str)]) -> String {
         .map(|(k, v)| format!("{}={}", form_encode_one(k), form_encode_one(v)))
         .collect::<Vec<_>>()
         .join("&")
+}
+
+/// The body of a provider's answer, refused once it passes [`MAX_PROVIDER_BODY`].
+async fn capped_body(mut r: reqwest::Response) -> Result<Vec<u8>, String> {
+    if r.content_length().is_some_and(|n| n > MAX_PROVIDER_BODY as u64) {
+        return Err(format!("answer larger than {MAX_PROVIDER_BODY} bytes"));
+    }
+    let mut body = Vec::new();
+    while let Some(chunk) = r.chunk().await.map_err(|e| e.to_string())? {
+        if body.len() + chunk.len() > MAX_PROVIDER_BODY {
+            return Err(format!("answer larger than {MAX_PROVIDER_BODY} bytes"));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
 }
 
 #[cfg(test)]

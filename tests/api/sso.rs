@@ -75,6 +75,8 @@ struct ProviderState {
     tamper: Tamper,
     clock: Option<Clock>,
     jwks_fetches: usize,
+    /// Bytes of padding the JWKS carries (a provider that answers absurdly much).
+    jwks_padding: usize,
 }
 
 /// A small OpenID provider: discovery, authorize (signs in `user` at once), token (checks the
@@ -96,6 +98,7 @@ impl Provider {
             tamper: Tamper::None,
             clock: None,
             jwks_fetches: 0,
+            jwks_padding: 0,
         })));
         let (a, b, c, d) = (p.clone(), p.clone(), p.clone(), p.clone());
         let app = axum::Router::new()
@@ -123,7 +126,7 @@ impl Provider {
                     let mut st = d.0.lock().unwrap();
                     st.jwks_fetches += 1;
                     let keys: Vec<Value> = st.keys[..st.published].iter().map(|k| k.jwk.clone()).collect();
-                    axum::Json(json!({ "keys": keys }))
+                    axum::Json(json!({ "keys": keys, "padding": "x".repeat(st.jwks_padding) }))
                 }),
             );
         tokio::spawn(async move { axum::serve(listener, app).await });
@@ -444,6 +447,11 @@ async fn sso_refuses_forged_sign_ins_and_follows_key_rotation(db: TestDb) {
         st.published = 2;
         st.signing = 1;
     });
+    // A key set of 2 MiB is refused, not read whole: the sign-in fails as the provider's fault.
+    provider.with(|st| st.jwks_padding = 2 << 20);
+    app.clock.advance(chrono::Duration::seconds(31));
+    assert_eq!(sso(&app, |u| u, true).await, Err("provider_error".into()));
+    provider.with(|st| st.jwks_padding = 0);
     app.clock.advance(chrono::Duration::seconds(31));
     let fetches = provider.with(|st| st.jwks_fetches);
     let token = sso(&app, |u| u, true).await.expect("signed with the new key");
