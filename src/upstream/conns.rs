@@ -37,6 +37,11 @@ use tower_service::Service;
 pub const IDLE_FOR: Duration = Duration::from_secs(90);
 /// How often idle connections of every upstream are checked for age.
 const SWEEP_EVERY: Duration = Duration::from_secs(30);
+/// The most idle connections kept per upstream (by each serving thread's pool): after a burst
+/// of thousands of streams, the rest are closed as they come back instead of holding a socket
+/// and their buffers (about 20 KiB) for [`IDLE_FOR`]. A steady load reuses connections as they
+/// come back and parks few at a time.
+const MAX_IDLE_PER_UPSTREAM: usize = 256;
 
 type Io = MaybeHttpsStream<TokioIo<tokio::net::TcpStream>>;
 type Conn = Pin<Box<http1::Connection<Io, Full<Bytes>>>>;
@@ -92,10 +97,21 @@ enum Link {
     Http2(http2::SendRequest<Full<Bytes>>),
 }
 
-#[derive(Default)]
 struct Idle {
     by_upstream: FxHashMap<Key, Vec<Parked>>,
     swept: Option<Instant>,
+    /// [`MAX_IDLE_PER_UPSTREAM`], smaller in tests.
+    max_per_upstream: usize,
+}
+
+impl Default for Idle {
+    fn default() -> Idle {
+        Idle {
+            by_upstream: FxHashMap::default(),
+            swept: None,
+            max_per_upstream: MAX_IDLE_PER_UPSTREAM,
+        }
+    }
 }
 
 /// An idle connection.
@@ -282,7 +298,13 @@ impl Pool {
                 !parked.is_empty()
             });
         }
-        idle.by_upstream.entry(key).or_default().push(Parked {
+        let max = idle.max_per_upstream;
+        let parked = idle.by_upstream.entry(key).or_default();
+        if parked.len() >= max {
+            // The longest idle goes: it is the likeliest to have been closed by the upstream.
+            parked.remove(0);
+        }
+        parked.push(Parked {
             sender,
             conn,
             since: now,
@@ -443,6 +465,24 @@ mod tests {
         }
         assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 1);
         assert_eq!(pool.parked(), 1);
+    }
+
+    /// After a burst, at most the cap of idle connections stays parked; the rest are closed.
+    #[tokio::test]
+    async fn idle_connections_are_capped_per_upstream() {
+        let (addr, accepted) = upstream().await;
+        let pool = pool();
+        pool.idle.lock().unwrap().max_per_upstream = 2;
+        let url = format!("http://{addr}/burst");
+        let burst = futures::future::join_all((0..5).map(|_| get(&pool, &url))).await;
+        assert!(burst.iter().all(|got| got.starts_with("/burst")), "{burst:?}");
+        assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 5);
+        assert_eq!(pool.parked(), 2);
+        // The parked ones serve the next requests.
+        for _ in 0..3 {
+            get(&pool, &url).await;
+        }
+        assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 5);
     }
 
     /// A pooled connection that the upstream closed while it was idle is not used: the request
