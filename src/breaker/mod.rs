@@ -562,7 +562,10 @@ mod tests {
         // No outcome on B since its last flush: it still reads the key the others use.
         b.flush(&store, at(600)).await.unwrap();
         let trips: Vec<bool> = (0..9).map(|i| b.record(7, at(700 + i), 500).is_some()).collect();
-        assert_eq!(trips, [false, false, false, false, false, false, false, false, true]);
+        assert_eq!(
+            trips,
+            [false, false, false, false, false, false, false, false, true]
+        );
     }
 
     #[test]
