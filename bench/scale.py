@@ -5,7 +5,8 @@ with a large tenancy, against the same run with a small one (issue 24 §2).
 For each size it reports: the first start (the resources file applied to an empty SQLite store)
 and a restart (the same file, nothing to change), RSS at rest, requests/s and aigw CPU per request
 at 50 connections, first with every key in turn (each looked up for the first time) and then
-with every request on a random key and a random model, RSS after that load,
+with every request on a random key and a random model (that CPU also split by kind of thread:
+the request path, the store's SQLite threads, the background flushes), RSS after that load,
 the time a key deleted through the admin API on one gateway takes to be refused by a second
 gateway on the same store that holds it in its cache, and the p95 of the admin list endpoints (`/admin/v1/keys`, `members`, `policies`,
 `upstreams`, as the console calls them). Usage:
@@ -121,6 +122,26 @@ def rss_mib(pid):
     return 0.0
 
 
+def thread_cpu(pid):
+    """CPU seconds of the gateway by kind of thread: the serving threads (`aigw-serve-N`, the
+    request path), the store (`sqlx-sqlite-worker-N`: every SQL statement runs there with SQLite)
+    and the main runtime (`tokio-rt-worker`: the flushes and the log writer, off the request
+    path)."""
+    kinds = {"aigw-serve": "serving", "sqlx-sqlite-wor": "store", "tokio-rt-worker": "background"}
+    out = dict.fromkeys(kinds.values(), 0.0)
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                name = f.read().strip()
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # the thread ended
+        kind = next((k for prefix, k in kinds.items() if name.startswith(prefix)), "other")
+        out[kind] = out.get(kind, 0.0) + (int(fields[11]) + int(fields[12])) / run.TICK
+    return out
+
+
 def call(method, url, token=None, body=None):
     data = json.dumps(body).encode() if body is not None else None
     req = urllib.request.Request(url, data=data, method=method)
@@ -206,11 +227,13 @@ def measure(binary, size, duration, rounds, mock_port, tmp):
         r["first_rps"] = w["rps"]
         r["first_cpu_us"] = (run.cpu_seconds(gw.pid) - before) / max(w["requests"], 1) * 1e6
         r["first_covered"] = min(1.0, w["requests"] / size[0])
-        before = run.cpu_seconds(gw.pid)
+        before, by_thread = run.cpu_seconds(gw.pid), thread_cpu(gw.pid)
         w = load(port, keys, models, 50, duration, home)
         r["rps"] = w["rps"]
         r["errors"] = w["errors"] + w["non2xx"]
         r["cpu_us"] = (run.cpu_seconds(gw.pid) - before) / max(w["requests"], 1) * 1e6
+        r["cpu_us_by_thread"] = {k: (v - by_thread.get(k, 0.0)) / max(w["requests"], 1) * 1e6
+                                 for k, v in thread_cpu(gw.pid).items()}
         r["rss_load_mib"] = rss_mib(gw.pid)
         _, body = call("POST", f"http://127.0.0.1:{port}/admin/v1/auth/login", None,
                        {"email": OWNER, "password": OWNER_PASS})
@@ -247,6 +270,7 @@ def main():
     if args.short:
         large, args.duration, args.rounds = (200, 50, 5, 50, 20), 1, 3
     random.seed(1)
+    load_at_start = open("/proc/loadavg").read().split()[0]
     tmp = tempfile.mkdtemp(prefix="aigw-scale-")
     mock_port = run.free_port()
     mock = subprocess.Popen([binary, "mock-upstream", "--no-record", "--listen", f"127.0.0.1:{mock_port}"],
@@ -277,6 +301,15 @@ def main():
     for s, r in results.items():
         print(f"| {s[0]:,} / {s[1]:,} / … | " + " | ".join(f"{t:.0f} ms ({n:,})" for t, n in r["admin"].values())
               + " |")
+    print("\n| keys / members / … | aigw CPU/request: serving threads | store (SQLite) threads "
+          "| background runtime (flushes, log writer) | other |")
+    print("|---|---|---|---|---|")
+    for s, r in results.items():
+        t = r["cpu_us_by_thread"]
+        print(f"| {s[0]:,} / {s[1]:,} / … | " + " | ".join(f"{t.get(k, 0.0):.1f} µs" for k in
+                                                        ("serving", "store", "background", "other")) + " |")
+    print(f"\nload average (1 min, {os.cpu_count()} cores): {load_at_start} at the start, "
+          f"{open('/proc/loadavg').read().split()[0]} at the end")
     small_cpu, large_cpu = results[small]["cpu_us"], results[large]["cpu_us"]
     print(f"\n- CPU per request with the large tenancy: {(large_cpu / small_cpu - 1) * 100:+.0f} % "
           f"(target: within 10 %)")

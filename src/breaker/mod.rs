@@ -6,6 +6,7 @@
 
 use std::collections::HashMap;
 use std::sync::Mutex;
+use std::sync::atomic::Ordering;
 
 use chrono::{DateTime, Utc};
 
@@ -30,6 +31,8 @@ struct Bucket {
 /// One key's breaker.
 #[derive(Clone, Debug, Default)]
 pub struct KeyBreaker {
+    /// The seconds that had outcomes, in the order first seen: only those (a key with one
+    /// request holds one bucket, not sixty), none older than the window after a record.
     buckets: Vec<Bucket>,
     /// Trips so far (lifetime).
     pub trips: u32,
@@ -53,24 +56,35 @@ impl KeyBreaker {
     }
 
     fn clear_window(&mut self) {
-        self.buckets.iter_mut().for_each(|b| *b = Bucket::default());
+        self.buckets = Vec::new();
         self.others = (0, 0);
+    }
+
+    /// Whether the key holds nothing worth keeping at `now_s`: never tripped, and no outcome of
+    /// its own or of another gateway in the window (forgetting it changes no answer).
+    fn idle(&self, now_s: i64) -> bool {
+        self.trips == 0 && !self.banned && self.others == (0, 0) && self.window(now_s) == (0, 0)
     }
 
     /// Adds one outcome; returns the trip it caused, if any.
     fn record(&mut self, now_ms: i64, failed: bool) -> Option<Trip> {
         let now_s = now_ms.div_euclid(1000);
-        if self.buckets.len() != WINDOW_SECS as usize {
-            self.buckets = vec![Bucket::default(); WINDOW_SECS as usize];
-        }
-        let slot = &mut self.buckets[now_s.rem_euclid(WINDOW_SECS) as usize];
-        if slot.second != now_s {
-            *slot = Bucket {
-                second: now_s,
-                total: 0,
-                failed: 0,
-            };
-        }
+        // Seconds out of the window are dropped (and, should the clock step back, seconds a
+        // window ahead of it), so a key holds at most two windows of buckets.
+        self.buckets
+            .retain(|b| b.second > now_s - WINDOW_SECS && b.second <= now_s + WINDOW_SECS);
+        let slot = match self.buckets.iter().rposition(|b| b.second == now_s) {
+            Some(i) => &mut self.buckets[i],
+            None => {
+                self.buckets.push(Bucket {
+                    second: now_s,
+                    total: 0,
+                    failed: 0,
+                });
+                let last = self.buckets.len() - 1;
+                &mut self.buckets[last]
+            }
+        };
         slot.total += 1;
         slot.failed += u32::from(failed);
         let (own_total, own_failures) = self.window(now_s);
@@ -165,11 +179,16 @@ pub struct Breakers {
     keys: Mutex<HashMap<i64, KeyBreaker>>,
     /// Outcomes not yet written to the shared window: (key, second) → (total, failed).
     pending: Mutex<HashMap<(i64, i64), (u32, u32)>>,
-    /// Keys whose window involves other gateways, to refresh at each flush.
+    /// Keys whose window other gateways were using at the last read, to refresh at each flush.
     shared: Mutex<std::collections::HashSet<i64>>,
     /// One flush at a time.
     flushing: tokio::sync::Mutex<()>,
+    /// The second of the last sweep of idle keys.
+    swept: std::sync::atomic::AtomicI64,
 }
+
+/// How often a flush forgets the keys with nothing in their window, in seconds.
+const SWEEP_SECS: i64 = 10;
 
 impl Breakers {
     /// Loads trips, blocks and bans from the store (at start, and when another gateway tripped a
@@ -282,9 +301,15 @@ impl Breakers {
 
     /// Shares this gateway's outcomes with the others and learns theirs: adds the pending
     /// per-second counts to the store, then reads every gateway's last 60 s for the keys
-    /// involved. Off the request path (the flush task).
+    /// involved: those with outcomes here since the last flush and those the others were using
+    /// at the last read. Off the request path (the flush task).
     pub async fn flush(&self, store: &Store, now: DateTime<Utc>) -> StoreResult<()> {
         let _one_at_a_time = self.flushing.lock().await;
+        let now_s = now.timestamp_millis().div_euclid(1000);
+        if now_s - self.swept.load(Ordering::Relaxed) >= SWEEP_SECS {
+            self.swept.store(now_s, Ordering::Relaxed);
+            self.forget_idle(now_s);
+        }
         let mut batch: Vec<BucketDelta> =
             std::mem::take(&mut *self.pending.lock().unwrap_or_else(|p| p.into_inner()))
                 .into_iter()
@@ -292,11 +317,16 @@ impl Breakers {
         // In (key, second) order: gateways flushing at once lock the same rows in the same
         // order, so they wait for each other instead of deadlocking (bench/replicas.py saw it).
         batch.sort_unstable_by_key(|(slot, _)| *slot);
-        let now_s = now.timestamp_millis().div_euclid(1000);
+        // The keys to read back: those with outcomes of this gateway in the batch, and those the
+        // others were using at the last read. A key idle here whose window the others were not
+        // using is not read again at every flush: its others are read with its next outcome here.
         let keys: Vec<i64> = {
-            let mut shared = self.shared.lock().unwrap_or_else(|p| p.into_inner());
-            shared.extend(batch.iter().map(|((k, _), _)| *k));
-            shared.iter().copied().collect()
+            let shared = self.shared.lock().unwrap_or_else(|p| p.into_inner());
+            let mut keys: Vec<i64> = batch.iter().map(|((k, _), _)| *k).collect();
+            keys.extend(shared.iter().copied());
+            keys.sort_unstable();
+            keys.dedup();
+            keys
         };
         if keys.is_empty() {
             return Ok(());
@@ -319,7 +349,15 @@ impl Breakers {
             }
             return Err(e);
         }
-        let rows = store.breaker_window(&keys, now_s - WINDOW_SECS).await?;
+        let rows = match store.breaker_window(&keys, now_s - WINDOW_SECS).await {
+            Ok(rows) => rows,
+            Err(e) => {
+                // Read again at the next flush, outcomes here or not.
+                let mut shared = self.shared.lock().unwrap_or_else(|p| p.into_inner());
+                shared.extend(keys);
+                return Err(e);
+            }
+        };
         let global: HashMap<i64, (i64, i64)> = rows.into_iter().map(|(k, t, f)| (k, (t, f))).collect();
         let mut map = self.keys.lock().unwrap_or_else(|p| p.into_inner());
         let mut shared = self.shared.lock().unwrap_or_else(|p| p.into_inner());
@@ -330,14 +368,35 @@ impl Breakers {
                 u32::try_from((gt - i64::from(ot)).max(0)).unwrap_or(u32::MAX),
                 u32::try_from((gf - i64::from(of)).max(0)).unwrap_or(u32::MAX),
             );
-            if let Some(kb) = map.get_mut(&k) {
+            // A key forgotten while idle here is held again once the others use it.
+            if others != (0, 0) {
+                map.entry(k).or_default().others = others;
+            } else if let Some(kb) = map.get_mut(&k) {
                 kb.others = others;
             }
-            if gt == 0 {
+            if others == (0, 0) {
                 shared.remove(&k);
+            } else {
+                shared.insert(k);
             }
         }
         Ok(())
+    }
+
+    /// Forgets the keys that hold nothing at `now_s` (never tripped, an empty window here and
+    /// on the other gateways as last read): a key used once costs no memory a window later.
+    fn forget_idle(&self, now_s: i64) {
+        let mut keys = self.keys.lock().unwrap_or_else(|p| p.into_inner());
+        keys.retain(|_, k| !k.idle(now_s));
+        if keys.capacity() > 4 * keys.len().max(256) {
+            keys.shrink_to_fit();
+        }
+    }
+
+    /// Keys held in memory.
+    #[cfg(test)]
+    fn held(&self) -> usize {
+        self.keys.lock().unwrap_or_else(|p| p.into_inner()).len()
     }
 
     /// Keys blocked right now by an open breaker (banned keys not counted).
@@ -443,6 +502,70 @@ mod tests {
         }
         let t = run(&mut k, now, 100, 100).expect("5th trip");
         assert!(t.banned && k.banned && t.blocked_until.is_none());
+    }
+
+    #[test]
+    fn a_key_holds_only_the_seconds_it_was_used() {
+        let mut k = KeyBreaker::default();
+        assert!(run(&mut k, 5_000_000, 3, 0).is_none());
+        assert_eq!(k.buckets.len(), 1, "one second of outcomes");
+        k.record(5_001_000, false);
+        assert_eq!(k.buckets.len(), 2);
+        // A window later the old seconds are dropped, not kept beside the new one.
+        k.record(5_000_000 + WINDOW_SECS * 1000 + 1000, false);
+        assert_eq!(k.buckets.len(), 1);
+        assert_eq!(k.window(5_000 + WINDOW_SECS + 1), (1, 0));
+    }
+
+    #[test]
+    fn idle_keys_are_forgotten_tripped_ones_kept() {
+        let b = Breakers::default();
+        let now = Utc::now();
+        let s = now.timestamp_millis().div_euclid(1000);
+        b.record(1, now, 200);
+        for i in 0..100 {
+            b.record(2, now + chrono::Duration::milliseconds(i), 500);
+        }
+        b.forget_idle(s + 1);
+        assert_eq!(b.held(), 2, "key 1 still has an outcome in the window");
+        b.forget_idle(s + WINDOW_SECS + 1);
+        assert_eq!(b.held(), 1, "key 1 is forgotten, tripped key 2 kept");
+        assert_eq!(b.standing(2, now.timestamp_millis()).0, 1);
+        assert!(b.gate(2, now + chrono::Duration::milliseconds(200)).is_err());
+        assert!(b.gate(1, now).is_ok());
+    }
+
+    /// Two gateways on one store: a key only one of them uses is not read back at every flush
+    /// (its window is its own), a key the other uses is, with or without outcomes here since.
+    #[tokio::test]
+    async fn only_keys_in_use_here_or_by_the_others_are_read_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite:{}", dir.path().join("breaker.db").display());
+        let store = Store::connect(&url).await.unwrap();
+        let (a, b) = (Breakers::default(), Breakers::default());
+        let now = Utc::now();
+        let at = |ms: i64| now + chrono::Duration::milliseconds(ms);
+        for i in 0..50 {
+            a.record(7, at(i), 500);
+        }
+        a.flush(&store, at(100)).await.unwrap();
+        let read_back = |g: &Breakers| g.shared.lock().unwrap().len();
+        assert_eq!(read_back(&a), 0, "only gateway A uses key 7");
+        b.record(7, at(200), 500);
+        b.flush(&store, at(300)).await.unwrap();
+        assert_eq!(read_back(&b), 1, "B learnt that A uses key 7");
+        for i in 0..40 {
+            a.record(7, at(400 + i), 500);
+        }
+        a.flush(&store, at(500)).await.unwrap();
+        assert_eq!(read_back(&a), 1, "A learnt that B uses key 7");
+        // No outcome on B since its last flush: it still reads the key the others use.
+        b.flush(&store, at(600)).await.unwrap();
+        let trips: Vec<bool> = (0..9).map(|i| b.record(7, at(700 + i), 500).is_some()).collect();
+        assert_eq!(
+            trips,
+            [false, false, false, false, false, false, false, false, true]
+        );
     }
 
     #[test]

@@ -231,6 +231,36 @@ async fn two_gateways_share_one_breaker_on_postgres() {
     assert_eq!(history[0].trip, 1);
 }
 
+both_backends!(a_gateway_reads_the_key_the_other_uses_at_every_flush);
+
+/// Two gateways on one store: while the other gateway uses a key, each flush reads its outcomes,
+/// with or without an outcome here since (a key only one gateway uses is read back only with its
+/// outcomes there), so the first gateway judges the key by both.
+async fn a_gateway_reads_the_key_the_other_uses_at_every_flush(db: TestDb) {
+    let mock = MockUpstream::start().await.unwrap();
+    let a = spawn_app(&db, Setup::resources(resources(&mock))).await;
+    let b = spawn_app(&db, Setup::resources(resources(&mock))).await;
+    send(&a, 50, &bad()).await;
+    a.sync().await;
+    send(&b, 1, &bad()).await;
+    b.sync().await;
+    send(&a, 40, &bad()).await;
+    a.sync().await;
+    // No outcome on B since its last flush: it reads A's 40 all the same.
+    b.sync().await;
+    assert!(send(&b, 8, &bad()).await.iter().all(|s| *s == 400), "99 failures");
+    assert_eq!(
+        send(&b, 1, &good()).await,
+        [200],
+        "the 100th request trips the key"
+    );
+    assert_eq!(
+        send(&b, 1, &good()).await,
+        [429],
+        "B counted A's 90 failures: 60 of its own view would not trip"
+    );
+}
+
 both_backends!(admins_see_breaker_state_and_history);
 
 async fn admins_see_breaker_state_and_history(db: TestDb) {
