@@ -63,10 +63,7 @@ fn main() {
     let rate: f64 = args[5].parse().unwrap_or_else(|_| fail("RATE must be a number"));
     let headers = args[6..]
         .iter()
-        .map(|h| match h.split_once(':') {
-            Some((name, value)) => (name.trim().to_owned(), value.trim().to_owned()),
-            None => fail("an extra header must read NAME: VALUE"),
-        })
+        .map(|h| header(h).unwrap_or_else(|| fail("an extra header must read NAME: VALUE")))
         .collect();
     let mut body = Vec::new();
     std::io::Read::read_to_end(&mut std::io::stdin(), &mut body)
@@ -187,6 +184,13 @@ async fn one(shared: &Shared) -> Seen {
     seen
 }
 
+/// An extra header from its argument, `NAME: VALUE` (spaces around either trimmed).
+fn header(arg: &str) -> Option<(String, String)> {
+    let (name, value) = arg.split_once(':')?;
+    let name = name.trim();
+    (!name.is_empty()).then(|| (name.to_owned(), value.trim().to_owned()))
+}
+
 fn errored(mut seen: Seen, kind: &str) -> Seen {
     seen.error = Some(kind.to_owned());
     seen
@@ -245,7 +249,22 @@ fn fail(msg: &str) -> ! {
 
 #[cfg(test)]
 mod tests {
-    use super::percentile;
+    use super::{header, percentile};
+
+    #[test]
+    fn extra_headers_read_name_colon_value() {
+        let url = "x-portkey-custom-host: http://127.0.0.1:9/v1";
+        assert_eq!(
+            header(url),
+            Some((
+                "x-portkey-custom-host".to_owned(),
+                "http://127.0.0.1:9/v1".to_owned()
+            ))
+        );
+        assert_eq!(header("a:b"), Some(("a".to_owned(), "b".to_owned())));
+        assert_eq!(header("no colon"), None);
+        assert_eq!(header(": value"), None);
+    }
 
     #[test]
     fn percentiles_by_nearest_rank() {
