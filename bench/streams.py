@@ -204,7 +204,8 @@ def measure(gen, pid, port, key, n, rate, headers=(), whole_tree=False):
     cpu0 = cpu(pid)
     with PeakRss(pid, whole_tree) as peak:
         r = load(gen, port, key, n, rate, headers)
-    r["cpu"], r["peak_rss"] = cpu(pid) - cpu0, peak.peak
+    # A process that died during the run reads as no CPU: its row then says it fell over.
+    r["cpu"], r["peak_rss"] = max(cpu(pid) - cpu0, 0.0), peak.peak
     return r
 
 
