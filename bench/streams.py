@@ -16,6 +16,15 @@ its CPU time per stream and per event (from /proc/PID/stat), and its RSS per tho
     cargo build --release --bin aigw --example streams && python3 bench/streams.py
     python3 bench/streams.py --sizes 1000 [--events 50] [--gap-ms 20-50] [--rate 2000]
     python3 bench/streams.py --short --bin target/debug/aigw   # smoke test, seconds (.ci/run)
+    python3 bench/streams.py --sizes 1000 --peers portkey,litellm [--install-peers]
+
+`--peers` also runs the same load, in the same run, through other gateways pointed at the same
+mock and reports the same figures for each (CPU and RSS of its whole process tree): Portkey's
+gateway (npm `@portkey-ai/gateway`, run with node) and the LiteLLM proxy (PyPI `litellm[proxy]`,
+one uvicorn worker). They are looked for under --peers-dir (default ~/.cache/aigw-bench), never
+in the repository; a peer that is not installed there, or does not start, is skipped with a
+message. `--install-peers` installs them there first (npm and pip, pinned versions); nothing is
+installed without it. A peer whose streams fail is reported, not fatal: that is the finding.
 
 Raises RLIMIT_NOFILE as far as allowed (a stream through aigw holds two sockets in aigw).
 Traffic goes to 127.0.0.1 only.
@@ -35,7 +44,8 @@ import time
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from run import CRED, KEY, RESOURCES, chat_body, cpu_seconds, free_port, wait_ready  # noqa: E402
+import peers  # noqa: E402
+from run import CRED, KEY, RESOURCES, TICK, chat_body, cpu_seconds, free_port, wait_ready  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Every stream through aigw holds one client and one upstream connection: the default caps
@@ -69,16 +79,73 @@ def rss_kib(pid):
     return 0
 
 
-class PeakRss:
-    """Samples a process's RSS every 20 ms in a thread while the block runs; `.peak` is the most."""
+def tree(pid):
+    """`pid` and every process descended from it (a peer's workers and helpers)."""
+    children = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        found.append(p)
+        todo.extend(children.get(p, []))
+    return found
 
-    def __init__(self, pid):
-        self.pid, self.peak, self._stop = pid, 0, threading.Event()
+
+def tree_rss_kib(pid):
+    total = 0
+    for p in tree(pid):
+        try:
+            total += rss_kib(p)
+        except OSError:
+            pass
+    return total
+
+
+def tree_cpu_seconds(pid):
+    """CPU time of a process tree: the live processes' own, plus what the root's reaped children
+    used (cutime, cstime)."""
+    total = 0.0
+    for p in tree(pid):
+        try:
+            total += cpu_seconds(p)
+        except OSError:
+            pass
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        total += (int(fields[13]) + int(fields[14])) / TICK
+    except (OSError, IndexError, ValueError):
+        pass
+    return total
+
+
+class PeakRss:
+    """Samples a process's RSS every 20 ms in a thread while the block runs; `.peak` is the most.
+    With `whole_tree`, the RSS summed over the process and its descendants (listed once a second)."""
+
+    def __init__(self, pid, whole_tree=False):
+        self.pid, self.peak, self._stop, self.whole_tree = pid, 0, threading.Event(), whole_tree
 
     def __enter__(self):
         def sample():
+            pids, listed = [self.pid], 0.0
             while not self._stop.is_set():
-                self.peak = max(self.peak, rss_kib(self.pid))
+                if self.whole_tree and time.time() - listed > 1.0:
+                    pids, listed = tree(self.pid), time.time()
+                total = 0
+                for p in pids:
+                    try:
+                        total += rss_kib(p)
+                    except OSError:
+                        pass
+                self.peak = max(self.peak, total)
                 time.sleep(0.02)
         self._thread = threading.Thread(target=sample, daemon=True)
         self._thread.start()
@@ -104,9 +171,9 @@ def pace(mock_port, events, gap_lo, gap_hi):
          {"words": max(events - 3, 1), "chunk_delay_ms": gap_lo, "chunk_jitter_ms": gap_hi - gap_lo})
 
 
-def load(gen, port, key, count, rate):
+def load(gen, port, key, count, rate, headers=()):
     """Runs the load generator; returns its STREAMS line as a dict of numbers (errors_by as text)."""
-    done = subprocess.run([gen, f"127.0.0.1:{port}", "/v1/chat/completions", key, str(count), str(rate)],
+    done = subprocess.run([gen, f"127.0.0.1:{port}", "/v1/chat/completions", key, str(count), str(rate), *headers],
                           input=chat_body(True), capture_output=True, text=True)
     m = re.search(r"STREAMS (.*)", done.stdout)
     if done.returncode != 0 or not m:
@@ -131,6 +198,52 @@ def start_gateway(binary, tmp, mock_port):
     return gw, port
 
 
+def measure(gen, pid, port, key, n, rate, headers=(), whole_tree=False):
+    """One path's load; adds the CPU time its process (or tree) spent and its peak RSS (KiB)."""
+    cpu = tree_cpu_seconds if whole_tree else cpu_seconds
+    cpu0 = cpu(pid)
+    with PeakRss(pid, whole_tree) as peak:
+        r = load(gen, port, key, n, rate, headers)
+    # A process that died during the run reads as no CPU: its row then says it fell over.
+    r["cpu"], r["peak_rss"] = max(cpu(pid) - cpu0, 0.0), peak.peak
+    return r
+
+
+def warm_up(gen, pid, port, key, mock_port, headers=(), whole_tree=False):
+    """Warms a gateway up (caches, the first page faults, the log writer), lets it settle, and
+    returns its RSS at rest (KiB)."""
+    pace(mock_port, 10, 1, 2)
+    load(gen, port, key, 100, 1000, headers)
+    time.sleep(1.0)
+    return tree_rss_kib(pid) if whole_tree else rss_kib(pid)
+
+
+def run_peer(peer, gen, tmp, mock_port, n, rate, events, lo, hi):
+    """Starts a peer alone, warms it up, runs the size through it and stops it. Returns its result
+    (with `rest`), or None when it did not start; notes in `result["fell_over"]` how it failed."""
+    port = free_port()
+    try:
+        proc, log, key, headers = peer.start(tmp, port, mock_port, CRED, KEY)
+    except peers.PeerUnavailable as e:
+        print(f"{peer.name}: skipped at {n:,} streams, it did not start: {e}", file=sys.stderr)
+        return None
+    try:
+        rest = warm_up(gen, proc.pid, port, key, mock_port, headers, whole_tree=True)
+        pace(mock_port, events, lo, hi)
+        r = measure(gen, proc.pid, port, key, n, rate, headers, whole_tree=True)
+        r["rest"], r["fell_over"] = rest, None
+        if proc.poll() is not None:
+            r["fell_over"] = f"exited with code {proc.returncode} during the run"
+        elif r["errors"]:
+            r["fell_over"] = f"{r['errors']} errors ({r['errors_by']})"
+        if r["fell_over"]:
+            print(f"{peer.name} at {n:,} streams: {r['fell_over']}; the end of its log:\n{peers.tail(log)}",
+                  file=sys.stderr)
+        return r
+    finally:
+        peers.stop(proc)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bin", default=os.path.join(ROOT, "target", "release", "aigw"))
@@ -141,6 +254,9 @@ def main():
     ap.add_argument("--per", type=int, default=1000, help="above this many streams the gap grows in proportion")
     ap.add_argument("--rate", type=int, default=2000, help="new streams a second during the ramp")
     ap.add_argument("--short", action="store_true", help="smoke test: 50 streams of 10 events, 5-10 ms apart")
+    ap.add_argument("--peers", default="", help="other gateways to run the same load through: portkey,litellm")
+    ap.add_argument("--peers-dir", default=peers.DEFAULT_DIR, help="where the peers are installed")
+    ap.add_argument("--install-peers", action="store_true", help="install missing --peers into --peers-dir first")
     args = ap.parse_args()
     if args.short:
         args.sizes, args.events, args.gap_ms = "50", 10, "5-10"
@@ -151,11 +267,13 @@ def main():
             sys.exit(f"{path} is missing: cargo build --release --bin aigw --example streams")
     sizes = [int(s) for s in args.sizes.split(",")]
     gap_lo, gap_hi = (int(x) for x in args.gap_ms.split("-"))
+    others = peers.chosen(args.peers, args.peers_dir, args.install_peers)
     nofile = raise_nofile()
     if nofile < 2 * max(sizes) + 100:
         print(f"warning: RLIMIT_NOFILE is {nofile}; aigw needs two sockets a stream, {2 * max(sizes)} and "
               "its own files", file=sys.stderr)
 
+    load_before = os.getloadavg()
     tmp = tempfile.mkdtemp(prefix="aigw-streams-")
     mock_port = free_port()
     mock = subprocess.Popen([args.bin, "mock-upstream", "--no-record", "--listen", f"127.0.0.1:{mock_port}"],
@@ -165,22 +283,22 @@ def main():
         gw, gw_port = start_gateway(args.bin, tmp, mock_port)
         wait_ready(f"http://127.0.0.1:{mock_port}/__mock/calls", mock)
         wait_ready(f"http://127.0.0.1:{gw_port}/readyz", gw)
-        # Warm up (caches, the first page faults, the log writer), then let it settle: the rest RSS.
-        pace(mock_port, 10, 1, 2)
-        load(gen, gw_port, KEY, 100, 1000)
-        time.sleep(1.0)
-        rest, mock_rest = rss_kib(gw.pid), rss_kib(mock.pid)
+        rest = warm_up(gen, gw.pid, gw_port, KEY, mock_port)
+        mock_rest = rss_kib(mock.pid)
         for n in sizes:
             scale = max(1.0, n / args.per)
             lo, hi = round(gap_lo * scale), round(gap_hi * scale)
             pace(mock_port, args.events, lo, hi)
             with PeakRss(mock.pid) as mock_peak:
                 direct = load(gen, mock_port, CRED, n, args.rate)
-            cpu0 = cpu_seconds(gw.pid)
-            with PeakRss(gw.pid) as peak:
-                through = load(gen, gw_port, KEY, n, args.rate)
-            cpu = cpu_seconds(gw.pid) - cpu0
-            rows.append((n, lo, hi, direct, through, cpu, peak.peak, mock_peak.peak))
+            through = measure(gen, gw.pid, gw_port, KEY, n, args.rate)
+            through["rest"], through["fell_over"] = rest, None
+            paths = [("aigw", through)]
+            for peer in others:
+                r = run_peer(peer, gen, tmp, mock_port, n, args.rate, args.events, lo, hi)
+                if r is not None:
+                    paths.append((peer.name, r))
+            rows.append((n, lo, hi, direct, paths, mock_peak.peak))
             for path, r in (("direct", direct), ("aigw", through)):
                 if r["errors"]:
                     failed.append(f"{n} streams {path}: {r['errors']} errors ({r['errors_by']})")
@@ -189,29 +307,43 @@ def main():
             p.terminate()
             p.wait(timeout=30)
         shutil.rmtree(tmp, ignore_errors=True)
+    load_after = os.getloadavg()
 
     rev = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     print(f"# many long streams ({rev}, {args.bin}, {args.events} events a stream, ramp {args.rate}/s, "
           f"{os.cpu_count()} cores, RLIMIT_NOFILE {nofile})\n")
+    if others:
+        print("peers: " + ", ".join(f"{p.name} {p.version()}" for p in others)
+              + f"; load average {load_before[0]:.1f} before, {load_after[0]:.1f} after\n")
     print("| streams | gap | path | completed | errors | most open | TTFB p50 | TTFB p99 | gap p99 |")
     print("|---|---|---|---|---|---|---|---|---|")
-    for n, lo, hi, direct, through, *_ in rows:
-        for path, r in (("direct", direct), ("aigw", through)):
+    for n, lo, hi, direct, paths, _ in rows:
+        for path, r in [("direct", direct), *paths]:
             print(f"| {n:,} | {lo}–{hi} ms | {path} | {r['completed']:,} | {r['errors']} | {r['peak_open']:,} | "
                   f"{r['ttfb_p50'] / 1000:.2f} ms | {r['ttfb_p99'] / 1000:.2f} ms | {r['gap_p99'] / 1000:.2f} ms |")
     print()
-    print("| streams | added TTFB p50 | added TTFB p99 | added gap p99 | aigw CPU per stream | per event "
-          "| aigw RSS per 1,000 open | per open stream | the mock's, direct |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for n, _, _, direct, through, cpu, peak, mock_peak in rows:
-        per_k = (peak - rest) / max(through["peak_open"], 1) * 1000 / 1024
+    print("| streams | path | added TTFB p50 | added TTFB p99 | added gap p99 | CPU per stream | per event "
+          "| RSS per 1,000 open | per open stream | the mock's, direct |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for n, _, _, direct, paths, mock_peak in rows:
         mock_k = (mock_peak - mock_rest) / max(direct["peak_open"], 1) * 1000 / 1024
-        print(f"| {n:,} | {(through['ttfb_p50'] - direct['ttfb_p50']) / 1000:.2f} ms | "
-              f"{(through['ttfb_p99'] - direct['ttfb_p99']) / 1000:.2f} ms | "
-              f"{(through['gap_p99'] - direct['gap_p99']) / 1000:.2f} ms | "
-              f"{cpu / max(through['completed'], 1) * 1e6:,.0f} µs | {cpu / max(through['events'], 1) * 1e6:.1f} µs | "
-              f"{per_k:.1f} MiB | {per_k * 1024 / 1000:.1f} KiB | {mock_k * 1024 / 1000:.1f} KiB |")
-    print(f"\naigw RSS at rest {rest / 1024:.1f} MiB; peak {max(r[6] for r in rows) / 1024:.1f} MiB")
+        for path, r in paths:
+            per_k = (r["peak_rss"] - r["rest"]) / max(r["peak_open"], 1) * 1000 / 1024
+            print(f"| {n:,} | {path} | {(r['ttfb_p50'] - direct['ttfb_p50']) / 1000:.2f} ms | "
+                  f"{(r['ttfb_p99'] - direct['ttfb_p99']) / 1000:.2f} ms | "
+                  f"{(r['gap_p99'] - direct['gap_p99']) / 1000:.2f} ms | "
+                  f"{r['cpu'] / max(r['completed'], 1) * 1e6:,.0f} µs | {r['cpu'] / max(r['events'], 1) * 1e6:.1f} µs | "
+                  f"{per_k:.1f} MiB | {per_k * 1024 / 1000:.1f} KiB | {mock_k * 1024 / 1000:.1f} KiB |")
+    print()
+    for name in ["aigw", *(p.name for p in others)]:
+        ran = [(n, r) for n, _, _, _, paths, _ in rows for path, r in paths if path == name]
+        if ran:
+            print(f"{name} RSS at rest {ran[0][1]['rest'] / 1024:.1f} MiB; peak "
+                  f"{max(r['peak_rss'] for _, r in ran) / 1024:.1f} MiB")
+    fell = [f"{path} at {n:,} streams: {r['fell_over']}" for n, _, _, _, paths, _ in rows
+            for path, r in paths if path != "aigw" and r["fell_over"]]
+    if fell:
+        print("\npeers that failed streams: " + "; ".join(fell))
     if failed:
         sys.exit("errors: " + "; ".join(failed))
 

@@ -3,13 +3,15 @@
 //! them all until their upstream ends them, and times every event as it arrives.
 //!
 //! `cargo build --release --example streams`, then
-//! `target/release/examples/streams ADDR PATH KEY COUNT RATE` with the request body on stdin.
+//! `target/release/examples/streams ADDR PATH KEY COUNT RATE [HEADER: VALUE]...` with the request
+//! body on stdin; each argument after RATE is one more request header (how bench/streams.py routes
+//! the same load through another gateway, such as Portkey's `x-portkey-provider`).
 //! Prints one line (times in µs; `ttfb`: from writing the request to the end of the first event;
 //! `gap`: between the ends of consecutive events of one stream; `peak_open`: most streams open at
 //! once, head received and body not ended):
 //! `STREAMS streams=… completed=… errors=… peak_open=… events=… ttfb_p50=… ttfb_p99=… gap_p50=…
 //! gap_p99=… gap_max=… duration_us=… errors_by=kind:n,…`. A stream counts as completed when it
-//! ends with `data: [DONE]`; anything else is an error (connect, handshake, send, status, body,
+//! ends with `data: [DONE]`; anything else is an error (connect, header, handshake, send, status, body,
 //! unfinished, timeout; `status-CODE` for an answer other than 200). bench/streams.py builds and runs it.
 
 use std::net::SocketAddr;
@@ -44,6 +46,7 @@ struct Shared {
     path: String,
     key: String,
     body: Bytes,
+    headers: Vec<(String, String)>,
     connecting: Semaphore,
     open: AtomicUsize,
     peak_open: AtomicUsize,
@@ -51,13 +54,17 @@ struct Shared {
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    if args.len() != 6 {
-        eprintln!("usage: streams ADDR PATH KEY COUNT RATE < body");
+    if args.len() < 6 {
+        eprintln!("usage: streams ADDR PATH KEY COUNT RATE [HEADER: VALUE]... < body");
         std::process::exit(2);
     }
     let addr: SocketAddr = args[1].parse().unwrap_or_else(|_| fail("ADDR must be IP:PORT"));
     let count: usize = args[4].parse().unwrap_or_else(|_| fail("COUNT must be a number"));
     let rate: f64 = args[5].parse().unwrap_or_else(|_| fail("RATE must be a number"));
+    let headers = args[6..]
+        .iter()
+        .map(|h| header(h).unwrap_or_else(|| fail("an extra header must read NAME: VALUE")))
+        .collect();
     let mut body = Vec::new();
     std::io::Read::read_to_end(&mut std::io::stdin(), &mut body)
         .unwrap_or_else(|e| fail(&format!("stdin: {e}")));
@@ -66,6 +73,7 @@ fn main() {
         path: args[2].clone(),
         key: args[3].clone(),
         body: Bytes::from(body),
+        headers,
         connecting: Semaphore::new(CONNECTING),
         open: AtomicUsize::new(0),
         peak_open: AtomicUsize::new(0),
@@ -120,12 +128,16 @@ async fn one(shared: &Shared) -> Seen {
         return errored(seen, "handshake");
     };
     tokio::spawn(conn);
-    let request = http::Request::post(shared.path.as_str())
+    let mut request = http::Request::post(shared.path.as_str())
         .header("host", shared.addr.to_string())
         .header("authorization", format!("Bearer {}", shared.key))
-        .header("content-type", "application/json")
-        .body(Full::new(shared.body.clone()))
-        .expect("a valid request");
+        .header("content-type", "application/json");
+    for (name, value) in &shared.headers {
+        request = request.header(name.as_str(), value.as_str());
+    }
+    let Ok(request) = request.body(Full::new(shared.body.clone())) else {
+        return errored(seen, "header");
+    };
     let sent = Instant::now();
     let Ok(response) = sender.send_request(request).await else {
         return errored(seen, "send");
@@ -170,6 +182,13 @@ async fn one(shared: &Shared) -> Seen {
     shared.open.fetch_sub(1, Ordering::Relaxed);
     seen.error = error.or((!done).then_some("unfinished")).map(str::to_owned);
     seen
+}
+
+/// An extra header from its argument, `NAME: VALUE` (spaces around either trimmed).
+fn header(arg: &str) -> Option<(String, String)> {
+    let (name, value) = arg.split_once(':')?;
+    let name = name.trim();
+    (!name.is_empty()).then(|| (name.to_owned(), value.trim().to_owned()))
 }
 
 fn errored(mut seen: Seen, kind: &str) -> Seen {
@@ -230,7 +249,22 @@ fn fail(msg: &str) -> ! {
 
 #[cfg(test)]
 mod tests {
-    use super::percentile;
+    use super::{header, percentile};
+
+    #[test]
+    fn extra_headers_read_name_colon_value() {
+        let url = "x-portkey-custom-host: http://127.0.0.1:9/v1";
+        assert_eq!(
+            header(url),
+            Some((
+                "x-portkey-custom-host".to_owned(),
+                "http://127.0.0.1:9/v1".to_owned()
+            ))
+        );
+        assert_eq!(header("a:b"), Some(("a".to_owned(), "b".to_owned())));
+        assert_eq!(header("no colon"), None);
+        assert_eq!(header(": value"), None);
+    }
 
     #[test]
     fn percentiles_by_nearest_rank() {
