@@ -87,7 +87,12 @@ pub(super) fn start_counter_flushes(state: AppState) {
 /// How often the store's upkeep runs ([`crate::store::Store::optimize`]).
 const UPKEEP: Duration = Duration::from_secs(3600);
 
-/// Runs the store's upkeep every hour (SQLite: `PRAGMA optimize`; nothing on Postgres).
+/// How often the shared counters' ended rows are deleted.
+const COUNTS_UPKEEP: Duration = Duration::from_secs(60);
+
+/// Runs the store's upkeep: every hour the planner's statistics (SQLite: `PRAGMA optimize`;
+/// nothing on Postgres), every minute the deletion of breaker buckets and quota counters whose
+/// windows ended (every gateway does it; a second one finds nothing left).
 pub(super) fn start_store_upkeep(state: AppState) {
     let s = state.clone();
     state.tasks.spawn(async move {
@@ -95,6 +100,19 @@ pub(super) fn start_store_upkeep(state: AppState) {
             tokio::select! {
                 () = tokio::time::sleep(UPKEEP) => s.store.optimize().await,
                 () = s.shutdown.cancelled() => break,
+            }
+        }
+    });
+    let s = state.clone();
+    state.tasks.spawn(async move {
+        loop {
+            tokio::select! {
+                () = tokio::time::sleep(COUNTS_UPKEEP) => {}
+                () = s.shutdown.cancelled() => break,
+            }
+            let now_s = s.clock.now().timestamp();
+            if let Err(e) = s.store.delete_ended_counts(now_s).await {
+                tracing::warn!(error = %e, "deleting ended breaker buckets and quota counters failed; tried again in a minute");
             }
         }
     });

@@ -12,6 +12,7 @@ mod keys;
 mod locks;
 mod request_logs;
 mod tenancy;
+mod upkeep;
 mod usage;
 mod usage_rollup;
 
