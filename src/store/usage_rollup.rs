@@ -55,6 +55,13 @@ const DAILY: Rollup = Rollup {
     unit_ms: DAY_MS,
 };
 
+/// The members' own rollup: a row per member, day, key, department and model group.
+const MEMBER: Rollup = Rollup {
+    table: "usage_rollup_member",
+    time: "day_start",
+    unit_ms: DAY_MS,
+};
+
 /// `served:` and the model that served, or `asked:` and the model asked for (the usage by model
 /// tells the two apart; see [`UsageGrouping::Model`]).
 fn model_group(r: &LogRecord) -> String {
@@ -67,10 +74,20 @@ fn model_group(r: &LogRecord) -> String {
 /// Rollup rows per INSERT statement, largest first (as for the logs: few distinct statements).
 const STATEMENT_ROWS: [usize; 4] = [100, 20, 5, 1];
 
+/// A member's rollup row's key: workspace, member, day, key, department group (its id, `''`
+/// without one), model group ([`model_group`]).
+type MemberKey = (i64, i64, i64, i64, String, String);
+
+/// A value of a rollup row's key, bound as its column's type.
+enum Col {
+    Int(i64),
+    Text(String),
+}
+
 /// Adds `records` to the rollups, in `tx`. The batch is summed here first (one upsert per row
-/// of a batch, however many logs it sums), then the rows are upserted in key order, the daily
-/// ones first and the hourly ones (which every gateway's batches share) last, so that two
-/// gateways' flushes lock rows in the same order.
+/// of a batch, however many logs it sums), then the rows are upserted in key order: the
+/// members' own first, then the daily ones and last the hourly ones (which every gateway's
+/// batches share), so that two gateways' flushes lock rows in the same order.
 pub(super) async fn add(
     store: &Store,
     tx: &mut sqlx::Transaction<'static, sqlx::Any>,
@@ -78,43 +95,98 @@ pub(super) async fn add(
 ) -> StoreResult<()> {
     let mut hourly: BTreeMap<RollupKey, Sums> = BTreeMap::new();
     let mut daily: BTreeMap<RollupKey, Sums> = BTreeMap::new();
+    let mut members: BTreeMap<MemberKey, Sums> = BTreeMap::new();
+    let add_to = |s: &mut Sums, values: Sums| {
+        for (acc, v) in s.iter_mut().zip(values) {
+            *acc = acc.saturating_add(v);
+        }
+    };
     for r in records {
         let values = [1, r.prompt_tokens, r.completion_tokens, r.total_tokens, r.credits];
         let dept = r.department_id.map(|d| d.to_string()).unwrap_or_default();
         let hour = hour_of(r.ts);
         let day = day_of(r.ts);
+        let model = model_group(r);
+        let member = (
+            r.workspace_id,
+            r.member_id,
+            day,
+            r.key_id,
+            dept.clone(),
+            model.clone(),
+        );
+        add_to(members.entry(member).or_default(), values);
         // Tag values are bounded by the workspace's caps (max_tag_keys × max_tag_values).
         let tags = crate::tags::Tags::from_stored(r.tags.as_deref());
         let tag_rows = tags
             .iter()
             .map(|(k, v)| (false, hour, format!("tag:{k}"), v.to_owned()));
         let rows = [
-            (false, hour, "model".to_owned(), model_group(r)),
+            (false, hour, "model".to_owned(), model),
             (false, hour, "dept".to_owned(), dept),
             (true, day, "key".to_owned(), r.key_id.to_string()),
             (true, day, "member".to_owned(), r.member_id.to_string()),
         ];
         for (by_day, start, dimension, group) in rows.into_iter().chain(tag_rows) {
             let sums = if by_day { &mut daily } else { &mut hourly };
-            let s = sums.entry((r.workspace_id, start, dimension, group)).or_default();
-            for (acc, v) in s.iter_mut().zip(values) {
-                *acc = acc.saturating_add(v);
-            }
+            add_to(
+                sums.entry((r.workspace_id, start, dimension, group)).or_default(),
+                values,
+            );
         }
     }
-    upsert(store, tx, DAILY, daily).await?;
-    upsert(store, tx, HOURLY, hourly).await
+    let member_columns = "workspace_id, member_id, day_start, key_id, dept_group, model_group";
+    upsert(
+        store,
+        tx,
+        MEMBER.table,
+        member_columns,
+        members,
+        |(ws, m, day, key, dept, model)| {
+            vec![
+                Col::Int(*ws),
+                Col::Int(*m),
+                Col::Int(*day),
+                Col::Int(*key),
+                Col::Text(dept.clone()),
+                Col::Text(model.clone()),
+            ]
+        },
+    )
+    .await?;
+    for (rollup, sums) in [(DAILY, daily), (HOURLY, hourly)] {
+        let columns = format!("workspace_id, {}, dimension, group_key", rollup.time);
+        upsert(
+            store,
+            tx,
+            rollup.table,
+            &columns,
+            sums,
+            |(ws, start, dimension, group)| {
+                vec![
+                    Col::Int(*ws),
+                    Col::Int(*start),
+                    Col::Text(dimension.clone()),
+                    Col::Text(group.clone()),
+                ]
+            },
+        )
+        .await?;
+    }
+    Ok(())
 }
 
-/// Upserts `sums` into `rollup`, in key order.
-async fn upsert(
+/// Upserts `sums` into `table`, whose key is `columns` (`key` gives a row's values of them), in
+/// key order.
+async fn upsert<K: Ord>(
     store: &Store,
     tx: &mut sqlx::Transaction<'static, sqlx::Any>,
-    rollup: Rollup,
-    sums: BTreeMap<RollupKey, Sums>,
+    table: &str,
+    columns: &str,
+    sums: BTreeMap<K, Sums>,
+    key: impl Fn(&K) -> Vec<Col>,
 ) -> StoreResult<()> {
-    let Rollup { table, time, .. } = rollup;
-    let rows: Vec<(RollupKey, Sums)> = sums.into_iter().collect();
+    let rows: Vec<(K, Sums)> = sums.into_iter().collect();
     let mut rest = rows.as_slice();
     while !rest.is_empty() {
         let n = STATEMENT_ROWS.into_iter().find(|&n| n <= rest.len()).unwrap_or(1);
@@ -123,18 +195,21 @@ async fn upsert(
         let mut b = SqlBuilder::new(
             store,
             &format!(
-                "INSERT INTO {table} (workspace_id, {time}, dimension, group_key, requests, \
+                "INSERT INTO {table} ({columns}, requests, \
                  prompt_tokens, completion_tokens, total_tokens, credits) VALUES "
             ),
         );
-        for (i, ((ws, start, dimension, group), sums)) in chunk.iter().enumerate() {
+        for (i, (k, sums)) in chunk.iter().enumerate() {
             b.push(if i == 0 { "(" } else { ", (" });
-            b.bind(*ws)
-                .push(", ")
-                .bind(*start)
-                .push(", ")
-                .bind(dimension.as_str());
-            b.push(", ").bind(group.as_str());
+            for (j, col) in key(k).into_iter().enumerate() {
+                if j > 0 {
+                    b.push(", ");
+                }
+                match col {
+                    Col::Int(v) => b.bind(v),
+                    Col::Text(v) => b.bind(v),
+                };
+            }
             for v in sums {
                 b.push(", ").bind(*v);
             }
@@ -159,7 +234,7 @@ async fn upsert(
         .map(add)
         .collect();
         b.push(&format!(
-            " ON CONFLICT (workspace_id, {time}, dimension, group_key) DO UPDATE SET {}",
+            " ON CONFLICT ({columns}) DO UPDATE SET {}",
             set.join(", ")
         ));
         let (sql, args) = b.finish();
@@ -180,17 +255,20 @@ pub(super) async fn report(
     offset_ms: i64,
 ) -> StoreResult<Vec<UsageRow>> {
     // Which rollup has the grouping, if any: hours by model or department (and by day when
-    // days start on the hour), days by key or member. One member's own usage reads the logs.
-    let (rollup, dimension) = match by {
+    // days start on the hour), days by key or member; one member's own usage, their own rows
+    // of days (by day at an offset from UTC, see `split` below, over at most MOVED_DAYS_MAX).
+    let whole_days = to_ms.div_euclid(DAY_MS) - from_ms.div_euclid(DAY_MS);
+    let (rollup, dimension) = match (member_id, by) {
+        (Some(_), UsageGrouping::Day) if offset_ms % DAY_MS != 0 && whole_days > MOVED_DAYS_MAX => (None, ""),
+        (Some(_), _) => (Some(MEMBER), ""),
         // A day that starts inside an hour cannot be told from hourly sums.
-        UsageGrouping::Day if offset_ms % HOUR_MS == 0 => (Some(HOURLY), "model"),
-        UsageGrouping::Day => (None, "model"),
-        UsageGrouping::Model => (Some(HOURLY), "model"),
-        UsageGrouping::Dept => (Some(HOURLY), "dept"),
-        UsageGrouping::Key => (Some(DAILY), "key"),
-        UsageGrouping::Member => (Some(DAILY), "member"),
+        (None, UsageGrouping::Day) if offset_ms % HOUR_MS == 0 => (Some(HOURLY), "model"),
+        (None, UsageGrouping::Day) => (None, "model"),
+        (None, UsageGrouping::Model) => (Some(HOURLY), "model"),
+        (None, UsageGrouping::Dept) => (Some(HOURLY), "dept"),
+        (None, UsageGrouping::Key) => (Some(DAILY), "key"),
+        (None, UsageGrouping::Member) => (Some(DAILY), "member"),
     };
-    let rollup = rollup.filter(|_| member_id.is_none());
     let Rollup { table, time, unit_ms } = rollup.unwrap_or(HOURLY);
     // The rollup's hours or days inside the range: [first, last).
     let mut first = from_ms.div_euclid(unit_ms).saturating_mul(unit_ms);
@@ -202,9 +280,24 @@ pub(super) async fn report(
         (first, last) = (from_ms, from_ms);
     }
     let day = |time: &str| format!("CAST((({time} + {offset_ms}) / 86400000) AS TEXT)");
-    let rolled = match by {
-        UsageGrouping::Day => day(time),
-        _ => "group_key".to_owned(),
+    // A member's whole UTC days by local day, when local days start at `start` into a UTC day:
+    // each UTC day's rollup rows go to the local day that holds the larger part of it (`shift`
+    // into it), and the logs of the smaller part, [lo, hi) into the day, are moved back, added
+    // to their own local day and taken from the neighbour (`step` after it) that had them.
+    let split = (member_id.is_some() && by == UsageGrouping::Day && offset_ms % DAY_MS != 0).then(|| {
+        let start = (-offset_ms).rem_euclid(DAY_MS);
+        match start <= DAY_MS / 2 {
+            true => (start, 0, start, 1),
+            false => (0, start, DAY_MS, -1),
+        }
+    });
+    let rolled = match (member_id, by) {
+        (_, UsageGrouping::Day) => day(&format!("{time} + {}", split.map_or(0, |s| s.0))),
+        (None, _) => "group_key".to_owned(),
+        (Some(_), UsageGrouping::Key) => "CAST(key_id AS TEXT)".to_owned(),
+        (Some(_), UsageGrouping::Member) => "CAST(member_id AS TEXT)".to_owned(),
+        (Some(_), UsageGrouping::Dept) => "dept_group".to_owned(),
+        (Some(_), UsageGrouping::Model) => "model_group".to_owned(),
     };
     let logged = match by {
         UsageGrouping::Day => day("ts"),
@@ -265,14 +358,17 @@ pub(super) async fn report(
                FROM {table} WHERE workspace_id = "
         ),
     );
-    b.bind(workspace_id)
-        .push(" AND dimension = ")
-        .bind(dimension)
-        .push(&format!(" AND {time} >= "))
+    b.bind(workspace_id);
+    match member_id {
+        Some(m) => b.push(" AND member_id = ").bind(m),
+        None => b.push(" AND dimension = ").bind(dimension),
+    };
+    b.push(&format!(" AND {time} >= "))
         .bind(first)
         .push(&format!(" AND {time} < "))
         .bind(last);
-    // The edges, each a plain range of the (workspace_id, ts) index.
+    // The edges, each a plain range of the (workspace_id, ts) index, or of the (member_id, ts)
+    // one for a member's own.
     for (lo, hi) in [(from_ms, first.min(to_ms)), (last.max(from_ms), to_ms)] {
         b.push(&format!(
             " UNION ALL
@@ -284,11 +380,42 @@ pub(super) async fn report(
             .bind(lo)
             .push(" AND ts < ")
             .bind(hi);
+        if let Some(m) = member_id {
+            b.push(" AND member_id = ").bind(m);
+        }
     }
-    b.push(") usage GROUP BY group_key ORDER BY 1");
+    if let (Some((_, lo, hi, step)), Some(m)) = (split, member_id) {
+        let mut parts = Vec::new();
+        let mut d = first;
+        while d < last {
+            parts.push(format!("({}, {})", d + lo, d + hi));
+            d += DAY_MS;
+        }
+        if !parts.is_empty() {
+            let signed = ["prompt_tokens", "completion_tokens", "total_tokens", "credits"]
+                .map(|c| format!("s.sign * l.{c}"))
+                .join(", ");
+            b.push(&format!(
+                " UNION ALL
+                  SELECT CAST(((l.ts + {offset_ms}) / 86400000 + CASE WHEN s.sign = 1 THEN 0 ELSE {step} END) AS TEXT),
+                    s.sign, {signed}
+                  FROM (VALUES {}) AS part
+                  JOIN request_logs l ON l.ts >= part.column1 AND l.ts < part.column2
+                  CROSS JOIN (SELECT 1 AS sign UNION ALL SELECT -1) s
+                  WHERE l.workspace_id = ",
+                parts.join(", ")
+            ));
+            b.bind(workspace_id).push(" AND l.member_id = ").bind(m);
+        }
+    }
+    // A local day whose logs were all moved back has no requests left: not a group.
+    b.push(") usage GROUP BY group_key HAVING SUM(usage.requests) <> 0 ORDER BY 1");
     let (sql, args) = b.finish();
     Ok(sqlx::query_as_with(&sql, args).fetch_all(store.pool()).await?)
 }
+
+/// Whole UTC days a member's report by day at an offset moves logs between (beyond: the logs).
+const MOVED_DAYS_MAX: i64 = 1000;
 
 /// Usage in `[from_ms, to_ms)` per value of tag `key` (requests without it are not listed): the
 /// whole hours from the rollup's `tag:<key>` rows, the edges (and one member's own usage) from
