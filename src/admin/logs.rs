@@ -312,23 +312,42 @@ pub async fn usage(
         let models: Vec<ModelRow> = store.rows_in(Table::Models, ws).await.map_err(store_error)?;
         rows = by_real_model(rows, &models);
     }
-    // Only the tables the labels need, looked up by id: a report by key over a workspace of
-    // 100,000 keys has as many rows to label.
+    // Only the rows the labels need, looked up by id: a report by key over a workspace of
+    // 100,000 keys has as many rows to label, a member's own report by key two or three.
     let (keys, members, depts) = {
         use rustc_hash::FxHashMap;
-        let keyed = matches!(by, UsageGrouping::Key);
-        let keys: Vec<ApiKeyRow> = if keyed {
-            store.rows_in(Table::ApiKeys, ws).await.map_err(store_error)?
+        let mut ids: Vec<i64> = rows.iter().filter_map(|r| r.group_key.parse().ok()).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        let keys: Vec<ApiKeyRow> = if by == UsageGrouping::Key {
+            store
+                .rows_with_ids(Table::ApiKeys, ws, &ids)
+                .await
+                .map_err(store_error)?
         } else {
             Vec::new()
         };
-        let members: Vec<MemberRow> = if keyed || by == UsageGrouping::Member {
-            store.rows_in(Table::Members, ws).await.map_err(store_error)?
-        } else {
-            Vec::new()
+        let members: Vec<MemberRow> = match by {
+            UsageGrouping::Key => {
+                let mut owners: Vec<i64> = keys.iter().map(|k| k.member_id).collect();
+                owners.sort_unstable();
+                owners.dedup();
+                store
+                    .rows_with_ids(Table::Members, ws, &owners)
+                    .await
+                    .map_err(store_error)?
+            }
+            UsageGrouping::Member => store
+                .rows_with_ids(Table::Members, ws, &ids)
+                .await
+                .map_err(store_error)?,
+            _ => Vec::new(),
         };
         let depts: Vec<Department> = if by == UsageGrouping::Dept {
-            store.rows_in(Table::Departments, ws).await.map_err(store_error)?
+            store
+                .rows_with_ids(Table::Departments, ws, &ids)
+                .await
+                .map_err(store_error)?
         } else {
             Vec::new()
         };

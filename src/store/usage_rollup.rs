@@ -1,12 +1,16 @@
-//! The usage rollups: requests, tokens and credits per hour (UTC), workspace, and model or
-//! department (`usage_rollup`), and per day (UTC), workspace, and key or member
-//! (`usage_rollup_daily`), added in the same transaction as the logs they sum. A workspace's
-//! usage by day, model or department reads whole hours from the first, by key or member whole
-//! days from the second, and only the time at the edges of its range from the logs. Exact, since
-//! a rollup row is always the sum of the logs of its hour or day (the retention task prunes an
-//! hour or a day once all its logs are gone). Keys and members are rolled up by day because an
-//! hourly row per key is about as many rows as the logs with thousands of keys (measured in
-//! docs/performance.md, "Months of logs"). One member's own usage reads the logs.
+//! The usage rollups, added in the same transaction as the logs they sum: requests, tokens and
+//! credits per hour (UTC), workspace, and model or department (`usage_rollup`); per day (UTC),
+//! workspace, and key or member (`usage_rollup_daily`); per day (UTC), member, key, department
+//! and model group (`usage_rollup_member`, a member's own usage). A workspace's usage by day,
+//! model or department reads whole hours from the first, by key or member whole days from the
+//! second, a member's own usage by any grouping whole days of their rows in the third (its
+//! primary key starts with workspace and member); only the time at the edges of a range is read
+//! from the logs. Exact, since a rollup row is always the sum of the logs of its hour or day (the
+//! retention task prunes an hour or a day once all its logs are gone). Keys and members are
+//! rolled up by day because an hourly row per key is about as many rows as the logs with
+//! thousands of keys (measured in docs/performance.md, "Months of logs"). A member's days in a
+//! workspace whose days are not UTC days: each whole UTC day goes to the local day holding most
+//! of it, and the logs of the rest of it (at most 12 hours) are moved back (see [`report`]).
 
 use std::collections::BTreeMap;
 
@@ -245,7 +249,9 @@ async fn upsert<K: Ord>(
 
 /// Usage in `[from_ms, to_ms)` grouped by `by` (days at `offset_ms` from UTC): the whole hours
 /// or days from the rollup that has the grouping, the rest (the edges, or all of it) from the
-/// logs.
+/// logs. One member's own (`member_id`): their rows of whole days; by day at an offset from UTC,
+/// each whole UTC day counted in the local day that holds most of it, and the logs of its
+/// smaller part moved to their own local day (added there, taken from the neighbour).
 pub(super) async fn report(
     store: &Store,
     workspace_id: i64,
@@ -385,27 +391,28 @@ pub(super) async fn report(
         }
     }
     if let (Some((_, lo, hi, step)), Some(m)) = (split, member_id) {
-        let mut parts = Vec::new();
+        // One range of the (member_id, ts) index per whole day: a join of the days with the
+        // logs is planned by Postgres as a scan of all the member's logs.
+        let signed = ["prompt_tokens", "completion_tokens", "total_tokens", "credits"]
+            .map(|c| format!("s.sign * l.{c}"))
+            .join(", ");
         let mut d = first;
         while d < last {
-            parts.push(format!("({}, {})", d + lo, d + hi));
-            d += DAY_MS;
-        }
-        if !parts.is_empty() {
-            let signed = ["prompt_tokens", "completion_tokens", "total_tokens", "credits"]
-                .map(|c| format!("s.sign * l.{c}"))
-                .join(", ");
             b.push(&format!(
                 " UNION ALL
                   SELECT CAST(((l.ts + {offset_ms}) / 86400000 + CASE WHEN s.sign = 1 THEN 0 ELSE {step} END) AS TEXT),
                     s.sign, {signed}
-                  FROM (VALUES {}) AS part
-                  JOIN request_logs l ON l.ts >= part.column1 AND l.ts < part.column2
-                  CROSS JOIN (SELECT 1 AS sign UNION ALL SELECT -1) s
-                  WHERE l.workspace_id = ",
-                parts.join(", ")
+                  FROM request_logs l CROSS JOIN (SELECT 1 AS sign UNION ALL SELECT -1) s
+                  WHERE l.workspace_id = "
             ));
-            b.bind(workspace_id).push(" AND l.member_id = ").bind(m);
+            b.bind(workspace_id)
+                .push(" AND l.member_id = ")
+                .bind(m)
+                .push(" AND l.ts >= ")
+                .bind(d + lo)
+                .push(" AND l.ts < ")
+                .bind(d + hi);
+            d += DAY_MS;
         }
     }
     // A local day whose logs were all moved back has no requests left: not a group.
@@ -415,7 +422,7 @@ pub(super) async fn report(
 }
 
 /// Whole UTC days a member's report by day at an offset moves logs between (beyond: the logs).
-const MOVED_DAYS_MAX: i64 = 1000;
+const MOVED_DAYS_MAX: i64 = 400;
 
 /// Usage in `[from_ms, to_ms)` per value of tag `key` (requests without it are not listed): the
 /// whole hours from the rollup's `tag:<key>` rows, the edges (and one member's own usage) from
