@@ -312,16 +312,16 @@ pub async fn usage(
         let models: Vec<ModelRow> = store.rows_in(Table::Models, ws).await.map_err(store_error)?;
         rows = by_real_model(rows, &models);
     }
-    // Only the rows the labels need, looked up by id: a report by key over a workspace of
-    // 100,000 keys has as many rows to label, a member's own report by key two or three.
+    // The rows the labels need: looked up by id when they are few (a member's own report by
+    // key names two or three keys), the whole table otherwise (a report by key over a
+    // workspace of 100,000 keys has as many rows to label).
     let (keys, members, depts) = {
         use rustc_hash::FxHashMap;
         let mut ids: Vec<i64> = rows.iter().filter_map(|r| r.group_key.parse().ok()).collect();
         ids.sort_unstable();
         ids.dedup();
         let keys: Vec<ApiKeyRow> = if by == UsageGrouping::Key {
-            store
-                .rows_with_ids(Table::ApiKeys, ws, &ids)
+            labelled(store, Table::ApiKeys, ws, &ids)
                 .await
                 .map_err(store_error)?
         } else {
@@ -332,20 +332,17 @@ pub async fn usage(
                 let mut owners: Vec<i64> = keys.iter().map(|k| k.member_id).collect();
                 owners.sort_unstable();
                 owners.dedup();
-                store
-                    .rows_with_ids(Table::Members, ws, &owners)
+                labelled(store, Table::Members, ws, &owners)
                     .await
                     .map_err(store_error)?
             }
-            UsageGrouping::Member => store
-                .rows_with_ids(Table::Members, ws, &ids)
+            UsageGrouping::Member => labelled(store, Table::Members, ws, &ids)
                 .await
                 .map_err(store_error)?,
             _ => Vec::new(),
         };
         let depts: Vec<Department> = if by == UsageGrouping::Dept {
-            store
-                .rows_with_ids(Table::Departments, ws, &ids)
+            labelled(store, Table::Departments, ws, &ids)
                 .await
                 .map_err(store_error)?
         } else {
@@ -389,6 +386,24 @@ pub async fn usage(
         })
         .collect();
     Ok(Json(json!({"by": by_name, "from": from, "to": to, "data": data})).into_response())
+}
+
+/// The rows of `table` with `ids` when they are at most a few hundred, else all of the
+/// workspace's (one query rather than one per few hundred ids).
+async fn labelled<T>(
+    store: &crate::store::Store,
+    table: Table,
+    ws: i64,
+    ids: &[i64],
+) -> crate::store::StoreResult<Vec<T>>
+where
+    T: for<'r> sqlx::FromRow<'r, sqlx::any::AnyRow> + Send + Unpin,
+{
+    if ids.len() > 500 {
+        store.rows_in(table, ws).await
+    } else {
+        store.rows_with_ids(table, ws, ids).await
+    }
 }
 
 /// One group of a usage report.
