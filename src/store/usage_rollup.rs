@@ -381,13 +381,12 @@ pub(super) async fn report(
               SELECT {logged} AS group_key, 1, prompt_tokens, completion_tokens, total_tokens, credits
               FROM request_logs WHERE workspace_id = "
         ));
-        b.bind(workspace_id)
-            .push(" AND ts >= ")
-            .bind(lo)
-            .push(" AND ts < ")
-            .bind(hi);
-        if let Some(m) = member_id {
-            b.push(" AND member_id = ").bind(m);
+        b.bind(workspace_id);
+        match member_id {
+            Some(m) => member_range(&mut b, "", m, (lo, hi)),
+            None => {
+                b.push(" AND ts >= ").bind(lo).push(" AND ts < ").bind(hi);
+            }
         }
     }
     if let (Some((_, lo, hi, step)), Some(m)) = (split, member_id) {
@@ -405,13 +404,8 @@ pub(super) async fn report(
                   FROM request_logs l CROSS JOIN (SELECT 1 AS sign UNION ALL SELECT -1) s
                   WHERE l.workspace_id = "
             ));
-            b.bind(workspace_id)
-                .push(" AND l.member_id = ")
-                .bind(m)
-                .push(" AND l.ts >= ")
-                .bind(d + lo)
-                .push(" AND l.ts < ")
-                .bind(d + hi);
+            b.bind(workspace_id);
+            member_range(&mut b, "l.", m, (d + lo, d + hi));
             d += DAY_MS;
         }
     }
@@ -419,6 +413,23 @@ pub(super) async fn report(
     b.push(") usage GROUP BY group_key HAVING SUM(usage.requests) <> 0 ORDER BY 1");
     let (sql, args) = b.finish();
     Ok(sqlx::query_as_with(&sql, args).fetch_all(store.pool()).await?)
+}
+
+/// Pushes the condition: member `m`'s logs in `[lo, hi)`, as a range of the (member_id, ts)
+/// index only: with a plain condition on `ts`, the planners read the range of the (ts) index,
+/// every member's logs of those hours, and keep the member's.
+fn member_range(b: &mut SqlBuilder<'_>, alias: &str, m: i64, (lo, hi): (i64, i64)) {
+    b.push(&format!(" AND {alias}member_id = "))
+        .bind(m)
+        .push(&format!(" AND ({alias}member_id, {alias}ts) >= ("))
+        .bind(m)
+        .push(", ")
+        .bind(lo)
+        .push(&format!(") AND ({alias}member_id, {alias}ts) < ("))
+        .bind(m)
+        .push(", ")
+        .bind(hi)
+        .push(")");
 }
 
 /// Whole UTC days a member's report by day at an offset moves logs between (beyond: the logs).
