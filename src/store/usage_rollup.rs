@@ -8,9 +8,9 @@
 //! from the logs. Exact, since a rollup row is always the sum of the logs of its hour or day (the
 //! retention task prunes an hour or a day once all its logs are gone). Keys and members are
 //! rolled up by day because an hourly row per key is about as many rows as the logs with
-//! thousands of keys (measured in docs/performance.md, "Months of logs"). A member's days in a
-//! workspace whose days are not UTC days: each whole UTC day goes to the local day holding most
-//! of it, and the logs of the rest of it (at most 12 hours) are moved back (see [`report`]).
+//! thousands of keys (measured in docs/performance.md, "Months of logs"). A member's own usage by
+//! day in a workspace whose days are not UTC days reads the member's logs (a local day holds
+//! parts of two UTC days).
 
 use std::collections::BTreeMap;
 
@@ -249,9 +249,8 @@ async fn upsert<K: Ord>(
 
 /// Usage in `[from_ms, to_ms)` grouped by `by` (days at `offset_ms` from UTC): the whole hours
 /// or days from the rollup that has the grouping, the rest (the edges, or all of it) from the
-/// logs. One member's own (`member_id`): their rows of whole days; by day at an offset from UTC,
-/// each whole UTC day counted in the local day that holds most of it, and the logs of its
-/// smaller part moved to their own local day (added there, taken from the neighbour).
+/// logs. One member's own (`member_id`): their rows of whole days, and their logs at the edges;
+/// by day at an offset from UTC, their logs.
 pub(super) async fn report(
     store: &Store,
     workspace_id: i64,
@@ -262,10 +261,10 @@ pub(super) async fn report(
 ) -> StoreResult<Vec<UsageRow>> {
     // Which rollup has the grouping, if any: hours by model or department (and by day when
     // days start on the hour), days by key or member; one member's own usage, their own rows
-    // of days (by day at an offset from UTC, see `split` below, over at most MOVED_DAYS_MAX).
-    let whole_days = to_ms.div_euclid(DAY_MS) - from_ms.div_euclid(DAY_MS);
+    // of UTC days (by day when the workspace's days are UTC days: a local day at another offset
+    // holds parts of two UTC days).
     let (rollup, dimension) = match (member_id, by) {
-        (Some(_), UsageGrouping::Day) if offset_ms % DAY_MS != 0 && whole_days > MOVED_DAYS_MAX => (None, ""),
+        (Some(_), UsageGrouping::Day) if offset_ms % DAY_MS != 0 => (None, ""),
         (Some(_), _) => (Some(MEMBER), ""),
         // A day that starts inside an hour cannot be told from hourly sums.
         (None, UsageGrouping::Day) if offset_ms % HOUR_MS == 0 => (Some(HOURLY), "model"),
@@ -286,19 +285,8 @@ pub(super) async fn report(
         (first, last) = (from_ms, from_ms);
     }
     let day = |time: &str| format!("CAST((({time} + {offset_ms}) / 86400000) AS TEXT)");
-    // A member's whole UTC days by local day, when local days start at `start` into a UTC day:
-    // each UTC day's rollup rows go to the local day that holds the larger part of it (`shift`
-    // into it), and the logs of the smaller part, [lo, hi) into the day, are moved back, added
-    // to their own local day and taken from the neighbour (`step` after it) that had them.
-    let split = (member_id.is_some() && by == UsageGrouping::Day && offset_ms % DAY_MS != 0).then(|| {
-        let start = (-offset_ms).rem_euclid(DAY_MS);
-        match start <= DAY_MS / 2 {
-            true => (start, 0, start, 1),
-            false => (0, start, DAY_MS, -1),
-        }
-    });
     let rolled = match (member_id, by) {
-        (_, UsageGrouping::Day) => day(&format!("{time} + {}", split.map_or(0, |s| s.0))),
+        (_, UsageGrouping::Day) => day(time),
         (None, _) => "group_key".to_owned(),
         (Some(_), UsageGrouping::Key) => "CAST(key_id AS TEXT)".to_owned(),
         (Some(_), UsageGrouping::Member) => "CAST(member_id AS TEXT)".to_owned(),
@@ -389,28 +377,7 @@ pub(super) async fn report(
             }
         }
     }
-    if let (Some((_, lo, hi, step)), Some(m)) = (split, member_id) {
-        // One range of the (member_id, ts) index per whole day: a join of the days with the
-        // logs is planned by Postgres as a scan of all the member's logs.
-        let signed = ["prompt_tokens", "completion_tokens", "total_tokens", "credits"]
-            .map(|c| format!("s.sign * l.{c}"))
-            .join(", ");
-        let mut d = first;
-        while d < last {
-            b.push(&format!(
-                " UNION ALL
-                  SELECT CAST(((l.ts + {offset_ms}) / 86400000 + CASE WHEN s.sign = 1 THEN 0 ELSE {step} END) AS TEXT),
-                    s.sign, {signed}
-                  FROM request_logs l CROSS JOIN (SELECT 1 AS sign UNION ALL SELECT -1) s
-                  WHERE l.workspace_id = "
-            ));
-            b.bind(workspace_id);
-            member_range(&mut b, "l.", m, (d + lo, d + hi));
-            d += DAY_MS;
-        }
-    }
-    // A local day whose logs were all moved back has no requests left: not a group.
-    b.push(") usage GROUP BY group_key HAVING SUM(usage.requests) <> 0 ORDER BY 1");
+    b.push(") usage GROUP BY group_key ORDER BY 1");
     let (sql, args) = b.finish();
     Ok(sqlx::query_as_with(&sql, args).fetch_all(store.pool()).await?)
 }
@@ -431,9 +398,6 @@ fn member_range(b: &mut SqlBuilder<'_>, alias: &str, m: i64, (lo, hi): (i64, i64
         .bind(hi)
         .push(")");
 }
-
-/// Whole UTC days a member's report by day at an offset moves logs between (beyond: the logs).
-const MOVED_DAYS_MAX: i64 = 400;
 
 /// Usage in `[from_ms, to_ms)` per value of tag `key` (requests without it are not listed): the
 /// whole hours from the rollup's `tag:<key>` rows, the edges (and one member's own usage) from
