@@ -128,7 +128,7 @@ class Db:
             self.run("CHECKPOINT")
             logs = int(self.value("SELECT pg_total_relation_size('request_logs')"))
             roll = sum(int(self.value(f"SELECT pg_total_relation_size('{t}')"))
-                       for t in ("usage_rollup", "usage_rollup_daily") if self.has_table(t))
+                       for t in ("usage_rollup", "usage_rollup_daily", "usage_rollup_member") if self.has_table(t))
             total = int(self.value("SELECT pg_database_size(current_database())"))
         else:
             self.run("PRAGMA wal_checkpoint(TRUNCATE);")
@@ -298,6 +298,16 @@ SELECT workspace_id, (ts / 86400000) * 86400000, 'member', CAST(member_id AS TEX
 FROM request_logs GROUP BY 1, 2, 3, 4;
 """
 
+MEMBER_ROLLUP = """
+INSERT INTO usage_rollup_member (workspace_id, member_id, day_start, key_id, dept_group, model_group,
+  requests, prompt_tokens, completion_tokens, total_tokens, credits)
+SELECT workspace_id, member_id, (ts / 86400000) * 86400000, key_id, COALESCE(CAST(department_id AS TEXT), ''),
+  CASE WHEN model_served IS NOT NULL THEN 'served:' || model_served
+       ELSE 'asked:' || COALESCE(model_requested, '') END,
+  COUNT(*), SUM(prompt_tokens), SUM(completion_tokens), SUM(total_tokens), SUM(credits)
+FROM request_logs GROUP BY 1, 2, 3, 4, 5, 6;
+"""
+
 
 def cases(items):
     acc, out = 0.0, []
@@ -360,6 +370,8 @@ INSERT INTO bench_statuses VALUES {statuses};
         db.run("DELETE FROM usage_rollup;" + ROLLUP)
     if db.has_table("usage_rollup_daily"):
         db.run("DELETE FROM usage_rollup_daily;" + DAILY_ROLLUP)
+    if db.has_table("usage_rollup_member"):
+        db.run("DELETE FROM usage_rollup_member;" + MEMBER_ROLLUP)
     db.run("DROP TABLE bench_keys; DROP TABLE bench_models; DROP TABLE bench_statuses; ANALYZE;")
     return time.time() - started
 
@@ -399,8 +411,8 @@ def queries(now, keys):
     for by in ("day", "key", "member", "dept", "model"):
         out.append(("usage", f"by {by}, 30 days", f"/admin/v1/usage?by={by}"))
     out.append(("usage", "by day, 24 h (overview)", "/admin/v1/usage?" + q(by="day", **{"from": now - d, "to": now})))
-    out.append(("member usage", "a member: by day, 30 days", "/admin/v1/usage?by=day"))
-    out.append(("member usage", "a member: by model, 30 days", "/admin/v1/usage?by=model"))
+    for by in ("day", "key", "member", "dept", "model"):
+        out.append(("member usage", f"a member: by {by}, 30 days", f"/admin/v1/usage?by={by}"))
     return out
 
 

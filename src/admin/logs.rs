@@ -312,23 +312,39 @@ pub async fn usage(
         let models: Vec<ModelRow> = store.rows_in(Table::Models, ws).await.map_err(store_error)?;
         rows = by_real_model(rows, &models);
     }
-    // Only the tables the labels need, looked up by id: a report by key over a workspace of
-    // 100,000 keys has as many rows to label.
+    // The rows the labels need: looked up by id when they are few (a member's own report by
+    // key names two or three keys), the whole table otherwise (a report by key over a
+    // workspace of 100,000 keys has as many rows to label).
     let (keys, members, depts) = {
         use rustc_hash::FxHashMap;
-        let keyed = matches!(by, UsageGrouping::Key);
-        let keys: Vec<ApiKeyRow> = if keyed {
-            store.rows_in(Table::ApiKeys, ws).await.map_err(store_error)?
+        let mut ids: Vec<i64> = rows.iter().filter_map(|r| r.group_key.parse().ok()).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        let keys: Vec<ApiKeyRow> = if by == UsageGrouping::Key {
+            labelled(store, Table::ApiKeys, ws, &ids)
+                .await
+                .map_err(store_error)?
         } else {
             Vec::new()
         };
-        let members: Vec<MemberRow> = if keyed || by == UsageGrouping::Member {
-            store.rows_in(Table::Members, ws).await.map_err(store_error)?
-        } else {
-            Vec::new()
+        let members: Vec<MemberRow> = match by {
+            UsageGrouping::Key => {
+                let mut owners: Vec<i64> = keys.iter().map(|k| k.member_id).collect();
+                owners.sort_unstable();
+                owners.dedup();
+                labelled(store, Table::Members, ws, &owners)
+                    .await
+                    .map_err(store_error)?
+            }
+            UsageGrouping::Member => labelled(store, Table::Members, ws, &ids)
+                .await
+                .map_err(store_error)?,
+            _ => Vec::new(),
         };
         let depts: Vec<Department> = if by == UsageGrouping::Dept {
-            store.rows_in(Table::Departments, ws).await.map_err(store_error)?
+            labelled(store, Table::Departments, ws, &ids)
+                .await
+                .map_err(store_error)?
         } else {
             Vec::new()
         };
@@ -370,6 +386,24 @@ pub async fn usage(
         })
         .collect();
     Ok(Json(json!({"by": by_name, "from": from, "to": to, "data": data})).into_response())
+}
+
+/// The rows of `table` with `ids` when they are at most a few hundred, else all of the
+/// workspace's (one query rather than one per few hundred ids).
+async fn labelled<T>(
+    store: &crate::store::Store,
+    table: Table,
+    ws: i64,
+    ids: &[i64],
+) -> crate::store::StoreResult<Vec<T>>
+where
+    T: for<'r> sqlx::FromRow<'r, sqlx::any::AnyRow> + Send + Unpin,
+{
+    if ids.len() > 500 {
+        store.rows_in(table, ws).await
+    } else {
+        store.rows_with_ids(table, ws, ids).await
+    }
 }
 
 /// One group of a usage report.

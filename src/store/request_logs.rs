@@ -160,9 +160,9 @@ pub trait RequestLogStore {
         }
     }
     /// Deletes at most `limit` logs older than `cutoff_ms`, oldest first, in one short
-    /// transaction; once none is left, the usage rollups' hours, then days, that end at or
-    /// before `cutoff_ms` (at most `limit` rows of them). The rollups stay exact when the cutoff
-    /// is a day boundary (UTC). Returns the rows deleted (0: nothing left).
+    /// transaction; once none is left, the usage rollups' hours, then days (the workspace's,
+    /// then the members' own), that end at or before `cutoff_ms` (at most `limit` rows of
+    /// them). The rollups stay exact when the cutoff is a day boundary (UTC). Returns the rows deleted (0: nothing left).
     async fn prune_logs_batch(&self, cutoff_ms: i64, limit: i64) -> StoreResult<u64>;
 }
 
@@ -403,16 +403,21 @@ impl RequestLogStore for Store {
         if r.rows_affected() > 0 {
             return Ok(r.rows_affected());
         }
-        // A day goes once all of it is before the cutoff (a day boundary for the daily rollup
+        // A day goes once all of it is before the cutoff (a day boundary for the daily rollups
         // to stay exact: see `request_log::start_retention`).
-        let r = sqlx::query(&format!(
-            "DELETE FROM usage_rollup_daily WHERE {row} IN
-               (SELECT {row} FROM usage_rollup_daily WHERE day_start <= $1 ORDER BY day_start LIMIT $2)"
-        ))
-        .bind(cutoff_ms.saturating_sub(super::DAY_MS))
-        .bind(limit)
-        .execute(self.pool())
-        .await?;
-        Ok(r.rows_affected())
+        for table in ["usage_rollup_daily", "usage_rollup_member"] {
+            let r = sqlx::query(&format!(
+                "DELETE FROM {table} WHERE {row} IN
+                   (SELECT {row} FROM {table} WHERE day_start <= $1 ORDER BY day_start LIMIT $2)"
+            ))
+            .bind(cutoff_ms.saturating_sub(super::DAY_MS))
+            .bind(limit)
+            .execute(self.pool())
+            .await?;
+            if r.rows_affected() > 0 {
+                return Ok(r.rows_affected());
+            }
+        }
+        Ok(0)
     }
 }

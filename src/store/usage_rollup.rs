@@ -1,12 +1,16 @@
-//! The usage rollups: requests, tokens and credits per hour (UTC), workspace, and model or
-//! department (`usage_rollup`), and per day (UTC), workspace, and key or member
-//! (`usage_rollup_daily`), added in the same transaction as the logs they sum. A workspace's
-//! usage by day, model or department reads whole hours from the first, by key or member whole
-//! days from the second, and only the time at the edges of its range from the logs. Exact, since
-//! a rollup row is always the sum of the logs of its hour or day (the retention task prunes an
-//! hour or a day once all its logs are gone). Keys and members are rolled up by day because an
-//! hourly row per key is about as many rows as the logs with thousands of keys (measured in
-//! docs/performance.md, "Months of logs"). One member's own usage reads the logs.
+//! The usage rollups, added in the same transaction as the logs they sum: requests, tokens and
+//! credits per hour (UTC), workspace, and model or department (`usage_rollup`); per day (UTC),
+//! workspace, and key or member (`usage_rollup_daily`); per day (UTC), member, key, department
+//! and model group (`usage_rollup_member`, a member's own usage). A workspace's usage by day,
+//! model or department reads whole hours from the first, by key or member whole days from the
+//! second, a member's own usage by any grouping whole days of their rows in the third (its
+//! primary key starts with workspace and member); only the time at the edges of a range is read
+//! from the logs. Exact, since a rollup row is always the sum of the logs of its hour or day (the
+//! retention task prunes an hour or a day once all its logs are gone). Keys and members are
+//! rolled up by day because an hourly row per key is about as many rows as the logs with
+//! thousands of keys (measured in docs/performance.md, "Months of logs"). A member's own usage by
+//! day in a workspace whose days are not UTC days reads the member's logs (a local day holds
+//! parts of two UTC days).
 
 use std::collections::BTreeMap;
 
@@ -55,6 +59,13 @@ const DAILY: Rollup = Rollup {
     unit_ms: DAY_MS,
 };
 
+/// The members' own rollup: a row per member, day, key, department and model group.
+const MEMBER: Rollup = Rollup {
+    table: "usage_rollup_member",
+    time: "day_start",
+    unit_ms: DAY_MS,
+};
+
 /// `served:` and the model that served, or `asked:` and the model asked for (the usage by model
 /// tells the two apart; see [`UsageGrouping::Model`]).
 fn model_group(r: &LogRecord) -> String {
@@ -67,10 +78,20 @@ fn model_group(r: &LogRecord) -> String {
 /// Rollup rows per INSERT statement, largest first (as for the logs: few distinct statements).
 const STATEMENT_ROWS: [usize; 4] = [100, 20, 5, 1];
 
+/// A member's rollup row's key: workspace, member, day, key, department group (its id, `''`
+/// without one), model group ([`model_group`]).
+type MemberKey = (i64, i64, i64, i64, String, String);
+
+/// A value of a rollup row's key, bound as its column's type.
+enum Col {
+    Int(i64),
+    Text(String),
+}
+
 /// Adds `records` to the rollups, in `tx`. The batch is summed here first (one upsert per row
-/// of a batch, however many logs it sums), then the rows are upserted in key order, the daily
-/// ones first and the hourly ones (which every gateway's batches share) last, so that two
-/// gateways' flushes lock rows in the same order.
+/// of a batch, however many logs it sums), then the rows are upserted in key order: the
+/// members' own first, then the daily ones and last the hourly ones (which every gateway's
+/// batches share), so that two gateways' flushes lock rows in the same order.
 pub(super) async fn add(
     store: &Store,
     tx: &mut sqlx::Transaction<'static, sqlx::Any>,
@@ -78,43 +99,98 @@ pub(super) async fn add(
 ) -> StoreResult<()> {
     let mut hourly: BTreeMap<RollupKey, Sums> = BTreeMap::new();
     let mut daily: BTreeMap<RollupKey, Sums> = BTreeMap::new();
+    let mut members: BTreeMap<MemberKey, Sums> = BTreeMap::new();
+    let add_to = |s: &mut Sums, values: Sums| {
+        for (acc, v) in s.iter_mut().zip(values) {
+            *acc = acc.saturating_add(v);
+        }
+    };
     for r in records {
         let values = [1, r.prompt_tokens, r.completion_tokens, r.total_tokens, r.credits];
         let dept = r.department_id.map(|d| d.to_string()).unwrap_or_default();
         let hour = hour_of(r.ts);
         let day = day_of(r.ts);
+        let model = model_group(r);
+        let member = (
+            r.workspace_id,
+            r.member_id,
+            day,
+            r.key_id,
+            dept.clone(),
+            model.clone(),
+        );
+        add_to(members.entry(member).or_default(), values);
         // Tag values are bounded by the workspace's caps (max_tag_keys × max_tag_values).
         let tags = crate::tags::Tags::from_stored(r.tags.as_deref());
         let tag_rows = tags
             .iter()
             .map(|(k, v)| (false, hour, format!("tag:{k}"), v.to_owned()));
         let rows = [
-            (false, hour, "model".to_owned(), model_group(r)),
+            (false, hour, "model".to_owned(), model),
             (false, hour, "dept".to_owned(), dept),
             (true, day, "key".to_owned(), r.key_id.to_string()),
             (true, day, "member".to_owned(), r.member_id.to_string()),
         ];
         for (by_day, start, dimension, group) in rows.into_iter().chain(tag_rows) {
             let sums = if by_day { &mut daily } else { &mut hourly };
-            let s = sums.entry((r.workspace_id, start, dimension, group)).or_default();
-            for (acc, v) in s.iter_mut().zip(values) {
-                *acc = acc.saturating_add(v);
-            }
+            add_to(
+                sums.entry((r.workspace_id, start, dimension, group)).or_default(),
+                values,
+            );
         }
     }
-    upsert(store, tx, DAILY, daily).await?;
-    upsert(store, tx, HOURLY, hourly).await
+    let member_columns = "workspace_id, member_id, day_start, key_id, dept_group, model_group";
+    upsert(
+        store,
+        tx,
+        MEMBER.table,
+        member_columns,
+        members,
+        |(ws, m, day, key, dept, model)| {
+            vec![
+                Col::Int(*ws),
+                Col::Int(*m),
+                Col::Int(*day),
+                Col::Int(*key),
+                Col::Text(dept.clone()),
+                Col::Text(model.clone()),
+            ]
+        },
+    )
+    .await?;
+    for (rollup, sums) in [(DAILY, daily), (HOURLY, hourly)] {
+        let columns = format!("workspace_id, {}, dimension, group_key", rollup.time);
+        upsert(
+            store,
+            tx,
+            rollup.table,
+            &columns,
+            sums,
+            |(ws, start, dimension, group)| {
+                vec![
+                    Col::Int(*ws),
+                    Col::Int(*start),
+                    Col::Text(dimension.clone()),
+                    Col::Text(group.clone()),
+                ]
+            },
+        )
+        .await?;
+    }
+    Ok(())
 }
 
-/// Upserts `sums` into `rollup`, in key order.
-async fn upsert(
+/// Upserts `sums` into `table`, whose key is `columns` (`key` gives a row's values of them), in
+/// key order.
+async fn upsert<K: Ord>(
     store: &Store,
     tx: &mut sqlx::Transaction<'static, sqlx::Any>,
-    rollup: Rollup,
-    sums: BTreeMap<RollupKey, Sums>,
+    table: &str,
+    columns: &str,
+    sums: BTreeMap<K, Sums>,
+    key: impl Fn(&K) -> Vec<Col>,
 ) -> StoreResult<()> {
-    let Rollup { table, time, .. } = rollup;
-    let rows: Vec<(RollupKey, Sums)> = sums.into_iter().collect();
+    let rows: Vec<(K, Sums)> = sums.into_iter().collect();
     let mut rest = rows.as_slice();
     while !rest.is_empty() {
         let n = STATEMENT_ROWS.into_iter().find(|&n| n <= rest.len()).unwrap_or(1);
@@ -123,18 +199,21 @@ async fn upsert(
         let mut b = SqlBuilder::new(
             store,
             &format!(
-                "INSERT INTO {table} (workspace_id, {time}, dimension, group_key, requests, \
+                "INSERT INTO {table} ({columns}, requests, \
                  prompt_tokens, completion_tokens, total_tokens, credits) VALUES "
             ),
         );
-        for (i, ((ws, start, dimension, group), sums)) in chunk.iter().enumerate() {
+        for (i, (k, sums)) in chunk.iter().enumerate() {
             b.push(if i == 0 { "(" } else { ", (" });
-            b.bind(*ws)
-                .push(", ")
-                .bind(*start)
-                .push(", ")
-                .bind(dimension.as_str());
-            b.push(", ").bind(group.as_str());
+            for (j, col) in key(k).into_iter().enumerate() {
+                if j > 0 {
+                    b.push(", ");
+                }
+                match col {
+                    Col::Int(v) => b.bind(v),
+                    Col::Text(v) => b.bind(v),
+                };
+            }
             for v in sums {
                 b.push(", ").bind(*v);
             }
@@ -159,7 +238,7 @@ async fn upsert(
         .map(add)
         .collect();
         b.push(&format!(
-            " ON CONFLICT (workspace_id, {time}, dimension, group_key) DO UPDATE SET {}",
+            " ON CONFLICT ({columns}) DO UPDATE SET {}",
             set.join(", ")
         ));
         let (sql, args) = b.finish();
@@ -170,7 +249,8 @@ async fn upsert(
 
 /// Usage in `[from_ms, to_ms)` grouped by `by` (days at `offset_ms` from UTC): the whole hours
 /// or days from the rollup that has the grouping, the rest (the edges, or all of it) from the
-/// logs.
+/// logs. One member's own (`member_id`): their rows of whole days, and their logs at the edges;
+/// by day at an offset from UTC, their logs.
 pub(super) async fn report(
     store: &Store,
     workspace_id: i64,
@@ -180,17 +260,20 @@ pub(super) async fn report(
     offset_ms: i64,
 ) -> StoreResult<Vec<UsageRow>> {
     // Which rollup has the grouping, if any: hours by model or department (and by day when
-    // days start on the hour), days by key or member. One member's own usage reads the logs.
-    let (rollup, dimension) = match by {
+    // days start on the hour), days by key or member; one member's own usage, their own rows
+    // of UTC days (by day when the workspace's days are UTC days: a local day at another offset
+    // holds parts of two UTC days).
+    let (rollup, dimension) = match (member_id, by) {
+        (Some(_), UsageGrouping::Day) if offset_ms % DAY_MS != 0 => (None, ""),
+        (Some(_), _) => (Some(MEMBER), ""),
         // A day that starts inside an hour cannot be told from hourly sums.
-        UsageGrouping::Day if offset_ms % HOUR_MS == 0 => (Some(HOURLY), "model"),
-        UsageGrouping::Day => (None, "model"),
-        UsageGrouping::Model => (Some(HOURLY), "model"),
-        UsageGrouping::Dept => (Some(HOURLY), "dept"),
-        UsageGrouping::Key => (Some(DAILY), "key"),
-        UsageGrouping::Member => (Some(DAILY), "member"),
+        (None, UsageGrouping::Day) if offset_ms % HOUR_MS == 0 => (Some(HOURLY), "model"),
+        (None, UsageGrouping::Day) => (None, "model"),
+        (None, UsageGrouping::Model) => (Some(HOURLY), "model"),
+        (None, UsageGrouping::Dept) => (Some(HOURLY), "dept"),
+        (None, UsageGrouping::Key) => (Some(DAILY), "key"),
+        (None, UsageGrouping::Member) => (Some(DAILY), "member"),
     };
-    let rollup = rollup.filter(|_| member_id.is_none());
     let Rollup { table, time, unit_ms } = rollup.unwrap_or(HOURLY);
     // The rollup's hours or days inside the range: [first, last).
     let mut first = from_ms.div_euclid(unit_ms).saturating_mul(unit_ms);
@@ -202,9 +285,13 @@ pub(super) async fn report(
         (first, last) = (from_ms, from_ms);
     }
     let day = |time: &str| format!("CAST((({time} + {offset_ms}) / 86400000) AS TEXT)");
-    let rolled = match by {
-        UsageGrouping::Day => day(time),
-        _ => "group_key".to_owned(),
+    let rolled = match (member_id, by) {
+        (_, UsageGrouping::Day) => day(time),
+        (None, _) => "group_key".to_owned(),
+        (Some(_), UsageGrouping::Key) => "CAST(key_id AS TEXT)".to_owned(),
+        (Some(_), UsageGrouping::Member) => "CAST(member_id AS TEXT)".to_owned(),
+        (Some(_), UsageGrouping::Dept) => "dept_group".to_owned(),
+        (Some(_), UsageGrouping::Model) => "model_group".to_owned(),
     };
     let logged = match by {
         UsageGrouping::Day => day("ts"),
@@ -265,29 +352,51 @@ pub(super) async fn report(
                FROM {table} WHERE workspace_id = "
         ),
     );
-    b.bind(workspace_id)
-        .push(" AND dimension = ")
-        .bind(dimension)
-        .push(&format!(" AND {time} >= "))
+    b.bind(workspace_id);
+    match member_id {
+        Some(m) => b.push(" AND member_id = ").bind(m),
+        None => b.push(" AND dimension = ").bind(dimension),
+    };
+    b.push(&format!(" AND {time} >= "))
         .bind(first)
         .push(&format!(" AND {time} < "))
         .bind(last);
-    // The edges, each a plain range of the (workspace_id, ts) index.
+    // The edges, each a plain range of the (workspace_id, ts) index, or of the (member_id, ts)
+    // one for a member's own.
     for (lo, hi) in [(from_ms, first.min(to_ms)), (last.max(from_ms), to_ms)] {
         b.push(&format!(
             " UNION ALL
               SELECT {logged} AS group_key, 1, prompt_tokens, completion_tokens, total_tokens, credits
               FROM request_logs WHERE workspace_id = "
         ));
-        b.bind(workspace_id)
-            .push(" AND ts >= ")
-            .bind(lo)
-            .push(" AND ts < ")
-            .bind(hi);
+        b.bind(workspace_id);
+        match member_id {
+            Some(m) => member_range(&mut b, "", m, (lo, hi)),
+            None => {
+                b.push(" AND ts >= ").bind(lo).push(" AND ts < ").bind(hi);
+            }
+        }
     }
     b.push(") usage GROUP BY group_key ORDER BY 1");
     let (sql, args) = b.finish();
     Ok(sqlx::query_as_with(&sql, args).fetch_all(store.pool()).await?)
+}
+
+/// Pushes the condition: member `m`'s logs in `[lo, hi)`, as a range of the (member_id, ts)
+/// index only: with a plain condition on `ts`, the planners read the range of the (ts) index,
+/// every member's logs of those hours, and keep the member's.
+fn member_range(b: &mut SqlBuilder<'_>, alias: &str, m: i64, (lo, hi): (i64, i64)) {
+    b.push(&format!(" AND {alias}member_id = "))
+        .bind(m)
+        .push(&format!(" AND ({alias}member_id, {alias}ts) >= ("))
+        .bind(m)
+        .push(", ")
+        .bind(lo)
+        .push(&format!(") AND ({alias}member_id, {alias}ts) < ("))
+        .bind(m)
+        .push(", ")
+        .bind(hi)
+        .push(")");
 }
 
 /// Usage in `[from_ms, to_ms)` per value of tag `key` (requests without it are not listed): the

@@ -16,6 +16,7 @@ mod accounts;
 mod guardrails;
 mod inputs;
 mod isolation;
+mod member_usage;
 mod months;
 mod pages;
 mod reports;

@@ -49,7 +49,7 @@ async fn sqlite_gathers_the_planners_statistics() {
 }
 
 /// The workspace id of acme.
-async fn acme(app: &TestApp) -> i64 {
+pub(super) async fn acme(app: &TestApp) -> i64 {
     app.state
         .store
         .workspace_by_name("acme")
@@ -93,7 +93,7 @@ fn varied_logs(ws: i64, now: i64) -> Vec<LogRecord> {
 }
 
 /// The usage report computed from the logs themselves, the way the store groups them.
-fn expected(
+pub(super) fn expected(
     logs: &[LogRecord],
     member: Option<i64>,
     (from, to): (i64, i64),
