@@ -170,6 +170,11 @@ export const CHROMIUM_ARGS = [
 
 /** Starts the mock, the gateway and the browser; returns handles and a stop(). */
 export async function startStack() {
+  const executablePath = process.env.CHROMIUM_BIN || '/usr/bin/chromium';
+  // Checked before anything starts: a gateway left running would keep node from ever exiting.
+  if (!existsSync(executablePath)) {
+    throw new Error(`no browser at ${executablePath}: apt-get install chromium, or set CHROMIUM_BIN`);
+  }
   mkdirSync(outDir, { recursive: true });
   const tmp = mkdtempSync(path.join(tmpdir(), 'aigw-console-'));
   const mock = await startMock();
@@ -196,8 +201,13 @@ export async function startStack() {
     await stop(gateway); await stop(mock.child); await idp.close();
     throw e;
   }
-  const executablePath = process.env.CHROMIUM_BIN || '/usr/bin/chromium';
-  const browser = await chromium.launch({ executablePath, headless: true, args: CHROMIUM_ARGS });
+  let browser;
+  try {
+    browser = await chromium.launch({ executablePath, headless: true, args: CHROMIUM_ARGS });
+  } catch (e) {
+    await stop(gateway); await stop(mock.child); await idp.close();
+    throw e;
+  }
   return {
     base,
     mockUrl: mock.url,
