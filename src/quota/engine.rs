@@ -494,8 +494,8 @@ impl QuotaCounters {
         }
     }
 
-    /// Writes the pending deltas (and refreshes the touched counters) with upserts that return
-    /// each global total, all in one transaction; forgets counters whose own window has ended
+    /// Writes the pending deltas with upserts that return each global total, all in one
+    /// transaction, and reads the totals of the live counters with nothing pending; forgets counters whose own window has ended
     /// (in the zone it was aligned in) and that hold nothing unwritten. Returns how
     /// many counters were written, or the error of the first one that was not.
     ///

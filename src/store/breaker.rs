@@ -1,7 +1,7 @@
 //! The key breaker's shared state: trips, blocks and bans (`breaker_state`), the history of trips
 //! (`breaker_trips`) and every gateway's per-second outcomes (`breaker_buckets`).
 
-use super::{SqlBuilder, Store, StoreResult};
+use super::{NARROW_STATEMENT_ROWS, SqlBuilder, Store, StoreResult, statements};
 
 /// A key's standing as stored: lifetime trips, block end and ban.
 #[derive(Clone, Debug, PartialEq, Eq, sqlx::FromRow)]
@@ -36,22 +36,6 @@ pub struct TripRow {
 /// Outcomes of one key in one second: ((key, second), (requests, failures)).
 pub type BucketDelta = ((i64, i64), (u32, u32));
 
-/// Rows (or keys) per statement, largest first. Few sizes, so few distinct statements: each one
-/// is prepared once and kept by every connection, and a batch of any size, cut at 500, would
-/// otherwise leave a statement of its own size (hundreds of KiB of prepared program each, kept
-/// up to a hundred per connection).
-const STATEMENT_ROWS: [usize; 5] = [500, 100, 20, 5, 1];
-
-/// `rows` cut into statements of [`STATEMENT_ROWS`] sizes, in order.
-fn statements<T>(mut rows: &[T]) -> impl Iterator<Item = &[T]> {
-    std::iter::from_fn(move || {
-        let n = STATEMENT_ROWS.into_iter().find(|&n| n <= rows.len())?;
-        let (chunk, rest) = rows.split_at(n);
-        rows = rest;
-        Some(chunk)
-    })
-}
-
 /// The breaker's state, shared by every gateway on the database.
 #[expect(
     async_fn_in_trait,
@@ -85,7 +69,7 @@ impl BreakerStore for Store {
     async fn add_breaker_buckets(&self, batch: &[BucketDelta]) -> StoreResult<()> {
         // One transaction: a flush that fails is retried whole, so no part may have been added.
         let mut tx = self.pool().begin().await?;
-        for chunk in statements(batch) {
+        for chunk in statements(batch, NARROW_STATEMENT_ROWS) {
             let mut b = SqlBuilder::new(
                 self,
                 "INSERT INTO breaker_buckets (key_id, second, total, failed) VALUES ",
@@ -110,7 +94,7 @@ impl BreakerStore for Store {
         let mut rows = Vec::with_capacity(keys.len());
         // In chunks: one statement's placeholders are bounded (32,766 on SQLite), the keys that
         // answered in a flush interval are not.
-        for chunk in statements(keys) {
+        for chunk in statements(keys, NARROW_STATEMENT_ROWS) {
             let mut b = SqlBuilder::new(
                 self,
                 "SELECT key_id, CAST(SUM(total) AS BIGINT), CAST(SUM(failed) AS BIGINT) FROM breaker_buckets WHERE second > ",
@@ -195,17 +179,5 @@ mod tests {
         let rows = store.breaker_window(&keys, 99).await.unwrap();
         assert_eq!(rows.len(), keys.len());
         assert!(rows.iter().all(|&(_, total, failed)| total == 2 && failed == 1));
-    }
-
-    #[test]
-    fn batches_of_any_size_make_few_statements() {
-        let mut sizes = std::collections::BTreeSet::new();
-        for n in 0..=1_234 {
-            let rows: Vec<usize> = (0..n).collect();
-            let chunks: Vec<&[usize]> = statements(&rows).collect();
-            assert_eq!(chunks.concat(), rows, "every row once, in order");
-            sizes.extend(chunks.iter().map(|c| c.len()));
-        }
-        assert_eq!(sizes.into_iter().collect::<Vec<_>>(), [1, 5, 20, 100, 500]);
     }
 }

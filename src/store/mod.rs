@@ -124,6 +124,26 @@ impl StoreError {
 /// Result of a store call.
 pub type StoreResult<T> = Result<T, StoreError>;
 
+/// Rows per statement for wide rows (logs, rollups), largest first. A batch is written as
+/// statements of exactly these sizes, so the database prepares each once and then finds it in
+/// its statement cache: a batch of any size, cut at a fixed size, would leave a statement of its
+/// own size (hundreds of KiB of prepared program each, kept up to a hundred per connection).
+/// The largest stays small, so building its arguments never holds a runtime worker long.
+pub(crate) const STATEMENT_ROWS: &[usize] = &[100, 20, 5, 1];
+
+/// Rows (or keys) per statement for narrow rows (counters, breaker buckets), largest first.
+pub(crate) const NARROW_STATEMENT_ROWS: &[usize] = &[500, 100, 20, 5, 1];
+
+/// `rows` cut into statements of `sizes` (largest first, ending in 1), in order.
+pub(crate) fn statements<'a, T>(mut rows: &'a [T], sizes: &'static [usize]) -> impl Iterator<Item = &'a [T]> {
+    std::iter::from_fn(move || {
+        let n = sizes.iter().copied().find(|&n| n <= rows.len())?;
+        let (chunk, rest) = rows.split_at(n);
+        rows = rest;
+        Some(chunk)
+    })
+}
+
 /// Builds SQL for dynamic filters and batches with each backend's placeholders: `$n` for
 /// Postgres, `?` for SQLite (sqlx's `QueryBuilder` writes `?` for the `Any` driver, which Postgres
 /// rejects; and SQLite looks named parameters up linearly, so a 500-row batch of `$n` costs
@@ -560,5 +580,29 @@ impl Store {
     pub async fn close(&self) {
         self.optimize().await;
         self.pool.close().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn batches_of_any_size_make_few_statements() {
+        let mut sizes = std::collections::BTreeSet::new();
+        for n in 0..=1_234 {
+            let rows: Vec<usize> = (0..n).collect();
+            let chunks: Vec<&[usize]> = statements(&rows, NARROW_STATEMENT_ROWS).collect();
+            assert_eq!(chunks.concat(), rows, "every row once, in order");
+            sizes.extend(chunks.iter().map(|c| c.len()));
+        }
+        assert_eq!(sizes.into_iter().collect::<Vec<_>>(), [1, 5, 20, 100, 500]);
+    }
+
+    #[test]
+    fn wide_rows_make_four_statements() {
+        let rows: Vec<usize> = (0..347).collect();
+        let sizes: Vec<usize> = statements(&rows, STATEMENT_ROWS).map(<[usize]>::len).collect();
+        assert_eq!(sizes, [100, 100, 100, 20, 20, 5, 1, 1]);
     }
 }

@@ -2,7 +2,7 @@
 //! own-limit counts (`upstream_counters`). Each gateway adds what it counted at every flush and
 //! reads back every gateway's totals.
 
-use super::{SqlBuilder, Store, StoreResult};
+use super::{NARROW_STATEMENT_ROWS, SqlBuilder, Store, StoreResult, statements};
 
 /// A quota counter's identity as stored: subject, metric, window and window start.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -27,8 +27,9 @@ pub struct UsageCounterRow {
 pub trait UsageStore {
     /// The stored total of a counter, if it has a row.
     async fn usage_counter(&self, key: &UsageCounterRow) -> StoreResult<Option<i64>>;
-    /// Adds every delta of `batch` (each in `0..=i64::MAX`) in one transaction; returns each
-    /// counter's new global total as stored: (subject, subject id, metric, window, window start,
+    /// Adds every nonzero delta of `batch` (each in `0..=i64::MAX`) in one transaction, and
+    /// only reads the counters of zero deltas; returns each counter's global total as stored
+    /// (0 for a counter without a row): (subject, subject id, metric, window, window start,
     /// used).
     async fn add_usage(&self, batch: &[(UsageCounterRow, i64)]) -> StoreResult<Vec<UsageTotal>>;
     /// Every subject's stored total of one metric in one window: (subject id, used).
@@ -61,12 +62,17 @@ impl UsageStore for Store {
     }
 
     async fn add_usage(&self, batch: &[(UsageCounterRow, i64)]) -> StoreResult<Vec<UsageTotal>> {
-        let mut tx = self.pool().begin().await?;
-        let mut totals = Vec::with_capacity(batch.len());
-        for chunk in batch.chunks(500) {
-            totals.extend(upsert_usage(self, &mut tx, chunk).await?);
+        // A zero delta only reads: an idle counter costs a shared read, not a row lock and a
+        // write (on every flush of every gateway).
+        let (adds, reads): (Vec<_>, Vec<_>) = batch.iter().cloned().partition(|(_, d)| *d != 0);
+        let mut totals = read_usage(self, reads.into_iter().map(|(k, _)| k).collect()).await?;
+        if !adds.is_empty() {
+            let mut tx = self.pool().begin().await?;
+            for chunk in statements(&adds, NARROW_STATEMENT_ROWS) {
+                totals.extend(upsert_usage(self, &mut tx, chunk).await?);
+            }
+            tx.commit().await?;
         }
-        tx.commit().await?;
         Ok(totals)
     }
 
@@ -88,6 +94,65 @@ impl UsageStore for Store {
         .fetch_all(self.pool())
         .await?)
     }
+}
+
+/// The stored totals of `keys` (a counter without a row has used 0): one statement per window
+/// and metric of a subject kind, its subject ids listed.
+async fn read_usage(store: &Store, mut keys: Vec<UsageCounterRow>) -> StoreResult<Vec<UsageTotal>> {
+    keys.sort_by(|a, b| {
+        (a.subject, a.metric, &a.time_window, a.window_start, a.subject_id).cmp(&(
+            b.subject,
+            b.metric,
+            &b.time_window,
+            b.window_start,
+            b.subject_id,
+        ))
+    });
+    let same_window = |a: &UsageCounterRow, b: &UsageCounterRow| {
+        (a.subject, a.metric, &a.time_window, a.window_start)
+            == (b.subject, b.metric, &b.time_window, b.window_start)
+    };
+    let mut totals = Vec::with_capacity(keys.len());
+    for group in keys.chunk_by(same_window) {
+        let k = &group[0];
+        for ids in statements(group, NARROW_STATEMENT_ROWS) {
+            let mut b = SqlBuilder::new(
+                store,
+                "SELECT subject_id, used FROM usage_counters WHERE subject = ",
+            );
+            b.bind(k.subject).push(" AND metric = ").bind(k.metric);
+            b.push(" AND time_window = ")
+                .bind(k.time_window.as_str())
+                .push(" AND window_start = ")
+                .bind(k.window_start)
+                .push(" AND subject_id IN (");
+            for (i, id) in ids.iter().enumerate() {
+                if i > 0 {
+                    b.push(", ");
+                }
+                b.bind(id.subject_id);
+            }
+            b.push(")");
+            let (sql, args) = b.finish();
+            let stored: rustc_hash::FxHashMap<i64, i64> = sqlx::query_as_with(&sql, args)
+                .fetch_all(store.pool())
+                .await?
+                .into_iter()
+                .collect();
+            totals.extend(ids.iter().map(|r| {
+                let used = stored.get(&r.subject_id).copied().unwrap_or(0);
+                (
+                    r.subject.to_owned(),
+                    r.subject_id,
+                    r.metric.to_owned(),
+                    r.time_window.clone(),
+                    r.window_start,
+                    used,
+                )
+            }));
+        }
+    }
+    Ok(totals)
 }
 
 async fn upsert_usage(
@@ -157,7 +222,7 @@ impl OwnLimitStore for Store {
             return Ok(());
         }
         let mut tx = self.pool().begin().await?;
-        for chunk in batch.chunks(500) {
+        for chunk in statements(batch, NARROW_STATEMENT_ROWS) {
             let mut b = SqlBuilder::new(
                 self,
                 "INSERT INTO upstream_counters (credential_id, counter, window_start, used) VALUES ",
@@ -209,5 +274,58 @@ impl OwnLimitStore for Store {
         .execute(self.pool())
         .await?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(subject_id: i64, time_window: &str) -> UsageCounterRow {
+        UsageCounterRow {
+            subject: "apikey",
+            subject_id,
+            metric: "requests",
+            time_window: time_window.to_owned(),
+            window_start: if time_window == "total" { 0 } else { 1_800_000_000 },
+        }
+    }
+
+    /// A flush's zero deltas read the stored totals (0 without a row) and create no row; the
+    /// others add, in one batch, each total coming back for its own counter.
+    #[tokio::test]
+    async fn a_zero_delta_reads_and_writes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite:{}", dir.path().join("usage.db").display());
+        let store = Store::connect(&url).await.unwrap();
+        let seeded: Vec<_> = (1..=150).map(|id| (row(id, "day"), id)).collect();
+        store.add_usage(&seeded).await.unwrap();
+
+        // Ids 1..=150 read (0) or add (1) alternately; 151..=160 have no row and read only.
+        let mut batch: Vec<_> = (1..=160)
+            .map(|id| (row(id, "day"), i64::from(id % 2 == 0)))
+            .collect();
+        batch.push((row(1, "total"), 0));
+        batch.push((row(2, "total"), 5));
+        let totals = store.add_usage(&batch).await.unwrap();
+        assert_eq!(totals.len(), batch.len(), "one total per counter");
+        for (key, delta) in &batch {
+            let stored = if key.time_window == "total" || key.subject_id > 150 {
+                0
+            } else {
+                key.subject_id
+            };
+            let total = totals
+                .iter()
+                .find(|t| t.1 == key.subject_id && t.3 == key.time_window)
+                .map(|t| t.5);
+            assert_eq!(total, Some(stored + delta), "{key:?}");
+            let row = store.usage_counter(key).await.unwrap();
+            assert_eq!(
+                row.is_some(),
+                stored + delta > 0 || key.subject_id <= 150 && key.time_window == "day",
+                "{key:?}"
+            );
+        }
     }
 }
