@@ -128,7 +128,8 @@ class Db:
             self.run("CHECKPOINT")
             logs = int(self.value("SELECT pg_total_relation_size('request_logs')"))
             roll = sum(int(self.value(f"SELECT pg_total_relation_size('{t}')"))
-                       for t in ("usage_rollup", "usage_rollup_daily", "usage_rollup_member") if self.has_table(t))
+                       for t in ("usage_rollup", "usage_rollup_daily", "usage_rollup_member",
+                                 "usage_rollup_member_hourly") if self.has_table(t))
             total = int(self.value("SELECT pg_database_size(current_database())"))
         else:
             self.run("PRAGMA wal_checkpoint(TRUNCATE);")
@@ -308,6 +309,14 @@ SELECT workspace_id, member_id, (ts / 86400000) * 86400000, key_id, COALESCE(CAS
 FROM request_logs GROUP BY 1, 2, 3, 4, 5, 6;
 """
 
+MEMBER_HOURLY_ROLLUP = """
+INSERT INTO usage_rollup_member_hourly (workspace_id, member_id, hour_start,
+  requests, prompt_tokens, completion_tokens, total_tokens, credits)
+SELECT workspace_id, member_id, (ts / 3600000) * 3600000,
+  COUNT(*), SUM(prompt_tokens), SUM(completion_tokens), SUM(total_tokens), SUM(credits)
+FROM request_logs GROUP BY 1, 2, 3;
+"""
+
 
 def cases(items):
     acc, out = 0.0, []
@@ -372,6 +381,8 @@ INSERT INTO bench_statuses VALUES {statuses};
         db.run("DELETE FROM usage_rollup_daily;" + DAILY_ROLLUP)
     if db.has_table("usage_rollup_member"):
         db.run("DELETE FROM usage_rollup_member;" + MEMBER_ROLLUP)
+    if db.has_table("usage_rollup_member_hourly"):
+        db.run("DELETE FROM usage_rollup_member_hourly;" + MEMBER_HOURLY_ROLLUP)
     db.run("DROP TABLE bench_keys; DROP TABLE bench_models; DROP TABLE bench_statuses; ANALYZE;")
     return time.time() - started
 

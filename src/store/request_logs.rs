@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{Backend, HOUR_MS, SqlBuilder, Store, StoreResult};
+use super::{Backend, HOUR_MS, STATEMENT_ROWS, SqlBuilder, Store, StoreResult, statements};
 
 /// One request, as logged.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, sqlx::FromRow)]
@@ -74,13 +74,6 @@ const COLUMNS: &str = "request_id, ts, workspace_id, key_id, member_id, departme
     model_served, upstream_id, attempts, attempts_detail, status, code, source, explanation, stream, prompt_tokens, \
     completion_tokens, total_tokens, credits, usage_estimated, latency_ms, ttfb_ms, upstream_latency_ms, client_ip, would_refuse, \
     tags, end_user";
-
-/// Rows per INSERT statement, largest first. A flush is written as statements of exactly these
-/// sizes, so the database prepares each of these four statements once and then finds it in its
-/// statement cache (any other size would be parsed anew: thousands of placeholders). A
-/// statement's arguments are built on a runtime worker, so the largest stays small (a fraction of
-/// a millisecond) and never holds a worker long enough to show in the request path's latency.
-const STATEMENT_ROWS: [usize; 4] = [100, 20, 5, 1];
 
 /// Filters of the log query (DESIGN.md §7).
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -160,9 +153,9 @@ pub trait RequestLogStore {
         }
     }
     /// Deletes at most `limit` logs older than `cutoff_ms`, oldest first, in one short
-    /// transaction; once none is left, the usage rollups' hours, then days (the workspace's,
-    /// then the members' own), that end at or before `cutoff_ms` (at most `limit` rows of
-    /// them). The rollups stay exact when the cutoff is a day boundary (UTC). Returns the rows deleted (0: nothing left).
+    /// transaction; once none is left, the usage rollups' hours (the workspace's, then the
+    /// members'), then days (the workspace's, then the members' own), that end at or before
+    /// `cutoff_ms` (at most `limit` rows of one rollup). The rollups stay exact when the cutoff is a day boundary (UTC). Returns the rows deleted (0: nothing left).
     async fn prune_logs_batch(&self, cutoff_ms: i64, limit: i64) -> StoreResult<u64>;
 }
 
@@ -215,11 +208,8 @@ impl LastUsedStamps {
 impl RequestLogStore for Store {
     async fn insert_logs(&self, records: &[LogRecord]) -> StoreResult<()> {
         let mut tx = self.pool().begin().await?;
-        let mut rest = records;
-        while !rest.is_empty() {
-            let rows = STATEMENT_ROWS.into_iter().find(|&n| n <= rest.len()).unwrap_or(1);
-            let (chunk, tail) = rest.split_at(rows);
-            rest = tail;
+        // Statements of a few fixed sizes, each prepared once ([`STATEMENT_ROWS`]).
+        for chunk in statements(records, STATEMENT_ROWS) {
             let mut b = SqlBuilder::new(self, &format!("INSERT INTO request_logs ({COLUMNS}) VALUES "));
             for (i, r) in chunk.iter().enumerate() {
                 b.push(if i == 0 { "(" } else { ", (" });
@@ -392,25 +382,20 @@ impl RequestLogStore for Store {
             Backend::Postgres => "ctid",
             Backend::Sqlite => "rowid",
         };
-        let r = sqlx::query(&format!(
-            "DELETE FROM usage_rollup WHERE {row} IN
-               (SELECT {row} FROM usage_rollup WHERE hour_start <= $1 ORDER BY hour_start LIMIT $2)"
-        ))
-        .bind(cutoff_ms.saturating_sub(HOUR_MS))
-        .bind(limit)
-        .execute(self.pool())
-        .await?;
-        if r.rows_affected() > 0 {
-            return Ok(r.rows_affected());
-        }
-        // A day goes once all of it is before the cutoff (a day boundary for the daily rollups
-        // to stay exact: see `request_log::start_retention`).
-        for table in ["usage_rollup_daily", "usage_rollup_member"] {
+        // An hour or a day goes once all of it is before the cutoff (a day boundary for the
+        // daily rollups to stay exact: see `request_log::start_retention`).
+        let rollups = [
+            ("usage_rollup", "hour_start", HOUR_MS),
+            ("usage_rollup_member_hourly", "hour_start", HOUR_MS),
+            ("usage_rollup_daily", "day_start", super::DAY_MS),
+            ("usage_rollup_member", "day_start", super::DAY_MS),
+        ];
+        for (table, time, unit_ms) in rollups {
             let r = sqlx::query(&format!(
                 "DELETE FROM {table} WHERE {row} IN
-                   (SELECT {row} FROM {table} WHERE day_start <= $1 ORDER BY day_start LIMIT $2)"
+                   (SELECT {row} FROM {table} WHERE {time} <= $1 ORDER BY {time} LIMIT $2)"
             ))
-            .bind(cutoff_ms.saturating_sub(super::DAY_MS))
+            .bind(cutoff_ms.saturating_sub(unit_ms))
             .bind(limit)
             .execute(self.pool())
             .await?;

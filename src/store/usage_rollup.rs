@@ -1,20 +1,22 @@
 //! The usage rollups, added in the same transaction as the logs they sum: requests, tokens and
 //! credits per hour (UTC), workspace, and model or department (`usage_rollup`); per day (UTC),
 //! workspace, and key or member (`usage_rollup_daily`); per day (UTC), member, key, department
-//! and model group (`usage_rollup_member`, a member's own usage). A workspace's usage by day,
-//! model or department reads whole hours from the first, by key or member whole days from the
-//! second, a member's own usage by any grouping whole days of their rows in the third (its
-//! primary key starts with workspace and member); only the time at the edges of a range is read
-//! from the logs. Exact, since a rollup row is always the sum of the logs of its hour or day (the
+//! and model group (`usage_rollup_member`, a member's own usage); per hour (UTC) and member
+//! (`usage_rollup_member_hourly`). A workspace's usage by day, model or department reads whole
+//! hours from the first, by key or member whole days from the second, a member's own usage by
+//! any grouping whole days of their rows in the third (its primary key starts with workspace and
+//! member), and by day at an offset from UTC whole hours of the fourth; only the time at the
+//! edges of a range is read from the logs. Exact, since a rollup row is always the sum of the logs of its hour or day (the
 //! retention task prunes an hour or a day once all its logs are gone). Keys and members are
 //! rolled up by day because an hourly row per key is about as many rows as the logs with
 //! thousands of keys (measured in docs/performance.md, "Months of logs"). A member's own usage by
-//! day in a workspace whose days are not UTC days reads the member's logs (a local day holds
-//! parts of two UTC days).
+//! day in a workspace whose days start at a half hour from UTC reads the member's logs.
 
 use std::collections::BTreeMap;
 
-use super::{Backend, LogRecord, SqlBuilder, Store, StoreResult, UsageGrouping, UsageRow};
+use super::{
+    Backend, LogRecord, STATEMENT_ROWS, SqlBuilder, Store, StoreResult, UsageGrouping, UsageRow, statements,
+};
 
 /// An hour, in ms.
 pub const HOUR_MS: i64 = 3_600_000;
@@ -75,8 +77,12 @@ fn model_group(r: &LogRecord) -> String {
     }
 }
 
-/// Rollup rows per INSERT statement, largest first (as for the logs: few distinct statements).
-const STATEMENT_ROWS: [usize; 4] = [100, 20, 5, 1];
+/// The members' hourly rollup: a row per member and hour, for their usage by local day.
+const MEMBER_HOURLY: Rollup = Rollup {
+    table: "usage_rollup_member_hourly",
+    time: "hour_start",
+    unit_ms: HOUR_MS,
+};
 
 /// A member's rollup row's key: workspace, member, day, key, department group (its id, `''`
 /// without one), model group ([`model_group`]).
@@ -90,8 +96,9 @@ enum Col {
 
 /// Adds `records` to the rollups, in `tx`. The batch is summed here first (one upsert per row
 /// of a batch, however many logs it sums), then the rows are upserted in key order: the
-/// members' own first, then the daily ones and last the hourly ones (which every gateway's
-/// batches share), so that two gateways' flushes lock rows in the same order.
+/// members' own (by day, then by hour) first, then the daily ones and last the hourly ones
+/// (which every gateway's batches share), so that two gateways' flushes lock rows in the same
+/// order.
 pub(super) async fn add(
     store: &Store,
     tx: &mut sqlx::Transaction<'static, sqlx::Any>,
@@ -100,6 +107,7 @@ pub(super) async fn add(
     let mut hourly: BTreeMap<RollupKey, Sums> = BTreeMap::new();
     let mut daily: BTreeMap<RollupKey, Sums> = BTreeMap::new();
     let mut members: BTreeMap<MemberKey, Sums> = BTreeMap::new();
+    let mut member_hours: BTreeMap<(i64, i64, i64), Sums> = BTreeMap::new();
     let add_to = |s: &mut Sums, values: Sums| {
         for (acc, v) in s.iter_mut().zip(values) {
             *acc = acc.saturating_add(v);
@@ -120,6 +128,12 @@ pub(super) async fn add(
             model.clone(),
         );
         add_to(members.entry(member).or_default(), values);
+        add_to(
+            member_hours
+                .entry((r.workspace_id, r.member_id, hour))
+                .or_default(),
+            values,
+        );
         // Tag values are bounded by the workspace's caps (max_tag_keys × max_tag_values).
         let tags = crate::tags::Tags::from_stored(r.tags.as_deref());
         let tag_rows = tags
@@ -158,6 +172,15 @@ pub(super) async fn add(
         },
     )
     .await?;
+    upsert(
+        store,
+        tx,
+        MEMBER_HOURLY.table,
+        "workspace_id, member_id, hour_start",
+        member_hours,
+        |(ws, m, hour)| vec![Col::Int(*ws), Col::Int(*m), Col::Int(*hour)],
+    )
+    .await?;
     for (rollup, sums) in [(DAILY, daily), (HOURLY, hourly)] {
         let columns = format!("workspace_id, {}, dimension, group_key", rollup.time);
         upsert(
@@ -191,11 +214,7 @@ async fn upsert<K: Ord>(
     key: impl Fn(&K) -> Vec<Col>,
 ) -> StoreResult<()> {
     let rows: Vec<(K, Sums)> = sums.into_iter().collect();
-    let mut rest = rows.as_slice();
-    while !rest.is_empty() {
-        let n = STATEMENT_ROWS.into_iter().find(|&n| n <= rest.len()).unwrap_or(1);
-        let (chunk, tail) = rest.split_at(n);
-        rest = tail;
+    for chunk in statements(&rows, STATEMENT_ROWS) {
         let mut b = SqlBuilder::new(
             store,
             &format!(
@@ -250,7 +269,8 @@ async fn upsert<K: Ord>(
 /// Usage in `[from_ms, to_ms)` grouped by `by` (days at `offset_ms` from UTC): the whole hours
 /// or days from the rollup that has the grouping, the rest (the edges, or all of it) from the
 /// logs. One member's own (`member_id`): their rows of whole days, and their logs at the edges;
-/// by day at an offset from UTC, their logs.
+/// by day at an offset from UTC, their rows of whole hours (their logs when days start inside an
+/// hour).
 pub(super) async fn report(
     store: &Store,
     workspace_id: i64,
@@ -262,9 +282,10 @@ pub(super) async fn report(
     // Which rollup has the grouping, if any: hours by model or department (and by day when
     // days start on the hour), days by key or member; one member's own usage, their own rows
     // of UTC days (by day when the workspace's days are UTC days: a local day at another offset
-    // holds parts of two UTC days).
+    // holds parts of two UTC days, and is summed from the member's hours).
     let (rollup, dimension) = match (member_id, by) {
-        (Some(_), UsageGrouping::Day) if offset_ms % DAY_MS != 0 => (None, ""),
+        (Some(_), UsageGrouping::Day) if offset_ms % HOUR_MS != 0 => (None, ""),
+        (Some(_), UsageGrouping::Day) if offset_ms % DAY_MS != 0 => (Some(MEMBER_HOURLY), ""),
         (Some(_), _) => (Some(MEMBER), ""),
         // A day that starts inside an hour cannot be told from hourly sums.
         (None, UsageGrouping::Day) if offset_ms % HOUR_MS == 0 => (Some(HOURLY), "model"),

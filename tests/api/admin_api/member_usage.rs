@@ -1,8 +1,9 @@
 //! A member's own usage (issue 24 §3): a member who does not manage the workspace sees only
 //! their own usage, which reads the members' own daily rollup (whole UTC days) and the logs of
-//! the partial days at the edges (by day at an offset from UTC: the logs); the answer stays equal to the sums of the member's logs,
-//! whatever the grouping, range, day offset or retention, and after the backfill of migration
-//! 0017 from the logs already stored.
+//! the partial days at the edges (by day at a whole-hour offset from UTC: their hourly rollup and
+//! the partial hours from the logs; at a half-hour offset: the logs); the answer stays equal to
+//! the sums of the member's logs, whatever the grouping, range, day offset or retention, and
+//! after the backfills of migrations 0017 and 0019 from the logs already stored.
 
 use aigw::request_log::LogRecord;
 use aigw::store::{AdminStore, DAY_MS, HOUR_MS, MemberStore, RequestLogStore, UsageGrouping, UsageRow};
@@ -12,7 +13,7 @@ use super::*;
 
 both_backends!(
     a_members_usage_reads_their_rollup_and_equals_their_logs,
-    the_migration_fills_the_members_rollup_from_the_logs,
+    the_migrations_fill_the_members_rollups_from_the_logs,
 );
 
 const GROUPINGS: [UsageGrouping; 5] = [
@@ -213,9 +214,12 @@ async fn a_members_usage_reads_their_rollup_and_equals_their_logs(db: TestDb) {
         }
         assert_eq!(got, want, "by {by}: {u}");
     }
-    // The whole UTC days come from the rollup: logs deleted behind its back still count (days
-    // at an offset from UTC read the logs); the partial days at the edges are read from the logs.
+    // The whole UTC days come from the rollup: logs deleted behind its back still count, and so
+    // do the whole hours of local days at a whole-hour offset (days at a half-hour offset read
+    // the logs); the partial days at the edges are read from the logs.
     let before = reports(store, ws, ada, range, 0).await;
+    let by_local_day = |offset| async move { reports(store, ws, ada, range, offset).await.swap_remove(0) };
+    let (whole_hours, half_hours) = (by_local_day(2 * HOUR_MS).await, by_local_day(19_800_000).await);
     delete_logs_behind_the_rollup(&db, day - 3 * DAY_MS, day - DAY_MS).await;
     assert_eq!(reports(store, ws, ada, range, 0).await, before);
     delete_logs_behind_the_rollup(&db, day - DAY_MS, day - DAY_MS + HOUR_MS).await;
@@ -229,12 +233,22 @@ async fn a_members_usage_reads_their_rollup_and_equals_their_logs(db: TestDb) {
         assert_eq!(got, &expected(&edge_gone, Some(ada), range, by, 0), "by {by:?}");
     }
     assert_ne!(now_read, before, "the edge is read from the logs");
+    assert_eq!(
+        by_local_day(2 * HOUR_MS).await,
+        whole_hours,
+        "whole hours from the rollup"
+    );
+    assert_ne!(
+        by_local_day(19_800_000).await,
+        half_hours,
+        "half hours from the logs"
+    );
     app.stop().await;
 }
 
-/// Migration 0017 fills the members' rollup from the logs stored before it: its statement, run
-/// again over an emptied rollup, gives the rows the log writer wrote.
-async fn the_migration_fills_the_members_rollup_from_the_logs(db: TestDb) {
+/// Migrations 0017 and 0019 fill the members' rollups from the logs stored before them: each
+/// one's statement, run again over its emptied rollup, gives the rows the log writer wrote.
+async fn the_migrations_fill_the_members_rollups_from_the_logs(db: TestDb) {
     let mock = MockUpstream::start().await.unwrap();
     let app = spawn_app(&db, Setup::resources(resources(&mock))).await;
     let store = &app.state.store;
@@ -250,39 +264,67 @@ async fn the_migration_fills_the_members_rollup_from_the_logs(db: TestDb) {
     store.insert_logs(&logs).await.unwrap();
     let day = now - now.rem_euclid(DAY_MS);
     let range = (day - 5 * DAY_MS - HOUR_MS, day - DAY_MS + 7 * HOUR_MS);
-    let written = reports(store, ws, ada, range, 0).await;
-
-    let migration = match db.backend {
-        "postgres" => include_str!("../../../migrations/postgres/0017_usage_rollup_member.sql"),
-        _ => include_str!("../../../migrations/sqlite/0017_usage_rollup_member.sql"),
-    };
-    let (_, backfill) = migration
-        .split_once("-- The logs already stored.")
-        .expect("the backfill");
     let pool = sqlx::AnyPool::connect(&db.direct_url).await.unwrap();
-    let rows = |pool: sqlx::AnyPool| async move {
-        sqlx::query_as::<_, (i64, i64, i64, i64, String, String, i64, i64, i64)>(
-            "SELECT member_id, day_start, key_id, requests, dept_group, model_group, prompt_tokens, \
-             total_tokens, credits FROM usage_rollup_member ORDER BY 1, 2, 3, 5, 6",
-        )
-        .fetch_all(&pool)
-        .await
-        .unwrap()
-    };
-    let by_writer = rows(pool.clone()).await;
-    assert!(by_writer.len() > 50, "{}", by_writer.len());
-    sqlx::query("DELETE FROM usage_rollup_member")
-        .execute(&pool)
-        .await
+    // (migration, its rollup, the rollup's rows as text, the report offset that reads it)
+    let sums = "requests, prompt_tokens, completion_tokens, total_tokens, credits";
+    let migrations = [
+        (
+            "0017_usage_rollup_member",
+            "usage_rollup_member",
+            format!("member_id, day_start, key_id, dept_group, model_group, {sums}"),
+            0,
+        ),
+        (
+            "0019_usage_rollup_member_hourly",
+            "usage_rollup_member_hourly",
+            format!("member_id, hour_start, {sums}"),
+            2 * HOUR_MS,
+        ),
+    ];
+    for (name, table, columns, offset) in migrations {
+        let written = reports(store, ws, ada, range, offset).await;
+        let migration = std::fs::read_to_string(format!(
+            "{}/migrations/{}/{name}.sql",
+            env!("CARGO_MANIFEST_DIR"),
+            db.backend
+        ))
         .unwrap();
-    assert_ne!(
-        reports(store, ws, ada, range, 0).await,
-        written,
-        "the rollup was emptied"
-    );
-    sqlx::query(backfill).execute(&pool).await.unwrap();
-    assert_eq!(rows(pool.clone()).await, by_writer);
-    assert_eq!(reports(store, ws, ada, range, 0).await, written);
+        let (_, backfill) = migration
+            .split_once("-- The logs already stored.")
+            .expect("the backfill");
+        // Every column as text, so one row type serves both tables.
+        let text: Vec<String> = columns
+            .split(", ")
+            .map(|c| format!("CAST({c} AS TEXT)"))
+            .collect();
+        let select = format!(
+            "SELECT {} FROM {table} ORDER BY {columns}",
+            text.join(" || ',' || ")
+        );
+        let rows = |pool: sqlx::AnyPool| {
+            let select = select.clone();
+            async move {
+                sqlx::query_scalar::<_, String>(&select)
+                    .fetch_all(&pool)
+                    .await
+                    .unwrap()
+            }
+        };
+        let by_writer = rows(pool.clone()).await;
+        assert!(by_writer.len() > 50, "{table}: {}", by_writer.len());
+        sqlx::query(&format!("DELETE FROM {table}"))
+            .execute(&pool)
+            .await
+            .unwrap();
+        assert_ne!(
+            reports(store, ws, ada, range, offset).await,
+            written,
+            "{table} was emptied"
+        );
+        sqlx::query(backfill).execute(&pool).await.unwrap();
+        assert_eq!(rows(pool.clone()).await, by_writer, "{table}");
+        assert_eq!(reports(store, ws, ada, range, offset).await, written, "{table}");
+    }
     pool.close().await;
     app.stop().await;
 }
