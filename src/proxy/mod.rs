@@ -142,10 +142,10 @@ pub async fn handle(
     };
     completion.requested(&body.model, body.stream);
 
-    // 3b. Tags and end user (`x-aigw-tags`, `x-aigw-end-user` or the body's `user`), stored on
-    //     the log; a tag outside the key's `allowed_tags` is refused before any quota or
-    //     upstream work, like a model outside its allow-list.
-    let (tags, end_user) = match labels(&parts.headers, &body) {
+    // 3b. Tags and end user (`x-aigw-tags`, `x-aigw-end-user` or the body's `user`, on messages
+    //     `metadata.user_id` first), stored on the log; a tag outside the key's `allowed_tags`
+    //     is refused before any quota or upstream work, like a model outside its allow-list.
+    let (tags, end_user) = match labels(&parts.headers, &body, endpoint) {
         Ok(l) => l,
         Err(e) => return refuse(completion, e),
     };
@@ -480,16 +480,45 @@ fn refuse(completion: Completion, e: ApiError) -> Response {
 fn labels(
     headers: &axum::http::HeaderMap,
     body: &body::ProxyBody,
+    endpoint: Endpoint,
 ) -> Result<(Tags, Option<String>), ApiError> {
     let refused = |r: tags::Refused| ApiError::invalid(r.message, Some(r.param));
     let tags =
         Tags::parse(headers.get_all(tags::TAGS_HEADER).iter().map(|v| v.as_bytes())).map_err(refused)?;
-    let end_user = tags::end_user(
-        headers.get(tags::END_USER_HEADER).map(|v| v.as_bytes()),
-        body.fields.get("user").map(|v| v.get()),
-    )
+    let user = body.fields.get("user").map(|v| v.get());
+    // Anthropic's messages name the end user in `metadata.user_id`; OpenAI's bodies in `user`.
+    let end_user = match endpoint {
+        Endpoint::Messages => {
+            let metadata = body.fields.get("metadata").map(|v| v.get());
+            tags::end_user(
+                headers.get(tags::END_USER_HEADER).map(|v| v.as_bytes()),
+                &[
+                    ("metadata.user_id", metadata.and_then(metadata_user_id)),
+                    ("user", user),
+                ],
+            )
+        }
+        Endpoint::ChatCompletions | Endpoint::Embeddings => tags::end_user(
+            headers.get(tags::END_USER_HEADER).map(|v| v.as_bytes()),
+            &[("user", user)],
+        ),
+    }
     .map_err(refused)?;
     Ok((tags, end_user))
+}
+
+/// The raw JSON text of `user_id` in a messages body's `metadata` object, if present (a
+/// `metadata` that is no object names no one here; the upstream judges the body).
+fn metadata_user_id(metadata: &str) -> Option<&str> {
+    #[derive(serde::Deserialize)]
+    struct Metadata<'a> {
+        #[serde(borrow, default)]
+        user_id: Option<&'a serde_json::value::RawValue>,
+    }
+    serde_json::from_str::<Metadata>(metadata)
+        .ok()?
+        .user_id
+        .map(|v| v.get())
 }
 
 /// The language of the gateway's own messages: `Accept-Language: zh…` or the configured locale.

@@ -20,9 +20,20 @@ fn chat(user: Option<Value>) -> Value {
 
 /// A chat call with `headers`: status and JSON body.
 async fn call(app: &TestApp, key: &str, headers: &[(&str, &str)], body: &Value) -> (u16, Value) {
+    call_to(app, "/v1/chat/completions", key, headers, body).await
+}
+
+/// A call of `path` with `headers`: status and JSON body.
+async fn call_to(
+    app: &TestApp,
+    path: &str,
+    key: &str,
+    headers: &[(&str, &str)],
+    body: &Value,
+) -> (u16, Value) {
     let mut req = app
         .client
-        .post(format!("{}/v1/chat/completions", app.address))
+        .post(format!("{}{path}", app.address))
         .bearer_auth(key)
         .json(body);
     for (name, value) in headers {
@@ -328,6 +339,7 @@ both_backends!(
     a_policy_on_each_end_user_counts_each_one,
     the_admin_api_sets_tag_policies_and_lists_their_standings,
     usage_is_reported_by_the_values_of_a_tag,
+    messages_name_the_end_user_in_metadata_user_id,
 );
 
 async fn new_tag_values_and_end_users_past_the_caps_are_refused(db: TestDb) {
@@ -632,5 +644,71 @@ async fn usage_is_reported_by_the_values_of_a_tag(db: TestDb) {
             "{bad}: {v}"
         );
     }
+    app.stop().await;
+}
+
+/// An Anthropic messages body with these `metadata` and `user` fields.
+fn messages(metadata: Option<Value>, user: Option<&str>) -> Value {
+    let mut body = json!({"model": "claude-sonnet", "max_tokens": 50,
+                          "messages": [{"role": "user", "content": "hi"}]});
+    if let Some(m) = metadata {
+        body["metadata"] = m;
+    }
+    if let Some(u) = user {
+        body["user"] = json!(u);
+    }
+    body
+}
+
+async fn messages_name_the_end_user_in_metadata_user_id(db: TestDb) {
+    let (app, _mock) = start_with(&db, &policy("end_user", "*", 1), |_| {}).await;
+    let post = async |key: &str, headers: &[(&str, &str)], body: Value| {
+        call_to(&app, "/v1/messages", key, headers, &body).await
+    };
+    let as_user = |id: &str| Some(json!({"user_id": id}));
+    // Anthropic's `metadata.user_id` is the end user, whichever key sends it.
+    assert_eq!(post(KEY, &[], messages(as_user("m-alice"), None)).await.0, 200);
+    assert_refused_on(
+        &post(OTHER, &[], messages(as_user("m-alice"), Some("m-bob"))).await,
+        "end_user",
+        "m-alice",
+    );
+    // The header wins over the body, as on chat.
+    let carol = [("x-aigw-end-user", "m-carol")];
+    assert_eq!(post(KEY, &carol, messages(as_user("m-alice"), None)).await.0, 200);
+    // Without `metadata.user_id` (no metadata, none in it, or null), the body's `user` is read.
+    assert_eq!(post(KEY, &[], messages(None, Some("m-bob"))).await.0, 200);
+    for metadata in [None, Some(json!({})), Some(json!({"user_id": null}))] {
+        assert_refused_on(
+            &post(KEY, &[], messages(metadata.clone(), Some("m-bob"))).await,
+            "end_user",
+            "m-bob",
+        );
+    }
+    let (status, v) = post(KEY, &[], messages(Some(json!({"user_id": 7})), None)).await;
+    assert_eq!(
+        (status, &v["error"]["param"]),
+        (400, &json!("metadata.user_id")),
+        "{v}"
+    );
+    assert_eq!(post(KEY, &[], messages(None, None)).await.0, 200, "no end user");
+
+    let logs = app.logs("acme", 9).await;
+    let end_users: Vec<Option<&str>> = logs.iter().rev().map(|l| l.end_user.as_deref()).collect();
+    assert_eq!(
+        end_users,
+        [
+            Some("m-alice"),
+            Some("m-alice"),
+            Some("m-carol"),
+            Some("m-bob"),
+            Some("m-bob"),
+            Some("m-bob"),
+            Some("m-bob"),
+            None,
+            None,
+        ],
+        "oldest first"
+    );
     app.stop().await;
 }
