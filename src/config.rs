@@ -335,7 +335,8 @@ settings! {
     max_tag_values: u32 = 1000, "AIGW_MAX_TAG_VALUES", check at_least_1;
     /// Most end users per workspace; a new one past it: `end_user_limit`.
     max_end_users: u32 = 100_000, "AIGW_MAX_END_USERS", check at_least_1;
-    /// Request logs older than this many days are deleted.
+    /// Request logs older than this many days are deleted, and the budget alert history with
+    /// them (docs/quotas.md "Budget alerts").
     log_retention_days: u32 = 30, "AIGW_LOG_RETENTION_DAYS", check at_least_1;
     /// Where generated secrets (`aigw.keys`) are kept; default: beside the SQLite file, else `.`.
     data_dir: PathBuf = PathBuf::new(), "AIGW_DATA_DIR";

@@ -1,6 +1,7 @@
 //! Tags and the end user a request carries (issue 25 item 6, DESIGN.md §10): read from
 //! `x-aigw-tags: team=search,feature=summaries`, `x-aigw-end-user: ID` and the body's OpenAI
-//! `user` field, stored on the request log, and checked against the key's `allowed_tags`.
+//! `user` field (Anthropic's `metadata.user_id`), stored on the request log, and checked against
+//! the key's `allowed_tags`.
 //!
 //! Rules, in order (each refusal is a 400 `invalid_request_error` naming the header or field):
 //! 1. `x-aigw-tags` is a comma-separated list of `key=value`; blanks around items, keys and
@@ -11,7 +12,8 @@
 //!    wildcard of `allowed_tags` and policy targets).
 //! 3. At most 10 tags, one value per key.
 //! 4. The end user is `x-aigw-end-user` when sent and not blank (the header wins), else the
-//!    body's `user` when it is a non-empty string; at most 256 characters, no control characters.
+//!    body's `user` when it is a non-empty string (on Anthropic's `/v1/messages`,
+//!    `metadata.user_id` first, then `user`); at most 256 characters, no control characters.
 
 use std::fmt;
 
@@ -188,37 +190,45 @@ pub fn allowed_tags(field: &str, list: &[String]) -> Result<Vec<String>, String>
     Ok(out)
 }
 
-/// The end user (rule 4): the header's value when sent, else the body's `user` when it is a
-/// non-empty string. `body_user` is the raw JSON text of the field, if present.
-pub fn end_user(header: Option<&[u8]>, body_user: Option<&str>) -> Result<Option<String>, Refused> {
+/// The end user (rule 4): the header's value when sent and not blank, else the first of the
+/// body's `fields` (name and raw JSON text, if present) that is a non-empty string: `user` on
+/// chat and embeddings; `metadata.user_id`, then `user`, on Anthropic's messages. A field that is
+/// absent, `null` or blank names no one and the next one may; any other non-string is refused.
+pub fn end_user(
+    header: Option<&[u8]>,
+    fields: &[(&'static str, Option<&str>)],
+) -> Result<Option<String>, Refused> {
     if let Some(raw) = header {
         let refused = || Refused {
             param: END_USER_HEADER,
             message: format!("`{END_USER_HEADER}` must be 1 to {MAX_END_USER_LEN} printable characters"),
         };
         let text = std::str::from_utf8(raw).map_err(|_| refused())?.trim();
-        // A blank header names no one: the body's `user` still may.
+        // A blank header names no one: the body's field still may.
         if !text.is_empty() {
             return checked_end_user(text).ok_or_else(refused).map(Some);
         }
     }
-    let Some(raw) = body_user else {
-        return Ok(None);
-    };
-    let refused = |what: &str| Refused {
-        param: "user",
-        message: format!("`user` {what}"),
-    };
-    match serde_json::from_str::<Option<String>>(raw) {
-        Ok(None) => Ok(None),
-        Ok(Some(u)) if u.trim().is_empty() => Ok(None),
-        Ok(Some(u)) => checked_end_user(u.trim()).map(Some).ok_or_else(|| {
-            refused(&format!(
-                "must be at most {MAX_END_USER_LEN} characters, without control characters"
-            ))
-        }),
-        Err(_) => Err(refused("must be a string")),
+    for (param, raw) in fields {
+        let Some(raw) = raw else { continue };
+        let refused = |what: &str| Refused {
+            param,
+            message: format!("`{param}` {what}"),
+        };
+        match serde_json::from_str::<Option<String>>(raw) {
+            Ok(None) => {}
+            Ok(Some(u)) if u.trim().is_empty() => {}
+            Ok(Some(u)) => {
+                return checked_end_user(u.trim()).map(Some).ok_or_else(|| {
+                    refused(&format!(
+                        "must be at most {MAX_END_USER_LEN} characters, without control characters"
+                    ))
+                });
+            }
+            Err(_) => return Err(refused("must be a string")),
+        }
     }
+    Ok(None)
 }
 
 fn checked_end_user(text: &str) -> Option<String> {
@@ -316,26 +326,42 @@ mod tests {
     #[test]
     fn end_users() {
         let huge = format!("\"{}\"", "u".repeat(257));
-        /// Header, body `user`, and the end user or the refused param.
-        type Row<'a> = (Option<&'a str>, Option<&'a str>, Result<Option<&'a str>, &'a str>);
+        /// Header, body `metadata.user_id` (messages only), body `user`, and the end user or the
+        /// refused param.
+        type Row<'a> = (
+            Option<&'a str>,
+            Option<&'a str>,
+            Option<&'a str>,
+            Result<Option<&'a str>, &'a str>,
+        );
         let rows: &[Row] = &[
-            (None, None, Ok(None)),
-            (Some("alice"), None, Ok(Some("alice"))),
-            (Some(" alice "), Some("\"bob\""), Ok(Some("alice"))),
-            (None, Some("\"bob\""), Ok(Some("bob"))),
-            (Some(""), Some("\"bob\""), Ok(Some("bob"))),
-            (None, Some("null"), Ok(None)),
-            (None, Some("\"  \""), Ok(None)),
-            (None, Some("42"), Err("user")),
-            (None, Some("{\"a\":1}"), Err("user")),
-            (None, Some(&huge), Err("user")),
-            (None, Some("\"a\\u0000b\""), Err("user")),
-            (Some(&huge), None, Err(END_USER_HEADER)),
+            (None, None, None, Ok(None)),
+            (Some("alice"), None, None, Ok(Some("alice"))),
+            (Some(" alice "), None, Some("\"bob\""), Ok(Some("alice"))),
+            (None, None, Some("\"bob\""), Ok(Some("bob"))),
+            (Some(""), None, Some("\"bob\""), Ok(Some("bob"))),
+            (None, None, Some("null"), Ok(None)),
+            (None, None, Some("\"  \""), Ok(None)),
+            (None, None, Some("42"), Err("user")),
+            (None, None, Some("{\"a\":1}"), Err("user")),
+            (None, None, Some(&huge), Err("user")),
+            (None, None, Some("\"a\\u0000b\""), Err("user")),
+            (Some(&huge), None, None, Err(END_USER_HEADER)),
+            // Anthropic's messages: `metadata.user_id`, then `user`; the header still wins.
+            (None, Some("\"m-1\""), None, Ok(Some("m-1"))),
+            (None, Some("\" m-1 \""), Some("\"bob\""), Ok(Some("m-1"))),
+            (Some("alice"), Some("\"m-1\""), None, Ok(Some("alice"))),
+            (None, Some("null"), Some("\"bob\""), Ok(Some("bob"))),
+            (None, Some("\"\""), Some("\"bob\""), Ok(Some("bob"))),
+            (None, Some("7"), Some("\"bob\""), Err("metadata.user_id")),
+            (None, Some(&huge), None, Err("metadata.user_id")),
+            (None, Some("null"), Some("[]"), Err("user")),
         ];
-        for (header, body, want) in rows {
-            let got = end_user(header.map(str::as_bytes), *body);
+        for (header, metadata, user, want) in rows {
+            let fields = [("metadata.user_id", *metadata), ("user", *user)];
+            let got = end_user(header.map(str::as_bytes), &fields);
             let got = got.as_ref().map(|o| o.as_deref()).map_err(|r| r.param);
-            assert_eq!(got, *want, "{header:?} {body:?}");
+            assert_eq!(got, *want, "{header:?} {metadata:?} {user:?}");
         }
     }
 }

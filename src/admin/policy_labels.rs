@@ -144,7 +144,7 @@ impl LabelNames {
             };
             state.store.tag_value_id(ws, key, value, None, now).await
         } else {
-            if !matches!(tags::end_user(Some(target.as_bytes()), None), Ok(Some(_))) {
+            if !matches!(tags::end_user(Some(target.as_bytes()), &[]), Ok(Some(_))) {
                 return Err(ApiError::field(
                     "target",
                     format!(

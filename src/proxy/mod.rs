@@ -20,6 +20,7 @@ use chrono::{DateTime, Utc};
 
 use crate::app::{AppState, RequestId};
 use crate::breaker::Refusal;
+use crate::caller::Caller;
 use crate::config::Locale;
 use crate::deadline::Deadline;
 use crate::error::{ApiError, ERROR_SOURCE, MAX_SDK_WAIT_SECS, QuotaRefusal, SHOULD_RETRY};
@@ -142,10 +143,10 @@ pub async fn handle(
     };
     completion.requested(&body.model, body.stream);
 
-    // 3b. Tags and end user (`x-aigw-tags`, `x-aigw-end-user` or the body's `user`), stored on
-    //     the log; a tag outside the key's `allowed_tags` is refused before any quota or
-    //     upstream work, like a model outside its allow-list.
-    let (tags, end_user) = match labels(&parts.headers, &body) {
+    // 3b. Tags and end user (`x-aigw-tags`, `x-aigw-end-user` or the body's `user`, on messages
+    //     `metadata.user_id` first), stored on the log; a tag outside the key's `allowed_tags`
+    //     is refused before any quota or upstream work, like a model outside its allow-list.
+    let (tags, end_user) = match labels(&parts.headers, &body, endpoint) {
         Ok(l) => l,
         Err(e) => return refuse(completion, e),
     };
@@ -480,16 +481,51 @@ fn refuse(completion: Completion, e: ApiError) -> Response {
 fn labels(
     headers: &axum::http::HeaderMap,
     body: &body::ProxyBody,
+    endpoint: Endpoint,
+) -> Result<(Tags, Option<String>), ApiError> {
+    let user = body.fields.get("user").map(|v| v.get());
+    // Anthropic's messages name the end user in `metadata.user_id`; OpenAI's bodies in `user`.
+    match endpoint {
+        Endpoint::Messages => {
+            let metadata = body.fields.get("metadata").map(|v| v.get());
+            header_labels(
+                headers,
+                &[
+                    ("metadata.user_id", metadata.and_then(metadata_user_id)),
+                    ("user", user),
+                ],
+            )
+        }
+        Endpoint::ChatCompletions | Endpoint::Embeddings => header_labels(headers, &[("user", user)]),
+    }
+}
+
+/// The tags of `x-aigw-tags` and the end user of `x-aigw-end-user`, else of the body's `fields`
+/// (name and raw JSON text, in order; [`tags::end_user`]).
+fn header_labels(
+    headers: &axum::http::HeaderMap,
+    fields: &[(&'static str, Option<&str>)],
 ) -> Result<(Tags, Option<String>), ApiError> {
     let refused = |r: tags::Refused| ApiError::invalid(r.message, Some(r.param));
     let tags =
         Tags::parse(headers.get_all(tags::TAGS_HEADER).iter().map(|v| v.as_bytes())).map_err(refused)?;
-    let end_user = tags::end_user(
-        headers.get(tags::END_USER_HEADER).map(|v| v.as_bytes()),
-        body.fields.get("user").map(|v| v.get()),
-    )
-    .map_err(refused)?;
+    let end_user =
+        tags::end_user(headers.get(tags::END_USER_HEADER).map(|v| v.as_bytes()), fields).map_err(refused)?;
     Ok((tags, end_user))
+}
+
+/// The raw JSON text of `user_id` in a messages body's `metadata` object, if present (a
+/// `metadata` that is no object names no one here; the upstream judges the body).
+fn metadata_user_id(metadata: &str) -> Option<&str> {
+    #[derive(serde::Deserialize)]
+    struct Metadata<'a> {
+        #[serde(borrow, default)]
+        user_id: Option<&'a serde_json::value::RawValue>,
+    }
+    serde_json::from_str::<Metadata>(metadata)
+        .ok()?
+        .user_id
+        .map(|v| v.get())
 }
 
 /// The language of the gateway's own messages: `Accept-Language: zh…` or the configured locale.
@@ -561,24 +597,55 @@ fn count_quota_refusals(decision: &QuotaDecision) {
     }
 }
 
-/// `GET /v1/quota`: every quota that applies to the calling key, as the "My quota" card shows it.
-async fn my_quota(State(state): State<AppState>, Authenticated(caller): Authenticated) -> Response {
+/// `GET /v1/quota`: every quota that applies to the calling key, as the "My quota" card shows it;
+/// with `x-aigw-tags` and `x-aigw-end-user`, also those of these tag values and end user, as a
+/// request carrying them meets them (the checks, refusals and caps of steps 3b and 5 of
+/// [`handle`]).
+async fn my_quota(
+    State(state): State<AppState>,
+    headers: axum::http::HeaderMap,
+    Authenticated(caller): Authenticated,
+) -> Response {
+    match quota_rows(&state, &headers, &caller).await {
+        Ok(rows) => axum::Json(json!({"object": "list", "data": rows})).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+/// The rows of `GET /v1/quota`.
+async fn quota_rows(
+    state: &AppState,
+    headers: &axum::http::HeaderMap,
+    caller: &Caller,
+) -> Result<Vec<serde_json::Value>, ApiError> {
+    let (tags, end_user) = header_labels(headers, &[])?;
+    if let Some(tag) = tags.first_not_allowed(caller.allowed_tags.as_deref()) {
+        return Err(ApiError::TagNotAllowed { tag });
+    }
+    let labels = state
+        .labels
+        .resolve(
+            &state.store,
+            state.label_caps(),
+            caller.workspace_id,
+            &tags,
+            end_user.as_deref(),
+            state.clock.now_ms(),
+        )
+        .await?;
     let tz = state.timezone_of(caller.workspace_id);
-    let decision = match state
+    let decision = state
         .quota
-        .check(
+        .check_request(
             &state.store,
             &state.policies.load(),
-            &caller,
+            caller,
+            &labels,
             state.clock.now(),
             tz,
         )
-        .await
-    {
-        Ok(d) => d,
-        Err(e) => return ApiError::from(e).into_response(),
-    };
-    axum::Json(json!({"object": "list", "data": quota::report::rows(&decision)})).into_response()
+        .await?;
+    Ok(quota::report::rows(&decision, &labels))
 }
 
 /// `GET /v1/models`: the models the caller's workspace offers that the caller may call.

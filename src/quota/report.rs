@@ -4,16 +4,19 @@
 use serde_json::{Value, json};
 
 use super::engine::{QuotaDecision, display_value};
+use super::policy::Labels;
 use super::window::format_reset_at;
 
-/// The quotas of a decision as JSON rows: limit, used, remaining, reset.
-pub fn rows(decision: &QuotaDecision) -> Vec<Value> {
+/// The quotas of a decision as JSON rows: limit, used, remaining, reset. A row of a tag or an
+/// end user names its subject as a quota refusal does (`"tag": "team=search"`,
+/// `"end_user": "alice"`), from the `labels` the decision was made for.
+pub fn rows(decision: &QuotaDecision, labels: &Labels) -> Vec<Value> {
     decision
         .standings
         .iter()
         .map(|s| {
             let m = s.rule.metric;
-            json!({
+            let mut row = json!({
                 "subject": s.rule.subject.as_str(),
                 "metric": m.as_str(),
                 "window": s.rule.window.to_string(),
@@ -22,7 +25,11 @@ pub fn rows(decision: &QuotaDecision) -> Vec<Value> {
                 "used": display_value(m, s.used),
                 "remaining": display_value(m, s.remaining(0)),
                 "reset_at": s.reset_at.as_ref().map(format_reset_at),
-            })
+            });
+            if let Some(name) = labels.name_of(s.rule.subject, s.key.subject_id) {
+                row[s.rule.subject.as_str()] = json!(name);
+            }
+            row
         })
         .collect()
 }

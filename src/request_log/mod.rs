@@ -9,7 +9,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use crate::clock::Clock;
-use crate::store::{DAY_MS, PRUNE_BATCH, RequestLogStore, Store, day_of};
+use crate::store::{AlertStore, DAY_MS, PRUNE_BATCH, RequestLogStore, Store, StoreResult, day_of};
 pub use crate::store::{LogFilter, LogPage, LogRecord};
 
 /// Most rows one flush collects.
@@ -150,7 +150,8 @@ async fn write_with_retry(
 /// rows with a pause between them, so that the log writer (and, on SQLite, every other writer)
 /// gets the database between two batches however much there is to delete. The cutoff is a day
 /// boundary (UTC): the usage rollups hold whole hours and days and are pruned with the logs they
-/// sum, so logs are kept up to a day longer than `days`.
+/// sum, so logs are kept up to a day longer than `days`. After the logs, the budget alert history
+/// goes by the same cutoff (what [`AlertStore::prune_alerts_batch`] keeps stays).
 pub fn start_retention(
     store: Store,
     clock: Clock,
@@ -161,23 +162,21 @@ pub fn start_retention(
     tasks.spawn(async move {
         loop {
             let cutoff = day_of(clock.now_ms() - i64::from(days) * DAY_MS);
-            let mut pruned = 0;
-            loop {
-                match store.prune_logs_batch(cutoff, PRUNE_BATCH).await {
-                    Ok(0) => break,
-                    Ok(n) => pruned += n,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "request log retention failed");
-                        break;
-                    }
-                }
-                tokio::select! {
-                    () = tokio::time::sleep(PRUNE_PAUSE) => {},
-                    () = stop.cancelled() => return,
-                }
+            let logs = prune_in_batches(&stop, "request log", |limit| {
+                store.prune_logs_batch(cutoff, limit)
+            })
+            .await;
+            let Some(logs) = logs else { return };
+            if logs > 0 {
+                tracing::info!(rows = logs, days, "pruned request logs past retention");
             }
-            if pruned > 0 {
-                tracing::info!(rows = pruned, days, "pruned request logs past retention");
+            let alerts = prune_in_batches(&stop, "budget alert", |limit| {
+                store.prune_alerts_batch(cutoff, limit)
+            })
+            .await;
+            let Some(alerts) = alerts else { return };
+            if alerts > 0 {
+                tracing::info!(rows = alerts, days, "pruned budget alerts past retention");
             }
             tokio::select! {
                 () = tokio::time::sleep(Duration::from_secs(3600)) => {},
@@ -185,6 +184,30 @@ pub fn start_retention(
             }
         }
     });
+}
+
+/// Runs `batch` (one bounded delete of at most [`PRUNE_BATCH`] rows) until it deletes nothing or
+/// fails, pausing between two; the rows deleted, or none when the gateway is stopping.
+async fn prune_in_batches<F: Future<Output = StoreResult<u64>>>(
+    stop: &CancellationToken,
+    what: &str,
+    mut batch: impl FnMut(i64) -> F,
+) -> Option<u64> {
+    let mut pruned = 0;
+    loop {
+        match batch(PRUNE_BATCH).await {
+            Ok(0) => return Some(pruned),
+            Ok(n) => pruned += n,
+            Err(e) => {
+                tracing::warn!(error = %e, "{what} retention failed");
+                return Some(pruned);
+            }
+        }
+        tokio::select! {
+            () = tokio::time::sleep(PRUNE_PAUSE) => {},
+            () = stop.cancelled() => return None,
+        }
+    }
 }
 
 /// The pause between two retention batches.

@@ -372,10 +372,7 @@ fn policy(
                 true
             }
             SubjectKind::EndUser => {
-                if !matches!(
-                    crate::tags::end_user(Some(p.target.as_bytes()), None),
-                    Ok(Some(_))
-                ) {
+                if !matches!(crate::tags::end_user(Some(p.target.as_bytes()), &[]), Ok(Some(_))) {
                     return Err(e(format!(
                         "end_user target {:?} must be 1 to 256 printable characters, or \"*\"",
                         p.target

@@ -147,6 +147,23 @@ pub trait AlertStore {
     /// How people name a subject: a key `email/name`, a member's email, a department's or
     /// workspace's name.
     async fn subject_name(&self, subject: &str, id: i64) -> StoreResult<Option<String>>;
+    /// Deletes at most `limit` alerts fired before `cutoff_ms` (Unix ms), oldest first, in one
+    /// short statement; returns how many (0: nothing left). Kept whatever their age: pending
+    /// alerts (still being delivered), alerts of `total` windows, and alerts whose window may
+    /// still count usage at the cutoff ([`window_over_by`]). Their row is what stops a crossing
+    /// from firing twice: a restarted gateway, or another replica, that sees the same total again
+    /// finds it in the outbox (the unique key) and sends nothing.
+    async fn prune_alerts_batch(&self, cutoff_ms: i64, limit: i64) -> StoreResult<u64>;
+}
+
+/// The latest start (Unix seconds) of a window of kind `month`, `week`, or any shorter one (day,
+/// minutes), that has surely ended at `cutoff_ms` with no request still counting into it: its
+/// longest length (31 days, 7 days, 1 day, each with an hour of DST) and a day more for a request
+/// that began in it and completes later (every request is bounded by minutes).
+pub fn window_over_by(cutoff_ms: i64) -> [i64; 3] {
+    const DAY: i64 = 86_400;
+    let cutoff = cutoff_ms.div_euclid(1000);
+    [cutoff - 32 * DAY, cutoff - 8 * DAY, cutoff - 2 * DAY]
 }
 
 impl AlertStore for Store {
@@ -318,5 +335,26 @@ impl AlertStore for Store {
             .bind(id)
             .fetch_optional(self.pool())
             .await?)
+    }
+
+    async fn prune_alerts_batch(&self, cutoff_ms: i64, limit: i64) -> StoreResult<u64> {
+        let [month, week, shorter] = window_over_by(cutoff_ms);
+        let r = sqlx::query(
+            "DELETE FROM alert_events WHERE id IN
+               (SELECT id FROM alert_events
+                WHERE created_at < $1 AND status IN ('delivered', 'failed')
+                  AND ((time_window = 'month' AND window_start <= $2)
+                    OR (time_window = 'week' AND window_start <= $3)
+                    OR (time_window NOT IN ('month', 'week', 'total') AND window_start <= $4))
+                ORDER BY created_at LIMIT $5)",
+        )
+        .bind(cutoff_ms)
+        .bind(month)
+        .bind(week)
+        .bind(shorter)
+        .bind(limit)
+        .execute(self.pool())
+        .await?;
+        Ok(r.rows_affected())
     }
 }

@@ -544,3 +544,163 @@ async fn alert_settings_are_checked_and_the_secret_never_comes_back(db: TestDb) 
     assert_eq!(status, 404);
     app.stop().await;
 }
+
+both_backends!(
+    old_alerts_are_pruned_unless_pending_total_or_their_window_may_count,
+    log_retention_prunes_the_alert_history,
+);
+
+async fn old_alerts_are_pruned_unless_pending_total_or_their_window_may_count(db: TestDb) {
+    use aigw::store::{AlertAttempt, AlertStore, NewAlert, WorkspaceStore};
+
+    let mock = MockUpstream::start().await.unwrap();
+    let app = spawn_app(&db, Setup::resources(setup(&mock, ""))).await;
+    let store = &app.state.store;
+    let ws = store.workspace_by_name("acme").await.unwrap().unwrap().id;
+    // A day boundary well after the cutoff of the gateway's own retention task (30 days before
+    // its clock), so that task, whose first prune may run at any time, leaves these rows alone.
+    let cutoff = chrono::DateTime::parse_from_rfc3339("2026-11-25T00:00:00Z")
+        .unwrap()
+        .timestamp_millis();
+    const H: i64 = 3_600_000;
+    const D: i64 = 24 * H;
+    // (case, window, its start and when it fired (ms from the cutoff), status, kept)
+    #[rustfmt::skip]
+    let cases: &[(&str, &str, i64, i64, &str, bool)] = &[
+        ("old, delivered", "day", -5 * D - 2 * H, -5 * D, "delivered", false),
+        ("old, given up", "5minutes", -5 * D - 60_000, -5 * D, "failed", false),
+        ("old, still being retried", "day", -5 * D - 2 * H, -5 * D, "pending", true),
+        ("recent", "day", -10 * H, -H, "delivered", true),
+        ("fired at the cutoff", "day", -10 * H, 0, "delivered", true),
+        ("a total window, never fires again", "total", 0, -40 * D, "delivered", true),
+        ("a month that may still count", "month", -20 * D, -5 * D, "delivered", true),
+        ("a month long over", "month", -40 * D, -10 * D, "delivered", false),
+        ("a week that may still count", "week", -6 * D, -5 * D, "failed", true),
+        ("a week long over", "week", -9 * D, -5 * D, "delivered", false),
+    ];
+    let mut ids = Vec::new();
+    for (i, (case, window, start, fired, status, _)) in cases.iter().enumerate() {
+        let now = cutoff + fired;
+        let new = store
+            .insert_alert(&NewAlert {
+                workspace_id: ws,
+                policy_id: 1000 + i as i64,
+                subject: "ws",
+                subject_id: ws,
+                time_window: (*window).to_owned(),
+                window_start: if *window == "total" {
+                    0
+                } else {
+                    (cutoff + start) / 1000
+                },
+                threshold: 80,
+                payload: "{}".to_owned(),
+                now,
+                give_up_at: now + D,
+            })
+            .await
+            .unwrap();
+        assert!(new, "{case}");
+        let id = store
+            .alert_page(ws, Some(1000 + i as i64), None, 1)
+            .await
+            .unwrap()[0]
+            .id;
+        let (error, next_attempt_at) = match *status {
+            "delivered" => (None, None),
+            "failed" => (Some("503 from the receiver"), None),
+            _ => (Some("503 from the receiver"), Some(now + 60_000)),
+        };
+        store
+            .record_alert_attempt(&AlertAttempt {
+                id,
+                status: Some(if error.is_some() { 503 } else { 200 }),
+                error,
+                now,
+                next_attempt_at,
+            })
+            .await
+            .unwrap();
+        ids.push(id);
+    }
+    let deletable = cases.iter().filter(|c| !c.5).count() as u64;
+    assert_eq!(
+        store.prune_alerts_batch(cutoff, 2).await.unwrap(),
+        2,
+        "at most the batch"
+    );
+    let mut pruned = 2;
+    loop {
+        let n = store.prune_alerts_batch(cutoff, 2).await.unwrap();
+        if n == 0 {
+            break;
+        }
+        pruned += n;
+    }
+    assert_eq!(pruned, deletable);
+    for ((case, .., kept), id) in cases.iter().zip(&ids) {
+        let found = store.alert_in(ws, *id).await.unwrap();
+        assert_eq!(found.is_some(), *kept, "{case}");
+    }
+    app.stop().await;
+}
+
+async fn log_retention_prunes_the_alert_history(db: TestDb) {
+    let mock = MockUpstream::start().await.unwrap();
+    let hook = Receiver::start().await;
+    let alerts = format!("{{ at = [50], webhook = \"{}\" }}", hook.url);
+    let policies = alert_policy("apikey", "ada@acme.test/ci", "requests", 2, &alerts)
+        + &alert_policy("ws", "acme", "requests", 2, &alerts).replace("\"day\"", "\"total\"");
+    let text = setup(&mock, &policies);
+    let one_day = |s: &mut aigw::Settings| s.log_retention_days = 1;
+    let start = |at| Setup {
+        start: at,
+        settings: Box::new(one_day),
+        ..Setup::resources(text.clone())
+    };
+    let t0 = crate::helpers::default_start();
+    let app = spawn_app(&db, start(t0)).await;
+    assert_eq!(
+        app.post_json("/v1/chat/completions", KEY, &chat()).await.status(),
+        200
+    );
+    app.sync().await;
+    app.sync().await;
+    let windows = |h: &[Value]| {
+        let mut w: Vec<String> = h
+            .iter()
+            .map(|a| a["window"].as_str().unwrap().to_owned())
+            .collect();
+        w.sort();
+        w
+    };
+    let fired = history(&app).await;
+    assert_eq!(windows(&fired), ["day", "total"], "{fired:?}");
+    assert!(fired.iter().all(|a| a["status"] == "delivered"), "{fired:?}");
+    app.stop().await;
+
+    // Four days later, with a day of retention, the gateway prunes at start: the day's alert
+    // goes with the logs; the total's stays, so its crossing does not fire again.
+    let app = spawn_app(&db, start(t0 + chrono::Duration::days(4))).await;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let mut left = history(&app).await;
+    while left.len() > 1 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        left = history(&app).await;
+    }
+    assert_eq!(windows(&left), ["total"], "{left:?}");
+    assert_eq!(
+        app.post_json("/v1/chat/completions", KEY, &chat()).await.status(),
+        200
+    );
+    app.sync().await;
+    app.sync().await;
+    let sent: Vec<Value> = hook.bodies().iter().map(|b| b["window"].clone()).collect();
+    let count = |w: &str| sent.iter().filter(|s| **s == w).count();
+    assert_eq!(
+        (count("day"), count("total")),
+        (2, 1),
+        "a new day fires again, the total never: {sent:?}"
+    );
+    app.stop().await;
+}

@@ -20,9 +20,20 @@ fn chat(user: Option<Value>) -> Value {
 
 /// A chat call with `headers`: status and JSON body.
 async fn call(app: &TestApp, key: &str, headers: &[(&str, &str)], body: &Value) -> (u16, Value) {
+    call_to(app, "/v1/chat/completions", key, headers, body).await
+}
+
+/// A call of `path` with `headers`: status and JSON body.
+async fn call_to(
+    app: &TestApp,
+    path: &str,
+    key: &str,
+    headers: &[(&str, &str)],
+    body: &Value,
+) -> (u16, Value) {
     let mut req = app
         .client
-        .post(format!("{}/v1/chat/completions", app.address))
+        .post(format!("{}{path}", app.address))
         .bearer_auth(key)
         .json(body);
     for (name, value) in headers {
@@ -328,6 +339,8 @@ both_backends!(
     a_policy_on_each_end_user_counts_each_one,
     the_admin_api_sets_tag_policies_and_lists_their_standings,
     usage_is_reported_by_the_values_of_a_tag,
+    messages_name_the_end_user_in_metadata_user_id,
+    the_quota_endpoint_lists_the_quotas_of_the_tags_and_end_user_sent,
 );
 
 async fn new_tag_values_and_end_users_past_the_caps_are_refused(db: TestDb) {
@@ -632,5 +645,176 @@ async fn usage_is_reported_by_the_values_of_a_tag(db: TestDb) {
             "{bad}: {v}"
         );
     }
+    app.stop().await;
+}
+
+/// An Anthropic messages body with these `metadata` and `user` fields.
+fn messages(metadata: Option<Value>, user: Option<&str>) -> Value {
+    let mut body = json!({"model": "claude-sonnet", "max_tokens": 50,
+                          "messages": [{"role": "user", "content": "hi"}]});
+    if let Some(m) = metadata {
+        body["metadata"] = m;
+    }
+    if let Some(u) = user {
+        body["user"] = json!(u);
+    }
+    body
+}
+
+async fn messages_name_the_end_user_in_metadata_user_id(db: TestDb) {
+    let (app, _mock) = start_with(&db, &policy("end_user", "*", 1), |_| {}).await;
+    let post = async |key: &str, headers: &[(&str, &str)], body: Value| {
+        call_to(&app, "/v1/messages", key, headers, &body).await
+    };
+    let as_user = |id: &str| Some(json!({"user_id": id}));
+    // Anthropic's `metadata.user_id` is the end user, whichever key sends it.
+    assert_eq!(post(KEY, &[], messages(as_user("m-alice"), None)).await.0, 200);
+    assert_refused_on(
+        &post(OTHER, &[], messages(as_user("m-alice"), Some("m-bob"))).await,
+        "end_user",
+        "m-alice",
+    );
+    // The header wins over the body, as on chat.
+    let carol = [("x-aigw-end-user", "m-carol")];
+    assert_eq!(post(KEY, &carol, messages(as_user("m-alice"), None)).await.0, 200);
+    // Without `metadata.user_id` (no metadata, none in it, or null), the body's `user` is read.
+    assert_eq!(post(KEY, &[], messages(None, Some("m-bob"))).await.0, 200);
+    for metadata in [None, Some(json!({})), Some(json!({"user_id": null}))] {
+        assert_refused_on(
+            &post(KEY, &[], messages(metadata.clone(), Some("m-bob"))).await,
+            "end_user",
+            "m-bob",
+        );
+    }
+    let (status, v) = post(KEY, &[], messages(Some(json!({"user_id": 7})), None)).await;
+    assert_eq!(
+        (status, &v["error"]["param"]),
+        (400, &json!("metadata.user_id")),
+        "{v}"
+    );
+    assert_eq!(post(KEY, &[], messages(None, None)).await.0, 200, "no end user");
+
+    let logs = app.logs("acme", 9).await;
+    let end_users: Vec<Option<&str>> = logs.iter().rev().map(|l| l.end_user.as_deref()).collect();
+    assert_eq!(
+        end_users,
+        [
+            Some("m-alice"),
+            Some("m-alice"),
+            Some("m-carol"),
+            Some("m-bob"),
+            Some("m-bob"),
+            Some("m-bob"),
+            Some("m-bob"),
+            None,
+            None,
+        ],
+        "oldest first"
+    );
+    app.stop().await;
+}
+
+/// `GET /v1/quota` with `key` and `headers`: status and JSON body.
+async fn quota(app: &TestApp, key: &str, headers: &[(&str, &str)]) -> (u16, Value) {
+    let mut req = app
+        .client
+        .get(format!("{}/v1/quota", app.address))
+        .bearer_auth(key);
+    for (name, value) in headers {
+        req = req.header(*name, *value);
+    }
+    let r = req.send().await.unwrap();
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap_or(Value::Null))
+}
+
+/// Each row as (subject, how it names the subject, limit, used, remaining), sorted.
+fn standings(body: &Value) -> Vec<(String, Value, i64, i64, i64)> {
+    let mut rows: Vec<_> = body["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            let subject = r["subject"].as_str().unwrap().to_owned();
+            let name = r.get(&subject).cloned().unwrap_or(Value::Null);
+            let n = |f: &str| r[f].as_i64().unwrap();
+            (subject, name, n("limit"), n("used"), n("remaining"))
+        })
+        .collect();
+    rows.sort_by_key(|r| (r.0.clone(), r.1.to_string(), r.2));
+    rows
+}
+
+async fn the_quota_endpoint_lists_the_quotas_of_the_tags_and_end_user_sent(db: TestDb) {
+    let carol = format!(
+        "[[member]]\nworkspace = \"acme\"\nemail = \"carol@acme.test\"\nrole = \"member\"\n\
+         [[api_key]]\nmember = \"carol@acme.test\"\nname = \"svc\"\nkey = \"{CAROL}\"\n\
+         allowed_tags = [\"team=search\"]\n"
+    );
+    let policies = [
+        policy("apikey", "ada@acme.test/ci", 10),
+        policy("tag", "team=search", 3),
+        policy("tag", "feature=*", 2),
+        policy("end_user", "*", 4),
+        policy("end_user", "vip", 1),
+        carol,
+    ]
+    .concat();
+    let (app, _mock) = start_with(&db, &policies, |_| {}).await;
+    let labelled = [
+        ("x-aigw-tags", "team=search,feature=a"),
+        ("x-aigw-end-user", "alice"),
+    ];
+    assert_eq!(call(&app, KEY, &labelled, &chat(None)).await.0, 200);
+
+    let key_row = ("apikey".to_owned(), Value::Null, 10, 1, 9);
+    let (status, v) = quota(&app, KEY, &[]).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(
+        standings(&v),
+        std::slice::from_ref(&key_row),
+        "without headers: the key's quotas"
+    );
+    let (status, v) = quota(&app, KEY, &labelled).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(
+        standings(&v),
+        [
+            key_row.clone(),
+            ("end_user".to_owned(), json!("alice"), 4, 1, 3),
+            ("tag".to_owned(), json!("feature=a"), 2, 1, 1),
+            ("tag".to_owned(), json!("team=search"), 3, 1, 2),
+        ],
+        "each row names its tag value or end user: {v}"
+    );
+    // Values not seen yet: the policies on each value and end user apply, nothing used.
+    let others = [("x-aigw-tags", "feature=b,env=x"), ("x-aigw-end-user", "vip")];
+    let (status, v) = quota(&app, KEY, &others).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(
+        standings(&v),
+        [
+            key_row,
+            ("end_user".to_owned(), json!("vip"), 1, 0, 1),
+            ("end_user".to_owned(), json!("vip"), 4, 0, 4),
+            ("tag".to_owned(), json!("feature=b"), 2, 0, 2),
+        ]
+    );
+    // The headers are checked as on a request.
+    let (status, v) = quota(&app, KEY, &[("x-aigw-tags", "team")]).await;
+    assert_eq!(
+        (status, &v["error"]["param"]),
+        (400, &json!("x-aigw-tags")),
+        "{v}"
+    );
+    let (status, v) = quota(&app, CAROL, &[("x-aigw-tags", "team=ads")]).await;
+    assert_eq!(
+        (status, &v["error"]["code"]),
+        (403, &json!("tag_not_allowed")),
+        "{v}"
+    );
+    let (status, v) = quota(&app, CAROL, &[("x-aigw-tags", "team=search")]).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(standings(&v), [("tag".to_owned(), json!("team=search"), 3, 1, 2)]);
     app.stop().await;
 }
