@@ -159,10 +159,17 @@ def warnings(home):
 
 
 def stop_gateways(gws):
+    """Stops the gateways gracefully (each writes what it counted); one still writing after
+    120 s is killed and said, rather than losing the run's figures."""
     for gw, _ in gws:
         gw.terminate()
-    for gw, _ in gws:
-        gw.wait(timeout=120)
+    for gw, port in gws:
+        try:
+            gw.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            say(f"  the gateway on port {port} did not stop within 120 s of SIGTERM: killed")
+            gw.kill()
+            gw.wait()
 
 
 def write_lists(home, name, keys, script):

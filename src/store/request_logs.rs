@@ -155,7 +155,8 @@ pub trait RequestLogStore {
     /// Deletes at most `limit` logs older than `cutoff_ms`, oldest first, in one short
     /// transaction; once none is left, the usage rollups' hours (the workspace's, then the
     /// members'), then days (the workspace's, then the members' own), that end at or before
-    /// `cutoff_ms` (at most `limit` rows of one rollup). The rollups stay exact when the cutoff is a day boundary (UTC). Returns the rows deleted (0: nothing left).
+    /// `cutoff_ms` (at most `limit` rows of one rollup). The rollups stay exact when the cutoff
+    /// is a day boundary (UTC). Returns the rows deleted (0: nothing left).
     async fn prune_logs_batch(&self, cutoff_ms: i64, limit: i64) -> StoreResult<u64>;
 }
 

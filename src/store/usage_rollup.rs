@@ -6,11 +6,12 @@
 //! hours from the first, by key or member whole days from the second, a member's own usage by
 //! any grouping whole days of their rows in the third (its primary key starts with workspace and
 //! member), and by day at an offset from UTC whole hours of the fourth; only the time at the
-//! edges of a range is read from the logs. Exact, since a rollup row is always the sum of the logs of its hour or day (the
-//! retention task prunes an hour or a day once all its logs are gone). Keys and members are
-//! rolled up by day because an hourly row per key is about as many rows as the logs with
-//! thousands of keys (measured in docs/performance.md, "Months of logs"). A member's own usage by
-//! day in a workspace whose days start at a half hour from UTC reads the member's logs.
+//! edges of a range is read from the logs. Exact, since a rollup row is always the sum of the
+//! logs of its hour or day (the retention task prunes an hour or a day once all its logs are
+//! gone). Keys and members are rolled up by day because an hourly row per key is about as many
+//! rows as the logs with thousands of keys (measured in docs/performance.md, "Months of logs").
+//! A member's own usage by day in a workspace whose days start at a half hour from UTC reads the
+//! member's logs.
 
 use std::collections::BTreeMap;
 
