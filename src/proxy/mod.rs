@@ -3,6 +3,7 @@
 pub mod auth;
 pub mod body;
 pub mod completion;
+mod my_quota;
 mod spans;
 pub mod stream;
 
@@ -20,7 +21,6 @@ use chrono::{DateTime, Utc};
 
 use crate::app::{AppState, RequestId};
 use crate::breaker::Refusal;
-use crate::caller::Caller;
 use crate::config::Locale;
 use crate::deadline::Deadline;
 use crate::error::{ApiError, ERROR_SOURCE, MAX_SDK_WAIT_SECS, QuotaRefusal, SHOULD_RETRY};
@@ -45,7 +45,7 @@ crate::app::route_table! {
     post "/v1/embeddings" => embeddings;
     post "/v1/messages" => messages;
     get "/v1/models" => models;
-    get "/v1/quota" => my_quota;
+    get "/v1/quota" => my_quota::my_quota;
 }
 
 /// The caller of a proxied request, or why its key was refused.
@@ -595,57 +595,6 @@ fn count_quota_refusals(decision: &QuotaDecision) {
     if let Some(s) = decision.refusal() {
         crate::telemetry::quota_refusals(s.rule.subject, Mode::Enforce).increment(1);
     }
-}
-
-/// `GET /v1/quota`: every quota that applies to the calling key, as the "My quota" card shows it;
-/// with `x-aigw-tags` and `x-aigw-end-user`, also those of these tag values and end user, as a
-/// request carrying them meets them (the checks, refusals and caps of steps 3b and 5 of
-/// [`handle`]).
-async fn my_quota(
-    State(state): State<AppState>,
-    headers: axum::http::HeaderMap,
-    Authenticated(caller): Authenticated,
-) -> Response {
-    match quota_rows(&state, &headers, &caller).await {
-        Ok(rows) => axum::Json(json!({"object": "list", "data": rows})).into_response(),
-        Err(e) => e.into_response(),
-    }
-}
-
-/// The rows of `GET /v1/quota`.
-async fn quota_rows(
-    state: &AppState,
-    headers: &axum::http::HeaderMap,
-    caller: &Caller,
-) -> Result<Vec<serde_json::Value>, ApiError> {
-    let (tags, end_user) = header_labels(headers, &[])?;
-    if let Some(tag) = tags.first_not_allowed(caller.allowed_tags.as_deref()) {
-        return Err(ApiError::TagNotAllowed { tag });
-    }
-    let labels = state
-        .labels
-        .resolve(
-            &state.store,
-            state.label_caps(),
-            caller.workspace_id,
-            &tags,
-            end_user.as_deref(),
-            state.clock.now_ms(),
-        )
-        .await?;
-    let tz = state.timezone_of(caller.workspace_id);
-    let decision = state
-        .quota
-        .check_request(
-            &state.store,
-            &state.policies.load(),
-            caller,
-            &labels,
-            state.clock.now(),
-            tz,
-        )
-        .await?;
-    Ok(quota::report::rows(&decision, &labels))
 }
 
 /// `GET /v1/models`: the models the caller's workspace offers that the caller may call.
