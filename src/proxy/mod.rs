@@ -487,14 +487,11 @@ fn labels(
     // Anthropic's messages name the end user in `metadata.user_id`; OpenAI's bodies in `user`.
     match endpoint {
         Endpoint::Messages => {
-            let metadata = body.fields.get("metadata").map(|v| v.get());
-            header_labels(
-                headers,
-                &[
-                    ("metadata.user_id", metadata.and_then(metadata_user_id)),
-                    ("user", user),
-                ],
-            )
+            let user_id = match body.fields.get("metadata") {
+                Some(m) => metadata_user_id(m.get())?,
+                None => None,
+            };
+            header_labels(headers, &[("metadata.user_id", user_id), ("user", user)])
         }
         Endpoint::ChatCompletions | Endpoint::Embeddings => header_labels(headers, &[("user", user)]),
     }
@@ -514,18 +511,24 @@ fn header_labels(
     Ok((tags, end_user))
 }
 
-/// The raw JSON text of `user_id` in a messages body's `metadata` object, if present (a
-/// `metadata` that is no object names no one here; the upstream judges the body).
-fn metadata_user_id(metadata: &str) -> Option<&str> {
+/// The raw JSON text of `user_id` in a messages body's `metadata`, if present; a `metadata`
+/// that is neither an object nor null is refused (`param: "metadata"`), as Anthropic does.
+fn metadata_user_id(metadata: &str) -> Result<Option<&str>, ApiError> {
     #[derive(serde::Deserialize)]
     struct Metadata<'a> {
         #[serde(borrow, default)]
         user_id: Option<&'a serde_json::value::RawValue>,
     }
-    serde_json::from_str::<Metadata>(metadata)
-        .ok()?
-        .user_id
-        .map(|v| v.get())
+    let text = metadata.trim_start();
+    if text.starts_with("null") {
+        return Ok(None);
+    }
+    let not_an_object = || ApiError::invalid("metadata must be an object", Some("metadata"));
+    if !text.starts_with('{') {
+        return Err(not_an_object());
+    }
+    let m = serde_json::from_str::<Metadata>(metadata).map_err(|_| not_an_object())?;
+    Ok(m.user_id.map(|v| v.get()))
 }
 
 /// The language of the gateway's own messages: `Accept-Language: zh…` or the configured locale.

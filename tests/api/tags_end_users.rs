@@ -692,9 +692,14 @@ async fn messages_name_the_end_user_in_metadata_user_id(db: TestDb) {
         (400, &json!("metadata.user_id")),
         "{v}"
     );
+    // A `metadata` that is no object is refused, as the schema says.
+    for metadata in [json!([null, null]), json!("m-alice"), json!(7)] {
+        let (status, v) = post(KEY, &[], messages(Some(metadata), None)).await;
+        assert_eq!((status, &v["error"]["param"]), (400, &json!("metadata")), "{v}");
+    }
     assert_eq!(post(KEY, &[], messages(None, None)).await.0, 200, "no end user");
 
-    let logs = app.logs("acme", 9).await;
+    let logs = app.logs("acme", 12).await;
     let end_users: Vec<Option<&str>> = logs.iter().rev().map(|l| l.end_user.as_deref()).collect();
     assert_eq!(
         end_users,
@@ -706,6 +711,9 @@ async fn messages_name_the_end_user_in_metadata_user_id(db: TestDb) {
             Some("m-bob"),
             Some("m-bob"),
             Some("m-bob"),
+            None,
+            None,
+            None,
             None,
             None,
         ],
