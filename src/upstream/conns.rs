@@ -1,7 +1,7 @@
 //! Upstream connections: HTTP/1.1 ones each driven by the task of the request that uses it;
-//! HTTP/2, where the upstream offers it in the TLS handshake (ALPN), on one shared connection
-//! per upstream with its own task, as hyper drives it. HTTP/1.1 connections in use are capped per
-//! upstream ([`HostCaps`]).
+//! HTTP/2, where the upstream offers it in the TLS handshake (ALPN), on shared connections with
+//! a task each, as hyper drives them, at most [`MAX_STREAMS_PER_H2`] requests on each.
+//! HTTP/1.1 connections in use are capped per upstream ([`HostCaps`]).
 //!
 //! hyper's pooled client runs every connection as a task of its own and passes the response
 //! across through channels: each chunk of a streamed body costs a scheduler round of both tasks,
@@ -15,6 +15,7 @@
 //! pooled connection closed under before it was written goes out once more on a new one.
 
 use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
@@ -42,6 +43,12 @@ const SWEEP_EVERY: Duration = Duration::from_secs(30);
 /// and their buffers (about 20 KiB) for [`IDLE_FOR`]. A steady load reuses connections as they
 /// come back and parks few at a time.
 const MAX_IDLE_PER_UPSTREAM: usize = 256;
+/// The most requests one HTTP/2 connection carries at once; past it another is opened. A
+/// server announces its own limit of concurrent streams (RFC 9113 §6.5.2 recommends no fewer
+/// than 100; 100 is common, hyper's server allows 200) and hyper queues a request beyond it on
+/// that connection until one of its streams ends, which for a stream of completions can be
+/// minutes. 100 stays within what servers commonly allow.
+pub const MAX_STREAMS_PER_H2: usize = 100;
 
 type Io = MaybeHttpsStream<TokioIo<tokio::net::TcpStream>>;
 type Conn = Pin<Box<http1::Connection<Io, Full<Bytes>>>>;
@@ -51,8 +58,8 @@ type Key = (Scheme, Authority);
 pub struct Pool {
     connector: HttpsConnector<HttpConnector>,
     idle: Mutex<Idle>,
-    /// The HTTP/2 connection of each upstream that negotiated it, shared by its requests.
-    h2: Mutex<FxHashMap<Key, http2::SendRequest<Full<Bytes>>>>,
+    /// The HTTP/2 connections of each upstream that negotiated it, shared by its requests.
+    h2: Mutex<FxHashMap<Key, Http2Conns>>,
     /// The cap on HTTP/1.1 connections in use, shared with every pool made by [`Pool::fresh`].
     caps: Arc<HostCaps>,
 }
@@ -94,7 +101,48 @@ impl HostCaps {
 /// What a new connection turned out to be.
 enum Link {
     Http1(Lease),
-    Http2(http2::SendRequest<Full<Bytes>>),
+    Http2(http2::SendRequest<Full<Bytes>>, Stream),
+}
+
+/// An HTTP/2 upstream's connections.
+#[derive(Default)]
+struct Http2Conns {
+    conns: Vec<Shared>,
+    /// Held while another connection is opened because all are full (or closed): a burst waits
+    /// for one new connection instead of opening one per request.
+    opening: Arc<tokio::sync::Mutex<()>>,
+}
+
+/// Whether an upstream's HTTP/2 connections have room for a request.
+enum Http2 {
+    /// Not known to speak HTTP/2 (yet).
+    Unknown,
+    /// A place on one of them.
+    Room(http2::SendRequest<Full<Bytes>>, Stream),
+    /// Each is full or closed: whoever holds this opens the next.
+    Full(Arc<tokio::sync::Mutex<()>>),
+}
+
+/// An HTTP/2 connection, shared by up to [`MAX_STREAMS_PER_H2`] requests at once.
+struct Shared {
+    sender: http2::SendRequest<Full<Bytes>>,
+    in_flight: Arc<AtomicUsize>,
+}
+
+/// A request's place on a shared HTTP/2 connection, freed with its response body.
+struct Stream(Arc<AtomicUsize>);
+
+impl Stream {
+    fn on(conn: &Shared) -> Stream {
+        conn.in_flight.fetch_add(1, Ordering::Relaxed);
+        Stream(conn.in_flight.clone())
+    }
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 struct Idle {
@@ -166,8 +214,8 @@ impl Pool {
             return Err(Failure::BadUrl);
         };
         let key = (scheme, authority);
-        if let Some(h2) = self.http2_of(&key) {
-            return send_h2(h2, http::Request::from_parts(parts, Full::new(body))).await;
+        if let Some((h2, stream)) = self.http2_room(&key).await? {
+            return send_h2(h2, stream, http::Request::from_parts(parts, Full::new(body))).await;
         }
         // HTTP/1.1 on the wire: the path alone, and the host in its header.
         let absolute = std::mem::take(&mut parts.uri);
@@ -186,10 +234,10 @@ impl Pool {
                 None => match self.connect(key.clone()).await? {
                     Link::Http1(lease) => (lease, false),
                     // The upstream chose HTTP/2: the request goes out as such, in absolute form.
-                    Link::Http2(h2) => {
+                    Link::Http2(h2, stream) => {
                         drop(slot);
                         *req.uri_mut() = absolute;
-                        return send_h2(h2, req).await;
+                        return send_h2(h2, stream, req).await;
                     }
                 },
             };
@@ -213,7 +261,8 @@ impl Pool {
     }
 
     /// A new connection to `key`'s upstream: HTTP/2 when the TLS handshake chose it (its
-    /// connection then runs as a task of its own and is shared by the upstream's requests).
+    /// connection then runs as a task of its own and is shared by the upstream's requests; this
+    /// request is its first).
     async fn connect(self: &Arc<Self>, key: Key) -> Result<Link, Failure> {
         let uri = http::Uri::builder()
             .scheme(key.0.clone())
@@ -229,11 +278,19 @@ impl Pool {
                 .await
                 .map_err(|e| Failure::Connect(e.into()))?;
             tokio::spawn(conn);
+            let shared = Shared {
+                sender: h2.clone(),
+                in_flight: Arc::default(),
+            };
+            let stream = Stream::on(&shared);
             self.h2
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .insert(key, h2.clone());
-            return Ok(Link::Http2(h2));
+                .entry(key)
+                .or_default()
+                .conns
+                .push(shared);
+            return Ok(Link::Http2(h2, stream));
         }
         let (sender, conn) = http1::Builder::new()
             .handshake(io)
@@ -247,15 +304,66 @@ impl Pool {
         }))
     }
 
-    /// The open HTTP/2 connection to `key`'s upstream, if it has one.
-    fn http2_of(&self, key: &Key) -> Option<http2::SendRequest<Full<Bytes>>> {
-        let mut h2 = self.h2.lock().unwrap_or_else(|e| e.into_inner());
-        let sender = h2.get(key)?;
-        if sender.is_closed() {
-            h2.remove(key);
-            return None;
+    /// For an upstream known to speak HTTP/2, a place for one request on one of its
+    /// connections, opening another when each is full (one at a time per upstream, so a burst
+    /// opens one per [`MAX_STREAMS_PER_H2`] requests). None for an upstream not known to, or no
+    /// longer: it answered the new connection in HTTP/1.1.
+    async fn http2_room(
+        self: &Arc<Self>,
+        key: &Key,
+    ) -> Result<Option<(http2::SendRequest<Full<Bytes>>, Stream)>, Failure> {
+        let opening = match self.http2_of(key) {
+            Http2::Unknown => return Ok(None),
+            Http2::Room(h2, stream) => return Ok(Some((h2, stream))),
+            Http2::Full(opening) => opening,
+        };
+        let _turn = opening.lock().await;
+        if let Http2::Room(h2, stream) = self.http2_of(key) {
+            return Ok(Some((h2, stream)));
         }
-        Some(sender.clone())
+        match self.connect(key.clone()).await? {
+            Link::Http2(h2, stream) => Ok(Some((h2, stream))),
+            Link::Http1(_closed_unused) => {
+                self.h2.lock().unwrap_or_else(|e| e.into_inner()).remove(key);
+                Ok(None)
+            }
+        }
+    }
+
+    /// Whether `key`'s upstream has an HTTP/2 connection with room, taking a place on it if so.
+    /// Closed connections are forgotten here, and all idle ones but one: after a burst, the
+    /// connections it opened close as their streams end.
+    fn http2_of(&self, key: &Key) -> Http2 {
+        let mut h2 = self.h2.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(upstream) = h2.get_mut(key) else {
+            return Http2::Unknown;
+        };
+        let mut one_idle = false;
+        upstream.conns.retain(|c| {
+            let idle = c.in_flight.load(Ordering::Relaxed) == 0;
+            let keep = !c.sender.is_closed() && !(idle && one_idle);
+            one_idle |= keep && idle;
+            keep
+        });
+        // The first with room: the later ones empty and close.
+        match upstream
+            .conns
+            .iter()
+            .find(|c| c.in_flight.load(Ordering::Relaxed) < MAX_STREAMS_PER_H2)
+        {
+            Some(conn) => Http2::Room(conn.sender.clone(), Stream::on(conn)),
+            None => Http2::Full(upstream.opening.clone()),
+        }
+    }
+
+    /// How many HTTP/2 connections are open to any upstream (for tests).
+    #[cfg(test)]
+    fn http2_conns(&self) -> usize {
+        let h2 = self.h2.lock().unwrap();
+        h2.values()
+            .flat_map(|u| &u.conns)
+            .filter(|c| !c.sender.is_closed())
+            .count()
     }
 
     /// An idle connection to `key`'s upstream that is still open, if there is one.
@@ -356,14 +464,47 @@ impl Lease {
     }
 }
 
-/// Sends `req` (absolute form) on a shared HTTP/2 connection.
+/// Sends `req` (absolute form) on a shared HTTP/2 connection, holding `stream` (its place on
+/// it) until the response's body has been dropped.
 async fn send_h2(
     mut h2: http2::SendRequest<Full<Bytes>>,
+    stream: Stream,
     req: http::Request<Full<Bytes>>,
 ) -> Result<http::Response<Body>, Failure> {
     h2.ready().await.map_err(Failure::Send)?;
     let response = h2.send_request(req).await.map_err(Failure::Send)?;
-    Ok(response.map(Body::new))
+    Ok(response.map(|body| {
+        Body::new(OnStream {
+            body,
+            _stream: stream,
+        })
+    }))
+}
+
+/// An upstream response's body on a shared HTTP/2 connection.
+struct OnStream {
+    body: Incoming,
+    _stream: Stream,
+}
+
+impl http_body::Body for OnStream {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        Pin::new(&mut self.get_mut().body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
+    }
 }
 
 /// An upstream response's body, driving its connection as it is read.
@@ -416,7 +557,7 @@ mod tests {
 
     /// The production client's pool (its connector: HTTP/2 or 1.1 by ALPN, timeouts, no delay).
     fn pool() -> Arc<Pool> {
-        match crate::upstream::http::Client::direct(Duration::from_secs(5), 64) {
+        match crate::upstream::http::Client::direct(Duration::from_secs(5), 64, &[]) {
             crate::upstream::http::Client::Direct(pool) => pool,
             crate::upstream::http::Client::Proxied(_) => unreachable!("direct() is never proxied"),
         }
@@ -424,7 +565,6 @@ mod tests {
 
     /// An upstream that answers each request with its path and counts connections.
     async fn upstream() -> (std::net::SocketAddr, Arc<std::sync::atomic::AtomicUsize>) {
-        use std::sync::atomic::{AtomicUsize, Ordering};
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let accepted = Arc::new(AtomicUsize::new(0));
@@ -580,7 +720,6 @@ mod tests {
 
     /// An upstream that holds each answer 50 ms and records the most connections open at once.
     async fn slow_upstream() -> (std::net::SocketAddr, Arc<std::sync::atomic::AtomicUsize>) {
-        use std::sync::atomic::{AtomicUsize, Ordering};
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let open = Arc::new(AtomicUsize::new(0));
@@ -631,11 +770,11 @@ mod tests {
         assert_eq!(most.load(std::sync::atomic::Ordering::SeqCst), 2);
     }
 
-    /// An upstream that offers HTTP/2 in its TLS handshake gets it: its requests share one
-    /// connection, concurrent ones included.
-    #[tokio::test]
-    async fn an_upstream_offering_http2_shares_one_connection() {
-        use std::sync::atomic::{AtomicUsize, Ordering};
+    /// A TLS upstream offering HTTP/2 that allows `max_streams` concurrent streams a
+    /// connection: its port, the connections it accepted, and a pool that trusts it. A request
+    /// to `/held` is answered once `held` of them have arrived; any other at once, with its
+    /// version and URL.
+    async fn http2_upstream(max_streams: u32, held: usize) -> (u16, Arc<AtomicUsize>, Arc<Pool>) {
         let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
         let der = rustls::pki_types::CertificateDer::from(cert.cert.der().to_vec());
         let key = rustls::pki_types::PrivateKeyDer::try_from(cert.key_pair.serialize_der()).unwrap();
@@ -652,17 +791,28 @@ mod tests {
         let port = listener.local_addr().unwrap().port();
         let accepted = Arc::new(AtomicUsize::new(0));
         let count = accepted.clone();
+        let barrier = Arc::new(tokio::sync::Barrier::new(held.max(1)));
         tokio::spawn(async move {
             while let Ok((tcp, _)) = listener.accept().await {
                 count.fetch_add(1, Ordering::SeqCst);
                 let acceptor = acceptor.clone();
+                let barrier = barrier.clone();
                 tokio::spawn(async move {
                     let tls = acceptor.accept(tcp).await.unwrap();
-                    let svc = hyper::service::service_fn(|req: http::Request<Incoming>| async move {
-                        let text = format!("{:?} {}", req.version(), req.uri());
-                        Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(Bytes::from(text))))
+                    let svc = hyper::service::service_fn(move |req: http::Request<Incoming>| {
+                        let barrier = barrier.clone();
+                        async move {
+                            if req.uri().path() == "/held" {
+                                barrier.wait().await;
+                            }
+                            let text = format!("{:?} {}", req.version(), req.uri());
+                            Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(Bytes::from(
+                                text,
+                            ))))
+                        }
                     });
                     let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                        .max_concurrent_streams(max_streams)
                         .serve_connection(TokioIo::new(tls), svc)
                         .await;
                 });
@@ -681,30 +831,64 @@ mod tests {
             .https_or_http()
             .enable_all_versions()
             .build();
-        let pool = Arc::new(Pool::new(connector, Arc::new(HostCaps::new(1))));
-        let send = |path: &'static str| {
-            let pool = pool.clone();
-            async move {
-                let req = http::Request::get(format!("https://localhost:{port}{path}"))
-                    .body(Bytes::new())
-                    .unwrap();
-                let response = pool.send(req).await.ok().unwrap();
-                assert_eq!(response.version(), http::Version::HTTP_2);
-                let body = response.into_body().collect().await.unwrap().to_bytes();
-                String::from_utf8(body.to_vec()).unwrap()
-            }
-        };
+        (
+            port,
+            accepted,
+            Arc::new(Pool::new(connector, Arc::new(HostCaps::new(1)))),
+        )
+    }
+
+    /// Sends a GET of `path` to the upstream on `port`; the body of its HTTP/2 answer.
+    async fn get_h2(pool: Arc<Pool>, port: u16, path: &str) -> String {
+        let req = http::Request::get(format!("https://localhost:{port}{path}"))
+            .body(Bytes::new())
+            .unwrap();
+        let response = pool.send(req).await.ok().unwrap();
+        assert_eq!(response.version(), http::Version::HTTP_2);
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        String::from_utf8(body.to_vec()).unwrap()
+    }
+
+    /// An upstream that offers HTTP/2 in its TLS handshake gets it: its requests share one
+    /// connection, concurrent ones included.
+    #[tokio::test]
+    async fn an_upstream_offering_http2_shares_one_connection() {
+        let (port, accepted, pool) = http2_upstream(200, 0).await;
         assert_eq!(
-            send("/first").await,
+            get_h2(pool.clone(), port, "/first").await,
             format!("HTTP/2.0 https://localhost:{port}/first")
         );
         // Concurrent, and more than the HTTP/1.1 cap of 1: streams of the one connection.
-        let answers = futures::future::join_all((0..4).map(|_| send("/again"))).await;
+        let answers = futures::future::join_all((0..4).map(|_| get_h2(pool.clone(), port, "/again"))).await;
         assert!(answers.iter().all(|a| a.ends_with("/again")), "{answers:?}");
         assert_eq!(
             accepted.load(Ordering::SeqCst),
             1,
             "one connection for every request"
         );
+    }
+
+    /// Past [`MAX_STREAMS_PER_H2`] requests in flight, another connection is opened (one for a
+    /// whole burst) instead of queueing behind streams that may last minutes; once the burst
+    /// is over, one idle connection is kept.
+    #[tokio::test]
+    async fn a_full_http2_connection_gets_a_second_one() {
+        let burst = 2 * MAX_STREAMS_PER_H2 + 50;
+        // The upstream allows exactly the cap: a request queued on a full connection would never
+        // reach it, and the burst would never be answered.
+        let (port, accepted, pool) = http2_upstream(MAX_STREAMS_PER_H2 as u32, burst).await;
+        get_h2(pool.clone(), port, "/first").await;
+        let held = futures::future::join_all((0..burst).map(|_| get_h2(pool.clone(), port, "/held")));
+        let answers = tokio::time::timeout(Duration::from_secs(20), held)
+            .await
+            .expect("every request of the burst reached the upstream");
+        assert!(answers.iter().all(|a| a.ends_with("/held")), "{answers:?}");
+        assert_eq!(
+            accepted.load(Ordering::SeqCst),
+            3,
+            "one connection per 100 requests in flight"
+        );
+        get_h2(pool.clone(), port, "/after").await;
+        assert_eq!(pool.http2_conns(), 1, "the burst's idle connections closed");
     }
 }
