@@ -151,8 +151,8 @@ pub async fn handle(
         Err(e) => return refuse(completion, e),
     };
     completion.labelled(&tags, end_user.as_deref());
-    if let Some(tag) = tags.first_not_allowed(caller.allowed_tags.as_deref()) {
-        return refuse(completion, ApiError::TagNotAllowed { tag });
+    if let Err(e) = tags_allowed(&tags, &caller) {
+        return refuse(completion, e);
     }
 
     // 4. Model allow-list (the key's and its member's): before any quota or upstream work.
@@ -509,6 +509,14 @@ fn header_labels(
     let end_user =
         tags::end_user(headers.get(tags::END_USER_HEADER).map(|v| v.as_bytes()), fields).map_err(refused)?;
     Ok((tags, end_user))
+}
+
+/// `tags` within the key's `allowed_tags` (any, when it has none).
+fn tags_allowed(tags: &Tags, caller: &crate::caller::Caller) -> Result<(), ApiError> {
+    match tags.first_not_allowed(caller.allowed_tags.as_deref()) {
+        Some(tag) => Err(ApiError::TagNotAllowed { tag }),
+        None => Ok(()),
+    }
 }
 
 /// The raw JSON text of `user_id` in a messages body's `metadata`, if present; a `metadata`

@@ -5,7 +5,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
 use super::auth::Authenticated;
-use super::header_labels;
+use super::{header_labels, tags_allowed};
 use crate::app::AppState;
 use crate::caller::Caller;
 use crate::error::ApiError;
@@ -33,9 +33,7 @@ async fn quota_rows(
     caller: &Caller,
 ) -> Result<Vec<serde_json::Value>, ApiError> {
     let (tags, end_user) = header_labels(headers, &[])?;
-    if let Some(tag) = tags.first_not_allowed(caller.allowed_tags.as_deref()) {
-        return Err(ApiError::TagNotAllowed { tag });
-    }
+    tags_allowed(&tags, caller)?;
     let labels = state
         .labels
         .resolve(

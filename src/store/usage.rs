@@ -139,19 +139,15 @@ async fn read_usage(store: &Store, mut keys: Vec<UsageCounterRow>) -> StoreResul
             }
             b.push(") AS v");
             let (sql, args) = b.finish();
-            let stored: rustc_hash::FxHashMap<i64, i64> = sqlx::query_as_with(&sql, args)
-                .fetch_all(store.pool())
-                .await?
-                .into_iter()
-                .collect();
-            totals.extend(ids.iter().map(|r| {
-                let used = stored.get(&r.subject_id).copied().unwrap_or(0);
+            // One row per id: the id and its total (0 without a row).
+            let stored: Vec<(i64, i64)> = sqlx::query_as_with(&sql, args).fetch_all(store.pool()).await?;
+            totals.extend(stored.into_iter().map(|(id, used)| {
                 (
-                    r.subject.to_owned(),
-                    r.subject_id,
-                    r.metric.to_owned(),
-                    r.time_window.clone(),
-                    r.window_start,
+                    k.subject.to_owned(),
+                    id,
+                    k.metric.to_owned(),
+                    k.time_window.clone(),
+                    k.window_start,
                     used,
                 )
             }));
