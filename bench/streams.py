@@ -17,6 +17,12 @@ its CPU time per stream and per event (from /proc/PID/stat), and its RSS per tho
     python3 bench/streams.py --sizes 1000 [--events 50] [--gap-ms 20-50] [--rate 2000]
     python3 bench/streams.py --short --bin target/debug/aigw   # smoke test, seconds (.ci/run)
     python3 bench/streams.py --sizes 1000 --peers portkey,litellm [--install-peers]
+    python3 bench/streams.py --upstream h2      # aigw to the mock over TLS and HTTP/2
+
+`--upstream h2` has aigw reach the mock as the large providers are reached: over TLS, HTTP/2
+negotiated by ALPN, up to 100 streams a connection (the mock's TLS listener, its certificate
+signed by a CA made with `openssl`, the CA given to aigw as `upstream_ca_file`). The direct path
+stays plain HTTP/1.1 (the load generator speaks nothing else), so aigw's figures include TLS.
 
 `--peers` also runs the same load, in the same run, through other gateways pointed at the same
 mock and reports the same figures for each (CPU and RSS of its whole process tree): Portkey's
@@ -182,17 +188,43 @@ def load(gen, port, key, count, rate, headers=()):
     return {k: (v if k == "errors_by" else int(v)) for k, v in r.items()}
 
 
-def start_gateway(binary, tmp, mock_port):
+def company_ca(tmp):
+    """A CA and a certificate for `localhost` it signed (PEM files, made with openssl), as a
+    company's own CA would: (CA, certificate, key)."""
+    ca, ca_key = os.path.join(tmp, "ca.pem"), os.path.join(tmp, "ca-key.pem")
+    cert, key, csr = (os.path.join(tmp, f) for f in ("mock-cert.pem", "mock-key.pem", "mock.csr"))
+    ext = os.path.join(tmp, "mock.ext")
+    with open(ext, "w") as f:
+        f.write("subjectAltName=DNS:localhost\nbasicConstraints=CA:FALSE\n")
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"]
+    for cmd in (["req", "-x509", *ec, "-days", "1", "-subj", "/CN=bench CA", "-keyout", ca_key, "-out", ca],
+                ["req", *ec, "-subj", "/CN=localhost", "-keyout", key, "-out", csr],
+                ["x509", "-req", "-in", csr, "-CA", ca, "-CAkey", ca_key, "-CAcreateserial", "-days", "1",
+                 "-extfile", ext, "-out", cert]):
+        made = subprocess.run(["openssl", *cmd], capture_output=True, text=True)
+        if made.returncode != 0:
+            sys.exit(f"--upstream h2 needs openssl to make a certificate:\n{made.stderr}")
+    return ca, cert, key
+
+
+def start_gateway(binary, tmp, mock_port, tls=None):
+    """aigw on the mock: plain HTTP/1.1 to `mock_port`, or with `tls` = (port, CA file) over TLS
+    (HTTP/2) to https://localhost:PORT."""
     port = free_port()
     home = os.path.join(tmp, "gw")
     os.makedirs(home)
     res = os.path.join(home, "resources.toml")
+    resources = RESOURCES.format(key=KEY, mock=mock_port, cred=CRED).replace(
+        "max_in_flight = 1024", "max_in_flight = 100000")
+    if tls:
+        resources = resources.replace(f"http://127.0.0.1:{mock_port}/v1", f"https://localhost:{tls[0]}/v1")
     with open(res, "w") as f:
-        f.write(RESOURCES.format(key=KEY, mock=mock_port, cred=CRED).replace(
-            "max_in_flight = 1024", "max_in_flight = 100000"))
+        f.write(resources)
     env = {"PATH": os.environ.get("PATH", ""), "AIGW_LISTEN": f"127.0.0.1:{port}",
            "AIGW_DATABASE_URL": f"sqlite://{home}/aigw.db", "AIGW_LOG": "warn",
            "AIGW_BOOTSTRAP_PASSWORD": "bench-owner-pass", **GATEWAY_ENV}
+    if tls:
+        env["AIGW_UPSTREAM_CA_FILE"] = tls[1]
     gw = subprocess.Popen([binary, "serve", "--resources", res], env=env, cwd=home,
                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     return gw, port
@@ -254,6 +286,8 @@ def main():
     ap.add_argument("--per", type=int, default=1000, help="above this many streams the gap grows in proportion")
     ap.add_argument("--rate", type=int, default=2000, help="new streams a second during the ramp")
     ap.add_argument("--short", action="store_true", help="smoke test: 50 streams of 10 events, 5-10 ms apart")
+    ap.add_argument("--upstream", choices=["http1", "h2"], default="http1",
+                    help="how aigw reaches the mock: plain HTTP/1.1, or TLS and HTTP/2 as the providers")
     ap.add_argument("--peers", default="", help="other gateways to run the same load through: portkey,litellm")
     ap.add_argument("--peers-dir", default=peers.DEFAULT_DIR, help="where the peers are installed")
     ap.add_argument("--install-peers", action="store_true", help="install missing --peers into --peers-dir first")
@@ -269,18 +303,26 @@ def main():
     gap_lo, gap_hi = (int(x) for x in args.gap_ms.split("-"))
     others = peers.chosen(args.peers, args.peers_dir, args.install_peers)
     nofile = raise_nofile()
-    if nofile < 2 * max(sizes) + 100:
-        print(f"warning: RLIMIT_NOFILE is {nofile}; aigw needs two sockets a stream, {2 * max(sizes)} and "
-              "its own files", file=sys.stderr)
+    # Over HTTP/1.1 a stream holds a client and an upstream socket in aigw; over HTTP/2 the
+    # upstream sockets are one per 100 streams.
+    sockets = max(sizes) * 2 if args.upstream == "http1" else max(sizes) + max(sizes) // 100 + 1
+    if nofile < sockets + 100:
+        print(f"warning: RLIMIT_NOFILE is {nofile}; aigw needs {sockets} sockets and its own files",
+              file=sys.stderr)
 
     load_before = os.getloadavg()
     tmp = tempfile.mkdtemp(prefix="aigw-streams-")
     mock_port = free_port()
-    mock = subprocess.Popen([args.bin, "mock-upstream", "--no-record", "--listen", f"127.0.0.1:{mock_port}"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    mock_cmd = [args.bin, "mock-upstream", "--no-record", "--listen", f"127.0.0.1:{mock_port}"]
+    tls = None
+    if args.upstream == "h2":
+        ca, cert, key = company_ca(tmp)
+        tls = (free_port(), ca)
+        mock_cmd += ["--tls-listen", f"127.0.0.1:{tls[0]}", "--tls-cert", cert, "--tls-key", key]
+    mock = subprocess.Popen(mock_cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     gw, rows, failed = None, [], []
     try:
-        gw, gw_port = start_gateway(args.bin, tmp, mock_port)
+        gw, gw_port = start_gateway(args.bin, tmp, mock_port, tls)
         wait_ready(f"http://127.0.0.1:{mock_port}/__mock/calls", mock)
         wait_ready(f"http://127.0.0.1:{gw_port}/readyz", gw)
         rest = warm_up(gen, gw.pid, gw_port, KEY, mock_port)
@@ -310,8 +352,9 @@ def main():
     load_after = os.getloadavg()
 
     rev = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    upstream = "TLS and HTTP/2" if tls else "HTTP/1.1"
     print(f"# many long streams ({rev}, {args.bin}, {args.events} events a stream, ramp {args.rate}/s, "
-          f"{os.cpu_count()} cores, RLIMIT_NOFILE {nofile})\n")
+          f"aigw to the mock over {upstream}, {os.cpu_count()} cores, RLIMIT_NOFILE {nofile})\n")
     if others:
         print("peers: " + ", ".join(f"{p.name} {p.version()}" for p in others)
               + f"; load average {load_before[0]:.1f} before, {load_after[0]:.1f} after\n")

@@ -288,9 +288,14 @@ impl Gateway {
             &tasks,
         );
         let connect_timeout = Duration::from_secs(settings.connect_timeout_secs);
+        let own_cas = match &settings.upstream_ca_file {
+            Some(path) => crate::upstream::http::read_cas(path).map_err(StartError::Config)?,
+            None => Vec::new(),
+        };
         let http = crate::upstream::http::Client::from_env(
             connect_timeout,
             settings.max_upstream_connections_per_host,
+            &own_cas,
         )
         .map_err(StartError::Config)?;
         let sessions = crate::admin::session::Sessions::new(jwt_secret.expose());

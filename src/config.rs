@@ -368,8 +368,11 @@ settings! {
     /// from 0 in memory) or `refuse` (503 `store_unavailable`).
     store_outage_counters: OutageCounters = OutageCounters::Serve, "AIGW_STORE_OUTAGE_COUNTERS";
     /// Most HTTP/1.1 requests in flight to one upstream (scheme, host and port) at once; past it
-    /// a request waits for one to finish. HTTP/2 upstreams multiplex on one connection.
+    /// a request waits for one to finish. HTTP/2 upstreams multiplex, 100 requests a connection.
     max_upstream_connections_per_host: usize = 4096, "AIGW_MAX_UPSTREAM_CONNECTIONS_PER_HOST", check at_least_1;
+    /// A PEM file of certificate authorities that upstream TLS connections trust besides the
+    /// public ones (a self-hosted endpoint behind a company CA); read at start.
+    upstream_ca_file: Option<PathBuf> = None, "AIGW_UPSTREAM_CA_FILE";
     /// A second address serving the admin API, the console and `/metrics`; the main address
     /// then serves only the proxy and the health endpoints.
     admin_listen: Option<SocketAddr> = None, "AIGW_ADMIN_LISTEN";

@@ -40,6 +40,15 @@ enum Command {
         /// Only count calls instead of keeping them for `/__mock/calls` (benchmarks).
         #[arg(long)]
         no_record: bool,
+        /// Also listen here over TLS, offering HTTP/2 (needs `--tls-cert` and `--tls-key`).
+        #[arg(long, requires_all = ["tls_cert", "tls_key"])]
+        tls_listen: Option<std::net::SocketAddr>,
+        /// The TLS listener's certificate chain (PEM).
+        #[arg(long, requires = "tls_listen")]
+        tls_cert: Option<PathBuf>,
+        /// The TLS listener's private key (PEM).
+        #[arg(long, requires = "tls_listen")]
+        tls_key: Option<PathBuf>,
     },
 }
 
@@ -55,7 +64,16 @@ fn main() -> ExitCode {
     let result = runtime.block_on(async {
         match cli.command {
             Command::Serve { config, resources } => serve(config, resources).await,
-            Command::MockUpstream { listen, no_record } => mock_upstream(listen, !no_record).await,
+            Command::MockUpstream {
+                listen,
+                no_record,
+                tls_listen,
+                tls_cert,
+                tls_key,
+            } => {
+                let tls = tls_listen.zip(tls_cert.zip(tls_key));
+                mock_upstream(listen, !no_record, tls).await
+            }
         }
     });
     match result {
@@ -104,7 +122,11 @@ async fn serve(config: Option<PathBuf>, resources: Option<PathBuf>) -> Result<()
         .map_err(|e| format!("server error: {e}"))
 }
 
-async fn mock_upstream(listen: std::net::SocketAddr, keep_calls: bool) -> Result<(), String> {
+async fn mock_upstream(
+    listen: std::net::SocketAddr,
+    keep_calls: bool,
+    tls: Option<(std::net::SocketAddr, (PathBuf, PathBuf))>,
+) -> Result<(), String> {
     let stop = shutdown_signal();
     let mock = aigw::mock_upstream::MockUpstream::start_with(listen, keep_calls)
         .await
@@ -114,6 +136,16 @@ async fn mock_upstream(listen: std::net::SocketAddr, keep_calls: bool) -> Result
         mock.addr(),
         mock.base_url()
     );
+    if let Some((addr, (cert, key))) = tls {
+        let addr = mock
+            .serve_tls(addr, &cert, &key)
+            .await
+            .map_err(|e| format!("cannot serve TLS on {addr}: {e}"))?;
+        println!(
+            "aigw mock upstream over TLS on {addr} (base_url https://localhost:{}/v1)",
+            addr.port()
+        );
+    }
     stop.await;
     mock.stop();
     Ok(())

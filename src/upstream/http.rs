@@ -21,6 +21,29 @@ use super::conns::{Failure, HostCaps, IDLE_FOR, Pool};
 /// An upstream's response; its body is read, or streamed, by the caller.
 pub type Response = http::Response<Body>;
 
+/// A certificate authority an operator adds to the public ones (DER).
+pub type Ca = rustls::pki_types::CertificateDer<'static>;
+
+/// The certificates of the PEM file `path`, for `upstream_ca_file`: an error names the file
+/// when it cannot be read or holds no certificate.
+pub fn read_cas(path: &std::path::Path) -> Result<Vec<Ca>, String> {
+    use rustls::pki_types::pem::PemObject;
+    let bad = |why: String| format!("bad setting upstream_ca_file ({}): {why}", path.display());
+    let cas = Ca::pem_file_iter(path)
+        .map_err(|e| bad(e.to_string()))?
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| bad(e.to_string()))?;
+    if cas.is_empty() {
+        return Err(bad("no PEM certificate in the file".into()));
+    }
+    for ca in &cas {
+        rustls::RootCertStore::empty()
+            .add(ca.clone())
+            .map_err(|e| bad(format!("not a usable CA certificate: {e}")))?;
+    }
+    Ok(cas)
+}
+
 /// The variables that name an outbound proxy.
 const PROXY_VARS: [&str; 6] = [
     "HTTPS_PROXY",
@@ -60,37 +83,55 @@ impl Client {
     /// The client this process uses: proxied when the environment names a proxy. A connection
     /// that does not open within `connect_timeout` fails (the request fails over); at most
     /// `per_host` HTTP/1.1 requests are in flight to one upstream (direct connections).
-    pub fn from_env(connect_timeout: Duration, per_host: usize) -> Result<Client, String> {
+    /// TLS connections trust the public roots and `own_cas`.
+    pub fn from_env(connect_timeout: Duration, per_host: usize, own_cas: &[Ca]) -> Result<Client, String> {
         if proxy_named(|k| std::env::var_os(k).filter(|v| !v.is_empty()).is_some()) {
-            Client::proxied(None, connect_timeout)
+            Client::proxied(None, connect_timeout, own_cas)
         } else {
-            Ok(Client::direct(connect_timeout, per_host))
+            Ok(Client::direct(connect_timeout, per_host, own_cas))
         }
     }
 
     /// Straight to the upstream, on a shared connection pool: HTTP/2 where the upstream offers
     /// it over TLS, else HTTP/1.1 with a connection driven by the one request that uses it, at
     /// most `per_host` in use per upstream.
-    pub fn direct(connect_timeout: Duration, per_host: usize) -> Client {
+    pub fn direct(connect_timeout: Duration, per_host: usize, own_cas: &[Ca]) -> Client {
         let mut http = HttpConnector::new();
         http.enforce_http(false);
         http.set_nodelay(true);
         http.set_connect_timeout(Some(connect_timeout));
-        let https = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_webpki_roots()
-            .https_or_http()
-            .enable_all_versions()
-            .wrap_connector(http);
+        let tls = hyper_rustls::HttpsConnectorBuilder::new();
+        let tls = if own_cas.is_empty() {
+            tls.with_webpki_roots()
+        } else {
+            let mut roots = rustls::RootCertStore {
+                roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
+            };
+            roots.add_parsable_certificates(own_cas.iter().cloned());
+            let provider = Arc::new(rustls::crypto::ring::default_provider());
+            tls.with_tls_config(
+                rustls::ClientConfig::builder_with_provider(provider)
+                    .with_safe_default_protocol_versions()
+                    .expect("ring supports the default protocol versions")
+                    .with_root_certificates(roots)
+                    .with_no_client_auth(),
+            )
+        };
+        let https = tls.https_or_http().enable_all_versions().wrap_connector(http);
         Client::Direct(Arc::new(Pool::new(https, Arc::new(HostCaps::new(per_host)))))
     }
 
     /// Through reqwest: via `proxy` when given, else via the proxy the environment names.
-    pub fn proxied(proxy: Option<&str>, connect_timeout: Duration) -> Result<Client, String> {
+    pub fn proxied(proxy: Option<&str>, connect_timeout: Duration, own_cas: &[Ca]) -> Result<Client, String> {
         let mut b = reqwest::Client::builder()
             .connect_timeout(connect_timeout)
             .pool_idle_timeout(IDLE_FOR)
             .tcp_nodelay(true)
             .redirect(reqwest::redirect::Policy::none());
+        for ca in own_cas {
+            let ca = reqwest::Certificate::from_der(ca).map_err(|e| format!("bad CA certificate: {e}"))?;
+            b = b.add_root_certificate(ca);
+        }
         if let Some(p) = proxy {
             b = b.proxy(reqwest::Proxy::all(p).map_err(|e| format!("bad proxy URL: {e}"))?);
         }
@@ -244,8 +285,8 @@ mod tests {
             .unwrap();
         let connect = Duration::from_secs(5);
         for client in [
-            Client::direct(connect, 64),
-            Client::proxied(None, connect).unwrap(),
+            Client::direct(connect, 64, &[]),
+            Client::proxied(None, connect, &[]).unwrap(),
         ] {
             let e = client.send(duplicate(&req)).await.unwrap_err();
             assert_eq!(e.to_string(), "connection failed (127.0.0.1)");
@@ -274,8 +315,8 @@ mod tests {
             .unwrap();
         let connect = Duration::from_millis(300);
         for client in [
-            Client::direct(connect, 64),
-            Client::proxied(None, connect).unwrap(),
+            Client::direct(connect, 64, &[]),
+            Client::proxied(None, connect, &[]).unwrap(),
         ] {
             let started = std::time::Instant::now();
             let e = client.send(duplicate(&req)).await.unwrap_err();
@@ -313,7 +354,8 @@ mod tests {
             }
         });
 
-        let client = Client::proxied(Some(&format!("http://{relay_addr}")), Duration::from_secs(5)).unwrap();
+        let client =
+            Client::proxied(Some(&format!("http://{relay_addr}")), Duration::from_secs(5), &[]).unwrap();
         let req = http::Request::post(format!("http://{upstream_addr}/v1/ping"))
             .body(Bytes::from_static(b"{}"))
             .unwrap();

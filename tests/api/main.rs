@@ -33,4 +33,5 @@ mod untrusted_upstream;
 mod upstream;
 mod upstream_dispatch;
 mod upstream_rules;
+mod upstream_tls;
 mod usage;
