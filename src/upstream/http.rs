@@ -179,7 +179,13 @@ impl Client {
                             s.downcast_ref::<std::io::Error>()
                                 .is_some_and(|io| io.kind() == std::io::ErrorKind::TimedOut)
                         });
-                        failure(timed_out, true)
+                        // A refused certificate, say (rustls' own error, wrapped in I/O errors).
+                        let tls = source_chain(&*e).any(|s| s.is::<rustls::Error>());
+                        if tls {
+                            "TLS handshake failed"
+                        } else {
+                            failure(timed_out, true)
+                        }
                     }
                     Failure::Send(e) => failure(e.is_timeout(), false),
                     Failure::BadUrl => "request failed",
@@ -243,7 +249,14 @@ fn proxy_named(is_set: impl Fn(&str) -> bool) -> bool {
 fn source_chain<'a>(
     e: &'a (dyn std::error::Error + 'static),
 ) -> impl Iterator<Item = &'a (dyn std::error::Error + 'static)> {
-    std::iter::successors(Some(e), |&e| e.source())
+    // An I/O error that wraps another names, as its source, the wrapped one's source: the
+    // wrapped error itself comes next here.
+    std::iter::successors(Some(e), |&e| {
+        match e.downcast_ref::<std::io::Error>().and_then(|io| io.get_ref()) {
+            Some(inner) => Some(inner as &(dyn std::error::Error + 'static)),
+            None => e.source(),
+        }
+    })
 }
 
 #[cfg(test)]

@@ -42,8 +42,9 @@ async fn tls_mock(db: &TestDb) -> (MockUpstream, String, std::path::PathBuf) {
     (mock, resources, ca)
 }
 
-/// With the company's CA in `upstream_ca_file`, an upstream whose certificate it signed serves plain and
-/// streamed completions; without it, the same upstream is not trusted and is never called.
+/// With the company's CA in `upstream_ca_file`, an upstream whose certificate it signed serves
+/// plain and streamed completions; without it, the same upstream is not trusted, never called,
+/// and the answer says the TLS handshake failed.
 #[tokio::test]
 async fn an_upstream_signed_by_an_own_ca_is_trusted_only_with_upstream_ca_file() {
     let db = TestDb::sqlite();
@@ -68,6 +69,11 @@ async fn an_upstream_signed_by_an_own_ca_is_trusted_only_with_upstream_ca_file()
     let app = spawn_app(&other, Setup::resources(resources)).await;
     let r = app.post_json("/v1/chat/completions", KEY, &chat("m1")).await;
     assert!(r.status().is_server_error(), "{}", r.status());
+    let text = r.text().await.unwrap();
+    assert!(
+        text.contains("TLS handshake failed (localhost)"),
+        "says why: {text}"
+    );
     assert_eq!(mock.call_count(), 2, "an untrusted upstream is not called");
     app.stop().await;
 }
