@@ -101,7 +101,7 @@ mod tests {
         ];
         let mut batch: Vec<_> = table.iter().map(|(w, ago, _)| counter(w, now - ago)).collect();
         batch.push(counter("total", 0));
-        store.add_usage(&batch).await.unwrap();
+        store.add_usage(&batch, None).await.unwrap();
         let buckets: Vec<_> = (0..3)
             .map(|i| ((1, now - BUCKETS_KEPT_SECS - 1 + i), (1, 0)))
             .collect();

@@ -2,7 +2,7 @@
 //! own-limit counts (`upstream_counters`). Each gateway adds what it counted at every flush and
 //! reads back every gateway's totals.
 
-use super::{NARROW_STATEMENT_ROWS, SqlBuilder, Store, StoreResult, statements};
+use super::{Backend, NARROW_STATEMENT_ROWS, SqlBuilder, Store, StoreResult, statements};
 
 /// A quota counter's identity as stored: subject, metric, window and window start.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -27,11 +27,19 @@ pub struct UsageCounterRow {
 pub trait UsageStore {
     /// The stored total of a counter, if it has a row.
     async fn usage_counter(&self, key: &UsageCounterRow) -> StoreResult<Option<i64>>;
-    /// Adds every nonzero delta of `batch` (each in `0..=i64::MAX`) in one transaction, and
-    /// only reads the counters of zero deltas; returns each counter's global total as stored
-    /// (0 for a counter without a row): (subject, subject id, metric, window, window start,
-    /// used).
-    async fn add_usage(&self, batch: &[(UsageCounterRow, i64)]) -> StoreResult<Vec<UsageTotal>>;
+    /// Adds every nonzero delta of `batch` (each in `0..=i64::MAX`) in one transaction, then
+    /// reads back what the zero deltas' counters hold now, and returns every total learned
+    /// (the upserts' first; a read back is later, so as new or newer).
+    ///
+    /// On SQLite, and on Postgres without `since`, each zero delta's counter is read by its
+    /// key (0 without a row). On Postgres with `since` (the horizon the last call returned),
+    /// every counter changed since is read instead, any subject's: those changed by
+    /// transactions not yet complete when that horizon was taken (`changed_tx >= since`), so a
+    /// transaction that committed after an earlier one with a higher id is not missed. An idle
+    /// counter then costs no read at all. The horizon returned (Postgres only) is the xmin of
+    /// a snapshot taken before anything is read; one below `since` (another database, restored
+    /// from a backup) falls back to reading by key.
+    async fn add_usage(&self, batch: &[(UsageCounterRow, i64)], since: Option<i64>) -> StoreResult<ReadBack>;
     /// Every subject's stored total of one metric in one window: (subject id, used).
     async fn usage_in_window(
         &self,
@@ -45,6 +53,15 @@ pub trait UsageStore {
 /// A counter's total as the store returns it: (subject, subject id, metric, window, window
 /// start, used).
 pub type UsageTotal = (String, i64, String, String, i64, i64);
+
+/// What [`UsageStore::add_usage`] learned.
+#[derive(Debug)]
+pub struct ReadBack {
+    /// Every total written or read back; a later entry of a counter is newer.
+    pub totals: Vec<UsageTotal>,
+    /// Where the next call reads back from (Postgres).
+    pub horizon: Option<i64>,
+}
 
 impl UsageStore for Store {
     async fn usage_counter(&self, key: &UsageCounterRow) -> StoreResult<Option<i64>> {
@@ -61,11 +78,21 @@ impl UsageStore for Store {
         .await?)
     }
 
-    async fn add_usage(&self, batch: &[(UsageCounterRow, i64)]) -> StoreResult<Vec<UsageTotal>> {
-        // A zero delta only reads: an idle counter costs a shared read, not a row lock and a
-        // write (on every flush of every gateway).
+    async fn add_usage(&self, batch: &[(UsageCounterRow, i64)], since: Option<i64>) -> StoreResult<ReadBack> {
+        // Taken before anything is read: whatever commits after the reads below was not yet
+        // complete then, so the next read back (from this horizon) sees it.
+        let horizon = match self.backend() {
+            Backend::Postgres => Some(
+                sqlx::query_scalar::<_, i64>("SELECT txid_snapshot_xmin(txid_current_snapshot())")
+                    .fetch_one(self.pool())
+                    .await?,
+            ),
+            Backend::Sqlite => None,
+        };
+        // A zero delta only reads: an idle counter costs a shared read at most, not a row lock
+        // and a write (on every flush of every gateway).
         let (adds, reads): (Vec<_>, Vec<_>) = batch.iter().cloned().partition(|(_, d)| *d != 0);
-        let mut totals = read_usage(self, reads.into_iter().map(|(k, _)| k).collect()).await?;
+        let mut totals = Vec::with_capacity(batch.len());
         if !adds.is_empty() {
             let mut tx = self.pool().begin().await?;
             for chunk in statements(&adds, NARROW_STATEMENT_ROWS) {
@@ -73,7 +100,11 @@ impl UsageStore for Store {
             }
             tx.commit().await?;
         }
-        Ok(totals)
+        match (since, horizon) {
+            (Some(since), Some(now)) if now >= since => totals.extend(changed_since(self, since).await?),
+            _ => totals.extend(read_usage(self, reads.into_iter().map(|(k, _)| k).collect()).await?),
+        }
+        Ok(ReadBack { totals, horizon })
     }
 
     async fn usage_in_window(
@@ -156,6 +187,17 @@ async fn read_usage(store: &Store, mut keys: Vec<UsageCounterRow>) -> StoreResul
     Ok(totals)
 }
 
+/// Every counter changed by a transaction whose id is `since` or later (Postgres).
+async fn changed_since(store: &Store, since: i64) -> StoreResult<Vec<UsageTotal>> {
+    Ok(sqlx::query_as(
+        "SELECT subject, subject_id, metric, time_window, window_start, used FROM usage_counters
+          WHERE changed_tx >= $1",
+    )
+    .bind(since)
+    .fetch_all(store.pool())
+    .await?)
+}
+
 async fn upsert_usage(
     store: &Store,
     tx: &mut sqlx::Transaction<'static, sqlx::Any>,
@@ -186,9 +228,13 @@ async fn upsert_usage(
         " ON CONFLICT (subject, subject_id, metric, time_window, window_start) \
          DO UPDATE SET used = CASE \
            WHEN usage_counters.used > 9223372036854775807 - excluded.used THEN 9223372036854775807 \
-           ELSE usage_counters.used + excluded.used END \
-         RETURNING subject, subject_id, metric, time_window, window_start, used",
+           ELSE usage_counters.used + excluded.used END",
     );
+    // A new row's `changed_tx` is its column default, the same.
+    if store.backend() == Backend::Postgres {
+        b.push(", changed_tx = txid_current()");
+    }
+    b.push(" RETURNING subject, subject_id, metric, time_window, window_start, used");
     let (sql, args) = b.finish();
     Ok(sqlx::query_as_with(&sql, args).fetch_all(&mut **tx).await?)
 }
@@ -300,7 +346,7 @@ mod tests {
         let url = format!("sqlite:{}", dir.path().join("usage.db").display());
         let store = Store::connect(&url).await.unwrap();
         let seeded: Vec<_> = (1..=150).map(|id| (row(id, "day"), id)).collect();
-        store.add_usage(&seeded).await.unwrap();
+        store.add_usage(&seeded, None).await.unwrap();
 
         // Ids 1..=150 read (0) or add (1) alternately; 151..=160 have no row and read only.
         let mut batch: Vec<_> = (1..=160)
@@ -308,7 +354,7 @@ mod tests {
             .collect();
         batch.push((row(1, "total"), 0));
         batch.push((row(2, "total"), 5));
-        let totals = store.add_usage(&batch).await.unwrap();
+        let totals = store.add_usage(&batch, None).await.unwrap().totals;
         assert_eq!(totals.len(), batch.len(), "one total per counter");
         for (key, delta) in &batch {
             let stored = if key.time_window == "total" || key.subject_id > 150 {

@@ -341,7 +341,8 @@ impl Pool {
         let mut one_idle = false;
         upstream.conns.retain(|c| {
             let idle = c.in_flight.load(Ordering::Relaxed) == 0;
-            let keep = !c.sender.is_closed() && !(idle && one_idle);
+            // Closed ones go, and every idle one after the first.
+            let keep = !(c.sender.is_closed() || idle && one_idle);
             one_idle |= keep && idle;
             keep
         });

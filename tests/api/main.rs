@@ -10,6 +10,7 @@ mod binary;
 mod breaker;
 mod budget_alerts;
 mod concurrency_cap;
+mod counter_readback;
 mod deadlines;
 mod deployment;
 mod foundation;

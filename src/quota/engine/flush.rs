@@ -1,0 +1,168 @@
+//! The quota counters' flush: this gateway's deltas written, the others' totals read back.
+
+use chrono::{DateTime, Utc};
+use rustc_hash::FxHashMap;
+
+use super::{CounterKey, QuotaCounters};
+use crate::store::{Store, StoreResult, UsageCounterRow, UsageStore};
+
+impl QuotaCounters {
+    /// Writes the pending deltas with upserts that return each global total, all in one
+    /// transaction, then reads back what the other gateways added to the live counters with
+    /// nothing pending: on Postgres only the counters changed since the last read back
+    /// ([`UsageStore::add_usage`]), on SQLite each of them. Forgets counters whose own window
+    /// has ended (in the zone it was aligned in) and that hold nothing unwritten. Returns how
+    /// many counters were written or read, or the error of the first one that was not.
+    ///
+    /// Atomic per batch: a delta leaves `flushing` for `global` only once its transaction
+    /// committed, and goes back to pending only when it rolled back — never lost, never added
+    /// twice. No value can fail the batch: every delta is in `0..=i64::MAX` and the SQL saturates
+    /// at `i64::MAX` on both backends (SQLite would turn an overflowing sum into a REAL,
+    /// Postgres refuses it with "bigint out of range"). Should the database still refuse the
+    /// batch, it is written row by row, so one row it refuses holds back only itself.
+    pub async fn flush(&self, store: &Store, now: DateTime<Utc>) -> StoreResult<usize> {
+        let mut read_horizon = self.flushing.lock().await;
+        let mut batch: Vec<(CounterKey, i64)> = {
+            let mut map = self.counters.lock().unwrap_or_else(|p| p.into_inner());
+            map.retain(|_, c| !c.done_with(now));
+            // Every live counter is in the batch (a zero delta is only read back), so each
+            // gateway learns what the others used within one flush interval.
+            map.iter_mut()
+                .map(|(k, c)| {
+                    let d = std::mem::take(&mut c.pending).max(0);
+                    c.flushing = d;
+                    c.touched = false;
+                    (k.clone(), d)
+                })
+                .collect()
+        };
+        if batch.is_empty() {
+            return Ok(0);
+        }
+        // Rows are locked in one order by every gateway: two flushes on one Postgres never wait
+        // on each other in a circle.
+        batch.sort_by_cached_key(|(k, _)| {
+            (
+                k.subject.as_str(),
+                k.subject_id,
+                k.metric.as_str(),
+                k.window.to_string(),
+                k.start,
+            )
+        });
+        let written = write(store, &batch, *read_horizon).await;
+        if written.horizon.is_some() {
+            *read_horizon = written.horizon;
+        }
+        let totals: FxHashMap<&CounterKey, i64> = written.totals.iter().map(|(k, t)| (k, *t)).collect();
+        let mut map = self.counters.lock().unwrap_or_else(|p| p.into_inner());
+        for (key, delta) in &batch {
+            // Only a flush forgets counters, and this one holds the flush lock: every key is there.
+            let Some(c) = map.get_mut(key) else { continue };
+            if written.rolled_back.contains(key) {
+                // Not written: back to pending for the next flush.
+                c.pending = c.pending.saturating_add(std::mem::take(&mut c.flushing));
+                c.touched = true;
+            } else {
+                // Committed (a row that came back unreadable was still written).
+                let before = c.global;
+                match totals.get(key) {
+                    Some(total) => {
+                        c.global = *total;
+                        c.known = true;
+                    }
+                    None => c.global = c.global.saturating_add(*delta),
+                }
+                c.alert_check |= c.global != before;
+                c.flushing = 0;
+            }
+        }
+        match written.error {
+            Some(e) => Err(e),
+            None => Ok(batch.len()),
+        }
+    }
+}
+
+/// What a flush wrote.
+struct Written {
+    /// The new global total of each counter written or read back; a later entry of a counter
+    /// is newer.
+    totals: Vec<(CounterKey, i64)>,
+    /// Where the next flush reads back from, when this one read back in one go (Postgres).
+    horizon: Option<i64>,
+    /// The counters whose deltas were not written (their transaction rolled back).
+    rolled_back: rustc_hash::FxHashSet<CounterKey>,
+    /// The first error, if any counter was not written.
+    error: Option<crate::store::StoreError>,
+}
+
+/// Writes `batch` in one transaction and reads back the others' totals changed since the
+/// horizon `since` ([`UsageStore::add_usage`]); if the database refuses it (rather than being
+/// out of reach), row by row, so that a row it refuses holds back only itself (each reading
+/// back its own counter).
+async fn write(store: &Store, batch: &[(CounterKey, i64)], since: Option<i64>) -> Written {
+    let all_back = |e| Written {
+        totals: Vec::new(),
+        horizon: None,
+        rolled_back: batch.iter().map(|(k, _)| k.clone()).collect(),
+        error: Some(e),
+    };
+    match write_batch(store, batch, since).await {
+        Ok((totals, horizon)) => Written {
+            totals,
+            horizon,
+            rolled_back: Default::default(),
+            error: None,
+        },
+        Err(e) if batch.len() > 1 && e.is_refusal() => {
+            tracing::warn!(error = %e, rows = batch.len(), "quota flush refused; writing its counters one by one");
+            let mut w = Written {
+                totals: Vec::new(),
+                horizon: None,
+                rolled_back: Default::default(),
+                error: None,
+            };
+            for row in batch {
+                match write_batch(store, std::slice::from_ref(row), None).await {
+                    Ok((totals, _)) => w.totals.extend(totals),
+                    Err(e) => {
+                        tracing::warn!(error = %e, counter = ?row.0, "quota counter not written; kept for the next flush");
+                        w.rolled_back.insert(row.0.clone());
+                        w.error.get_or_insert(e);
+                    }
+                }
+            }
+            w
+        }
+        Err(e) => all_back(e),
+    }
+}
+
+/// Upserts every delta of `batch` in one transaction and reads back the others' totals
+/// ([`UsageStore::add_usage`]); returns each total learned, and the next horizon.
+async fn write_batch(
+    store: &Store,
+    batch: &[(CounterKey, i64)],
+    since: Option<i64>,
+) -> StoreResult<(Vec<(CounterKey, i64)>, Option<i64>)> {
+    let rows: Vec<(UsageCounterRow, i64)> = batch.iter().map(|(k, d)| (k.row(), *d)).collect();
+    let read = store.add_usage(&rows, since).await?;
+    let totals = read
+        .totals
+        .into_iter()
+        .filter_map(|(s, id, m, w, start, used)| {
+            Some((
+                CounterKey {
+                    subject: s.parse().ok()?,
+                    subject_id: id,
+                    metric: m.parse().ok()?,
+                    window: w.parse().ok()?,
+                    start,
+                },
+                used,
+            ))
+        })
+        .collect();
+    Ok((totals, read.horizon))
+}
