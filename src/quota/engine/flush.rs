@@ -1,7 +1,6 @@
 //! The quota counters' flush: this gateway's deltas written, the others' totals read back.
 
 use chrono::{DateTime, Utc};
-use rustc_hash::FxHashMap;
 
 use super::{CounterKey, QuotaCounters};
 use crate::store::{Store, StoreResult, UsageCounterRow, UsageStore};
@@ -12,7 +11,8 @@ impl QuotaCounters {
     /// nothing pending: on Postgres only the counters changed since the last read back
     /// ([`UsageStore::add_usage`]), on SQLite each of them. Forgets counters whose own window
     /// has ended (in the zone it was aligned in) and that hold nothing unwritten. Returns how
-    /// many counters were written or read, or the error of the first one that was not.
+    /// many counters were in the batch (written, or read back by key), or the error of the
+    /// first one that was not written.
     ///
     /// Atomic per batch: a delta leaves `flushing` for `global` only once its transaction
     /// committed, and goes back to pending only when it rolled back — never lost, never added
@@ -22,23 +22,26 @@ impl QuotaCounters {
     /// batch, it is written row by row, so one row it refuses holds back only itself.
     pub async fn flush(&self, store: &Store, now: DateTime<Utc>) -> StoreResult<usize> {
         let mut read_horizon = self.flushing.lock().await;
+        // With a horizon (Postgres, after this gateway's first flush) the store reads back
+        // every counter that changed, so only those that counted something here go in the
+        // batch: an idle counter costs nothing. Without one, every live counter does, and the
+        // store reads each zero delta's counter back by its key.
+        let every_counter = read_horizon.is_none();
         let mut batch: Vec<(CounterKey, i64)> = {
             let mut map = self.counters.lock().unwrap_or_else(|p| p.into_inner());
             map.retain(|_, c| !c.done_with(now));
-            // Every live counter is in the batch (a zero delta is only read back), so each
-            // gateway learns what the others used within one flush interval.
+            if map.is_empty() {
+                return Ok(0);
+            }
             map.iter_mut()
-                .map(|(k, c)| {
+                .filter_map(|(k, c)| {
                     let d = std::mem::take(&mut c.pending).max(0);
                     c.flushing = d;
                     c.touched = false;
-                    (k.clone(), d)
+                    (d != 0 || every_counter).then(|| (k.clone(), d))
                 })
                 .collect()
         };
-        if batch.is_empty() {
-            return Ok(0);
-        }
         // Rows are locked in one order by every gateway: two flushes on one Postgres never wait
         // on each other in a circle.
         batch.sort_by_cached_key(|(k, _)| {
@@ -54,7 +57,6 @@ impl QuotaCounters {
         if written.horizon.is_some() {
             *read_horizon = written.horizon;
         }
-        let totals: FxHashMap<&CounterKey, i64> = written.totals.iter().map(|(k, t)| (k, *t)).collect();
         let mut map = self.counters.lock().unwrap_or_else(|p| p.into_inner());
         for (key, delta) in &batch {
             // Only a flush forgets counters, and this one holds the flush lock: every key is there.
@@ -64,17 +66,20 @@ impl QuotaCounters {
                 c.pending = c.pending.saturating_add(std::mem::take(&mut c.flushing));
                 c.touched = true;
             } else {
-                // Committed (a row that came back unreadable was still written).
-                let before = c.global;
-                match totals.get(key) {
-                    Some(total) => {
-                        c.global = *total;
-                        c.known = true;
-                    }
-                    None => c.global = c.global.saturating_add(*delta),
-                }
-                c.alert_check |= c.global != before;
+                // Committed (a row that came back unreadable was still written): the total
+                // below, if one came back, replaces this.
+                c.global = c.global.saturating_add(*delta);
+                c.alert_check |= *delta != 0;
                 c.flushing = 0;
+            }
+        }
+        // Every total learned, in order (a later one of a counter is newer), for the counters
+        // this gateway holds; the others' are not kept.
+        for (key, total) in &written.totals {
+            if let Some(c) = map.get_mut(key) {
+                c.alert_check |= c.global != *total;
+                c.global = *total;
+                c.known = true;
             }
         }
         match written.error {
