@@ -307,8 +307,8 @@ settings! {
     /// A non-streamed request's whole time, head and body, across every upstream attempt, in
     /// seconds (the official SDKs wait 600 s).
     request_timeout_secs: u64 = 600, "AIGW_REQUEST_TIMEOUT_SECS", check wait_secs;
-    /// How long opening a connection to an upstream may take, in seconds; short, so that an
-    /// unreachable upstream fails over quickly.
+    /// How long opening a connection to an upstream may take, TCP and TLS handshake, in
+    /// seconds; short, so that an unreachable upstream fails over quickly.
     connect_timeout_secs: u64 = 5, "AIGW_CONNECT_TIMEOUT_SECS", check wait_secs;
     /// A streamed request's time until the upstream's first byte, across every upstream attempt,
     /// in seconds.

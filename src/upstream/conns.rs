@@ -57,6 +57,9 @@ type Key = (Scheme, Authority);
 /// Idle connections per upstream (scheme and authority), most recently used last.
 pub struct Pool {
     connector: HttpsConnector<HttpConnector>,
+    /// The most a new connection may take to open, TLS handshake included (the connector's
+    /// own timeout covers the TCP connect only).
+    connect_within: Duration,
     idle: Mutex<Idle>,
     /// The HTTP/2 connections of each upstream that negotiated it, shared by its requests.
     h2: Mutex<FxHashMap<Key, Http2Conns>>,
@@ -189,11 +192,16 @@ pub enum Failure {
 }
 
 impl Pool {
-    /// An empty pool that opens connections with `connector`, at most `caps` of them in use per
-    /// upstream.
-    pub fn new(connector: HttpsConnector<HttpConnector>, caps: Arc<HostCaps>) -> Pool {
+    /// An empty pool that opens connections with `connector`, each within `connect_within`
+    /// (TLS included), at most `caps` of them in use per upstream.
+    pub fn new(
+        connector: HttpsConnector<HttpConnector>,
+        connect_within: Duration,
+        caps: Arc<HostCaps>,
+    ) -> Pool {
         Pool {
             connector,
+            connect_within,
             idle: Mutex::new(Idle::default()),
             h2: Mutex::default(),
             caps,
@@ -202,7 +210,7 @@ impl Pool {
 
     /// An empty pool that opens connections as this one does, under the same caps.
     pub fn fresh(&self) -> Pool {
-        Pool::new(self.connector.clone(), self.caps.clone())
+        Pool::new(self.connector.clone(), self.connect_within, self.caps.clone())
     }
 
     /// Sends `req` (with an absolute URL) and waits for the response's head. The response's
@@ -270,7 +278,16 @@ impl Pool {
             .path_and_query("/")
             .build()
             .map_err(|_| Failure::BadUrl)?;
-        let io = self.connector.clone().call(uri).await.map_err(Failure::Connect)?;
+        // An upstream that accepts the connection and then stalls the TLS handshake fails as a
+        // connect that timed out, and the request fails over, instead of waiting out its deadline.
+        let io = tokio::time::timeout(self.connect_within, self.connector.clone().call(uri))
+            .await
+            .map_err(|_| {
+                let stalled =
+                    std::io::Error::new(std::io::ErrorKind::TimedOut, "connection not open in time");
+                Failure::Connect(stalled.into())
+            })?
+            .map_err(Failure::Connect)?;
         if io.connected().is_negotiated_h2() {
             let (h2, conn) = http2::Builder::new(TokioExecutor::new())
                 .timer(TokioTimer::new())
@@ -558,7 +575,12 @@ mod tests {
 
     /// The production client's pool (its connector: HTTP/2 or 1.1 by ALPN, timeouts, no delay).
     fn pool() -> Arc<Pool> {
-        match crate::upstream::http::Client::direct(Duration::from_secs(5), 64, &[]) {
+        pool_within(Duration::from_secs(5))
+    }
+
+    /// The same, with connections opened within `connect_timeout`.
+    fn pool_within(connect_timeout: Duration) -> Arc<Pool> {
+        match crate::upstream::http::Client::direct(connect_timeout, 64, &[]) {
             crate::upstream::http::Client::Direct(pool) => pool,
             crate::upstream::http::Client::Proxied(_) => unreachable!("direct() is never proxied"),
         }
@@ -745,6 +767,32 @@ mod tests {
         (addr, seen)
     }
 
+    /// An upstream that accepts the connection and never answers the TLS handshake fails as a
+    /// connect timed out, within the connect timeout, not the request's deadline.
+    #[tokio::test]
+    async fn a_stalled_tls_handshake_times_out_as_a_connect() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((tcp, _)) = listener.accept().await {
+                held.push(tcp); // accepted, never read from or written to
+            }
+        });
+        let pool = pool_within(Duration::from_millis(200));
+        let req = http::Request::get(format!("https://localhost:{port}/"))
+            .body(Bytes::new())
+            .unwrap();
+        let sent = tokio::time::timeout(Duration::from_secs(10), pool.send(req))
+            .await
+            .expect("bounded by the connect timeout");
+        let Err(Failure::Connect(e)) = sent else {
+            panic!("a connect failure")
+        };
+        let io = e.downcast_ref::<std::io::Error>().expect("an I/O error");
+        assert_eq!(io.kind(), std::io::ErrorKind::TimedOut);
+    }
+
     /// Past the cap, a request waits for one in flight to finish instead of opening another
     /// connection; every request is still answered.
     #[tokio::test]
@@ -755,7 +803,11 @@ mod tests {
             .https_or_http()
             .enable_http1()
             .build();
-        let pool = Arc::new(Pool::new(connector, Arc::new(HostCaps::new(2))));
+        let pool = Arc::new(Pool::new(
+            connector,
+            Duration::from_secs(5),
+            Arc::new(HostCaps::new(2)),
+        ));
         let sends = (0..8).map(|_| {
             let pool = pool.clone();
             async move {
@@ -835,7 +887,11 @@ mod tests {
         (
             port,
             accepted,
-            Arc::new(Pool::new(connector, Arc::new(HostCaps::new(1)))),
+            Arc::new(Pool::new(
+                connector,
+                Duration::from_secs(5),
+                Arc::new(HostCaps::new(1)),
+            )),
         )
     }
 

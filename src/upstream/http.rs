@@ -118,7 +118,11 @@ impl Client {
             )
         };
         let https = tls.https_or_http().enable_all_versions().wrap_connector(http);
-        Client::Direct(Arc::new(Pool::new(https, Arc::new(HostCaps::new(per_host)))))
+        Client::Direct(Arc::new(Pool::new(
+            https,
+            connect_timeout,
+            Arc::new(HostCaps::new(per_host)),
+        )))
     }
 
     /// Through reqwest: via `proxy` when given, else via the proxy the environment names.
