@@ -13,6 +13,7 @@ gateway on the same store that holds it in its cache, and the p95 of the admin l
 
     cargo build --release --bin aigw && python3 bench/scale.py [--keys 100000] [--duration 10]
     python3 bench/scale.py --short --bin target/debug/aigw     # a smoke run of seconds (CI)
+    python3 bench/scale.py --perf /tmp/prof                    # also a CPU profile of each load
 
 Needs wrk (Debian: apt-get install wrk). Traffic goes to 127.0.0.1 only.
 """
@@ -122,6 +123,18 @@ def rss_mib(pid):
     return 0.0
 
 
+def rss_split_mib(pid):
+    """RSS by kind of page: anonymous (the heaps: Rust's allocator and SQLite's page caches) and
+    file-backed (the binary, libraries and SQLite's memory-mapped database)."""
+    out = {}
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+        for line in f:
+            name, _, rest = line.partition(":")
+            if name in ("Rss", "Anonymous"):
+                out[name] = int(rest.split()[0]) / 1024
+    return out.get("Anonymous", 0.0), out.get("Rss", 0.0) - out.get("Anonymous", 0.0)
+
+
 def thread_cpu(pid):
     """CPU seconds of the gateway by kind of thread: the serving threads (`aigw-serve-N`, the
     request path), the store (`sqlx-sqlite-worker-N`: every SQL statement runs there with SQLite)
@@ -205,7 +218,7 @@ def admin_p95(port, token, rounds):
     return out
 
 
-def measure(binary, size, duration, rounds, mock_port, tmp):
+def measure(binary, size, duration, rounds, mock_port, tmp, perf_dir=None):
     name = "x".join(str(n) for n in size)
     home = os.path.join(tmp, name)
     os.makedirs(home)
@@ -228,13 +241,20 @@ def measure(binary, size, duration, rounds, mock_port, tmp):
         r["first_cpu_us"] = (run.cpu_seconds(gw.pid) - before) / max(w["requests"], 1) * 1e6
         r["first_covered"] = min(1.0, w["requests"] / size[0])
         before, by_thread = run.cpu_seconds(gw.pid), thread_cpu(gw.pid)
+        perf = perf_dir and subprocess.Popen(
+            ["perf", "record", "-F", "499", "-g", "-p", str(gw.pid), "-o",
+             os.path.join(perf_dir, f"perf-{name}.data")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         w = load(port, keys, models, 50, duration, home)
+        if perf:
+            perf.send_signal(2)
+            perf.wait(timeout=60)
         r["rps"] = w["rps"]
         r["errors"] = w["errors"] + w["non2xx"]
         r["cpu_us"] = (run.cpu_seconds(gw.pid) - before) / max(w["requests"], 1) * 1e6
         r["cpu_us_by_thread"] = {k: (v - by_thread.get(k, 0.0)) / max(w["requests"], 1) * 1e6
                                  for k, v in thread_cpu(gw.pid).items()}
         r["rss_load_mib"] = rss_mib(gw.pid)
+        r["rss_load_split"] = rss_split_mib(gw.pid)
         _, body = call("POST", f"http://127.0.0.1:{port}/admin/v1/auth/login", None,
                        {"email": OWNER, "password": OWNER_PASS})
         token = json.loads(body)["token"]
@@ -258,6 +278,8 @@ def main():
     ap.add_argument("--credentials", type=int, default=1_000)
     ap.add_argument("--duration", type=int, default=10, help="seconds of load per size (default 10)")
     ap.add_argument("--rounds", type=int, default=20, help="calls per admin list endpoint (default 20)")
+    ap.add_argument("--perf", metavar="DIR", help="record `perf record -g` of each size's random-key load "
+                    "into DIR/perf-<size>.data")
     ap.add_argument("--short", action="store_true", help="tiny sizes and seconds: a smoke run")
     args = ap.parse_args()
     if not shutil.which("wrk"):
@@ -277,7 +299,8 @@ def main():
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         run.wait_ready(f"http://127.0.0.1:{mock_port}/__mock/calls", mock)
-        results = {s: measure(binary, s, args.duration, args.rounds, mock_port, tmp) for s in (small, large)}
+        results = {s: measure(binary, s, args.duration, args.rounds, mock_port, tmp,
+                           args.perf and os.path.abspath(args.perf)) for s in (small, large)}
     finally:
         mock.terminate()
         mock.wait(timeout=20)
@@ -308,6 +331,11 @@ def main():
         t = r["cpu_us_by_thread"]
         print(f"| {s[0]:,} / {s[1]:,} / … | " + " | ".join(f"{t.get(k, 0.0):.1f} µs" for k in
                                                         ("serving", "store", "background", "other")) + " |")
+    print("\n| keys / members / … | RSS after load: anonymous (heaps) | file-backed |")
+    print("|---|---|---|")
+    for s, r in results.items():
+        anon, file = r["rss_load_split"]
+        print(f"| {s[0]:,} / {s[1]:,} / … | {anon:.0f} MiB | {file:.0f} MiB |")
     print(f"\nload average (1 min, {os.cpu_count()} cores): {load_at_start} at the start, "
           f"{open('/proc/loadavg').read().split()[0]} at the end")
     small_cpu, large_cpu = results[small]["cpu_us"], results[large]["cpu_us"]

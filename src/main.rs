@@ -6,7 +6,9 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 /// mimalloc: the request path allocates many small, short-lived buffers; glibc's malloc cost
-/// about 15 % of the gateway's CPU under load (bench/run.py with perf).
+/// about 15 % of the gateway's CPU under load (bench/run.py with perf). The feature
+/// `system-allocator` leaves glibc's in place, for heap profilers that hook it (heaptrack).
+#[cfg(not(feature = "system-allocator"))]
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

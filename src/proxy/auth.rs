@@ -1,6 +1,6 @@
-//! Gateway API keys on the request path: key → member → department → workspace through a moka
-//! cache (unknown keys cached briefly too; known ones kept as the last good copy while the store
-//! is unreachable), and a governor limiter that slows repeated failed authentication from one
+//! Gateway API keys on the request path: key → member → department → workspace through a
+//! `quick_cache` cache (unknown keys cached briefly too; known ones kept as the last good copy
+//! while the store is unreachable), and a governor limiter that slows repeated failed authentication from one
 //! address. The cached answer carries when the key expires and, for a secret a rotation
 //! replaced, when its grace ends, so both are judged by the clock without a database read.
 
@@ -8,14 +8,13 @@ use std::net::{IpAddr, SocketAddr};
 use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::extract::{ConnectInfo, FromRequestParts};
 use axum::http::HeaderMap;
 use axum::http::request::Parts;
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
-use moka::Expiry;
-use moka::future::Cache;
+use quick_cache::sync::Cache;
 
 use crate::app::AppState;
 use crate::caller::{Caller, InFlightCaps, ModelAccess, decode_cap, decode_model_list};
@@ -52,7 +51,10 @@ impl FromRequestParts<AppState> for Authenticated {
 /// make every answer stale sooner). While the store is unreachable, a stale answer keeps serving.
 const FRESH_MS: i64 = 300_000;
 /// How long an unknown key is remembered at all: short, so a key created elsewhere works at once.
-const UNKNOWN_TTL: Duration = Duration::from_secs(1);
+const UNKNOWN_MS: i64 = 1_000;
+/// Keys held at most. A key first seen takes the place of one seen once and not since, before
+/// that of one in steady use (S3-FIFO), so a flood of unknown keys does not evict the known.
+const CACHED_KEYS: usize = 100_000;
 
 /// A cached answer of the store: the caller (none for an unknown key) and until when the
 /// presented secret is good, and when and under which configuration it was read.
@@ -95,25 +97,6 @@ impl Validity {
     }
 }
 
-/// Known keys stay until evicted (the last good copy, for an outage); unknown ones a second.
-struct KeyExpiry;
-
-impl Expiry<KeyDigest, Answer> for KeyExpiry {
-    fn expire_after_create(&self, _key: &KeyDigest, value: &Answer, _now: Instant) -> Option<Duration> {
-        value.caller.is_none().then_some(UNKNOWN_TTL)
-    }
-
-    fn expire_after_update(
-        &self,
-        key: &KeyDigest,
-        value: &Answer,
-        now: Instant,
-        _left: Option<Duration>,
-    ) -> Option<Duration> {
-        self.expire_after_create(key, value, now)
-    }
-}
-
 /// A key's SHA-256, the cache's key (hex-encoded only for the store lookup on a miss).
 type KeyDigest = [u8; 32];
 
@@ -139,10 +122,7 @@ impl KeyResolver {
             .unwrap_or_else(|| Quota::per_second(NonZeroU32::MIN))
             .allow_burst(NonZeroU32::new(20).unwrap_or(NonZeroU32::MIN));
         KeyResolver {
-            cache: Cache::builder()
-                .max_capacity(100_000)
-                .expire_after(KeyExpiry)
-                .build(),
+            cache: Cache::new(CACHED_KEYS),
             epoch: AtomicU64::new(0),
             failures: RateLimiter::keyed(quota),
         }
@@ -194,18 +174,29 @@ impl KeyResolver {
         now_ms: i64,
     ) -> Result<Option<(Arc<Caller>, Validity)>, ApiError> {
         let epoch = self.epoch.load(Ordering::Relaxed);
-        let cached = self.cache.get(&digest).await;
+        // An age outside [0, limit) is stale: a clock stepped back re-reads rather than trusts.
+        let age = |a: &Answer| now_ms.saturating_sub(a.read_at_ms);
+        // An unknown key is forgotten after a second: a key created since must work.
+        let forgotten = |a: &Answer| a.caller.is_none() && !(0..UNKNOWN_MS).contains(&age(a));
+        let cached = match self.cache.get(&digest) {
+            Some(a) if forgotten(&a) => {
+                self.cache.remove_if(&digest, forgotten);
+                None
+            }
+            other => other,
+        };
         if let Some(a) = &cached
             && a.epoch == epoch
-            && now_ms.saturating_sub(a.read_at_ms) < FRESH_MS
+            && (0..FRESH_MS).contains(&age(a))
         {
             return Ok(a.caller.clone());
         }
         let Some(stale) = cached else {
-            // First sight: the requests of one key arriving together share one read.
+            // First sight: the requests of one key arriving together share one read (the
+            // others wait for it; should it fail, the next of them reads).
             let read = self
                 .cache
-                .try_get_with(digest, async {
+                .get_or_insert_async(&digest, async {
                     read(store, digest).await.map(|caller| Answer {
                         caller,
                         read_at_ms: now_ms,
@@ -217,7 +208,7 @@ impl KeyResolver {
                 Ok(answer) => Ok(answer.caller),
                 Err(e) => {
                     store.note_failure(&e);
-                    Err(ApiError::from(&*e))
+                    Err(ApiError::from(&e))
                 }
             };
         };
@@ -228,7 +219,7 @@ impl KeyResolver {
                     read_at_ms: now_ms,
                     epoch,
                 };
-                self.cache.insert(digest, answer).await;
+                self.cache.insert(digest, answer);
                 Ok(caller)
             }
             // Stale-if-error: the last good answer while the store is out of reach.

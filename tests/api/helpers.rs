@@ -103,7 +103,7 @@ impl TestDb {
                 }
             }
         }
-        let schema = format!("aigw_t_{now}_{}", uuid::Uuid::new_v4().simple());
+        let schema = format!("aigw_t_{now}_{}", uuid::Uuid::now_v7().simple());
         sqlx::query(&format!("CREATE SCHEMA {schema}"))
             .execute(&mut conn)
             .await

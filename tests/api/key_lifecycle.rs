@@ -62,6 +62,7 @@ both_backends!(
     rotation_keeps_the_old_secret_for_its_grace_only,
     who_may_rotate_and_what_the_admin_api_refuses,
     the_resources_file_checks_expires_at,
+    a_key_unknown_a_second_ago_works_once_created_elsewhere,
 );
 
 async fn an_expired_key_is_refused_with_its_own_code(db: TestDb) {
@@ -349,5 +350,40 @@ async fn the_resources_file_checks_expires_at(db: TestDb) {
     )
     .await;
     assert_eq!(outcome(&app, KEY).await, "401 api_key_expired");
+    app.stop().await;
+}
+
+/// An unknown key's refusal is remembered for a second only (UNKNOWN_MS in src/proxy/auth.rs): a
+/// key another gateway creates (a row in the shared store, no configuration change here) works
+/// here a second after it was refused, by the gateway's clock.
+async fn a_key_unknown_a_second_ago_works_once_created_elsewhere(db: TestDb) {
+    use sqlx::Connection;
+    let mock = aigw::mock_upstream::MockUpstream::start().await.unwrap();
+    let app = spawn_app(&db, Setup::resources(resources(&mock))).await;
+    let later = KEY.replace("ghij", "GHIJ");
+    assert_eq!(outcome(&app, &later).await, "401 invalid_api_key");
+
+    sqlx::any::install_default_drivers();
+    let mut other = sqlx::AnyConnection::connect(&db.url).await.unwrap();
+    let hash = aigw::crypto::hash_api_key(&later);
+    sqlx::query(&format!(
+        "INSERT INTO api_keys (workspace_id, member_id, name, key_hash, prefix, created_at) \
+         SELECT workspace_id, member_id, 'later', '{hash}', prefix, created_at FROM api_keys \
+         WHERE name = 'ci'"
+    ))
+    .execute(&mut other)
+    .await
+    .unwrap();
+    other.close().await.unwrap();
+
+    assert_eq!(
+        outcome(&app, &later).await,
+        "401 invalid_api_key",
+        "still the remembered answer"
+    );
+    app.clock.advance(Duration::milliseconds(999));
+    assert_eq!(outcome(&app, &later).await, "401 invalid_api_key");
+    app.clock.advance(Duration::milliseconds(1));
+    assert_eq!(outcome(&app, &later).await, "ok", "a second on, read again");
     app.stop().await;
 }
