@@ -347,6 +347,12 @@ settings! {
     idle_poll_us: u64 = 200, "AIGW_IDLE_POLL_US", check |v| {
         if *v <= 10_000 { Ok(()) } else { Err("must be at most 10000".into()) }
     };
+    /// How long the requests running when a stop begins (SIGTERM) may take to finish, in seconds;
+    /// then their connections are closed (a stream cut so is logged `gateway_stopped`, its usage
+    /// estimated) and what the gateway holds is written. Below the supervisor's kill timeout.
+    shutdown_grace_secs: u64 = 25, "AIGW_SHUTDOWN_GRACE_SECS", check |v| {
+        if *v <= 86_400 { Ok(()) } else { Err("must be at most 86400".into()) }
+    };
     /// Longest a client may take to send a request's line and headers, in seconds: from the
     /// connection's accept, or from the first byte of a later request on a kept-alive connection.
     client_header_timeout_secs: u64 = 30, "AIGW_CLIENT_HEADER_TIMEOUT_SECS", check client_wait_secs;

@@ -23,6 +23,14 @@ use crate::upstream::http::{self, Client};
 thread_local! {
     /// Whether this thread is a serving thread (set once, when it starts).
     static SERVING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// Whether this serving thread's stop has closed the connections still running.
+    static CUT: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Whether what ends now on this thread was cut by the gateway's stop (`shutdown_grace_secs`
+/// over), not by its client.
+pub fn cut_by_stop() -> bool {
+    CUT.with(std::cell::Cell::get)
 }
 
 /// Whether the calling thread is a serving thread, whose runtime ends with its last request:
@@ -36,8 +44,8 @@ pub fn on_serving_thread() -> bool {
 type Handoff = (std::net::TcpStream, SocketAddr, Slot);
 
 /// Serves `router` on `listener` with one serving thread per core until `stop` resolves, then
-/// closes the listener, lets the running requests finish and waits for the serving threads to
-/// end. Client connections are bounded by `limits` and counted in `slots`. Dropping the returned
+/// closes the listener, lets the running requests finish (for `limits`' shutdown grace at most:
+/// then their connections are closed) and waits for the serving threads to end. Client connections are bounded by `limits` and counted in `slots`. Dropping the returned
 /// future ends the serving threads too, once their requests are done. A serving thread polls for I/O for at most `idle_poll` before it sleeps
 /// ([`idle_poll`]; zero: never).
 pub async fn serve(
@@ -112,9 +120,20 @@ pub async fn serve(
                         }
                     }
                     connections.close();
-                    connections.wait().await;
-                    let _ = done.send(Ok(()));
+                    let grace = limits.shutdown_grace();
+                    if tokio::time::timeout(grace, connections.wait()).await.is_err() {
+                        tracing::warn!(
+                            connections = connections.len(),
+                            grace_secs = grace.as_secs(),
+                            "shutdown grace over: closing the connections still running"
+                        );
+                    }
                 });
+                // What still runs is dropped with the runtime, here: a stream's accounting runs
+                // in its drop (logged as cut by the stop), before the background flushes it.
+                CUT.with(|c| c.set(true));
+                drop(rt);
+                let _ = done.send(Ok(()));
             });
         match spawned {
             Ok(h) => threads.push(h),

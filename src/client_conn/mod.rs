@@ -53,6 +53,8 @@ pub struct ClientLimits(Arc<LimitsInner>);
 struct LimitsInner {
     header_timeout: Duration,
     idle_timeout: Duration,
+    /// How long the requests running at a stop may take to finish (`shutdown_grace_secs`).
+    shutdown_grace: Duration,
     http: auto::Builder<TokioExecutor>,
     /// `http` for a connection whose first bytes showed HTTP/1 (see [`opening`]).
     http1: auto::Builder<TokioExecutor>,
@@ -80,12 +82,19 @@ impl ClientLimits {
         ClientLimits(Arc::new(LimitsInner {
             header_timeout: Duration::from_secs(settings.client_header_timeout_secs),
             idle_timeout: Duration::from_secs(settings.client_idle_timeout_secs),
+            shutdown_grace: Duration::from_secs(settings.shutdown_grace_secs),
             http1: http.clone().http1_only(),
             http,
             malformed: render(ParserRefusal::Malformed),
             uri_too_long: render(ParserRefusal::UriTooLong),
             header_too_large: render(ParserRefusal::HeaderTooLarge),
         }))
+    }
+
+    /// How long the requests running at a stop may take to finish before their connections are
+    /// closed.
+    pub fn shutdown_grace(&self) -> Duration {
+        self.0.shutdown_grace
     }
 
     /// The whole HTTP/1.1 answer standing in for the parser's `refusal`.

@@ -215,6 +215,12 @@ impl ProxyStream {
             outcome.code = Some("upstream_stream_error".to_owned());
             outcome.source = Some(Source::Upstream);
             outcome.explanation = format!("Upstream: mid-stream error: {message} [{summary}]");
+        } else if client_gone && crate::serving::cut_by_stop() {
+            outcome.code = Some("gateway_stopped".to_owned());
+            outcome.source = Some(Source::Gateway);
+            outcome.explanation = format!(
+                "Gateway: stopped before the stream ended (shutdown_grace_secs over); usage estimated [{summary}]"
+            );
         } else if client_gone {
             outcome.code = Some("client_disconnected".to_owned());
             outcome.explanation = format!("client disconnected mid-stream; usage estimated [{summary}]");

@@ -86,6 +86,7 @@ both_backends!(
     failover_to_the_next_credential_and_model,
     slow_stream_arrives_chunk_by_chunk,
     client_disconnect_still_logs_delivered_tokens,
+    a_stream_running_past_the_shutdown_grace_is_cut_and_logged,
     mid_stream_error_is_passed_logged_and_counted,
     a_deleted_key_stops_working_at_once,
     metrics_are_exposed,
@@ -580,6 +581,48 @@ async fn client_disconnect_still_logs_delivered_tokens(db: TestDb) {
     );
     assert!(log.prompt_tokens > 0);
     app.stop().await;
+}
+
+/// A stop waits `shutdown_grace_secs` for the running requests (none here), then closes their
+/// connections: the client's stream ends without `[DONE]`, the stop does not wait for the
+/// upstream's end, and what was delivered is logged as `gateway_stopped`.
+async fn a_stream_running_past_the_shutdown_grace_is_cut_and_logged(db: TestDb) {
+    let mock = MockUpstream::start().await.unwrap();
+    let setup = Setup {
+        settings: Box::new(|s| s.shutdown_grace_secs = 0),
+        ..Setup::resources(resources(&mock))
+    };
+    let app = spawn_app(&db, setup).await;
+    // 200 words 100 ms apart: 20 s of stream.
+    mock.script(Script::any().chunk_delay(100).words(200));
+    let r = app.post_json("/v1/chat/completions", KEY, &chat(true)).await;
+    let mut stream = r.bytes_stream();
+    let mut received = String::new();
+    while received.matches("\"content\":\"").count() < 4 {
+        received.push_str(&String::from_utf8_lossy(&stream.next().await.unwrap().unwrap()));
+    }
+    let stopping = Instant::now();
+    app.stop().await;
+    assert!(
+        stopping.elapsed() < Duration::from_secs(5),
+        "the stop waited {:?} for the stream",
+        stopping.elapsed()
+    );
+    while let Some(Ok(chunk)) = stream.next().await {
+        received.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    assert!(!received.contains("[DONE]"), "{received}");
+    let delivered = received.matches("\"content\":\"").count() as i64 - 1; // the role chunk is empty
+
+    let again = spawn_app(&db, Setup::resources(resources(&mock))).await;
+    let log = &again.logs("acme", 1).await[0];
+    assert_eq!(log.code.as_deref(), Some("gateway_stopped"), "{log:?}");
+    assert_eq!(log.usage_estimated, 1);
+    assert!(
+        log.completion_tokens >= delivered && log.completion_tokens <= delivered + 1,
+        "{log:?} vs {delivered}"
+    );
+    again.stop().await;
 }
 
 async fn mid_stream_error_is_passed_logged_and_counted(db: TestDb) {
