@@ -181,9 +181,10 @@ pub async fn serve(
 }
 
 /// Serves `router` on `listener` from the current runtime until `stopping` is cancelled, then lets
-/// its connections finish: for a surface with little traffic (the admin API, the console and
-/// metrics on `admin_listen`), which needs no serving threads of its own. Connections are bounded
-/// by `limits` and counted in `slots`, as on the main listener.
+/// its connections finish (for `limits`' shutdown grace at most, then they are closed): for a
+/// surface with little traffic (the admin API, the console and metrics on `admin_listen`), which
+/// needs no serving threads of its own. Connections are bounded by `limits` and counted in
+/// `slots`, as on the main listener.
 pub async fn serve_light(
     listener: TcpListener,
     router: Router,
@@ -192,12 +193,14 @@ pub async fn serve_light(
     stopping: CancellationToken,
 ) {
     let mut acceptor = Acceptor::new(slots);
-    let connections = TaskTracker::new();
+    let mut connections = tokio::task::JoinSet::new();
     loop {
         let (tcp, peer, slot) = tokio::select! {
             accepted = acceptor.accept(&listener) => accepted,
             () = stopping.cancelled() => break,
         };
+        // Forget the connections that have ended.
+        while connections.try_join_next().is_some() {}
         connections.spawn(client_conn::serve_connection(
             tcp,
             peer,
@@ -208,6 +211,12 @@ pub async fn serve_light(
         ));
     }
     drop(listener);
-    connections.close();
-    connections.wait().await;
+    let finished = async { while connections.join_next().await.is_some() {} };
+    if tokio::time::timeout(limits.shutdown_grace(), finished).await.is_err() {
+        tracing::warn!(
+            connections = connections.len(),
+            "shutdown grace over: closing the admin connections still running"
+        );
+        connections.shutdown().await;
+    }
 }
