@@ -212,7 +212,10 @@ pub async fn serve_light(
     }
     drop(listener);
     let finished = async { while connections.join_next().await.is_some() {} };
-    if tokio::time::timeout(limits.shutdown_grace(), finished).await.is_err() {
+    if tokio::time::timeout(limits.shutdown_grace(), finished)
+        .await
+        .is_err()
+    {
         tracing::warn!(
             connections = connections.len(),
             "shutdown grace over: closing the admin connections still running"

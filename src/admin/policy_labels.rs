@@ -29,6 +29,11 @@ impl LabelNames {
             .rows_in(Table::Policies, ws)
             .await
             .map_err(store_error)?;
+        LabelNames::of_rows(state, ws, &rows).await
+    }
+
+    /// The targets of the tag and end-user policies among `rows` (of workspace `ws`).
+    pub(super) async fn of_rows(state: &AppState, ws: i64, rows: &[PolicyRow]) -> AdminResult<LabelNames> {
         let mut names = LabelNames::default();
         for kind in [SubjectKind::Tag, SubjectKind::EndUser] {
             let ids = rows
