@@ -249,6 +249,11 @@ impl Gateway {
             );
         }
 
+        // Read with the other settings: a bad file stops the start before the database is touched.
+        let own_cas = match &settings.upstream_ca_file {
+            Some(path) => crate::upstream::http::read_cas(path).map_err(StartError::Config)?,
+            None => Vec::new(),
+        };
         let store = Store::open(&settings.database_url).await?;
         let start_lock = store.start_lock().await?;
         store.migrate().await?;
@@ -288,10 +293,6 @@ impl Gateway {
             &tasks,
         );
         let connect_timeout = Duration::from_secs(settings.connect_timeout_secs);
-        let own_cas = match &settings.upstream_ca_file {
-            Some(path) => crate::upstream::http::read_cas(path).map_err(StartError::Config)?,
-            None => Vec::new(),
-        };
         let http = crate::upstream::http::Client::from_env(
             connect_timeout,
             settings.max_upstream_connections_per_host,

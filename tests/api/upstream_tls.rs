@@ -78,7 +78,8 @@ async fn an_upstream_signed_by_an_own_ca_is_trusted_only_with_upstream_ca_file()
     app.stop().await;
 }
 
-/// A file that holds no certificate stops the start, naming the setting and the file.
+/// A file that holds no certificate stops the start, naming the setting and the file, before the
+/// database is touched.
 #[tokio::test]
 async fn an_upstream_ca_file_without_a_certificate_stops_the_start() {
     let db = TestDb::sqlite();
@@ -106,4 +107,6 @@ async fn an_upstream_ca_file_without_a_certificate_stops_the_start() {
         .expect("refused")
         .to_string();
     assert!(err.contains("missing.pem"), "{err}");
+    // Refused with the other settings, before the database was opened (or created).
+    assert!(!db.dir.path().join("aigw.db").exists(), "the store was opened");
 }
