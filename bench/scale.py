@@ -9,7 +9,8 @@ with every request on a random key and a random model (that CPU also split by ki
 the request path, the store's SQLite threads, the background flushes), RSS after that load,
 the time a key deleted through the admin API on one gateway takes to be refused by a second
 gateway on the same store that holds it in its cache, and the p95 of the admin list endpoints (`/admin/v1/keys`, `members`, `policies`,
-`upstreams`, as the console calls them). Usage:
+`upstreams`, as the console calls them), and the time the flushes to the store took during the
+random-key load, by kind, per request. Usage:
 
     cargo build --release --bin aigw && python3 bench/scale.py [--keys 100000] [--duration 10]
     python3 bench/scale.py --short --bin target/debug/aigw     # a smoke run of seconds (CI)
@@ -135,6 +136,23 @@ def rss_split_mib(pid):
     return out.get("Anonymous", 0.0), out.get("Rss", 0.0) - out.get("Anonymous", 0.0)
 
 
+FLUSHES = ("quota", "breakers", "own_limits", "request_logs")
+
+
+def flush_seconds(port):
+    """Seconds spent so far in each kind of flush to the store, and how many flushes
+    (`aigw_store_flush_duration_seconds`): where the store's time goes, by what it writes."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    out = {}
+    for kind in FLUSHES:
+        for suffix in ("sum", "count"):
+            out[(kind, suffix)] = next((float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                                        if line.startswith(f"aigw_store_flush_duration_seconds_{suffix}")
+                                        and f'kind="{kind}"' in line), 0.0)
+    return out
+
+
 def thread_cpu(pid):
     """CPU seconds of the gateway by kind of thread: the serving threads (`aigw-serve-N`, the
     request path), the store (`sqlx-sqlite-worker-N`: every SQL statement runs there with SQLite)
@@ -240,7 +258,7 @@ def measure(binary, size, duration, rounds, mock_port, tmp, perf_dir=None):
         r["first_rps"] = w["rps"]
         r["first_cpu_us"] = (run.cpu_seconds(gw.pid) - before) / max(w["requests"], 1) * 1e6
         r["first_covered"] = min(1.0, w["requests"] / size[0])
-        before, by_thread = run.cpu_seconds(gw.pid), thread_cpu(gw.pid)
+        before, by_thread, flushes = run.cpu_seconds(gw.pid), thread_cpu(gw.pid), flush_seconds(port)
         perf = perf_dir and subprocess.Popen(
             ["perf", "record", "-F", "499", "-g", "-p", str(gw.pid), "-o",
              os.path.join(perf_dir, f"perf-{name}.data")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -253,6 +271,9 @@ def measure(binary, size, duration, rounds, mock_port, tmp, perf_dir=None):
         r["cpu_us"] = (run.cpu_seconds(gw.pid) - before) / max(w["requests"], 1) * 1e6
         r["cpu_us_by_thread"] = {k: (v - by_thread.get(k, 0.0)) / max(w["requests"], 1) * 1e6
                                  for k, v in thread_cpu(gw.pid).items()}
+        after = flush_seconds(port)
+        r["flushes"] = {k: ((after[(k, "sum")] - flushes[(k, "sum")]) / max(w["requests"], 1) * 1e6,
+                            after[(k, "count")] - flushes[(k, "count")]) for k in FLUSHES}
         r["rss_load_mib"] = rss_mib(gw.pid)
         r["rss_load_split"] = rss_split_mib(gw.pid)
         _, body = call("POST", f"http://127.0.0.1:{port}/admin/v1/auth/login", None,
@@ -331,6 +352,11 @@ def main():
         t = r["cpu_us_by_thread"]
         print(f"| {s[0]:,} / {s[1]:,} / … | " + " | ".join(f"{t.get(k, 0.0):.1f} µs" for k in
                                                         ("serving", "store", "background", "other")) + " |")
+    print("\n| keys / members / … | " + " | ".join(f"{k} flushes: time/request (flushes)" for k in FLUSHES) + " |")
+    print("|---|---|---|---|---|")
+    for s, r in results.items():
+        print(f"| {s[0]:,} / {s[1]:,} / … | " + " | ".join(f"{t:.1f} µs ({n:.0f})" for t, n in r["flushes"].values())
+              + " |")
     print("\n| keys / members / … | RSS after load: anonymous (heaps) | file-backed |")
     print("|---|---|---|")
     for s, r in results.items():
