@@ -45,9 +45,10 @@ type Handoff = (std::net::TcpStream, SocketAddr, Slot);
 
 /// Serves `router` on `listener` with one serving thread per core until `stop` resolves, then
 /// closes the listener, lets the running requests finish (for `limits`' shutdown grace at most:
-/// then their connections are closed) and waits for the serving threads to end. Client connections are bounded by `limits` and counted in `slots`. Dropping the returned
-/// future ends the serving threads too, once their requests are done. A serving thread polls for I/O for at most `idle_poll` before it sleeps
-/// ([`idle_poll`]; zero: never).
+/// then their connections are closed) and waits for the serving threads to end. Client
+/// connections are bounded by `limits` and counted in `slots`. Dropping the returned future ends
+/// the serving threads too, once their requests are done. A serving thread polls for I/O for at
+/// most `idle_poll` before it sleeps ([`idle_poll`]; zero: never).
 pub async fn serve(
     listener: TcpListener,
     router: Router,

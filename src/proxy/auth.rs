@@ -1,8 +1,9 @@
 //! Gateway API keys on the request path: key → member → department → workspace through a
 //! `quick_cache` cache (unknown keys cached briefly too; known ones kept as the last good copy
-//! while the store is unreachable), and a governor limiter that slows repeated failed authentication from one
-//! address. The cached answer carries when the key expires and, for a secret a rotation
-//! replaced, when its grace ends, so both are judged by the clock without a database read.
+//! while the store is unreachable), and a governor limiter that slows repeated failed
+//! authentication from one address. The cached answer carries when the key expires and, for a
+//! secret a rotation replaced, when its grace ends, so both are judged by the clock without a
+//! database read.
 
 use std::net::{IpAddr, SocketAddr};
 use std::num::NonZeroU32;
