@@ -153,6 +153,15 @@ def flush_seconds(port):
     return out
 
 
+def written_bytes(pid):
+    """Bytes the gateway has handed to write(2) so far (`wchar` of /proc/PID/io): with SQLite
+    nearly all of it is the store's: write-ahead-log frames (a whole 4 KiB page each time a
+    transaction changes it) and checkpoints copying them into the database file. Unlike CPU
+    time it hardly moves with the host's other load."""
+    with open(f"/proc/{pid}/io") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("wchar:"))
+
+
 def thread_cpu(pid):
     """CPU seconds of the gateway by kind of thread: the serving threads (`aigw-serve-N`, the
     request path), the store (`sqlx-sqlite-worker-N`: every SQL statement runs there with SQLite)
@@ -259,6 +268,7 @@ def measure(binary, size, duration, rounds, mock_port, tmp, perf_dir=None):
         r["first_cpu_us"] = (run.cpu_seconds(gw.pid) - before) / max(w["requests"], 1) * 1e6
         r["first_covered"] = min(1.0, w["requests"] / size[0])
         before, by_thread, flushes = run.cpu_seconds(gw.pid), thread_cpu(gw.pid), flush_seconds(port)
+        wrote = written_bytes(gw.pid)
         perf = perf_dir and subprocess.Popen(
             ["perf", "record", "-F", "499", "-g", "-p", str(gw.pid), "-o",
              os.path.join(perf_dir, f"perf-{name}.data")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -269,6 +279,7 @@ def measure(binary, size, duration, rounds, mock_port, tmp, perf_dir=None):
         r["rps"] = w["rps"]
         r["errors"] = w["errors"] + w["non2xx"]
         r["cpu_us"] = (run.cpu_seconds(gw.pid) - before) / max(w["requests"], 1) * 1e6
+        r["written_kib"] = (written_bytes(gw.pid) - wrote) / max(w["requests"], 1) / 1024
         r["cpu_us_by_thread"] = {k: (v - by_thread.get(k, 0.0)) / max(w["requests"], 1) * 1e6
                                  for k, v in thread_cpu(gw.pid).items()}
         after = flush_seconds(port)
@@ -346,12 +357,13 @@ def main():
         print(f"| {s[0]:,} / {s[1]:,} / … | " + " | ".join(f"{t:.0f} ms ({n:,})" for t, n in r["admin"].values())
               + " |")
     print("\n| keys / members / … | aigw CPU/request: serving threads | store (SQLite) threads "
-          "| background runtime (flushes, log writer) | other |")
-    print("|---|---|---|---|---|")
+          "| background runtime (flushes, log writer) | other | written to files/request |")
+    print("|---|---|---|---|---|---|")
     for s, r in results.items():
         t = r["cpu_us_by_thread"]
         print(f"| {s[0]:,} / {s[1]:,} / … | " + " | ".join(f"{t.get(k, 0.0):.1f} µs" for k in
-                                                        ("serving", "store", "background", "other")) + " |")
+                                                        ("serving", "store", "background", "other"))
+              + f" | {r['written_kib']:.1f} KiB |")
     print("\n| keys / members / … | " + " | ".join(f"{k} flushes: time/request (flushes)" for k in FLUSHES) + " |")
     print("|---|---|---|---|---|")
     for s, r in results.items():
