@@ -3,6 +3,13 @@
 //! 90 % failed (status ≥ 400, the gateway's own 402/403/429 included). Trip n blocks it for
 //! 30 s, 2 min, 10 min, 12 h; the 5th trip bans it for good. Trips are counted over the key's
 //! whole life, persisted, and never reset.
+//!
+//! Replicas share a key's window through the store (`breaker_buckets`), but only once the key has
+//! failed ("shared from the first failure"): a key with no failure anywhere cannot trip, so a
+//! gateway writes nothing for a key that only succeeds, and starts writing its whole window at
+//! the key's first failure here or when it learns that another gateway shared failures of it
+//! (each flush looks for keys with failures shared in the last seconds, [`DISCOVERY_SECS`]).
+//! With 100,000 keys that mostly succeed, that is no row a request instead of one.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -20,6 +27,10 @@ pub const WINDOW_SECS: i64 = 60;
 pub const MIN_REQUESTS: u32 = 100;
 /// Block of each trip, in seconds; the trip after the last one bans.
 pub const LADDER_SECS: [i64; 4] = [30, 120, 600, 43_200];
+/// How far before its last look a flush looks for failures other gateways shared: a failure
+/// shared later than this after its second (a flush stalled that long) is not noticed by the
+/// gateways that hold only successes of the key, until its next failure is shared.
+pub const DISCOVERY_SECS: i64 = 5;
 
 /// One second of outcomes.
 #[derive(Clone, Copy, Debug, Default)]
@@ -47,6 +58,9 @@ pub struct KeyBreaker {
     announced: bool,
     /// Requests and failures of the other gateways in the window, as of the last flush.
     others: (u32, u32),
+    /// Whether this gateway writes the key's outcomes to the shared window: from the key's
+    /// first failure here or elsewhere, until it is forgotten.
+    sharing: bool,
 }
 
 impl KeyBreaker {
@@ -56,6 +70,16 @@ impl KeyBreaker {
             .iter()
             .filter(|b| b.second > now_s - WINDOW_SECS && b.second <= now_s)
             .fold((0, 0), |(t, f), b| (t + b.total, f + b.failed))
+    }
+
+    /// Starts sharing the key's outcomes: its window ending at `now_s`, to add to the store
+    /// (keyed by second; the key id is left 0 for the caller).
+    fn start_sharing(&mut self, now_s: i64) -> impl Iterator<Item = BucketDelta> + '_ {
+        self.sharing = true;
+        self.buckets
+            .iter()
+            .filter(move |b| b.second > now_s - WINDOW_SECS && b.second <= now_s)
+            .map(|b| ((0, b.second), (b.total, b.failed)))
     }
 
     fn clear_window(&mut self) {
@@ -188,6 +212,8 @@ pub struct Breakers {
     flushing: tokio::sync::Mutex<()>,
     /// The second of the last sweep of idle keys.
     swept: std::sync::atomic::AtomicI64,
+    /// The second of the last look for failures the other gateways shared.
+    looked: std::sync::atomic::AtomicI64,
 }
 
 /// How often a flush forgets the keys with nothing in their window, in seconds.
@@ -277,20 +303,27 @@ impl Breakers {
 
     /// Counts one outcome of `key_id`; a trip is returned to be persisted.
     pub fn record(&self, key_id: i64, now: DateTime<Utc>, status: u16) -> Option<Trip> {
+        let failed = status >= 400;
         let mut keys = self.keys.lock().unwrap_or_else(|p| p.into_inner());
-        let trip = keys
-            .entry(key_id)
-            .or_default()
-            .record(now.timestamp_millis(), status >= 400);
+        let k = keys.entry(key_id).or_default();
+        let trip = k.record(now.timestamp_millis(), failed);
+        // What to share: nothing on a trip (the shared window starts empty) or while the key has
+        // only succeeded; this outcome once the key is shared; at its first failure, its window.
+        let share: SmallVec<[BucketDelta; 2]> = match (&trip, k.sharing, failed) {
+            (Some(_), ..) | (None, false, false) => SmallVec::new(),
+            (None, true, _) => smallvec::smallvec![(
+                (key_id, now.timestamp_millis().div_euclid(1000)),
+                (1, u32::from(failed))
+            )],
+            (None, false, true) => {
+                let now_s = now.timestamp_millis().div_euclid(1000);
+                k.start_sharing(now_s)
+                    .map(|((_, s), n)| ((key_id, s), n))
+                    .collect()
+            }
+        };
         drop(keys);
-        if trip.is_none() {
-            let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
-            let slot = pending
-                .entry((key_id, now.timestamp_millis().div_euclid(1000)))
-                .or_default();
-            slot.0 += 1;
-            slot.1 += u32::from(status >= 400);
-        }
+        self.add_pending(share);
         if let Some(t) = &trip {
             let step = if t.banned {
                 "ban".to_owned()
@@ -302,10 +335,26 @@ impl Breakers {
         trip
     }
 
+    /// Adds outcomes to those the next flush writes.
+    fn add_pending(&self, deltas: impl IntoIterator<Item = BucketDelta>) {
+        let mut deltas = deltas.into_iter().peekable();
+        if deltas.peek().is_none() {
+            return;
+        }
+        let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        for (slot, (t, f)) in deltas {
+            let sums = pending.entry(slot).or_default();
+            sums.0 += t;
+            sums.1 += f;
+        }
+    }
+
     /// Shares this gateway's outcomes with the others and learns theirs: adds the pending
     /// per-second counts to the store, then reads every gateway's last 60 s for the keys
-    /// involved: those with outcomes here since the last flush and those the others were using
-    /// at the last read. Off the request path (the flush task).
+    /// involved: those with outcomes shared here since the last flush and those the others were
+    /// using at the last read; last, looks for keys with failures the others shared since the
+    /// last look, and starts sharing those of them it holds outcomes of. Off the request path
+    /// (the flush task).
     pub async fn flush(&self, store: &Store, now: DateTime<Utc>) -> StoreResult<()> {
         let _one_at_a_time = self.flushing.lock().await;
         let now_s = now.timestamp_millis().div_euclid(1000);
@@ -313,6 +362,37 @@ impl Breakers {
             self.swept.store(now_s, Ordering::Relaxed);
             self.forget_idle(now_s);
         }
+        self.exchange(store, now_s).await?;
+        self.discover(store, now_s).await
+    }
+
+    /// Starts sharing the keys that hold outcomes here, not shared yet, and whose failures other
+    /// gateways shared since the last look (less [`DISCOVERY_SECS`]): their window goes with the
+    /// next flush, and is read back from then on.
+    async fn discover(&self, store: &Store, now_s: i64) -> StoreResult<()> {
+        let since = self.looked.load(Ordering::Relaxed).min(now_s) - DISCOVERY_SECS;
+        let failing = store
+            .breaker_failing_after(since.max(now_s - WINDOW_SECS))
+            .await?;
+        self.looked.store(now_s, Ordering::Relaxed);
+        let mut share = Vec::new();
+        let mut keys = self.keys.lock().unwrap_or_else(|p| p.into_inner());
+        for key in failing {
+            if let Some(k) = keys.get_mut(&key)
+                && !k.sharing
+                && k.window(now_s) != (0, 0)
+            {
+                share.extend(k.start_sharing(now_s).map(|((_, s), n)| ((key, s), n)));
+            }
+        }
+        drop(keys);
+        self.add_pending(share);
+        Ok(())
+    }
+
+    /// Writes the outcomes shared since the last flush and reads back the windows of the keys
+    /// involved.
+    async fn exchange(&self, store: &Store, now_s: i64) -> StoreResult<()> {
         let mut batch: Vec<BucketDelta> =
             std::mem::take(&mut *self.pending.lock().unwrap_or_else(|p| p.into_inner()))
                 .into_iter()
@@ -334,22 +414,20 @@ impl Breakers {
         if keys.is_empty() {
             return Ok(());
         }
-        // What this gateway has counted itself, as of the batch just taken.
+        // What this gateway has counted itself and shared, as of the batch just taken.
         let own: HashMap<i64, (u32, u32)> = {
             let map = self.keys.lock().unwrap_or_else(|p| p.into_inner());
             keys.iter()
-                .map(|k| (*k, map.get(k).map_or((0, 0), |b| b.window(now_s))))
+                .map(|k| {
+                    let shared = map.get(k).filter(|b| b.sharing);
+                    (*k, shared.map_or((0, 0), |b| b.window(now_s)))
+                })
                 .collect()
         };
         if !batch.is_empty()
             && let Err(e) = store.add_breaker_buckets(&batch).await
         {
-            let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
-            for (k, (t, f)) in batch {
-                let slot = pending.entry(k).or_default();
-                slot.0 += t;
-                slot.1 += f;
-            }
+            self.add_pending(batch);
             return Err(e);
         }
         let rows = match store.breaker_window(&keys, now_s - WINDOW_SECS).await {
@@ -569,6 +647,58 @@ mod tests {
             trips,
             [false, false, false, false, false, false, false, false, true]
         );
+    }
+
+    /// A key that only succeeds is not written to the shared window; once another gateway
+    /// shares failures of it, this one shares its successes, which keep the other from tripping
+    /// the key on failures that are not 90 % of the two gateways' requests.
+    #[tokio::test]
+    async fn successes_are_shared_once_another_gateway_shares_failures() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite:{}", dir.path().join("breaker.db").display());
+        let store = Store::connect(&url).await.unwrap();
+        let (a, b) = (Breakers::default(), Breakers::default());
+        let now = Utc::now();
+        let at = |ms: i64| now + chrono::Duration::milliseconds(ms);
+        let stored = async |key: i64, after: i64| {
+            let rows = store
+                .breaker_window(&[key], now.timestamp() - after)
+                .await
+                .unwrap();
+            rows.first().map_or((0, 0), |&(_, t, f)| (t, f))
+        };
+        for i in 0..60 {
+            a.record(7, at(i), 200);
+        }
+        a.flush(&store, at(100)).await.unwrap();
+        assert_eq!(stored(7, 60).await, (0, 0), "successes alone are not shared");
+        b.record(7, at(200), 500);
+        b.flush(&store, at(300)).await.unwrap();
+        assert_eq!(
+            stored(7, 60).await,
+            (1, 1),
+            "a failure is, with the window before it"
+        );
+        a.flush(&store, at(400)).await.unwrap();
+        a.flush(&store, at(500)).await.unwrap();
+        assert_eq!(stored(7, 60).await, (61, 1), "A shares its 60 successes");
+        b.record(7, at(600), 500);
+        b.flush(&store, at(700)).await.unwrap();
+        let trips = (0..98)
+            .filter(|i| b.record(7, at(800 + i), 500).is_some())
+            .count();
+        assert_eq!(trips, 0, "100 failures of 160 requests are not more than 90 %");
+        // Alone, B would have tripped the key at its 100th failure.
+        let alone = Breakers::default();
+        let trips = (0..100)
+            .filter(|i| alone.record(8, at(*i), 500).is_some())
+            .count();
+        assert_eq!(trips, 1);
+        // Another gateway's successes of a key it already shares are written as they come.
+        a.record(7, at(1000), 200);
+        a.flush(&store, at(1100)).await.unwrap();
+        b.flush(&store, at(1200)).await.unwrap();
+        assert_eq!(stored(7, 60).await, (161, 100));
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! The key breaker's shared state: trips, blocks and bans (`breaker_state`), the history of trips
-//! (`breaker_trips`) and every gateway's per-second outcomes (`breaker_buckets`).
+//! (`breaker_trips`) and every gateway's per-second outcomes (`breaker_buckets`) of the keys that
+//! have failed (src/breaker/mod.rs, "shared from the first failure").
 
 use super::{NARROW_STATEMENT_ROWS, SqlBuilder, Store, StoreResult, statements};
 
@@ -49,6 +50,8 @@ pub trait BreakerStore {
     /// Every gateway's requests and failures of `keys` in the seconds after `after_second`:
     /// (key, requests, failures), keys without any left out.
     async fn breaker_window(&self, keys: &[i64], after_second: i64) -> StoreResult<Vec<(i64, i64, i64)>>;
+    /// The keys with a failure shared in the seconds after `after_second`, by any gateway.
+    async fn breaker_failing_after(&self, after_second: i64) -> StoreResult<Vec<i64>>;
     /// Records trip `t` of `key_id`: its standing (only if it advances the stored one), a history
     /// row (only then), and an empty shared window up to the trip. Whether this call advanced the
     /// standing (false: another gateway recorded this trip already).
@@ -112,6 +115,17 @@ impl BreakerStore for Store {
             rows.extend(found);
         }
         Ok(rows)
+    }
+
+    async fn breaker_failing_after(&self, after_second: i64) -> StoreResult<Vec<i64>> {
+        Ok(
+            sqlx::query_scalar(
+                "SELECT DISTINCT key_id FROM breaker_buckets WHERE second > $1 AND failed > 0",
+            )
+            .bind(after_second)
+            .fetch_all(self.pool())
+            .await?,
+        )
     }
 
     async fn record_trip(&self, key_id: i64, t: &TripRow) -> StoreResult<bool> {

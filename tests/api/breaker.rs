@@ -261,6 +261,31 @@ async fn a_gateway_reads_the_key_the_other_uses_at_every_flush(db: TestDb) {
     );
 }
 
+both_backends!(a_gateway_shares_successes_once_the_other_shares_failures);
+
+/// Two gateways on one store: what a key did on a gateway where it only succeeded is not written
+/// to the shared window, but once the other gateway shares failures of the key, the first shares
+/// its successes too, and the key is judged by both.
+async fn a_gateway_shares_successes_once_the_other_shares_failures(db: TestDb) {
+    let mock = MockUpstream::start().await.unwrap();
+    let a = spawn_app(&db, Setup::resources(resources(&mock))).await;
+    let b = spawn_app(&db, Setup::resources(resources(&mock))).await;
+    send(&a, 20, &good()).await;
+    a.sync().await;
+    send(&b, 1, &bad()).await;
+    b.sync().await; // B shares its failure,
+    a.sync().await; // A finds it and takes its 20 successes to share,
+    a.sync().await; // which it writes,
+    send(&b, 1, &bad()).await;
+    b.sync().await; // and B reads.
+    assert!(send(&b, 98, &bad()).await.iter().all(|s| *s == 400));
+    assert_eq!(
+        send(&b, 1, &good()).await,
+        [200],
+        "100 failures of 121 requests are not more than 90 % (B alone would have tripped)"
+    );
+}
+
 both_backends!(admins_see_breaker_state_and_history);
 
 async fn admins_see_breaker_state_and_history(db: TestDb) {

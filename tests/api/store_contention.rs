@@ -65,8 +65,12 @@ async fn a_breaker_flush_stuck_on_row_locks_does_not_hold_up_the_quota_flush() {
     let Some((db, app, _mock)) = start().await else {
         return;
     };
+    // A failure: from then on the key's outcomes are shared through `breaker_buckets`.
+    let bad = json!({"model": "gpt-4o-mini", "messages": "not a list"});
+    let status = app.post_json("/v1/chat/completions", KEY, &bad).await.status();
+    assert_eq!(status, 400);
     let lock = hold(&db, "LOCK TABLE breaker_buckets IN EXCLUSIVE MODE").await;
-    // The first request's breaker outcome makes the next breaker flush wait on the lock.
+    // The next request's breaker outcome makes the next breaker flush wait on the lock.
     assert_eq!(chat(&app, KEY).await, 200);
     wait_stored(&db, 1).await;
     for want in 2..=3 {
