@@ -89,6 +89,8 @@ def start(binary, home, db, resources_file=None):
     env = {"PATH": os.environ.get("PATH", ""), "AIGW_LISTEN": f"127.0.0.1:{port}",
            "AIGW_DATABASE_URL": f"sqlite://{db}", "AIGW_LOG": "warn",
            "AIGW_BOOTSTRAP_EMAIL": OWNER, "AIGW_BOOTSTRAP_PASSWORD": OWNER_PASS}
+    # The allocator's options pass through, for experiments (e.g. MIMALLOC_ALLOW_THP=0).
+    env.update({k: v for k, v in os.environ.items() if k.startswith("MIMALLOC_")})
     args = [binary, "serve"] + (["--resources", resources_file] if resources_file else [])
     began = time.monotonic()
     # The log goes to a file: a pipe nobody reads would stall the gateway once full.
