@@ -148,26 +148,25 @@ def rss_split_mib(pid):
 FLUSHES = ("quota", "breakers", "own_limits", "request_logs")
 
 
+def metric(port, prefix, label=""):
+    """The first sample of the gateway's `/metrics` whose line starts with `prefix` and holds
+    `label` (0 when there is none)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    return next((float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                 if line.startswith(prefix) and label in line), 0.0)
+
+
 def flush_seconds(port):
     """Seconds spent so far in each kind of flush to the store, and how many flushes
     (`aigw_store_flush_duration_seconds`): where the store's time goes, by what it writes."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
-        text = r.read().decode()
-    out = {}
-    for kind in FLUSHES:
-        for suffix in ("sum", "count"):
-            out[(kind, suffix)] = next((float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                                        if line.startswith(f"aigw_store_flush_duration_seconds_{suffix}")
-                                        and f'kind="{kind}"' in line), 0.0)
-    return out
+    return {(kind, suffix): metric(port, f"aigw_store_flush_duration_seconds_{suffix}", f'kind="{kind}"')
+            for kind in FLUSHES for suffix in ("sum", "count")}
 
 
 def log_queue(port):
     """Request logs queued in the gateway and not yet written (`aigw_log_queue_depth`)."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
-        text = r.read().decode()
-    return next((float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                 if line.startswith("aigw_log_queue_depth")), 0.0)
+    return metric(port, "aigw_log_queue_depth")
 
 
 def written_bytes(pid):
