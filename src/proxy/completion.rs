@@ -1,6 +1,7 @@
 //! After completion: what a finished request leaves behind — usage, the request log, metrics.
-//! Runs exactly once per logged request: at the end of a response, at the end of a stream, or
-//! when a stream is dropped because the client went away (cancellation never drops accounting).
+//! Runs exactly once per logged request: at the end of a response, at the end of a stream, when
+//! a stream is dropped because the client went away, or when the request itself is dropped before
+//! its answer (cancellation never drops accounting).
 
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
@@ -167,6 +168,8 @@ pub struct Completion {
     pub locale: crate::config::Locale,
     /// The request's trace, when traces are exported.
     pub trace: Option<crate::otel::RequestTrace>,
+    /// Whether its end was recorded (else dropping it records one: the request was abandoned).
+    ended: bool,
 }
 
 impl Completion {
@@ -204,6 +207,7 @@ impl Completion {
             in_flight: None,
             locale: state_locale,
             trace: None,
+            ended: false,
         }
     }
 
@@ -331,6 +335,13 @@ impl Completion {
     /// Records the end of the request: usage, breaker outcome, log, metrics. Returns true when
     /// this outcome banned the key (its answer then carries the ban's first wording).
     pub fn finish(mut self, outcome: Outcome) -> bool {
+        self.end(outcome, true)
+    }
+
+    /// What `finish` records; an abandoned request (no status went to its client) is not a
+    /// breaker outcome.
+    fn end(&mut self, outcome: Outcome, breaker_outcome: bool) -> bool {
+        self.ended = true;
         let elapsed = self.started.elapsed();
         let usage = outcome.usage.unwrap_or_default();
         let credits = self.credits(usage);
@@ -407,10 +418,13 @@ impl Completion {
         let record = std::mem::take(&mut self.record);
 
         // Every logged request's final status is a breaker outcome (status >= 400 fails).
-        let trip = self
-            .state
-            .breakers
-            .record(self.caller.key_id, self.state.clock.now(), outcome.status);
+        let trip = breaker_outcome
+            .then(|| {
+                self.state
+                    .breakers
+                    .record(self.caller.key_id, self.state.clock.now(), outcome.status)
+            })
+            .flatten();
         let banned = trip.as_ref().is_some_and(|t| t.banned);
         if let Some(trace) = &self.trace {
             let breaker = match &trip {
@@ -448,5 +462,54 @@ impl Completion {
             });
         }
         banned
+    }
+}
+
+/// The status logged for a request abandoned before its answer (nginx's "client closed request"):
+/// no status went to the client.
+const ABANDONED: u16 = 499;
+
+impl Drop for Completion {
+    /// Dropped before its end was recorded: the request's future was dropped while it waited
+    /// (its client went away, or the stop's grace ended, before the upstream answered), or a
+    /// bug panicked on its path. Logged with what was attempted; nothing was served, so nothing
+    /// is counted.
+    fn drop(&mut self) {
+        if self.ended {
+            return;
+        }
+        // The attempts that ended; the one under way when the request was dropped is not among
+        // them.
+        let summary = match self.attempts_summary() {
+            s if s.is_empty() => s,
+            s => format!(" [{s}]"),
+        };
+        let outcome = if std::thread::panicking() {
+            // The connection is closed without an answer, as for a 500 of the gateway's own.
+            Outcome::failed(
+                500,
+                "internal_error",
+                Source::Gateway,
+                format!("Gateway: the request failed inside the gateway (a bug: see its log){summary}"),
+            )
+        } else if crate::serving::cut_by_stop() {
+            Outcome::failed(
+                ABANDONED,
+                "gateway_stopped",
+                Source::Gateway,
+                format!("Gateway: stopped before the answer (shutdown_grace_secs over){summary}"),
+            )
+        } else {
+            Outcome {
+                source: None,
+                ..Outcome::failed(
+                    ABANDONED,
+                    "client_disconnected",
+                    Source::Gateway,
+                    format!("client disconnected before the answer{summary}"),
+                )
+            }
+        };
+        self.end(outcome, false);
     }
 }

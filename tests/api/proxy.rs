@@ -9,6 +9,7 @@ use serde_json::{Value, json};
 
 use crate::both_backends;
 use crate::helpers::{Setup, TestApp, TestDb, spawn_app};
+use aigw::store::{UpstreamStore, WorkspaceStore};
 
 pub const KEY: &str = "sk-aigw-ProxyTestKey0123456789abcdefghij";
 
@@ -86,6 +87,8 @@ both_backends!(
     failover_to_the_next_credential_and_model,
     slow_stream_arrives_chunk_by_chunk,
     client_disconnect_still_logs_delivered_tokens,
+    a_request_its_client_abandons_before_the_answer_is_logged,
+    a_request_unanswered_past_the_shutdown_grace_is_logged,
     a_stream_running_past_the_shutdown_grace_is_cut_and_logged,
     mid_stream_error_is_passed_logged_and_counted,
     a_deleted_key_stops_working_at_once,
@@ -581,6 +584,98 @@ async fn client_disconnect_still_logs_delivered_tokens(db: TestDb) {
     );
     assert!(log.prompt_tokens > 0);
     app.stop().await;
+}
+
+/// The client gives up while the upstream still thinks: the request is logged with status 499
+/// (no status went to the client) and what was attempted; nothing was served, so nothing counts.
+async fn a_request_its_client_abandons_before_the_answer_is_logged(db: TestDb) {
+    let (app, mock) = start(&db).await;
+    mock.script(Script {
+        delay_ms: Some(10_000),
+        ..Script::any().times(1)
+    });
+    let gave_up = app
+        .client
+        .post(format!("{}/v1/chat/completions", app.address))
+        .bearer_auth(KEY)
+        .json(&chat(false))
+        .timeout(Duration::from_millis(300))
+        .send()
+        .await;
+    assert!(gave_up.is_err_and(|e| e.is_timeout()));
+    let log = &app.logs("acme", 1).await[0];
+    assert_eq!(log.status, 499, "{log:?}");
+    assert_eq!(log.code.as_deref(), Some("client_disconnected"));
+    assert!(log.source.is_none());
+    assert_eq!(log.explanation, "client disconnected before the answer");
+    assert_eq!((log.total_tokens, log.credits, log.usage_estimated), (0, 0, 0));
+    assert_eq!(log.model_requested.as_deref(), Some("gpt-4o-mini"));
+    // Its in-flight places were given back: the next request is served.
+    let r = app.post_json("/v1/chat/completions", KEY, &chat(false)).await;
+    assert_eq!(r.status(), 200);
+    app.stop().await;
+}
+
+/// A stop whose grace ends while a request still waits for its upstream: the connection is
+/// closed without an answer, and the request is logged as `gateway_stopped`.
+async fn a_request_unanswered_past_the_shutdown_grace_is_logged(db: TestDb) {
+    let mock = MockUpstream::start().await.unwrap();
+    let setup = Setup {
+        settings: Box::new(|s| s.shutdown_grace_secs = 0),
+        ..Setup::resources(resources(&mock))
+    };
+    let app = spawn_app(&db, setup).await;
+    mock.script(Script {
+        delay_ms: Some(20_000),
+        ..Script::any().times(1)
+    });
+    let request = app
+        .client
+        .post(format!("{}/v1/chat/completions", app.address))
+        .bearer_auth(KEY)
+        .json(&chat(false))
+        .send();
+    let waiting = tokio::spawn(request);
+    let ws = app.state.store.workspace_by_name("acme").await.unwrap().unwrap();
+    let primary = app
+        .state
+        .store
+        .upstream_by_name(ws.id, "primary")
+        .await
+        .unwrap()
+        .unwrap()
+        .id;
+    let asked = Instant::now();
+    while app.state.admission.in_flight(primary) == 0 {
+        assert!(
+            asked.elapsed() < Duration::from_secs(10),
+            "the request never reached the upstream"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let stopping = Instant::now();
+    app.stop().await;
+    assert!(
+        stopping.elapsed() < Duration::from_secs(5),
+        "the stop waited {:?}",
+        stopping.elapsed()
+    );
+    let answer = waiting.await.unwrap();
+    assert!(
+        answer.is_err(),
+        "the connection closes without an answer: {answer:?}"
+    );
+
+    let again = spawn_app(&db, Setup::resources(resources(&mock))).await;
+    let log = &again.logs("acme", 1).await[0];
+    assert_eq!(
+        (log.status, log.code.as_deref()),
+        (499, Some("gateway_stopped")),
+        "{log:?}"
+    );
+    assert_eq!(log.source.as_deref(), Some("gateway"));
+    assert_eq!((log.total_tokens, log.usage_estimated), (0, 0));
+    again.stop().await;
 }
 
 /// A stop waits `shutdown_grace_secs` for the running requests (none here), then closes their
