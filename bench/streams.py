@@ -177,10 +177,20 @@ def pace(mock_port, events, gap_lo, gap_hi):
          {"words": max(events - 3, 1), "chunk_delay_ms": gap_lo, "chunk_jitter_ms": gap_hi - gap_lo})
 
 
+# With --pin: the CPUs of the gateway, and of the mock and the load generator (None: any).
+PIN = {"gateway": None, "others": None}
+
+
+def pinned(role):
+    """A preexec_fn that keeps the child on its role's CPUs (--pin), or None."""
+    cpus = PIN[role]
+    return None if cpus is None else (lambda: os.sched_setaffinity(0, cpus))
+
+
 def load(gen, port, key, count, rate, headers=()):
     """Runs the load generator; returns its STREAMS line as a dict of numbers (errors_by as text)."""
     done = subprocess.run([gen, f"127.0.0.1:{port}", "/v1/chat/completions", key, str(count), str(rate), *headers],
-                          input=chat_body(True), capture_output=True, text=True)
+                          input=chat_body(True), capture_output=True, text=True, preexec_fn=pinned("others"))
     m = re.search(r"STREAMS (.*)", done.stdout)
     if done.returncode != 0 or not m:
         sys.exit(f"the load generator failed against 127.0.0.1:{port}:\n{done.stdout}{done.stderr}")
@@ -220,13 +230,16 @@ def start_gateway(binary, tmp, mock_port, tls=None):
         resources = resources.replace(f"http://127.0.0.1:{mock_port}/v1", f"https://localhost:{tls[0]}/v1")
     with open(res, "w") as f:
         f.write(resources)
-    env = {"PATH": os.environ.get("PATH", ""), "AIGW_LISTEN": f"127.0.0.1:{port}",
+    # Settings given to this script (AIGW_IDLE_POLL_US=0 …) and allocator options pass through;
+    # the script's own come last and win.
+    passed = {k: v for k, v in os.environ.items() if k.startswith(("AIGW_", "MIMALLOC_"))}
+    env = {**passed, "PATH": os.environ.get("PATH", ""), "AIGW_LISTEN": f"127.0.0.1:{port}",
            "AIGW_DATABASE_URL": f"sqlite://{home}/aigw.db", "AIGW_LOG": "warn",
            "AIGW_BOOTSTRAP_PASSWORD": "bench-owner-pass", **GATEWAY_ENV}
     if tls:
         env["AIGW_UPSTREAM_CA_FILE"] = tls[1]
     gw = subprocess.Popen([binary, "serve", "--resources", res], env=env, cwd=home,
-                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=pinned("gateway"))
     return gw, port
 
 
@@ -288,12 +301,19 @@ def main():
     ap.add_argument("--short", action="store_true", help="smoke test: 50 streams of 10 events, 5-10 ms apart")
     ap.add_argument("--upstream", choices=["http1", "h2"], default="http1",
                     help="how aigw reaches the mock: plain HTTP/1.1, or TLS and HTTP/2 as the providers")
+    ap.add_argument("--pin", action="store_true",
+                    help="the gateway on a core of its own (the last), the mock and the load generator on the others")
     ap.add_argument("--peers", default="", help="other gateways to run the same load through: portkey,litellm")
     ap.add_argument("--peers-dir", default=peers.DEFAULT_DIR, help="where the peers are installed")
     ap.add_argument("--install-peers", action="store_true", help="install missing --peers into --peers-dir first")
     args = ap.parse_args()
     if args.short:
         args.sizes, args.events, args.gap_ms = "50", 10, "5-10"
+    if args.pin:
+        cpus = sorted(os.sched_getaffinity(0))
+        if len(cpus) < 2:
+            sys.exit("--pin needs two CPUs or more")
+        PIN["gateway"], PIN["others"] = {cpus[-1]}, set(cpus[:-1])
     args.bin = os.path.abspath(args.bin)
     gen = os.path.abspath(args.gen or os.path.join(os.path.dirname(args.bin), "examples", "streams"))
     for path in (args.bin, gen):
@@ -319,7 +339,7 @@ def main():
         ca, cert, key = company_ca(tmp)
         tls = (free_port(), ca)
         mock_cmd += ["--tls-listen", f"127.0.0.1:{tls[0]}", "--tls-cert", cert, "--tls-key", key]
-    mock = subprocess.Popen(mock_cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    mock = subprocess.Popen(mock_cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=pinned("others"))
     gw, rows, failed = None, [], []
     try:
         gw, gw_port = start_gateway(args.bin, tmp, mock_port, tls)
@@ -353,11 +373,13 @@ def main():
 
     rev = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     upstream = "TLS and HTTP/2" if tls else "HTTP/1.1"
+    pin = (f", aigw pinned to CPU {min(PIN['gateway'])}, the mock and the generator to the others"
+           if args.pin else "")
     print(f"# many long streams ({rev}, {args.bin}, {args.events} events a stream, ramp {args.rate}/s, "
-          f"aigw to the mock over {upstream}, {os.cpu_count()} cores, RLIMIT_NOFILE {nofile})\n")
+          f"aigw to the mock over {upstream}, {os.cpu_count()} cores, RLIMIT_NOFILE {nofile}{pin}; "
+          f"load average {load_before[0]:.1f} before, {load_after[0]:.1f} after)\n")
     if others:
-        print("peers: " + ", ".join(f"{p.name} {p.version()}" for p in others)
-              + f"; load average {load_before[0]:.1f} before, {load_after[0]:.1f} after\n")
+        print("peers: " + ", ".join(f"{p.name} {p.version()}" for p in others) + "\n")
     print("| streams | gap | path | completed | errors | most open | TTFB p50 | TTFB p99 | gap p99 |")
     print("|---|---|---|---|---|---|---|---|---|")
     for n, lo, hi, direct, paths, _ in rows:
