@@ -20,7 +20,11 @@ bulk load does), and the usage rollups rebuilt from them when the schema has the
 reports, the CSV export of one day (with the gateway's RSS sampled meanwhile); (5) retention:
 the gateway is restarted with a retention that drops a few days while requests go through the
 proxy, and the longest time between a response and its log becoming readable is reported
-(the writer's stall), with the log writer's capacity (rows per second of flush time).
+(the writer's stall), with the log writer's capacity (rows per second of flush time); (6) full
+throughput: wrk sends requests over every key as fast as the gateway answers for --flood seconds,
+and the queue of logs not yet written is watched: whether the writer keeps up with the proxy;
+(7) the writer alone: with a flush interval longer than the load, half as long a load is queued
+whole, then written while the gateway is idle: the logs the writer stores a second.
 
 The spread: 90 days up to now, one row every 90 d / N; keys skewed (a key's share ~ rank^-2/3, the
 top tenth of keys make ~46 % of requests), 6 models (40/20/15/10/8/7 %), 93 % status 200 and the
@@ -45,6 +49,9 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import scale  # noqa: E402  (wrk over many keys and models)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The server of the test suite's database (AIGW_TEST_POSTGRES_URL), or 127.0.0.1:5432.
@@ -180,12 +187,12 @@ def key_text(k):
 class Gateway:
     """`aigw serve` (and its mock upstream) on free ports of 127.0.0.1."""
 
-    def __init__(self, binary, db, tmp, res, mock_port, retention_days=3650):
+    def __init__(self, binary, db, tmp, res, mock_port, retention_days=3650, env=None):
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         env = {"PATH": os.environ.get("PATH", ""), "AIGW_LISTEN": f"127.0.0.1:{self.port}",
                "AIGW_DATABASE_URL": db.url, "AIGW_LOG": "warn",
-               "AIGW_LOG_RETENTION_DAYS": str(retention_days)}
+               "AIGW_LOG_RETENTION_DAYS": str(retention_days), **(env or {})}
         self.log_path = os.path.join(tmp, f"aigw-{self.port}.log")
         started = time.time()
         self.proc = subprocess.Popen([binary, "serve", "--resources", res], env=env, cwd=tmp,
@@ -507,11 +514,13 @@ def export(gw, owner, now):
     return out
 
 
-def metric(gw, name, kind):
+def metric(gw, name, kind=None):
+    """A sample of the gateway's `/metrics`: `name` with the label `kind`, or without labels."""
     with urllib.request.urlopen(gw.base + "/metrics", timeout=10) as r:
         text = r.read().decode()
     for line in text.splitlines():
-        if line.startswith(name) and f'kind="{kind}"' in line:
+        if kind is None and line.startswith(name + " ") or kind is not None and line.startswith(name) \
+                and f'kind="{kind}"' in line:
             return float(line.rsplit(" ", 1)[1])
     return 0.0
 
@@ -606,6 +615,108 @@ def writer_capacity(binary, db, tmp, res, mock_port, n):
         gw.stop()
 
 
+def throughput(binary, db, tmp, res, mock_port, keys, seconds, conns):
+    """Whether the log writer keeps up with the proxy at full speed: wrk sends requests as fast as
+    the gateway answers (`conns` connections, random keys and models) for `seconds`, while the
+    queue of logs not yet written (`aigw_log_queue_depth`) is sampled; then the time until every
+    log is written. The writer keeps up when the queue stays within about a flush interval's
+    requests and is empty within a flush of the load's end."""
+    gw = Gateway(binary, db, tmp, res, mock_port)
+    try:
+        queued = lambda: metric(gw, "aigw_log_queue_depth")
+        flushes = lambda: (metric(gw, "aigw_store_flush_duration_seconds_sum", "request_logs"),
+                           metric(gw, "aigw_store_flush_duration_seconds_count", "request_logs"))
+        key_list = [key_text(k) for k in range(keys)]
+        models = [name for name, *_ in MODELS]
+        scale.load(gw.port, key_list, models, conns, 2, tmp)  # warm-up: connections, caches
+        while queued() > 0:
+            time.sleep(0.05)
+        (s0, c0), rows0, pg0 = flushes(), count_logs(db), postgres_cpu_seconds()
+        depths, stop = [], threading.Event()
+
+        def sample():
+            while not stop.wait(0.1):
+                depths.append(queued())
+
+        sampler = threading.Thread(target=sample)
+        sampler.start()
+        began = time.monotonic()
+        r = scale.load(gw.port, key_list, models, conns, seconds, tmp)
+        loaded = time.monotonic()
+        stop.set()
+        sampler.join()
+        at_end = queued()
+        while queued() > 0 and time.monotonic() - loaded < 600:
+            time.sleep(0.02)
+        drained = time.monotonic()
+        s1, c1 = flushes()
+        pg = postgres_cpu_seconds() - pg0 if db.backend == "postgres" else None
+        rows = count_logs(db) - rows0
+        out = {"requests": r["requests"], "errors": r["errors"] + r["non2xx"], "requests_per_s": r["rps"],
+               "logs_written": rows, "logs_per_s": rows / (drained - began),
+               "queue_max": max(depths, default=0), "queue_at_end": at_end, "drain_s": drained - loaded,
+               "flushes": c1 - c0, "rows_per_flush": rows / (c1 - c0) if c1 > c0 else None,
+               "rows_per_flush_second": rows / (s1 - s0) if s1 > s0 else None,
+               "postgres_cores": pg / (drained - began) if pg is not None else None,
+               "postgres_ms_per_1000_logs": 1e6 * pg / rows if pg is not None and rows else None}
+        log(f"  full throughput: {out}")
+        return out
+    finally:
+        gw.stop()
+
+
+def postgres_cpu_seconds():
+    """CPU seconds of every process named postgres on this host (the server and its backends):
+    what the log writer's statements cost the database, when nothing else uses it meanwhile."""
+    total = 0
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue  # the process ended
+        name, rest = stat[stat.index("(") + 1:].rsplit(")", 1)
+        if name == "postgres":
+            fields = rest.split()
+            total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def backlog(binary, db, tmp, res, mock_port, keys, seconds, conns):
+    """The writer's own capacity, with nothing else running: with a flush interval longer than
+    the load, `seconds` of requests at full speed are all queued; then the writer writes them
+    while the gateway is idle. Logs written per second of that drain, and the database's CPU."""
+    hold_ms = (seconds + 5) * 1000
+    gw = Gateway(binary, db, tmp, res, mock_port, env={"AIGW_FLUSH_INTERVAL_MS": str(hold_ms)})
+    try:
+        queued = lambda: metric(gw, "aigw_log_queue_depth")
+        key_list = [key_text(k) for k in range(keys)]
+        models = [name for name, *_ in MODELS]
+        rows0 = count_logs(db)
+        began = time.monotonic()
+        r = scale.load(gw.port, key_list, models, conns, seconds, tmp)
+        waiting = queued()
+        # The writer wakes with the first log and writes one interval later, 5 s after the load.
+        time.sleep(max(0.0, began + hold_ms / 1000 - 0.02 - time.monotonic()))
+        started, pg0 = time.monotonic(), postgres_cpu_seconds()
+        while queued() > 0 and time.monotonic() - started < 600:
+            time.sleep(0.005)
+        drain = time.monotonic() - started
+        pg = postgres_cpu_seconds() - pg0 if db.backend == "postgres" else None
+        rows = count_logs(db) - rows0
+        out = {"requests": r["requests"], "queued": waiting, "logs_written": rows, "drain_s": drain,
+               "logs_per_s": waiting / drain if drain else None,
+               "postgres_cores": pg / drain if pg is not None and drain else None}
+        log(f"  backlog: {out}")
+        return out
+    finally:
+        gw.stop()
+
+
+def count_logs(db):
+    return int(db.value("SELECT count(*) FROM request_logs"))
+
+
 def mb(v):
     return "—" if v is None else f"{v / 1e6:,.0f} MB"
 
@@ -691,12 +802,30 @@ def run_backend(args, backend):
                 gw.stop()
             ret = retention(binary, db, tmp, res, mock_port, keep[i], args.rate, label)
             cap = writer_capacity(binary, db, tmp, res, mock_port, args.writer_rows)
-            phases.append((label, measured, ret, cap))
+            full = throughput(binary, db, tmp, res, mock_port, args.keys, args.flood, args.conns)
+            full["backlog"] = backlog(binary, db, tmp, res, mock_port, args.keys, args.flood // 2, args.conns)
+            phases.append((label, measured, ret, cap, full))
         report(args, backend, gen_s, sizes, phases, n)
-        for label, _, _, cap in phases:
+        for label, _, _, cap, full in phases:
             print(f"\nLog writer ({label}): {cap['rows']:,} requests at {cap['requests_per_s']:.0f}/s, "
                   f"{cap['flushes']:.0f} flushes ({cap['rows_per_flush'] or 0:.0f} rows each), "
                   f"{cap['rows_per_flush_second'] or 0:,.0f} rows per second of flush time.")
+            print(f"At full throughput ({label}, {args.conns} connections, {args.flood} s): "
+                  f"{full['requests']:,} requests at {full['requests_per_s']:,.0f}/s ({full['errors']} errors), "
+                  f"{full['logs_written']:,} logs written at {full['logs_per_s']:,.0f}/s until the queue was empty; "
+                  f"queue at most {full['queue_max']:,.0f}, {full['queue_at_end']:,.0f} at the load's end, "
+                  f"empty {full['drain_s']:.2f} s after; {full['flushes']:.0f} flushes "
+                  f"({full['rows_per_flush'] or 0:,.0f} rows each), "
+                  f"{full['rows_per_flush_second'] or 0:,.0f} rows per second of flush time"
+                  + (f"; Postgres used {full['postgres_cores']:.2f} of a core, "
+                     f"{full['postgres_ms_per_1000_logs']:.0f} ms of CPU per 1,000 logs."
+                     if full["postgres_cores"] is not None else "."))
+            b = full["backlog"]
+            print(f"A backlog written with the gateway idle ({label}): {b['queued']:,.0f} logs queued by "
+                  f"{args.flood // 2} s of requests, written in {b['drain_s']:.2f} s, "
+                  f"{b['logs_per_s'] or 0:,.0f} logs a second"
+                  + (f"; Postgres used {b['postgres_cores']:.2f} of a core meanwhile."
+                     if b["postgres_cores"] is not None else "."))
     finally:
         mock.terminate()
         if not args.keep:
@@ -717,6 +846,8 @@ def main():
     p.add_argument("--chunk", type=int, default=1_000_000)
     p.add_argument("--rate", type=float, default=20, help="requests per second and client during retention")
     p.add_argument("--writer-rows", type=int, default=8000)
+    p.add_argument("--flood", type=int, default=20, help="seconds of requests at full speed (wrk)")
+    p.add_argument("--conns", type=int, default=50, help="wrk's connections at full speed")
     p.add_argument("--pg-db", default="aigw_logs_bench")
     p.add_argument("--keep", action="store_true", help="keep the database and the temporary folder")
     p.add_argument("--reuse", action="store_true", help="Postgres: measure the database --keep left (no generation)")
@@ -726,7 +857,7 @@ def main():
     args.before = args.before and os.path.abspath(args.before)
     if args.short:
         args.keys, args.members, args.depts, args.repeat = 20, 10, 3, 2
-        args.writer_rows, args.pg_db = 160, "aigw_logs_smoke"
+        args.writer_rows, args.pg_db, args.flood = 160, "aigw_logs_smoke", 2
     backends = ["postgres", "sqlite"] if args.backend == "both" else [args.backend]
     if "postgres" in backends and subprocess.run(["pg_isready", "-d", PG + "postgres", "-t", "5"],
                                                  capture_output=True).returncode != 0:
