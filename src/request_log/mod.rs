@@ -5,6 +5,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
@@ -23,6 +25,18 @@ fn flush_max(backend: Backend) -> usize {
     match backend {
         Backend::Sqlite => 10_000,
         Backend::Postgres => 2_000,
+    }
+}
+
+/// Batches written at once. SQLite has one writer at a time. On Postgres a batch's transaction
+/// runs in one server process, on one core, at 64–79 ms of its CPU per 1,000 logs: one batch at
+/// a time stored 9,100–10,600 logs a second in bench/logs.py, less than one gateway serves; two
+/// stored 15,700–17,100 (docs/performance.md, "The insert path at full throughput"). Their
+/// rollup rows are taken in the same order, as between replicas.
+fn writers(backend: Backend) -> usize {
+    match backend {
+        Backend::Sqlite => 1,
+        Backend::Postgres => 2,
     }
 }
 
@@ -72,7 +86,7 @@ pub fn start_writer(
     let depth = Arc::new(AtomicI64::new(0));
     let d = depth.clone();
     tasks.spawn(async move {
-        let max = flush_max(store.backend());
+        let (max, writers) = (flush_max(store.backend()), writers(store.backend()));
         let mut batch = Vec::new();
         loop {
             // Callers of `flush` to answer once this round is written.
@@ -94,6 +108,9 @@ pub fn start_writer(
                     () = stop.cancelled() => {},
                 }
             }
+            // Full batches while a backlog lasts, up to `writers` of them in flight; the round
+            // ends when everything it took is written.
+            let mut writing = FuturesUnordered::new();
             loop {
                 while batch.len() < max {
                     match rx.try_recv() {
@@ -105,11 +122,15 @@ pub fn start_writer(
                     break;
                 }
                 let full = batch.len() >= max;
-                write_with_retry(&store, &mut batch, &d, &stop).await;
+                writing.push(write_batch(&store, std::mem::take(&mut batch), &d, &stop));
+                if writing.len() >= writers {
+                    writing.next().await;
+                }
                 if !full {
                     break;
                 }
             }
+            while writing.next().await.is_some() {}
             for done in waiting {
                 let _ = done.send(());
             }
@@ -124,6 +145,10 @@ pub fn start_writer(
         }
     });
     LogSink { tx, flush_tx, depth }
+}
+
+async fn write_batch(store: &Store, mut batch: Vec<LogRecord>, depth: &AtomicI64, stop: &CancellationToken) {
+    write_with_retry(store, &mut batch, depth, stop).await;
 }
 
 async fn write_with_retry(

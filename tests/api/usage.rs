@@ -157,7 +157,38 @@ both_backends!(
     counters_saturate_instead_of_overflowing,
     a_counter_the_database_refuses_holds_back_only_itself,
     the_ceiling_is_a_setting,
+    a_backlog_of_logs_is_written_whole,
 );
+
+/// A backlog larger than a batch (the writer's rounds take 2,000 logs a batch on Postgres, two
+/// batches at once; 10,000 on SQLite) is written whole, each log once: the report counts every
+/// request and its tokens.
+async fn a_backlog_of_logs_is_written_whole(db: TestDb) {
+    let mock = MockUpstream::start().await.unwrap();
+    let app = spawn_app(&db, Setup::resources(workspace(&mock, ""))).await;
+    let first = send_ok(&app, "/v1/chat/completions", KEY, &chat(false)).await;
+    let logs = app.logs("acme", 1).await;
+    let template = log_of(&logs, &first).clone();
+    const BACKLOG: usize = 4_999;
+    for i in 0..BACKLOG {
+        app.state.logs.send(LogRecord {
+            request_id: format!("backlog-{i}"),
+            ..template.clone()
+        });
+    }
+    app.state.logs.flush().await;
+    assert_eq!(app.state.logs.queued(), 0);
+    let (status, report) = usage_report(&app, "key").await;
+    assert_eq!(status, 200, "{report}");
+    let row = &report["data"][0];
+    assert_eq!(row["requests"], BACKLOG as i64 + 1, "{report}");
+    assert_eq!(
+        row["total_tokens"],
+        (BACKLOG as i64 + 1) * template.total_tokens,
+        "{report}"
+    );
+    app.stop().await;
+}
 
 async fn the_ceiling_is_a_setting(db: TestDb) {
     let mock = MockUpstream::start().await.unwrap();
