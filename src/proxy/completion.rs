@@ -155,6 +155,8 @@ pub struct Completion {
     started: Instant,
     record: LogRecord,
     attempts: Vec<Attempt>,
+    /// The credential and model whose request is out, until dispatch logs its attempt.
+    under_way: Option<(Arc<Credential>, Arc<ModelRoute>)>,
     route: Option<Arc<ModelRoute>>,
     /// The credential that served (its answer may still be read).
     credential: Option<Arc<Credential>>,
@@ -200,6 +202,7 @@ impl Completion {
             started: Instant::now(),
             record,
             attempts: Vec::new(),
+            under_way: None,
             route: None,
             credential: None,
             quota: None,
@@ -271,6 +274,7 @@ impl Completion {
     pub fn dispatch_log(&mut self) -> AttemptLog<'_> {
         AttemptLog {
             attempts: &mut self.attempts,
+            under_way: &mut self.under_way,
             trace: self.trace.as_ref(),
         }
     }
@@ -478,8 +482,13 @@ impl Drop for Completion {
         if self.ended {
             return;
         }
-        // The attempts that ended; the one under way when the request was dropped is not among
-        // them.
+        // The attempt under way, if one was, is the last: the credential it was waiting for.
+        if let Some((credential, model)) = self.under_way.take() {
+            self.attempts.push(Attempt {
+                error: Some("no answer yet".to_owned()),
+                ..Attempt::of(&credential, &model)
+            });
+        }
         let summary = match self.attempts_summary() {
             s if s.is_empty() => s,
             s => format!(" [{s}]"),

@@ -607,7 +607,12 @@ async fn a_request_its_client_abandons_before_the_answer_is_logged(db: TestDb) {
     assert_eq!(log.status, 499, "{log:?}");
     assert_eq!(log.code.as_deref(), Some("client_disconnected"));
     assert!(log.source.is_none());
-    assert_eq!(log.explanation, "client disconnected before the answer");
+    assert_eq!(
+        log.explanation,
+        "client disconnected before the answer [primary no answer yet]"
+    );
+    assert_eq!(log.attempts, 1);
+    assert!(log.upstream_id.is_some(), "the credential it waited for");
     assert_eq!((log.total_tokens, log.credits, log.usage_estimated), (0, 0, 0));
     assert_eq!(log.model_requested.as_deref(), Some("gpt-4o-mini"));
     // Its in-flight places were given back: the next request is served.
@@ -674,6 +679,11 @@ async fn a_request_unanswered_past_the_shutdown_grace_is_logged(db: TestDb) {
         "{log:?}"
     );
     assert_eq!(log.source.as_deref(), Some("gateway"));
+    assert!(
+        log.explanation.ends_with("[primary no answer yet]"),
+        "{}",
+        log.explanation
+    );
     assert_eq!((log.total_tokens, log.usage_estimated), (0, 0));
     again.stop().await;
 }

@@ -104,6 +104,7 @@ pub async fn dispatch(
         member_id,
         deadline,
         attempts: log.attempts,
+        under_way: log.under_way,
         trace: log.trace,
         sending: None,
         sent: 0,
@@ -227,6 +228,8 @@ struct Run<'a> {
     /// The end of the request's time budget.
     deadline: Deadline,
     attempts: &'a mut Vec<Attempt>,
+    /// The attempt whose request is out ([`AttemptLog::under_way`]).
+    under_way: &'a mut Option<(Arc<Credential>, Arc<ModelRoute>)>,
     /// The request's trace, when traces are exported: each request sent carries a `traceparent`.
     trace: Option<&'a RequestTrace>,
     /// The span of the request being sent, given to the attempt it ends in.
@@ -255,6 +258,7 @@ impl Run<'_> {
     /// Logs an attempt; the request it sent (if any) gives it its span.
     fn push(&mut self, mut attempt: Attempt) {
         attempt.span = self.sending.take();
+        *self.under_way = None;
         self.attempts.push(attempt);
     }
 
@@ -310,6 +314,7 @@ impl Run<'_> {
                 self.sending = Some(trace.attempt(req.headers_mut()));
             }
             let started = Instant::now();
+            *self.under_way = Some((cred.clone(), model.clone()));
             let sent = self.deadline.bound(self.up.http.send(req)).await;
             if let Some(span) = &mut self.sending {
                 span.answered = Some(SystemTime::now());

@@ -48,6 +48,9 @@ pub struct Attempt {
 pub struct AttemptLog<'a> {
     /// Every attempt, for the log.
     pub attempts: &'a mut Vec<Attempt>,
+    /// The credential and model whose request is out, until its attempt is logged among
+    /// `attempts`: what a request abandoned meanwhile was waiting for.
+    pub under_way: &'a mut Option<(Arc<Credential>, Arc<ModelRoute>)>,
     /// The request's trace, when traces are exported.
     pub trace: Option<&'a crate::otel::RequestTrace>,
 }
