@@ -619,8 +619,8 @@ def throughput(binary, db, tmp, res, mock_port, keys, seconds, conns):
     """Whether the log writer keeps up with the proxy at full speed: wrk sends requests as fast as
     the gateway answers (`conns` connections, random keys and models) for `seconds`, while the
     queue of logs not yet written (`aigw_log_queue_depth`) is sampled; then the time until every
-    log is written. The writer keeps up when the queue stays within about a flush interval's
-    requests and is empty within a flush of the load's end."""
+    log is written. The writer keeps up when the queue does not grow over the load and is empty
+    within a flush or two of its end."""
     gw = Gateway(binary, db, tmp, res, mock_port)
     try:
         queued = lambda: metric(gw, "aigw_log_queue_depth")

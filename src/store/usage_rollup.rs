@@ -425,7 +425,7 @@ fn report_query(
 /// member id is one workspace's): with one, SQLite planned a read of every log of the workspace
 /// through the (workspace_id, request_id) index, whose sampled statistics (`PRAGMA optimize`'s
 /// `analysis_limit`) put as few rows under one workspace as under one member: 4–7 s for a
-/// member's usage over 1 million logs (bench/logs.py), 7 ms without.
+/// member's usage over 1 million logs (bench/logs.py), 9–18 ms without.
 fn member_range(b: &mut SqlBuilder<'_>, alias: &str, m: i64, (lo, hi): (i64, i64)) {
     b.push(&format!("{alias}member_id = "))
         .bind(m)
