@@ -51,7 +51,8 @@ import urllib.parse
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import scale  # noqa: E402  (wrk over many keys and models)
+import run  # noqa: E402  (a process's CPU time)
+import scale  # noqa: E402  (wrk over many keys and models; a gateway's metric)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The server of the test suite's database (AIGW_TEST_POSTGRES_URL), or 127.0.0.1:5432.
@@ -514,13 +515,11 @@ def export(gw, owner, now):
     return out
 
 
-def metric(gw, name, kind=None):
-    """A sample of the gateway's `/metrics`: `name` with the label `kind`, or without labels."""
+def metric(gw, name, kind):
     with urllib.request.urlopen(gw.base + "/metrics", timeout=10) as r:
         text = r.read().decode()
     for line in text.splitlines():
-        if kind is None and line.startswith(name + " ") or kind is not None and line.startswith(name) \
-                and f'kind="{kind}"' in line:
+        if line.startswith(name) and f'kind="{kind}"' in line:
             return float(line.rsplit(" ", 1)[1])
     return 0.0
 
@@ -623,7 +622,7 @@ def throughput(binary, db, tmp, res, mock_port, keys, seconds, conns):
     within a flush or two of its end."""
     gw = Gateway(binary, db, tmp, res, mock_port)
     try:
-        queued = lambda: metric(gw, "aigw_log_queue_depth")
+        queued = lambda: scale.metric(gw.port, "aigw_log_queue_depth")
         flushes = lambda: (metric(gw, "aigw_store_flush_duration_seconds_sum", "request_logs"),
                            metric(gw, "aigw_store_flush_duration_seconds_count", "request_logs"))
         key_list = [key_text(k) for k in range(keys)]
@@ -631,7 +630,7 @@ def throughput(binary, db, tmp, res, mock_port, keys, seconds, conns):
         scale.load(gw.port, key_list, models, conns, 2, tmp)  # warm-up: connections, caches
         while queued() > 0:
             time.sleep(0.05)
-        (s0, c0), rows0, pg0 = flushes(), count_logs(db), postgres_cpu_seconds()
+        (s0, c0), rows0, pg0 = flushes(), count_logs(db), postgres_cpu(db)
         depths, stop = [], threading.Event()
 
         def sample():
@@ -650,7 +649,7 @@ def throughput(binary, db, tmp, res, mock_port, keys, seconds, conns):
             time.sleep(0.02)
         drained = time.monotonic()
         s1, c1 = flushes()
-        pg = postgres_cpu_seconds() - pg0 if db.backend == "postgres" else None
+        pg = cpu_spent(pg0, postgres_cpu(db))
         rows = count_logs(db) - rows0
         out = {"requests": r["requests"], "errors": r["errors"] + r["non2xx"], "requests_per_s": r["rps"],
                "logs_written": rows, "logs_per_s": rows / (drained - began),
@@ -665,21 +664,25 @@ def throughput(binary, db, tmp, res, mock_port, keys, seconds, conns):
         gw.stop()
 
 
-def postgres_cpu_seconds():
-    """CPU seconds of every process named postgres on this host (the server and its backends):
-    what the log writer's statements cost the database, when nothing else uses it meanwhile."""
-    total = 0
-    for pid in filter(str.isdigit, os.listdir("/proc")):
+def postgres_cpu(db):
+    """CPU seconds so far, by process, of the bench database's backends and the server's own
+    processes (WAL writer, checkpointer, autovacuum), as bench/replicas.py counts them: not other
+    databases' backends. None on SQLite."""
+    if db.backend != "postgres":
+        return None
+    out = {}
+    for pid in db.run(f"SELECT pid FROM pg_stat_activity WHERE datname = '{db.name}' OR "
+                      "(datname IS NULL AND backend_type <> 'client backend')").split():
         try:
-            with open(f"/proc/{pid}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue  # the process ended
-        name, rest = stat[stat.index("(") + 1:].rsplit(")", 1)
-        if name == "postgres":
-            fields = rest.split()
-            total += int(fields[11]) + int(fields[12])
-    return total / os.sysconf("SC_CLK_TCK")
+            out[pid] = run.cpu_seconds(int(pid))
+        except (OSError, IndexError):
+            pass  # ended meanwhile
+    return out
+
+
+def cpu_spent(before, after):
+    """CPU seconds between two `postgres_cpu` snapshots, of the processes in both (None on SQLite)."""
+    return None if before is None else sum(after[p] - before[p] for p in before if p in after)
 
 
 def backlog(binary, db, tmp, res, mock_port, keys, seconds, conns):
@@ -689,7 +692,7 @@ def backlog(binary, db, tmp, res, mock_port, keys, seconds, conns):
     hold_ms = (seconds + 5) * 1000
     gw = Gateway(binary, db, tmp, res, mock_port, env={"AIGW_FLUSH_INTERVAL_MS": str(hold_ms)})
     try:
-        queued = lambda: metric(gw, "aigw_log_queue_depth")
+        queued = lambda: scale.metric(gw.port, "aigw_log_queue_depth")
         key_list = [key_text(k) for k in range(keys)]
         models = [name for name, *_ in MODELS]
         rows0 = count_logs(db)
@@ -698,11 +701,11 @@ def backlog(binary, db, tmp, res, mock_port, keys, seconds, conns):
         waiting = queued()
         # The writer wakes with the first log and writes one interval later, 5 s after the load.
         time.sleep(max(0.0, began + hold_ms / 1000 - 0.02 - time.monotonic()))
-        started, pg0 = time.monotonic(), postgres_cpu_seconds()
+        started, pg0 = time.monotonic(), postgres_cpu(db)
         while queued() > 0 and time.monotonic() - started < 600:
             time.sleep(0.005)
         drain = time.monotonic() - started
-        pg = postgres_cpu_seconds() - pg0 if db.backend == "postgres" else None
+        pg = cpu_spent(pg0, postgres_cpu(db))
         rows = count_logs(db) - rows0
         out = {"requests": r["requests"], "queued": waiting, "logs_written": rows, "drain_s": drain,
                "logs_per_s": waiting / drain if drain else None,
