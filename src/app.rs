@@ -272,8 +272,16 @@ impl Gateway {
 
         let routes = Routes::load(&store, &master_key).await?;
         let policies = Policies::load(&store).await?;
-        let alerts = crate::alerts::Alerts::new(crate::alerts::AlertRules::load(&store).await?)
-            .map_err(StartError::Config)?;
+        // Webhooks stay away from this gateway's own listeners, as bound.
+        let own: Vec<SocketAddr> = [Some(&listener), admin_listener.as_ref()]
+            .into_iter()
+            .flatten()
+            .filter_map(|l| l.local_addr().ok())
+            .collect();
+        let alerts = crate::alerts::Alerts::new(
+            crate::alerts::AlertRules::load(&store).await?,
+            crate::alerts::destination::Destinations::new(settings.alert_webhook_allow.clone(), own),
+        );
         let epoch = store.config_epoch().await?;
         let shutdown = CancellationToken::new();
         let tasks = TaskTracker::new();

@@ -9,8 +9,11 @@ use std::str::FromStr;
 use chrono_tz::Tz;
 use serde::Deserialize;
 
+pub mod destinations;
 pub mod sso;
 mod values;
+
+pub use destinations::AllowedDestination;
 
 use values::SettingValue;
 
@@ -391,6 +394,10 @@ settings! {
     /// logs, the audit log and sign-in throttling, is the rightmost address of that header not
     /// in these networks. Empty: the connection's own address, the header ignored.
     trusted_proxies: Vec<ipnet::IpNet> = Vec::new(), "AIGW_TRUSTED_PROXIES";
+    /// Hosts (by the name a webhook URL gives) and networks (CIDRs or addresses) that budget
+    /// alert webhooks may reach although they are loopback, link-local, private or otherwise
+    /// reserved. The gateway's own listeners are never reached.
+    alert_webhook_allow: Vec<AllowedDestination> = Vec::new(), "AIGW_ALERT_WEBHOOK_ALLOW";
     /// Where traces go: an OTLP/HTTP collector's base URL (`http://collector:4318`, to which
     /// `/v1/traces` is added) or its full traces URL. Unset: no traces.
     otel_endpoint: Option<String> = None, "AIGW_OTEL_ENDPOINT", check |v| http_url(v.as_deref());

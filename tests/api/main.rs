@@ -5,6 +5,7 @@ mod helpers;
 
 mod admin;
 mod admin_api;
+mod alert_destinations;
 mod architecture;
 mod binary;
 mod breaker;
