@@ -290,6 +290,7 @@ impl Gateway {
         let logs = request_log::start_writer(
             store.clone(),
             Duration::from_millis(settings.flush_interval_ms),
+            usize::try_from(settings.max_log_queue_bytes).unwrap_or(usize::MAX),
             shutdown.clone(),
             &tasks,
         );

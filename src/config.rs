@@ -341,6 +341,12 @@ settings! {
     /// Request logs older than this many days are deleted, and the budget alert history with
     /// them (docs/quotas.md "Budget alerts").
     log_retention_days: u32 = 30, "AIGW_LOG_RETENTION_DAYS", check at_least_1;
+    /// Most memory, in bytes, the request logs waiting for the database may take (during an
+    /// outage, or while the database takes fewer than are served); past it a log is dropped
+    /// and counted (`aigw_request_logs_dropped_total`). Quota counters are never dropped.
+    max_log_queue_bytes: u64 = 128 * 1024 * 1024, "AIGW_MAX_LOG_QUEUE_BYTES", check |v| {
+        if *v >= 65_536 { Ok(()) } else { Err("must be at least 65536 (64 KiB)".into()) }
+    };
     /// Where generated secrets (`aigw.keys`) are kept; default: beside the SQLite file, else `.`.
     data_dir: PathBuf = PathBuf::new(), "AIGW_DATA_DIR";
     /// Log line format.

@@ -201,6 +201,18 @@ pub const FAMILIES: &[Family] = &[
         "Request logs waiting for the batch writer.",
     ),
     family(
+        "aigw_log_queue_bytes",
+        Kind::Gauge,
+        &[],
+        "Memory the request logs waiting for the batch writer take, in bytes (bounded by max_log_queue_bytes).",
+    ),
+    family(
+        "aigw_request_logs_dropped_total",
+        Kind::Counter,
+        &[],
+        "Request logs dropped because the queue held max_log_queue_bytes (the database took fewer than were served); quota counters are not affected.",
+    ),
+    family(
         "aigw_client_connections",
         Kind::Gauge,
         &[],

@@ -16,6 +16,7 @@ mod deadlines;
 mod deployment;
 mod foundation;
 mod key_lifecycle;
+mod log_queue;
 mod mock_upstream;
 mod model_allow_list;
 mod openapi;
