@@ -391,6 +391,9 @@ settings! {
     /// A second address serving the admin API, the console and `/metrics`; the main address
     /// then serves only the proxy and the health endpoints.
     admin_listen: Option<SocketAddr> = None, "AIGW_ADMIN_LISTEN";
+    /// Most connections open at once on `admin_listen`, a cap of its own (the proxy's
+    /// `max_client_connections` leaves the admin surfaces reachable).
+    max_admin_connections: usize = 512, "AIGW_MAX_ADMIN_CONNECTIONS", check at_least_1;
     /// The bearer token `/metrics` asks for; open to anyone who reaches it when unset.
     metrics_token: Option<Secret> = None, "AIGW_METRICS_TOKEN", check |v| match v {
         Some(t) if t.expose().trim().is_empty() => Err("must not be blank".into()),
