@@ -7,7 +7,8 @@ the database stored. Prints one markdown table and exits non-zero when a row bre
     cargo build --bin aigw && python3 bench/chaos.py --short --bin target/debug/aigw   # CI
 
 Faults (one function each below): kill -9 mid-load then restart; SIGTERM mid-load with open
-streams; Postgres restarted mid-load; Postgres down under load; two replicas against one quota;
+streams; Postgres restarted mid-load; Postgres down under load; Postgres down under load with a
+small request-log queue; two replicas against one quota;
 three replicas started at the same instant on a fresh database; a workspace time zone other than
 the gateway's with a quota filled to one below its limit.
 
@@ -817,6 +818,87 @@ def fault_pg_down(run):
     return row
 
 
+def metric_value(gw, name):
+    """The value of the unlabelled series `name` on the gateway's /metrics, or None."""
+    try:
+        c = http.client.HTTPConnection("127.0.0.1", gw.port, timeout=5)
+        c.request("GET", "/metrics")
+        text = c.getresponse().read().decode()
+        c.close()
+    except OSError:
+        return None
+    m = re.search(rf"^{name} (\S+)$", text, re.M)
+    return float(m[1]) if m else None
+
+
+def rss_bytes(pid):
+    """The resident memory of process `pid`, from /proc."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
+    except (OSError, StopIteration):
+        return 0
+
+
+def fault_log_queue(run):
+    """Postgres down under load with a small request-log queue (max_log_queue_bytes): the logs
+    waiting for the database never take more than the bound, the gateway's memory grows by no
+    more than the bound plus a margin, the logs past it are dropped and counted, and after
+    recovery the stored usage equals what was delivered (quota counters are never dropped)."""
+    outage = run.t(10, 30)
+    max_bytes = 512 * 1024
+    slack = 32 * 1024 * 1024  # the rest of an outage's memory: counters, buffers, the allocator
+    row = Row(f"Postgres down {outage} s, log queue bound {max_bytes // 1024} KiB")
+    db = run.pg.create_db("chaos_logqueue")
+    res = run.write_resources("logqueue", resources(run.mock.port))
+    gw = Gateway(run, "logqueue", db, res, env={"AIGW_MAX_LOG_QUEUE_BYTES": str(max_bytes)})
+    load = Load(gw.port, threads=4, seconds=outage + 120).start()
+    time.sleep(run.t(2, 4))
+    baseline = rss_bytes(gw.proc.pid)
+    run.pg.stop()
+    down_at = time.monotonic()
+    say(f"  Postgres stopped; sampling memory for {outage} s")
+    queued, rss = [], []
+    while time.monotonic() - down_at < outage:
+        queued.append(metric_value(gw, "aigw_log_queue_bytes") or 0)
+        rss.append(rss_bytes(gw.proc.pid))
+        time.sleep(0.25)
+    during = [o for o in load.outcomes if o.started >= down_at and o.delivered]
+    run.pg.start()
+    say("  Postgres started again")
+    wait_until("/readyz 200 after recovery", lambda: gw.status("/readyz") == 200, 30)
+    time.sleep(1)
+    load.stop()
+    n, failed, d, tok = summary(load.outcomes)
+    dropped = int(metric_value(gw, "aigw_request_logs_dropped_total") or 0)
+    try:
+        wait_until("stored usage and logs to catch up",
+                   lambda: run.pg.stored_usage(db, HOT_KEY) == (d, tok)
+                   and run.pg.logged(db, HOT_KEY) + dropped == d, 30, every=0.25)
+        caught_up = True
+    except Failure:
+        caught_up = False
+    stored_req, stored_tok = run.pg.stored_usage(db, HOT_KEY)
+    logs = run.pg.logged(db, HOT_KEY)
+    code = gw.terminate()
+    peak_q, growth = max(queued, default=0), max(rss, default=baseline) - baseline
+    mib = 1024 * 1024
+    row.requests, row.failed = n, failed
+    row.delivered, row.stored, row.logs = usage_text(d, tok), usage_text(stored_req, stored_tok), str(logs)
+    row.bound = (f"queued ≤ {max_bytes} B (peak {peak_q:.0f} B); RSS +{growth / mib:.1f} MiB ≤ bound + "
+                 f"{slack // mib} MiB ({len(during)} served during the outage); dropped {dropped} counted = "
+                 f"delivered {d} − logged {logs}; stored usage = delivered")
+    row.check(failed == 0, f"{failed} requests failed: {codes(load.outcomes)}")
+    row.check(len(during) > 0, "no request ran during the outage")
+    row.check(peak_q <= max_bytes, f"the log queue held {peak_q:.0f} B, over {max_bytes}")
+    row.check(growth <= max_bytes + slack, f"RSS grew by {growth / mib:.1f} MiB")
+    row.check(dropped > 0, "no log was dropped: the outage did not fill the queue")
+    row.check(caught_up, f"after recovery: stored {stored_req} req (delivered {d}), {logs} logs + {dropped} "
+                         f"dropped (delivered {d})")
+    row.check(code == 0, f"exit status {code}")
+    return row
+
+
 def fault_two_replicas(run):
     """Two gateways on one database, both loaded, against one requests/day policy: the admitted
     requests pass the limit by at most the requests in flight plus two flush cycles of each
@@ -961,7 +1043,7 @@ def fault_timezones(run):
     return row
 
 
-FAULTS = [fault_kill9, fault_sigterm, fault_pg_restart, fault_pg_down, fault_two_replicas,
+FAULTS = [fault_kill9, fault_sigterm, fault_pg_restart, fault_pg_down, fault_log_queue, fault_two_replicas,
           fault_simultaneous_start, fault_timezones]
 
 

@@ -93,6 +93,8 @@ pub struct Inner {
     pub runtime: tokio::runtime::Handle,
     /// Open client connections, counted against `max_client_connections`.
     pub connections: crate::client_conn::ConnectionSlots,
+    /// Open connections on `admin_listen`, counted against `max_admin_connections`.
+    pub admin_connections: crate::client_conn::ConnectionSlots,
     /// The entities the resources file applied at start declares (marked in the admin API).
     pub managed: crate::managed::Managed,
     /// OpenTelemetry traces: off unless `otel_endpoint` is set.
@@ -219,7 +221,12 @@ impl Gateway {
         let env = |k: &str| std::env::var(k).ok();
         // Bound first: a gateway that cannot serve stops before it writes anything (secrets
         // file, database, owner, generated keys).
-        crate::client_conn::raise_open_file_limit(settings.max_client_connections);
+        let admin_cap = if settings.admin_listen.is_some() {
+            settings.max_admin_connections
+        } else {
+            0
+        };
+        crate::client_conn::raise_open_file_limit(settings.max_client_connections.saturating_add(admin_cap));
         let listener = TcpListener::bind(settings.listen)
             .await
             .map_err(|source| StartError::Listen {
@@ -272,8 +279,16 @@ impl Gateway {
 
         let routes = Routes::load(&store, &master_key).await?;
         let policies = Policies::load(&store).await?;
-        let alerts = crate::alerts::Alerts::new(crate::alerts::AlertRules::load(&store).await?)
-            .map_err(StartError::Config)?;
+        // Webhooks stay away from this gateway's own listeners, as bound.
+        let own: Vec<SocketAddr> = [Some(&listener), admin_listener.as_ref()]
+            .into_iter()
+            .flatten()
+            .filter_map(|l| l.local_addr().ok())
+            .collect();
+        let alerts = crate::alerts::Alerts::new(
+            crate::alerts::AlertRules::load(&store).await?,
+            crate::alerts::destination::Destinations::new(settings.alert_webhook_allow.clone(), own),
+        );
         let epoch = store.config_epoch().await?;
         let shutdown = CancellationToken::new();
         let tasks = TaskTracker::new();
@@ -282,6 +297,7 @@ impl Gateway {
         let logs = request_log::start_writer(
             store.clone(),
             Duration::from_millis(settings.flush_interval_ms),
+            usize::try_from(settings.max_log_queue_bytes).unwrap_or(usize::MAX),
             shutdown.clone(),
             &tasks,
         );
@@ -305,6 +321,7 @@ impl Gateway {
         let locks = crate::upstream::locks::Locks::default();
         locks.load(&store, clock.now_ms(), true).await?;
         let connections = crate::client_conn::ConnectionSlots::new(settings.max_client_connections);
+        let admin_connections = crate::client_conn::ConnectionSlots::new(settings.max_admin_connections);
         let quota = QuotaCounters::new(settings.store_outage_counters);
         let tracer =
             crate::otel::Tracer::start(&settings, &tasks, shutdown.clone()).map_err(StartError::Config)?;
@@ -336,6 +353,7 @@ impl Gateway {
             config_poll: options.config_poll.unwrap_or(background::CONFIG_POLL),
             runtime: tokio::runtime::Handle::current(),
             connections,
+            admin_connections,
             managed,
             tracer,
             oidc,
@@ -390,7 +408,7 @@ impl Gateway {
                     listener,
                     router(state.clone(), Surface::Admin),
                     limits.clone(),
-                    state.connections.clone(),
+                    state.admin_connections.clone(),
                     stopping.clone(),
                 );
                 (Surface::Proxy, Some(tokio::spawn(serving)))

@@ -9,8 +9,11 @@ use std::str::FromStr;
 use chrono_tz::Tz;
 use serde::Deserialize;
 
+pub mod destinations;
 pub mod sso;
 mod values;
+
+pub use destinations::AllowedDestination;
 
 use values::SettingValue;
 
@@ -338,6 +341,12 @@ settings! {
     /// Request logs older than this many days are deleted, and the budget alert history with
     /// them (docs/quotas.md "Budget alerts").
     log_retention_days: u32 = 30, "AIGW_LOG_RETENTION_DAYS", check at_least_1;
+    /// Most memory, in bytes, the request logs waiting for the database may take (during an
+    /// outage, or while the database takes fewer than are served); past it a log is dropped
+    /// and counted (`aigw_request_logs_dropped_total`). Quota counters are never dropped.
+    max_log_queue_bytes: u64 = 128 * 1024 * 1024, "AIGW_MAX_LOG_QUEUE_BYTES", check |v| {
+        if *v >= 65_536 { Ok(()) } else { Err("must be at least 65536 (64 KiB)".into()) }
+    };
     /// Where generated secrets (`aigw.keys`) are kept; default: beside the SQLite file, else `.`.
     data_dir: PathBuf = PathBuf::new(), "AIGW_DATA_DIR";
     /// Log line format.
@@ -382,6 +391,9 @@ settings! {
     /// A second address serving the admin API, the console and `/metrics`; the main address
     /// then serves only the proxy and the health endpoints.
     admin_listen: Option<SocketAddr> = None, "AIGW_ADMIN_LISTEN";
+    /// Most connections open at once on `admin_listen`, a cap of its own (the proxy's
+    /// `max_client_connections` leaves the admin surfaces reachable).
+    max_admin_connections: usize = 512, "AIGW_MAX_ADMIN_CONNECTIONS", check at_least_1;
     /// The bearer token `/metrics` asks for; open to anyone who reaches it when unset.
     metrics_token: Option<Secret> = None, "AIGW_METRICS_TOKEN", check |v| match v {
         Some(t) if t.expose().trim().is_empty() => Err("must not be blank".into()),
@@ -391,6 +403,10 @@ settings! {
     /// logs, the audit log and sign-in throttling, is the rightmost address of that header not
     /// in these networks. Empty: the connection's own address, the header ignored.
     trusted_proxies: Vec<ipnet::IpNet> = Vec::new(), "AIGW_TRUSTED_PROXIES";
+    /// Hosts (by the name a webhook URL gives) and networks (CIDRs or addresses) that budget
+    /// alert webhooks may reach although they are loopback, link-local, private or otherwise
+    /// reserved. The gateway's own listeners are never reached.
+    alert_webhook_allow: Vec<AllowedDestination> = Vec::new(), "AIGW_ALERT_WEBHOOK_ALLOW";
     /// Where traces go: an OTLP/HTTP collector's base URL (`http://collector:4318`, to which
     /// `/v1/traces` is added) or its full traces URL. Unset: no traces.
     otel_endpoint: Option<String> = None, "AIGW_OTEL_ENDPOINT", check |v| http_url(v.as_deref());

@@ -185,7 +185,8 @@ pub async fn serve(
 /// its connections finish (for `limits`' shutdown grace at most, then they are closed): for a
 /// surface with little traffic (the admin API, the console and metrics on `admin_listen`), which
 /// needs no serving threads of its own. Connections are bounded by `limits` and counted in
-/// `slots`, as on the main listener.
+/// `slots`, a cap of its own (`max_admin_connections`): a proxy at its cap leaves the admin
+/// surfaces reachable.
 pub async fn serve_light(
     listener: TcpListener,
     router: Router,

@@ -201,16 +201,34 @@ pub const FAMILIES: &[Family] = &[
         "Request logs waiting for the batch writer.",
     ),
     family(
+        "aigw_log_queue_bytes",
+        Kind::Gauge,
+        &[],
+        "Memory the request logs waiting for the batch writer take, in bytes (bounded by max_log_queue_bytes).",
+    ),
+    family(
+        "aigw_request_logs_dropped_total",
+        Kind::Counter,
+        &[],
+        "Request logs dropped because the queue held max_log_queue_bytes (the database took fewer than were served); quota counters are not affected.",
+    ),
+    family(
         "aigw_client_connections",
         Kind::Gauge,
         &[],
         "Client connections open now (bounded by max_client_connections).",
     ),
     family(
+        "aigw_admin_connections",
+        Kind::Gauge,
+        &[],
+        "Connections open now on admin_listen (bounded by max_admin_connections, apart from the proxy's cap).",
+    ),
+    family(
         "aigw_client_connections_refused_total",
         Kind::Counter,
         &[],
-        "Client connections answered 503 too_many_connections and closed because max_client_connections were open.",
+        "Client connections answered 503 too_many_connections and closed because their listener's cap (max_client_connections, max_admin_connections) was reached.",
     ),
     family(
         "aigw_client_connections_timed_out_total",
@@ -268,7 +286,6 @@ fn describe_and_register() {
     }
     for name in [
         "aigw_stream_errors_total",
-        "aigw_client_connections_refused_total",
         "aigw_client_accept_failures_total",
         "aigw_trace_spans_exported_total",
         "aigw_trace_spans_dropped_total",

@@ -76,6 +76,7 @@ pub fn settings(
         "alerts.webhook",
         crate::validate::webhook("alerts.webhook", &input.webhook),
     )?;
+    destination_allowed(state, &webhook)?;
     let secret_sealed = match &input.secret {
         None => current,
         Some(None) => None,
@@ -95,6 +96,29 @@ pub fn settings(
         secret_sealed,
         updated_at: state.clock.now_ms(),
     })
+}
+
+/// Refuses a webhook whose address (as the URL spells it) is on this machine, a private network
+/// or another reserved range, unless allowed (`crate::alerts::destination`); a name is checked
+/// when it is resolved, before each delivery.
+fn destination_allowed(state: &AppState, webhook: &str) -> AdminResult<()> {
+    use crate::alerts::destination::Refused;
+    let Ok(url) = reqwest::Url::parse(webhook) else {
+        return Ok(());
+    };
+    let why = match state.alerts.destinations.check_url(&url) {
+        Ok(()) => return Ok(()),
+        Err(Refused::Reserved(ip, range)) => format!(
+            "alerts.webhook points at {ip}, {range}: loopback, link-local, private and other \
+             reserved addresses are refused unless the setting alert_webhook_allow lists the \
+             host or range"
+        ),
+        Err(Refused::OwnListener(l)) => format!(
+            "alerts.webhook points at this gateway's own listener {l}, which no \
+             alert_webhook_allow opens"
+        ),
+    };
+    Err(ApiError::field("alerts.webhook", why))
 }
 
 /// A policy's `alerts` as the API shows it (the secret never: only whether there is one).

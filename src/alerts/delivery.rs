@@ -1,7 +1,12 @@
 //! Delivering the outbox: each due alert POSTed to its policy's webhook as JSON, signed when the
 //! policy has a secret, tried again with exponential backoff (1 s doubling to 1 h) until a 2xx
-//! answers or a day has passed since it fired. Every wait is bounded: 5 s to connect, 10 s for
-//! the whole exchange; redirects are not followed (a webhook answers where it is).
+//! answers or a day has passed since it fired. Every wait is bounded: 5 s to resolve the name,
+//! 5 s to connect, 10 s for the whole exchange. Before each try the webhook's address is
+//! resolved and checked ([`super::destination`]), and the try connects to the checked addresses
+//! only, without a proxy; redirects are not followed (a webhook answers where it is). The
+//! history keeps the receiver's status, never its body, and says of a failed connection only
+//! that it failed: what an internal service answers, or which of its ports are open, is not a
+//! workspace admin's to read. The causes go to the gateway's log.
 //!
 //! The signature (docs/quotas.md shows how to check it): `x-aigw-signature: t=<unix seconds>,
 //! v1=<hex HMAC-SHA256 of "<t>.<body>" under the secret>`, the scheme of Stripe's webhooks, so a
@@ -12,6 +17,7 @@ use std::time::Duration;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
+use super::destination::{REFUSED, Undeliverable, domain};
 use super::{AlertRules, Alerts};
 use crate::clock::Clock;
 use crate::crypto::MasterKey;
@@ -54,15 +60,19 @@ pub fn signature(secret: &str, unix: i64, body: &[u8]) -> String {
     format!("t={unix},v1={}", hex::encode(mac.finalize().into_bytes()))
 }
 
-/// The webhook client.
-pub(super) fn client() -> Result<reqwest::Client, String> {
-    reqwest::Client::builder()
+/// The client of one try: bounded waits, no redirects, no proxy, and a name (`domain`, none for
+/// an address) that resolves to the checked `addrs` only.
+fn client(domain: Option<&str>, addrs: &[std::net::SocketAddr]) -> reqwest::Result<reqwest::Client> {
+    let mut builder = reqwest::Client::builder()
         .connect_timeout(Duration::from_secs(5))
         .timeout(TIMEOUT)
         .redirect(reqwest::redirect::Policy::none())
-        .user_agent(concat!("aigw/", env!("CARGO_PKG_VERSION"), " (budget alerts)"))
-        .build()
-        .map_err(|e| format!("cannot build the webhook client: {e}"))
+        .no_proxy()
+        .user_agent(concat!("aigw/", env!("CARGO_PKG_VERSION"), " (budget alerts)"));
+    if let Some(domain) = domain {
+        builder = builder.resolve_to_addrs(domain, addrs);
+    }
+    builder.build()
 }
 
 /// What one try came to.
@@ -135,9 +145,30 @@ impl Alerts {
             with_id.append(fields);
         }
         let body = serde_json::Value::Object(with_id).to_string();
-        let mut req = self
-            .client
-            .post(&rule.webhook)
+        let Ok(url) = reqwest::Url::parse(&rule.webhook) else {
+            return Sent::Failed(None, "the webhook is not a URL".into());
+        };
+        let host = url.host_str().unwrap_or_default().to_owned();
+        let addrs = match self.destinations.resolve(&url).await {
+            Ok(addrs) => addrs,
+            Err(Undeliverable::Refused(why)) => {
+                tracing::warn!(alert = alert.id, policy = alert.policy_id, %host, reason = %why, "budget alert webhook refused");
+                return Sent::Failed(None, REFUSED.into());
+            }
+            Err(Undeliverable::Unresolved(why)) => {
+                tracing::warn!(alert = alert.id, policy = alert.policy_id, %host, error = %why, "budget alert webhook did not resolve");
+                return Sent::Failed(None, no_answer(&host));
+            }
+        };
+        let client = match client(domain(&host), &addrs) {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot build the webhook client");
+                return Sent::Failed(None, "the gateway could not build its webhook client".into());
+            }
+        };
+        let mut req = client
+            .post(url)
             .header("content-type", "application/json")
             .header("x-aigw-alert-id", alert.id.to_string());
         if let Some(sealed) = &rule.secret_sealed {
@@ -151,51 +182,41 @@ impl Alerts {
             req = req.header("x-aigw-signature", signature(&secret, unix, body.as_bytes()));
         }
         match req.body(body).send().await {
+            // The answer's body is never read: only its status is the receiver's to tell.
             Ok(r) if r.status().is_success() => Sent::Delivered(i64::from(r.status().as_u16())),
             Ok(r) => {
-                let status = r.status();
-                let text = r.text().await.unwrap_or_default();
-                let snippet: String = text.chars().filter(|c| !c.is_control()).take(200).collect();
-                let why = if snippet.is_empty() {
-                    format!("HTTP {status}")
-                } else {
-                    format!("HTTP {status}: {snippet}")
-                };
-                Sent::Failed(Some(i64::from(status.as_u16())), why)
+                let status = r.status().as_u16();
+                Sent::Failed(Some(i64::from(status)), format!("HTTP {status}"))
             }
-            // reqwest's message names the URL; the host is enough (a webhook's path or query
-            // may hold its own secret).
-            Err(e) => Sent::Failed(None, describe(&e, &rule.webhook)),
+            Err(e) => {
+                // The cause (refused, reset, timed out) is the operator's: it would tell which
+                // ports are open where the webhook points.
+                tracing::warn!(alert = alert.id, policy = alert.policy_id, %host, error = %cause(&e), "budget alert delivery failed");
+                Sent::Failed(None, no_answer(&host))
+            }
         }
     }
 }
 
-/// A transport failure in words, naming the webhook's host only.
-fn describe(e: &reqwest::Error, webhook: &str) -> String {
-    let host = reqwest::Url::parse(webhook)
-        .ok()
-        .and_then(|u| u.host_str().map(str::to_owned))
-        .unwrap_or_default();
-    let what = if e.is_timeout() {
+/// What the history says of a try that got no HTTP answer.
+fn no_answer(host: &str) -> String {
+    format!("no HTTP answer from {host} (the gateway's log has the cause)")
+}
+
+/// A transport failure's innermost cause (reqwest's own message names the URL, whose path or
+/// query may hold the receiver's secret).
+fn cause(e: &reqwest::Error) -> String {
+    let mut cause = std::error::Error::source(e);
+    let mut root = if e.is_timeout() {
         format!("no answer within {} s", TIMEOUT.as_secs())
-    } else if e.is_connect() {
-        "cannot connect".to_owned()
-    } else if e.is_redirect() {
-        "redirects are not followed".to_owned()
     } else {
         "request failed".to_owned()
     };
-    let mut cause = std::error::Error::source(e);
-    let mut root = String::new();
     while let Some(c) = cause {
         root = c.to_string();
         cause = c.source();
     }
-    if root.is_empty() {
-        format!("{what} to {host}")
-    } else {
-        format!("{what} to {host}: {root}")
-    }
+    root
 }
 
 /// The row update of a try made at `now`.

@@ -12,6 +12,7 @@
 //!    gateway restart, loses no alert.
 
 pub mod delivery;
+pub mod destination;
 
 use std::collections::HashMap;
 
@@ -105,7 +106,7 @@ pub fn reached(limit: i64, used: i64, thresholds: &[u16]) -> Vec<u16> {
         .collect()
 }
 
-/// The budget alerts of this gateway: the settings snapshot, the webhook client, and the
+/// The budget alerts of this gateway: the settings snapshot, where webhooks may go, and the
 /// delivery task's wake-up.
 pub struct Alerts {
     /// Every policy's alert settings, swapped whole when the configuration changes.
@@ -114,19 +115,19 @@ pub struct Alerts {
     pub wake: tokio::sync::Notify,
     /// One delivery pass at a time on this gateway.
     delivering: tokio::sync::Mutex<()>,
-    /// The webhook client: bounded waits, no redirects.
-    client: reqwest::Client,
+    /// Where webhooks may be delivered.
+    pub destinations: destination::Destinations,
 }
 
 impl Alerts {
-    /// Alerts with these settings.
-    pub fn new(rules: AlertRules) -> Result<Alerts, String> {
-        Ok(Alerts {
+    /// Alerts with these settings, delivered to `destinations` only.
+    pub fn new(rules: AlertRules, destinations: destination::Destinations) -> Alerts {
+        Alerts {
             rules: ArcSwap::from_pointee(rules),
             wake: tokio::sync::Notify::new(),
             delivering: tokio::sync::Mutex::new(()),
-            client: delivery::client()?,
-        })
+            destinations,
+        }
     }
 
     /// Puts in the outbox every alert whose threshold a counter's total (as of the flush just

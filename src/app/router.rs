@@ -160,8 +160,19 @@ fn state_gauges(state: &AppState) -> String {
     one("aigw_breaker_banned_keys", state.breakers.banned_keys());
     one("aigw_store_available", usize::from(state.store.available()));
     one("aigw_log_queue_depth", state.logs.queued().max(0) as usize);
+    one("aigw_log_queue_bytes", state.logs.queue().bytes());
     one("aigw_client_connections", state.connections.open());
+    one("aigw_admin_connections", state.admin_connections.open());
     one("aigw_upstream_banned_credentials", state.locks.banned_count());
+    let refused = "aigw_client_connections_refused_total";
+    e.family(refused).sample(
+        refused,
+        &[],
+        state.connections.refused() + state.admin_connections.refused(),
+    );
+    let dropped = "aigw_request_logs_dropped_total";
+    e.family(dropped)
+        .sample(dropped, &[], state.logs.queue().dropped());
     let name = "aigw_build_info";
     e.family(name)
         .sample(name, &[("version", env!("CARGO_PKG_VERSION"))], 1);

@@ -3,6 +3,7 @@
 use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -10,9 +11,12 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-/// Over-capacity connections being answered at once; past this a connection is closed unanswered
-/// (each one holds a file descriptor for up to [`REFUSAL_LINGER`]).
+/// Over-capacity connections being answered at once (each holds a file descriptor for up to
+/// [`REFUSAL_LINGER`]); past this the accept loop waits for one to end, and the next
+/// connections wait in the listen backlog for their answer.
 pub const REFUSALS_AT_ONCE: usize = 256;
+/// Most of an over-capacity request read to find its request line.
+const REQUEST_LINE_BYTES: usize = 4096;
 /// Longest an over-capacity connection is kept to deliver its answer.
 const REFUSAL_LINGER: Duration = Duration::from_secs(2);
 /// Most of the client's request read (and dropped) after the answer, so closing does not reset
@@ -33,6 +37,8 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 pub struct ConnectionSlots {
     slots: Arc<Semaphore>,
     max: usize,
+    /// Connections answered 503 at the cap.
+    refused: Arc<AtomicU64>,
 }
 
 /// One open client connection's place under the cap, given back when dropped.
@@ -47,7 +53,13 @@ impl ConnectionSlots {
         ConnectionSlots {
             slots: Arc::new(Semaphore::new(max)),
             max,
+            refused: Arc::default(),
         }
+    }
+
+    /// Connections answered 503 `too_many_connections` at the cap so far.
+    pub fn refused(&self) -> u64 {
+        self.refused.load(Ordering::Relaxed)
     }
 
     /// A slot, unless `max` connections are open.
@@ -72,7 +84,10 @@ impl ConnectionSlots {
 /// The accept loop's side of client connections: each accepted connection gets a [`Slot`] or,
 /// past the cap, an immediate 503 in the gateway's shape and a close — so a client is answered
 /// fast instead of waiting in the listen queue, and the gateway never runs out of descriptors
-/// for its own work.
+/// for its own work. Past the cap `/healthz` is still answered 200: liveness never depends on
+/// the cap (a probe must not restart a gateway that is only busy). Every over-capacity
+/// connection is answered: when [`REFUSALS_AT_ONCE`] answers are in progress, the loop waits for
+/// one to end before it accepts again.
 pub struct Acceptor {
     slots: ConnectionSlots,
     /// The 503 answer, rendered once.
@@ -100,10 +115,22 @@ impl Acceptor {
     pub async fn accept(&mut self, listener: &TcpListener) -> (TcpStream, SocketAddr, Slot) {
         loop {
             match listener.accept().await {
-                Ok((tcp, peer)) => match self.slots.try_take() {
-                    Some(slot) => return (tcp, peer, slot),
-                    None => self.refuse(tcp),
-                },
+                Ok((tcp, peer)) => {
+                    if let Some(slot) = self.slots.try_take() {
+                        return (tcp, peer, slot);
+                    }
+                    // A flood must not turn the answers into a descriptor leak, nor leave a
+                    // client unanswered: past REFUSALS_AT_ONCE the next connections wait in the
+                    // listen backlog until an answer ends (each within REFUSAL_LINGER).
+                    let Ok(permit) = Arc::clone(&self.refusing).acquire_owned().await else {
+                        continue;
+                    };
+                    // A slot may have freed meanwhile.
+                    if let Some(slot) = self.slots.try_take() {
+                        return (tcp, peer, slot);
+                    }
+                    self.refuse(tcp, permit);
+                }
                 Err(e) => {
                     if let Some(pause) = self.failed(&e) {
                         tokio::time::sleep(pause).await;
@@ -113,16 +140,11 @@ impl Acceptor {
         }
     }
 
-    fn refuse(&self, tcp: TcpStream) {
-        metrics::counter!("aigw_client_connections_refused_total").increment(1);
-        // Past REFUSALS_AT_ONCE the connection is closed unanswered: a flood must not turn the
-        // answers themselves into a descriptor leak.
-        let Ok(permit) = Arc::clone(&self.refusing).try_acquire_owned() else {
-            return;
-        };
+    fn refuse(&self, tcp: TcpStream, permit: OwnedSemaphorePermit) {
         let answer = self.over_capacity.clone();
+        let refused = Arc::clone(&self.slots.refused);
         tokio::spawn(async move {
-            let _ = tokio::time::timeout(REFUSAL_LINGER, answer_and_close(tcp, &answer)).await;
+            let _ = tokio::time::timeout(REFUSAL_LINGER, answer_and_close(tcp, &answer, &refused)).await;
             drop(permit);
         });
     }
@@ -148,16 +170,29 @@ impl Acceptor {
     }
 }
 
-/// Once the client started its request, writes the answer, ends the sending side, and reads what
-/// the client sends until it closes. An answer before the request would reach an HTTP client that
-/// is not reading yet, and some (hyper's) take it for a broken connection instead of an answer.
-async fn answer_and_close(mut tcp: TcpStream, answer: &[u8]) -> io::Result<()> {
+/// Once the client sent its request line, writes the answer (`/healthz`'s own, else the 503
+/// `over_capacity`, counted in `refused`), ends the sending side, and reads what the client sends
+/// until it closes. An answer before the request would reach an HTTP client that is not reading
+/// yet, and some (hyper's) take it for a broken connection instead of an answer.
+async fn answer_and_close(mut tcp: TcpStream, over_capacity: &[u8], refused: &AtomicU64) -> io::Result<()> {
     let _ = tcp.set_nodelay(true);
-    let mut sink = [0u8; 4096];
-    if tcp.read(&mut sink).await? == 0 {
-        return Ok(());
+    let mut head = [0u8; REQUEST_LINE_BYTES];
+    let mut got = 0;
+    while got < head.len() && !head[..got].contains(&b'\n') {
+        let n = tcp.read(&mut head[got..]).await?;
+        if n == 0 {
+            return Ok(());
+        }
+        got += n;
     }
-    tcp.write_all(answer).await?;
+    match health_check(&head[..got]) {
+        Some(method) => tcp.write_all(&healthz_answer(method)).await?,
+        None => {
+            refused.fetch_add(1, Ordering::Relaxed);
+            tcp.write_all(over_capacity).await?;
+        }
+    }
+    let mut sink = [0u8; 4096];
     tcp.shutdown().await?;
     let mut drained = 0;
     while drained < REFUSAL_DRAIN_BYTES {
@@ -168,6 +203,32 @@ async fn answer_and_close(mut tcp: TcpStream, answer: &[u8]) -> io::Result<()> {
         drained += n;
     }
     Ok(())
+}
+
+/// The method of a liveness check (`GET` or `HEAD /healthz`, HTTP/1) that `start` begins.
+fn health_check(start: &[u8]) -> Option<&'static str> {
+    let (method, rest) = if let Some(rest) = start.strip_prefix(b"GET ") {
+        ("GET", rest)
+    } else {
+        ("HEAD", start.strip_prefix(b"HEAD ")?)
+    };
+    let target = rest.strip_prefix(b"/healthz")?;
+    matches!(target.first(), Some(b' ' | b'?')).then_some(method)
+}
+
+/// `/healthz`'s answer, as the router gives it, on a connection about to be closed.
+fn healthz_answer(method: &str) -> Vec<u8> {
+    let id = uuid::Uuid::now_v7();
+    let mut out = format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: text/plain; charset=utf-8\r\ncontent-length: 2\r\n\
+         connection: close\r\nx-request-id: {}\r\n\r\n",
+        id.hyphenated()
+    )
+    .into_bytes();
+    if method == "GET" {
+        out.extend_from_slice(b"ok");
+    }
+    out
 }
 
 /// Rate limit of the failed-accept warning: the first failure warns, later ones within
@@ -238,6 +299,33 @@ mod tests {
         for (ms, expected) in cases {
             assert_eq!(failures.failed(at(ms)), expected, "at {ms} ms");
         }
+    }
+
+    #[test]
+    fn liveness_checks_are_told_by_their_request_line() {
+        let cases: &[(&[u8], Option<&str>)] = &[
+            (b"GET /healthz HTTP/1.1\r\n", Some("GET")),
+            (b"HEAD /healthz HTTP/1.1\r\n", Some("HEAD")),
+            (b"GET /healthz?probe=k8s HTTP/1.1\r\n", Some("GET")),
+            (b"GET /healthz HTTP/1.0\r\n", Some("GET")),
+            (b"GET /healthzz HTTP/1.1\r\n", None),
+            (b"GET /healthz/x HTTP/1.1\r\n", None),
+            (b"GET /readyz HTTP/1.1\r\n", None),
+            (b"POST /healthz HTTP/1.1\r\n", None),
+            (b"get /healthz HTTP/1.1\r\n", None),
+            (b"GET /healthz", None),
+            (b"PRI * HTTP/2.0\r\n", None),
+            (b"", None),
+        ];
+        for (line, want) in cases {
+            assert_eq!(health_check(line), *want, "{}", String::from_utf8_lossy(line));
+        }
+        let head = String::from_utf8(healthz_answer("HEAD")).unwrap();
+        assert!(
+            head.starts_with("HTTP/1.1 200 OK\r\n") && head.ends_with("\r\n\r\n"),
+            "{head}"
+        );
+        assert!(healthz_answer("GET").ends_with(b"\r\n\r\nok"));
     }
 
     #[test]

@@ -1,8 +1,17 @@
 //! Request logs (DESIGN.md §7): written in batches by a background task, never on the request
 //! path; queried with filters and cursor pagination; pruned by a retention task.
+//!
+//! The logs waiting for the writer are bounded in bytes (`max_log_queue_bytes`, [`LogQueue`]):
+//! while the database takes none (an outage) or fewer than are served (SQLite's one writer at
+//! its limit), the queue grows to the bound and a log past it is dropped and counted
+//! (`aigw_request_logs_dropped_total`), with one warning per episode. A request never waits for
+//! the queue (no back-pressure on the request path), and what a dropped log loses is that log
+//! and its share of the usage report's rollups, which are the sums of the stored logs
+//! (`store::usage_rollup`); quota counters, breaker windows and own-limit counts are kept apart
+//! from the logs and lose nothing.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -40,6 +49,107 @@ fn writers(backend: Backend) -> usize {
     }
 }
 
+/// The memory a queued record holds: the record, each string's allocation, and the allocator's
+/// bookkeeping of each (an estimate within a few percent of what the process grows by).
+pub fn queued_bytes(r: &LogRecord) -> usize {
+    const PER_ALLOCATION: usize = 16;
+    let strings = [&r.request_id, &r.endpoint, &r.attempts_detail, &r.explanation];
+    let optional = [
+        &r.model_requested,
+        &r.model_served,
+        &r.code,
+        &r.source,
+        &r.client_ip,
+        &r.would_refuse,
+        &r.tags,
+        &r.end_user,
+    ];
+    std::mem::size_of::<LogRecord>()
+        + strings
+            .iter()
+            .map(|s| s.capacity() + PER_ALLOCATION)
+            .sum::<usize>()
+        + optional
+            .iter()
+            .filter_map(|s| s.as_ref())
+            .map(|s| s.capacity() + PER_ALLOCATION)
+            .sum::<usize>()
+}
+
+/// The bytes the queued logs hold, against their bound; what was dropped past it.
+#[derive(Debug)]
+pub struct LogQueue {
+    /// `max_log_queue_bytes`.
+    max: usize,
+    /// Bytes of the records queued or being written.
+    bytes: AtomicUsize,
+    /// Records dropped at the bound since the start (`aigw_request_logs_dropped_total`).
+    dropped: AtomicU64,
+    /// Dropped since the warning of the episode under way, which ends once the queue is below
+    /// half the bound.
+    dropping: AtomicU64,
+    /// Whether an episode is under way (warned once).
+    full: AtomicBool,
+}
+
+impl LogQueue {
+    /// A queue of at most `max` bytes.
+    pub fn new(max: usize) -> LogQueue {
+        LogQueue {
+            max,
+            bytes: AtomicUsize::new(0),
+            dropped: AtomicU64::new(0),
+            dropping: AtomicU64::new(0),
+            full: AtomicBool::new(false),
+        }
+    }
+
+    /// Takes `cost` bytes for a record, or counts it dropped when they would pass the bound
+    /// (warning at the first drop of an episode).
+    pub fn admit(&self, cost: usize) -> bool {
+        let before = self.bytes.fetch_add(cost, Ordering::Relaxed);
+        if before.saturating_add(cost) <= self.max {
+            return true;
+        }
+        self.bytes.fetch_sub(cost, Ordering::Relaxed);
+        self.dropped.fetch_add(1, Ordering::Relaxed);
+        self.dropping.fetch_add(1, Ordering::Relaxed);
+        if !self.full.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                max_bytes = self.max,
+                queued_bytes = before,
+                "request log queue full: the database is not taking logs as fast as requests end; \
+                 request logs are dropped and counted (aigw_request_logs_dropped_total) until it \
+                 catches up; quota counters are not affected"
+            );
+        }
+        false
+    }
+
+    /// Gives back `cost` bytes of records written (or given up); ends an episode of drops once
+    /// the queue is below half its bound, saying how many it dropped.
+    pub fn release(&self, cost: usize) {
+        let after = self.bytes.fetch_sub(cost, Ordering::Relaxed).saturating_sub(cost);
+        if after < self.max / 2 && self.full.swap(false, Ordering::Relaxed) {
+            let dropped = self.dropping.swap(0, Ordering::Relaxed);
+            tracing::warn!(
+                dropped,
+                "request log queue below half its bound again; {dropped} request logs were dropped"
+            );
+        }
+    }
+
+    /// Bytes queued now (`aigw_log_queue_bytes`).
+    pub fn bytes(&self) -> usize {
+        self.bytes.load(Ordering::Relaxed)
+    }
+
+    /// Records dropped since the start.
+    pub fn dropped(&self) -> u64 {
+        self.dropped.load(Ordering::Relaxed)
+    }
+}
+
 /// The sending side: cheap, synchronous, never blocks the request path.
 #[derive(Clone)]
 pub struct LogSink {
@@ -47,19 +157,32 @@ pub struct LogSink {
     /// Requests to write what is queued now; answered once it is written.
     flush_tx: mpsc::UnboundedSender<oneshot::Sender<()>>,
     depth: Arc<AtomicI64>,
+    queue: Arc<LogQueue>,
 }
 
 impl LogSink {
-    /// Queues a record for the writer.
+    /// Queues a record for the writer, unless the queue is at its bound (then it is dropped and
+    /// counted).
     pub fn send(&self, record: LogRecord) {
+        let cost = queued_bytes(&record);
+        if !self.queue.admit(cost) {
+            return;
+        }
         if self.tx.send(record).is_ok() {
             self.depth.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.queue.release(cost);
         }
     }
 
     /// Records queued and not yet written (`aigw_log_queue_depth`, read when scraped).
     pub fn queued(&self) -> i64 {
         self.depth.load(Ordering::Relaxed)
+    }
+
+    /// The queue's bytes and drops.
+    pub fn queue(&self) -> &LogQueue {
+        &self.queue
     }
 
     /// Writes every record queued before the call without waiting for the flush interval, and
@@ -75,16 +198,22 @@ impl LogSink {
 /// Starts the writer: woken by a first record, it lets one flush interval pass and then writes
 /// everything queued, so a busy gateway writes a few large batches a second (and is woken as
 /// often, not once per request) and an idle one nothing; at `stop` it writes what is left.
+/// The queue holds at most `max_queue_bytes` ([`LogQueue`]).
 pub fn start_writer(
     store: Store,
     flush_interval: Duration,
+    max_queue_bytes: usize,
     stop: CancellationToken,
     tasks: &tokio_util::task::TaskTracker,
 ) -> LogSink {
     let (tx, mut rx) = mpsc::unbounded_channel::<LogRecord>();
     let (flush_tx, mut flush_rx) = mpsc::unbounded_channel::<oneshot::Sender<()>>();
     let depth = Arc::new(AtomicI64::new(0));
-    let d = depth.clone();
+    let queue = Arc::new(LogQueue::new(max_queue_bytes));
+    let d = Written {
+        depth: depth.clone(),
+        queue: queue.clone(),
+    };
     tasks.spawn(async move {
         let (max, writers) = (flush_max(store.backend()), writers(store.backend()));
         let mut batch = Vec::new();
@@ -144,19 +273,32 @@ pub fn start_writer(
             write_with_retry(&store, &mut batch, &d, &CancellationToken::new()).await;
         }
     });
-    LogSink { tx, flush_tx, depth }
+    LogSink {
+        tx,
+        flush_tx,
+        depth,
+        queue,
+    }
 }
 
-async fn write_batch(store: &Store, mut batch: Vec<LogRecord>, depth: &AtomicI64, stop: &CancellationToken) {
+/// What the writer gives back as records leave the queue.
+struct Written {
+    depth: Arc<AtomicI64>,
+    queue: Arc<LogQueue>,
+}
+
+async fn write_batch(store: &Store, mut batch: Vec<LogRecord>, depth: &Written, stop: &CancellationToken) {
     write_with_retry(store, &mut batch, depth, stop).await;
 }
 
 async fn write_with_retry(
     store: &Store,
     batch: &mut Vec<LogRecord>,
-    depth: &AtomicI64,
+    written: &Written,
     stop: &CancellationToken,
 ) {
+    // Counted before the write: the store may change what it was given (the ids).
+    let bytes: usize = batch.iter().map(queued_bytes).sum();
     let mut wait = Duration::from_millis(100);
     for attempt in 1.. {
         match crate::telemetry::timed_flush("request_logs", store.insert_logs(batch)).await {
@@ -172,6 +314,10 @@ async fn write_with_retry(
                         rows = batch.len(),
                         "request logs could not be written and were dropped"
                     );
+                    written
+                        .queue
+                        .dropped
+                        .fetch_add(batch.len() as u64, Ordering::Relaxed);
                     break;
                 }
                 tokio::time::sleep(wait).await;
@@ -179,7 +325,8 @@ async fn write_with_retry(
             }
         }
     }
-    depth.fetch_sub(batch.len() as i64, Ordering::Relaxed);
+    written.depth.fetch_sub(batch.len() as i64, Ordering::Relaxed);
+    written.queue.release(bytes);
     batch.clear();
 }
 
@@ -249,3 +396,49 @@ async fn prune_in_batches<F: Future<Output = StoreResult<u64>>>(
 
 /// The pause between two retention batches.
 const PRUNE_PAUSE: Duration = Duration::from_millis(20);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_queue_takes_records_up_to_its_bound_and_counts_the_rest() {
+        let q = LogQueue::new(1000);
+        // (admit or release, bytes, admitted, queued after, dropped after, episode under way)
+        let steps: &[(&str, usize, bool, usize, u64, bool)] = &[
+            ("admit", 600, true, 600, 0, false),
+            ("admit", 400, true, 1000, 0, false),
+            ("admit", 1, false, 1000, 1, true),
+            ("admit", 700, false, 1000, 2, true),
+            ("release", 400, true, 600, 2, true),
+            ("admit", 300, true, 900, 2, true),
+            ("release", 500, true, 400, 2, false),
+            ("admit", 2000, false, 400, 3, true),
+            ("release", 400, true, 0, 3, false),
+        ];
+        for (i, (what, bytes, admitted, queued, dropped, full)) in steps.iter().enumerate() {
+            let got = match *what {
+                "admit" => q.admit(*bytes),
+                _ => {
+                    q.release(*bytes);
+                    true
+                }
+            };
+            assert_eq!(
+                (got, q.bytes(), q.dropped(), q.full.load(Ordering::Relaxed)),
+                (*admitted, *queued, *dropped, *full),
+                "step {i}: {what} {bytes}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_records_bytes_count_its_strings() {
+        let mut r = LogRecord::default();
+        let bare = queued_bytes(&r);
+        assert_eq!(bare, std::mem::size_of::<LogRecord>() + 4 * 16);
+        r.attempts_detail = "x".repeat(1000);
+        r.tags = Some("team=search".to_owned());
+        assert!(queued_bytes(&r) >= bare + 1000 + 11 + 16, "{}", queued_bytes(&r));
+    }
+}

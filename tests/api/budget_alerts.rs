@@ -18,7 +18,7 @@ use crate::helpers::{Setup, TestApp, TestDb, spawn_app, try_spawn_app};
 use crate::proxy::{KEY, resources};
 
 const SECRET: &str = "whsec-0123456789abcdef";
-const OWNER: &str = "boss@acme.test";
+pub(crate) const OWNER: &str = "boss@acme.test";
 
 /// A webhook receiver on 127.0.0.1: keeps every POST it gets, answers with `status`.
 struct Receiver {
@@ -64,7 +64,7 @@ impl Receiver {
 }
 
 /// The proxy suite's workspace with an owner who signs in, and `policy` (TOML) appended.
-fn setup(mock: &MockUpstream, policy: &str) -> String {
+pub(crate) fn setup(mock: &MockUpstream, policy: &str) -> String {
     resources(mock)
         + &format!(
             "\n[[member]]\nworkspace = \"acme\"\nemail = \"{OWNER}\"\nrole = \"owner\"\npassword = \"boss-password\"\n"
@@ -72,18 +72,36 @@ fn setup(mock: &MockUpstream, policy: &str) -> String {
         + policy
 }
 
-fn alert_policy(subject: &str, target: &str, metric: &str, limit: u32, alerts: &str) -> String {
+/// A start with `text` whose webhooks may reach the receivers on 127.0.0.1.
+fn loopback(text: String) -> Setup {
+    Setup {
+        settings: Box::new(allow_loopback),
+        ..Setup::resources(text)
+    }
+}
+
+fn allow_loopback(s: &mut aigw::Settings) {
+    s.alert_webhook_allow = vec!["127.0.0.1".parse().unwrap()];
+}
+
+pub(crate) fn alert_policy(subject: &str, target: &str, metric: &str, limit: u32, alerts: &str) -> String {
     format!(
         "\n[[policy]]\nworkspace = \"acme\"\nsubject = \"{subject}\"\ntarget = \"{target}\"\nmetric = \"{metric}\"\nwindow = \"day\"\nlimit = {limit}\nalerts = {alerts}\n"
     )
 }
 
-fn chat() -> Value {
+pub(crate) fn chat() -> Value {
     // The mock counts 4 prompt words and answers 5: 9 tokens a request.
     json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "say hello to me"}]})
 }
 
-async fn call(app: &TestApp, method: Method, path: &str, token: &str, body: Option<Value>) -> (u16, Value) {
+pub(crate) async fn call(
+    app: &TestApp,
+    method: Method,
+    path: &str,
+    token: &str,
+    body: Option<Value>,
+) -> (u16, Value) {
     let mut req = app
         .client
         .request(method, format!("{}{path}", app.address))
@@ -96,7 +114,7 @@ async fn call(app: &TestApp, method: Method, path: &str, token: &str, body: Opti
     (status, r.json().await.unwrap_or(Value::Null))
 }
 
-async fn history(app: &TestApp) -> Vec<Value> {
+pub(crate) async fn history(app: &TestApp) -> Vec<Value> {
     let token = app.login(OWNER, "boss-password").await;
     let (status, v) = call(app, Method::GET, "/admin/v1/alerts", &token, None).await;
     assert_eq!(status, 200, "{v}");
@@ -179,7 +197,7 @@ async fn each_threshold_fires_once_per_window_and_subject_signed(db: TestDb) {
         hook.url
     );
     let policy = alert_policy("apikey", "ada@acme.test/ci", "total_tokens", 30, &alerts);
-    let app = spawn_app(&db, Setup::resources(setup(&mock, &policy))).await;
+    let app = spawn_app(&db, loopback(setup(&mock, &policy))).await;
     let mut counts = Vec::new();
     for _ in 0..5 {
         // 9, 18, 27, 36 tokens; the fifth is refused and counts nothing.
@@ -287,7 +305,7 @@ async fn a_receiver_that_is_down_gets_the_alert_later_even_across_a_restart(db: 
         &mock,
         &alert_policy("member", "ada@acme.test", "requests", 2, &alerts),
     );
-    let app = spawn_app(&db, Setup::resources(text.clone())).await;
+    let app = spawn_app(&db, loopback(text.clone())).await;
     for _ in 0..2 {
         app.post_json("/v1/chat/completions", KEY, &chat()).await;
     }
@@ -312,7 +330,7 @@ async fn a_receiver_that_is_down_gets_the_alert_later_even_across_a_restart(db: 
         &db,
         Setup {
             start: later,
-            ..Setup::resources(text)
+            ..loopback(text)
         },
     )
     .await;
@@ -342,7 +360,10 @@ async fn two_replicas_fire_each_threshold_once(db: TestDb) {
     let alerts = format!("{{ at = [50, 100], webhook = \"{}\" }}", hook.url);
     let text = setup(&mock, &alert_policy("ws", "acme", "requests", 4, &alerts));
     // Only the explicit syncs below flush, so the test does not depend on timing.
-    let slow = |s: &mut aigw::Settings| s.flush_interval_ms = 60_000;
+    let slow = |s: &mut aigw::Settings| {
+        s.flush_interval_ms = 60_000;
+        allow_loopback(s);
+    };
     let start = |text: String| Setup {
         settings: Box::new(slow),
         ..Setup::resources(text)
@@ -652,7 +673,10 @@ async fn log_retention_prunes_the_alert_history(db: TestDb) {
     let policies = alert_policy("apikey", "ada@acme.test/ci", "requests", 2, &alerts)
         + &alert_policy("ws", "acme", "requests", 2, &alerts).replace("\"day\"", "\"total\"");
     let text = setup(&mock, &policies);
-    let one_day = |s: &mut aigw::Settings| s.log_retention_days = 1;
+    let one_day = |s: &mut aigw::Settings| {
+        s.log_retention_days = 1;
+        allow_loopback(s);
+    };
     let start = |at| Setup {
         start: at,
         settings: Box::new(one_day),

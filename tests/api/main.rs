@@ -5,6 +5,7 @@ mod helpers;
 
 mod admin;
 mod admin_api;
+mod alert_destinations;
 mod architecture;
 mod binary;
 mod breaker;
@@ -15,6 +16,7 @@ mod deadlines;
 mod deployment;
 mod foundation;
 mod key_lifecycle;
+mod log_queue;
 mod mock_upstream;
 mod model_allow_list;
 mod openapi;

@@ -142,7 +142,12 @@ async fn read_some(tcp: &mut TcpStream, buf: &mut Vec<u8>, deadline: Instant) ->
 
 /// Sends `request` on a fresh connection and reads the one response.
 async fn exchange(app: &TestApp, request: &[u8]) -> RawResponse {
-    let mut tcp = connect(app).await;
+    exchange_at(app.address.trim_start_matches("http://"), request).await
+}
+
+/// Sends `request` on a fresh connection to `addr` and reads the one response.
+async fn exchange_at(addr: &str, request: &[u8]) -> RawResponse {
+    let mut tcp = TcpStream::connect(addr).await.expect("connect");
     tcp.write_all(request).await.expect("write");
     read_response(&mut tcp).await
 }
@@ -179,6 +184,8 @@ async fn until_open_connections(app: &TestApp, n: usize) {
 }
 
 const HEALTHZ: &[u8] = b"GET /healthz HTTP/1.1\r\nHost: gw\r\n\r\n";
+/// A request that needs no key to be answered (`/v1/models` without one is a 401).
+const MODELS: &[u8] = b"GET /v1/models HTTP/1.1\r\nHost: gw\r\n\r\n";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_silent_connection_is_closed_after_the_header_timeout() {
@@ -256,7 +263,7 @@ async fn past_the_connection_cap_a_client_is_answered_at_once_and_served_once_a_
 
     // The 21st connection: a 503 in the gateway's shape at once, then closed.
     let started = Instant::now();
-    let r = exchange(&app, HEALTHZ).await;
+    let r = exchange(&app, MODELS).await;
     r.assert_gateway_error(503, "too_many_connections");
     assert!(r.header("retry-after").is_some(), "{r:?}");
     assert!(
@@ -269,7 +276,7 @@ async fn past_the_connection_cap_a_client_is_answered_at_once_and_served_once_a_
         .pool_max_idle_per_host(0)
         .build()
         .unwrap();
-    let url = format!("{}/healthz", app.address);
+    let url = format!("{}/readyz", app.address);
     let started = Instant::now();
     let r = client.get(&url).send().await.expect("an answer, not a hang");
     assert_eq!(r.status(), 503);
@@ -279,7 +286,7 @@ async fn past_the_connection_cap_a_client_is_answered_at_once_and_served_once_a_
     until_open_connections(&app, 0).await;
     let r = client.get(&url).send().await.expect("request");
     assert_eq!(r.status(), 200);
-    assert_eq!(r.text().await.unwrap(), "ok");
+    assert_eq!(r.text().await.unwrap(), "ready");
     drop(silent);
     until_open_connections(&app, 0).await;
     let metrics = app.get("/metrics").await.text().await.unwrap();
@@ -515,4 +522,124 @@ async fn a_stopping_gateway_refuses_new_connections_while_it_drains() {
         .await
         .expect("the stop finished")
         .unwrap();
+}
+
+/// Liveness never depends on the proxy's cap (issue 40 item 11): at the cap `/healthz` is still
+/// 200 (a liveness probe must not restart a gateway that is only busy), anything else 503.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_the_connection_cap_healthz_still_answers_200() {
+    let db = TestDb::sqlite();
+    let app = start(&db, 5, 60, 2).await;
+    let silent = [connect(&app).await, connect(&app).await];
+    until_open_connections(&app, 2).await;
+    let r = exchange(&app, HEALTHZ).await;
+    assert_eq!((r.status, r.body.as_slice()), (200, b"ok".as_slice()), "{r:?}");
+    assert_eq!(r.header("connection"), Some("close"), "{r:?}");
+    assert!(r.header("x-request-id").is_some(), "{r:?}");
+    // HEAD: the same head, no body, then the close.
+    let mut tcp = connect(&app).await;
+    tcp.write_all(b"HEAD /healthz HTTP/1.1\r\nHost: gw\r\n\r\n")
+        .await
+        .unwrap();
+    let mut head = Vec::new();
+    while read_some(&mut tcp, &mut head, Instant::now() + Duration::from_secs(5)).await > 0 {}
+    let head = String::from_utf8_lossy(&head);
+    assert!(
+        head.starts_with("HTTP/1.1 200 OK\r\n") && head.ends_with("\r\n\r\n"),
+        "{head}"
+    );
+    exchange(&app, MODELS)
+        .await
+        .assert_gateway_error(503, "too_many_connections");
+    exchange(&app, b"GET /readyz HTTP/1.1\r\nHost: gw\r\n\r\n")
+        .await
+        .assert_gateway_error(503, "too_many_connections");
+    exchange(&app, b"GET /healthzz HTTP/1.1\r\nHost: gw\r\n\r\n")
+        .await
+        .assert_gateway_error(503, "too_many_connections");
+    drop(silent);
+    app.stop().await;
+}
+
+/// Past the cap every client gets an answer, however many over-cap connections are waiting for
+/// theirs: beyond the answers in progress at once, the next connections wait in the listen
+/// backlog for their turn instead of being closed unanswered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_past_the_cap_leaves_no_client_unanswered() {
+    let db = TestDb::sqlite();
+    let app = start(&db, 10, 60, 1).await;
+    let _in = connect(&app).await;
+    until_open_connections(&app, 1).await;
+    // More silent over-cap connections than the answers kept in progress at once (256), each
+    // holding its place until the 2 s the gateway waits for its request.
+    let mut flood = Vec::new();
+    for _ in 0..300 {
+        flood.push(connect(&app).await);
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let started = Instant::now();
+    let (models, health) = tokio::join!(exchange(&app, MODELS), exchange(&app, HEALTHZ));
+    models.assert_gateway_error(503, "too_many_connections");
+    assert_eq!(health.status, 200, "{health:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "answered after {:?}",
+        started.elapsed()
+    );
+    drop(flood);
+    app.stop().await;
+}
+
+/// The admin listener has a cap of its own: a proxy at its cap leaves the console, the admin API
+/// and the metrics reachable, and a flood of the admin listener leaves the proxy alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_listener_has_a_connection_cap_of_its_own() {
+    let db = TestDb::sqlite();
+    let setup = Setup {
+        settings: Box::new(|s| {
+            s.client_header_timeout_secs = 5;
+            s.max_client_connections = 2;
+            s.max_admin_connections = 3;
+            s.admin_listen = Some("127.0.0.1:0".parse().unwrap());
+        }),
+        ..Setup::default()
+    };
+    let app = spawn_app(&db, setup).await;
+    let admin = app.admin_address.clone().expect("admin listener");
+    let admin_addr = admin.trim_start_matches("http://");
+    let proxy_flood = [connect(&app).await, connect(&app).await];
+    until_open_connections(&app, 2).await;
+    let metrics = b"GET /metrics HTTP/1.1\r\nHost: gw\r\n\r\n";
+    let r = exchange_at(admin_addr, metrics).await;
+    assert_eq!(
+        r.status, 200,
+        "the proxy's cap is not the admin listener's: {r:?}"
+    );
+    let text = String::from_utf8_lossy(&r.body).into_owned();
+    assert!(text.contains("aigw_client_connections 2"), "{text}");
+    assert!(text.contains("aigw_admin_connections 1"), "{text}");
+
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while app.state.admin_connections.open() > 0 {
+        assert!(Instant::now() < deadline, "the metrics connection stayed open");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut admin_flood = Vec::new();
+    for _ in 0..3 {
+        admin_flood.push(TcpStream::connect(admin_addr).await.unwrap());
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while app.state.admin_connections.open() < 3 {
+        assert!(Instant::now() < deadline, "the admin flood was not taken");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    exchange_at(admin_addr, metrics)
+        .await
+        .assert_gateway_error(503, "too_many_connections");
+    assert_eq!(exchange_at(admin_addr, HEALTHZ).await.status, 200);
+    drop(proxy_flood);
+    until_open_connections(&app, 0).await;
+    assert_eq!(exchange(&app, HEALTHZ).await.status, 200);
+    drop(admin_flood);
+    app.stop().await;
 }

@@ -194,6 +194,8 @@ export async function startStack() {
     AIGW_OIDC_REDIRECT_URL: `${base}/admin/v1/auth/oidc/callback`,
     AIGW_OIDC_SCOPES: 'openid email groups',
     AIGW_OIDC_GROUPS: 'aigw-admins=acme:admin',
+    // The budget-alert test's webhook receiver is on loopback.
+    AIGW_ALERT_WEBHOOK_ALLOW: '127.0.0.1',
   });
   try {
     await waitReady(base, gateway);
