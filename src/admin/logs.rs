@@ -505,6 +505,7 @@ pub async fn audit(
                 "before": parse(&r.before_json),
                 "after": parse(&r.after_json),
                 "client_ip": r.client_ip,
+                "actor_token": r.actor_token,
             })
         })
         .collect();

@@ -17,6 +17,7 @@ mod policy_labels;
 pub mod session;
 mod sso;
 mod tenancy;
+mod tokens;
 mod upstreams;
 
 use axum::Router;
@@ -139,6 +140,10 @@ admin_routes! {
     get "/admin/v1/logs/{request_id}" Member => logs::get;
     get "/admin/v1/usage" Member => logs::usage;
     get "/admin/v1/audit" Admin => logs::audit;
+
+    get "/admin/v1/tokens" Admin => tokens::list;
+    post "/admin/v1/tokens" Admin => tokens::create;
+    delete "/admin/v1/tokens/{id}" Admin => tokens::revoke;
 }
 
 /// The admin routes, every one behind [`guard`].
@@ -210,9 +215,13 @@ async fn guard(
             Need::Owner => "the owner",
             _ => "an owner or admin",
         };
+        let who = match &actor.token {
+            Some(_) => "this service token acts as",
+            None => "you are signed in as",
+        };
         return ApiError::Forbidden {
             message: format!(
-                "{} {} needs {needed}; you are signed in as {}",
+                "{} {} needs {needed}; {who} {}",
                 req.method(),
                 matched.as_str(),
                 actor.role().as_str()
@@ -330,12 +339,14 @@ pub async fn audit(
     after: Option<serde_json::Value>,
 ) {
     let client_ip = actor.client_ip.to_string();
+    let token = actor.token_label();
     let entry = AuditEntry {
         client_ip: &client_ip,
         workspace_id: actor.workspace_id(),
         at: state.clock.now_ms(),
         actor_id: actor.member.id,
         actor_email: &actor.member.email,
+        actor_token: token.as_deref(),
         action,
         target_kind,
         target_id,

@@ -12,6 +12,7 @@ mod keys;
 mod locks;
 mod request_logs;
 mod tenancy;
+mod tokens;
 mod upkeep;
 mod usage;
 mod usage_rollup;
@@ -24,6 +25,7 @@ pub use keys::*;
 pub use locks::*;
 pub use request_logs::*;
 pub use tenancy::*;
+pub use tokens::*;
 pub use usage::*;
 pub use usage_rollup::{DAY_MS, HOUR_MS, day_of, hour_of};
 

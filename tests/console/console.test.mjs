@@ -391,6 +391,41 @@ test('owner: invites a member (one-time password), sees API errors as messages, 
   assert.equal(calls.calls.filter((c) => c.path.endsWith('/messages')).at(-1).credential, 'cred-claude');
 });
 
+test('owner: a service token made in Settings is shown once, works as a bearer, and Revoke stops it', async () => {
+  const p = await page();
+  await signIn(p, OWNER);
+  await nav(p, 'Settings');
+  await p.getByRole('button', { name: 'New service token' }).click();
+  const dlg = p.getByRole('dialog', { name: 'New service token' });
+  await dlg.getByRole('button', { name: 'Create token' }).click(); // no name: refused before sending
+  await dlg.locator('.field-error').first().waitFor();
+  await dlg.getByLabel('Name').fill('terraform');
+  await dlg.getByLabel('Role').selectOption('admin');
+  await dlg.getByRole('button', { name: 'Create token' }).click();
+  const shown = p.getByRole('dialog', { name: 'Your new service token' });
+  const token = await shown.getByLabel('Service token').inputValue();
+  assert.match(token, /^aigw_st_[0-9A-Za-z]{43}$/);
+  await shot(p, 'owner-token-shown-once');
+  await shown.getByRole('button', { name: 'Done' }).click();
+  const row = p.getByRole('table', { name: 'Service tokens' }).getByRole('row').filter({ hasText: 'terraform' });
+  await row.getByText('active', { exact: true }).waitFor();
+  assert.match(await row.innerText(), new RegExp(token.slice(0, 12)));
+  assert.ok(!(await p.content()).includes(token), 'the secret is not on the page after it was shown');
+
+  // A script: the token as a bearer, acting as an admin.
+  const asScript = (path) => fetch(`${stack.base}/admin/v1${path}`, { headers: { authorization: `Bearer ${token}` } });
+  const me = await asScript('/me');
+  assert.equal(me.status, 200);
+  assert.equal((await me.json()).role, 'admin');
+  assert.equal((await asScript('/members')).status, 200);
+
+  await row.getByRole('button', { name: 'Revoke token terraform' }).click();
+  await p.getByRole('dialog', { name: 'Revoke service token' }).getByRole('button', { name: 'Revoke' }).click();
+  await row.getByText('revoked', { exact: true }).waitFor();
+  await shot(p, 'owner-token-revoked');
+  assert.equal((await asScript('/me')).status, 401);
+});
+
 const PAGES = [
   ['overview', 'Overview'], ['guardrails', 'Guardrails'], ['alerts', 'Alerts'], ['keys', 'API keys'], ['upstreams', 'Upstreams'],
   ['models', 'Models'], ['logs', 'Logs'], ['usage', 'Usage'], ['members', 'Members'], ['audit', 'Audit log'], ['settings', 'Settings'],

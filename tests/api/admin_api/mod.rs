@@ -20,6 +20,7 @@ mod member_usage;
 mod months;
 mod pages;
 mod reports;
+mod tokens;
 
 const OTHER_KEY: &str = "sk-aigw-OTHERotherOTHERotherOTHERoth1234";
 const UPSTREAM_SECRET: &str = "sk-upstream-secret-4f9a0c2e7d";
