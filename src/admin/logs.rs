@@ -47,6 +47,14 @@ fn scoped(actor: &Actor, mut f: LogFilter) -> AdminResult<LogFilter> {
             "tag must be `key=value`, e.g. team=search",
         ));
     }
+    // A request id pasted with the header's name or spaces around it still finds the request.
+    f.request_id = f
+        .request_id
+        .map(|id| {
+            let id = id.trim();
+            id.strip_prefix("x-request-id:").unwrap_or(id).trim().to_owned()
+        })
+        .filter(|id| !id.is_empty());
     if f.limit.is_some_and(|l| !(1..=500).contains(&l)) {
         return Err(ApiError::field("limit", "limit must be between 1 and 500"));
     }

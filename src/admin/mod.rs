@@ -18,6 +18,7 @@ pub mod session;
 mod sso;
 mod tenancy;
 mod tokens;
+mod upstream_figures;
 mod upstreams;
 
 use axum::Router;
@@ -123,6 +124,7 @@ admin_routes! {
     post "/admin/v1/alerts/{id}/retry" Admin => alerts::retry;
 
     get "/admin/v1/upstreams" Admin => upstreams::list;
+    get "/admin/v1/upstreams/figures" Admin => upstream_figures::figures;
     post "/admin/v1/upstreams" Admin => upstreams::create;
     get "/admin/v1/upstreams/{id}" Admin => upstreams::get;
     patch "/admin/v1/upstreams/{id}" Admin => upstreams::update;

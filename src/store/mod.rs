@@ -6,6 +6,7 @@
 mod admin;
 mod alerts;
 mod breaker;
+mod credential_figures;
 mod entities;
 mod health;
 mod keys;
@@ -20,6 +21,7 @@ mod usage_rollup;
 pub use admin::*;
 pub use alerts::*;
 pub use breaker::*;
+pub use credential_figures::*;
 pub use entities::*;
 pub use keys::*;
 pub use locks::*;

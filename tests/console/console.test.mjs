@@ -114,6 +114,24 @@ test('owner: a member guardrail is enforced on the next proxied request and the 
   const [download] = await Promise.all([p.waitForEvent('download'), p.getByRole('button', { name: 'Export CSV' }).click()]);
   const csv = await readFile(await download.path(), 'utf8');
   assert.match(csv, /quota_exceeded/);
+  // One request found by the x-request-id its client saw; then every failure, and only those.
+  const requestId = refusal.headers.get('x-request-id');
+  await p.getByLabel('Request ID').fill(`  ${requestId} `);
+  await p.getByRole('button', { name: 'Apply filters' }).click();
+  await p.waitForFunction((id) => {
+    const rows = [...document.querySelectorAll('.log-table tbody tr')];
+    return rows.length === 1 && rows[0].querySelector('button').getAttribute('aria-label').endsWith(id);
+  }, requestId);
+  await p.getByLabel('Request ID').fill('');
+  await p.getByLabel('Source').selectOption('');
+  await p.getByLabel('Status').fill('');
+  await p.getByLabel('Errors only').check();
+  await p.getByRole('button', { name: 'Apply filters' }).click();
+  await p.waitForFunction(() => {
+    const badges = [...document.querySelectorAll('.log-table tbody td.c-status .badge')].map((b) => Number(b.textContent));
+    return badges.length > 0 && badges.every((st) => st >= 400);
+  });
+  await shot(p, 'desktop-logs-errors-only');
 
   // Loosen the guardrail for the next scenario (edit keeps the usage counter).
   await nav(p, 'Guardrails');
@@ -272,7 +290,27 @@ test('upstream parked by the mock shows a countdown; Test connection clears it',
     return el && el.textContent !== before;
   }, first, { timeout: 5000 });
   assert.match(await card.innerText(), /provider named when it resets/);
+  // The provider's own words, on the card of what they parked; the figures of its last day.
+  await card.locator('.said').filter({ hasText: 'Rate limit reached for requests' }).waitFor();
+  await card.locator('dl.figures').waitFor();
+  assert.match(await card.locator('dl.figures').innerText(), /Attempts[\s\S]*Failed[\s\S]*Parked/);
   await shot(p, 'desktop-upstreams-parked');
+  // The request's log tells the attempt in words, with what the provider said.
+  await nav(p, 'Logs');
+  const failedId = r.headers.get('x-request-id');
+  await p.getByLabel('Request ID').fill(failedId);
+  const details = p.getByRole('button', { name: `Details of request ${failedId}` });
+  for (let i = 0; i < 40 && !(await details.isVisible()); i += 1) {
+    await p.getByRole('button', { name: 'Apply filters' }).click();
+    await new Promise((ok) => setTimeout(ok, 250));
+  }
+  await details.click();
+  const detail = p.getByRole('dialog', { name: /Request / });
+  const attempt = detail.locator('li.attempt').first();
+  await attempt.locator('.said').filter({ hasText: 'Provider said: Rate limit reached for requests' }).waitFor();
+  assert.match(await attempt.innerText(), /HTTP 429[\s\S]*primary[\s\S]*parked until/);
+  await shot(p, 'desktop-log-detail-attempts');
+  await detail.getByRole('button', { name: 'Close', exact: true }).last().click();
   await nav(p, 'Overview');
   const parked = p.locator('.attention-item[data-kind="credential"]').filter({ hasText: 'Credential primary' });
   await parked.getByText('parked', { exact: true }).waitFor();
@@ -782,6 +820,14 @@ test('every page at 390, 1280 and 1920 px: screenshots, and nothing wider than i
         const labels = await byModel.locator('.hbar-label').allInnerTexts();
         assert.ok(labels.includes('gpt-4o-mini') && labels.includes('Unknown or no model'), labels.join(', '));
         assert.ok(!labels.includes('no-such-model') && !labels.includes('—'), labels.join(', '));
+      }
+      if (slug === 'logs' && width >= 1280) {
+        // Tokens, credits and latency are columns at 1280 px too, and the explanation has room.
+        for (const label of ['Tokens / credits', 'Latency']) {
+          assert.ok(await p.getByRole('columnheader', { name: label }).isVisible(), `${label} at ${width} px`);
+        }
+        const expl = await p.getByRole('columnheader', { name: 'Explanation' }).evaluate((th) => th.getBoundingClientRect().width);
+        assert.ok(expl >= (width >= 1920 ? 500 : 250), `the explanation is ${Math.round(expl)} px wide at ${width} px`);
       }
       if (slug === 'logs' && width < 500) {
         // A log row is a short card on a phone, not a column of twelve labelled lines.

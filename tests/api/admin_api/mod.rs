@@ -13,9 +13,11 @@ use crate::proxy::KEY;
 
 mod access;
 mod accounts;
+mod credential_figures;
 mod guardrails;
 mod inputs;
 mod isolation;
+mod log_search;
 mod member_usage;
 mod months;
 mod pages;
