@@ -8,6 +8,7 @@
 //! id of another workspace answers 404, as if it did not exist.
 
 mod alerts;
+mod audit_log;
 mod auth;
 mod keys;
 mod logs;
@@ -141,7 +142,7 @@ admin_routes! {
     get "/admin/v1/logs/export" Member => logs::export;
     get "/admin/v1/logs/{request_id}" Member => logs::get;
     get "/admin/v1/usage" Member => logs::usage;
-    get "/admin/v1/audit" Admin => logs::audit;
+    get "/admin/v1/audit" Admin => audit_log::list;
 
     get "/admin/v1/tokens" Admin => tokens::list;
     post "/admin/v1/tokens" Admin => tokens::create;

@@ -13,6 +13,7 @@ use crate::proxy::KEY;
 
 mod access;
 mod accounts;
+mod audit_names;
 mod credential_figures;
 mod guardrails;
 mod inputs;
