@@ -201,7 +201,7 @@ pub async fn my_quota(State(state): State<AppState>, actor: Actor) -> AdminResul
         .check(&state.store, &policies, &caller(0, ""), now, tz)
         .await
         .map_err(store_error)?;
-    let mut rows = rows_of(&d, None);
+    let mut rows = rows_of(&d, None, tz);
     for k in &keys {
         let mut d = state
             .quota
@@ -210,15 +210,19 @@ pub async fn my_quota(State(state): State<AppState>, actor: Actor) -> AdminResul
             .map_err(store_error)?;
         d.standings
             .retain(|s| s.rule.subject == crate::quota::SubjectKind::Apikey);
-        rows.extend(rows_of(&d, Some((k.id, &k.name))));
+        rows.extend(rows_of(&d, Some((k.id, &k.name)), tz));
     }
     Ok(Json(json!({"timezone": tz.name(), "quotas": rows})).into_response())
 }
 
-fn rows_of(d: &QuotaDecision, key: Option<(i64, &str)>) -> Vec<serde_json::Value> {
+/// The decision's rows as `/v1/quota` has them, with the key they belong to and the end of
+/// each window (the console shows that; `reset_at` is for clients).
+fn rows_of(d: &QuotaDecision, key: Option<(i64, &str)>, tz: chrono_tz::Tz) -> Vec<serde_json::Value> {
     crate::quota::report::rows(d, &Default::default())
         .into_iter()
-        .map(|mut row| {
+        .zip(&d.standings)
+        .map(|(mut row, s)| {
+            row["window_end"] = json!(super::window_end(s, tz));
             if let Some((id, name)) = key {
                 row["key_id"] = json!(id);
                 row["key_name"] = json!(name);

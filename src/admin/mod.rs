@@ -383,6 +383,13 @@ pub async fn delete_policies(
     Ok(())
 }
 
+/// When a quota's current window ends, in the zone it is aligned in: what the console shows
+/// (a client is told `reset_at`, one to two minutes later, spread per subject: DESIGN.md §4).
+pub fn window_end(s: &crate::quota::engine::Standing, tz: chrono_tz::Tz) -> Option<String> {
+    s.window_end
+        .map(|end| crate::quota::window::format_reset_at(&end.with_timezone(&tz).fixed_offset()))
+}
+
 /// Unix ms as RFC 3339, for deadlines.
 pub fn rfc3339(ms: i64) -> Option<String> {
     chrono::DateTime::from_timestamp_millis(ms).map(|t| t.to_rfc3339())

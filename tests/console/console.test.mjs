@@ -61,6 +61,9 @@ test('owner: a member guardrail is enforced on the next proxied request and the 
   await dlg.waitFor({ state: 'detached' });
   const row = p.getByRole('row').filter({ hasText: ADA.email });
   await row.getByText('1 requests per day').waitFor();
+  // The notice covers none of the page's controls (the new row's buttons included).
+  await p.locator('#toasts .toast').filter({ hasText: 'Guardrail created.' }).waitFor();
+  assert.deepEqual(await p.evaluate(toastCovers), [], 'the toast covers a control');
 
   // Proxied requests with the member's key until the gateway refuses one.
   const statuses = [];
@@ -114,6 +117,7 @@ test('owner: a member guardrail is enforced on the next proxied request and the 
   const [download] = await Promise.all([p.waitForEvent('download'), p.getByRole('button', { name: 'Export CSV' }).click()]);
   const csv = await readFile(await download.path(), 'utf8');
   assert.match(csv, /quota_exceeded/);
+
   // One request found by the x-request-id its client saw; then every failure, and only those.
   const requestId = refusal.headers.get('x-request-id');
   await p.getByLabel('Request ID').fill(`  ${requestId} `);
@@ -471,10 +475,12 @@ const PAGES = [
 const WIDTHS = [[390, 844], [1280, 800], [1920, 1080]];
 
 /**
- * What sticks out sideways, measured in the page: the document wider than the window, any
- * element of the main content (or of an open dialog) whose content is wider than its box (a
- * table behind a horizontal scroll, a clipped button), and chart text outside its drawing.
- * There is no deliberately scrollable region left in the console, so none is excused.
+ * What sticks out sideways or is cut, measured in the page: the document wider than the window,
+ * any element of the main content (or of an open dialog) whose content is wider than its box (a
+ * table behind a horizontal scroll, a clipped button), chart text outside its drawing, a select
+ * too narrow for its chosen option, a date broken over lines, a usage bar squeezed under 80 px,
+ * and a filter whose input sits higher or lower than the others of its row. There is no
+ * deliberately scrollable region left in the console, so none is excused.
  */
 function overflowIn() {
   const out = [];
@@ -495,11 +501,72 @@ function overflowIn() {
     if (cs.display === 'inline' || cs.display === 'none' || el.clientWidth <= 1) continue;
     if (el.scrollWidth > el.clientWidth + 1) out.push(`${describe(el)} is ${el.scrollWidth - el.clientWidth} px wider than its box`);
   }
+  // A select shows its chosen option whole (the arrow takes about 24 px of its inner width).
+  const ctx2d = document.createElement('canvas').getContext('2d');
+  for (const sel of root.querySelectorAll('select')) {
+    if (!sel.offsetParent || sel.selectedIndex < 0) continue;
+    const cs = getComputedStyle(sel);
+    ctx2d.font = `${cs.fontWeight} ${cs.fontSize} ${cs.fontFamily}`;
+    const text = sel.options[sel.selectedIndex].text;
+    const room = sel.clientWidth - parseFloat(cs.paddingLeft) - parseFloat(cs.paddingRight) - 20;
+    const need = ctx2d.measureText(text).width;
+    if (need > room + 1) out.push(`${describe(sel)} [${sel.getAttribute('aria-label') || sel.name}] cuts "${text}" (${Math.round(need)} px in ${Math.round(room)} px)`);
+  }
+  // A date or time on one line.
+  const dates = /\b\d{2}-\d{2} \d{2}:\d{2}|\d{4}-\d{2}-\d{2}/;
+  const walker = document.createTreeWalker(root, NodeFilter.SHOW_TEXT);
+  for (let n = walker.nextNode(); n; n = walker.nextNode()) {
+    if (!dates.test(n.textContent) || !n.parentElement || !n.parentElement.offsetParent || n.parentElement.closest('pre, details:not([open])')) continue;
+    const range = document.createRange();
+    range.selectNodeContents(n);
+    const lines = new Set([...range.getClientRects()].map((r) => Math.round(r.top)));
+    if (lines.size > 1) out.push(`the date "${n.textContent.trim()}" is broken over ${lines.size} lines`);
+  }
+  for (const b of root.querySelectorAll('.bar')) {
+    if (b.offsetParent && b.getBoundingClientRect().width < 79.5) out.push(`${describe(b.closest('td, li') || b)}: a usage bar only ${Math.round(b.getBoundingClientRect().width)} px wide`);
+  }
+  // The inputs of a row of filters line up, whatever hint is under one of them.
+  for (const form of root.querySelectorAll('.filters')) {
+    // Fields that share a band of height share a row of the grid.
+    const rows = [];
+    const fields = [...form.querySelectorAll(':scope > .field, :scope > .custom-range > .field')]
+      .map((f) => [f.getBoundingClientRect(), f.querySelector('input:not([type=checkbox]), select')])
+      .filter(([, ctl]) => ctl && ctl.offsetParent)
+      .sort(([a], [b]) => a.top - b.top);
+    for (const [r, ctl] of fields) {
+      const row = rows.find((x) => r.top < x.bottom - 1);
+      if (row) { row.ctls.push(ctl); row.bottom = Math.max(row.bottom, r.bottom); } else rows.push({ bottom: r.bottom, ctls: [ctl] });
+    }
+    for (const { ctls } of rows) {
+      const tops = ctls.map((c) => Math.round(c.getBoundingClientRect().top));
+      if (Math.max(...tops) - Math.min(...tops) > 2) out.push(`filters: the inputs of one row are ${Math.max(...tops) - Math.min(...tops)} px apart (${ctls.map((c) => c.name).join(', ')})`);
+    }
+  }
   for (const svg of root.querySelectorAll('svg.chart')) {
     const vb = svg.viewBox.baseVal;
     for (const t of svg.querySelectorAll('text')) {
       const b = t.getBBox();
       if (b.x < vb.x - 0.5 || b.x + b.width > vb.x + vb.width + 0.5) out.push(`chart text "${t.textContent}" is cut off (x ${Math.round(b.x)}..${Math.round(b.x + b.width)} of ${vb.width})`);
+    }
+  }
+  return out;
+}
+
+/** What a shown toast lies over: the page's content (where the buttons of a new row may be at
+ * any moment), and any of its buttons, links and fields. */
+function toastCovers() {
+  const toasts = [...document.querySelectorAll('#toasts .toast')].map((t) => t.getBoundingClientRect());
+  const out = [];
+  const main = document.getElementById('main').getBoundingClientRect();
+  const visible = { left: main.left, right: main.right, top: Math.max(main.top, 0), bottom: Math.min(main.bottom, window.innerHeight) };
+  for (const t of toasts) {
+    if (visible.left < t.right && t.left < visible.right && visible.top < t.bottom && t.top < visible.bottom) out.push('the page\'s content');
+  }
+  for (const el of document.querySelectorAll('#main button, #main a, #main input, #main select, #main textarea')) {
+    const r = el.getBoundingClientRect();
+    if (!r.width || !r.height) continue;
+    for (const t of toasts) {
+      if (r.left < t.right && t.left < r.right && r.top < t.bottom && t.top < r.bottom) out.push(`${el.tagName.toLowerCase()} "${(el.innerText || el.getAttribute('aria-label') || el.name || '').trim().slice(0, 30)}"`);
     }
   }
   return out;
@@ -806,6 +873,9 @@ test('owner: a key limited to some tags, a guardrail on a tag value, logs and us
 });
 
 test('every page at 390, 1280 and 1920 px: screenshots, and nothing wider than its box', async () => {
+  // A key blocked by its breaker (its second trip: 2 minutes), so Keys shows the longest state.
+  for (let i = 0; i < 10; i += 1) await Promise.all(Array.from({ length: 10 }, () => chat(stack, FLAKY_KEY, 'no-such-model')));
+  assert.equal((await chat(stack, FLAKY_KEY)).body.error.code, 'api_key_circuit_open');
   const failures = [];
   for (const [width, height] of WIDTHS) {
     const p = await page({ width, height });

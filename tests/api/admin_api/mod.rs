@@ -24,6 +24,7 @@ mod months;
 mod pages;
 mod reports;
 mod tokens;
+mod window_end;
 
 const OTHER_KEY: &str = "sk-aigw-OTHERotherOTHERotherOTHERoth1234";
 const UPSTREAM_SECRET: &str = "sk-upstream-secret-4f9a0c2e7d";
