@@ -25,14 +25,14 @@ use self::candidates::candidates;
 pub(crate) use self::exchange::request;
 use self::exchange::{Unread, read_answer, read_error};
 pub use self::outcome::{Answer, Attempt, AttemptLog, Complete, Dispatched, UpstreamError, provider_words};
-pub use self::park::time_out;
+pub use self::park::{PersistLocks, time_out};
 use self::park::{park, rfc3339};
 use super::adapter::{Endpoint, Fields};
 use super::admission::{Admission, Refusal, Slot};
 use super::classify::{self, Classification, NextStep, Rule, Sharing, UpstreamFailure};
 use super::corroboration::Corroboration;
 use super::http;
-use super::locks::{LockEntry, LockTarget, Locks};
+use super::locks::Locks;
 use super::pool::{Credential, ModelRoute};
 use crate::clock::Clock;
 use crate::config::Settings;
@@ -60,18 +60,6 @@ pub struct Upstreams<'a> {
     pub http: &'a http::Client,
     /// Persists locks off the request path.
     pub persist: &'a dyn PersistLocks,
-}
-
-/// Persists what a failure parked (extend-only) and a ban, off the request path, so that every
-/// gateway on the database honours them.
-pub trait PersistLocks: Sync {
-    /// Hands `rows` (and `banned`, a credential to mark banned) to a background write.
-    fn persist_locks(&self, rows: Vec<(i64, LockTarget, LockEntry)>, banned: Option<i64>);
-    /// Hands the record of what a failure parked, with the provider's words, to a background
-    /// write (the credential's card and figures read it).
-    fn record_parks(&self, events: Vec<crate::store::ParkEvent>) {
-        let _ = events;
-    }
 }
 
 /// The rule an attempt names in the log when it was retried (groot ADR 0008: one retry).

@@ -9,8 +9,18 @@ use super::{Attempt, Upstreams};
 use crate::deadline::Missed;
 use crate::store::{ParkEvent, WHOLE_CREDENTIAL_TARGET};
 use crate::upstream::classify::{self, Classification, LockModels, Sharing, UpstreamFailure};
-use crate::upstream::locks::LockTarget;
+use crate::upstream::locks::{LockEntry, LockTarget};
 use crate::upstream::pool::Credential;
+
+/// Persists what a failure parked (extend-only) and a ban, off the request path, so that every
+/// gateway on the database honours them.
+pub trait PersistLocks: Sync {
+    /// Hands `rows` (and `banned`, a credential to mark banned) to a background write.
+    fn persist_locks(&self, rows: Vec<(i64, LockTarget, LockEntry)>, banned: Option<i64>);
+    /// Hands the record of what a failure parked, with the provider's words, to a background
+    /// write (the credential's card and figures read it).
+    fn record_parks(&self, events: Vec<ParkEvent>);
+}
 
 /// A deadline passed while `cred` kept the gateway waiting for `upstream_model` (no response
 /// head, an error body or an answer that stalled): classified as the upstream's own 504 would be
