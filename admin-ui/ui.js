@@ -59,7 +59,7 @@ export function alertBox(kind, ...content) {
   return h(`div.alert.alert-${kind}`, { role: kind === 'error' ? 'alert' : 'status' }, ...content);
 }
 
-/** A short-lived notice in the corner. */
+/** A short-lived notice over the top bar (the newest replaces the one shown). */
 export function toast(message, kind = 'success') {
   let host = document.getElementById('toasts');
   if (!host) {
@@ -67,7 +67,7 @@ export function toast(message, kind = 'success') {
     document.body.append(host);
   }
   const t = h(`div.toast.toast-${kind}`, { role: kind === 'error' ? 'alert' : 'status' }, message);
-  host.append(t);
+  host.replaceChildren(t);
   setTimeout(() => t.remove(), kind === 'error' ? 8000 : 4000);
 }
 
@@ -338,6 +338,13 @@ export function fmtTime(v, { seconds = true } = {}) {
 export function fmtRecent(v, opts) {
   const t = fmtTime(v, opts);
   return t.length > 10 && t.slice(0, 4) === fmtTime(Date.now()).slice(0, 4) ? t.slice(5) : t;
+}
+
+/** A <time> element (never broken over lines): fmtRecent of `v`, the full time as its title. */
+export function dateTime(v, opts) {
+  const d = toDate(v);
+  if (!d) return h('span.muted', '—');
+  return h('time', { datetime: d.toISOString(), title: fmtTime(d) }, fmtRecent(d, opts));
 }
 
 /** Milliseconds → "1h 02m", "3m 05s", "42s". */

@@ -147,6 +147,19 @@ impl crate::upstream::dispatch::PersistLocks for AppState {
                 .await;
         });
     }
+
+    fn record_parks(&self, events: Vec<crate::store::ParkEvent>) {
+        use crate::store::CredentialFigureStore;
+        let state = self.clone();
+        self.spawn_background(async move {
+            state
+                .store
+                .write_until_done("recording upstream locks", &state.shutdown, || {
+                    state.store.record_parks(&events)
+                })
+                .await;
+        });
+    }
 }
 
 impl std::ops::Deref for AppState {

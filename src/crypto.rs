@@ -118,6 +118,39 @@ pub fn display_prefix(key: &str) -> String {
     key.chars().take(KEY_DISPLAY_LEN).collect()
 }
 
+/// Prefix of every admin service token: neither a JWT (`eyJ…`) nor a gateway key (`sk-aigw-`),
+/// so the admin guard tells the two kinds of bearer apart by their first bytes, and a secret
+/// scanner can name what it found.
+pub const SERVICE_TOKEN_PREFIX: &str = "aigw_st_";
+/// Random base62 characters after the prefix (about 256 bits).
+pub const SERVICE_TOKEN_RANDOM_LEN: usize = 43;
+/// Characters of a service token kept for display (the prefix plus four).
+pub const SERVICE_TOKEN_DISPLAY_LEN: usize = SERVICE_TOKEN_PREFIX.len() + 4;
+
+/// A new admin service token: `aigw_st_` + 43 random base62 characters.
+pub fn generate_service_token() -> String {
+    let mut rng = rand::thread_rng();
+    let mut token = String::with_capacity(SERVICE_TOKEN_PREFIX.len() + SERVICE_TOKEN_RANDOM_LEN);
+    token.push_str(SERVICE_TOKEN_PREFIX);
+    for _ in 0..SERVICE_TOKEN_RANDOM_LEN {
+        token.push(BASE62[rng.gen_range(0..BASE62.len())] as char);
+    }
+    token
+}
+
+/// Whether `token` has the shape of a service token (checked before the store is asked, so a
+/// malformed bearer costs no query).
+pub fn is_service_token_shape(token: &str) -> bool {
+    token.strip_prefix(SERVICE_TOKEN_PREFIX).is_some_and(|rest| {
+        rest.len() == SERVICE_TOKEN_RANDOM_LEN && rest.bytes().all(|b| b.is_ascii_alphanumeric())
+    })
+}
+
+/// The part of a service token shown in lists.
+pub fn service_token_prefix(token: &str) -> String {
+    token.chars().take(SERVICE_TOKEN_DISPLAY_LEN).collect()
+}
+
 /// A random password for invitations and the bootstrap owner (20 base62 characters).
 pub fn generate_password() -> String {
     let mut rng = rand::thread_rng();
@@ -189,6 +222,27 @@ mod tests {
         assert!(MasterKey::parse(&MasterKey::generate_text()).is_ok());
         assert!(MasterKey::parse("short").is_err());
         assert!(MasterKey::parse(&"ab".repeat(16)).is_err());
+    }
+
+    #[test]
+    fn service_tokens_have_their_own_shape() {
+        let t = generate_service_token();
+        assert!(is_service_token_shape(&t), "{t}");
+        assert_eq!(t.len(), 51);
+        assert!(!is_api_key_shape(&t), "a service token is no gateway key");
+        assert!(!t.starts_with("eyJ"), "a service token is no JWT");
+        assert_eq!(service_token_prefix(&t).len(), 12);
+        assert_ne!(t, generate_service_token());
+        for bad in [
+            "",
+            "aigw_st_",
+            "aigw_st_short",
+            &format!("{t}x"),
+            &t.replace("aigw_st_", "aigw-st-"),
+            &format!("{}!", &t[..50]),
+        ] {
+            assert!(!is_service_token_shape(bad), "{bad:?}");
+        }
     }
 
     #[test]

@@ -1,7 +1,21 @@
-// Audit log (owners and admins): who changed what, with the values before and after.
+// Audit log (owners and admins): who changed what (with which service token), the target by its
+// name, with the values before and after.
 
 import { api } from '../api.js';
-import { h, clear, table, alertBox, messageOf, fmtTime, busy, pageHeader } from '../ui.js';
+import { h, clear, table, alertBox, messageOf, dateTime, busy, pageHeader, breakable } from '../ui.js';
+
+const KINDS = {
+  api_key: 'API key', member: 'Member', department: 'Department', upstream: 'Upstream', model: 'Model', policy: 'Guardrail',
+  workspace: 'Workspace', service_token: 'Service token',
+};
+
+/** The target by its name ("API key ada@acme.test/ci"), its id beside it. */
+function targetCell(a) {
+  const kind = KINDS[a.target_kind] || a.target_kind || '';
+  const id = a.target_id !== null && a.target_id !== undefined ? `#${a.target_id}` : '';
+  if (!a.target_name) return `${kind} ${id}`.trim();
+  return [`${kind} `, h('strong', breakable(a.target_name)), id ? h('small.muted', ` ${id}`) : null];
+}
 
 function jsonBlock(v) {
   if (v === null || v === undefined || v === '') return h('span.muted', '—');
@@ -23,12 +37,18 @@ export default {
         const r = await api.get('/audit', { cursor, limit: 50 });
         rows = cursor ? rows.concat(r.data || []) : (r.data || []);
         clear(body, table([
-          { label: 'When', cell: (a) => fmtTime(a.at) },
-          { label: 'Who', cell: (a) => a.actor_email || (a.actor_id ? `member #${a.actor_id}` : 'system') },
+          { label: 'When', cell: (a) => dateTime(a.at) },
+          {
+            label: 'Who',
+            class: 'c-who',
+            cell: (a) => [
+              breakable(a.actor_email || (a.actor_id ? `member #${a.actor_id}` : 'system')),
+              a.actor_token ? h('small.muted.block', { title: 'Made with this service token' }, 'token ', breakable(a.actor_token)) : null],
+          },
           { label: 'Action', cell: (a) => h('code', a.action) },
-          { label: 'Target', cell: (a) => `${a.target_kind || ''}${a.target_id !== null && a.target_id !== undefined ? ` #${a.target_id}` : ''}` },
-          { label: 'Before', cell: (a) => jsonBlock(a.before) },
-          { label: 'After', cell: (a) => jsonBlock(a.after) },
+          { label: 'Target', cell: targetCell },
+          { label: 'Before', class: 'nowrap', cell: (a) => jsonBlock(a.before) },
+          { label: 'After', class: 'nowrap', cell: (a) => jsonBlock(a.after) },
         ], rows, { empty: 'Nothing changed yet.', caption: 'Audit log' }));
         clear(more, r.next_cursor ? h('button', { type: 'button', onclick: (e) => busy(e.currentTarget, () => load(r.next_cursor)) }, 'Load more') : null);
       } catch (err) {

@@ -4,7 +4,7 @@
 
 import { api } from '../api.js';
 import {
-  h, clear, table, bar, badge, managedBadge, managedWarning, MANAGED_TEXT, alertBox, messageOf, fmtNum, fmtTime, countdown, dialog, confirmDialog,
+  h, clear, table, bar, badge, managedBadge, managedWarning, MANAGED_TEXT, alertBox, messageOf, fmtNum, fmtTime, dateTime, countdown, dialog, confirmDialog,
   field, select, handleSubmit, toast, busy, pageHeader, METRICS, metricLabel, windowLabel, idle,
 } from '../ui.js';
 import { alertFields, alertsValue, alertsText, validateAlerts } from './alerts.js';
@@ -97,10 +97,12 @@ function usageCell(p) {
   return h('div.usage-cell', bar(Number(p.used), Number(p.limit), label), h('small', `${fmtNum(p.used)} / ${fmtNum(p.limit)}`));
 }
 
+/** When the window ends (not the spread `reset_at` clients are told, a minute or two later). */
 function resetCell(p) {
   if (p.target_id === null || p.target_id === undefined) return '—';
-  if (!p.reset_at) return p.window === 'total' ? 'never' : '—';
-  return h('span', h('time', { datetime: p.reset_at }, fmtTime(p.reset_at, { seconds: false })), h('br'), countdown(p.reset_at, 'now'));
+  const end = p.window_end || p.reset_at;
+  if (!end) return p.window === 'total' ? 'never' : '—';
+  return h('span.window-end', dateTime(end, { seconds: false }), h('br'), h('small.nowrap', countdown(end, 'now')));
 }
 
 /** The dialog to edit a policy's limit and mode. */
@@ -264,7 +266,7 @@ export default {
           { label: 'Limit', cell: (p) => `${fmtNum(p.limit)} ${metricLabel(p.metric).toLowerCase()} ${windowLabel(p.window)}` },
           { label: 'Usage', cell: usageCell },
           { label: 'Remaining', cell: (p) => (p.remaining === null || p.remaining === undefined ? '—' : fmtNum(p.remaining)) },
-          { label: 'Resets', cell: resetCell },
+          { label: 'Window ends', cell: resetCell },
           { label: 'Mode', cell: (p) => (p.mode === 'shadow' ? badge('shadow', 'info') : badge('enforce', 'ok')) },
           { label: 'Alerts', cell: alertsText },
           {

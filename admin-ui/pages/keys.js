@@ -7,7 +7,7 @@
 
 import { api } from '../api.js';
 import {
-  h, clear, table, badge, managedBadge, MANAGED_TEXT, alertBox, messageOf, fmtNum, fmtTime, fmtRecent, countdown, dialog, confirmDialog,
+  h, clear, table, badge, managedBadge, MANAGED_TEXT, alertBox, messageOf, fmtNum, fmtTime, dateTime, countdown, dialog, confirmDialog,
   field, select, handleSubmit, toast, busy, pageHeader, secretDialog, metricLabel, windowLabel, bar, idle,
 } from '../ui.js';
 import { metricWindowFields, validatePolicy, windowValue, editPolicy, deletePolicy } from './guardrails.js';
@@ -31,7 +31,7 @@ function expiryText(k) {
     : null;
   if (!k.expires_at) return [h('span.muted', 'never'), grace];
   const left = new Date(k.expires_at).getTime() - Date.now();
-  const when = h('span', { title: fmtTime(k.expires_at) }, fmtRecent(k.expires_at, { seconds: false }));
+  const when = dateTime(k.expires_at, { seconds: false });
   let mark = null;
   if (k.expired || left <= 0) mark = badge('expired', 'danger', 'Requests with this key answer 401 api_key_expired');
   else if (left < SOON_MS) mark = badge('expires soon', 'warn', 'Expires within 7 days');
@@ -84,7 +84,7 @@ function breakerCell(k) {
   let state;
   if (b.banned) state = [badge('banned', 'danger', 'Banned for good after 5 trips: delete it and create a new key'), ' ', trips];
   else if (b.blocked_until && new Date(b.blocked_until).getTime() > Date.now()) {
-    state = [h('span.nowrap', badge('blocked', 'warn'), ' ', h('strong', countdown(b.blocked_until, 'open again'))), h('br'), trips];
+    state = [badge('blocked', 'warn'), h('br'), h('strong.nowrap', countdown(b.blocked_until, 'open again')), h('br'), trips];
   } else state = [badge('ok', 'ok'), ' ', trips];
   return h('button.link-button.breaker', { type: 'button', 'aria-label': `Breaker history of key ${k.name}`, title: 'Breaker history', onclick: () => breakerDialog(k) }, state);
 }
@@ -207,7 +207,7 @@ export default {
         if (ctx.role !== 'member') cols.push({ label: 'Member', cell: (k) => k.member_email || String(k.member_id) });
         cols.push(
           { label: 'Created', class: 'nowrap col-wide', cell: (k) => h('span', { title: fmtTime(k.created_at) }, fmtTime(k.created_at).slice(0, 10)) },
-          { label: 'Last used', class: 'nowrap', cell: (k) => (k.last_used_at ? h('span', { title: fmtTime(k.last_used_at) }, fmtRecent(k.last_used_at, { seconds: false })) : 'never') },
+          { label: 'Last used', class: 'nowrap', cell: (k) => (k.last_used_at ? dateTime(k.last_used_at, { seconds: false }) : 'never') },
           {
             label: 'Budget',
             class: 'c-budget',
@@ -218,7 +218,7 @@ export default {
                 const text = `${fmtNum(p.limit)} ${metricLabel(p.metric).toLowerCase()} ${windowLabel(p.window)}`;
                 const known = p.used !== null && p.used !== undefined;
                 return h('li', known ? bar(Number(p.used), Number(p.limit), `Budget ${text}`) : null,
-                  h('span', known ? `${fmtNum(p.used)} / ${text}` : text));
+                  h('span.budget-text', known ? `${fmtNum(p.used)} / ${text}` : text));
               }));
             },
           },

@@ -70,7 +70,15 @@ export function limitsCell(x) {
     ? h('span.limit-models', { title: 'Allowed models' }, x.allowed_models.join(', '))
     : h('span.muted', 'every model');
   const cap = x.max_in_flight ? h('span.nowrap', `≤ ${x.max_in_flight} in flight`) : h('span.muted.nowrap', 'no cap');
-  const tags = x.allowed_tags ? [h('br'), h('span.limit-tags', { title: 'Allowed tags' }, `tags: ${x.allowed_tags.join(', ')}`)] : null;
+  // A tag a line, so a narrow column breaks between tags, or after a tag's "=", never inside a
+  // key or a value.
+  const tag = (t, last) => {
+    const [k, v] = t.split(/=(.*)/s);
+    return h('span.limit-tag', v === undefined ? t : [`${k}=`, h('wbr'), v], last ? '' : ', ');
+  };
+  const tags = x.allowed_tags
+    ? [h('br'), h('span.limit-tags', { title: 'Allowed tags' }, 'tags: ', x.allowed_tags.map((t, i) => tag(t, i === x.allowed_tags.length - 1)))]
+    : null;
   return h('div.limits-cell', models, h('br'), cap, tags);
 }
 

@@ -1,11 +1,14 @@
 // Logs: every request the gateway answered (except circuit-broken ones) with filters, the
 // status explanation (who answered — Gateway or Upstream — and by which rule), attempts,
-// tokens, latency, a detail view and a CSV export of the same filters.
+// tokens, credits, latency, a detail view (each attempt with the provider's own words, masked)
+// and a CSV export of the same filters. A request is found by its x-request-id; Errors only
+// leaves out what succeeded.
 
 import { api } from '../api.js';
 import {
   h, clear, table, breakable, badge, alertBox, messageOf, fmtNum, fmtCredits, fmtTime, fmtRecent, dialog, field, select, handleSubmit, toast, busy, pageHeader,
 } from '../ui.js';
+import { ruleText } from './upstreams.js';
 
 const RANGES = [
   ['1h', 'Last hour', 3600e3],
@@ -43,10 +46,13 @@ function queryOf(fd) {
     const r = RANGES.find(([k]) => k === range);
     q.from = Date.now() - r[2];
   }
-  for (const k of ['key_id', 'member_id', 'model', 'status', 'source', 'tag', 'end_user']) {
+  for (const k of ['request_id', 'key_id', 'member_id', 'model', 'status', 'source', 'tag', 'end_user']) {
     const v = (fd.get(k) || '').trim();
     if (v) q[k] = v;
   }
+  if (fd.get('errors') === 'on') q.errors = true;
+  // One request by its id: wherever it is in time.
+  if (q.request_id) { delete q.from; delete q.to; }
   return q;
 }
 
@@ -59,6 +65,23 @@ function attemptsOf(l) {
   } catch {
     return [{ detail: String(raw) }];
   }
+}
+
+/** One attempt in words: credential, model, what came back, the rule and the lock it wrote, and
+ * the provider's own words (masked by the gateway). */
+function attemptItem(a) {
+  const outcome = a.status ? `HTTP ${a.status}` : (a.error ? 'no answer' : 'not sent');
+  const ok = a.status && a.status < 400;
+  return h('li.attempt',
+    h('div.attempt-head',
+      badge(outcome, ok ? 'ok' : 'danger'), ' ',
+      h('strong', a.credential || `upstream #${a.credential_id}`),
+      a.provider ? h('span.muted', ` (${a.provider})`) : null,
+      ` · ${a.model || '—'}`,
+      a.translated ? h('span.muted', ` · translated ${a.translated}`) : null),
+    a.rule ? h('div.attempt-rule', ruleText(a.rule), a.lock_until ? [' — parked until ', h('time', { datetime: a.lock_until }, fmtTime(a.lock_until))] : null) : null,
+    a.message ? h('blockquote.said', { title: 'The provider\'s own words (secrets masked)' }, h('span.said-who', 'Provider said: '), a.message) : null,
+    a.error ? h('div.attempt-error', h('span.muted', 'Gateway saw: '), a.error) : null);
 }
 
 async function showDetail(row, names) {
@@ -85,7 +108,8 @@ async function showDetail(row, names) {
       l.would_refuse ? [h('dt', 'Shadow guardrail'), h('dd', typeof l.would_refuse === 'string' ? l.would_refuse : 'a shadow guardrail would have refused this request')] : null),
     h('h3', `Attempts (${l.attempts ?? attempts.length})`),
     attempts.length
-      ? h('ol.attempts', attempts.map((a) => h('li', h('pre', JSON.stringify(a, null, 2)))))
+      ? [h('ol.attempts', attempts.map(attemptItem)),
+        h('details', h('summary', 'As recorded (JSON)'), h('pre', JSON.stringify(attempts, null, 2)))]
       : h('p.muted', 'No upstream was called.'),
     h('div.actions', h('button', { type: 'button', onclick: () => close() }, 'Close')),
   ], { wide: true });
@@ -120,6 +144,7 @@ export default {
     syncRange();
 
     const filters = h('form.filters', { 'aria-label': 'Log filters' },
+      field('Request ID', h('input', { name: 'request_id', autocomplete: 'off', spellcheck: false, placeholder: 'x-request-id', title: 'The x-request-id header of a response', value: ctx.params.get('request_id') || '' })),
       field('Time', range),
       custom,
       field('Key', select('key_id', [['', 'Any key'], ...keys.map((k) => [k.id, keyName[k.id]])], ctx.params.get('key_id') || '')),
@@ -129,6 +154,7 @@ export default {
       field('Source', select('source', [['', 'Any source'], ['gateway', 'Gateway'], ['upstream', 'Upstream']], ctx.params.get('source') || '')),
       field('Tag', h('input', { name: 'tag', autocomplete: 'off', placeholder: 'e.g. team=search', value: ctx.params.get('tag') || '' })),
       field('End user', h('input', { name: 'end_user', autocomplete: 'off', placeholder: 'any', value: ctx.params.get('end_user') || '' })),
+      h('div.field.checkbox.filter-check', h('label', h('input', { type: 'checkbox', name: 'errors', checked: ctx.params.get('errors') === 'true' }), ' Errors only')),
       h('div.filter-actions', h('button.primary', { type: 'submit' }, 'Apply filters')));
 
     const exportBtn = h('button', { type: 'button' }, 'Export CSV');
@@ -142,8 +168,10 @@ export default {
     let rows = [];
     let query = {};
     const render = () => {
-      // The columns that tell what happened fit at 1280 px; the figures show on wide screens
-      // (col-wide) and in the detail view. On phones each row is a short card.
+      // What happened and its figures (tokens, credits, latency) fit at 1280 px; tags and end
+      // users show on wide screens (col-wide), and only when a row on the page has some. On
+      // phones each row is a short card.
+      const labelled = rows.some((l) => l.tags || l.end_user);
       clear(body, table([
         { label: 'Time', class: 'c-time nowrap', cell: (l) => h('time', { datetime: l.ts, title: fmtTime(l.ts) }, fmtRecent(l.ts)) },
         {
@@ -159,14 +187,24 @@ export default {
             return h('span.clamp', { title: text }, text);
           },
         },
-        { label: 'Model', class: 'c-model', cell: (l) => (l.model_served && l.model_served !== l.model_requested ? `${l.model_requested} → ${l.model_served}` : l.model_requested || '—') },
-        { label: 'Key', class: 'c-key', cell: (l) => breakable(names.key(l.key_id)) },
-        { label: 'Tags / end user', class: 'c-tags col-wide', cell: (l) => [l.tags ? h('code.tags', breakable(l.tags)) : h('span.muted', '—'), l.end_user ? [h('br'), h('small', breakable(l.end_user))] : null] },
-        { label: 'Tokens', class: 'c-num col-wide', cell: (l) => `${fmtNum(l.total_tokens)}${l.usage_estimated ? '*' : ''}` },
-        { label: 'Credits', class: 'c-num col-wide', cell: logCredits },
-        { label: 'Latency', class: 'c-num col-wide nowrap', cell: (l) => ms(l.latency_ms) },
+        {
+          label: 'Model / key',
+          class: 'c-model',
+          cell: (l) => [
+            h('span.log-model', breakable(l.model_served && l.model_served !== l.model_requested ? `${l.model_requested} → ${l.model_served}` : l.model_requested || '—')),
+            h('small.log-key', breakable(names.key(l.key_id)))],
+        },
+        labelled ? { label: 'Tags / end user', class: 'c-tags col-wide', cell: (l) => [l.tags ? h('code.tags', breakable(l.tags)) : h('span.muted', '—'), l.end_user ? [h('br'), h('small', breakable(l.end_user))] : null] } : null,
+        {
+          label: 'Tokens / credits',
+          class: 'c-num c-fig c-usage',
+          cell: (l) => [
+            h('span.log-tokens', { title: l.usage_estimated ? 'Estimated: the upstream reported no usage' : 'Total tokens' }, `${fmtNum(l.total_tokens)}${l.usage_estimated ? '*' : ''}`),
+            h('small.log-credits', { title: 'Credits' }, logCredits(l))],
+        },
+        { label: 'Latency', class: 'c-num c-fig c-latency nowrap', cell: (l) => ms(l.latency_ms) },
         { label: 'Details', class: 'c-details', cell: (l) => h('button.small', { type: 'button', 'aria-label': `Details of request ${l.request_id}`, onclick: () => showDetail(l, names) }, 'Details') },
-], rows, { empty: 'No request matches these filters.', caption: 'Request logs', kind: 'log-table' }));
+      ].filter(Boolean), rows, { empty: 'No request matches these filters.', caption: 'Request logs', kind: 'log-table' }));
     };
 
     const load = async (cursor) => {

@@ -4,7 +4,7 @@
 
 import { api } from '../api.js';
 import {
-  h, clear, table, badge, managedBadge, confirmManaged, MANAGED_TEXT, alertBox, messageOf, fmtTime, dialog, confirmDialog, field, select, handleSubmit, toast, busy, pageHeader, secretDialog,
+  h, clear, table, badge, managedBadge, confirmManaged, MANAGED_TEXT, alertBox, messageOf, fmtTime, dateTime, dialog, confirmDialog, field, select, handleSubmit, toast, busy, pageHeader, secretDialog,
 } from '../ui.js';
 import { limitsFields, validateLimits, limitsBody, limitsCell, editLimits } from './limits.js';
 
@@ -60,6 +60,7 @@ export default {
           { label: 'Email', cell: (m) => [h('strong', m.email), m.id === ctx.me.id ? h('small.muted', ' (you)') : null, ' ', managedBadge(m)] },
           {
             label: 'Role',
+            class: 'c-role',
             cell: (m) => {
               const sel = select('role', ctx.role === 'owner' || m.role === 'owner' ? ROLES : ROLES.filter(([r]) => r !== 'owner'), m.role, {
                 'aria-label': `Role of ${m.email}`, disabled: m.id === ctx.me.id,
@@ -70,6 +71,7 @@ export default {
           },
           {
             label: 'Department',
+            class: 'c-dept',
             cell: (m) => {
               const sel = select('department_id', [['', 'None'], ...departments.map((d) => [d.id, d.name])], m.department_id ?? '', { 'aria-label': `Department of ${m.email}` });
               sel.addEventListener('change', () => patch(m, { department_id: sel.value ? Number(sel.value) : null }, 'department changed'));
@@ -78,7 +80,7 @@ export default {
           },
           { label: 'Limits', class: 'c-limits', cell: limitsCell },
           { label: 'Status', cell: (m) => (m.active === false ? badge('deactivated', 'neutral') : badge('active', 'ok')) },
-          { label: 'Since', cell: (m) => fmtTime(m.created_at, { seconds: false }) },
+          { label: 'Since', cell: (m) => dateTime(m.created_at, { seconds: false }) },
           {
             label: 'Actions',
             class: 'actions-cell',

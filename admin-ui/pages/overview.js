@@ -40,8 +40,9 @@ export function quotaList(quotas, empty = 'No guardrail applies to you: your req
       h('div.quota-figures',
         h('span.quota-used', `${fmtAmount(q.metric, used)} / ${fmtAmount(q.metric, limit)} ${metricUnit(q.metric)} used`),
         h('span.quota-remaining', `${fmtAmount(q.metric, q.remaining)} left`),
-        h('span.quota-reset', q.reset_at
-          ? ['Resets ', h('time', { datetime: q.reset_at }, fmtTime(q.reset_at, { seconds: false })), ' (', countdown(q.reset_at, 'now'), ')']
+        // The window's end; `reset_at` (a minute or two later, spread per subject) is for clients.
+        h('span.quota-reset', (q.window_end || q.reset_at)
+          ? ['Window ends ', h('time', { datetime: q.window_end || q.reset_at, title: fmtTime(q.window_end || q.reset_at) }, fmtTime(q.window_end || q.reset_at, { seconds: false })), ' (', countdown(q.window_end || q.reset_at, 'now'), ')']
           : 'Never resets')));
   }));
 }
@@ -60,7 +61,7 @@ function quotaItem(s) {
     h('div.attention-detail',
       bar(Number(s.used), Number(s.limit), `${s.subject_name} ${what}`),
       h('span', `${fmtAmount(s.metric, s.used)} / ${fmtAmount(s.metric, s.limit)} ${metricUnit(s.metric)} used`),
-      h('span.muted', s.reset_at ? ['resets ', countdown(s.reset_at, 'now')] : 'never resets')));
+      h('span.muted', (s.window_end || s.reset_at) ? ['window ends ', countdown(s.window_end || s.reset_at, 'now')] : 'never resets')));
 }
 
 /** A parked or banned credential (from /upstreams). */

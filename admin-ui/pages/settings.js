@@ -1,6 +1,8 @@
-// Settings: my password; the workspace time zone (owner); departments (owners and admins).
+// Settings: my password; the workspace time zone (owner); departments and service tokens
+// (owners and admins).
 
 import { api, session } from '../api.js';
+import { tokensCard } from './tokens.js';
 import { h, clear, alertBox, managedBadge, managedWarning, MANAGED_TEXT, messageOf, fmtTime, field, handleSubmit, toast, busy, confirmDialog, dialog, pageHeader, setZone } from '../ui.js';
 
 function passwordCard() {
@@ -107,7 +109,7 @@ export default {
       passwordCard(),
       await timezoneCard(ctx),
     ];
-    if (ctx.role !== 'member') cards.push(departmentsCard(ctx));
+    if (ctx.role !== 'member') cards.push(departmentsCard(ctx), tokensCard(ctx));
     clear(main, pageHeader('Settings'), h('div.grid', cards));
   },
 };

@@ -1,10 +1,12 @@
 // Upstreams: the credential pool. Each credential shows provider, models, limits, quota group,
 // why it is parked and a countdown to `resumes_at` (the end of its latest running lock), with a
-// "Test connection" that clears its locks on success. The secret is write-only.
+// "Test connection" that clears its locks on success, the provider's own words (masked) that
+// parked it, and its last 24 hours: attempts, failures, served, latency, time parked. The secret
+// is write-only.
 
 import { api } from '../api.js';
 import {
-  h, clear, badge, managedBadge, managedWarning, MANAGED_TEXT, alertBox, messageOf, fmtNum, fmtTime, countdown, dialog, confirmDialog,
+  h, clear, badge, managedBadge, managedWarning, MANAGED_TEXT, alertBox, messageOf, fmtNum, fmtTime, fmtDuration, countdown, dialog, confirmDialog,
   field, select, handleSubmit, toast, busy, pageHeader, idle,
 } from '../ui.js';
 
@@ -46,9 +48,14 @@ function targetText(t) {
   return `Model ${t}`;
 }
 
+/** The provider's own words (masked by the gateway) in the answer that parked it. */
+function said(message) {
+  return message ? h('blockquote.said', { title: 'The provider\'s own words (secrets masked)' }, h('span.said-who', 'Provider said: '), message) : null;
+}
+
 function statusBlock(u) {
   if (u.banned) {
-    return h('div.status.status-banned', badge('banned', 'danger'), ' Banned by an account-wide rule: it gets no traffic until a connection test passes.');
+    return h('div.status.status-banned', badge('banned', 'danger'), ' Banned by an account-wide rule: it gets no traffic until a connection test passes.', said(u.banned_message));
   }
   const locks = u.locks || [];
   if (!locks.length) {
@@ -57,7 +64,22 @@ function statusBlock(u) {
   }
   return h('div.status.status-parked',
     h('div', badge('parked', 'warn'), ' Resumes ', h('strong', countdown(u.resumes_at, 'now — refresh to confirm')), ' at ', h('time', { datetime: u.resumes_at }, fmtTime(u.resumes_at))),
-    h('ul.locks', locks.map((l) => h('li', `${targetText(l.target)}: ${ruleText(l.rule)} — until `, h('time', { datetime: l.until }, fmtTime(l.until)), ' (', countdown(l.until, 'ended'), ')'))));
+    h('ul.locks', locks.map((l) => h('li', `${targetText(l.target)}: ${ruleText(l.rule)} — until `, h('time', { datetime: l.until }, fmtTime(l.until)), ' (', countdown(l.until, 'ended'), ')', said(l.message)))));
+}
+
+/** A credential's last 24 hours (GET /upstreams/figures): what new-api users judge a channel by. */
+function figuresBlock(f) {
+  if (!f) return null;
+  const rate = f.error_rate === null || f.error_rate === undefined ? '—' : `${(f.error_rate * 100).toFixed(f.error_rate > 0 && f.error_rate < 0.1 ? 1 : 0)} %`;
+  const item = (label, value, title) => h('div', { title }, h('dt', label), h('dd', value));
+  return [
+    h('p.figures-head', 'Last 24 hours'),
+    h('dl.figures', { 'aria-label': `Last 24 hours of ${f.name}` },
+      item('Attempts', fmtNum(f.attempts), 'Requests sent to this credential, retries and failovers included'),
+      item('Failed', rate, 'Attempts with no answer or a status of 400 or more'),
+      item('Served', fmtNum(f.served), 'Requests it answered with success'),
+      item('Latency', f.mean_latency_ms === null || f.mean_latency_ms === undefined ? '—' : `${fmtNum(f.mean_latency_ms)} ms`, `Mean latency of the requests it served; ${f.mean_upstream_ms === null || f.mean_upstream_ms === undefined ? 'no' : `${fmtNum(f.mean_upstream_ms)} ms`} until its response headers`),
+      item('Parked', f.parked_seconds ? fmtDuration(f.parked_seconds * 1000) : 'never', 'Time at least one lock parked a model or all of it'))];
 }
 
 function limitsText(l) {
@@ -167,7 +189,8 @@ export default {
 
     const load = async () => {
       try {
-        const ups = await api.list('/upstreams');
+        const [ups, figures] = await Promise.all([api.list('/upstreams'), api.get('/upstreams/figures').catch(() => null)]);
+        const figuresOf = (u) => (figures?.data || []).find((f) => f.upstream_id === u.id);
         updated.textContent = `Updated ${fmtTime(Date.now())}`;
         clear(body, ups.length ? ups.map((u) => {
           const result = results.get(u.id) || h('div.test-result', { role: 'status' });
@@ -191,6 +214,7 @@ export default {
           return h('article.card.upstream', { dataset: { name: u.name }, 'aria-label': `Upstream ${u.name}` },
             h('div.card-head', h('h2', u.name), managedBadge(u), h('span.muted', PROVIDERS.find(([p]) => p === u.provider)?.[1] || u.provider)),
             statusBlock(u),
+            figuresBlock(figuresOf(u)),
             h('dl.kv',
               h('dt', 'Base URL'), h('dd', h('code', u.base_url || 'default')),
               h('dt', 'Models'), h('dd', modelsText(u.models)),

@@ -1,6 +1,6 @@
-// Usage: requests, tokens and credits by day (columns, plain SVG), by key, by model and by the
-// values of one tag key (bars, plain HTML), each with a table of the same figures for those who
-// would rather read.
+// Usage: requests, tokens and credits by day (columns, plain SVG), by key, by model, for owners
+// and admins by member and by department, and by the values of one tag key (bars, plain HTML),
+// each with a table of the same figures for those who would rather read.
 
 import { api } from '../api.js';
 import { h, clear, alertBox, messageOf, fmtNum, fmtTime, select, field, pageHeader, table, breakable } from '../ui.js';
@@ -138,6 +138,9 @@ export default {
         h('div.grid.usage-split',
           section('By key', barList(data.key, m, `${mName} by key`), data.key, 'Key'),
           section('By model', barList(data.model, m, `${mName} by model`), data.model, 'Model')),
+        data.member ? h('div.grid.usage-split',
+          section('By member', barList(data.member, m, `${mName} by member`), data.member, 'Member'),
+          section('By department', barList(data.dept, m, `${mName} by department`), data.dept, 'Department')) : null,
         data.tagKey ? section(`By tag ${data.tagKey}`, barList(data.tag, m, `${mName} by tag ${data.tagKey}`), data.tag, 'Value') : null);
     };
     const load = async () => {
@@ -146,8 +149,9 @@ export default {
       try {
         const tk = tagKey.value.trim();
         const byTag = /^[a-z0-9_.-]{1,64}$/.test(tk) ? api.get('/usage', { by: 'tag', tag_key: tk, ...q }).then((r) => r.data || []) : Promise.resolve([]);
-        const [day, key, model, tag] = await Promise.all([...['day', 'key', 'model'].map((by) => api.get('/usage', { by, ...q }).then((r) => r.data || [])), byTag]);
-        data = { day: fillDays(day, days), key, model, tag, tagKey: tk && /^[a-z0-9_.-]{1,64}$/.test(tk) ? tk : '' };
+        const groupings = ctx.role === 'member' ? ['day', 'key', 'model'] : ['day', 'key', 'model', 'member', 'dept'];
+        const [tag, day, key, model, member, dept] = await Promise.all([byTag, ...groupings.map((by) => api.get('/usage', { by, ...q }).then((r) => r.data || []))]);
+        data = { day: fillDays(day, days), key, model, member, dept, tag, tagKey: tk && /^[a-z0-9_.-]{1,64}$/.test(tk) ? tk : '' };
         draw();
       } catch (err) {
         clear(body, alertBox('error', messageOf(err)));

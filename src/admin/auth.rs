@@ -72,8 +72,22 @@ pub async fn login(
     }
 }
 
+/// Sign-out and password change are a person's: a service token is stopped by revoking it.
+fn in_person(actor: &Actor, what: &str) -> AdminResult<()> {
+    match &actor.token {
+        Some(t) => Err(ApiError::Forbidden {
+            message: format!(
+                "a service token cannot {what}; revoke it instead (DELETE /admin/v1/tokens/{})",
+                t.id
+            ),
+        }),
+        None => Ok(()),
+    }
+}
+
 /// `POST /admin/v1/auth/logout`: revokes every token of the signed-in member.
 pub async fn logout(State(state): State<AppState>, actor: Actor) -> AdminResult {
+    in_person(&actor, "sign out")?;
     state
         .store
         .bump_session_epoch(actor.member.id)
@@ -96,6 +110,7 @@ pub async fn change_password(
     actor: Actor,
     Body(req): Body<PasswordChange>,
 ) -> AdminResult {
+    in_person(&actor, "change a password")?;
     let email = &actor.member.email;
     let client = actor.client_ip;
     if let Err(retry_after) = state.sessions.may_try(client, email) {
@@ -146,14 +161,16 @@ pub fn check_password(field: &str, password: &str) -> AdminResult<()> {
     super::checked(field, crate::validate::password(field, password))
 }
 
-/// `GET /admin/v1/me`: who is signed in.
+/// `GET /admin/v1/me`: who is signed in: the member, the role the request acts with, and the
+/// service token it came with, if any.
 pub async fn me(State(state): State<AppState>, actor: Actor) -> AdminResult {
     let m = &actor.member;
     let workspace = state.store.workspace(m.workspace_id).await.map_err(store_error)?;
     Ok(Json(json!({
         "id": m.id,
         "email": m.email,
-        "role": m.role,
+        "role": actor.role().as_str(),
+        "service_token": actor.token.as_ref().map(|t| json!({"id": t.id, "name": t.name, "prefix": t.prefix})),
         "workspace": workspace.map(|w| json!({"id": w.id, "name": w.name, "timezone": state.timezone_of(w.id).name()})),
         "department_id": m.department_id,
     }))
@@ -184,7 +201,7 @@ pub async fn my_quota(State(state): State<AppState>, actor: Actor) -> AdminResul
         .check(&state.store, &policies, &caller(0, ""), now, tz)
         .await
         .map_err(store_error)?;
-    let mut rows = rows_of(&d, None);
+    let mut rows = rows_of(&d, None, tz);
     for k in &keys {
         let mut d = state
             .quota
@@ -193,15 +210,19 @@ pub async fn my_quota(State(state): State<AppState>, actor: Actor) -> AdminResul
             .map_err(store_error)?;
         d.standings
             .retain(|s| s.rule.subject == crate::quota::SubjectKind::Apikey);
-        rows.extend(rows_of(&d, Some((k.id, &k.name))));
+        rows.extend(rows_of(&d, Some((k.id, &k.name)), tz));
     }
     Ok(Json(json!({"timezone": tz.name(), "quotas": rows})).into_response())
 }
 
-fn rows_of(d: &QuotaDecision, key: Option<(i64, &str)>) -> Vec<serde_json::Value> {
+/// The decision's rows as `/v1/quota` has them, with the key they belong to and the end of
+/// each window (the console shows that; `reset_at` is for clients).
+fn rows_of(d: &QuotaDecision, key: Option<(i64, &str)>, tz: chrono_tz::Tz) -> Vec<serde_json::Value> {
     crate::quota::report::rows(d, &Default::default())
         .into_iter()
-        .map(|mut row| {
+        .zip(&d.standings)
+        .map(|(mut row, s)| {
+            row["window_end"] = json!(super::window_end(s, tz));
             if let Some((id, name)) = key {
                 row["key_id"] = json!(id);
                 row["key_name"] = json!(name);

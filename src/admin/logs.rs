@@ -1,4 +1,4 @@
-//! Request logs (DESIGN.md §7), usage aggregates for the console's charts, and the audit log.
+//! Request logs (DESIGN.md §7) and usage aggregates for the console's charts.
 //! A member reads only their own logs and usage; owners and admins the whole workspace.
 
 use axum::Json;
@@ -47,6 +47,14 @@ fn scoped(actor: &Actor, mut f: LogFilter) -> AdminResult<LogFilter> {
             "tag must be `key=value`, e.g. team=search",
         ));
     }
+    // A request id pasted with the header's name or spaces around it still finds the request.
+    f.request_id = f
+        .request_id
+        .map(|id| {
+            let id = id.trim();
+            id.strip_prefix("x-request-id:").unwrap_or(id).trim().to_owned()
+        })
+        .filter(|id| !id.is_empty());
     if f.limit.is_some_and(|l| !(1..=500).contains(&l)) {
         return Err(ApiError::field("limit", "limit must be between 1 and 500"));
     }
@@ -457,58 +465,6 @@ fn by_real_model(rows: Vec<UsageRow>, models: &[ModelRow]) -> Vec<UsageRow> {
     named.sort_by(|a, b| a.group_key.cmp(&b.group_key));
     named.extend(other);
     named
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct AuditQuery {
-    #[serde(default)]
-    cursor: Option<i64>,
-    #[serde(default)]
-    limit: Option<i64>,
-}
-
-/// `GET /admin/v1/audit`: who changed which guardrail, credential, key, member or model, when,
-/// from what to what; newest first.
-pub async fn audit(
-    State(state): State<AppState>,
-    actor: Actor,
-    Params(q): Params<AuditQuery>,
-) -> AdminResult {
-    let limit = q.limit.unwrap_or(50);
-    if !(1..=500).contains(&limit) {
-        return Err(ApiError::field("limit", "limit must be between 1 and 500"));
-    }
-    let mut rows = state
-        .store
-        .audit_page(actor.workspace_id(), q.cursor, limit + 1)
-        .await
-        .map_err(store_error)?;
-    let next_cursor = if rows.len() as i64 > limit {
-        rows.truncate(limit as usize);
-        rows.last().map(|r| r.id)
-    } else {
-        None
-    };
-    let parse = |v: &Option<String>| v.as_deref().and_then(|s| serde_json::from_str::<Value>(s).ok());
-    let data: Vec<Value> = rows
-        .iter()
-        .map(|r| {
-            json!({
-                "id": r.id,
-                "at": r.at,
-                "actor_id": r.actor_id,
-                "actor_email": r.actor_email,
-                "action": r.action,
-                "target_kind": r.target_kind,
-                "target_id": r.target_id,
-                "before": parse(&r.before_json),
-                "after": parse(&r.after_json),
-                "client_ip": r.client_ip,
-            })
-        })
-        .collect();
-    Ok(Json(json!({"data": data, "next_cursor": next_cursor})).into_response())
 }
 
 #[cfg(test)]

@@ -8,6 +8,7 @@
 //! id of another workspace answers 404, as if it did not exist.
 
 mod alerts;
+mod audit_log;
 mod auth;
 mod keys;
 mod logs;
@@ -17,6 +18,8 @@ mod policy_labels;
 pub mod session;
 mod sso;
 mod tenancy;
+mod tokens;
+mod upstream_figures;
 mod upstreams;
 
 use axum::Router;
@@ -122,6 +125,7 @@ admin_routes! {
     post "/admin/v1/alerts/{id}/retry" Admin => alerts::retry;
 
     get "/admin/v1/upstreams" Admin => upstreams::list;
+    get "/admin/v1/upstreams/figures" Admin => upstream_figures::figures;
     post "/admin/v1/upstreams" Admin => upstreams::create;
     get "/admin/v1/upstreams/{id}" Admin => upstreams::get;
     patch "/admin/v1/upstreams/{id}" Admin => upstreams::update;
@@ -138,7 +142,11 @@ admin_routes! {
     get "/admin/v1/logs/export" Member => logs::export;
     get "/admin/v1/logs/{request_id}" Member => logs::get;
     get "/admin/v1/usage" Member => logs::usage;
-    get "/admin/v1/audit" Admin => logs::audit;
+    get "/admin/v1/audit" Admin => audit_log::list;
+
+    get "/admin/v1/tokens" Admin => tokens::list;
+    post "/admin/v1/tokens" Admin => tokens::create;
+    delete "/admin/v1/tokens/{id}" Admin => tokens::revoke;
 }
 
 /// The admin routes, every one behind [`guard`].
@@ -210,9 +218,13 @@ async fn guard(
             Need::Owner => "the owner",
             _ => "an owner or admin",
         };
+        let who = match &actor.token {
+            Some(_) => "this service token acts as",
+            None => "you are signed in as",
+        };
         return ApiError::Forbidden {
             message: format!(
-                "{} {} needs {needed}; you are signed in as {}",
+                "{} {} needs {needed}; {who} {}",
                 req.method(),
                 matched.as_str(),
                 actor.role().as_str()
@@ -330,12 +342,14 @@ pub async fn audit(
     after: Option<serde_json::Value>,
 ) {
     let client_ip = actor.client_ip.to_string();
+    let token = actor.token_label();
     let entry = AuditEntry {
         client_ip: &client_ip,
         workspace_id: actor.workspace_id(),
         at: state.clock.now_ms(),
         actor_id: actor.member.id,
         actor_email: &actor.member.email,
+        actor_token: token.as_deref(),
         action,
         target_kind,
         target_id,
@@ -367,6 +381,13 @@ pub async fn delete_policies(
             .map_err(store_error)?;
     }
     Ok(())
+}
+
+/// When a quota's current window ends, in the zone it is aligned in: what the console shows
+/// (a client is told `reset_at`, one to two minutes later, spread per subject: DESIGN.md §4).
+pub fn window_end(s: &crate::quota::engine::Standing, tz: chrono_tz::Tz) -> Option<String> {
+    s.window_end
+        .map(|end| crate::quota::window::format_reset_at(&end.with_timezone(&tz).fixed_offset()))
 }
 
 /// Unix ms as RFC 3339, for deadlines.

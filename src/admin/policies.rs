@@ -239,6 +239,7 @@ async fn policy_json(state: &AppState, names: &Names, p: &PolicyRow) -> AdminRes
         "used": null,
         "remaining": null,
         "reset_at": null,
+        "window_end": null,
         "created_by": p.created_by,
         "created_at": p.created_at,
         "updated_at": p.updated_at,
@@ -258,6 +259,7 @@ async fn policy_json(state: &AppState, names: &Names, p: &PolicyRow) -> AdminRes
         v["used"] = display_value(metric, s.used);
         v["remaining"] = display_value(metric, s.remaining(0));
         v["reset_at"] = json!(s.reset_at.as_ref().map(format_reset_at));
+        v["window_end"] = json!(super::window_end(&s, tz));
     }
     Ok(v)
 }
@@ -353,6 +355,7 @@ pub async fn standings(
                     "percent": (percent * 10.0).round() / 10.0,
                     "mode": rule.mode.as_str(),
                     "reset_at": s.reset_at.as_ref().map(format_reset_at),
+                    "window_end": super::window_end(s, tz),
                 }),
             ));
         }

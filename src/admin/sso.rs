@@ -133,10 +133,7 @@ async fn sign_in(
         {
             // Removed from every mapped group: this and every open session end now.
             let _ = store.bump_session_epoch(m.id).await;
-            let actor = Actor {
-                member: m.clone(),
-                client_ip,
-            };
+            let actor = Actor::signed_in(m.clone(), client_ip);
             audit(
                 state,
                 &actor,
@@ -175,10 +172,7 @@ async fn sign_in(
                     .update_member(m.id, department, &role)
                     .await
                     .map_err(|_| "unavailable")?;
-                let actor = Actor {
-                    member: m.clone(),
-                    client_ip,
-                };
+                let actor = Actor::signed_in(m.clone(), client_ip);
                 audit(
                     state,
                     &actor,
@@ -207,10 +201,7 @@ async fn sign_in(
                     tracing::warn!(error = %store_error(e), "single sign-on could not create the member");
                     "unavailable"
                 })?;
-            let actor = Actor {
-                member: m.clone(),
-                client_ip,
-            };
+            let actor = Actor::signed_in(m.clone(), client_ip);
             let after = json!({"email": m.email, "role": m.role, "department_id": m.department_id});
             audit(
                 state,
@@ -226,10 +217,7 @@ async fn sign_in(
         }
     };
     let (token, _) = state.sessions.issue(&member, state.clock.now());
-    let actor = Actor {
-        member: member.clone(),
-        client_ip,
-    };
+    let actor = Actor::signed_in(member.clone(), client_ip);
     let after = json!({"subject": id.subject, "groups": id.groups});
     audit(
         state,

@@ -16,18 +16,33 @@ use super::{
 use crate::app::AppState;
 use crate::error::ApiError;
 use crate::managed::Kind;
-use crate::store::{AdminStore, ServedModel, Table, UpstreamRow, UpstreamStore};
+use crate::store::{
+    AdminStore, CredentialFigureStore, ParkEvent, ServedModel, Table, UpstreamRow, UpstreamStore,
+};
 use crate::upstream::adapter::{self, Endpoint};
 use crate::upstream::pool::Credential;
 use crate::upstream::{Provider, dispatch};
 use crate::validate;
 
-/// The credential as the API shows it: everything but the secret, with its locks.
-fn upstream_json(state: &AppState, up: &UpstreamRow) -> Value {
+/// The credential as the API shows it: everything but the secret, with its locks and, from the
+/// recorded locks `events` (the credential's, of the last day), the provider's words that set
+/// each running lock and, when banned, the ban.
+fn upstream_json(state: &AppState, up: &UpstreamRow, events: &[ParkEvent]) -> Value {
     let now = state.clock.now_ms();
     let mut locks = state.locks.of(up.id, now);
     locks.sort_by_key(|(_, until, _)| *until);
     let resumes_at = locks.last().map(|(_, until, _)| *until);
+    let mine = || events.iter().filter(|e| e.credential_id == up.id);
+    // The latest record of the same target still running (events come oldest first).
+    let words = |target: &str| {
+        mine()
+            .rfind(|e| e.target == target && e.until_ms > now)
+            .and_then(|e| e.message.clone())
+    };
+    let banned = state.locks.is_banned(up.id);
+    let ban_words = banned
+        .then(|| mine().next_back().and_then(|e| e.message.clone()))
+        .flatten();
     json!({
         "id": up.id,
         "name": up.name,
@@ -44,7 +59,8 @@ fn upstream_json(state: &AppState, up: &UpstreamRow) -> Value {
         },
         "quota_group": up.quota_group,
         "enabled": up.enabled == 1,
-        "banned": state.locks.is_banned(up.id),
+        "banned": banned,
+        "banned_message": ban_words,
         "managed_by": state.managed.by(Kind::Upstream, up.id),
         "backoff_level": state.locks.backoff_level(up.id),
         "locks": locks.iter().map(|(target, until, rule)| json!({
@@ -52,6 +68,7 @@ fn upstream_json(state: &AppState, up: &UpstreamRow) -> Value {
             "rule": rule,
             "until": rfc3339(*until),
             "seconds_left": (until - now + 999).div_euclid(1000),
+            "message": words(target),
         })).collect::<Vec<_>>(),
         "resumes_at": resumes_at.and_then(rfc3339),
         "created_at": up.created_at,
@@ -77,7 +94,9 @@ pub async fn list(State(state): State<AppState>, actor: Actor, Params(page): Par
         .await
         .map_err(store_error)?;
     let (rows, next_cursor) = page_of(rows, limit, |u| u.id);
-    let data: Vec<Value> = rows.iter().map(|u| upstream_json(&state, u)).collect();
+    let ids: Vec<i64> = rows.iter().map(|u| u.id).collect();
+    let events = recent_parks(&state, &ids).await?;
+    let data: Vec<Value> = rows.iter().map(|u| upstream_json(&state, u, &events)).collect();
     Ok(Json(json!({ "data": data, "next_cursor": next_cursor })).into_response())
 }
 
@@ -86,7 +105,30 @@ pub async fn list(State(state): State<AppState>, actor: Actor, Params(page): Par
 /// countdown, as kRouter shows it).
 pub async fn get(State(state): State<AppState>, actor: Actor, Id(id): Id) -> AdminResult {
     let up = upstream_in(&state, &actor, id).await?;
-    Ok(Json(upstream_json(&state, &up)).into_response())
+    let events = recent_parks(&state, &[up.id]).await?;
+    Ok(Json(upstream_json(&state, &up, &events)).into_response())
+}
+
+/// The locks recorded on `credentials` that ended within the last day or still run.
+pub(super) async fn recent_parks(state: &AppState, credentials: &[i64]) -> AdminResult<Vec<ParkEvent>> {
+    let since = state.clock.now_ms().saturating_sub(crate::store::DAY_MS);
+    state
+        .store
+        .park_events(credentials, since)
+        .await
+        .map_err(store_error)
+}
+
+/// Ends the recorded locks a clear ended (so the time parked stops there); a failure is logged:
+/// the clear itself has happened.
+async fn end_parks(state: &AppState, credential: i64, models_only: bool) {
+    if let Err(e) = state
+        .store
+        .end_parks(credential, state.clock.now_ms(), models_only)
+        .await
+    {
+        tracing::warn!(error = %e, credential, "could not end the recorded locks of a credential");
+    }
 }
 
 #[derive(Deserialize)]
@@ -256,7 +298,7 @@ pub async fn create(
     apply(&state, &mut row, input, true)?;
     row.id = state.store.save_upstream(&row).await.map_err(store_error)?;
     config_changed(&state).await?;
-    let body = upstream_json(&state, &row);
+    let body = upstream_json(&state, &row, &[]);
     audit(
         &state,
         &actor,
@@ -288,10 +330,11 @@ pub async fn update(
         crate::upstream::locks::clear_model_locks(&state.store, id)
             .await
             .map_err(store_error)?;
+        end_parks(&state, id, true).await;
     }
     config_changed(&state).await?;
-    let after = upstream_json(&state, &row);
-    let mut before_json = upstream_json(&state, &before);
+    let after = upstream_json(&state, &row, &[]);
+    let mut before_json = upstream_json(&state, &before, &[]);
     if secret_changed {
         before_json["api_key"] = json!("(replaced)");
     }
@@ -311,7 +354,7 @@ pub async fn update(
 /// `DELETE /admin/v1/upstreams/{id}`.
 pub async fn delete(State(state): State<AppState>, actor: Actor, Id(id): Id) -> AdminResult {
     let before = upstream_in(&state, &actor, id).await?;
-    let before_json = upstream_json(&state, &before);
+    let before_json = upstream_json(&state, &before, &[]);
     state
         .store
         .delete_in(Table::Upstreams, actor.workspace_id(), id)
@@ -360,6 +403,7 @@ pub async fn test(State(state): State<AppState>, actor: Actor, Id(id): Id) -> Ad
             crate::upstream::locks::clear(&state.store, up.id)
                 .await
                 .map_err(store_error)?;
+            end_parks(&state, up.id, false).await;
             config_changed(&state).await?;
             json!({"ok": true, "status": r.status().as_u16(), "latency_ms": latency_ms, "cleared": true})
         }

@@ -49,6 +49,8 @@ pub struct AuditEntry<'a> {
     pub actor_id: i64,
     /// Their email.
     pub actor_email: &'a str,
+    /// The service token they acted through (name and display prefix), if any.
+    pub actor_token: Option<&'a str>,
     /// What they did.
     pub action: &'a str,
     /// To what kind of thing.
@@ -312,7 +314,8 @@ impl AdminStore for Store {
     async fn audit(&self, e: &AuditEntry<'_>) -> StoreResult<()> {
         sqlx::query(
             "INSERT INTO audit_log (workspace_id, at, actor_id, actor_email, action, target_kind, target_id,
-               before_json, after_json, client_ip) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+               before_json, after_json, client_ip, actor_token)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
         )
         .bind(e.workspace_id)
         .bind(e.at)
@@ -324,6 +327,7 @@ impl AdminStore for Store {
         .bind(e.before.as_ref().map(|v| v.to_string()))
         .bind(e.after.as_ref().map(|v| v.to_string()))
         .bind(e.client_ip)
+        .bind(e.actor_token)
         .execute(self.pool())
         .await?;
         Ok(())

@@ -49,6 +49,24 @@ impl Role {
             Role::Member => "member",
         }
     }
+
+    /// Whether this role may do everything `other` may (owner ⊇ admin ⊇ member).
+    pub fn covers(self, other: Role) -> bool {
+        self.rank() >= other.rank()
+    }
+
+    /// The lower of two roles.
+    pub fn lower(self, other: Role) -> Role {
+        if self.rank() <= other.rank() { self } else { other }
+    }
+
+    fn rank(self) -> u8 {
+        match self {
+            Role::Member => 0,
+            Role::Admin => 1,
+            Role::Owner => 2,
+        }
+    }
 }
 
 impl std::str::FromStr for Role {
@@ -271,4 +289,6 @@ pub struct AuditRow {
     pub after_json: Option<String>,
     /// The address the change came from (none for changes recorded before it was kept).
     pub client_ip: Option<String>,
+    /// The service token the change was made with (its name and display prefix), if any.
+    pub actor_token: Option<String>,
 }

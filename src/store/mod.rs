@@ -6,12 +6,14 @@
 mod admin;
 mod alerts;
 mod breaker;
+mod credential_figures;
 mod entities;
 mod health;
 mod keys;
 mod locks;
 mod request_logs;
 mod tenancy;
+mod tokens;
 mod upkeep;
 mod usage;
 mod usage_rollup;
@@ -19,11 +21,13 @@ mod usage_rollup;
 pub use admin::*;
 pub use alerts::*;
 pub use breaker::*;
+pub use credential_figures::*;
 pub use entities::*;
 pub use keys::*;
 pub use locks::*;
 pub use request_logs::*;
 pub use tenancy::*;
+pub use tokens::*;
 pub use usage::*;
 pub use usage_rollup::{DAY_MS, HOUR_MS, day_of, hour_of};
 

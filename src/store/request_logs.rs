@@ -94,6 +94,10 @@ pub struct LogFilter {
     pub model: Option<String>,
     /// Only this status.
     pub status: Option<i64>,
+    /// `true`: only failures (status 400 or above); `false`: only successes.
+    pub errors: Option<bool>,
+    /// Only the request with this `x-request-id`.
+    pub request_id: Option<String>,
     /// Only this source (`gateway` or `upstream`).
     pub source: Option<String>,
     /// Only requests carrying this tag, `key=value` (issue 25 item 6).
@@ -297,6 +301,7 @@ impl RequestLogStore for Store {
         // The rollup's rows are the ones every gateway's batches share (a few per hour): locked
         // last, so they are held only until the commit that follows.
         super::usage_rollup::add(self, &mut tx, records).await?;
+        super::credential_figures::add(self, &mut tx, records).await?;
         tx.commit().await?;
         self.last_used.written(&due);
         Ok(())
@@ -334,6 +339,18 @@ impl RequestLogStore for Store {
         }
         if let Some(v) = f.status {
             b.push(" AND status = ").bind(v);
+        }
+        match f.errors {
+            Some(true) => {
+                b.push(" AND status >= 400");
+            }
+            Some(false) => {
+                b.push(" AND status < 400");
+            }
+            None => {}
+        }
+        if let Some(v) = &f.request_id {
+            b.push(" AND request_id = ").bind(v.clone());
         }
         if let Some(v) = &f.source {
             b.push(" AND source = ").bind(v.clone());
@@ -390,6 +407,9 @@ impl RequestLogStore for Store {
             ("usage_rollup_member_hourly", "hour_start", HOUR_MS),
             ("usage_rollup_daily", "day_start", super::DAY_MS),
             ("usage_rollup_member", "day_start", super::DAY_MS),
+            ("upstream_rollup", "hour_start", HOUR_MS),
+            // A lock's record goes once it ended before the cutoff.
+            ("upstream_lock_events", "until_ms", 0),
         ];
         for (table, time, unit_ms) in rollups {
             let r = sqlx::query(&format!(

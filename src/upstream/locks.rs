@@ -21,7 +21,8 @@ pub enum LockTarget {
 }
 
 impl LockTarget {
-    fn to_db(&self) -> String {
+    /// As stored (`upstream_locks.target`).
+    pub fn to_db(&self) -> String {
         match self {
             LockTarget::Model(m) => m.clone(),
             LockTarget::AllFree => ALL_FREE_TARGET.to_owned(),

@@ -61,6 +61,9 @@ test('owner: a member guardrail is enforced on the next proxied request and the 
   await dlg.waitFor({ state: 'detached' });
   const row = p.getByRole('row').filter({ hasText: ADA.email });
   await row.getByText('1 requests per day').waitFor();
+  // The notice covers none of the page's controls (the new row's buttons included).
+  await p.locator('#toasts .toast').filter({ hasText: 'Guardrail created.' }).waitFor();
+  assert.deepEqual(await p.evaluate(toastCovers), [], 'the toast covers a control');
 
   // Proxied requests with the member's key until the gateway refuses one.
   const statuses = [];
@@ -114,6 +117,25 @@ test('owner: a member guardrail is enforced on the next proxied request and the 
   const [download] = await Promise.all([p.waitForEvent('download'), p.getByRole('button', { name: 'Export CSV' }).click()]);
   const csv = await readFile(await download.path(), 'utf8');
   assert.match(csv, /quota_exceeded/);
+
+  // One request found by the x-request-id its client saw; then every failure, and only those.
+  const requestId = refusal.headers.get('x-request-id');
+  await p.getByLabel('Request ID').fill(`  ${requestId} `);
+  await p.getByRole('button', { name: 'Apply filters' }).click();
+  await p.waitForFunction((id) => {
+    const rows = [...document.querySelectorAll('.log-table tbody tr')];
+    return rows.length === 1 && rows[0].querySelector('button').getAttribute('aria-label').endsWith(id);
+  }, requestId);
+  await p.getByLabel('Request ID').fill('');
+  await p.getByLabel('Source').selectOption('');
+  await p.getByLabel('Status').fill('');
+  await p.getByLabel('Errors only').check();
+  await p.getByRole('button', { name: 'Apply filters' }).click();
+  await p.waitForFunction(() => {
+    const badges = [...document.querySelectorAll('.log-table tbody td.c-status .badge')].map((b) => Number(b.textContent));
+    return badges.length > 0 && badges.every((st) => st >= 400);
+  });
+  await shot(p, 'desktop-logs-errors-only');
 
   // Loosen the guardrail for the next scenario (edit keeps the usage counter).
   await nav(p, 'Guardrails');
@@ -272,7 +294,27 @@ test('upstream parked by the mock shows a countdown; Test connection clears it',
     return el && el.textContent !== before;
   }, first, { timeout: 5000 });
   assert.match(await card.innerText(), /provider named when it resets/);
+  // The provider's own words, on the card of what they parked; the figures of its last day.
+  await card.locator('.said').filter({ hasText: 'Rate limit reached for requests' }).waitFor();
+  await card.locator('dl.figures').waitFor();
+  assert.match(await card.locator('dl.figures').innerText(), /Attempts[\s\S]*Failed[\s\S]*Parked/);
   await shot(p, 'desktop-upstreams-parked');
+  // The request's log tells the attempt in words, with what the provider said.
+  await nav(p, 'Logs');
+  const failedId = r.headers.get('x-request-id');
+  await p.getByLabel('Request ID').fill(failedId);
+  const details = p.getByRole('button', { name: `Details of request ${failedId}` });
+  for (let i = 0; i < 40 && !(await details.isVisible()); i += 1) {
+    await p.getByRole('button', { name: 'Apply filters' }).click();
+    await new Promise((ok) => setTimeout(ok, 250));
+  }
+  await details.click();
+  const detail = p.getByRole('dialog', { name: /Request / });
+  const attempt = detail.locator('li.attempt').first();
+  await attempt.locator('.said').filter({ hasText: 'Provider said: Rate limit reached for requests' }).waitFor();
+  assert.match(await attempt.innerText(), /HTTP 429[\s\S]*primary[\s\S]*parked until/);
+  await shot(p, 'desktop-log-detail-attempts');
+  await detail.getByRole('button', { name: 'Close', exact: true }).last().click();
   await nav(p, 'Overview');
   const parked = p.locator('.attention-item[data-kind="credential"]').filter({ hasText: 'Credential primary' });
   await parked.getByText('parked', { exact: true }).waitFor();
@@ -391,6 +433,41 @@ test('owner: invites a member (one-time password), sees API errors as messages, 
   assert.equal(calls.calls.filter((c) => c.path.endsWith('/messages')).at(-1).credential, 'cred-claude');
 });
 
+test('owner: a service token made in Settings is shown once, works as a bearer, and Revoke stops it', async () => {
+  const p = await page();
+  await signIn(p, OWNER);
+  await nav(p, 'Settings');
+  await p.getByRole('button', { name: 'New service token' }).click();
+  const dlg = p.getByRole('dialog', { name: 'New service token' });
+  await dlg.getByRole('button', { name: 'Create token' }).click(); // no name: refused before sending
+  await dlg.locator('.field-error').first().waitFor();
+  await dlg.getByLabel('Name').fill('terraform');
+  await dlg.getByLabel('Role').selectOption('admin');
+  await dlg.getByRole('button', { name: 'Create token' }).click();
+  const shown = p.getByRole('dialog', { name: 'Your new service token' });
+  const token = await shown.getByLabel('Service token').inputValue();
+  assert.match(token, /^aigw_st_[0-9A-Za-z]{43}$/);
+  await shot(p, 'owner-token-shown-once');
+  await shown.getByRole('button', { name: 'Done' }).click();
+  const row = p.getByRole('table', { name: 'Service tokens' }).getByRole('row').filter({ hasText: 'terraform' });
+  await row.getByText('active', { exact: true }).waitFor();
+  assert.match(await row.innerText(), new RegExp(token.slice(0, 12)));
+  assert.ok(!(await p.content()).includes(token), 'the secret is not on the page after it was shown');
+
+  // A script: the token as a bearer, acting as an admin.
+  const asScript = (path) => fetch(`${stack.base}/admin/v1${path}`, { headers: { authorization: `Bearer ${token}` } });
+  const me = await asScript('/me');
+  assert.equal(me.status, 200);
+  assert.equal((await me.json()).role, 'admin');
+  assert.equal((await asScript('/members')).status, 200);
+
+  await row.getByRole('button', { name: 'Revoke token terraform' }).click();
+  await p.getByRole('dialog', { name: 'Revoke service token' }).getByRole('button', { name: 'Revoke' }).click();
+  await row.getByText('revoked', { exact: true }).waitFor();
+  await shot(p, 'owner-token-revoked');
+  assert.equal((await asScript('/me')).status, 401);
+});
+
 const PAGES = [
   ['overview', 'Overview'], ['guardrails', 'Guardrails'], ['alerts', 'Alerts'], ['keys', 'API keys'], ['upstreams', 'Upstreams'],
   ['models', 'Models'], ['logs', 'Logs'], ['usage', 'Usage'], ['members', 'Members'], ['audit', 'Audit log'], ['settings', 'Settings'],
@@ -398,10 +475,12 @@ const PAGES = [
 const WIDTHS = [[390, 844], [1280, 800], [1920, 1080]];
 
 /**
- * What sticks out sideways, measured in the page: the document wider than the window, any
- * element of the main content (or of an open dialog) whose content is wider than its box (a
- * table behind a horizontal scroll, a clipped button), and chart text outside its drawing.
- * There is no deliberately scrollable region left in the console, so none is excused.
+ * What sticks out sideways or is cut, measured in the page: the document wider than the window,
+ * any element of the main content (or of an open dialog) whose content is wider than its box (a
+ * table behind a horizontal scroll, a clipped button), chart text outside its drawing, a select
+ * too narrow for its chosen option, a date broken over lines, a usage bar squeezed under 80 px,
+ * and a filter whose input sits higher or lower than the others of its row. There is no
+ * deliberately scrollable region left in the console, so none is excused.
  */
 function overflowIn() {
   const out = [];
@@ -422,11 +501,72 @@ function overflowIn() {
     if (cs.display === 'inline' || cs.display === 'none' || el.clientWidth <= 1) continue;
     if (el.scrollWidth > el.clientWidth + 1) out.push(`${describe(el)} is ${el.scrollWidth - el.clientWidth} px wider than its box`);
   }
+  // A select shows its chosen option whole (the arrow takes about 24 px of its inner width).
+  const ctx2d = document.createElement('canvas').getContext('2d');
+  for (const sel of root.querySelectorAll('select')) {
+    if (!sel.offsetParent || sel.selectedIndex < 0) continue;
+    const cs = getComputedStyle(sel);
+    ctx2d.font = `${cs.fontWeight} ${cs.fontSize} ${cs.fontFamily}`;
+    const text = sel.options[sel.selectedIndex].text;
+    const room = sel.clientWidth - parseFloat(cs.paddingLeft) - parseFloat(cs.paddingRight) - 20;
+    const need = ctx2d.measureText(text).width;
+    if (need > room + 1) out.push(`${describe(sel)} [${sel.getAttribute('aria-label') || sel.name}] cuts "${text}" (${Math.round(need)} px in ${Math.round(room)} px)`);
+  }
+  // A date or time on one line.
+  const dates = /\b\d{2}-\d{2} \d{2}:\d{2}|\d{4}-\d{2}-\d{2}/;
+  const walker = document.createTreeWalker(root, NodeFilter.SHOW_TEXT);
+  for (let n = walker.nextNode(); n; n = walker.nextNode()) {
+    if (!dates.test(n.textContent) || !n.parentElement || !n.parentElement.offsetParent || n.parentElement.closest('pre, details:not([open])')) continue;
+    const range = document.createRange();
+    range.selectNodeContents(n);
+    const lines = new Set([...range.getClientRects()].map((r) => Math.round(r.top)));
+    if (lines.size > 1) out.push(`the date "${n.textContent.trim()}" is broken over ${lines.size} lines`);
+  }
+  for (const b of root.querySelectorAll('.bar')) {
+    if (b.offsetParent && b.getBoundingClientRect().width < 79.5) out.push(`${describe(b.closest('td, li') || b)}: a usage bar only ${Math.round(b.getBoundingClientRect().width)} px wide`);
+  }
+  // The inputs of a row of filters line up, whatever hint is under one of them.
+  for (const form of root.querySelectorAll('.filters')) {
+    // Fields that share a band of height share a row of the grid.
+    const rows = [];
+    const fields = [...form.querySelectorAll(':scope > .field, :scope > .custom-range > .field')]
+      .map((f) => [f.getBoundingClientRect(), f.querySelector('input:not([type=checkbox]), select')])
+      .filter(([, ctl]) => ctl && ctl.offsetParent)
+      .sort(([a], [b]) => a.top - b.top);
+    for (const [r, ctl] of fields) {
+      const row = rows.find((x) => r.top < x.bottom - 1);
+      if (row) { row.ctls.push(ctl); row.bottom = Math.max(row.bottom, r.bottom); } else rows.push({ bottom: r.bottom, ctls: [ctl] });
+    }
+    for (const { ctls } of rows) {
+      const tops = ctls.map((c) => Math.round(c.getBoundingClientRect().top));
+      if (Math.max(...tops) - Math.min(...tops) > 2) out.push(`filters: the inputs of one row are ${Math.max(...tops) - Math.min(...tops)} px apart (${ctls.map((c) => c.name).join(', ')})`);
+    }
+  }
   for (const svg of root.querySelectorAll('svg.chart')) {
     const vb = svg.viewBox.baseVal;
     for (const t of svg.querySelectorAll('text')) {
       const b = t.getBBox();
       if (b.x < vb.x - 0.5 || b.x + b.width > vb.x + vb.width + 0.5) out.push(`chart text "${t.textContent}" is cut off (x ${Math.round(b.x)}..${Math.round(b.x + b.width)} of ${vb.width})`);
+    }
+  }
+  return out;
+}
+
+/** What a shown toast lies over: the page's content (where the buttons of a new row may be at
+ * any moment), and any of its buttons, links and fields. */
+function toastCovers() {
+  const toasts = [...document.querySelectorAll('#toasts .toast')].map((t) => t.getBoundingClientRect());
+  const out = [];
+  const main = document.getElementById('main').getBoundingClientRect();
+  const visible = { left: main.left, right: main.right, top: Math.max(main.top, 0), bottom: Math.min(main.bottom, window.innerHeight) };
+  for (const t of toasts) {
+    if (visible.left < t.right && t.left < visible.right && visible.top < t.bottom && t.top < visible.bottom) out.push('the page\'s content');
+  }
+  for (const el of document.querySelectorAll('#main button, #main a, #main input, #main select, #main textarea')) {
+    const r = el.getBoundingClientRect();
+    if (!r.width || !r.height) continue;
+    for (const t of toasts) {
+      if (r.left < t.right && t.left < r.right && r.top < t.bottom && t.top < r.bottom) out.push(`${el.tagName.toLowerCase()} "${(el.innerText || el.getAttribute('aria-label') || el.name || '').trim().slice(0, 30)}"`);
     }
   }
   return out;
@@ -733,6 +873,9 @@ test('owner: a key limited to some tags, a guardrail on a tag value, logs and us
 });
 
 test('every page at 390, 1280 and 1920 px: screenshots, and nothing wider than its box', async () => {
+  // A key blocked by its breaker (its second trip: 2 minutes), so Keys shows the longest state.
+  for (let i = 0; i < 10; i += 1) await Promise.all(Array.from({ length: 10 }, () => chat(stack, FLAKY_KEY, 'no-such-model')));
+  assert.equal((await chat(stack, FLAKY_KEY)).body.error.code, 'api_key_circuit_open');
   const failures = [];
   for (const [width, height] of WIDTHS) {
     const p = await page({ width, height });
@@ -747,6 +890,14 @@ test('every page at 390, 1280 and 1920 px: screenshots, and nothing wider than i
         const labels = await byModel.locator('.hbar-label').allInnerTexts();
         assert.ok(labels.includes('gpt-4o-mini') && labels.includes('Unknown or no model'), labels.join(', '));
         assert.ok(!labels.includes('no-such-model') && !labels.includes('—'), labels.join(', '));
+      }
+      if (slug === 'logs' && width >= 1280) {
+        // Tokens, credits and latency are columns at 1280 px too, and the explanation has room.
+        for (const label of ['Tokens / credits', 'Latency']) {
+          assert.ok(await p.getByRole('columnheader', { name: label }).isVisible(), `${label} at ${width} px`);
+        }
+        const expl = await p.getByRole('columnheader', { name: 'Explanation' }).evaluate((th) => th.getBoundingClientRect().width);
+        assert.ok(expl >= (width >= 1920 ? 500 : 250), `the explanation is ${Math.round(expl)} px wide at ${width} px`);
       }
       if (slug === 'logs' && width < 500) {
         // A log row is a short card on a phone, not a column of twelve labelled lines.

@@ -24,15 +24,15 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use self::candidates::candidates;
 pub(crate) use self::exchange::request;
 use self::exchange::{Unread, read_answer, read_error};
-pub use self::outcome::{Answer, Attempt, AttemptLog, Complete, Dispatched, UpstreamError};
-pub use self::park::time_out;
+pub use self::outcome::{Answer, Attempt, AttemptLog, Complete, Dispatched, UpstreamError, provider_words};
+pub use self::park::{PersistLocks, time_out};
 use self::park::{park, rfc3339};
 use super::adapter::{Endpoint, Fields};
 use super::admission::{Admission, Refusal, Slot};
 use super::classify::{self, Classification, NextStep, Rule, Sharing, UpstreamFailure};
 use super::corroboration::Corroboration;
 use super::http;
-use super::locks::{LockEntry, LockTarget, Locks};
+use super::locks::Locks;
 use super::pool::{Credential, ModelRoute};
 use crate::clock::Clock;
 use crate::config::Settings;
@@ -62,21 +62,15 @@ pub struct Upstreams<'a> {
     pub persist: &'a dyn PersistLocks,
 }
 
-/// Persists what a failure parked (extend-only) and a ban, off the request path, so that every
-/// gateway on the database honours them.
-pub trait PersistLocks: Sync {
-    /// Hands `rows` (and `banned`, a credential to mark banned) to a background write.
-    fn persist_locks(&self, rows: Vec<(i64, LockTarget, LockEntry)>, banned: Option<i64>);
-}
-
 /// The rule an attempt names in the log when it was retried (groot ADR 0008: one retry).
 pub const SINGLE_CANDIDATE_RETRY: &str = "single_candidate_retry";
 /// The wait a refusal names when the only candidates left are out of rotation with no end
 /// (disabled, or banned until a connection test passes): five minutes, the longest backoff;
 /// over a minute, so the SDKs are told not to retry by themselves.
 const OUT_OF_ROTATION_WAIT_SECS: u64 = 300;
-/// What the log says of a credential whose slots stayed full (kRouter's "busy, try another").
-const CREDENTIAL_BUSY: &str = "credential busy: no in-flight slot came free in time";
+/// What the log says of a credential whose slots stayed full (kRouter's "busy, try another");
+/// the credentials' figures leave such an attempt out, as nothing was sent.
+const CREDENTIAL_BUSY: &str = crate::store::BUSY_ATTEMPT;
 
 /// Tries the chain's candidates in order until `deadline`. `attempts` collects every attempt for
 /// the log; `member_id` is the caller's member (groot ADR 0008 corroboration counts members).
@@ -418,6 +412,7 @@ impl Run<'_> {
                 self.push(Attempt {
                     status: Some(status),
                     rule: Some(SINGLE_CANDIDATE_RETRY),
+                    message: provider_words(&error.body),
                     ..Attempt::of(cred, model)
                 });
                 req = again;
@@ -490,11 +485,13 @@ impl Run<'_> {
         error: UpstreamError,
         class: Classification,
     ) -> NextStep {
-        let lock_until = self.park(cred, upstream_model, &class);
+        let words = provider_words(&error.body);
+        let lock_until = self.park(cred, upstream_model, &class, words.as_deref());
         self.push(Attempt {
             status: Some(error.status),
             rule: Some(class.rule.name()),
             lock_until: lock_until.map(rfc3339),
+            message: words,
             ..Attempt::of(cred, model)
         });
         self.last = Some(Dispatched::UpstreamFailed(error));
@@ -512,7 +509,7 @@ impl Run<'_> {
         reason: String,
     ) -> NextStep {
         let class = classify::invalid_response(self.up.clock.now());
-        let lock_until = self.park(cred, upstream_model, &class);
+        let lock_until = self.park(cred, upstream_model, &class, Some(&reason));
         tracing::warn!(credential = %cred.name, model = upstream_model, status, reason = %reason, "upstream answer refused");
         self.push(Attempt {
             status: Some(status),
@@ -564,7 +561,7 @@ impl Run<'_> {
                 now,
                 level,
             ));
-            let lock_until = self.park(cred, upstream_model, &class);
+            let lock_until = self.park(cred, upstream_model, &class, Some(CREDENTIAL_BUSY));
             if let Some(until) = lock_until {
                 self.free_at(until.timestamp_millis());
             }
@@ -615,6 +612,7 @@ impl Run<'_> {
         cred: &Credential,
         upstream_model: &str,
         class: &Classification,
+        said: Option<&str>,
     ) -> Option<DateTime<Utc>> {
         if let (Some(lock), Some(g)) = (&class.lock, &cred.quota_group)
             && matches!(lock.sharing, Sharing::Account | Sharing::AccountIfCorroborated)
@@ -629,6 +627,7 @@ impl Run<'_> {
             cred,
             upstream_model,
             class,
+            said,
         )
     }
 }

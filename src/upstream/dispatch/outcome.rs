@@ -30,6 +30,10 @@ pub struct Attempt {
     /// What went wrong, when the connection failed.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// The provider's own words, when it answered an error: its message, masked and bounded
+    /// ([`provider_words`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
     /// The lock the failure wrote, RFC 3339.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub lock_until: Option<String>,
@@ -69,6 +73,7 @@ impl Attempt {
             status: None,
             rule: None,
             error: None,
+            message: None,
             lock_until: None,
             provider: cred.provider,
             translated: None,
@@ -128,4 +133,112 @@ pub enum Dispatched {
     UpstreamFailed(UpstreamError),
     /// The gateway itself could not get an answer.
     GatewayFailed(ApiError),
+}
+
+/// The most characters of a provider's words kept for the log and the credential's card.
+pub const WORDS_MAX_CHARS: usize = 300;
+
+/// What a provider said in an error answer, for people: the error's message where the body is one
+/// of the known JSON shapes (OpenAI, Anthropic, Gemini and OpenRouter's `error.message`, with
+/// OpenRouter's `metadata.raw` after its "Provider returned error"; a top-level `message`,
+/// `detail` or string `error`; the first element of an array), else the body's text; whitespace
+/// runs and control characters become one space, and at most [`WORDS_MAX_CHARS`] characters are
+/// kept. `body` is already masked (`exchange::read_error`). None for an empty body.
+pub fn provider_words(body: &[u8]) -> Option<String> {
+    let json = serde_json::from_slice::<serde_json::Value>(body)
+        .ok()
+        .map(|v| match v {
+            serde_json::Value::Array(mut items) if !items.is_empty() => items.swap_remove(0),
+            other => other,
+        });
+    let text = |v: Option<&serde_json::Value>| v.and_then(serde_json::Value::as_str).map(str::to_owned);
+    let found = json.as_ref().and_then(|v| {
+        let error = v.get("error");
+        let message = text(error.and_then(|e| e.get("message")));
+        let raw = text(error.and_then(|e| e.get("metadata")).and_then(|m| m.get("raw")));
+        match (message, raw) {
+            (Some(m), Some(r)) => Some(format!("{m}: {r}")),
+            (Some(m), None) => Some(m),
+            (None, _) => text(error)
+                .or_else(|| text(v.get("message")))
+                .or_else(|| text(v.get("detail"))),
+        }
+    });
+    let words = found.unwrap_or_else(|| String::from_utf8_lossy(body).into_owned());
+    let mut out = String::new();
+    let mut kept = 0;
+    for part in words
+        .split(|c: char| c.is_whitespace() || c.is_control())
+        .filter(|p| !p.is_empty())
+    {
+        if kept > 0 {
+            out.push(' ');
+            kept += 1;
+        }
+        for c in part.chars() {
+            if kept == WORDS_MAX_CHARS {
+                out.push('…');
+                return Some(out);
+            }
+            out.push(c);
+            kept += 1;
+        }
+    }
+    (!out.is_empty()).then_some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{WORDS_MAX_CHARS, provider_words};
+
+    /// Real error bodies of each provider, and what the log and the card show of them.
+    #[test]
+    fn the_providers_words_are_their_message() {
+        let cases: [(&str, Option<&str>); 10] = [
+            (
+                r#"{"error":{"message":"Rate limit reached for gpt-4o-mini in organization org-abc123 on requests per day (RPD): Limit 10000, Used 10000, Requested 1.","type":"requests","param":null,"code":"rate_limit_exceeded"}}"#,
+                Some(
+                    "Rate limit reached for gpt-4o-mini in organization org-abc123 on requests per day (RPD): Limit 10000, Used 10000, Requested 1.",
+                ),
+            ),
+            (
+                r#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"},"request_id":"req_011CUaT9x2"}"#,
+                Some("Overloaded"),
+            ),
+            (
+                r#"{"error":{"message":"Provider returned error","code":429,"metadata":{"raw":"qwen/qwen3-coder:free is temporarily rate-limited upstream.","provider_name":"ModelRun"}}}"#,
+                Some("Provider returned error: qwen/qwen3-coder:free is temporarily rate-limited upstream."),
+            ),
+            (
+                r#"[{"error":{"code":429,"message":"Resource has been exhausted (e.g. check quota).","status":"RESOURCE_EXHAUSTED"}}]"#,
+                Some("Resource has been exhausted (e.g. check quota)."),
+            ),
+            (r#"{"error":"invalid api key ***"}"#, Some("invalid api key ***")),
+            (r#"{"detail":"Not Found"}"#, Some("Not Found")),
+            (
+                r#"{"message":"Internal\n\tserver   error"}"#,
+                Some("Internal server error"),
+            ),
+            (
+                "<html>\r\n<h1>502 Bad Gateway</h1>\r\n</html>",
+                Some("<html> <h1>502 Bad Gateway</h1> </html>"),
+            ),
+            ("", None),
+            ("  \n ", None),
+        ];
+        for (body, want) in cases {
+            assert_eq!(provider_words(body.as_bytes()).as_deref(), want, "{body}");
+        }
+    }
+
+    /// A long message is cut at a character, never inside one; bytes that are not UTF-8 are
+    /// replaced, not refused.
+    #[test]
+    fn long_or_broken_words_are_bounded() {
+        let body = format!(r#"{{"error":{{"message":"{}"}}}}"#, "é".repeat(400));
+        let words = provider_words(body.as_bytes()).unwrap();
+        assert_eq!(words.chars().count(), WORDS_MAX_CHARS + 1);
+        assert!(words.ends_with('…'));
+        assert_eq!(provider_words(&[0xff, b'x']).as_deref(), Some("\u{fffd}x"));
+    }
 }

@@ -203,6 +203,14 @@ async fn sample(
             format!("/admin/v1/models/{}", fresh_model().await),
             (m == "patch").then(|| json!({"price": {"prompt": 0.5, "completion": 1.5}})),
         ),
+        ("post", "/admin/v1/tokens") => (p.to_owned(), Some(json!({"name": unique("t"), "role": "member"}))),
+        ("delete", "/admin/v1/tokens/{id}") => {
+            let body = json!({"name": unique("t"), "role": "member"});
+            let t = admin
+                .ok(Method::POST, "/admin/v1/tokens", &owner, Some(body))
+                .await;
+            (format!("/admin/v1/tokens/{}", id_of(t)), None)
+        }
         ("get", "/admin/v1/logs/{request_id}") => (format!("/admin/v1/logs/{request_id}"), None),
         ("post", "/admin/v1/alerts/{id}/retry") => {
             // The alert the matrix's first request fired, never delivered (nothing listens).

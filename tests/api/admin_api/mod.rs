@@ -13,13 +13,18 @@ use crate::proxy::KEY;
 
 mod access;
 mod accounts;
+mod audit_names;
+mod credential_figures;
 mod guardrails;
 mod inputs;
 mod isolation;
+mod log_search;
 mod member_usage;
 mod months;
 mod pages;
 mod reports;
+mod tokens;
+mod window_end;
 
 const OTHER_KEY: &str = "sk-aigw-OTHERotherOTHERotherOTHERoth1234";
 const UPSTREAM_SECRET: &str = "sk-upstream-secret-4f9a0c2e7d";
