@@ -233,6 +233,27 @@ impl LockModels {
     }
 }
 
+/// groot ADR 0008: the models a failure of a quota group's shared quota closes, on every
+/// credential of the group — for the rest of the request that met it, and (when the failure is
+/// the account's, or an ambiguous one corroborated) for every request until the rest ends. One
+/// rule for both, so that the next request does not walk into the quota the last one found closed.
+///
+/// - A free model's failure (`failed_model` is one of [`is_free_model`]'s) closes every free model:
+///   they draw on one allowance ("one key closes every free route for everyone"). Paid models of
+///   the same keys are off that quota (groot: "a run still moves to … a paid model") and keep
+///   serving.
+/// - Any other failure closes every model of the group: the group is, by its definition, one
+///   account quota (DESIGN.md §3), and each of its models draws on it.
+pub fn shared_quota_models(models: LockModels, failed_model: &str) -> LockModels {
+    match models {
+        LockModels::All => LockModels::All,
+        _ if is_free_model(failed_model) => LockModels::AllFree,
+        // OpenRouter's free per-minute wording on a model not named free: the free allowance.
+        LockModels::AllFree => LockModels::AllFree,
+        LockModels::One => LockModels::All,
+    }
+}
+
 /// Which credentials a lock applies to (groot ADR 0008).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Sharing {
@@ -2584,6 +2605,38 @@ mod tests {
             first_of_next_month_utc(at("2026-12-31T23:59:59Z")),
             at("2027-01-01T00:00:00Z")
         );
+    }
+
+    #[test]
+    fn a_shared_quota_failure_closes_what_the_quota_covers() {
+        // (lock's models, failed model, what the group closes, a model it covers, one it does not)
+        type Row = (
+            LockModels,
+            &'static str,
+            LockModels,
+            &'static str,
+            Option<&'static str>,
+        );
+        let rows: &[Row] = &[
+            (One, "a:free", AllFree, "b:free", Some("paid")),
+            (One, "openrouter/free", AllFree, "b:free", Some("paid")),
+            (AllFree, "a:free", AllFree, "openrouter/free", Some("paid")),
+            (AllFree, "openrouter/auto", AllFree, "b:free", Some("paid")),
+            (One, "gpt-4o", All, "gpt-4o-mini", None),
+            (One, "gpt-4o", All, "b:free", None),
+            (All, "a:free", All, "paid", None),
+        ];
+        for (models, failed, want, covered, spared) in rows {
+            let got = shared_quota_models(*models, failed);
+            assert_eq!(got, *want, "{models:?} {failed}");
+            assert!(
+                got.covers(failed, failed) && got.covers(failed, covered),
+                "{failed}"
+            );
+            if let Some(spared) = spared {
+                assert!(!got.covers(failed, spared), "{failed} spares {spared}");
+            }
+        }
     }
 
     #[test]

@@ -951,6 +951,11 @@ async fn corroboration_counts_members_not_keys(db: TestDb) {
     assert_eq!(body["error"]["code"], "upstream_quota_exhausted", "{body}");
     assert_eq!(body["error"]["retry_after"], 90, "the rate-limit wording's 90 s");
     assert_eq!(mock.call_count(), 5, "`two` rests with `one`: nothing sent");
+    // The rest covers the group's whole quota: `two` no longer serves m3 either.
+    let r = app.post_json("/v1/chat/completions", KEY, &chat("m3")).await;
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "upstream_quota_exhausted", "{body}");
+    assert_eq!(mock.call_count(), 5);
     app.stop().await;
 }
 

@@ -9,6 +9,7 @@ use serde_json::{Value, json};
 use crate::both_backends;
 use crate::helpers::{Setup, TestApp, TestDb, spawn_app};
 use crate::proxy::KEY;
+use crate::upstream::pool_of;
 
 /// One workspace and key, then the given `[[upstream]]` blocks.
 fn resources(upstreams: &str) -> String {
@@ -300,5 +301,77 @@ models = ["c:free", "d:free"]
         90,
         "c:free alone, for the rate-limit wording's 90 s"
     );
+    app.stop().await;
+}
+
+/// An account-level 429 (groot: `error_type: rate_limit_exceeded`) naming no reset: the
+/// rate-limit wording's 90 s, on the whole shared quota.
+fn account_429() -> Value {
+    json!({"error": {"message": "Rate limit exceeded", "code": 429, "error_type": "rate_limit_exceeded"}})
+}
+
+both_backends!(a_group_rest_closes_every_model_the_shared_quota_covers);
+
+/// groot ADR 0008 (seed 001: "one key closes every free route for everyone"): an account-level
+/// 429 on a quota group closes every model the group's shared quota covers, on every credential
+/// of the group, for the request that met it and for every request after it until the rest
+/// ends. A free model's failure closes every free model; paid models are off the free quota and
+/// keep serving, in that request's fallback chain too. A paid model's failure closes the group.
+async fn a_group_rest_closes_every_model_the_shared_quota_covers(db: TestDb) {
+    let mock = MockUpstream::start().await.unwrap();
+    let url = mock.base_url();
+    let models = r#"["a:free", "b:free", "p1", "p2"]"#;
+    let group = "quota_group = \"acct\"";
+    let text = pool_of(&[
+        ("one", &url, "cred-one", models, group),
+        ("two", &url, "cred-two", models, group),
+    ]) + "[[model]]\nworkspace = \"acme\"\nname = \"a:free\"\nfallbacks = [\"p1\"]\n";
+    let app = spawn_app(&db, Setup::resources(text)).await;
+    mock.script(
+        Script::any()
+            .credential("cred-one")
+            .model("a:free")
+            .times(1)
+            .error(429, account_429()),
+    );
+    // The request that meets it stops walking the free models of the group and moves on to
+    // the paid fallback, on the same key.
+    let (status, body) = send(&app, "a:free").await;
+    assert_eq!(status, 200, "{body}");
+    let called: Vec<_> = mock
+        .calls()
+        .into_iter()
+        .map(|c| (c.credential.unwrap_or_default(), c.model.unwrap_or_default()))
+        .collect();
+    assert_eq!(
+        called,
+        [
+            ("cred-one".to_owned(), "a:free".to_owned()),
+            ("cred-one".to_owned(), "p1".to_owned())
+        ],
+        "`two` is on the closed quota for a:free; p1 is off it"
+    );
+    // Every later request for any free model on any credential of the group: nothing is sent.
+    assert_eq!(parked_for(&app, &mock, "b:free").await, 90);
+    let (status, _) = send(&app, "p2").await;
+    assert_eq!(status, 200, "paid models keep serving");
+    app.clock.advance(Duration::seconds(91));
+    let (status, _) = send(&app, "b:free").await;
+    assert_eq!(status, 200, "the rest has ended");
+
+    // A paid model's account-level 429 closes every model of the group.
+    mock.script(
+        Script::any()
+            .credential("cred-one")
+            .model("p1")
+            .times(1)
+            .error(429, account_429()),
+    );
+    let calls = mock.call_count();
+    let (status, body) = send(&app, "p1").await;
+    assert_eq!((status, body), (429, account_429()), "nothing off the group");
+    assert_eq!(mock.call_count(), calls + 1, "`two` was not tried");
+    assert_eq!(parked_for(&app, &mock, "p2").await, 90);
+    assert_eq!(parked_for(&app, &mock, "a:free").await, 90);
     app.stop().await;
 }

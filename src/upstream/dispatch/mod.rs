@@ -26,10 +26,10 @@ pub(crate) use self::exchange::request;
 use self::exchange::{Unread, read_answer, read_error};
 pub use self::outcome::{Answer, Attempt, AttemptLog, Complete, Dispatched, UpstreamError};
 pub use self::park::time_out;
-use self::park::{park, rfc3339};
+use self::park::{GroupClosure, park, rfc3339};
 use super::adapter::{Endpoint, Fields};
 use super::admission::{Admission, Refusal, Slot};
-use super::classify::{self, Classification, NextStep, Rule, Sharing, UpstreamFailure};
+use super::classify::{self, Classification, NextStep, Rule, UpstreamFailure};
 use super::corroboration::Corroboration;
 use super::http;
 use super::locks::{LockEntry, LockTarget, Locks};
@@ -175,7 +175,11 @@ pub async fn dispatch(
                 Step::Failed(NextStep::Stop) => break 'models,
             }
         }
-        busy.retain(|(cred, _)| !run.on_closed_group(cred));
+        busy.retain(|(cred, _)| {
+            cred.models
+                .get(&model.name)
+                .is_some_and(|m| !run.on_closed_group(cred, m))
+        });
         if busy.is_empty() || run.spent() {
             continue;
         }
@@ -241,9 +245,9 @@ struct Run<'a> {
     /// The earliest instant (Unix ms) a skipped candidate is free again: the end of its lock,
     /// the rollover of its own limit's window, or its busy backoff.
     earliest_free: Option<i64>,
-    /// Quota groups this request stopped walking: one of their credentials answered a failure
-    /// of the shared account quota (groot ADR 0008).
-    closed_groups: Vec<String>,
+    /// What this request stopped walking: the models of a quota group whose shared quota one
+    /// of its credentials answered closed (groot ADR 0008).
+    closed_groups: Vec<GroupClosure>,
     /// A candidate exists that cannot serve now and names no end: disabled, or banned past its
     /// lock (until a connection test passes).
     out_of_rotation: bool,
@@ -270,7 +274,7 @@ impl Run<'_> {
     /// credential or this model (its end is the earliest a refusal may name), or the
     /// credential's banned mark.
     fn available(&mut self, cred: &Credential, upstream_model: &str, now_ms: i64) -> bool {
-        if self.on_closed_group(cred) {
+        if self.on_closed_group(cred, upstream_model) {
             return false;
         }
         if let Some(until) = self.up.locks.parked_until(cred.id, upstream_model, now_ms) {
@@ -598,30 +602,24 @@ impl Run<'_> {
         })
     }
 
-    /// Whether `cred` is on a quota group this request closed.
-    fn on_closed_group(&self, cred: &Credential) -> bool {
-        cred.quota_group
-            .as_ref()
-            .is_some_and(|g| self.closed_groups.contains(g))
+    /// Whether `upstream_model` on `cred` draws on a quota this request found closed.
+    fn on_closed_group(&self, cred: &Credential, upstream_model: &str) -> bool {
+        self.closed_groups.iter().any(|c| c.covers(cred, upstream_model))
     }
 
     /// Parks what a classified failure names; returns the lock's end. A failure of the shared
     /// account quota — account-level, or ambiguous whether corroborated or not — closes the
-    /// credential's quota group for the rest of this request: groot ADR 0008, "the run stops
-    /// walking free routes … still moves to a route off the shared quota". Every credential and
-    /// every model of the group would spend the same quota.
+    /// models that quota covers on the group for the rest of this request ([`GroupClosure`],
+    /// the rule the group's rest follows too): groot ADR 0008, "the run stops walking free
+    /// routes … still moves to a route off the shared quota".
     fn park(
         &mut self,
         cred: &Credential,
         upstream_model: &str,
         class: &Classification,
     ) -> Option<DateTime<Utc>> {
-        if let (Some(lock), Some(g)) = (&class.lock, &cred.quota_group)
-            && matches!(lock.sharing, Sharing::Account | Sharing::AccountIfCorroborated)
-            && !self.closed_groups.contains(g)
-        {
-            self.closed_groups.push(g.clone());
-        }
+        self.closed_groups
+            .extend(GroupClosure::of(cred, upstream_model, class));
         park(
             self.up,
             self.quota_groups,

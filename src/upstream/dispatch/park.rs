@@ -35,10 +35,49 @@ pub fn time_out(
     attempt.error = Some(missed.to_string());
 }
 
+/// groot ADR 0008: a failure of a quota group's shared quota — the account's, or an ambiguous
+/// one (corroborated or not) — closes the models the quota covers
+/// ([`classify::shared_quota_models`]) on every credential of the group. The request that met
+/// it stops walking them at once; the same closure is the rest [`park`] writes on the group when
+/// the failure is the account's or corroborated. One rule, so that no later request walks into
+/// the quota this one found closed.
+#[derive(Clone, Debug)]
+pub(super) struct GroupClosure {
+    /// The quota group.
+    group: String,
+    /// Which models of its credentials are closed.
+    models: LockModels,
+    /// The upstream model that failed.
+    failed_model: String,
+}
+
+impl GroupClosure {
+    /// The closure a classified failure of `upstream_model` on `cred` makes, if any: a lock on
+    /// the account (or maybe the account) of a credential that has a quota group.
+    pub(super) fn of(cred: &Credential, upstream_model: &str, class: &Classification) -> Option<Self> {
+        let lock = class.lock.as_ref()?;
+        if !matches!(lock.sharing, Sharing::Account | Sharing::AccountIfCorroborated) {
+            return None;
+        }
+        Some(GroupClosure {
+            group: cred.quota_group.clone()?,
+            models: classify::shared_quota_models(lock.models, upstream_model),
+            failed_model: upstream_model.to_owned(),
+        })
+    }
+
+    /// Whether `upstream_model` on `cred` draws on the closed quota.
+    pub(super) fn covers(&self, cred: &Credential, upstream_model: &str) -> bool {
+        cred.quota_group.as_deref() == Some(self.group.as_str())
+            && self.models.covers(&self.failed_model, upstream_model)
+    }
+}
+
 /// Writes what a classified failure parks (extend-only, persisted off the request path), bumps
-/// the credential's backoff level and sets its banned mark; returns the lock's end. An
-/// account-wide lock rests `cred`'s quota group as `quota_groups` lists it (groot ADR 0008;
-/// `member_id` is the caller's member, for corroboration).
+/// the credential's backoff level and sets its banned mark; returns the lock's end. A rest of
+/// the shared quota parks its [`GroupClosure`] on every credential of `cred`'s quota group as
+/// `quota_groups` lists it (groot ADR 0008; `member_id` is the caller's member, for
+/// corroboration); any other lock parks `cred` alone.
 pub(super) fn park(
     up: Upstreams<'_>,
     quota_groups: Option<&HashMap<String, Vec<i64>>>,
@@ -55,35 +94,40 @@ pub(super) fn park(
     }
     let mut rows = Vec::new();
     if let Some(lock) = &class.lock {
-        let group = |g: &String| {
+        let closure = GroupClosure::of(cred, upstream_model, class);
+        let group = |g: &str| {
             quota_groups
                 .and_then(|q| q.get(g))
                 .cloned()
                 .unwrap_or_else(|| vec![cred.id])
         };
-        let credentials = match (lock.sharing, &cred.quota_group) {
-            // groot ADR 0008: an account-level failure rests every credential of the quota group.
-            (Sharing::Account, Some(g)) => group(g),
-            // groot ADR 0008: corroboration — an ambiguous 429 rests the quota group only once
-            // 3 such failures from 2 different members fell within 30 s; else its route.
-            (Sharing::AccountIfCorroborated, Some(g))
+        let rest = match (lock.sharing, &closure) {
+            // groot ADR 0008: an account-level failure rests the shared quota on the group.
+            (Sharing::Account, Some(c)) => Some(c),
+            // groot ADR 0008: corroboration — an ambiguous 429 rests the group only once 3 such
+            // failures from 2 different members fell within 30 s; else its route alone.
+            (Sharing::AccountIfCorroborated, Some(c))
                 if up
                     .corroboration
-                    .observe(cred.workspace_id, g, up.clock.now_ms(), member_id) =>
+                    .observe(cred.workspace_id, &c.group, up.clock.now_ms(), member_id) =>
             {
-                tracing::info!(credential = %cred.name, quota_group = %g, "ambiguous 429 corroborated; the quota group rests");
-                group(g)
+                tracing::info!(credential = %cred.name, quota_group = %c.group, "ambiguous 429 corroborated; the quota group rests");
+                Some(c)
             }
-            _ => vec![cred.id],
+            _ => None,
+        };
+        let (credentials, models) = match rest {
+            Some(c) => (group(&c.group), c.models),
+            None => (vec![cred.id], lock.models),
         };
         let until = lock.until.timestamp_millis();
         let rule = class.rule.name();
-        let mut targets = vec![match lock.models {
+        let mut targets = vec![match models {
             LockModels::One => LockTarget::Model(upstream_model.to_owned()),
             LockModels::AllFree => LockTarget::AllFree,
             LockModels::All => LockTarget::Credential,
         }];
-        if lock.models == LockModels::AllFree && !classify::is_free_model(upstream_model) {
+        if models == LockModels::AllFree && !classify::is_free_model(upstream_model) {
             targets.push(LockTarget::Model(upstream_model.to_owned()));
         }
         for t in &targets {
