@@ -15,6 +15,11 @@
 //! 5. the table: text rules first (account-wide, Kiro's monthly limit, no capacity, model gone,
 //!    prompt too long, credential-shaped 4xx, overloaded/capacity), then the status code.
 //!
+//! Whatever rule matched, no hold is shorter than the wait the provider told the client to
+//! observe (`Retry-After`, `retry-after-ms`, Gemini's `RetryInfo`), up to the 6 h cap
+//! ([`named_wait`]). The durations are seed 000's, on a quota group's shared rest too: groot's
+//! "up to 300 s" (seed 001) is not taken (DESIGN.md §6; the reason is in `dispatch/park.rs`).
+//!
 //! A new rule is one named function (or one named branch of the table) in this order, plus one
 //! row in the table test below.
 //!
@@ -341,11 +346,55 @@ pub fn classify(f: &UpstreamFailure<'_>) -> Classification {
         return backoff(f, LockModels::One, Sharing::Route);
     }
     let ev = Evidence::read(f);
-    monthly_hold(f, &ev)
+    let mut class = monthly_hold(f, &ev)
         .or_else(|| openrouter_free_daily(f, &ev))
         .or_else(|| provider_named_reset(f, &ev))
         .or_else(|| rate_limit_wording(f, &ev))
-        .unwrap_or_else(|| rule_table(f, &ev))
+        .unwrap_or_else(|| rule_table(f, &ev));
+    // No rest is shorter than the wait the provider told the client to observe, up to the cap.
+    if let (Some(lock), Some(wait)) = (&mut class.lock, named_wait(f, &ev)) {
+        lock.until = lock.until.max(wait);
+    }
+    class
+}
+
+/// The wait the provider told the client to observe before retrying — `Retry-After` (seconds or
+/// an HTTP-date), `retry-after-ms`, Gemini's `RetryInfo.retryDelay` — the latest still ahead,
+/// capped at 6 h. No rest is shorter: RFC 9110 makes it the wait before a follow-up request,
+/// Anthropic says earlier retries will fail, and seeds 002 and 004 read it as a minimum ("never
+/// retry a 429 sooner than it says"). A departure from kRouter rule 3, which takes the earliest
+/// of every named reset, window resets included: a window reset (`x-ratelimit-reset-*`) still
+/// counts at its earliest, but never cuts this wait short. A date rules 1 and 2 do not believe
+/// (a monthly date over 32 days away, a free-daily reset over 25 h away) is a window's date, not
+/// this wait, and 6 h bounds it as every named reset (DESIGN.md §6).
+fn named_wait(f: &UpstreamFailure<'_>, ev: &Evidence) -> Option<DateTime<Utc>> {
+    retry_instructions(f, ev)
+        .into_iter()
+        .filter(|at| *at > f.now)
+        .max()
+        .map(|at| at.min(after(f.now, RESET_CAP)))
+}
+
+/// Every `Retry-After`, `retry-after-ms` and Gemini `RetryInfo.retryDelay` of the failure, past
+/// or not.
+fn retry_instructions(f: &UpstreamFailure<'_>, ev: &Evidence) -> Vec<DateTime<Utc>> {
+    let mut waits = Vec::new();
+    for (name, value) in &ev.headers {
+        match name.as_str() {
+            "retry-after" => waits.extend(parse_retry_after(value, f.now)),
+            "retry-after-ms" => waits.extend(
+                value
+                    .trim()
+                    .parse::<f64>()
+                    .ok()
+                    .and_then(|ms| seconds_f64(ms / 1000.0))
+                    .map(|wait| after(f.now, wait)),
+            ),
+            _ => {}
+        }
+    }
+    waits.extend(gemini_retry_delay(f.now, ev));
+    waits
 }
 
 /// DESIGN.md §9: an upstream answer that is not what its endpoint promises is classified like a
@@ -426,30 +475,16 @@ fn openrouter_free_daily(f: &UpstreamFailure<'_>, ev: &Evidence) -> Option<Class
 }
 
 /// kRouter rule 3: a reset the provider names, for any status: the earliest still ahead among
-/// all of them, capped at 6 h.
+/// all of them, capped at 6 h (and never before the provider's retry instruction: [`classify`]
+/// applies [`named_wait`] to every rule).
 fn provider_named_reset(f: &UpstreamFailure<'_>, ev: &Evidence) -> Option<Classification> {
-    let mut resets = Vec::new();
-    for (name, value) in &ev.headers {
-        match name.as_str() {
-            "retry-after" => resets.extend(parse_retry_after(value, f.now)),
-            "retry-after-ms" => resets.extend(
-                value
-                    .trim()
-                    .parse::<f64>()
-                    .ok()
-                    .and_then(|ms| seconds_f64(ms / 1000.0))
-                    .map(|wait| after(f.now, wait)),
-            ),
-            _ => {}
-        }
-    }
+    let mut resets = retry_instructions(f, ev);
     // OpenAI sends its window headers on every answer: on an error about the request itself
     // (400, 413, 422) they name no reason to wait, and counting them would send a request that
     // cannot succeed to every other credential. A deliberate narrowing of "any status".
     if !matches!(f.status, 400 | 413 | 422) {
         resets.extend(window_resets(f, ev));
     }
-    resets.extend(gemini_retry_delay(f.now, ev));
     resets.extend(codex_usage_limit_resets(f.now, ev));
     let earliest = resets.into_iter().filter(|at| *at > f.now).min()?;
     let until = earliest.min(after(f.now, RESET_CAP));
@@ -1387,6 +1422,31 @@ mod tests {
                 ..BASE
             },
             Case {
+                name: "free daily cap whose reset has passed waits out a longer Retry-After, not a minute",
+                provider: Provider::OpenRouter,
+                model: "deepseek/deepseek-r1:free",
+                status: 429,
+                headers: &[("retry-after", "3600")],
+                body: OPENROUTER_FREE_DAY,
+                rule: Rule::OpenRouterFreeDaily,
+                lock: Some((AllFree, Account, "2026-03-15T11:20:30Z")),
+                next: NextCredential,
+                ..BASE
+            },
+            Case {
+                name: "free daily cap ten minutes before midnight waits out a Retry-After past it",
+                provider: Provider::OpenRouter,
+                model: "deepseek/deepseek-r1:free",
+                status: 429,
+                headers: &[("retry-after", "3600")],
+                body: OPENROUTER_FREE_DAY_NO_RESET,
+                now: "2026-03-15T23:50:00Z",
+                rule: Rule::OpenRouterFreeDaily,
+                lock: Some((AllFree, Account, "2026-03-16T00:50:00Z")),
+                next: NextCredential,
+                ..BASE
+            },
+            Case {
                 name: "free daily cap reads X-RateLimit-Reset from the response headers too",
                 provider: Provider::OpenRouter,
                 model: "deepseek/deepseek-r1:free",
@@ -1494,7 +1554,7 @@ mod tests {
                 ..BASE
             },
             Case {
-                name: "the earliest of several named resets wins (anthropic headers, Retry-After)",
+                name: "a window reset before Retry-After does not cut the rest short of it",
                 provider: Provider::Anthropic,
                 model: "claude-sonnet-4-5",
                 status: 429,
@@ -1507,7 +1567,47 @@ mod tests {
                 ],
                 body: ANTHROPIC_RATE_LIMIT,
                 rule: Rule::ProviderNamedReset,
-                lock: Some((One, Account, "2026-03-15T10:20:50Z")),
+                lock: Some((One, Account, "2026-03-15T10:22:30Z")),
+                next: NextCredential,
+                ..BASE
+            },
+            Case {
+                name: "Retry-After before every window reset: the earliest, as kRouter takes it",
+                provider: Provider::Anthropic,
+                model: "claude-sonnet-4-5",
+                status: 429,
+                headers: &[
+                    ("retry-after", "10"),
+                    ("anthropic-ratelimit-tokens-remaining", "0"),
+                    ("anthropic-ratelimit-tokens-reset", "2026-03-15T10:21:15Z"),
+                ],
+                body: ANTHROPIC_RATE_LIMIT,
+                rule: Rule::ProviderNamedReset,
+                lock: Some((One, Account, "2026-03-15T10:20:40Z")),
+                next: NextCredential,
+                ..BASE
+            },
+            Case {
+                name: "Gemini's retryDelay is a wait to honour: an earlier window reset does not cut it",
+                provider: Provider::Gemini,
+                model: "gemini-2.5-flash",
+                status: 429,
+                headers: &[("x-ratelimit-reset", "5")],
+                body: GEMINI_RETRY_INFO,
+                rule: Rule::ProviderNamedReset,
+                lock: Some((One, Account, "2026-03-15T10:21:07Z")),
+                next: NextCredential,
+                ..BASE
+            },
+            Case {
+                name: "a Retry-After days away is waited out for the 6 h cap, not the 30 s of a 503",
+                provider: Provider::OpenAiCompatible,
+                model: "qwen2.5-72b",
+                status: 503,
+                headers: &[("retry-after", "172800"), ("x-ratelimit-reset", "20")],
+                body: r#"{"error":{"message":"Service Unavailable","type":"server_error"}}"#,
+                rule: Rule::ProviderNamedReset,
+                lock: Some((One, Route, "2026-03-15T16:20:30Z")),
                 next: NextCredential,
                 ..BASE
             },
@@ -1708,7 +1808,7 @@ mod tests {
                 ..BASE
             },
             Case {
-                name: "the earliest of every anthropic window (output-tokens) and Retry-After",
+                name: "the earliest of every anthropic window (output-tokens), never before Retry-After",
                 provider: Provider::Anthropic,
                 model: "claude-sonnet-4-5",
                 status: 429,
@@ -1723,7 +1823,7 @@ mod tests {
                 ],
                 body: ANTHROPIC_INPUT_TOKENS_LIMIT,
                 rule: Rule::ProviderNamedReset,
-                lock: Some((One, Account, "2026-03-15T10:20:41Z")),
+                lock: Some((One, Account, "2026-03-15T10:21:30Z")),
                 next: NextCredential,
                 ..BASE
             },

@@ -375,3 +375,43 @@ async fn a_group_rest_closes_every_model_the_shared_quota_covers(db: TestDb) {
     assert_eq!(parked_for(&app, &mock, "a:free").await, 90);
     app.stop().await;
 }
+
+both_backends!(a_group_rest_lasts_as_long_as_the_provider_named);
+
+/// Seed 000's durations, not groot's 300 s (DESIGN.md §6), and never shorter than the wait the
+/// provider named: OpenRouter's free daily cap whose `X-RateLimit-Reset` has passed would be
+/// tried again after a minute, but its `Retry-After: 3600` is waited out, by every free model on
+/// every credential of the group.
+async fn a_group_rest_lasts_as_long_as_the_provider_named(db: TestDb) {
+    let mock = MockUpstream::start().await.unwrap();
+    let url = mock.base_url();
+    let router = |name: &str| {
+        format!(
+            "[[upstream]]\nworkspace = \"acme\"\nname = \"{name}\"\nprovider = \"openrouter\"\n\
+             base_url = \"{url}\"\napi_key = \"cred-{name}\"\nmodels = [\"a:free\", \"b:free\"]\n\
+             quota_group = \"acct\"\n"
+        )
+    };
+    let text = resources(&(router("one") + &router("two")));
+    let app = spawn_app(&db, Setup::resources(text)).await;
+    let daily = json!({"error": {"message": "Rate limit exceeded: free-models-per-day. Add 10 credits to unlock 1000 free model requests per day",
+        "code": 429, "metadata": {"headers": {"X-RateLimit-Limit": "50", "X-RateLimit-Remaining": "0",
+        "X-RateLimit-Reset": "1767225600000"}, "provider_name": null}}});
+    mock.script(
+        Script::any()
+            .times(1)
+            .header("retry-after", "3600")
+            .error(429, daily.clone()),
+    );
+    let (status, body) = send(&app, "a:free").await;
+    assert_eq!((status, body), (429, daily), "the group's quota is closed");
+    assert_eq!(mock.call_count(), 1, "the other credential was not tried");
+    assert_eq!(parked_for(&app, &mock, "b:free").await, 3600, "not a minute");
+    app.clock.advance(Duration::seconds(301));
+    assert_eq!(
+        parked_for(&app, &mock, "a:free").await,
+        3299,
+        "not groot's 300 s either"
+    );
+    app.stop().await;
+}

@@ -78,6 +78,14 @@ impl GroupClosure {
 /// the shared quota parks its [`GroupClosure`] on every credential of `cred`'s quota group as
 /// `quota_groups` lists it (groot ADR 0008; `member_id` is the caller's member, for
 /// corroboration); any other lock parks `cred` alone.
+///
+/// A group's rest lasts as long as the classification says: seed 000's durations (a named reset
+/// up to 6 h, the free daily cap until 00:00 UTC, a monthly hold until the 1st), never shorter
+/// than the wait the provider named (`classify.rs`). groot ADR 0008 rests an account "up to
+/// 300 s" and a day's cap 300 s, probing a closed day 12 times an hour; DESIGN.md §6 takes seed
+/// 000's instead, because each such probe is a request the provider already said it will refuse:
+/// one more refused call counted against the per-minute window (seed 004), and on a shared group
+/// a failed request for whoever sends it. Seed 000's caps already bound a wrong estimate.
 pub(super) fn park(
     up: Upstreams<'_>,
     quota_groups: Option<&HashMap<String, Vec<i64>>>,
