@@ -110,6 +110,9 @@ pub struct UpstreamFailure<'a> {
     pub now: DateTime<Utc>,
     /// The credential's consecutive backoff failures so far (0 after a success).
     pub backoff_level: u32,
+    /// The credential's Kiro monthly holds since its last success (kRouter rule 5's own count,
+    /// apart from the backoff level).
+    pub kiro_holds: u32,
     /// The gateway's own "credential busy, try another": no slot came free in time.
     pub gateway_busy: bool,
 }
@@ -129,6 +132,7 @@ impl<'a> UpstreamFailure<'a> {
             model,
             now,
             backoff_level,
+            kiro_holds: 0,
             gateway_busy: true,
         }
     }
@@ -145,6 +149,7 @@ impl<'a> UpstreamFailure<'a> {
             model,
             now,
             backoff_level,
+            kiro_holds: 0,
             gateway_busy: false,
         }
     }
@@ -309,6 +314,9 @@ pub struct Classification {
     pub banned: bool,
     /// Bump the credential's backoff level by one (the caller resets it on a success).
     pub bump_backoff: bool,
+    /// Count one more Kiro monthly hold of the credential (the caller resets the count on a
+    /// success).
+    pub count_kiro_hold: bool,
 }
 
 impl Classification {
@@ -323,6 +331,7 @@ impl Classification {
             next,
             banned: false,
             bump_backoff: false,
+            count_kiro_hold: false,
         }
     }
 
@@ -333,6 +342,7 @@ impl Classification {
             next,
             banned: false,
             bump_backoff: false,
+            count_kiro_hold: false,
         }
     }
 }
@@ -620,8 +630,8 @@ fn rule_table(f: &UpstreamFailure<'_>, ev: &Evidence) -> Classification {
         };
     }
     // kRouter rule 5 text rule: Kiro's monthly limit locks the whole credential for 30 days, and
-    // for 30 days more each time it comes again before a success (the credential's failures in a
-    // row, which a success resets, say how often). Any provider, any status.
+    // for 30 days more each time it comes again before a success (the credential's own count of
+    // Kiro holds, which a success resets). Any provider, any status.
     if ev.says_any(KIRO_MONTHLY_WORDING) {
         return kiro_monthly(f);
     }
@@ -678,16 +688,18 @@ fn rule_table(f: &UpstreamFailure<'_>, ev: &Evidence) -> Classification {
     }
 }
 
-/// kRouter rule 5: Kiro's monthly limit: 30 days on the whole credential, times one more for
-/// each failure of the credential in a row before it (its backoff level, reset by a success).
-/// The level is bumped so that a repeat before the next success holds longer.
+/// kRouter rule 5: Kiro's monthly limit: 30 days on the whole credential, "longer if it happens
+/// again before a success": 30 days more for each Kiro hold the credential had since its last
+/// success. That count is its own ([`UpstreamFailure::kiro_holds`]), not the backoff level: the
+/// level rises with every 429 and overload, so a first Kiro hold after eight overloads would
+/// last 270 days; and a Kiro hold does not raise the level the next backoff reads.
 fn kiro_monthly(f: &UpstreamFailure<'_>) -> Classification {
-    let repeats = i32::try_from(f.backoff_level.saturating_add(1)).unwrap_or(i32::MAX);
+    let repeats = i32::try_from(f.kiro_holds.saturating_add(1)).unwrap_or(i32::MAX);
     let until = KIRO_MONTHLY_HOLD
         .checked_mul(repeats)
         .map_or(DateTime::<Utc>::MAX_UTC, |hold| after(f.now, hold));
     Classification {
-        bump_backoff: true,
+        count_kiro_hold: true,
         ..Classification::hold(
             Rule::KiroMonthly,
             LockModels::All,
@@ -1130,6 +1142,7 @@ mod tests {
         body: &'static str,
         now: &'static str,
         backoff_level: u32,
+        kiro_holds: u32,
         gateway_busy: bool,
         rule: Rule,
         /// (models, sharing, until as RFC 3339)
@@ -1137,6 +1150,7 @@ mod tests {
         next: NextStep,
         banned: bool,
         bump_backoff: bool,
+        count_kiro_hold: bool,
     }
 
     /// The inputs every row starts from; the expectations (rule, lock, next) are always set.
@@ -1149,12 +1163,14 @@ mod tests {
         body: "",
         now: NOW,
         backoff_level: 0,
+        kiro_holds: 0,
         gateway_busy: false,
         rule: Rule::OtherFailure,
         lock: None,
         next: NextCredential,
         banned: false,
         bump_backoff: false,
+        count_kiro_hold: false,
     };
 
     // Real error shapes, by provider.
@@ -2337,32 +2353,46 @@ mod tests {
                 rule: Rule::KiroMonthly,
                 lock: Some((All, Route, "2026-04-14T10:20:30Z")),
                 next: NextCredential,
-                bump_backoff: true,
+                count_kiro_hold: true,
                 ..BASE
             },
             Case {
-                name: "Kiro monthly limit again before a success (level 1): 60 days",
+                name: "Kiro monthly limit after eight overloads is still 30 days: the backoff level is not its count",
                 provider: Provider::OpenAiCompatible,
                 model: "claude-sonnet-4-5",
                 status: 400,
                 body: KIRO_MONTHLY_LIMIT,
-                backoff_level: 1,
+                backoff_level: 8,
                 rule: Rule::KiroMonthly,
-                lock: Some((All, Route, "2026-05-14T10:20:30Z")),
+                lock: Some((All, Route, "2026-04-14T10:20:30Z")),
                 next: NextCredential,
-                bump_backoff: true,
+                count_kiro_hold: true,
                 ..BASE
             },
             Case {
-                name: "'reached the limit' from any provider, any status, is Kiro's rule (level 2: 90 days)",
+                name: "Kiro monthly limit again before a success (one hold before): 60 days",
+                provider: Provider::OpenAiCompatible,
+                model: "claude-sonnet-4-5",
+                status: 400,
+                body: KIRO_MONTHLY_LIMIT,
+                kiro_holds: 1,
+                rule: Rule::KiroMonthly,
+                lock: Some((All, Route, "2026-05-14T10:20:30Z")),
+                next: NextCredential,
+                count_kiro_hold: true,
+                ..BASE
+            },
+            Case {
+                name: "'reached the limit' from any provider, any status, is Kiro's rule (two holds before: 90 days)",
                 provider: Provider::OpenAi,
                 status: 403,
                 body: r#"{"error":{"message":"You have reached the limit of requests for your plan this month.","type":"insufficient_quota","code":"insufficient_quota"}}"#,
-                backoff_level: 2,
+                kiro_holds: 2,
+                backoff_level: 3,
                 rule: Rule::KiroMonthly,
                 lock: Some((All, Route, "2026-06-13T10:20:30Z")),
                 next: NextCredential,
-                bump_backoff: true,
+                count_kiro_hold: true,
                 ..BASE
             },
             // ---- kRouter rule 5: no capacity, model gone, prompt too long ----
@@ -2501,6 +2531,7 @@ mod tests {
                 model: case.model,
                 now: at(case.now),
                 backoff_level: case.backoff_level,
+                kiro_holds: case.kiro_holds,
                 gateway_busy: case.gateway_busy,
             };
             let got = classify(&failure);
@@ -2514,6 +2545,7 @@ mod tests {
                 next: case.next,
                 banned: case.banned,
                 bump_backoff: case.bump_backoff,
+                count_kiro_hold: case.count_kiro_hold,
             };
             if got != want {
                 failures.push(format!("{}:\n   got  {got:?}\n   want {want:?}", case.name));
@@ -2909,6 +2941,7 @@ mod tests {
                     model: "gpt-4o-mini",
                     now,
                     backoff_level,
+                    kiro_holds: 0,
                     gateway_busy: false,
                 });
                 if let Some(lock) = c.lock {
@@ -2939,6 +2972,7 @@ mod tests {
                     model: "m:free",
                     now,
                     backoff_level,
+                    kiro_holds: backoff_level,
                     gateway_busy: false,
                 });
             }

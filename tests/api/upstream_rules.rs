@@ -415,3 +415,58 @@ async fn a_group_rest_lasts_as_long_as_the_provider_named(db: TestDb) {
     );
     app.stop().await;
 }
+
+both_backends!(a_kiro_hold_counts_its_own_repeats_not_the_backoff_level);
+
+/// kRouter rule 5: Kiro's monthly hold is 30 days, "longer only if it happens again before a
+/// success", counted apart from the backoff level: it does not raise the level the next
+/// overload backs off from, a run of overloads does not lengthen it, and a success starts it
+/// over.
+async fn a_kiro_hold_counts_its_own_repeats_not_the_backoff_level(db: TestDb) {
+    let (app, mock) = start(&db).await;
+    let day = 86_400;
+    let kiro = json!({"message": "You have reached the limit.", "reason": "MONTHLY_REQUEST_COUNT"});
+    let overloaded = json!({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}});
+    // `m3` is served by `one` alone: each request below is one call to it.
+    let fail_once = |status: u16, body: &Value| {
+        mock.script(
+            Script::any()
+                .credential("cred-one")
+                .times(1)
+                .error(status, body.clone()),
+        );
+    };
+    fail_once(400, &kiro);
+    assert_eq!(send(&app, "m3").await.0, 400);
+    assert_eq!(parked_for(&app, &mock, "m3").await, 30 * day);
+    app.clock.advance(Duration::days(30) + Duration::seconds(1));
+    fail_once(529, &overloaded);
+    assert_eq!(send(&app, "m3").await.0, 529);
+    assert_eq!(
+        parked_for(&app, &mock, "m3").await,
+        2,
+        "the first backoff step: the Kiro hold raised no level"
+    );
+    // Seven more overloads in a row: the backoff level is 8.
+    for _ in 0..7 {
+        app.clock.advance(Duration::seconds(301));
+        fail_once(529, &overloaded);
+        assert_eq!(send(&app, "m3").await.0, 529);
+    }
+    assert_eq!(parked_for(&app, &mock, "m3").await, 256);
+    app.clock.advance(Duration::seconds(301));
+    fail_once(400, &kiro);
+    assert_eq!(send(&app, "m3").await.0, 400);
+    assert_eq!(
+        parked_for(&app, &mock, "m3").await,
+        60 * day,
+        "the second hold before a success, whatever the backoff level"
+    );
+    // A success starts the count over.
+    app.clock.advance(Duration::days(60) + Duration::seconds(1));
+    assert_eq!(send(&app, "m3").await.0, 200);
+    fail_once(400, &kiro);
+    assert_eq!(send(&app, "m3").await.0, 400);
+    assert_eq!(parked_for(&app, &mock, "m3").await, 30 * day);
+    app.stop().await;
+}

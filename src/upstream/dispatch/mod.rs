@@ -480,6 +480,7 @@ impl Run<'_> {
             model: upstream_model,
             now: self.up.clock.now(),
             backoff_level: self.up.locks.backoff_level(cred.id),
+            kiro_holds: self.up.locks.kiro_holds(cred.id),
             gateway_busy: false,
         })
     }
@@ -727,6 +728,7 @@ mod tests {
                 model: "gpt-x",
                 now,
                 backoff_level: 0,
+                kiro_holds: 0,
                 gateway_busy: false,
             });
             assert_eq!(leaves_credential_usable(&class), *want, "{name}: {class:?}");

@@ -97,6 +97,9 @@ pub(super) fn park(
     if class.bump_backoff {
         up.locks.bump_backoff(cred.id);
     }
+    if class.count_kiro_hold {
+        up.locks.count_kiro_hold(cred.id);
+    }
     if class.banned {
         up.locks.ban(cred.id);
     }
