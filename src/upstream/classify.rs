@@ -89,6 +89,7 @@ const ANTHROPIC_SPEND_LIMIT_WORDING: &[&str] = &[
 ];
 
 pub use super::Provider;
+pub use super::worded_reset::parse_worded_wait;
 
 /// One failed upstream attempt, everything the classifier may look at.
 ///
@@ -592,9 +593,10 @@ fn rate_limit_wording(f: &UpstreamFailure<'_>, ev: &Evidence) -> Option<Classifi
         return None;
     }
     // kRouter rule 4 veto: the message says the reset is hours or days away ("Resets in 3h",
-    // "resets in 2 days"): not a per-minute window, so no 90 s guess; the table's backoff
-    // applies. A free-text wait is not a named reset: it parks nothing by itself.
-    let hours_or_days_away = parse_worded_wait(&ev.text).is_some_and(|wait| wait >= HOURS_OR_DAYS_AWAY);
+    // "resets in 2 days", "try again in an hour", "resets at 17:00 UTC", "try again tomorrow"):
+    // not a per-minute window, so no 90 s guess; the table's backoff applies. A free-text wait is
+    // not a named reset: it parks nothing by itself.
+    let hours_or_days_away = parse_worded_wait(f.body, f.now).is_some_and(|wait| wait >= HOURS_OR_DAYS_AWAY);
     if hours_or_days_away {
         return None;
     }
@@ -1020,58 +1022,6 @@ pub fn parse_go_duration(value: &str) -> Option<TimeDelta> {
         rest = &rest[unit_len..];
     }
     seconds_f64(nanos / 1e9)
-}
-
-/// Reads the longest wait a message names in prose after "resets in", "reset in",
-/// "try again in" or "retry in": `"Resets in 3h"`, `"resets in 2 days"`,
-/// `"try again in 5 hours"`, `"try again in 1h 20m"`, `"Please try again in 6m0s"`.
-pub fn parse_worded_wait(text: &str) -> Option<TimeDelta> {
-    const LEAD_INS: [&str; 4] = ["resets in ", "reset in ", "try again in ", "retry in "];
-    let text = text.to_ascii_lowercase();
-    let mut longest: Option<f64> = None;
-    for lead_in in LEAD_INS {
-        for (at, _) in text.match_indices(lead_in) {
-            if let Some(seconds) = leading_span_seconds(&text[at + lead_in.len()..]) {
-                longest = Some(longest.map_or(seconds, |l| l.max(seconds)));
-            }
-        }
-    }
-    longest.and_then(seconds_f64)
-}
-
-/// The span at the start of `text` ("3h", "2 days", "1h 20m", "3 hours and 5 minutes"), in
-/// seconds.
-fn leading_span_seconds(text: &str) -> Option<f64> {
-    let mut rest = text;
-    let mut total = 0.0;
-    let mut named_any = false;
-    loop {
-        rest = rest.trim_start_matches([' ', ',']);
-        if named_any {
-            rest = rest.strip_prefix("and ").unwrap_or(rest);
-        }
-        let number_len = rest
-            .bytes()
-            .take_while(|b| b.is_ascii_digit() || *b == b'.')
-            .count();
-        let Some(number) = rest.get(..number_len).and_then(|n| n.parse::<f64>().ok()) else {
-            break;
-        };
-        let after_number = rest[number_len..].trim_start_matches(' ');
-        let unit_len = after_number.bytes().take_while(u8::is_ascii_alphabetic).count();
-        let unit_seconds = match &after_number[..unit_len] {
-            "d" | "day" | "days" => 86_400.0,
-            "h" | "hr" | "hrs" | "hour" | "hours" => 3_600.0,
-            "m" | "min" | "mins" | "minute" | "minutes" => 60.0,
-            "s" | "sec" | "secs" | "second" | "seconds" => 1.0,
-            "ms" => 0.001,
-            _ => break,
-        };
-        total += number * unit_seconds;
-        named_any = true;
-        rest = &after_number[unit_len..];
-    }
-    named_any.then_some(total)
 }
 
 /// Reads the date an Anthropic spend-limit message names ("You will regain access on 2026-04-01
@@ -1952,6 +1902,100 @@ mod tests {
                 ..BASE
             },
             Case {
+                name: "'resets at 17:00 UTC' is hours away: vetoes the 90 s guess",
+                provider: Provider::OpenAiCompatible,
+                model: "gpt-5",
+                status: 429,
+                body: r#"{"error":{"message":"Rate limit reached for requests per day. Your quota resets at 17:00 UTC.","type":"rate_limit_error"}}"#,
+                rule: Rule::Backoff,
+                lock: Some((One, Corroborated, "2026-03-15T10:20:32Z")),
+                next: NextCredential,
+                bump_backoff: true,
+                ..BASE
+            },
+            Case {
+                name: "a clock time with no zone is UTC's: 'resets at 5pm' vetoes",
+                provider: Provider::OpenAiCompatible,
+                model: "gpt-5",
+                status: 429,
+                body: r#"{"error":{"message":"Too many requests today; the limit resets at 5pm.","type":"rate_limit_error"}}"#,
+                rule: Rule::Backoff,
+                lock: Some((One, Corroborated, "2026-03-15T10:20:32Z")),
+                next: NextCredential,
+                bump_backoff: true,
+                ..BASE
+            },
+            Case {
+                name: "a clock time in the zone named: midnight Pacific vetoes",
+                provider: Provider::OpenAiCompatible,
+                model: "gpt-5",
+                status: 429,
+                body: r#"{"error":{"message":"Rate limit exceeded: daily quota resets at midnight Pacific time (PT).","type":"rate_limit_error"}}"#,
+                rule: Rule::Backoff,
+                lock: Some((One, Corroborated, "2026-03-15T10:20:32Z")),
+                next: NextCredential,
+                bump_backoff: true,
+                ..BASE
+            },
+            Case {
+                name: "'try again tomorrow' vetoes the 90 s guess",
+                provider: Provider::OpenAiCompatible,
+                model: "gpt-5",
+                status: 429,
+                body: r#"{"error":{"message":"Rate limit exceeded for today. Please try again tomorrow.","type":"rate_limit_error"}}"#,
+                rule: Rule::Backoff,
+                lock: Some((One, Corroborated, "2026-03-15T10:20:32Z")),
+                next: NextCredential,
+                bump_backoff: true,
+                ..BASE
+            },
+            Case {
+                name: "'try again in an hour' (spelled out) vetoes the 90 s guess",
+                provider: Provider::OpenAiCompatible,
+                model: "gpt-5",
+                status: 429,
+                body: r#"{"error":{"message":"You have hit the rate limit. Please try again in an hour.","type":"rate_limit_error"}}"#,
+                rule: Rule::Backoff,
+                lock: Some((One, Corroborated, "2026-03-15T10:20:32Z")),
+                next: NextCredential,
+                bump_backoff: true,
+                ..BASE
+            },
+            Case {
+                name: "'resets in a few hours' vetoes the 90 s guess",
+                provider: Provider::OpenAiCompatible,
+                model: "gpt-5",
+                status: 429,
+                body: r#"{"error":{"message":"Rate limit reached; your allowance resets in a few hours.","type":"rate_limit_error"}}"#,
+                rule: Rule::Backoff,
+                lock: Some((One, Corroborated, "2026-03-15T10:20:32Z")),
+                next: NextCredential,
+                bump_backoff: true,
+                ..BASE
+            },
+            Case {
+                name: "a clock time half an hour away does not veto: the 90 s guess",
+                provider: Provider::OpenAiCompatible,
+                model: "gpt-5",
+                status: 429,
+                body: r#"{"error":{"message":"Rate limit exceeded. Resets at 10:50 UTC.","type":"rate_limit_error"}}"#,
+                rule: Rule::RateLimitWording,
+                lock: Some((One, Corroborated, "2026-03-15T10:22:00Z")),
+                next: NextCredential,
+                ..BASE
+            },
+            Case {
+                name: "'try again in a minute' (spelled out) does not veto: the 90 s guess",
+                provider: Provider::OpenAiCompatible,
+                model: "gpt-5",
+                status: 429,
+                body: r#"{"error":{"message":"Rate limit exceeded. Try again in a minute.","type":"rate_limit_error"}}"#,
+                rule: Rule::RateLimitWording,
+                lock: Some((One, Corroborated, "2026-03-15T10:22:00Z")),
+                next: NextCredential,
+                ..BASE
+            },
+            Case {
                 name: "hours-away wording without rate-limit words parks nothing long: backoff",
                 provider: Provider::OpenAiCompatible,
                 model: "gpt-5",
@@ -2677,25 +2721,6 @@ mod tests {
     }
 
     #[test]
-    fn worded_waits() {
-        let rows: &[(&str, Option<i64>)] = &[
-            ("Resets in 3h", Some(3 * 3600)),
-            ("resets in 2 days", Some(2 * 86_400)),
-            ("Please try again in 5 hours.", Some(5 * 3600)),
-            ("try again in 1h 20m", Some(4800)),
-            ("retry in 3 hours and 5 minutes", Some(3 * 3600 + 300)),
-            ("Please try again in 6m0s.", Some(360)),
-            ("try again in 20s, or resets in 4h", Some(4 * 3600)),
-            ("Rate limit exceeded", None),
-            ("try again in a moment", None),
-        ];
-        for (text, seconds) in rows {
-            let got = parse_worded_wait(text).map(|d| d.num_seconds());
-            assert_eq!(got, *seconds, "{text:?}");
-        }
-    }
-
-    #[test]
     fn named_dates() {
         let rows: &[(&str, Option<&str>)] = &[
             (
@@ -2857,6 +2882,12 @@ mod tests {
                     "[0-9. ]{0,8}(d|h|m|s|ms|days|hours|minutes)?( and )?[0-9]{0,4}[a-z]{0,7}"
                 )
                     .prop_map(|(a, b)| format!("{a}{b}")),
+                (
+                    "(resets|reset|try again|retry) (at|on|in|tomorrow) ",
+                    "(a |an |a few |twenty-|half an |tomorrow |[0-9]{0,4}-?[0-9]{0,2}-?[0-9]{0,2}T?)?[0-9:]{0,8}( ?[ap]\\.?m\\.?)?( and a half)?",
+                    "( |\\()?(utc|gmt|pt|[+-][0-9:]{0,5}|[A-Za-z_]{0,8}/[A-Za-z_]{0,12}|\\PC{0,4})",
+                )
+                    .prop_map(|(a, b, c)| format!("{a}{b}{c}")),
                 ("(regain access on )?", reset_text(), "( at [0-9]{2}:[0-9]{2})?")
                     .prop_map(|(a, b, c)| format!("{a}{b}{c}")),
                 "\\PC{0,60}",
@@ -2880,7 +2911,7 @@ mod tests {
                 let _ = parse_retry_after(&value, now);
                 let _ = parse_reset_value(&value, now);
                 let _ = parse_go_duration(&value);
-                let _ = parse_worded_wait(&prose);
+                let _ = parse_worded_wait(&prose, now);
                 let _ = parse_named_date(&prose);
                 let _ = parse_named_date(&value);
             }
