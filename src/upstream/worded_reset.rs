@@ -15,7 +15,9 @@
 //! - "tomorrow", optionally with a clock time ("tomorrow at 09:00 PT"): without one, the next
 //!   midnight in the zone named.
 
-use chrono::{DateTime, Days, FixedOffset, NaiveDate, NaiveDateTime, NaiveTime, TimeDelta, TimeZone, Utc};
+use chrono::{
+    DateTime, Datelike, Days, FixedOffset, NaiveDate, NaiveDateTime, NaiveTime, TimeDelta, TimeZone, Utc,
+};
 use chrono_tz::Tz;
 
 /// Lead-ins of a span: "resets in 3h".
@@ -55,6 +57,10 @@ pub fn parse_worded_wait(text: &str, now: DateTime<Utc>) -> Option<TimeDelta> {
         for (at, _) in lower.match_indices(lead_in) {
             waits.extend(leading_span_seconds(&lower[at + lead_in.len()..]).and_then(seconds));
         }
+    }
+    // An instant is placed in a local calendar; at chrono's far ends there is none to place it in.
+    if !(1..=9999).contains(&now.year()) {
+        return waits.into_iter().filter(|w| *w > TimeDelta::zero()).max();
     }
     for lead_in in INSTANT_LEAD_INS {
         for (at, _) in lower.match_indices(lead_in) {
