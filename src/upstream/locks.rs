@@ -62,6 +62,18 @@ pub struct Locks {
 impl Locks {
     /// The latest end of the running locks that park `upstream_model` on `credential`, if any.
     pub fn parked_until(&self, credential: i64, upstream_model: &str, now_ms: i64) -> Option<i64> {
+        self.parked_until_besides(credential, upstream_model, now_ms, &[])
+    }
+
+    /// [`Locks::parked_until`], leaving out each of the locks `own` wrote that is still as it
+    /// wrote it (a hold the caller itself is entitled to go past).
+    pub fn parked_until_besides(
+        &self,
+        credential: i64,
+        upstream_model: &str,
+        now_ms: i64,
+        own: &[(i64, LockTarget, LockEntry)],
+    ) -> Option<i64> {
         let locks = self.locks.lock().unwrap_or_else(|p| p.into_inner());
         let mut targets = vec![
             LockTarget::Credential,
@@ -72,9 +84,27 @@ impl Locks {
         }
         targets
             .into_iter()
-            .filter_map(|t| locks.get(&(credential, t)).map(|e| e.until_ms))
+            .filter_map(|t| {
+                let e = locks.get(&(credential, t.clone()))?;
+                let mine = own
+                    .iter()
+                    .any(|(c, ot, oe)| *c == credential && *ot == t && oe == e);
+                (!mine).then_some(e.until_ms)
+            })
             .filter(|u| *u > now_ms)
             .max()
+    }
+
+    /// Lifts each of `rows` that is still as it was written: a lock another writer extended
+    /// meanwhile stays.
+    pub fn lift(&self, rows: &[(i64, LockTarget, LockEntry)]) {
+        let mut locks = self.locks.lock().unwrap_or_else(|p| p.into_inner());
+        for (c, t, e) in rows {
+            let key = (*c, t.clone());
+            if locks.get(&key) == Some(e) {
+                locks.remove(&key);
+            }
+        }
     }
 
     /// Whether the credential carries the banned mark (until a connection test passes).
@@ -330,6 +360,30 @@ mod tests {
         assert_eq!(l.parked_until(2, "paid", 0), None);
         l.park(&[3], &LockTarget::Credential, 3000, "monthly");
         assert_eq!(l.parked_until(3, "anything", 0), Some(3000));
+    }
+
+    #[test]
+    fn a_hold_is_lifted_and_looked_past_only_as_written() {
+        let l = Locks::default();
+        let own = l.park(&[1], &LockTarget::Model("m".into()), 1000, "server_error");
+        assert_eq!(l.parked_until_besides(1, "m", 0, &own), None, "its own hold");
+        l.park(&[1], &LockTarget::Credential, 500, "account_wide");
+        assert_eq!(
+            l.parked_until_besides(1, "m", 0, &own),
+            Some(500),
+            "another lock is not looked past"
+        );
+        l.lift(&own);
+        assert_eq!(l.parked_until(1, "m", 0), Some(500));
+        let own = l.park(&[2], &LockTarget::Model("m".into()), 1000, "server_error");
+        l.park(&[2], &LockTarget::Model("m".into()), 2000, "backoff");
+        assert_eq!(
+            l.parked_until_besides(2, "m", 0, &own),
+            Some(2000),
+            "extended meanwhile"
+        );
+        l.lift(&own);
+        assert_eq!(l.parked_until(2, "m", 0), Some(2000), "an extended hold stays");
     }
 
     #[test]

@@ -1001,10 +1001,12 @@ async fn a_single_candidate_retries_a_5xx_once(db: TestDb) {
     let detail: Value = serde_json::from_str(&log.attempts_detail).unwrap();
     assert_eq!(detail[0]["status"], 503);
     assert_eq!(detail[0]["rule"], "single_candidate_retry");
-    assert!(
-        detail[0].get("lock_until").is_none(),
-        "a retried failure parks nothing"
+    assert_eq!(
+        detail[0]["lock_until"], "2026-12-01T02:00:30Z",
+        "kRouter's 30 s hold, parked while the retry waited"
     );
+    let r = app.post_json("/v1/chat/completions", KEY, &chat("m1")).await;
+    assert_eq!(r.status(), 200, "the retry's success lifted the hold");
     // Two 500s: one retry only, then the error as is, and the route is parked.
     mock.reset();
     mock.script(

@@ -4,13 +4,15 @@
 //! attempt, a candidate must be unlocked, within its own limits and hold a free in-flight slot
 //! (`admission.rs`); a failure is classified (`classify.rs`) and the classification says what to
 //! park and where the request goes next. This is the one retry layer: the HTTP client never
-//! retries by itself, and the only retry of the same credential is a single candidate's one retry
-//! of a connection failure or of a 5xx whose classification leaves it usable (groot ADR 0008).
+//! retries by itself, and the only retry of the same credential is the one retry of a run's only
+//! route, on a connection failure or a 5xx whose classification leaves it usable (groot ADR 0008;
+//! `retry.rs`).
 
 mod candidates;
 mod exchange;
 mod outcome;
 mod park;
+mod retry;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -18,7 +20,6 @@ use std::time::{Duration, Instant, SystemTime};
 
 use axum::http::HeaderMap;
 use chrono::{DateTime, Utc};
-use rand::Rng;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use self::candidates::candidates;
@@ -27,9 +28,11 @@ use self::exchange::{Unread, read_answer, read_error};
 pub use self::outcome::{Answer, Attempt, AttemptLog, Complete, Dispatched, UpstreamError};
 pub use self::park::time_out;
 use self::park::{GroupClosure, park, rfc3339};
+pub use self::retry::SINGLE_CANDIDATE_RETRY;
+use self::retry::{Held, leaves_credential_usable};
 use super::adapter::{Endpoint, Fields};
 use super::admission::{Admission, Refusal, Slot};
-use super::classify::{self, Classification, NextStep, Rule, UpstreamFailure};
+use super::classify::{self, Classification, NextStep, UpstreamFailure};
 use super::corroboration::Corroboration;
 use super::http;
 use super::locks::{LockEntry, LockTarget, Locks};
@@ -69,8 +72,6 @@ pub trait PersistLocks: Sync {
     fn persist_locks(&self, rows: Vec<(i64, LockTarget, LockEntry)>, banned: Option<i64>);
 }
 
-/// The rule an attempt names in the log when it was retried (groot ADR 0008: one retry).
-pub const SINGLE_CANDIDATE_RETRY: &str = "single_candidate_retry";
 /// The wait a refusal names when the only candidates left are out of rotation with no end
 /// (disabled, or banned until a connection test passes): five minutes, the longest backoff;
 /// over a minute, so the SDKs are told not to retry by themselves.
@@ -98,6 +99,7 @@ pub async fn dispatch(
     let mut run = Run {
         up: upstreams,
         endpoint,
+        chain,
         stream: body.asks_stream(),
         headers,
         quota_groups,
@@ -138,9 +140,6 @@ pub async fn dispatch(
             run.out_of_rotation = true;
         }
         let creds = candidates(model, endpoint);
-        // groot ADR 0008: one retry layer — only a request with a single candidate (one
-        // credential, no fallback) gets a retry of its own.
-        let single = chain.len() == 1 && creds.len() == 1;
         // Candidates skipped because every in-flight slot was taken.
         let mut busy: Vec<(Arc<Credential>, Arc<Semaphore>)> = Vec::new();
         for cred in creds {
@@ -165,10 +164,7 @@ pub async fn dispatch(
                     continue;
                 }
             };
-            match run
-                .attempt(body, &cred, model, upstream_model, slot, single)
-                .await
-            {
+            match run.attempt(body, &cred, model, upstream_model, slot).await {
                 Step::Served(served) => return served,
                 Step::Failed(NextStep::NextCredential) => continue,
                 Step::Failed(NextStep::NextModel) => continue 'models,
@@ -203,7 +199,7 @@ pub async fn dispatch(
                 continue;
             }
         };
-        match run.attempt(body, cred, model, upstream_model, slot, single).await {
+        match run.attempt(body, cred, model, upstream_model, slot).await {
             Step::Served(served) => return served,
             Step::Failed(NextStep::NextCredential | NextStep::NextModel) => continue,
             Step::Failed(NextStep::Stop) => break 'models,
@@ -224,6 +220,8 @@ enum Step {
 struct Run<'a> {
     up: Upstreams<'a>,
     endpoint: Endpoint,
+    /// The model asked for and its fallbacks.
+    chain: &'a [Arc<ModelRoute>],
     /// Whether the request asked for a stream.
     stream: bool,
     headers: &'a HeaderMap,
@@ -289,7 +287,8 @@ impl Run<'_> {
     }
 
     /// Sends the request to `cred`, holding `slot`; on a failure, classifies it and parks what
-    /// it names. A single candidate gets one retry of a 5xx or a connection failure.
+    /// it names. The only route that can serve gets one retry of a 5xx or a connection failure;
+    /// the 5xx's hold, parked meanwhile, is lifted when the retry serves and persisted otherwise.
     async fn attempt(
         &mut self,
         body: &Fields,
@@ -297,7 +296,25 @@ impl Run<'_> {
         model: &Arc<ModelRoute>,
         upstream_model: &str,
         slot: Slot,
-        single: bool,
+    ) -> Step {
+        let mut held = Held::new();
+        let step = self
+            .exchange(body, cred, model, upstream_model, slot, &mut held)
+            .await;
+        held.settle(self.up, matches!(step, Step::Served(_)));
+        step
+    }
+
+    /// [`Run::attempt`]'s exchanges with `cred`, the retry included; `held` collects the hold
+    /// parked while the retry waits.
+    async fn exchange(
+        &mut self,
+        body: &Fields,
+        cred: &Arc<Credential>,
+        model: &Arc<ModelRoute>,
+        upstream_model: &str,
+        slot: Slot,
+        held: &mut Held,
     ) -> Step {
         // A request the credential's format cannot express is not sent: the client's 400, unless
         // another candidate serves it.
@@ -310,8 +327,7 @@ impl Run<'_> {
             }
         };
         let mut req = request(cred, self.headers, out);
-        // The body is bytes, so the request copies cheaply; only a single candidate may need it.
-        let mut retry = single.then(|| http::duplicate(&req));
+        let mut retried = false;
         loop {
             self.sent += 1;
             if let Some(trace) = self.trace {
@@ -337,9 +353,10 @@ impl Run<'_> {
                         error: Some(what.clone()),
                         ..Attempt::of(cred, model)
                     };
-                    // groot ADR 0008: a connection failure of a single candidate, nothing emitted.
-                    if let Some(again) = retry.take()
-                        && self.retry_pause(cred, upstream_model).await
+                    // groot ADR 0008: a connection failure of the only route, nothing emitted.
+                    if !std::mem::replace(&mut retried, true)
+                        && self.only_route(cred, model)
+                        && let Some(again) = self.retry(body, cred, upstream_model, held).await
                     {
                         self.push(Attempt {
                             rule: Some(SINGLE_CANDIDATE_RETRY),
@@ -413,19 +430,25 @@ impl Run<'_> {
                 return self.timed_out(cred, upstream_model, attempt);
             };
             // Classified first: the one retry (groot ADR 0008) only when the classification
-            // leaves this credential usable; whatever it parks is parked, and not retried.
+            // leaves this credential usable. Its hold (kRouter rule 5: 30 s) is parked at once,
+            // so no other request walks into the failing route while the retry waits; the retry
+            // is this request's own next try on it.
             let class = self.classify(cred, upstream_model, &error);
             if leaves_credential_usable(&class)
-                && let Some(again) = retry.take()
-                && self.retry_pause(cred, upstream_model).await
+                && !std::mem::replace(&mut retried, true)
+                && self.only_route(cred, model)
             {
-                self.push(Attempt {
-                    status: Some(status),
-                    rule: Some(SINGLE_CANDIDATE_RETRY),
-                    ..Attempt::of(cred, model)
-                });
-                req = again;
-                continue;
+                let lock_until = held.park(self.up, cred, upstream_model, &class);
+                if let Some(again) = self.retry(body, cred, upstream_model, held).await {
+                    self.push(Attempt {
+                        status: Some(status),
+                        rule: Some(SINGLE_CANDIDATE_RETRY),
+                        lock_until: lock_until.map(rfc3339),
+                        ..Attempt::of(cred, model)
+                    });
+                    req = again;
+                    continue;
+                }
             }
             return Step::Failed(self.fail(cred, model, upstream_model, error, class));
         }
@@ -439,34 +462,6 @@ impl Run<'_> {
         self.push(attempt);
         self.last = Some(Dispatched::GatewayFailed(self.deadline.error()));
         Step::Failed(NextStep::Stop)
-    }
-
-    /// groot ADR 0008: the pause before a single candidate's one retry, 1 to 3 s with jitter
-    /// (`single_candidate_retry_{min,max}_ms`). False — no retry — when the attempt budget is
-    /// spent, the pause would use up the time budget, or meanwhile the credential came to rest
-    /// (a lock or its banned mark) or reached an own limit; otherwise the retry is counted.
-    async fn retry_pause(&mut self, cred: &Credential, upstream_model: &str) -> bool {
-        let settings = &self.up.settings;
-        if self.spent() {
-            return false;
-        }
-        let (min, max) = (
-            settings.single_candidate_retry_min_ms,
-            settings.single_candidate_retry_max_ms,
-        );
-        let pause = Duration::from_millis(rand::thread_rng().gen_range(min..=max));
-        if pause >= self.deadline.left() {
-            return false;
-        }
-        tokio::time::sleep(pause).await;
-        let now_ms = self.up.clock.now_ms();
-        !self.up.locks.is_banned(cred.id)
-            && self
-                .up
-                .locks
-                .parked_until(cred.id, upstream_model, now_ms)
-                .is_none()
-            && self.up.admission.admit_again(cred, now_ms)
     }
 
     /// Classifies an upstream error of `cred` (nothing is parked yet).
@@ -629,109 +624,5 @@ impl Run<'_> {
             upstream_model,
             class,
         )
-    }
-}
-
-/// groot ADR 0008: whether a single candidate's failure, so classified, leaves the credential
-/// usable for its one retry. Only the plain server error does (a 5xx no earlier rule named:
-/// kRouter parks that model 30 s and tries the next credential, and for a lone credential the
-/// retry is that next try; it parks nothing unless the retry fails too). Every other
-/// classification rests the credential or ends the walk: a named reset (`Retry-After: 120` on a
-/// 503), rate-limit wording, no capacity (stop), an overload's backoff (529), a ban, a request
-/// error.
-fn leaves_credential_usable(class: &Classification) -> bool {
-    class.rule == Rule::ServerError && class.next == NextStep::NextCredential && !class.banned
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::upstream::Provider;
-    use axum::http::HeaderValue;
-
-    /// groot ADR 0008 after classification: which failures of a lone credential get its one
-    /// retry. Each row: name, status, headers, body, whether the retry may fire.
-    #[test]
-    fn the_single_retry_follows_the_classification() {
-        type Row = (
-            &'static str,
-            u16,
-            &'static [(&'static str, &'static str)],
-            &'static str,
-            bool,
-        );
-        let rows: &[Row] = &[
-            (
-                "a plain 503 leaves the credential usable",
-                503,
-                &[],
-                r#"{"error":{"message":"upstream exploded"}}"#,
-                true,
-            ),
-            ("a plain 500", 500, &[], "Internal Server Error", true),
-            (
-                "a 503 naming Retry-After: 120 parks the model 120 s",
-                503,
-                &[("retry-after", "120")],
-                r#"{"error":{"message":"busy"}}"#,
-                false,
-            ),
-            (
-                "no capacity: 5 s and stop",
-                503,
-                &[],
-                r#"{"error":{"message":"No capacity available for model gpt-x on the server"}}"#,
-                false,
-            ),
-            (
-                "a 529 overload backs off",
-                529,
-                &[],
-                r#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#,
-                false,
-            ),
-            (
-                "a 429 is never retried",
-                429,
-                &[],
-                r#"{"error":{"message":"slow down"}}"#,
-                false,
-            ),
-            (
-                "a request error is never retried",
-                400,
-                &[],
-                r#"{"error":{"message":"bad field"}}"#,
-                false,
-            ),
-            (
-                "a ban is never retried",
-                403,
-                &[],
-                r#"{"error":{"message":"To continue, verify your account at https://x"}}"#,
-                false,
-            ),
-        ];
-        let now = chrono::DateTime::parse_from_rfc3339("2026-12-01T10:00:00Z")
-            .map(|t| t.with_timezone(&Utc))
-            .unwrap_or_default();
-        for (name, status, headers, body, want) in rows {
-            let mut map = HeaderMap::new();
-            for (k, v) in *headers {
-                map.insert(*k, HeaderValue::from_static(v));
-            }
-            let class = classify::classify(&UpstreamFailure {
-                status: *status,
-                headers: &map,
-                body,
-                provider: Provider::OpenAiCompatible,
-                model: "gpt-x",
-                now,
-                backoff_level: 0,
-                kiro_holds: 0,
-                gateway_busy: false,
-            });
-            assert_eq!(leaves_credential_usable(&class), *want, "{name}: {class:?}");
-        }
     }
 }

@@ -8,7 +8,7 @@ use chrono::{DateTime, Utc};
 use super::{Attempt, Upstreams};
 use crate::deadline::Missed;
 use crate::upstream::classify::{self, Classification, LockModels, Sharing, UpstreamFailure};
-use crate::upstream::locks::LockTarget;
+use crate::upstream::locks::{LockEntry, LockTarget};
 use crate::upstream::pool::Credential;
 
 /// A deadline passed while `cred` kept the gateway waiting for `upstream_model` (no response
@@ -94,6 +94,23 @@ pub(super) fn park(
     upstream_model: &str,
     class: &Classification,
 ) -> Option<DateTime<Utc>> {
+    let (until, rows) = write(up, quota_groups, member_id, cred, upstream_model, class);
+    if !rows.is_empty() || class.banned {
+        up.persist.persist_locks(rows, class.banned.then_some(cred.id));
+    }
+    until
+}
+
+/// [`park`] in this gateway's memory only: returns the lock's end and the rows it wrote, for
+/// the caller to persist.
+pub(super) fn write(
+    up: Upstreams<'_>,
+    quota_groups: Option<&HashMap<String, Vec<i64>>>,
+    member_id: i64,
+    cred: &Credential,
+    upstream_model: &str,
+    class: &Classification,
+) -> (Option<DateTime<Utc>>, Written) {
     if class.bump_backoff {
         up.locks.bump_backoff(cred.id);
     }
@@ -146,11 +163,11 @@ pub(super) fn park(
         }
         tracing::info!(credential = %cred.name, model = upstream_model, rule, until = %lock.until, "upstream credential parked");
     }
-    if !rows.is_empty() || class.banned {
-        up.persist.persist_locks(rows, class.banned.then_some(cred.id));
-    }
-    class.lock.as_ref().map(|l| l.until)
+    (class.lock.as_ref().map(|l| l.until), rows)
 }
+
+/// Locks written in memory, to persist: (credential, target, entry).
+pub(super) type Written = Vec<(i64, LockTarget, LockEntry)>;
 
 pub(super) fn rfc3339(t: DateTime<Utc>) -> String {
     t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
