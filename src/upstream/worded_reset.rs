@@ -508,6 +508,24 @@ mod tests {
     }
 
     #[test]
+    fn no_instant_is_placed_at_the_far_ends_of_time() {
+        for now in [DateTime::<Utc>::MAX_UTC, DateTime::<Utc>::MIN_UTC] {
+            for text in [
+                "resets at 17:00 America/Los_Angeles",
+                "try again tomorrow",
+                "resets at 5pm +14:00",
+            ] {
+                assert_eq!(parse_worded_wait(text, now), None, "{text:?} at {now}");
+            }
+            assert_eq!(
+                parse_worded_wait("resets in 2 days", now).map(|d| d.num_days()),
+                Some(2),
+                "a span needs no calendar"
+            );
+        }
+    }
+
+    #[test]
     fn zones_read_from_the_text() {
         let at = |s: &str| {
             zone(&s.to_ascii_lowercase(), s).resolve(
