@@ -290,6 +290,12 @@ impl Admission {
         })
     }
 
+    /// Whether `cred`'s own limits have room for one more request at `now_ms`; nothing is counted.
+    pub fn has_room(&self, cred: &Credential, now_ms: i64) -> bool {
+        let limits = OwnLimits::of(cred);
+        self.with(cred, |load| load.usage.blocked_until(&limits, now_ms).is_none())
+    }
+
     /// Adds the tokens of a completed request to the credential's minute.
     pub fn count_tokens(&self, credential_id: i64, tokens: u64, now_ms: i64) {
         let mut map = self.credentials.lock().unwrap_or_else(|p| p.into_inner());

@@ -15,6 +15,11 @@
 //! 5. the table: text rules first (account-wide, Kiro's monthly limit, no capacity, model gone,
 //!    prompt too long, credential-shaped 4xx, overloaded/capacity), then the status code.
 //!
+//! Whatever rule matched, no hold is shorter than the wait the provider told the client to
+//! observe (`Retry-After`, `retry-after-ms`, Gemini's `RetryInfo`), up to the 6 h cap
+//! ([`named_wait`]). The durations are seed 000's, on a quota group's shared rest too: groot's
+//! "up to 300 s" (seed 001) is not taken (DESIGN.md §6; the reason is in `dispatch/park.rs`).
+//!
 //! A new rule is one named function (or one named branch of the table) in this order, plus one
 //! row in the table test below.
 //!
@@ -84,6 +89,7 @@ const ANTHROPIC_SPEND_LIMIT_WORDING: &[&str] = &[
 ];
 
 pub use super::Provider;
+pub use super::worded_reset::parse_worded_wait;
 
 /// One failed upstream attempt, everything the classifier may look at.
 ///
@@ -105,6 +111,9 @@ pub struct UpstreamFailure<'a> {
     pub now: DateTime<Utc>,
     /// The credential's consecutive backoff failures so far (0 after a success).
     pub backoff_level: u32,
+    /// The credential's Kiro monthly holds since its last success (kRouter rule 5's own count,
+    /// apart from the backoff level).
+    pub kiro_holds: u32,
     /// The gateway's own "credential busy, try another": no slot came free in time.
     pub gateway_busy: bool,
 }
@@ -124,6 +133,7 @@ impl<'a> UpstreamFailure<'a> {
             model,
             now,
             backoff_level,
+            kiro_holds: 0,
             gateway_busy: true,
         }
     }
@@ -140,6 +150,7 @@ impl<'a> UpstreamFailure<'a> {
             model,
             now,
             backoff_level,
+            kiro_holds: 0,
             gateway_busy: false,
         }
     }
@@ -233,6 +244,27 @@ impl LockModels {
     }
 }
 
+/// groot ADR 0008: the models a failure of a quota group's shared quota closes, on every
+/// credential of the group — for the rest of the request that met it, and (when the failure is
+/// the account's, or an ambiguous one corroborated) for every request until the rest ends. One
+/// rule for both, so that the next request does not walk into the quota the last one found closed.
+///
+/// - A free model's failure (`failed_model` is one of [`is_free_model`]'s) closes every free model:
+///   they draw on one allowance ("one key closes every free route for everyone"). Paid models of
+///   the same keys are off that quota (groot: "a run still moves to … a paid model") and keep
+///   serving.
+/// - Any other failure closes every model of the group: the group is, by its definition, one
+///   account quota (DESIGN.md §3), and each of its models draws on it.
+pub fn shared_quota_models(models: LockModels, failed_model: &str) -> LockModels {
+    match models {
+        LockModels::All => LockModels::All,
+        _ if is_free_model(failed_model) => LockModels::AllFree,
+        // OpenRouter's free per-minute wording on a model not named free: the free allowance.
+        LockModels::AllFree => LockModels::AllFree,
+        LockModels::One => LockModels::All,
+    }
+}
+
 /// Which credentials a lock applies to (groot ADR 0008).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Sharing {
@@ -283,6 +315,9 @@ pub struct Classification {
     pub banned: bool,
     /// Bump the credential's backoff level by one (the caller resets it on a success).
     pub bump_backoff: bool,
+    /// Count one more Kiro monthly hold of the credential (the caller resets the count on a
+    /// success).
+    pub count_kiro_hold: bool,
 }
 
 impl Classification {
@@ -297,6 +332,7 @@ impl Classification {
             next,
             banned: false,
             bump_backoff: false,
+            count_kiro_hold: false,
         }
     }
 
@@ -307,6 +343,7 @@ impl Classification {
             next,
             banned: false,
             bump_backoff: false,
+            count_kiro_hold: false,
         }
     }
 }
@@ -320,11 +357,55 @@ pub fn classify(f: &UpstreamFailure<'_>) -> Classification {
         return backoff(f, LockModels::One, Sharing::Route);
     }
     let ev = Evidence::read(f);
-    monthly_hold(f, &ev)
+    let mut class = monthly_hold(f, &ev)
         .or_else(|| openrouter_free_daily(f, &ev))
         .or_else(|| provider_named_reset(f, &ev))
         .or_else(|| rate_limit_wording(f, &ev))
-        .unwrap_or_else(|| rule_table(f, &ev))
+        .unwrap_or_else(|| rule_table(f, &ev));
+    // No rest is shorter than the wait the provider told the client to observe, up to the cap.
+    if let (Some(lock), Some(wait)) = (&mut class.lock, named_wait(f, &ev)) {
+        lock.until = lock.until.max(wait);
+    }
+    class
+}
+
+/// The wait the provider told the client to observe before retrying — `Retry-After` (seconds or
+/// an HTTP-date), `retry-after-ms`, Gemini's `RetryInfo.retryDelay` — the latest still ahead,
+/// capped at 6 h. No rest is shorter: RFC 9110 makes it the wait before a follow-up request,
+/// Anthropic says earlier retries will fail, and seeds 002 and 004 read it as a minimum ("never
+/// retry a 429 sooner than it says"). A departure from kRouter rule 3, which takes the earliest
+/// of every named reset, window resets included: a window reset (`x-ratelimit-reset-*`) still
+/// counts at its earliest, but never cuts this wait short. A date rules 1 and 2 do not believe
+/// (a monthly date over 32 days away, a free-daily reset over 25 h away) is a window's date, not
+/// this wait, and 6 h bounds it as every named reset (DESIGN.md §6).
+fn named_wait(f: &UpstreamFailure<'_>, ev: &Evidence) -> Option<DateTime<Utc>> {
+    retry_instructions(f, ev)
+        .into_iter()
+        .filter(|at| *at > f.now)
+        .max()
+        .map(|at| at.min(after(f.now, RESET_CAP)))
+}
+
+/// Every `Retry-After`, `retry-after-ms` and Gemini `RetryInfo.retryDelay` of the failure, past
+/// or not.
+fn retry_instructions(f: &UpstreamFailure<'_>, ev: &Evidence) -> Vec<DateTime<Utc>> {
+    let mut waits = Vec::new();
+    for (name, value) in &ev.headers {
+        match name.as_str() {
+            "retry-after" => waits.extend(parse_retry_after(value, f.now)),
+            "retry-after-ms" => waits.extend(
+                value
+                    .trim()
+                    .parse::<f64>()
+                    .ok()
+                    .and_then(|ms| seconds_f64(ms / 1000.0))
+                    .map(|wait| after(f.now, wait)),
+            ),
+            _ => {}
+        }
+    }
+    waits.extend(gemini_retry_delay(f.now, ev));
+    waits
 }
 
 /// DESIGN.md §9: an upstream answer that is not what its endpoint promises is classified like a
@@ -405,30 +486,16 @@ fn openrouter_free_daily(f: &UpstreamFailure<'_>, ev: &Evidence) -> Option<Class
 }
 
 /// kRouter rule 3: a reset the provider names, for any status: the earliest still ahead among
-/// all of them, capped at 6 h.
+/// all of them, capped at 6 h (and never before the provider's retry instruction: [`classify`]
+/// applies [`named_wait`] to every rule).
 fn provider_named_reset(f: &UpstreamFailure<'_>, ev: &Evidence) -> Option<Classification> {
-    let mut resets = Vec::new();
-    for (name, value) in &ev.headers {
-        match name.as_str() {
-            "retry-after" => resets.extend(parse_retry_after(value, f.now)),
-            "retry-after-ms" => resets.extend(
-                value
-                    .trim()
-                    .parse::<f64>()
-                    .ok()
-                    .and_then(|ms| seconds_f64(ms / 1000.0))
-                    .map(|wait| after(f.now, wait)),
-            ),
-            _ => {}
-        }
-    }
+    let mut resets = retry_instructions(f, ev);
     // OpenAI sends its window headers on every answer: on an error about the request itself
     // (400, 413, 422) they name no reason to wait, and counting them would send a request that
     // cannot succeed to every other credential. A deliberate narrowing of "any status".
     if !matches!(f.status, 400 | 413 | 422) {
         resets.extend(window_resets(f, ev));
     }
-    resets.extend(gemini_retry_delay(f.now, ev));
     resets.extend(codex_usage_limit_resets(f.now, ev));
     let earliest = resets.into_iter().filter(|at| *at > f.now).min()?;
     let until = earliest.min(after(f.now, RESET_CAP));
@@ -526,9 +593,10 @@ fn rate_limit_wording(f: &UpstreamFailure<'_>, ev: &Evidence) -> Option<Classifi
         return None;
     }
     // kRouter rule 4 veto: the message says the reset is hours or days away ("Resets in 3h",
-    // "resets in 2 days"): not a per-minute window, so no 90 s guess; the table's backoff
-    // applies. A free-text wait is not a named reset: it parks nothing by itself.
-    let hours_or_days_away = parse_worded_wait(&ev.text).is_some_and(|wait| wait >= HOURS_OR_DAYS_AWAY);
+    // "resets in 2 days", "try again in an hour", "resets at 17:00 UTC", "try again tomorrow"):
+    // not a per-minute window, so no 90 s guess; the table's backoff applies. A free-text wait is
+    // not a named reset: it parks nothing by itself.
+    let hours_or_days_away = parse_worded_wait(f.body, f.now).is_some_and(|wait| wait >= HOURS_OR_DAYS_AWAY);
     if hours_or_days_away {
         return None;
     }
@@ -564,8 +632,8 @@ fn rule_table(f: &UpstreamFailure<'_>, ev: &Evidence) -> Classification {
         };
     }
     // kRouter rule 5 text rule: Kiro's monthly limit locks the whole credential for 30 days, and
-    // for 30 days more each time it comes again before a success (the credential's failures in a
-    // row, which a success resets, say how often). Any provider, any status.
+    // for 30 days more each time it comes again before a success (the credential's own count of
+    // Kiro holds, which a success resets). Any provider, any status.
     if ev.says_any(KIRO_MONTHLY_WORDING) {
         return kiro_monthly(f);
     }
@@ -622,16 +690,18 @@ fn rule_table(f: &UpstreamFailure<'_>, ev: &Evidence) -> Classification {
     }
 }
 
-/// kRouter rule 5: Kiro's monthly limit: 30 days on the whole credential, times one more for
-/// each failure of the credential in a row before it (its backoff level, reset by a success).
-/// The level is bumped so that a repeat before the next success holds longer.
+/// kRouter rule 5: Kiro's monthly limit: 30 days on the whole credential, "longer if it happens
+/// again before a success": 30 days more for each Kiro hold the credential had since its last
+/// success. That count is its own ([`UpstreamFailure::kiro_holds`]), not the backoff level: the
+/// level rises with every 429 and overload, so a first Kiro hold after eight overloads would
+/// last 270 days; and a Kiro hold does not raise the level the next backoff reads.
 fn kiro_monthly(f: &UpstreamFailure<'_>) -> Classification {
-    let repeats = i32::try_from(f.backoff_level.saturating_add(1)).unwrap_or(i32::MAX);
+    let repeats = i32::try_from(f.kiro_holds.saturating_add(1)).unwrap_or(i32::MAX);
     let until = KIRO_MONTHLY_HOLD
         .checked_mul(repeats)
         .map_or(DateTime::<Utc>::MAX_UTC, |hold| after(f.now, hold));
     Classification {
-        bump_backoff: true,
+        count_kiro_hold: true,
         ..Classification::hold(
             Rule::KiroMonthly,
             LockModels::All,
@@ -954,58 +1024,6 @@ pub fn parse_go_duration(value: &str) -> Option<TimeDelta> {
     seconds_f64(nanos / 1e9)
 }
 
-/// Reads the longest wait a message names in prose after "resets in", "reset in",
-/// "try again in" or "retry in": `"Resets in 3h"`, `"resets in 2 days"`,
-/// `"try again in 5 hours"`, `"try again in 1h 20m"`, `"Please try again in 6m0s"`.
-pub fn parse_worded_wait(text: &str) -> Option<TimeDelta> {
-    const LEAD_INS: [&str; 4] = ["resets in ", "reset in ", "try again in ", "retry in "];
-    let text = text.to_ascii_lowercase();
-    let mut longest: Option<f64> = None;
-    for lead_in in LEAD_INS {
-        for (at, _) in text.match_indices(lead_in) {
-            if let Some(seconds) = leading_span_seconds(&text[at + lead_in.len()..]) {
-                longest = Some(longest.map_or(seconds, |l| l.max(seconds)));
-            }
-        }
-    }
-    longest.and_then(seconds_f64)
-}
-
-/// The span at the start of `text` ("3h", "2 days", "1h 20m", "3 hours and 5 minutes"), in
-/// seconds.
-fn leading_span_seconds(text: &str) -> Option<f64> {
-    let mut rest = text;
-    let mut total = 0.0;
-    let mut named_any = false;
-    loop {
-        rest = rest.trim_start_matches([' ', ',']);
-        if named_any {
-            rest = rest.strip_prefix("and ").unwrap_or(rest);
-        }
-        let number_len = rest
-            .bytes()
-            .take_while(|b| b.is_ascii_digit() || *b == b'.')
-            .count();
-        let Some(number) = rest.get(..number_len).and_then(|n| n.parse::<f64>().ok()) else {
-            break;
-        };
-        let after_number = rest[number_len..].trim_start_matches(' ');
-        let unit_len = after_number.bytes().take_while(u8::is_ascii_alphabetic).count();
-        let unit_seconds = match &after_number[..unit_len] {
-            "d" | "day" | "days" => 86_400.0,
-            "h" | "hr" | "hrs" | "hour" | "hours" => 3_600.0,
-            "m" | "min" | "mins" | "minute" | "minutes" => 60.0,
-            "s" | "sec" | "secs" | "second" | "seconds" => 1.0,
-            "ms" => 0.001,
-            _ => break,
-        };
-        total += number * unit_seconds;
-        named_any = true;
-        rest = &after_number[unit_len..];
-    }
-    named_any.then_some(total)
-}
-
 /// Reads the date an Anthropic spend-limit message names ("You will regain access on 2026-04-01
 /// at 00:00 UTC."): the first `YYYY-MM-DD` after "regain access on" (or anywhere, if that phrase
 /// is missing), with the time from `THH:MM:SSZ` (RFC 3339) or ` at HH:MM`, else 00:00 UTC.
@@ -1074,6 +1092,7 @@ mod tests {
         body: &'static str,
         now: &'static str,
         backoff_level: u32,
+        kiro_holds: u32,
         gateway_busy: bool,
         rule: Rule,
         /// (models, sharing, until as RFC 3339)
@@ -1081,6 +1100,7 @@ mod tests {
         next: NextStep,
         banned: bool,
         bump_backoff: bool,
+        count_kiro_hold: bool,
     }
 
     /// The inputs every row starts from; the expectations (rule, lock, next) are always set.
@@ -1093,12 +1113,14 @@ mod tests {
         body: "",
         now: NOW,
         backoff_level: 0,
+        kiro_holds: 0,
         gateway_busy: false,
         rule: Rule::OtherFailure,
         lock: None,
         next: NextCredential,
         banned: false,
         bump_backoff: false,
+        count_kiro_hold: false,
     };
 
     // Real error shapes, by provider.
@@ -1366,6 +1388,31 @@ mod tests {
                 ..BASE
             },
             Case {
+                name: "free daily cap whose reset has passed waits out a longer Retry-After, not a minute",
+                provider: Provider::OpenRouter,
+                model: "deepseek/deepseek-r1:free",
+                status: 429,
+                headers: &[("retry-after", "3600")],
+                body: OPENROUTER_FREE_DAY,
+                rule: Rule::OpenRouterFreeDaily,
+                lock: Some((AllFree, Account, "2026-03-15T11:20:30Z")),
+                next: NextCredential,
+                ..BASE
+            },
+            Case {
+                name: "free daily cap ten minutes before midnight waits out a Retry-After past it",
+                provider: Provider::OpenRouter,
+                model: "deepseek/deepseek-r1:free",
+                status: 429,
+                headers: &[("retry-after", "3600")],
+                body: OPENROUTER_FREE_DAY_NO_RESET,
+                now: "2026-03-15T23:50:00Z",
+                rule: Rule::OpenRouterFreeDaily,
+                lock: Some((AllFree, Account, "2026-03-16T00:50:00Z")),
+                next: NextCredential,
+                ..BASE
+            },
+            Case {
                 name: "free daily cap reads X-RateLimit-Reset from the response headers too",
                 provider: Provider::OpenRouter,
                 model: "deepseek/deepseek-r1:free",
@@ -1473,7 +1520,7 @@ mod tests {
                 ..BASE
             },
             Case {
-                name: "the earliest of several named resets wins (anthropic headers, Retry-After)",
+                name: "a window reset before Retry-After does not cut the rest short of it",
                 provider: Provider::Anthropic,
                 model: "claude-sonnet-4-5",
                 status: 429,
@@ -1486,7 +1533,47 @@ mod tests {
                 ],
                 body: ANTHROPIC_RATE_LIMIT,
                 rule: Rule::ProviderNamedReset,
-                lock: Some((One, Account, "2026-03-15T10:20:50Z")),
+                lock: Some((One, Account, "2026-03-15T10:22:30Z")),
+                next: NextCredential,
+                ..BASE
+            },
+            Case {
+                name: "Retry-After before every window reset: the earliest, as kRouter takes it",
+                provider: Provider::Anthropic,
+                model: "claude-sonnet-4-5",
+                status: 429,
+                headers: &[
+                    ("retry-after", "10"),
+                    ("anthropic-ratelimit-tokens-remaining", "0"),
+                    ("anthropic-ratelimit-tokens-reset", "2026-03-15T10:21:15Z"),
+                ],
+                body: ANTHROPIC_RATE_LIMIT,
+                rule: Rule::ProviderNamedReset,
+                lock: Some((One, Account, "2026-03-15T10:20:40Z")),
+                next: NextCredential,
+                ..BASE
+            },
+            Case {
+                name: "Gemini's retryDelay is a wait to honour: an earlier window reset does not cut it",
+                provider: Provider::Gemini,
+                model: "gemini-2.5-flash",
+                status: 429,
+                headers: &[("x-ratelimit-reset", "5")],
+                body: GEMINI_RETRY_INFO,
+                rule: Rule::ProviderNamedReset,
+                lock: Some((One, Account, "2026-03-15T10:21:07Z")),
+                next: NextCredential,
+                ..BASE
+            },
+            Case {
+                name: "a Retry-After days away is waited out for the 6 h cap, not the 30 s of a 503",
+                provider: Provider::OpenAiCompatible,
+                model: "qwen2.5-72b",
+                status: 503,
+                headers: &[("retry-after", "172800"), ("x-ratelimit-reset", "20")],
+                body: r#"{"error":{"message":"Service Unavailable","type":"server_error"}}"#,
+                rule: Rule::ProviderNamedReset,
+                lock: Some((One, Route, "2026-03-15T16:20:30Z")),
                 next: NextCredential,
                 ..BASE
             },
@@ -1687,7 +1774,7 @@ mod tests {
                 ..BASE
             },
             Case {
-                name: "the earliest of every anthropic window (output-tokens) and Retry-After",
+                name: "the earliest of every anthropic window (output-tokens), never before Retry-After",
                 provider: Provider::Anthropic,
                 model: "claude-sonnet-4-5",
                 status: 429,
@@ -1702,7 +1789,7 @@ mod tests {
                 ],
                 body: ANTHROPIC_INPUT_TOKENS_LIMIT,
                 rule: Rule::ProviderNamedReset,
-                lock: Some((One, Account, "2026-03-15T10:20:41Z")),
+                lock: Some((One, Account, "2026-03-15T10:21:30Z")),
                 next: NextCredential,
                 ..BASE
             },
@@ -1812,6 +1899,100 @@ mod tests {
                 lock: Some((One, Corroborated, "2026-03-15T10:20:32Z")),
                 next: NextCredential,
                 bump_backoff: true,
+                ..BASE
+            },
+            Case {
+                name: "'resets at 17:00 UTC' is hours away: vetoes the 90 s guess",
+                provider: Provider::OpenAiCompatible,
+                model: "gpt-5",
+                status: 429,
+                body: r#"{"error":{"message":"Rate limit reached for requests per day. Your quota resets at 17:00 UTC.","type":"rate_limit_error"}}"#,
+                rule: Rule::Backoff,
+                lock: Some((One, Corroborated, "2026-03-15T10:20:32Z")),
+                next: NextCredential,
+                bump_backoff: true,
+                ..BASE
+            },
+            Case {
+                name: "a clock time with no zone is UTC's: 'resets at 5pm' vetoes",
+                provider: Provider::OpenAiCompatible,
+                model: "gpt-5",
+                status: 429,
+                body: r#"{"error":{"message":"Too many requests today; the limit resets at 5pm.","type":"rate_limit_error"}}"#,
+                rule: Rule::Backoff,
+                lock: Some((One, Corroborated, "2026-03-15T10:20:32Z")),
+                next: NextCredential,
+                bump_backoff: true,
+                ..BASE
+            },
+            Case {
+                name: "a clock time in the zone named: midnight Pacific vetoes",
+                provider: Provider::OpenAiCompatible,
+                model: "gpt-5",
+                status: 429,
+                body: r#"{"error":{"message":"Rate limit exceeded: daily quota resets at midnight Pacific time (PT).","type":"rate_limit_error"}}"#,
+                rule: Rule::Backoff,
+                lock: Some((One, Corroborated, "2026-03-15T10:20:32Z")),
+                next: NextCredential,
+                bump_backoff: true,
+                ..BASE
+            },
+            Case {
+                name: "'try again tomorrow' vetoes the 90 s guess",
+                provider: Provider::OpenAiCompatible,
+                model: "gpt-5",
+                status: 429,
+                body: r#"{"error":{"message":"Rate limit exceeded for today. Please try again tomorrow.","type":"rate_limit_error"}}"#,
+                rule: Rule::Backoff,
+                lock: Some((One, Corroborated, "2026-03-15T10:20:32Z")),
+                next: NextCredential,
+                bump_backoff: true,
+                ..BASE
+            },
+            Case {
+                name: "'try again in an hour' (spelled out) vetoes the 90 s guess",
+                provider: Provider::OpenAiCompatible,
+                model: "gpt-5",
+                status: 429,
+                body: r#"{"error":{"message":"You have hit the rate limit. Please try again in an hour.","type":"rate_limit_error"}}"#,
+                rule: Rule::Backoff,
+                lock: Some((One, Corroborated, "2026-03-15T10:20:32Z")),
+                next: NextCredential,
+                bump_backoff: true,
+                ..BASE
+            },
+            Case {
+                name: "'resets in a few hours' vetoes the 90 s guess",
+                provider: Provider::OpenAiCompatible,
+                model: "gpt-5",
+                status: 429,
+                body: r#"{"error":{"message":"Rate limit reached; your allowance resets in a few hours.","type":"rate_limit_error"}}"#,
+                rule: Rule::Backoff,
+                lock: Some((One, Corroborated, "2026-03-15T10:20:32Z")),
+                next: NextCredential,
+                bump_backoff: true,
+                ..BASE
+            },
+            Case {
+                name: "a clock time half an hour away does not veto: the 90 s guess",
+                provider: Provider::OpenAiCompatible,
+                model: "gpt-5",
+                status: 429,
+                body: r#"{"error":{"message":"Rate limit exceeded. Resets at 10:50 UTC.","type":"rate_limit_error"}}"#,
+                rule: Rule::RateLimitWording,
+                lock: Some((One, Corroborated, "2026-03-15T10:22:00Z")),
+                next: NextCredential,
+                ..BASE
+            },
+            Case {
+                name: "'try again in a minute' (spelled out) does not veto: the 90 s guess",
+                provider: Provider::OpenAiCompatible,
+                model: "gpt-5",
+                status: 429,
+                body: r#"{"error":{"message":"Rate limit exceeded. Try again in a minute.","type":"rate_limit_error"}}"#,
+                rule: Rule::RateLimitWording,
+                lock: Some((One, Corroborated, "2026-03-15T10:22:00Z")),
+                next: NextCredential,
                 ..BASE
             },
             Case {
@@ -2216,32 +2397,46 @@ mod tests {
                 rule: Rule::KiroMonthly,
                 lock: Some((All, Route, "2026-04-14T10:20:30Z")),
                 next: NextCredential,
-                bump_backoff: true,
+                count_kiro_hold: true,
                 ..BASE
             },
             Case {
-                name: "Kiro monthly limit again before a success (level 1): 60 days",
+                name: "Kiro monthly limit after eight overloads is still 30 days: the backoff level is not its count",
                 provider: Provider::OpenAiCompatible,
                 model: "claude-sonnet-4-5",
                 status: 400,
                 body: KIRO_MONTHLY_LIMIT,
-                backoff_level: 1,
+                backoff_level: 8,
                 rule: Rule::KiroMonthly,
-                lock: Some((All, Route, "2026-05-14T10:20:30Z")),
+                lock: Some((All, Route, "2026-04-14T10:20:30Z")),
                 next: NextCredential,
-                bump_backoff: true,
+                count_kiro_hold: true,
                 ..BASE
             },
             Case {
-                name: "'reached the limit' from any provider, any status, is Kiro's rule (level 2: 90 days)",
+                name: "Kiro monthly limit again before a success (one hold before): 60 days",
+                provider: Provider::OpenAiCompatible,
+                model: "claude-sonnet-4-5",
+                status: 400,
+                body: KIRO_MONTHLY_LIMIT,
+                kiro_holds: 1,
+                rule: Rule::KiroMonthly,
+                lock: Some((All, Route, "2026-05-14T10:20:30Z")),
+                next: NextCredential,
+                count_kiro_hold: true,
+                ..BASE
+            },
+            Case {
+                name: "'reached the limit' from any provider, any status, is Kiro's rule (two holds before: 90 days)",
                 provider: Provider::OpenAi,
                 status: 403,
                 body: r#"{"error":{"message":"You have reached the limit of requests for your plan this month.","type":"insufficient_quota","code":"insufficient_quota"}}"#,
-                backoff_level: 2,
+                kiro_holds: 2,
+                backoff_level: 3,
                 rule: Rule::KiroMonthly,
                 lock: Some((All, Route, "2026-06-13T10:20:30Z")),
                 next: NextCredential,
-                bump_backoff: true,
+                count_kiro_hold: true,
                 ..BASE
             },
             // ---- kRouter rule 5: no capacity, model gone, prompt too long ----
@@ -2380,6 +2575,7 @@ mod tests {
                 model: case.model,
                 now: at(case.now),
                 backoff_level: case.backoff_level,
+                kiro_holds: case.kiro_holds,
                 gateway_busy: case.gateway_busy,
             };
             let got = classify(&failure);
@@ -2393,6 +2589,7 @@ mod tests {
                 next: case.next,
                 banned: case.banned,
                 bump_backoff: case.bump_backoff,
+                count_kiro_hold: case.count_kiro_hold,
             };
             if got != want {
                 failures.push(format!("{}:\n   got  {got:?}\n   want {want:?}", case.name));
@@ -2524,25 +2721,6 @@ mod tests {
     }
 
     #[test]
-    fn worded_waits() {
-        let rows: &[(&str, Option<i64>)] = &[
-            ("Resets in 3h", Some(3 * 3600)),
-            ("resets in 2 days", Some(2 * 86_400)),
-            ("Please try again in 5 hours.", Some(5 * 3600)),
-            ("try again in 1h 20m", Some(4800)),
-            ("retry in 3 hours and 5 minutes", Some(3 * 3600 + 300)),
-            ("Please try again in 6m0s.", Some(360)),
-            ("try again in 20s, or resets in 4h", Some(4 * 3600)),
-            ("Rate limit exceeded", None),
-            ("try again in a moment", None),
-        ];
-        for (text, seconds) in rows {
-            let got = parse_worded_wait(text).map(|d| d.num_seconds());
-            assert_eq!(got, *seconds, "{text:?}");
-        }
-    }
-
-    #[test]
     fn named_dates() {
         let rows: &[(&str, Option<&str>)] = &[
             (
@@ -2584,6 +2762,38 @@ mod tests {
             first_of_next_month_utc(at("2026-12-31T23:59:59Z")),
             at("2027-01-01T00:00:00Z")
         );
+    }
+
+    #[test]
+    fn a_shared_quota_failure_closes_what_the_quota_covers() {
+        // (lock's models, failed model, what the group closes, a model it covers, one it does not)
+        type Row = (
+            LockModels,
+            &'static str,
+            LockModels,
+            &'static str,
+            Option<&'static str>,
+        );
+        let rows: &[Row] = &[
+            (One, "a:free", AllFree, "b:free", Some("paid")),
+            (One, "openrouter/free", AllFree, "b:free", Some("paid")),
+            (AllFree, "a:free", AllFree, "openrouter/free", Some("paid")),
+            (AllFree, "openrouter/auto", AllFree, "b:free", Some("paid")),
+            (One, "gpt-4o", All, "gpt-4o-mini", None),
+            (One, "gpt-4o", All, "b:free", None),
+            (All, "a:free", All, "paid", None),
+        ];
+        for (models, failed, want, covered, spared) in rows {
+            let got = shared_quota_models(*models, failed);
+            assert_eq!(got, *want, "{models:?} {failed}");
+            assert!(
+                got.covers(failed, failed) && got.covers(failed, covered),
+                "{failed}"
+            );
+            if let Some(spared) = spared {
+                assert!(!got.covers(failed, spared), "{failed} spares {spared}");
+            }
+        }
     }
 
     #[test]
@@ -2672,6 +2882,12 @@ mod tests {
                     "[0-9. ]{0,8}(d|h|m|s|ms|days|hours|minutes)?( and )?[0-9]{0,4}[a-z]{0,7}"
                 )
                     .prop_map(|(a, b)| format!("{a}{b}")),
+                (
+                    "(resets|reset|try again|retry) (at|on|in|tomorrow) ",
+                    "(a |an |a few |twenty-|half an |tomorrow |[0-9]{0,4}-?[0-9]{0,2}-?[0-9]{0,2}T?)?[0-9:]{0,8}( ?[ap]\\.?m\\.?)?( and a half)?",
+                    "( |\\()?(utc|gmt|pt|[+-][0-9:]{0,5}|[A-Za-z_]{0,8}/[A-Za-z_]{0,12}|\\PC{0,4})",
+                )
+                    .prop_map(|(a, b, c)| format!("{a}{b}{c}")),
                 ("(regain access on )?", reset_text(), "( at [0-9]{2}:[0-9]{2})?")
                     .prop_map(|(a, b, c)| format!("{a}{b}{c}")),
                 "\\PC{0,60}",
@@ -2695,7 +2911,7 @@ mod tests {
                 let _ = parse_retry_after(&value, now);
                 let _ = parse_reset_value(&value, now);
                 let _ = parse_go_duration(&value);
-                let _ = parse_worded_wait(&prose);
+                let _ = parse_worded_wait(&prose, now);
                 let _ = parse_named_date(&prose);
                 let _ = parse_named_date(&value);
             }
@@ -2756,6 +2972,7 @@ mod tests {
                     model: "gpt-4o-mini",
                     now,
                     backoff_level,
+                    kiro_holds: 0,
                     gateway_busy: false,
                 });
                 if let Some(lock) = c.lock {
@@ -2786,6 +3003,7 @@ mod tests {
                     model: "m:free",
                     now,
                     backoff_level,
+                    kiro_holds: backoff_level,
                     gateway_busy: false,
                 });
             }

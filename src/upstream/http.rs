@@ -236,7 +236,8 @@ pub fn use_own_pool(shared: &Client) {
     });
 }
 
-/// A copy of `req`, for a retry (the body is shared bytes).
+/// A copy of `req` (the body is shared bytes), for tests that send one request twice.
+#[cfg(test)]
 pub fn duplicate(req: &http::Request<Bytes>) -> http::Request<Bytes> {
     let mut copy = http::Request::new(req.body().clone());
     *copy.method_mut() = req.method().clone();

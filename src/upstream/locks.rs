@@ -48,17 +48,33 @@ pub struct LockEntry {
     pub rule: String,
 }
 
-/// Every credential's locks, backoff level and banned mark.
+/// Every credential's locks, backoff level, Kiro monthly holds and banned mark.
 #[derive(Default)]
 pub struct Locks {
     locks: Mutex<HashMap<(i64, LockTarget), LockEntry>>,
     backoff: Mutex<HashMap<i64, u32>>,
+    /// kRouter rule 5: Kiro monthly holds since the credential's last success, a count of its
+    /// own: the backoff level rises with every 429 and overload, and a Kiro hold read from it
+    /// would last 30 days times any run of those.
+    kiro_holds: Mutex<HashMap<i64, u32>>,
     banned: Mutex<HashSet<i64>>,
 }
 
 impl Locks {
     /// The latest end of the running locks that park `upstream_model` on `credential`, if any.
     pub fn parked_until(&self, credential: i64, upstream_model: &str, now_ms: i64) -> Option<i64> {
+        self.parked_until_besides(credential, upstream_model, now_ms, &[])
+    }
+
+    /// [`Locks::parked_until`], leaving out each of the locks `own` wrote that is still as it
+    /// wrote it (a hold the caller itself is entitled to go past).
+    pub fn parked_until_besides(
+        &self,
+        credential: i64,
+        upstream_model: &str,
+        now_ms: i64,
+        own: &[(i64, LockTarget, LockEntry)],
+    ) -> Option<i64> {
         let locks = self.locks.lock().unwrap_or_else(|p| p.into_inner());
         let mut targets = vec![
             LockTarget::Credential,
@@ -69,9 +85,27 @@ impl Locks {
         }
         targets
             .into_iter()
-            .filter_map(|t| locks.get(&(credential, t)).map(|e| e.until_ms))
+            .filter_map(|t| {
+                let e = locks.get(&(credential, t.clone()))?;
+                let mine = own
+                    .iter()
+                    .any(|(c, ot, oe)| *c == credential && *ot == t && oe == e);
+                (!mine).then_some(e.until_ms)
+            })
             .filter(|u| *u > now_ms)
             .max()
+    }
+
+    /// Lifts each of `rows` that is still as it was written: a lock another writer extended
+    /// meanwhile stays.
+    pub fn lift(&self, rows: &[(i64, LockTarget, LockEntry)]) {
+        let mut locks = self.locks.lock().unwrap_or_else(|p| p.into_inner());
+        for (c, t, e) in rows {
+            let key = (*c, t.clone());
+            if locks.get(&key) == Some(e) {
+                locks.remove(&key);
+            }
+        }
     }
 
     /// Whether the credential carries the banned mark (until a connection test passes).
@@ -102,8 +136,34 @@ impl Locks {
             .or_default() += 1;
     }
 
-    /// A success: the backoff level goes back to zero (kRouter rule 5).
+    /// The credential's Kiro monthly holds since its last success.
+    pub fn kiro_holds(&self, credential: i64) -> u32 {
+        self.kiro_holds
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&credential)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// One more Kiro monthly hold before a success.
+    pub fn count_kiro_hold(&self, credential: i64) {
+        let mut holds = self.kiro_holds.lock().unwrap_or_else(|p| p.into_inner());
+        let n = holds.entry(credential).or_default();
+        *n = n.saturating_add(1);
+    }
+
+    /// A success: the backoff level and the Kiro monthly holds go back to zero (kRouter rule 5:
+    /// "longer if it happens again before a success").
     pub fn success(&self, credential: i64) {
+        self.reset_backoff(credential);
+        self.kiro_holds
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&credential);
+    }
+
+    fn reset_backoff(&self, credential: i64) {
         self.backoff
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -181,14 +241,15 @@ impl Locks {
     /// A new secret (kRouter: "editing its key … clears its per-model locks and resets the
     /// backoff — but not a running account-wide hold or the banned mark"): forgets the
     /// credential's per-model locks and its backoff level, keeps the whole-credential hold, the
-    /// shared free allowance's hold and the banned mark. Every gateway calls it when its
+    /// shared free allowance's hold, the banned mark and the count of Kiro monthly holds (it
+    /// belongs to the account hold, and a new key is no success). Every gateway calls it when its
     /// configuration reload sees the secret changed.
     pub fn secret_replaced(&self, credential: i64) {
         self.locks
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .retain(|(c, target), _| *c != credential || !matches!(target, LockTarget::Model(_)));
-        self.success(credential);
+        self.reset_backoff(credential);
     }
 
     /// Forgets every lock, the banned mark and the backoff of a credential (a passed connection
@@ -300,6 +361,51 @@ mod tests {
         assert_eq!(l.parked_until(2, "paid", 0), None);
         l.park(&[3], &LockTarget::Credential, 3000, "monthly");
         assert_eq!(l.parked_until(3, "anything", 0), Some(3000));
+    }
+
+    #[test]
+    fn a_hold_is_lifted_and_looked_past_only_as_written() {
+        let l = Locks::default();
+        let own = l.park(&[1], &LockTarget::Model("m".into()), 1000, "server_error");
+        assert_eq!(l.parked_until_besides(1, "m", 0, &own), None, "its own hold");
+        l.park(&[1], &LockTarget::Credential, 500, "account_wide");
+        assert_eq!(
+            l.parked_until_besides(1, "m", 0, &own),
+            Some(500),
+            "another lock is not looked past"
+        );
+        l.lift(&own);
+        assert_eq!(l.parked_until(1, "m", 0), Some(500));
+        let own = l.park(&[2], &LockTarget::Model("m".into()), 1000, "server_error");
+        l.park(&[2], &LockTarget::Model("m".into()), 2000, "backoff");
+        assert_eq!(
+            l.parked_until_besides(2, "m", 0, &own),
+            Some(2000),
+            "extended meanwhile"
+        );
+        l.lift(&own);
+        assert_eq!(l.parked_until(2, "m", 0), Some(2000), "an extended hold stays");
+    }
+
+    #[test]
+    fn kiro_holds_are_counted_apart_from_the_backoff_level() {
+        let l = Locks::default();
+        l.bump_backoff(1);
+        l.count_kiro_hold(1);
+        l.count_kiro_hold(1);
+        assert_eq!((l.backoff_level(1), l.kiro_holds(1)), (1, 2));
+        assert_eq!(l.kiro_holds(2), 0, "per credential");
+        l.secret_replaced(1);
+        assert_eq!(
+            (l.backoff_level(1), l.kiro_holds(1)),
+            (0, 2),
+            "a new key is no success: the count stays with the account hold"
+        );
+        l.success(1);
+        assert_eq!(l.kiro_holds(1), 0, "a success starts the count over");
+        l.count_kiro_hold(1);
+        l.clear(1);
+        assert_eq!(l.kiro_holds(1), 0, "a passed connection test too");
     }
 
     #[test]

@@ -12,6 +12,7 @@ pub mod mask;
 pub mod pool;
 pub mod sse;
 pub mod usage;
+pub mod worded_reset;
 
 /// The kind of provider behind a credential.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -951,6 +951,11 @@ async fn corroboration_counts_members_not_keys(db: TestDb) {
     assert_eq!(body["error"]["code"], "upstream_quota_exhausted", "{body}");
     assert_eq!(body["error"]["retry_after"], 90, "the rate-limit wording's 90 s");
     assert_eq!(mock.call_count(), 5, "`two` rests with `one`: nothing sent");
+    // The rest covers the group's whole quota: `two` no longer serves m3 either.
+    let r = app.post_json("/v1/chat/completions", KEY, &chat("m3")).await;
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "upstream_quota_exhausted", "{body}");
+    assert_eq!(mock.call_count(), 5);
     app.stop().await;
 }
 
@@ -996,10 +1001,12 @@ async fn a_single_candidate_retries_a_5xx_once(db: TestDb) {
     let detail: Value = serde_json::from_str(&log.attempts_detail).unwrap();
     assert_eq!(detail[0]["status"], 503);
     assert_eq!(detail[0]["rule"], "single_candidate_retry");
-    assert!(
-        detail[0].get("lock_until").is_none(),
-        "a retried failure parks nothing"
+    assert_eq!(
+        detail[0]["lock_until"], "2026-12-01T02:00:30Z",
+        "kRouter's 30 s hold, parked while the retry waited"
     );
+    let r = app.post_json("/v1/chat/completions", KEY, &chat("m1")).await;
+    assert_eq!(r.status(), 200, "the retry's success lifted the hold");
     // Two 500s: one retry only, then the error as is, and the route is parked.
     mock.reset();
     mock.script(

@@ -9,6 +9,7 @@ use serde_json::{Value, json};
 use crate::both_backends;
 use crate::helpers::{Setup, TestApp, TestDb, spawn_app};
 use crate::proxy::KEY;
+use crate::upstream::pool_of;
 
 /// One workspace and key, then the given `[[upstream]]` blocks.
 fn resources(upstreams: &str) -> String {
@@ -300,5 +301,172 @@ models = ["c:free", "d:free"]
         90,
         "c:free alone, for the rate-limit wording's 90 s"
     );
+    app.stop().await;
+}
+
+/// An account-level 429 (groot: `error_type: rate_limit_exceeded`) naming no reset: the
+/// rate-limit wording's 90 s, on the whole shared quota.
+fn account_429() -> Value {
+    json!({"error": {"message": "Rate limit exceeded", "code": 429, "error_type": "rate_limit_exceeded"}})
+}
+
+both_backends!(a_group_rest_closes_every_model_the_shared_quota_covers);
+
+/// groot ADR 0008 (seed 001: "one key closes every free route for everyone"): an account-level
+/// 429 on a quota group closes every model the group's shared quota covers, on every credential
+/// of the group, for the request that met it and for every request after it until the rest
+/// ends. A free model's failure closes every free model; paid models are off the free quota and
+/// keep serving, in that request's fallback chain too. A paid model's failure closes the group.
+async fn a_group_rest_closes_every_model_the_shared_quota_covers(db: TestDb) {
+    let mock = MockUpstream::start().await.unwrap();
+    let url = mock.base_url();
+    let models = r#"["a:free", "b:free", "p1", "p2"]"#;
+    let group = "quota_group = \"acct\"";
+    let text = pool_of(&[
+        ("one", &url, "cred-one", models, group),
+        ("two", &url, "cred-two", models, group),
+    ]) + "[[model]]\nworkspace = \"acme\"\nname = \"a:free\"\nfallbacks = [\"p1\"]\n";
+    let app = spawn_app(&db, Setup::resources(text)).await;
+    mock.script(
+        Script::any()
+            .credential("cred-one")
+            .model("a:free")
+            .times(1)
+            .error(429, account_429()),
+    );
+    // The request that meets it stops walking the free models of the group and moves on to
+    // the paid fallback, on the same key.
+    let (status, body) = send(&app, "a:free").await;
+    assert_eq!(status, 200, "{body}");
+    let called: Vec<_> = mock
+        .calls()
+        .into_iter()
+        .map(|c| (c.credential.unwrap_or_default(), c.model.unwrap_or_default()))
+        .collect();
+    assert_eq!(
+        called,
+        [
+            ("cred-one".to_owned(), "a:free".to_owned()),
+            ("cred-one".to_owned(), "p1".to_owned())
+        ],
+        "`two` is on the closed quota for a:free; p1 is off it"
+    );
+    // Every later request for any free model on any credential of the group: nothing is sent.
+    assert_eq!(parked_for(&app, &mock, "b:free").await, 90);
+    let (status, _) = send(&app, "p2").await;
+    assert_eq!(status, 200, "paid models keep serving");
+    app.clock.advance(Duration::seconds(91));
+    let (status, _) = send(&app, "b:free").await;
+    assert_eq!(status, 200, "the rest has ended");
+
+    // A paid model's account-level 429 closes every model of the group.
+    mock.script(
+        Script::any()
+            .credential("cred-one")
+            .model("p1")
+            .times(1)
+            .error(429, account_429()),
+    );
+    let calls = mock.call_count();
+    let (status, body) = send(&app, "p1").await;
+    assert_eq!((status, body), (429, account_429()), "nothing off the group");
+    assert_eq!(mock.call_count(), calls + 1, "`two` was not tried");
+    assert_eq!(parked_for(&app, &mock, "p2").await, 90);
+    assert_eq!(parked_for(&app, &mock, "a:free").await, 90);
+    app.stop().await;
+}
+
+both_backends!(a_group_rest_lasts_as_long_as_the_provider_named);
+
+/// Seed 000's durations, not groot's 300 s (DESIGN.md §6), and never shorter than the wait the
+/// provider named: OpenRouter's free daily cap whose `X-RateLimit-Reset` has passed would be
+/// tried again after a minute, but its `Retry-After: 3600` is waited out, by every free model on
+/// every credential of the group.
+async fn a_group_rest_lasts_as_long_as_the_provider_named(db: TestDb) {
+    let mock = MockUpstream::start().await.unwrap();
+    let url = mock.base_url();
+    let router = |name: &str| {
+        format!(
+            "[[upstream]]\nworkspace = \"acme\"\nname = \"{name}\"\nprovider = \"openrouter\"\n\
+             base_url = \"{url}\"\napi_key = \"cred-{name}\"\nmodels = [\"a:free\", \"b:free\"]\n\
+             quota_group = \"acct\"\n"
+        )
+    };
+    let text = resources(&(router("one") + &router("two")));
+    let app = spawn_app(&db, Setup::resources(text)).await;
+    let daily = json!({"error": {"message": "Rate limit exceeded: free-models-per-day. Add 10 credits to unlock 1000 free model requests per day",
+        "code": 429, "metadata": {"headers": {"X-RateLimit-Limit": "50", "X-RateLimit-Remaining": "0",
+        "X-RateLimit-Reset": "1767225600000"}, "provider_name": null}}});
+    mock.script(
+        Script::any()
+            .times(1)
+            .header("retry-after", "3600")
+            .error(429, daily.clone()),
+    );
+    let (status, body) = send(&app, "a:free").await;
+    assert_eq!((status, body), (429, daily), "the group's quota is closed");
+    assert_eq!(mock.call_count(), 1, "the other credential was not tried");
+    assert_eq!(parked_for(&app, &mock, "b:free").await, 3600, "not a minute");
+    app.clock.advance(Duration::seconds(301));
+    assert_eq!(
+        parked_for(&app, &mock, "a:free").await,
+        3299,
+        "not groot's 300 s either"
+    );
+    app.stop().await;
+}
+
+both_backends!(a_kiro_hold_counts_its_own_repeats_not_the_backoff_level);
+
+/// kRouter rule 5: Kiro's monthly hold is 30 days, "longer only if it happens again before a
+/// success", counted apart from the backoff level: it does not raise the level the next
+/// overload backs off from, a run of overloads does not lengthen it, and a success starts it
+/// over.
+async fn a_kiro_hold_counts_its_own_repeats_not_the_backoff_level(db: TestDb) {
+    let (app, mock) = start(&db).await;
+    let day = 86_400;
+    let kiro = json!({"message": "You have reached the limit.", "reason": "MONTHLY_REQUEST_COUNT"});
+    let overloaded = json!({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}});
+    // `m3` is served by `one` alone: each request below is one call to it.
+    let fail_once = |status: u16, body: &Value| {
+        mock.script(
+            Script::any()
+                .credential("cred-one")
+                .times(1)
+                .error(status, body.clone()),
+        );
+    };
+    fail_once(400, &kiro);
+    assert_eq!(send(&app, "m3").await.0, 400);
+    assert_eq!(parked_for(&app, &mock, "m3").await, 30 * day);
+    app.clock.advance(Duration::days(30) + Duration::seconds(1));
+    fail_once(529, &overloaded);
+    assert_eq!(send(&app, "m3").await.0, 529);
+    assert_eq!(
+        parked_for(&app, &mock, "m3").await,
+        2,
+        "the first backoff step: the Kiro hold raised no level"
+    );
+    // Seven more overloads in a row: the backoff level is 8.
+    for _ in 0..7 {
+        app.clock.advance(Duration::seconds(301));
+        fail_once(529, &overloaded);
+        assert_eq!(send(&app, "m3").await.0, 529);
+    }
+    assert_eq!(parked_for(&app, &mock, "m3").await, 256);
+    app.clock.advance(Duration::seconds(301));
+    fail_once(400, &kiro);
+    assert_eq!(send(&app, "m3").await.0, 400);
+    assert_eq!(
+        parked_for(&app, &mock, "m3").await,
+        60 * day,
+        "the second hold before a success, whatever the backoff level"
+    );
+    // A success starts the count over.
+    app.clock.advance(Duration::days(60) + Duration::seconds(1));
+    assert_eq!(send(&app, "m3").await.0, 200);
+    fail_once(400, &kiro);
+    assert_eq!(send(&app, "m3").await.0, 400);
+    assert_eq!(parked_for(&app, &mock, "m3").await, 30 * day);
     app.stop().await;
 }

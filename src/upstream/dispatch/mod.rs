@@ -4,13 +4,15 @@
 //! attempt, a candidate must be unlocked, within its own limits and hold a free in-flight slot
 //! (`admission.rs`); a failure is classified (`classify.rs`) and the classification says what to
 //! park and where the request goes next. This is the one retry layer: the HTTP client never
-//! retries by itself, and the only retry of the same credential is a single candidate's one retry
-//! of a connection failure or of a 5xx whose classification leaves it usable (groot ADR 0008).
+//! retries by itself, and the only retry of the same credential is the one retry of a run's only
+//! route, on a connection failure or a 5xx whose classification leaves it usable (groot ADR 0008;
+//! `retry.rs`).
 
 mod candidates;
 mod exchange;
 mod outcome;
 mod park;
+mod retry;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -18,7 +20,6 @@ use std::time::{Duration, Instant, SystemTime};
 
 use axum::http::HeaderMap;
 use chrono::{DateTime, Utc};
-use rand::Rng;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use self::candidates::candidates;
@@ -26,10 +27,12 @@ pub(crate) use self::exchange::request;
 use self::exchange::{Unread, read_answer, read_error};
 pub use self::outcome::{Answer, Attempt, AttemptLog, Complete, Dispatched, UpstreamError, provider_words};
 pub use self::park::{PersistLocks, time_out};
-use self::park::{park, rfc3339};
+use self::park::{GroupClosure, park, rfc3339};
+pub use self::retry::SINGLE_CANDIDATE_RETRY;
+use self::retry::{Held, leaves_credential_usable};
 use super::adapter::{Endpoint, Fields};
 use super::admission::{Admission, Refusal, Slot};
-use super::classify::{self, Classification, NextStep, Rule, Sharing, UpstreamFailure};
+use super::classify::{self, Classification, NextStep, UpstreamFailure};
 use super::corroboration::Corroboration;
 use super::http;
 use super::locks::Locks;
@@ -62,8 +65,6 @@ pub struct Upstreams<'a> {
     pub persist: &'a dyn PersistLocks,
 }
 
-/// The rule an attempt names in the log when it was retried (groot ADR 0008: one retry).
-pub const SINGLE_CANDIDATE_RETRY: &str = "single_candidate_retry";
 /// The wait a refusal names when the only candidates left are out of rotation with no end
 /// (disabled, or banned until a connection test passes): five minutes, the longest backoff;
 /// over a minute, so the SDKs are told not to retry by themselves.
@@ -92,6 +93,7 @@ pub async fn dispatch(
     let mut run = Run {
         up: upstreams,
         endpoint,
+        chain,
         stream: body.asks_stream(),
         headers,
         quota_groups,
@@ -132,9 +134,6 @@ pub async fn dispatch(
             run.out_of_rotation = true;
         }
         let creds = candidates(model, endpoint);
-        // groot ADR 0008: one retry layer — only a request with a single candidate (one
-        // credential, no fallback) gets a retry of its own.
-        let single = chain.len() == 1 && creds.len() == 1;
         // Candidates skipped because every in-flight slot was taken.
         let mut busy: Vec<(Arc<Credential>, Arc<Semaphore>)> = Vec::new();
         for cred in creds {
@@ -159,17 +158,18 @@ pub async fn dispatch(
                     continue;
                 }
             };
-            match run
-                .attempt(body, &cred, model, upstream_model, slot, single)
-                .await
-            {
+            match run.attempt(body, &cred, model, upstream_model, slot).await {
                 Step::Served(served) => return served,
                 Step::Failed(NextStep::NextCredential) => continue,
                 Step::Failed(NextStep::NextModel) => continue 'models,
                 Step::Failed(NextStep::Stop) => break 'models,
             }
         }
-        busy.retain(|(cred, _)| !run.on_closed_group(cred));
+        busy.retain(|(cred, _)| {
+            cred.models
+                .get(&model.name)
+                .is_some_and(|m| !run.on_closed_group(cred, m))
+        });
         if busy.is_empty() || run.spent() {
             continue;
         }
@@ -193,7 +193,7 @@ pub async fn dispatch(
                 continue;
             }
         };
-        match run.attempt(body, cred, model, upstream_model, slot, single).await {
+        match run.attempt(body, cred, model, upstream_model, slot).await {
             Step::Served(served) => return served,
             Step::Failed(NextStep::NextCredential | NextStep::NextModel) => continue,
             Step::Failed(NextStep::Stop) => break 'models,
@@ -214,6 +214,8 @@ enum Step {
 struct Run<'a> {
     up: Upstreams<'a>,
     endpoint: Endpoint,
+    /// The model asked for and its fallbacks.
+    chain: &'a [Arc<ModelRoute>],
     /// Whether the request asked for a stream.
     stream: bool,
     headers: &'a HeaderMap,
@@ -235,9 +237,9 @@ struct Run<'a> {
     /// The earliest instant (Unix ms) a skipped candidate is free again: the end of its lock,
     /// the rollover of its own limit's window, or its busy backoff.
     earliest_free: Option<i64>,
-    /// Quota groups this request stopped walking: one of their credentials answered a failure
-    /// of the shared account quota (groot ADR 0008).
-    closed_groups: Vec<String>,
+    /// What this request stopped walking: the models of a quota group whose shared quota one
+    /// of its credentials answered closed (groot ADR 0008).
+    closed_groups: Vec<GroupClosure>,
     /// A candidate exists that cannot serve now and names no end: disabled, or banned past its
     /// lock (until a connection test passes).
     out_of_rotation: bool,
@@ -264,7 +266,7 @@ impl Run<'_> {
     /// credential or this model (its end is the earliest a refusal may name), or the
     /// credential's banned mark.
     fn available(&mut self, cred: &Credential, upstream_model: &str, now_ms: i64) -> bool {
-        if self.on_closed_group(cred) {
+        if self.on_closed_group(cred, upstream_model) {
             return false;
         }
         if let Some(until) = self.up.locks.parked_until(cred.id, upstream_model, now_ms) {
@@ -279,7 +281,8 @@ impl Run<'_> {
     }
 
     /// Sends the request to `cred`, holding `slot`; on a failure, classifies it and parks what
-    /// it names. A single candidate gets one retry of a 5xx or a connection failure.
+    /// it names. The only route that can serve gets one retry of a 5xx or a connection failure;
+    /// the 5xx's hold, parked meanwhile, is lifted when the retry serves and persisted otherwise.
     async fn attempt(
         &mut self,
         body: &Fields,
@@ -287,7 +290,25 @@ impl Run<'_> {
         model: &Arc<ModelRoute>,
         upstream_model: &str,
         slot: Slot,
-        single: bool,
+    ) -> Step {
+        let mut held = Held::new();
+        let step = self
+            .exchange(body, cred, model, upstream_model, slot, &mut held)
+            .await;
+        held.settle(self.up, matches!(step, Step::Served(_)));
+        step
+    }
+
+    /// [`Run::attempt`]'s exchanges with `cred`, the retry included; `held` collects the hold
+    /// parked while the retry waits.
+    async fn exchange(
+        &mut self,
+        body: &Fields,
+        cred: &Arc<Credential>,
+        model: &Arc<ModelRoute>,
+        upstream_model: &str,
+        slot: Slot,
+        held: &mut Held,
     ) -> Step {
         // A request the credential's format cannot express is not sent: the client's 400, unless
         // another candidate serves it.
@@ -300,8 +321,7 @@ impl Run<'_> {
             }
         };
         let mut req = request(cred, self.headers, out);
-        // The body is bytes, so the request copies cheaply; only a single candidate may need it.
-        let mut retry = single.then(|| http::duplicate(&req));
+        let mut retried = false;
         loop {
             self.sent += 1;
             if let Some(trace) = self.trace {
@@ -327,9 +347,10 @@ impl Run<'_> {
                         error: Some(what.clone()),
                         ..Attempt::of(cred, model)
                     };
-                    // groot ADR 0008: a connection failure of a single candidate, nothing emitted.
-                    if let Some(again) = retry.take()
-                        && self.retry_pause(cred, upstream_model).await
+                    // groot ADR 0008: a connection failure of the only route, nothing emitted.
+                    if !std::mem::replace(&mut retried, true)
+                        && self.only_route(cred, model)
+                        && let Some(again) = self.retry(body, cred, upstream_model, held).await
                     {
                         self.push(Attempt {
                             rule: Some(SINGLE_CANDIDATE_RETRY),
@@ -403,20 +424,27 @@ impl Run<'_> {
                 return self.timed_out(cred, upstream_model, attempt);
             };
             // Classified first: the one retry (groot ADR 0008) only when the classification
-            // leaves this credential usable; whatever it parks is parked, and not retried.
+            // leaves this credential usable. Its hold (kRouter rule 5: 30 s) is parked at once,
+            // so no other request walks into the failing route while the retry waits; the retry
+            // is this request's own next try on it.
             let class = self.classify(cred, upstream_model, &error);
             if leaves_credential_usable(&class)
-                && let Some(again) = retry.take()
-                && self.retry_pause(cred, upstream_model).await
+                && !std::mem::replace(&mut retried, true)
+                && self.only_route(cred, model)
             {
-                self.push(Attempt {
-                    status: Some(status),
-                    rule: Some(SINGLE_CANDIDATE_RETRY),
-                    message: provider_words(&error.body),
-                    ..Attempt::of(cred, model)
-                });
-                req = again;
-                continue;
+                let said = provider_words(&error.body);
+                let lock_until = held.park(self.up, cred, upstream_model, &class, said.clone());
+                if let Some(again) = self.retry(body, cred, upstream_model, held).await {
+                    self.push(Attempt {
+                        status: Some(status),
+                        rule: Some(SINGLE_CANDIDATE_RETRY),
+                        lock_until: lock_until.map(rfc3339),
+                        message: said,
+                        ..Attempt::of(cred, model)
+                    });
+                    req = again;
+                    continue;
+                }
             }
             return Step::Failed(self.fail(cred, model, upstream_model, error, class));
         }
@@ -432,34 +460,6 @@ impl Run<'_> {
         Step::Failed(NextStep::Stop)
     }
 
-    /// groot ADR 0008: the pause before a single candidate's one retry, 1 to 3 s with jitter
-    /// (`single_candidate_retry_{min,max}_ms`). False — no retry — when the attempt budget is
-    /// spent, the pause would use up the time budget, or meanwhile the credential came to rest
-    /// (a lock or its banned mark) or reached an own limit; otherwise the retry is counted.
-    async fn retry_pause(&mut self, cred: &Credential, upstream_model: &str) -> bool {
-        let settings = &self.up.settings;
-        if self.spent() {
-            return false;
-        }
-        let (min, max) = (
-            settings.single_candidate_retry_min_ms,
-            settings.single_candidate_retry_max_ms,
-        );
-        let pause = Duration::from_millis(rand::thread_rng().gen_range(min..=max));
-        if pause >= self.deadline.left() {
-            return false;
-        }
-        tokio::time::sleep(pause).await;
-        let now_ms = self.up.clock.now_ms();
-        !self.up.locks.is_banned(cred.id)
-            && self
-                .up
-                .locks
-                .parked_until(cred.id, upstream_model, now_ms)
-                .is_none()
-            && self.up.admission.admit_again(cred, now_ms)
-    }
-
     /// Classifies an upstream error of `cred` (nothing is parked yet).
     fn classify(&self, cred: &Credential, upstream_model: &str, error: &UpstreamError) -> Classification {
         let text = String::from_utf8_lossy(&error.body);
@@ -471,6 +471,7 @@ impl Run<'_> {
             model: upstream_model,
             now: self.up.clock.now(),
             backoff_level: self.up.locks.backoff_level(cred.id),
+            kiro_holds: self.up.locks.kiro_holds(cred.id),
             gateway_busy: false,
         })
     }
@@ -595,18 +596,16 @@ impl Run<'_> {
         })
     }
 
-    /// Whether `cred` is on a quota group this request closed.
-    fn on_closed_group(&self, cred: &Credential) -> bool {
-        cred.quota_group
-            .as_ref()
-            .is_some_and(|g| self.closed_groups.contains(g))
+    /// Whether `upstream_model` on `cred` draws on a quota this request found closed.
+    fn on_closed_group(&self, cred: &Credential, upstream_model: &str) -> bool {
+        self.closed_groups.iter().any(|c| c.covers(cred, upstream_model))
     }
 
     /// Parks what a classified failure names; returns the lock's end. A failure of the shared
     /// account quota — account-level, or ambiguous whether corroborated or not — closes the
-    /// credential's quota group for the rest of this request: groot ADR 0008, "the run stops
-    /// walking free routes … still moves to a route off the shared quota". Every credential and
-    /// every model of the group would spend the same quota.
+    /// models that quota covers on the group for the rest of this request ([`GroupClosure`],
+    /// the rule the group's rest follows too): groot ADR 0008, "the run stops walking free
+    /// routes … still moves to a route off the shared quota".
     fn park(
         &mut self,
         cred: &Credential,
@@ -614,12 +613,8 @@ impl Run<'_> {
         class: &Classification,
         said: Option<&str>,
     ) -> Option<DateTime<Utc>> {
-        if let (Some(lock), Some(g)) = (&class.lock, &cred.quota_group)
-            && matches!(lock.sharing, Sharing::Account | Sharing::AccountIfCorroborated)
-            && !self.closed_groups.contains(g)
-        {
-            self.closed_groups.push(g.clone());
-        }
+        self.closed_groups
+            .extend(GroupClosure::of(cred, upstream_model, class));
         park(
             self.up,
             self.quota_groups,
@@ -629,108 +624,5 @@ impl Run<'_> {
             class,
             said,
         )
-    }
-}
-
-/// groot ADR 0008: whether a single candidate's failure, so classified, leaves the credential
-/// usable for its one retry. Only the plain server error does (a 5xx no earlier rule named:
-/// kRouter parks that model 30 s and tries the next credential, and for a lone credential the
-/// retry is that next try; it parks nothing unless the retry fails too). Every other
-/// classification rests the credential or ends the walk: a named reset (`Retry-After: 120` on a
-/// 503), rate-limit wording, no capacity (stop), an overload's backoff (529), a ban, a request
-/// error.
-fn leaves_credential_usable(class: &Classification) -> bool {
-    class.rule == Rule::ServerError && class.next == NextStep::NextCredential && !class.banned
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::upstream::Provider;
-    use axum::http::HeaderValue;
-
-    /// groot ADR 0008 after classification: which failures of a lone credential get its one
-    /// retry. Each row: name, status, headers, body, whether the retry may fire.
-    #[test]
-    fn the_single_retry_follows_the_classification() {
-        type Row = (
-            &'static str,
-            u16,
-            &'static [(&'static str, &'static str)],
-            &'static str,
-            bool,
-        );
-        let rows: &[Row] = &[
-            (
-                "a plain 503 leaves the credential usable",
-                503,
-                &[],
-                r#"{"error":{"message":"upstream exploded"}}"#,
-                true,
-            ),
-            ("a plain 500", 500, &[], "Internal Server Error", true),
-            (
-                "a 503 naming Retry-After: 120 parks the model 120 s",
-                503,
-                &[("retry-after", "120")],
-                r#"{"error":{"message":"busy"}}"#,
-                false,
-            ),
-            (
-                "no capacity: 5 s and stop",
-                503,
-                &[],
-                r#"{"error":{"message":"No capacity available for model gpt-x on the server"}}"#,
-                false,
-            ),
-            (
-                "a 529 overload backs off",
-                529,
-                &[],
-                r#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#,
-                false,
-            ),
-            (
-                "a 429 is never retried",
-                429,
-                &[],
-                r#"{"error":{"message":"slow down"}}"#,
-                false,
-            ),
-            (
-                "a request error is never retried",
-                400,
-                &[],
-                r#"{"error":{"message":"bad field"}}"#,
-                false,
-            ),
-            (
-                "a ban is never retried",
-                403,
-                &[],
-                r#"{"error":{"message":"To continue, verify your account at https://x"}}"#,
-                false,
-            ),
-        ];
-        let now = chrono::DateTime::parse_from_rfc3339("2026-12-01T10:00:00Z")
-            .map(|t| t.with_timezone(&Utc))
-            .unwrap_or_default();
-        for (name, status, headers, body, want) in rows {
-            let mut map = HeaderMap::new();
-            for (k, v) in *headers {
-                map.insert(*k, HeaderValue::from_static(v));
-            }
-            let class = classify::classify(&UpstreamFailure {
-                status: *status,
-                headers: &map,
-                body,
-                provider: Provider::OpenAiCompatible,
-                model: "gpt-x",
-                now,
-                backoff_level: 0,
-                gateway_busy: false,
-            });
-            assert_eq!(leaves_credential_usable(&class), *want, "{name}: {class:?}");
-        }
     }
 }

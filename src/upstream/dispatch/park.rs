@@ -47,11 +47,58 @@ pub fn time_out(
     attempt.error = Some(said);
 }
 
+/// groot ADR 0008: a failure of a quota group's shared quota — the account's, or an ambiguous
+/// one (corroborated or not) — closes the models the quota covers
+/// ([`classify::shared_quota_models`]) on every credential of the group. The request that met
+/// it stops walking them at once; the same closure is the rest [`park`] writes on the group when
+/// the failure is the account's or corroborated. One rule, so that no later request walks into
+/// the quota this one found closed.
+#[derive(Clone, Debug)]
+pub(super) struct GroupClosure {
+    /// The quota group.
+    group: String,
+    /// Which models of its credentials are closed.
+    models: LockModels,
+    /// The upstream model that failed.
+    failed_model: String,
+}
+
+impl GroupClosure {
+    /// The closure a classified failure of `upstream_model` on `cred` makes, if any: a lock on
+    /// the account (or maybe the account) of a credential that has a quota group.
+    pub(super) fn of(cred: &Credential, upstream_model: &str, class: &Classification) -> Option<Self> {
+        let lock = class.lock.as_ref()?;
+        if !matches!(lock.sharing, Sharing::Account | Sharing::AccountIfCorroborated) {
+            return None;
+        }
+        Some(GroupClosure {
+            group: cred.quota_group.clone()?,
+            models: classify::shared_quota_models(lock.models, upstream_model),
+            failed_model: upstream_model.to_owned(),
+        })
+    }
+
+    /// Whether `upstream_model` on `cred` draws on the closed quota.
+    pub(super) fn covers(&self, cred: &Credential, upstream_model: &str) -> bool {
+        cred.quota_group.as_deref() == Some(self.group.as_str())
+            && self.models.covers(&self.failed_model, upstream_model)
+    }
+}
+
 /// Writes what a classified failure parks (extend-only, persisted off the request path), bumps
-/// the credential's backoff level and sets its banned mark; returns the lock's end. An
-/// account-wide lock rests `cred`'s quota group as `quota_groups` lists it (groot ADR 0008;
-/// `member_id` is the caller's member, for corroboration). What it parked is recorded with
-/// `said`, the provider's words (or what the gateway saw instead), for the credential's card.
+/// the credential's backoff level and sets its banned mark; returns the lock's end. A rest of
+/// the shared quota parks its [`GroupClosure`] on every credential of `cred`'s quota group as
+/// `quota_groups` lists it (groot ADR 0008; `member_id` is the caller's member, for
+/// corroboration); any other lock parks `cred` alone. What it parked is recorded with `said`,
+/// the provider's words (or what the gateway saw instead), for the credential's card.
+///
+/// A group's rest lasts as long as the classification says: seed 000's durations (a named reset
+/// up to 6 h, the free daily cap until 00:00 UTC, a monthly hold until the 1st), never shorter
+/// than the wait the provider named (`classify.rs`). groot ADR 0008 rests an account "up to
+/// 300 s" and a day's cap 300 s, probing a closed day 12 times an hour; DESIGN.md §6 takes seed
+/// 000's instead, because each such probe is a request the provider already said it will refuse:
+/// one more refused call counted against the per-minute window (seed 004), and on a shared group
+/// a failed request for whoever sends it. Seed 000's caps already bound a wrong estimate.
 pub(super) fn park(
     up: Upstreams<'_>,
     quota_groups: Option<&HashMap<String, Vec<i64>>>,
@@ -61,43 +108,93 @@ pub(super) fn park(
     class: &Classification,
     said: Option<&str>,
 ) -> Option<DateTime<Utc>> {
+    let (until, rows) = write(up, quota_groups, member_id, cred, upstream_model, class);
+    persist(up, rows, class.banned.then_some(cred.id), class.rule.name(), said);
+    until
+}
+
+/// Hands the locks `rows` (and `banned`, a credential to mark banned) to the background write,
+/// with the record of what `rule` parked and `said`, for the credential's card.
+pub(super) fn persist(up: Upstreams<'_>, rows: Written, banned: Option<i64>, rule: &str, said: Option<&str>) {
+    if rows.is_empty() && banned.is_none() {
+        return;
+    }
+    let since_ms = up.clock.now_ms();
+    let event = |credential_id: i64, target: String, until_ms: i64| ParkEvent {
+        credential_id,
+        target,
+        since_ms,
+        until_ms,
+        rule: rule.to_owned(),
+        message: said.map(str::to_owned),
+    };
+    let mut events: Vec<ParkEvent> = rows
+        .iter()
+        .map(|(c, target, entry)| event(*c, target.to_db(), entry.until_ms))
+        .collect();
+    // A ban has no end: recorded for its words only (it parks nothing by time).
+    if let Some(c) = banned {
+        events.push(event(c, WHOLE_CREDENTIAL_TARGET.to_owned(), since_ms));
+    }
+    up.persist.persist_locks(rows, banned);
+    up.persist.record_parks(events);
+}
+
+/// [`park`] in this gateway's memory only: returns the lock's end and the rows it wrote, for
+/// the caller to persist.
+pub(super) fn write(
+    up: Upstreams<'_>,
+    quota_groups: Option<&HashMap<String, Vec<i64>>>,
+    member_id: i64,
+    cred: &Credential,
+    upstream_model: &str,
+    class: &Classification,
+) -> (Option<DateTime<Utc>>, Written) {
     if class.bump_backoff {
         up.locks.bump_backoff(cred.id);
+    }
+    if class.count_kiro_hold {
+        up.locks.count_kiro_hold(cred.id);
     }
     if class.banned {
         up.locks.ban(cred.id);
     }
     let mut rows = Vec::new();
     if let Some(lock) = &class.lock {
-        let group = |g: &String| {
+        let closure = GroupClosure::of(cred, upstream_model, class);
+        let group = |g: &str| {
             quota_groups
                 .and_then(|q| q.get(g))
                 .cloned()
                 .unwrap_or_else(|| vec![cred.id])
         };
-        let credentials = match (lock.sharing, &cred.quota_group) {
-            // groot ADR 0008: an account-level failure rests every credential of the quota group.
-            (Sharing::Account, Some(g)) => group(g),
-            // groot ADR 0008: corroboration — an ambiguous 429 rests the quota group only once
-            // 3 such failures from 2 different members fell within 30 s; else its route.
-            (Sharing::AccountIfCorroborated, Some(g))
+        let rest = match (lock.sharing, &closure) {
+            // groot ADR 0008: an account-level failure rests the shared quota on the group.
+            (Sharing::Account, Some(c)) => Some(c),
+            // groot ADR 0008: corroboration — an ambiguous 429 rests the group only once 3 such
+            // failures from 2 different members fell within 30 s; else its route alone.
+            (Sharing::AccountIfCorroborated, Some(c))
                 if up
                     .corroboration
-                    .observe(cred.workspace_id, g, up.clock.now_ms(), member_id) =>
+                    .observe(cred.workspace_id, &c.group, up.clock.now_ms(), member_id) =>
             {
-                tracing::info!(credential = %cred.name, quota_group = %g, "ambiguous 429 corroborated; the quota group rests");
-                group(g)
+                tracing::info!(credential = %cred.name, quota_group = %c.group, "ambiguous 429 corroborated; the quota group rests");
+                Some(c)
             }
-            _ => vec![cred.id],
+            _ => None,
+        };
+        let (credentials, models) = match rest {
+            Some(c) => (group(&c.group), c.models),
+            None => (vec![cred.id], lock.models),
         };
         let until = lock.until.timestamp_millis();
         let rule = class.rule.name();
-        let mut targets = vec![match lock.models {
+        let mut targets = vec![match models {
             LockModels::One => LockTarget::Model(upstream_model.to_owned()),
             LockModels::AllFree => LockTarget::AllFree,
             LockModels::All => LockTarget::Credential,
         }];
-        if lock.models == LockModels::AllFree && !classify::is_free_model(upstream_model) {
+        if models == LockModels::AllFree && !classify::is_free_model(upstream_model) {
             targets.push(LockTarget::Model(upstream_model.to_owned()));
         }
         for t in &targets {
@@ -105,29 +202,11 @@ pub(super) fn park(
         }
         tracing::info!(credential = %cred.name, model = upstream_model, rule, until = %lock.until, "upstream credential parked");
     }
-    if !rows.is_empty() || class.banned {
-        let since_ms = up.clock.now_ms();
-        let event = |credential_id: i64, target: String, until_ms: i64| ParkEvent {
-            credential_id,
-            target,
-            since_ms,
-            until_ms,
-            rule: class.rule.name().to_owned(),
-            message: said.map(str::to_owned),
-        };
-        let mut events: Vec<ParkEvent> = rows
-            .iter()
-            .map(|(c, target, entry)| event(*c, target.to_db(), entry.until_ms))
-            .collect();
-        // A ban has no end: recorded for its words only (it parks nothing by time).
-        if class.banned {
-            events.push(event(cred.id, WHOLE_CREDENTIAL_TARGET.to_owned(), since_ms));
-        }
-        up.persist.persist_locks(rows, class.banned.then_some(cred.id));
-        up.persist.record_parks(events);
-    }
-    class.lock.as_ref().map(|l| l.until)
+    (class.lock.as_ref().map(|l| l.until), rows)
 }
+
+/// Locks written in memory, to persist: (credential, target, entry).
+pub(super) type Written = Vec<(i64, LockTarget, LockEntry)>;
 
 pub(super) fn rfc3339(t: DateTime<Utc>) -> String {
     t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
