@@ -8,6 +8,7 @@ mod admin_api;
 mod architecture;
 mod binary;
 mod breaker;
+mod breaker_ladder;
 mod budget_alerts;
 mod concurrency_cap;
 mod counter_readback;
