@@ -998,10 +998,12 @@ def fault_breaker_burst(run):
 
     burst()
     first = seen[:]
-    until = first[-1][2] or 0
-    # The next burst once the block has ended (the gateways' clock is the wall clock).
-    time.sleep(max(0.0, until / 1000 - time.time()) + 1.0)
-    burst()
+    wait = (first[-1][2] or math.inf) / 1000 - time.time()
+    # The next burst once the block has ended (the gateways' clock is the wall clock); not after
+    # a first burst that tripped the key more than once (its block is longer than the run).
+    if len(first) == 1 and wait <= 60:
+        time.sleep(max(0.0, wait) + 1.0)
+        burst()
     codes_ = [g.terminate() for g in gws]
     trips = seen
     spacing = [(b[1] - a[1]) / 1000 for a, b in zip(trips, trips[1:])]
@@ -1018,7 +1020,7 @@ def fault_breaker_burst(run):
     row.check([t[0] for t in trips] == [1, 2], f"trips recorded {[t[0] for t in trips]}, want [1, 2]")
     row.check(after_block, f"a trip started before the block of the one before ended: {trips}")
     row.check(not any(t[3] for t in trips), "a burst banned the key")
-    row.check(failed == len(outcomes) == n // 2 * 4, f"{failed} of {len(outcomes)} failed")
+    row.check(failed == len(outcomes) and len(outcomes) % n == 0, f"{failed} of {len(outcomes)} failed")
     row.check(stored_req == 0, f"failed requests counted in usage: {stored_req}")
     row.check(codes_ == [0, 0], f"exit statuses {codes_}")
     return row
