@@ -9,6 +9,7 @@
 
 mod alerts;
 mod auth;
+mod key_limits;
 mod keys;
 mod logs;
 mod models;

@@ -19,6 +19,7 @@ mod key_lifecycle;
 mod mock_upstream;
 mod model_allow_list;
 mod openapi;
+mod owner_limits;
 mod proxy;
 mod quota;
 mod reference;

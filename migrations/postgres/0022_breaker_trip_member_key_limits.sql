@@ -5,3 +5,10 @@
 ALTER TABLE breaker_buckets ADD COLUMN trip BIGINT NOT NULL DEFAULT 0;
 UPDATE breaker_buckets SET trip = COALESCE(
     (SELECT s.trips FROM breaker_state s WHERE s.key_id = breaker_buckets.key_id), 0);
+
+-- The limits an owner or admin set on a member's keys, kept on the member and carried to every
+-- key the member creates (DESIGN.md §11: they survive the key's deletion and re-creation): the
+-- model allow-list (JSON), the concurrency cap of each key and the tag allow-list (JSON).
+ALTER TABLE members ADD COLUMN key_allowed_models TEXT;
+ALTER TABLE members ADD COLUMN key_max_in_flight BIGINT;
+ALTER TABLE members ADD COLUMN key_allowed_tags TEXT;
