@@ -12,3 +12,7 @@ UPDATE breaker_buckets SET trip = COALESCE(
 ALTER TABLE members ADD COLUMN key_allowed_models TEXT;
 ALTER TABLE members ADD COLUMN key_max_in_flight BIGINT;
 ALTER TABLE members ADD COLUMN key_allowed_tags TEXT;
+
+-- An email names one identity whatever its case: members are found by the email with its ASCII
+-- letters folded (not unique: members stored before this rule may differ only in case).
+CREATE INDEX members_email_folded ON members (LOWER(email COLLATE "C"));
