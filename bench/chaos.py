@@ -10,7 +10,8 @@ Faults (one function each below): kill -9 mid-load then restart; SIGTERM mid-loa
 streams; Postgres restarted mid-load; Postgres down under load; Postgres down under load with a
 small request-log queue; two replicas against one quota;
 three replicas started at the same instant on a fresh database; a workspace time zone other than
-the gateway's with a quota filled to one below its limit.
+the gateway's with a quota filled to one below its limit; a burst of failures of one key on two
+replicas.
 
 Postgres: a cluster of its own (`initdb` into a temporary folder, a free port on 127.0.0.1, run as
 the `postgres` user when this script runs as root), one database per fault, removed at the end,
@@ -209,6 +210,13 @@ class Cluster:
                              "GROUP BY metric")
         got = dict(line.split("|") for line in rows.splitlines() if line)
         return int(got.get("requests", 0)), int(got.get("total_tokens", 0))
+
+    def trips(self, db, key):
+        """The key's breaker trips as recorded: [(trip, at ms, blocked_until ms or None, banned)]."""
+        rows = self.psql(db, "SELECT trip, at, COALESCE(blocked_until, -1), banned FROM breaker_trips WHERE "
+                             f"key_id = (SELECT id FROM api_keys WHERE key_hash = '{key_hash(key)}') ORDER BY trip")
+        trips = [tuple(int(v) for v in line.split("|")) for line in rows.splitlines() if line]
+        return [(t, at, None if until < 0 else until, bool(banned)) for t, at, until, banned in trips]
 
     def logged(self, db, key):
         """Request-log rows of `key` that say the request was served in full."""
@@ -524,7 +532,8 @@ class Load:
 class Burst:
     """`n` requests on `n` connections opened beforehand, all sent the moment `go` is set."""
 
-    def __init__(self, port, n, go):
+    def __init__(self, port, n, go, key=HOT_KEY, model=FAST):
+        self.key, self.model = key, model
         self.outcomes = []
         self.conns = [http.client.HTTPConnection("127.0.0.1", port, timeout=15) for _ in range(n)]
         for c in self.conns:
@@ -535,7 +544,7 @@ class Burst:
 
     def _one(self, conn, go):
         if go.wait(120):
-            self.outcomes.append(call(conn, HOT_KEY))
+            self.outcomes.append(call(conn, self.key, self.model))
         conn.close()
 
     def join(self, timeout):
@@ -1043,8 +1052,64 @@ def fault_timezones(run):
     return row
 
 
+def fault_breaker_burst(run):
+    """A burst of failures of one key (an upstream 500 after a delay), sent at once through two
+    replicas, twice: each burst trips the key once, however many of its requests were in flight
+    at the trip, and the second trip starts after the first one's block (DESIGN.md §11: outcomes
+    of requests admitted before a trip, or that end while the key is blocked, never start the
+    next trip). The key is not banned by a burst."""
+    n, delay_ms = 520, run.t(1000, 3000)
+    row = Row(f"burst of {n} failures of one key, twice, on two replicas")
+    db = run.pg.create_db("chaos_breaker")
+    res = run.write_resources("breaker", resources(run.mock.port))
+    gws = [Gateway(run, f"breaker-{i}", db, res) for i in (1, 2)]
+    run.mock.script({"model": SLOW_CALL, "status": 500, "delay_ms": delay_ms})
+    outcomes, seen = [], []
+
+    def burst():
+        go = threading.Event()
+        bursts = [Burst(g.port, n // 2, go, model=SLOW_CALL) for g in gws]
+        go.set()
+        for b in bursts:
+            outcomes.extend(b.join(60))
+        # Trips are persisted off the request path; a trip wrongly started by the burst's own
+        # late outcomes would be recorded within a flush or two of the last one.
+        wait_until("the burst's trip to be recorded", lambda: len(run.pg.trips(db, HOT_KEY)) > len(seen), 20)
+        time.sleep(4 * CYCLE)
+        seen[:] = run.pg.trips(db, HOT_KEY)
+
+    burst()
+    first = seen[:]
+    wait = (first[-1][2] or math.inf) / 1000 - time.time()
+    # The next burst once the block has ended (the gateways' clock is the wall clock); not after
+    # a first burst that tripped the key more than once (its block is longer than the run).
+    if len(first) == 1 and wait <= 60:
+        time.sleep(max(0.0, wait) + 1.0)
+        burst()
+    codes_ = [g.terminate() for g in gws]
+    trips = seen
+    spacing = [(b[1] - a[1]) / 1000 for a, b in zip(trips, trips[1:])]
+    after_block = all(b[1] >= (a[2] or math.inf) for a, b in zip(trips, trips[1:]))
+    failed = sum(1 for o in outcomes if not o.delivered)
+    row.requests, row.failed = len(outcomes), failed
+    row.delivered = usage_text(len(outcomes) - failed, sum(o.tokens for o in outcomes))
+    stored_req, stored_tok = run.pg.stored_usage(db, HOT_KEY)
+    row.stored, row.logs = usage_text(stored_req, stored_tok), str(run.pg.logged(db, HOT_KEY))
+    row.bound = (f"trips seen {len(trips)} ({len(first)} after the first burst), want 2; spacing "
+                 f"{', '.join(f'{s:.1f} s' for s in spacing) or 'none'} ≥ the 30 s block; banned: "
+                 f"{any(t[3] for t in trips)}; every request failed ({codes(outcomes)})")
+    row.check(len(first) == 1, f"the first burst recorded {len(first)} trips: {first}")
+    row.check([t[0] for t in trips] == [1, 2], f"trips recorded {[t[0] for t in trips]}, want [1, 2]")
+    row.check(after_block, f"a trip started before the block of the one before ended: {trips}")
+    row.check(not any(t[3] for t in trips), "a burst banned the key")
+    row.check(failed == len(outcomes) and len(outcomes) % n == 0, f"{failed} of {len(outcomes)} failed")
+    row.check(stored_req == 0, f"failed requests counted in usage: {stored_req}")
+    row.check(codes_ == [0, 0], f"exit statuses {codes_}")
+    return row
+
+
 FAULTS = [fault_kill9, fault_sigterm, fault_pg_restart, fault_pg_down, fault_log_queue, fault_two_replicas,
-          fault_simultaneous_start, fault_timezones]
+          fault_simultaneous_start, fault_timezones, fault_breaker_burst]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -5,8 +5,10 @@
 //! usage; a [`Script`] makes calls for one credential and/or model answer with any status,
 //! headers and body (each provider error shape of `shared/seeds/`), a delay, slow chunks, a
 //! mid-stream error, a dropped connection, a head followed by a body that stalls, or a provider's
-//! own rate limit (a fixed window of so many calls). It records every call so tests can assert that
-//! nothing was sent upstream, and counts calls per credential. Control it in-process ([`MockUpstream`]) or over HTTP:
+//! own rate limit (a fixed window of so many calls). It records every call so tests can assert
+//! that nothing was sent upstream, and counts calls per credential; in-process, it holds calls
+//! until released (requests in flight for as long as a test needs). Control it in-process
+//! ([`MockUpstream`]) or over HTTP:
 //! `POST /__mock/script` (a [`Script`] as JSON), `GET /__mock/calls`, `POST /__mock/reset`.
 
 use std::collections::HashMap;
@@ -283,6 +285,10 @@ struct MockState {
     count: std::sync::atomic::AtomicUsize,
     /// Calls per credential presented (none: `""`), counted even when calls are not kept.
     by_credential: Mutex<HashMap<String, usize>>,
+    /// While true, chat and messages calls wait on arrival ([`MockUpstream::hold`]).
+    held: tokio::sync::watch::Sender<bool>,
+    /// Calls that arrived while held, since the hold began.
+    arrived_held: tokio::sync::watch::Sender<usize>,
 }
 
 impl MockState {
@@ -325,6 +331,7 @@ impl MockState {
             .unwrap_or_else(|p| p.into_inner())
             .clear();
         self.count.store(0, std::sync::atomic::Ordering::Relaxed);
+        self.held.send_replace(false);
     }
 
     fn record(&self, call: Call) {
@@ -488,6 +495,24 @@ impl MockUpstream {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
+    }
+
+    /// Holds the chat and messages calls that arrive from now on (before the script's delay)
+    /// until [`MockUpstream::release`]: requests in flight upstream for as long as a test needs.
+    pub fn hold(&self) {
+        self.state.arrived_held.send_replace(0);
+        self.state.held.send_replace(true);
+    }
+
+    /// Lets every held call, and those that arrive later, go on.
+    pub fn release(&self) {
+        self.state.held.send_replace(false);
+    }
+
+    /// Waits until `n` calls have arrived since [`MockUpstream::hold`].
+    pub async fn until_held(&self, n: usize) {
+        let mut arrived = self.state.arrived_held.subscribe();
+        let _ = arrived.wait_for(|a| *a >= n).await;
     }
 
     /// Stops serving.

@@ -96,6 +96,8 @@ pub struct Identity {
 
 /// The configured identity provider.
 pub struct Oidc {
+    /// The issuer exactly as configured: the discovery document and every ID token must name
+    /// this one, a trailing `/` included or not (OpenID Connect Discovery §4.3, Core §3.1.3.7).
     issuer: String,
     client_id: String,
     client_secret: Option<Secret>,
@@ -131,7 +133,7 @@ impl Oidc {
             scopes.insert(0, "openid");
         }
         Ok(Some(Oidc {
-            issuer: issuer.trim_end_matches('/').to_owned(),
+            issuer: issuer.trim().to_owned(),
             client_id: client_id.clone(),
             client_secret: s.oidc_client_secret.clone(),
             redirect_url: redirect_url.clone(),
@@ -199,12 +201,16 @@ impl Oidc {
         {
             return Ok(m.clone());
         }
-        let url = format!("{}/.well-known/openid-configuration", self.issuer);
+        let url = format!(
+            "{}/.well-known/openid-configuration",
+            self.issuer.trim_end_matches('/')
+        );
         let meta: Metadata = self.get_json(&url).await?;
-        // OpenID Connect Discovery §4.3: the document's issuer is the issuer configured.
-        if meta.issuer.trim_end_matches('/') != self.issuer {
+        // OpenID Connect Discovery §4.3: the document's issuer is identical to the issuer
+        // configured; `https://idp/` and `https://idp` are two issuers.
+        if meta.issuer != self.issuer {
             return Err(OidcError::Provider(format!(
-                "the discovery document names issuer {:?}, not {:?}",
+                "the discovery document names issuer {:?}, not the configured {:?} (set oidc_issuer to exactly the provider's issuer)",
                 meta.issuer, self.issuer
             )));
         }
@@ -291,7 +297,8 @@ impl Oidc {
         }
         let key = self.key(header.kid.as_deref(), header.alg, now_ms).await?;
         let mut v = Validation::new(header.alg);
-        v.set_issuer(&[&self.issuer, &format!("{}/", self.issuer)]);
+        // Core §3.1.3.7: `iss` exactly matches the issuer, which discovery confirmed.
+        v.set_issuer(&[&self.issuer]);
         v.set_audience(&[&self.client_id]);
         v.set_required_spec_claims(&["exp", "iss", "aud", "sub"]);
         // Times are checked against the gateway's clock below.
@@ -322,7 +329,14 @@ impl Oidc {
         if !constant_time_eq(token_nonce.as_bytes(), nonce.as_bytes()) {
             return Err(refused("nonce does not match this sign-in".into()));
         }
-        if claims.get("email_verified").and_then(Value::as_bool) == Some(false) {
+        // Absent: the provider does not say (Entra ID); present, it must say true, as a boolean
+        // or as the string some providers send (Cognito). `"false"` is not true.
+        let verified = match claims.get("email_verified") {
+            None | Some(Value::Bool(true)) => true,
+            Some(Value::String(s)) => s == "true",
+            Some(_) => false,
+        };
+        if !verified {
             return Err(refused("the email is not verified".into()));
         }
         let email = claims

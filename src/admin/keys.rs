@@ -9,6 +9,7 @@ use axum::response::IntoResponse;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use super::key_limits;
 use super::session::Actor;
 use super::{
     AdminResult, Body, Id, Page, Params, audit, checked, config_changed, created, delete_policies,
@@ -191,7 +192,7 @@ pub async fn create(State(state): State<AppState>, actor: Actor, Body(req): Body
             "expires_at is in the past: a new key must expire later",
         ));
     }
-    let wanted = KeyGuardrails {
+    let mut wanted = KeyGuardrails {
         allowed_models,
         max_in_flight,
         expires_at,
@@ -202,6 +203,11 @@ pub async fn create(State(state): State<AppState>, actor: Actor, Body(req): Body
         return Err(ApiError::Forbidden {
             message: "a member creates keys for themself only".into(),
         });
+    }
+    // DESIGN.md §11: a member's own key carries what an owner or admin set on their keys.
+    let by_holder = owner_id == actor.member.id;
+    if by_holder && key_limits::kept_for(&actor.member) {
+        wanted = key_limits::carried(&actor.member, wanted)?;
     }
     let members = members(&state, &actor).await?;
     let Some(owner) = members.iter().find(|m| m.id == owner_id) else {
@@ -221,6 +227,13 @@ pub async fn create(State(state): State<AppState>, actor: Actor, Body(req): Body
             message: format!("{} already has a key named {name:?}", owner.email),
         });
     }
+    // The budgets set over the member's other keys move to the member (key_limits).
+    let others: Vec<i64> = if by_holder {
+        let keys = state.store.keys_of_member(owner.id).await.map_err(store_error)?;
+        keys.iter().map(|k| k.id).collect()
+    } else {
+        Vec::new()
+    };
     let plaintext = crypto::generate_api_key();
     let (key_hash, prefix) = (
         crypto::hash_api_key(&plaintext),
@@ -252,6 +265,21 @@ pub async fn create(State(state): State<AppState>, actor: Actor, Body(req): Body
             wanted.expires_at,
             wanted.allowed_tags,
         );
+    }
+    if !by_holder {
+        // An owner's or admin's limits on a member's key are kept for the member's next keys.
+        let set = |v: &Option<String>| v.clone().map(Some);
+        key_limits::record(
+            &state,
+            owner,
+            set(&k.allowed_models),
+            k.max_in_flight.map(Some),
+            set(&k.allowed_tags),
+        )
+        .await?;
+    }
+    if key_limits::move_budgets(&state, &actor, &others).await? {
+        config_changed(&state).await?;
     }
     let mut body = key_json(&state, &k, &members);
     audit(
@@ -304,6 +332,11 @@ pub async fn update(
     Body(req): Body<KeyPatch>,
 ) -> AdminResult {
     let k = visible_key(&state, &actor, id).await?;
+    let asked = (
+        req.allowed_models.is_some(),
+        req.max_in_flight.is_some(),
+        req.allowed_tags.is_some(),
+    );
     let (allowed_models, max_in_flight) = guardrails(
         req.allowed_models,
         req.max_in_flight,
@@ -324,8 +357,20 @@ pub async fn update(
         .set_key_guardrails(k.id, &wanted)
         .await
         .map_err(store_error)?;
-    config_changed(&state).await?;
     let members = members(&state, &actor).await?;
+    // DESIGN.md §11: what an owner or admin sets on a member's key, the member's next keys carry.
+    if let Some(holder) = members.iter().find(|m| m.id == k.member_id) {
+        let (models, cap, tags) = asked;
+        key_limits::record(
+            &state,
+            holder,
+            models.then(|| wanted.allowed_models.clone()),
+            cap.then_some(wanted.max_in_flight),
+            tags.then(|| wanted.allowed_tags.clone()),
+        )
+        .await?;
+    }
+    config_changed(&state).await?;
     let before = key_json(&state, &k, &members);
     let after = ApiKeyRow {
         allowed_models: wanted.allowed_models,
@@ -349,11 +394,16 @@ pub async fn update(
 }
 
 /// `DELETE /admin/v1/keys/{id}`: the key stops working on every gateway within a second; the
-/// budgets set on it go with it.
+/// budgets set on it go with it, but those set over a member deleting their own key move to the
+/// member (key_limits).
 pub async fn delete(State(state): State<AppState>, actor: Actor, Id(id): Id) -> AdminResult {
     let k = visible_key(&state, &actor, id).await?;
     let members = members(&state, &actor).await?;
     let before = key_json(&state, &k, &members);
+    // A member's own key: the budgets an owner or admin set on it move to the member first.
+    if k.member_id == actor.member.id {
+        key_limits::move_budgets(&state, &actor, &[k.id]).await?;
+    }
     delete_policies(&state, actor.workspace_id(), |p| {
         p.subject == "apikey" && p.target_id == k.id
     })

@@ -10,6 +10,7 @@
 mod alerts;
 mod audit_log;
 mod auth;
+mod key_limits;
 mod keys;
 mod logs;
 mod models;

@@ -207,9 +207,10 @@ fn may_manage(actor: &Actor, names: &Names, p: &PolicyRow) -> bool {
 }
 
 /// Whether `actor` may read policy `p`: managers read every policy of the workspace, a member
-/// every budget on the keys they created.
+/// every budget on the keys they created and on themself.
 fn may_read(actor: &Actor, names: &Names, p: &PolicyRow) -> bool {
-    actor.manages() || may_target(actor, names, p)
+    let on_self = p.subject == "member" && p.target_id == actor.member.id;
+    actor.manages() || on_self || may_target(actor, names, p)
 }
 
 /// Why `actor` may read policy `p` but not change or delete it (`change` names the action).

@@ -216,6 +216,11 @@ pub fn member_json(state: &AppState, m: &MemberRow) -> Value {
         "active": m.active == 1,
         "allowed_models": super::keys::stored_models(m.allowed_models.as_deref()),
         "max_in_flight": m.max_in_flight,
+        "key_limits": {
+            "allowed_models": super::keys::stored_models(m.key_allowed_models.as_deref()),
+            "max_in_flight": m.key_max_in_flight,
+            "allowed_tags": super::keys::stored_models(m.key_allowed_tags.as_deref()),
+        },
         "created_at": m.created_at,
         "managed_by": state.managed.by(Kind::Member, m.id),
     })

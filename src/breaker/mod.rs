@@ -4,6 +4,12 @@
 //! 30 s, 2 min, 10 min, 12 h; the 5th trip bans it for good. Trips are counted over the key's
 //! whole life, persisted, and never reset.
 //!
+//! A trip starts a fresh window (DESIGN.md §11): outcomes of requests admitted before a trip, or
+//! that end while the key is blocked or banned, are not counted ([`Admission`]), here nor in the
+//! shared window, where each second's outcomes carry the trip that began their window
+//! ([`BucketCounts`]) and only the key's current window is read. So a burst of failures in flight
+//! trips a key once, whatever its size, and nothing is counted, nor tripped, after the ban.
+//!
 //! Replicas share a key's window through the store (`breaker_buckets`), but only once the key has
 //! failed ("shared from the first failure"): a key with no failure anywhere cannot trip, so a
 //! gateway writes nothing for a key that only succeeds, and starts writing its whole window at
@@ -19,7 +25,7 @@ use chrono::{DateTime, Utc};
 use smallvec::SmallVec;
 
 use crate::config::Locale;
-use crate::store::{BreakerStateRow, BreakerStore, BucketDelta, Store, StoreResult, TripRow};
+use crate::store::{BreakerStateRow, BreakerStore, BucketCounts, BucketDelta, Store, StoreResult, TripRow};
 
 /// Seconds of the sliding window.
 pub const WINDOW_SECS: i64 = 60;
@@ -38,6 +44,13 @@ struct Bucket {
     second: i64,
     total: u32,
     failed: u32,
+}
+
+/// What the gate let through: the key's trips when its request was admitted, which names the
+/// window the request's outcome belongs to.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Admission {
+    trips: u32,
 }
 
 /// One key's breaker.
@@ -76,10 +89,26 @@ impl KeyBreaker {
     /// (keyed by second; the key id is left 0 for the caller).
     fn start_sharing(&mut self, now_s: i64) -> impl Iterator<Item = BucketDelta> + '_ {
         self.sharing = true;
+        let trip = self.trips;
         self.buckets
             .iter()
             .filter(move |b| b.second > now_s - WINDOW_SECS && b.second <= now_s)
-            .map(|b| ((0, b.second), (b.total, b.failed)))
+            .map(move |b| {
+                let n = BucketCounts {
+                    trip,
+                    total: b.total,
+                    failed: b.failed,
+                };
+                ((0, b.second), n)
+            })
+    }
+
+    /// Whether an outcome at `now_ms` of a request admitted as `admitted` counts. LyRouter's
+    /// ladder, each trip following the end of the one before (DESIGN.md §11): not after the ban,
+    /// not while the key is blocked, not from a request admitted before the last trip (here or,
+    /// as this gateway knows it, on another gateway).
+    fn counts(&self, now_ms: i64, admitted: Admission) -> bool {
+        !self.banned && admitted.trips == self.trips && self.blocked_until.is_none_or(|until| until <= now_ms)
     }
 
     fn clear_window(&mut self) {
@@ -93,8 +122,12 @@ impl KeyBreaker {
         self.trips == 0 && !self.banned && self.others == (0, 0) && self.window(now_s) == (0, 0)
     }
 
-    /// Adds one outcome; returns the trip it caused, if any.
-    fn record(&mut self, now_ms: i64, failed: bool) -> Option<Trip> {
+    /// Adds one outcome of a request admitted as `admitted`, if it counts; returns the trip it
+    /// caused, if any.
+    fn record(&mut self, now_ms: i64, failed: bool, admitted: Admission) -> Option<Trip> {
+        if !self.counts(now_ms, admitted) {
+            return None;
+        }
         let now_s = now_ms.div_euclid(1000);
         // Seconds out of the window are dropped (and, should the clock step back, seconds a
         // window ahead of it), so a key holds at most two windows of buckets.
@@ -204,8 +237,8 @@ impl Refusal {
 #[derive(Default)]
 pub struct Breakers {
     keys: Mutex<HashMap<i64, KeyBreaker>>,
-    /// Outcomes not yet written to the shared window: (key, second) → (total, failed).
-    pending: Mutex<HashMap<(i64, i64), (u32, u32)>>,
+    /// Outcomes not yet written to the shared window: (key, second) → counts of one window.
+    pending: Mutex<HashMap<(i64, i64), BucketCounts>>,
     /// Keys whose window other gateways were using at the last read, to refresh at each flush.
     shared: Mutex<std::collections::HashSet<i64>>,
     /// One flush at a time.
@@ -266,11 +299,13 @@ impl Breakers {
         })
     }
 
-    /// The gate: whether `key_id` may pass at `now`.
-    pub fn gate(&self, key_id: i64, now: DateTime<Utc>) -> Result<(), Refusal> {
+    /// The gate: whether `key_id` may pass at `now`; the admission is handed back with the
+    /// request's outcome ([`Breakers::record`]).
+    pub fn gate(&self, key_id: i64, now: DateTime<Utc>) -> Result<Admission, Refusal> {
         let mut keys = self.keys.lock().unwrap_or_else(|p| p.into_inner());
         let Some(k) = keys.get_mut(&key_id) else {
-            return Ok(());
+            // Not held: never tripped (a tripped key is never forgotten).
+            return Ok(Admission::default());
         };
         if k.banned {
             let first = !k.announced;
@@ -285,7 +320,7 @@ impl Breakers {
                     blocked_until: DateTime::from_timestamp_millis(until).unwrap_or(now),
                 })
             }
-            _ => Ok(()),
+            _ => Ok(Admission { trips: k.trips }),
         }
     }
 
@@ -301,19 +336,28 @@ impl Breakers {
         }
     }
 
-    /// Counts one outcome of `key_id`; a trip is returned to be persisted.
-    pub fn record(&self, key_id: i64, now: DateTime<Utc>, status: u16) -> Option<Trip> {
+    /// Counts one outcome of `key_id`, whose request the gate let through as `admitted`, unless
+    /// it belongs to an earlier window or the key is blocked ([`KeyBreaker::counts`]); a trip is
+    /// returned to be persisted.
+    pub fn record(&self, key_id: i64, now: DateTime<Utc>, status: u16, admitted: Admission) -> Option<Trip> {
         let failed = status >= 400;
         let mut keys = self.keys.lock().unwrap_or_else(|p| p.into_inner());
         let k = keys.entry(key_id).or_default();
-        let trip = k.record(now.timestamp_millis(), failed);
+        if !k.counts(now.timestamp_millis(), admitted) {
+            return None;
+        }
+        let trip = k.record(now.timestamp_millis(), failed, admitted);
         // What to share: nothing on a trip (the shared window starts empty) or while the key has
         // only succeeded; this outcome once the key is shared; at its first failure, its window.
         let share: SmallVec<[BucketDelta; 2]> = match (&trip, k.sharing, failed) {
             (Some(_), ..) | (None, false, false) => SmallVec::new(),
             (None, true, _) => smallvec::smallvec![(
                 (key_id, now.timestamp_millis().div_euclid(1000)),
-                (1, u32::from(failed))
+                BucketCounts {
+                    trip: k.trips,
+                    total: 1,
+                    failed: u32::from(failed),
+                }
             )],
             (None, false, true) => {
                 let now_s = now.timestamp_millis().div_euclid(1000);
@@ -342,10 +386,8 @@ impl Breakers {
             return;
         }
         let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
-        for (slot, (t, f)) in deltas {
-            let sums = pending.entry(slot).or_default();
-            sums.0 += t;
-            sums.1 += f;
+        for (slot, n) in deltas {
+            pending.entry(slot).and_modify(|sums| sums.merge(n)).or_insert(n);
         }
     }
 
@@ -414,13 +456,16 @@ impl Breakers {
         if keys.is_empty() {
             return Ok(());
         }
-        // What this gateway has counted itself and shared, as of the batch just taken.
-        let own: HashMap<i64, (u32, u32)> = {
+        // What this gateway has counted itself and shared, as of the batch just taken, and the
+        // window (trip) it belongs to: only that window is read back.
+        let own: HashMap<i64, (u32, (u32, u32))> = {
             let map = self.keys.lock().unwrap_or_else(|p| p.into_inner());
             keys.iter()
                 .map(|k| {
-                    let shared = map.get(k).filter(|b| b.sharing);
-                    (*k, shared.map_or((0, 0), |b| b.window(now_s)))
+                    let held = map.get(k);
+                    let shared = held.filter(|b| b.sharing);
+                    let trips = held.map_or(0, |b| b.trips);
+                    (*k, (trips, shared.map_or((0, 0), |b| b.window(now_s))))
                 })
                 .collect()
         };
@@ -439,12 +484,20 @@ impl Breakers {
                 return Err(e);
             }
         };
-        let global: HashMap<i64, (i64, i64)> = rows.into_iter().map(|(k, t, f)| (k, (t, f))).collect();
+        let global: HashMap<(i64, i64), (i64, i64)> = rows
+            .into_iter()
+            .map(|(k, trip, t, f)| ((k, trip), (t, f)))
+            .collect();
         let mut map = self.keys.lock().unwrap_or_else(|p| p.into_inner());
         let mut shared = self.shared.lock().unwrap_or_else(|p| p.into_inner());
         for k in keys {
-            let (gt, gf) = global.get(&k).copied().unwrap_or((0, 0));
-            let (ot, of) = own.get(&k).copied().unwrap_or((0, 0));
+            let (trips, (ot, of)) = own.get(&k).copied().unwrap_or_default();
+            if map.get(&k).is_some_and(|b| b.trips != trips) {
+                // Tripped since: its window started empty, read it at the next flush.
+                shared.insert(k);
+                continue;
+            }
+            let (gt, gf) = global.get(&(k, i64::from(trips))).copied().unwrap_or((0, 0));
             let others = (
                 u32::try_from((gt - i64::from(ot)).max(0)).unwrap_or(u32::MAX),
                 u32::try_from((gf - i64::from(of)).max(0)).unwrap_or(u32::MAX),
@@ -535,7 +588,11 @@ mod tests {
     fn run(k: &mut KeyBreaker, start_ms: i64, n: u32, failures: u32) -> Option<Trip> {
         let mut trip = None;
         for i in 0..n {
-            trip = trip.or(k.record(start_ms + i64::from(i), i < failures));
+            trip = trip.or(k.record(
+                start_ms + i64::from(i),
+                i < failures,
+                Admission { trips: k.trips },
+            ));
         }
         trip
     }
@@ -585,15 +642,62 @@ mod tests {
         assert!(t.banned && k.banned && t.blocked_until.is_none());
     }
 
+    /// DESIGN.md §11: an outcome counts only in the window its request was admitted to, and
+    /// not while the key is blocked or after its ban.
+    #[test]
+    fn an_outcome_counts_only_in_the_window_it_was_admitted_to() {
+        let tripped = |trips, blocked_until, banned| KeyBreaker {
+            trips,
+            blocked_until,
+            banned,
+            ..KeyBreaker::default()
+        };
+        // (key, admitted at trips, now, counts?)
+        let cases = [
+            (tripped(0, None, false), 0, 1_000, true),
+            (tripped(1, Some(31_000), false), 0, 20_000, false),
+            (tripped(1, Some(31_000), false), 0, 40_000, false),
+            (tripped(1, Some(31_000), false), 1, 40_000, true),
+            (tripped(1, Some(31_000), false), 1, 31_000, true),
+            (tripped(1, Some(31_000), false), 1, 30_999, false),
+            (tripped(5, None, true), 5, 40_000, false),
+        ];
+        for (i, (k, trips, now, want)) in cases.into_iter().enumerate() {
+            assert_eq!(k.counts(now, Admission { trips }), want, "case {i}");
+        }
+    }
+
+    /// 520 requests of one key fail together: one trip, whatever the burst's size; at the 5th
+    /// trip, one ban and no 6th trip.
+    #[test]
+    fn a_burst_in_flight_trips_once() {
+        let mut k = KeyBreaker::default();
+        let admitted = Admission { trips: 0 };
+        let trips: Vec<u32> = (0..520)
+            .filter_map(|i| k.record(1_000_000 + i, true, admitted))
+            .map(|t| t.trip)
+            .collect();
+        assert_eq!(trips, [1]);
+        k.trips = 4;
+        k.blocked_until = None;
+        let admitted = Admission { trips: 4 };
+        let trips: Vec<(u32, bool)> = (0..520)
+            .filter_map(|i| k.record(2_000_000 + i, true, admitted))
+            .map(|t| (t.trip, t.banned))
+            .collect();
+        assert_eq!(trips, [(5, true)]);
+        assert_eq!(k.window(2_000), (0, 0), "nothing counted after the ban");
+    }
+
     #[test]
     fn a_key_holds_only_the_seconds_it_was_used() {
         let mut k = KeyBreaker::default();
         assert!(run(&mut k, 5_000_000, 3, 0).is_none());
         assert_eq!(k.buckets.len(), 1, "one second of outcomes");
-        k.record(5_001_000, false);
+        k.record(5_001_000, false, Admission::default());
         assert_eq!(k.buckets.len(), 2);
         // A window later the old seconds are dropped, not kept beside the new one.
-        k.record(5_000_000 + WINDOW_SECS * 1000 + 1000, false);
+        k.record(5_000_000 + WINDOW_SECS * 1000 + 1000, false, Admission::default());
         assert_eq!(k.buckets.len(), 1);
         assert_eq!(k.window(5_000 + WINDOW_SECS + 1), (1, 0));
     }
@@ -603,9 +707,14 @@ mod tests {
         let b = Breakers::default();
         let now = Utc::now();
         let s = now.timestamp_millis().div_euclid(1000);
-        b.record(1, now, 200);
+        b.record(1, now, 200, Admission::default());
         for i in 0..100 {
-            b.record(2, now + chrono::Duration::milliseconds(i), 500);
+            b.record(
+                2,
+                now + chrono::Duration::milliseconds(i),
+                500,
+                Admission::default(),
+            );
         }
         b.forget_idle(s + 1);
         assert_eq!(b.held(), 2, "key 1 still has an outcome in the window");
@@ -627,22 +736,24 @@ mod tests {
         let now = Utc::now();
         let at = |ms: i64| now + chrono::Duration::milliseconds(ms);
         for i in 0..50 {
-            a.record(7, at(i), 500);
+            a.record(7, at(i), 500, Admission::default());
         }
         a.flush(&store, at(100)).await.unwrap();
         let read_back = |g: &Breakers| g.shared.lock().unwrap().len();
         assert_eq!(read_back(&a), 0, "only gateway A uses key 7");
-        b.record(7, at(200), 500);
+        b.record(7, at(200), 500, Admission::default());
         b.flush(&store, at(300)).await.unwrap();
         assert_eq!(read_back(&b), 1, "B learnt that A uses key 7");
         for i in 0..40 {
-            a.record(7, at(400 + i), 500);
+            a.record(7, at(400 + i), 500, Admission::default());
         }
         a.flush(&store, at(500)).await.unwrap();
         assert_eq!(read_back(&a), 1, "A learnt that B uses key 7");
         // No outcome on B since its last flush: it still reads the key the others use.
         b.flush(&store, at(600)).await.unwrap();
-        let trips: Vec<bool> = (0..9).map(|i| b.record(7, at(700 + i), 500).is_some()).collect();
+        let trips: Vec<bool> = (0..9)
+            .map(|i| b.record(7, at(700 + i), 500, Admission::default()).is_some())
+            .collect();
         assert_eq!(
             trips,
             [false, false, false, false, false, false, false, false, true]
@@ -665,14 +776,14 @@ mod tests {
                 .breaker_window(&[key], now.timestamp() - after)
                 .await
                 .unwrap();
-            rows.first().map_or((0, 0), |&(_, t, f)| (t, f))
+            rows.first().map_or((0, 0), |&(_, _, t, f)| (t, f))
         };
         for i in 0..60 {
-            a.record(7, at(i), 200);
+            a.record(7, at(i), 200, Admission::default());
         }
         a.flush(&store, at(100)).await.unwrap();
         assert_eq!(stored(7, 60).await, (0, 0), "successes alone are not shared");
-        b.record(7, at(200), 500);
+        b.record(7, at(200), 500, Admission::default());
         b.flush(&store, at(300)).await.unwrap();
         assert_eq!(
             stored(7, 60).await,
@@ -682,20 +793,20 @@ mod tests {
         a.flush(&store, at(400)).await.unwrap();
         a.flush(&store, at(500)).await.unwrap();
         assert_eq!(stored(7, 60).await, (61, 1), "A shares its 60 successes");
-        b.record(7, at(600), 500);
+        b.record(7, at(600), 500, Admission::default());
         b.flush(&store, at(700)).await.unwrap();
         let trips = (0..98)
-            .filter(|i| b.record(7, at(800 + i), 500).is_some())
+            .filter(|i| b.record(7, at(800 + i), 500, Admission::default()).is_some())
             .count();
         assert_eq!(trips, 0, "100 failures of 160 requests are not more than 90 %");
         // Alone, B would have tripped the key at its 100th failure.
         let alone = Breakers::default();
         let trips = (0..100)
-            .filter(|i| alone.record(8, at(*i), 500).is_some())
+            .filter(|i| alone.record(8, at(*i), 500, Admission::default()).is_some())
             .count();
         assert_eq!(trips, 1);
         // Another gateway's successes of a key it already shares are written as they come.
-        a.record(7, at(1000), 200);
+        a.record(7, at(1000), 200, Admission::default());
         a.flush(&store, at(1100)).await.unwrap();
         b.flush(&store, at(1200)).await.unwrap();
         assert_eq!(stored(7, 60).await, (161, 100));
@@ -707,7 +818,12 @@ mod tests {
         let now = Utc::now();
         assert!(b.gate(1, now).is_ok());
         for i in 0..100 {
-            b.record(1, now + chrono::Duration::milliseconds(i), 500);
+            b.record(
+                1,
+                now + chrono::Duration::milliseconds(i),
+                500,
+                Admission::default(),
+            );
         }
         match b.gate(1, now + chrono::Duration::milliseconds(99)) {
             Err(Refusal::Open { retry_after, .. }) => assert_eq!(retry_after, 30),

@@ -152,7 +152,13 @@ impl Incoming {
         }
     }
 
-    pub(super) async fn delay(&self) {
+    /// Waits while the mock is held, then the script's delay.
+    pub(super) async fn delay(&self, st: &MockState) {
+        let mut held = st.held.subscribe();
+        if *held.borrow_and_update() {
+            st.arrived_held.send_modify(|n| *n += 1);
+            let _ = held.wait_for(|h| !*h).await;
+        }
         if let Some(ms) = self.script.delay_ms {
             tokio::time::sleep(Duration::from_millis(ms)).await;
         }

@@ -13,7 +13,7 @@ use super::answer::{Incoming, json_response, reply_words, sse_response};
 
 pub(super) async fn messages(State(st): State<Arc<MockState>>, headers: HeaderMap, raw: Bytes) -> Response {
     let inc = Incoming::new(&st, "/v1/messages", &headers, &raw);
-    inc.delay().await;
+    inc.delay(&st).await;
     if let Some(resp) = inc.scripted_error(&st) {
         return resp;
     }

@@ -14,7 +14,7 @@ use super::answer::{Incoming, json_response, reply_words, sse_response};
 
 pub(super) async fn chat(State(st): State<Arc<MockState>>, headers: HeaderMap, raw: Bytes) -> Response {
     let inc = Incoming::new(&st, "/v1/chat/completions", &headers, &raw);
-    inc.delay().await;
+    inc.delay(&st).await;
     if let Some(resp) = inc.scripted_error(&st) {
         return resp;
     }
@@ -113,7 +113,7 @@ pub(super) async fn chat(State(st): State<Arc<MockState>>, headers: HeaderMap, r
 
 pub(super) async fn embeddings(State(st): State<Arc<MockState>>, headers: HeaderMap, raw: Bytes) -> Response {
     let inc = Incoming::new(&st, "/v1/embeddings", &headers, &raw);
-    inc.delay().await;
+    inc.delay(&st).await;
     if let Some(resp) = inc.scripted_error(&st) {
         return resp;
     }

@@ -170,6 +170,8 @@ pub struct Completion {
     pub locale: crate::config::Locale,
     /// The request's trace, when traces are exported.
     pub trace: Option<crate::otel::RequestTrace>,
+    /// How the breaker let the request through: the window its outcome belongs to.
+    pub admission: crate::breaker::Admission,
     /// Whether its end was recorded (else dropping it records one: the request was abandoned).
     ended: bool,
 }
@@ -210,6 +212,7 @@ impl Completion {
             in_flight: None,
             locale: state_locale,
             trace: None,
+            admission: crate::breaker::Admission::default(),
             ended: false,
         }
     }
@@ -424,9 +427,12 @@ impl Completion {
         // Every logged request's final status is a breaker outcome (status >= 400 fails).
         let trip = breaker_outcome
             .then(|| {
-                self.state
-                    .breakers
-                    .record(self.caller.key_id, self.state.clock.now(), outcome.status)
+                self.state.breakers.record(
+                    self.caller.key_id,
+                    self.state.clock.now(),
+                    outcome.status,
+                    self.admission,
+                )
             })
             .flatten();
         let banned = trip.as_ref().is_some_and(|t| t.banned);

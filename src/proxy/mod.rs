@@ -106,11 +106,14 @@ pub async fn handle(
     // 2. Breaker gate: an open or banned key is refused before anything else, neither counted
     //    nor logged.
     let locale = locale_of(&state, req.headers());
-    if let Err(refusal) = state.breakers.gate(caller.key_id, state.clock.now()) {
-        let e = breaker_error(&refusal, locale);
-        spans::refused(&state, trace.as_ref(), endpoint, Some(&caller), &e);
-        return e.into_response();
-    }
+    let admission = match state.breakers.gate(caller.key_id, state.clock.now()) {
+        Ok(admission) => admission,
+        Err(refusal) => {
+            let e = breaker_error(&refusal, locale);
+            spans::refused(&state, trace.as_ref(), endpoint, Some(&caller), &e);
+            return e.into_response();
+        }
+    };
     let request_id = req
         .extensions()
         .get::<RequestId>()
@@ -126,6 +129,7 @@ pub async fn handle(
     );
     completion.locale = locale;
     completion.trace = trace;
+    completion.admission = admission;
 
     // 3. Read and check the body (size and time limits, JSON, required fields).
     let (parts, body) = req.into_parts();

@@ -329,6 +329,39 @@ impl QuotaCounters {
         Ok(standing_of(rule, key, used, bounds, tz))
     }
 
+    /// Carries what `from_id` used under `rule` in the current window to subject `to` (a budget
+    /// moved from a key to its member, DESIGN.md §11): `to`'s counter of the same metric and
+    /// window reads at least as much, here at once, on the other gateways from their next flush.
+    pub async fn carry_usage(
+        &self,
+        store: &Store,
+        rule: &PolicyRule,
+        from_id: i64,
+        to: (SubjectKind, i64),
+        now: DateTime<Utc>,
+        tz: Tz,
+    ) -> StoreResult<()> {
+        let from = self.standing(store, rule, from_id, now, tz).await?;
+        if from.used <= 0 {
+            return Ok(());
+        }
+        let to = CounterKey {
+            subject: to.0,
+            subject_id: to.1,
+            ..from.key
+        };
+        store.raise_usage(&to.row(), from.used).await?;
+        if let Some(c) = self
+            .counters
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get_mut(&to)
+        {
+            c.global = c.global.max(from.used);
+        }
+        Ok(())
+    }
+
     /// How `rule` stands at `now` for every subject of its kind that used something in the
     /// current window, whichever subjects the rule covers (the caller picks them): the store's
     /// totals, or this gateway's where it knows more (usage not flushed yet). Reads only: no

@@ -35,8 +35,8 @@ struct Known<'f> {
     seen: HashSet<String>,
     workspaces: HashSet<&'f str>,
     departments: HashSet<(&'f str, &'f str)>,
-    /// Member email → workspace name.
-    members: HashMap<&'f str, &'f str>,
+    /// Member email (folded) → workspace name.
+    members: HashMap<String, &'f str>,
     /// `email/name`.
     keys: HashSet<String>,
 }
@@ -57,7 +57,7 @@ impl<'f> Known<'f> {
 
     /// A member's workspace, from the file or the store.
     fn member_workspace(&self, email: &str) -> Option<&str> {
-        if let Some(ws) = self.members.get(email) {
+        if let Some(ws) = self.members.get(&crate::store::fold_email(email)) {
             return Some(ws);
         }
         self.index
@@ -175,7 +175,7 @@ fn member<'f>(
         validate::password("password", p).map_err(e)?;
     }
     guardrails(&m.allowed_models, m.max_in_flight).map_err(e)?;
-    if known.declared_twice(format!("member/{}", m.email)) {
+    if known.declared_twice(format!("member/{}", crate::store::fold_email(&m.email))) {
         return Err(e(format!("member {:?} is declared twice", m.email)));
     }
     if let Some(existing) = known.index.member(&m.email) {
@@ -183,7 +183,9 @@ fn member<'f>(
             return Err(e(format!("{:?} already belongs to another workspace", m.email)));
         }
     }
-    known.members.insert(&m.email, &m.workspace);
+    known
+        .members
+        .insert(crate::store::fold_email(&m.email), &m.workspace);
     Ok(())
 }
 

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use crate::store::{
     ApiKeyRow, Department, DepartmentStore, KeyStore, MemberRow, MemberStore, Store, StoreResult, Workspace,
-    WorkspaceStore,
+    WorkspaceStore, fold_email,
 };
 
 /// The stored tenancy, by the names a resources file uses.
@@ -50,12 +50,12 @@ impl Index {
 
     /// Reads the members again (after some were created).
     pub async fn reload_members(&mut self, store: &Store) -> StoreResult<()> {
-        self.members = store
-            .all_members()
-            .await?
-            .into_iter()
-            .map(|m| (m.email.clone(), m))
-            .collect();
+        // By the folded email (one identity whatever its case); the oldest where stored
+        // members differ only in case, as `member_by_email` finds them.
+        self.members = HashMap::new();
+        for m in store.all_members().await? {
+            self.members.entry(fold_email(&m.email)).or_insert(m);
+        }
         Ok(())
     }
 
@@ -93,7 +93,7 @@ impl Index {
     }
 
     pub fn member(&self, email: &str) -> Option<&MemberRow> {
-        self.members.get(email)
+        self.members.get(&fold_email(email))
     }
 
     pub fn key(&self, member_id: i64, name: &str) -> Option<&ApiKeyRow> {

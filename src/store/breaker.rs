@@ -34,8 +34,36 @@ pub struct TripRow {
     pub banned: i64,
 }
 
-/// Outcomes of one key in one second: ((key, second), (requests, failures)).
-pub type BucketDelta = ((i64, i64), (u32, u32));
+/// Outcomes of one key in one second, of the window its `trip`-th trip began (0: before any).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BucketCounts {
+    /// The key's trips when the requests were admitted: the window they belong to.
+    pub trip: u32,
+    /// Requests.
+    pub total: u32,
+    /// Failures.
+    pub failed: u32,
+}
+
+impl BucketCounts {
+    /// Adds `other`, of the same key and second. A trip starts a fresh window (DESIGN.md §11):
+    /// outcomes of an older window than the newest one seen are dropped, never added to it. The
+    /// store's upsert does the same ([`BreakerStore::add_breaker_buckets`]).
+    pub fn merge(&mut self, other: BucketCounts) {
+        if other.trip > self.trip {
+            *self = other;
+        } else if other.trip == self.trip {
+            self.total = self.total.saturating_add(other.total);
+            self.failed = self.failed.saturating_add(other.failed);
+        }
+    }
+}
+
+/// Outcomes of one key in one second: ((key, second), counts).
+pub type BucketDelta = ((i64, i64), BucketCounts);
+
+/// A key's shared outcomes in a window: (key, the trip that began the window, requests, failures).
+pub type WindowRow = (i64, i64, i64, i64);
 
 /// The breaker's state, shared by every gateway on the database.
 #[expect(
@@ -45,15 +73,17 @@ pub type BucketDelta = ((i64, i64), (u32, u32));
 pub trait BreakerStore {
     /// Every key's stored standing.
     async fn breaker_states(&self) -> StoreResult<Vec<BreakerStateRow>>;
-    /// Adds per-second outcomes to the shared window.
+    /// Adds per-second outcomes to the shared window: a second holds the outcomes of one window,
+    /// the newest ([`BucketCounts::merge`]).
     async fn add_breaker_buckets(&self, batch: &[BucketDelta]) -> StoreResult<()>;
-    /// Every gateway's requests and failures of `keys` in the seconds after `after_second`:
-    /// (key, requests, failures), keys without any left out.
-    async fn breaker_window(&self, keys: &[i64], after_second: i64) -> StoreResult<Vec<(i64, i64, i64)>>;
+    /// Every gateway's requests and failures of `keys` in the seconds after `after_second`, by
+    /// the window (trip) they belong to; keys without any left out.
+    async fn breaker_window(&self, keys: &[i64], after_second: i64) -> StoreResult<Vec<WindowRow>>;
     /// The keys with a failure shared in the seconds after `after_second`, by any gateway.
     async fn breaker_failing_after(&self, after_second: i64) -> StoreResult<Vec<i64>>;
-    /// Records trip `t` of `key_id`: its standing (only if it advances the stored one), a history
-    /// row (only then), and an empty shared window up to the trip. Whether this call advanced the
+    /// Records trip `t` of `key_id`: its standing (only if it advances the stored one and the key
+    /// is not banned: no trip after the ban), a history row (only then), and an empty shared
+    /// window up to the trip. Whether this call advanced the
     /// standing (false: another gateway recorded this trip already).
     async fn record_trip(&self, key_id: i64, t: &TripRow) -> StoreResult<bool>;
     /// A key's trips, oldest first.
@@ -75,16 +105,29 @@ impl BreakerStore for Store {
         for chunk in statements(batch, NARROW_STATEMENT_ROWS) {
             let mut b = SqlBuilder::new(
                 self,
-                "INSERT INTO breaker_buckets (key_id, second, total, failed) VALUES ",
+                "INSERT INTO breaker_buckets (key_id, second, trip, total, failed) VALUES ",
             );
-            for (i, ((key, second), (t, f))) in chunk.iter().enumerate() {
+            for (i, ((key, second), n)) in chunk.iter().enumerate() {
                 b.push(if i == 0 { "(" } else { ", (" });
                 b.bind(*key).push(", ").bind(*second).push(", ");
-                b.bind(i64::from(*t)).push(", ").bind(i64::from(*f)).push(")");
+                b.bind(i64::from(n.trip)).push(", ");
+                b.bind(i64::from(n.total))
+                    .push(", ")
+                    .bind(i64::from(n.failed))
+                    .push(")");
             }
+            // BucketCounts::merge: a newer window replaces the second's outcomes, an older one
+            // is dropped, the same one adds.
             b.push(
-                " ON CONFLICT (key_id, second) DO UPDATE SET total = breaker_buckets.total + excluded.total, \
-                 failed = breaker_buckets.failed + excluded.failed",
+                " ON CONFLICT (key_id, second) DO UPDATE SET \
+                 total = CASE WHEN excluded.trip > breaker_buckets.trip THEN excluded.total \
+                   WHEN excluded.trip = breaker_buckets.trip THEN breaker_buckets.total + excluded.total \
+                   ELSE breaker_buckets.total END, \
+                 failed = CASE WHEN excluded.trip > breaker_buckets.trip THEN excluded.failed \
+                   WHEN excluded.trip = breaker_buckets.trip THEN breaker_buckets.failed + excluded.failed \
+                   ELSE breaker_buckets.failed END, \
+                 trip = CASE WHEN excluded.trip > breaker_buckets.trip THEN excluded.trip \
+                   ELSE breaker_buckets.trip END",
             );
             let (sql, args) = b.finish();
             sqlx::query_with(&sql, args).execute(&mut *tx).await?;
@@ -93,14 +136,14 @@ impl BreakerStore for Store {
         Ok(())
     }
 
-    async fn breaker_window(&self, keys: &[i64], after_second: i64) -> StoreResult<Vec<(i64, i64, i64)>> {
+    async fn breaker_window(&self, keys: &[i64], after_second: i64) -> StoreResult<Vec<WindowRow>> {
         let mut rows = Vec::with_capacity(keys.len());
         // In chunks: one statement's placeholders are bounded (32,766 on SQLite), the keys that
         // answered in a flush interval are not.
         for chunk in statements(keys, NARROW_STATEMENT_ROWS) {
             let mut b = SqlBuilder::new(
                 self,
-                "SELECT key_id, CAST(SUM(total) AS BIGINT), CAST(SUM(failed) AS BIGINT) FROM breaker_buckets WHERE second > ",
+                "SELECT key_id, trip, CAST(SUM(total) AS BIGINT), CAST(SUM(failed) AS BIGINT) FROM breaker_buckets WHERE second > ",
             );
             b.bind(after_second).push(" AND key_id IN (");
             for (i, k) in chunk.iter().enumerate() {
@@ -109,9 +152,9 @@ impl BreakerStore for Store {
                 }
                 b.bind(*k);
             }
-            b.push(") GROUP BY key_id");
+            b.push(") GROUP BY key_id, trip");
             let (sql, args) = b.finish();
-            let found: Vec<(i64, i64, i64)> = sqlx::query_as_with(&sql, args).fetch_all(self.pool()).await?;
+            let found: Vec<WindowRow> = sqlx::query_as_with(&sql, args).fetch_all(self.pool()).await?;
             rows.extend(found);
         }
         Ok(rows)
@@ -133,7 +176,7 @@ impl BreakerStore for Store {
             "INSERT INTO breaker_state (key_id, trips, blocked_until, banned) VALUES ($1, $2, $3, $4)
              ON CONFLICT (key_id) DO UPDATE SET trips = excluded.trips, blocked_until = excluded.blocked_until,
                banned = excluded.banned
-             WHERE breaker_state.trips < excluded.trips",
+             WHERE breaker_state.trips < excluded.trips AND breaker_state.banned = 0",
         )
         .bind(key_id)
         .bind(t.trip)
@@ -180,6 +223,41 @@ impl BreakerStore for Store {
 mod tests {
     use super::*;
 
+    /// A second holds the outcomes of one window, the newest: the store's upsert and
+    /// `BucketCounts::merge` agree on each step.
+    #[tokio::test]
+    async fn a_second_holds_the_outcomes_of_its_newest_window() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite:{}", dir.path().join("breaker.db").display());
+        let store = Store::connect(&url).await.unwrap();
+        let n = |trip, total, failed| BucketCounts { trip, total, failed };
+        // (added, the second's counts after it)
+        let steps = [
+            (n(1, 5, 5), n(1, 5, 5)),
+            (n(0, 3, 3), n(1, 5, 5)),
+            (n(1, 1, 0), n(1, 6, 5)),
+            (n(2, 2, 1), n(2, 2, 1)),
+            (n(1, 9, 9), n(2, 2, 1)),
+        ];
+        let mut merged: Option<BucketCounts> = None;
+        for (added, want) in steps {
+            store.add_breaker_buckets(&[((7, 100), added)]).await.unwrap();
+            let rows = store.breaker_window(&[7], 99).await.unwrap();
+            let stored = (
+                7,
+                i64::from(want.trip),
+                i64::from(want.total),
+                i64::from(want.failed),
+            );
+            assert_eq!(rows, [stored], "stored, after adding {added:?}");
+            match merged.as_mut() {
+                Some(m) => m.merge(added),
+                None => merged = Some(added),
+            }
+            assert_eq!(merged, Some(want), "merged, after adding {added:?}");
+        }
+    }
+
     /// A flush interval in which more keys answered than one statement may name (SQLite allows
     /// 32,766 placeholders): the buckets are added and the window read back whole.
     #[tokio::test]
@@ -188,10 +266,18 @@ mod tests {
         let url = format!("sqlite:{}", dir.path().join("breaker.db").display());
         let store = Store::connect(&url).await.unwrap();
         let keys: Vec<i64> = (1..=40_000).collect();
-        let batch: Vec<BucketDelta> = keys.iter().map(|k| ((*k, 100), (2, 1))).collect();
+        let n = BucketCounts {
+            trip: 0,
+            total: 2,
+            failed: 1,
+        };
+        let batch: Vec<BucketDelta> = keys.iter().map(|k| ((*k, 100), n)).collect();
         store.add_breaker_buckets(&batch).await.unwrap();
         let rows = store.breaker_window(&keys, 99).await.unwrap();
         assert_eq!(rows.len(), keys.len());
-        assert!(rows.iter().all(|&(_, total, failed)| total == 2 && failed == 1));
+        assert!(
+            rows.iter()
+                .all(|&(_, trip, total, failed)| trip == 0 && total == 2 && failed == 1)
+        );
     }
 }

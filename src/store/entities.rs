@@ -109,6 +109,13 @@ pub struct MemberRow {
     pub allowed_models: Option<String>,
     /// Most requests the member's keys together may have in flight on one gateway; none: no cap.
     pub max_in_flight: Option<i64>,
+    /// The limits an owner or admin set on the member's keys, carried to every key the member
+    /// creates: the model allow-list (JSON; none: not limited)…
+    pub key_allowed_models: Option<String>,
+    /// …the cap of each key…
+    pub key_max_in_flight: Option<i64>,
+    /// …and the tag allow-list (JSON).
+    pub key_allowed_tags: Option<String>,
 }
 
 impl MemberRow {

@@ -90,6 +90,29 @@ impl KeyGuardrails {
     }
 }
 
+/// The limits an owner or admin set on a member's keys, as stored on the member (none: not
+/// limited); the same shape as a key's own.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct KeyLimits {
+    /// The model allow-list (JSON).
+    pub allowed_models: Option<String>,
+    /// The cap of each key.
+    pub max_in_flight: Option<i64>,
+    /// The tag allow-list (JSON).
+    pub allowed_tags: Option<String>,
+}
+
+impl KeyLimits {
+    /// The limits `member` carries to their keys.
+    pub fn of(member: &super::MemberRow) -> Self {
+        KeyLimits {
+            allowed_models: member.key_allowed_models.clone(),
+            max_in_flight: member.key_max_in_flight,
+            allowed_tags: member.key_allowed_tags.clone(),
+        }
+    }
+}
+
 /// Gateway API keys.
 #[expect(
     async_fn_in_trait,
@@ -123,6 +146,8 @@ pub trait KeyStore {
     ) -> StoreResult<Option<ApiKeyRow>>;
     /// Deletes a key.
     async fn delete_key(&self, id: i64) -> StoreResult<bool>;
+    /// Sets the limits a member's keys carry (DESIGN.md §11).
+    async fn set_member_key_limits(&self, member_id: i64, limits: &KeyLimits) -> StoreResult<()>;
     /// Keys of a member.
     async fn keys_of_member(&self, member_id: i64) -> StoreResult<Vec<ApiKeyRow>>;
     /// The key with this id.
@@ -252,6 +277,18 @@ impl KeyStore for Store {
             .bind(id)
             .fetch_optional(self.pool())
             .await?)
+    }
+    async fn set_member_key_limits(&self, member_id: i64, limits: &KeyLimits) -> StoreResult<()> {
+        sqlx::query(
+            "UPDATE members SET key_allowed_models = $1, key_max_in_flight = $2, key_allowed_tags = $3 WHERE id = $4",
+        )
+        .bind(limits.allowed_models.as_deref())
+        .bind(limits.max_in_flight)
+        .bind(limits.allowed_tags.as_deref())
+        .bind(member_id)
+        .execute(self.pool())
+        .await?;
+        Ok(())
     }
     async fn delete_key(&self, id: i64) -> StoreResult<bool> {
         let r = sqlx::query("DELETE FROM api_keys WHERE id = $1")

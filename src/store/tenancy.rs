@@ -6,7 +6,8 @@ pub use labels::*;
 
 use super::keys::BULK_ROWS;
 use super::{
-    Department, MemberRow, ModelRow, PolicyRow, SqlBuilder, Store, StoreResult, UpstreamRow, Workspace,
+    Backend, Department, MemberRow, ModelRow, PolicyRow, SqlBuilder, Store, StoreResult, UpstreamRow,
+    Workspace,
 };
 
 /// Workspaces.
@@ -137,7 +138,8 @@ pub struct NewMember<'a> {
     reason = "one concrete implementor, always called directly"
 )]
 pub trait MemberStore {
-    /// The member with this email (any workspace: emails are unique).
+    /// The member with this email, whatever its case ([`fold_email`]; any workspace: emails are
+    /// unique).
     async fn member_by_email(&self, email: &str) -> StoreResult<Option<MemberRow>>;
     /// The member with this id.
     async fn member(&self, id: i64) -> StoreResult<Option<MemberRow>>;
@@ -162,15 +164,29 @@ pub trait MemberStore {
     async fn count_owners(&self) -> StoreResult<i64>;
 }
 
+/// An email as identities are matched by: its ASCII letters in lower case (the domain is
+/// case-insensitive, and no provider or person tells two mailboxes apart by case).
+pub fn fold_email(email: &str) -> String {
+    email.trim().to_ascii_lowercase()
+}
+
 impl MemberStore for Store {
     async fn member_by_email(&self, email: &str) -> StoreResult<Option<MemberRow>> {
-        Ok(sqlx::query_as("SELECT * FROM members WHERE email = $1")
-            .bind(email)
+        // One identity per email whatever its case (ASCII letters folded, the same on both
+        // backends, as `members_email_folded` indexes it); the oldest where members stored
+        // before this rule differ only in case, so a deactivated one is never bypassed.
+        let folded = match self.backend() {
+            Backend::Postgres => "LOWER(email COLLATE \"C\")",
+            Backend::Sqlite => "LOWER(email)",
+        };
+        let sql = format!("SELECT * FROM members WHERE {folded} = $1 ORDER BY id LIMIT 1");
+        Ok(sqlx::query_as(&sql)
+            .bind(fold_email(email))
             .fetch_optional(self.pool())
             .await?)
     }
     async fn all_members(&self) -> StoreResult<Vec<MemberRow>> {
-        Ok(sqlx::query_as("SELECT * FROM members")
+        Ok(sqlx::query_as("SELECT * FROM members ORDER BY id")
             .fetch_all(self.pool())
             .await?)
     }

@@ -103,7 +103,14 @@ mod tests {
         batch.push(counter("total", 0));
         store.add_usage(&batch, None).await.unwrap();
         let buckets: Vec<_> = (0..3)
-            .map(|i| ((1, now - BUCKETS_KEPT_SECS - 1 + i), (1, 0)))
+            .map(|i| {
+                let n = crate::store::BucketCounts {
+                    trip: 0,
+                    total: 1,
+                    failed: 0,
+                };
+                ((1, now - BUCKETS_KEPT_SECS - 1 + i), n)
+            })
             .collect();
         store.add_breaker_buckets(&buckets).await.unwrap();
 
@@ -123,7 +130,7 @@ mod tests {
         let window = store.breaker_window(&[1], 0).await.unwrap();
         assert_eq!(
             window,
-            vec![(1, 2, 0)],
+            vec![(1, 0, 2, 0)],
             "the two buckets within the kept time stay"
         );
         assert_eq!(store.delete_ended_counts(now).await.unwrap(), (0, 0));

@@ -49,6 +49,9 @@ pub trait UsageStore {
         time_window: &str,
         window_start: i64,
     ) -> StoreResult<Vec<(i64, i64)>>;
+    /// Raises a counter to at least `used` (a budget moved from a key to its member keeps what
+    /// the key had used); every gateway reads it back at its next flush.
+    async fn raise_usage(&self, key: &UsageCounterRow, used: i64) -> StoreResult<()>;
 }
 
 /// A counter's total as the store returns it: (subject, subject id, metric, window, window
@@ -65,6 +68,28 @@ pub struct ReadBack {
 }
 
 impl UsageStore for Store {
+    async fn raise_usage(&self, key: &UsageCounterRow, used: i64) -> StoreResult<()> {
+        let changed = match self.backend() {
+            Backend::Postgres => ", changed_tx = txid_current()",
+            Backend::Sqlite => "",
+        };
+        let sql = format!(
+            "INSERT INTO usage_counters (subject, subject_id, metric, time_window, window_start, used)
+             VALUES ($1, $2, $3, $4, $5, $6)
+             ON CONFLICT (subject, subject_id, metric, time_window, window_start) DO UPDATE SET used = CASE
+               WHEN usage_counters.used < excluded.used THEN excluded.used ELSE usage_counters.used END{changed}"
+        );
+        sqlx::query(&sql)
+            .bind(key.subject)
+            .bind(key.subject_id)
+            .bind(key.metric)
+            .bind(key.time_window.as_str())
+            .bind(key.window_start)
+            .bind(used.max(0))
+            .execute(self.pool())
+            .await?;
+        Ok(())
+    }
     async fn usage_counter(&self, key: &UsageCounterRow) -> StoreResult<Option<i64>> {
         Ok(sqlx::query_scalar(
             "SELECT used FROM usage_counters WHERE subject = $1 AND subject_id = $2 AND metric = $3

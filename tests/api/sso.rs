@@ -56,6 +56,8 @@ enum Tamper {
     None,
     Nonce,
     Audience,
+    /// `iss` with a trailing `/` the provider's issuer does not have.
+    IssuerSlash,
     Expired,
     /// Signed with a key the provider does not publish.
     ForeignKey,
@@ -77,6 +79,10 @@ struct ProviderState {
     jwks_fetches: usize,
     /// Bytes of padding the JWKS carries (a provider that answers absurdly much).
     jwks_padding: usize,
+    /// The issuer the discovery document names, when not the provider's own URL.
+    discovery_issuer: Option<String>,
+    /// The ID token's `email_verified` claim.
+    email_verified: Value,
 }
 
 /// A small OpenID provider: discovery, authorize (signs in `user` at once), token (checks the
@@ -99,6 +105,8 @@ impl Provider {
             clock: None,
             jwks_fetches: 0,
             jwks_padding: 0,
+            discovery_issuer: None,
+            email_verified: json!(true),
         })));
         let (a, b, c, d) = (p.clone(), p.clone(), p.clone(), p.clone());
         let app = axum::Router::new()
@@ -143,7 +151,10 @@ impl Provider {
 
     fn discovery(&self) -> Value {
         let url = self.url();
-        json!({"issuer": url, "authorization_endpoint": format!("{url}/authorize"),
+        let issuer = self
+            .with(|st| st.discovery_issuer.clone())
+            .unwrap_or_else(|| url.clone());
+        json!({"issuer": issuer, "authorization_endpoint": format!("{url}/authorize"),
             "token_endpoint": format!("{url}/token"), "jwks_uri": format!("{url}/jwks"),
             "response_types_supported": ["code"], "subject_types_supported": ["public"],
             "id_token_signing_alg_values_supported": ["ES256"],
@@ -196,13 +207,14 @@ impl Provider {
         let now = st.clock.as_ref().unwrap().now().timestamp();
         let (email, groups) = st.user.clone();
         let mut claims = json!({"iss": st.url, "sub": format!("sub-{email}"), "aud": CLIENT_ID,
-            "exp": now + 300, "iat": now, "nonce": nonce, "email": email, "email_verified": true,
+            "exp": now + 300, "iat": now, "nonce": nonce, "email": email, "email_verified": st.email_verified,
             "groups": groups});
         let (mut alg, mut key) = (Algorithm::ES256, st.signing);
         match st.tamper {
             Tamper::None => {}
             Tamper::Nonce => claims["nonce"] = json!("another"),
             Tamper::Audience => claims["aud"] = json!("someone-else"),
+            Tamper::IssuerSlash => claims["iss"] = json!(format!("{}/", st.url)),
             Tamper::Expired => claims["exp"] = json!(now - 3600),
             Tamper::ForeignKey => key = 2,
             Tamper::Hmac => alg = Algorithm::HS256,
@@ -428,6 +440,7 @@ async fn sso_refuses_forged_sign_ins_and_follows_key_rotation(db: TestDb) {
     for tamper in [
         Tamper::Nonce,
         Tamper::Audience,
+        Tamper::IssuerSlash,
         Tamper::Expired,
         Tamper::ForeignKey,
         Tamper::Hmac,
@@ -499,5 +512,181 @@ async fn sso_only_workspaces_refuse_passwords(db: TestDb) {
 both_backends!(
     sso_sign_in_follows_the_groups,
     sso_refuses_forged_sign_ins_and_follows_key_rotation,
-    sso_only_workspaces_refuse_passwords
+    sso_only_workspaces_refuse_passwords,
+    identities_match_emails_whatever_their_case,
+    sso_refuses_an_unverified_email_and_a_foreign_issuer,
 );
+
+/// The id of the member whose email is `email` exactly, as the owner lists them.
+async fn member_ids(app: &TestApp, email: &str) -> Vec<i64> {
+    let token = app.login(OWNER, OWNER_PASSWORD).await;
+    let r: Value = app
+        .client
+        .get(format!("{}/admin/v1/members", app.address))
+        .bearer_auth(token)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    r["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["email"].as_str().is_some_and(|e| e.eq_ignore_ascii_case(email)))
+        .map(|m| m["id"].as_i64().unwrap())
+        .collect()
+}
+
+async fn login_status(app: &TestApp, email: &str, password: &str) -> u16 {
+    app.client
+        .post(format!("{}/admin/v1/auth/login", app.address))
+        .json(&json!({"email": email, "password": password}))
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
+}
+
+/// An email names one identity whatever its case, at the provider's sign-in and the password's:
+/// a deactivated member stays out under another case, an existing member stored with capitals
+/// is found, and no second member is created.
+async fn identities_match_emails_whatever_their_case(db: TestDb) {
+    let provider = Provider::start().await;
+    let app = start(&db, &provider, false).await;
+    let owner = app.login(OWNER, OWNER_PASSWORD).await;
+    let [ada] = member_ids(&app, "ada@acme.test").await[..] else {
+        panic!("ada");
+    };
+    let r = app
+        .client
+        .patch(format!("{}/admin/v1/members/{ada}", app.address))
+        .bearer_auth(&owner)
+        .json(&json!({"active": false}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    provider.with(|st| st.user = ("Ada@Acme.Test".into(), vec!["eng".into()]));
+    assert_eq!(sso(&app, |u| u, true).await, Err("member_disabled".into()));
+    assert_eq!(member_ids(&app, "ada@acme.test").await, [ada], "no second ada");
+
+    // A member first seen through the provider signs in again with another case: the same one.
+    provider.with(|st| st.user = ("carol@acme.test".into(), vec!["eng".into()]));
+    let first = me(&app, &sso(&app, |u| u, true).await.unwrap()).await.1["id"].clone();
+    provider.with(|st| st.user = ("CAROL@ACME.TEST".into(), vec!["eng".into()]));
+    let again = me(&app, &sso(&app, |u| u, true).await.unwrap()).await.1["id"].clone();
+    assert_eq!(first, again);
+    assert_eq!(member_ids(&app, "carol@acme.test").await.len(), 1);
+
+    // Passwords: the owner signs in under any case; a member stored with capitals too.
+    assert_eq!(
+        login_status(&app, &OWNER.to_uppercase(), OWNER_PASSWORD).await,
+        200
+    );
+    let invite = json!({"email": "Mixed.Case@Acme.Test", "role": "admin"});
+    let r = app
+        .client
+        .post(format!("{}/admin/v1/members", app.address))
+        .bearer_auth(&owner)
+        .json(&invite)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    let invited: Value = r.json().await.unwrap();
+    let password = invited["one_time_password"].as_str().unwrap();
+    assert_eq!(login_status(&app, "mixed.case@acme.test", password).await, 200);
+    let r = app
+        .client
+        .post(format!("{}/admin/v1/members", app.address))
+        .bearer_auth(&owner)
+        .json(&json!({"email": "MIXED.CASE@acme.test", "role": "member"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 409, "the same email under another case exists");
+    provider.with(|st| st.user = ("mixed.case@ACME.test".into(), vec!["aigw-admins".into()]));
+    let token = sso(&app, |u| u, true).await.unwrap();
+    assert_eq!(me(&app, &token).await.1["email"], "Mixed.Case@Acme.Test");
+    assert_eq!(member_ids(&app, "mixed.case@acme.test").await.len(), 1);
+    app.stop().await;
+
+    // The resources file names carol, first seen through the provider, with capitals, and a
+    // key of hers: the same member, who now holds the key.
+    let mock = aigw::mock_upstream::MockUpstream::start().await.unwrap();
+    let file = format!(
+        "{}\n[[department]]\nworkspace = \"acme\"\nname = \"search\"\n\
+         [[member]]\nworkspace = \"acme\"\nemail = \"Carol@ACME.test\"\nrole = \"member\"\n\
+         [[api_key]]\nmember = \"CAROL@acme.TEST\"\nname = \"file\"\n",
+        resources(&mock)
+    );
+    let app = spawn_app(&db, Setup::resources(file)).await;
+    let [carol] = member_ids(&app, "carol@acme.test").await[..] else {
+        panic!("one carol");
+    };
+    let owner = app.login(OWNER, OWNER_PASSWORD).await;
+    let keys: Value = app
+        .client
+        .get(format!("{}/admin/v1/keys", app.address))
+        .bearer_auth(owner)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let file_key = keys["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|k| k["name"] == "file")
+        .cloned();
+    assert_eq!(file_key.map(|k| k["member_id"].clone()), Some(json!(carol)));
+    app.stop().await;
+}
+
+/// `email_verified` must be true when the provider sends it (as a boolean, or the string some
+/// providers send), and the discovery document must name exactly the issuer configured (OpenID
+/// Connect Discovery §4.3), a trailing `/` included.
+async fn sso_refuses_an_unverified_email_and_a_foreign_issuer(db: TestDb) {
+    let provider = Provider::start().await;
+    let app = start(&db, &provider, false).await;
+    provider.with(|st| st.user = ("dan@acme.test".into(), vec!["eng".into()]));
+    for unverified in [json!(false), json!("false"), json!("no"), json!(0), json!(null)] {
+        provider.with(|st| st.email_verified = unverified.clone());
+        assert_eq!(
+            sso(&app, |u| u, true).await,
+            Err("token_refused".into()),
+            "email_verified {unverified}"
+        );
+    }
+    assert!(member_ids(&app, "dan@acme.test").await.is_empty());
+    provider.with(|st| st.email_verified = json!("true"));
+    sso(&app, |u| u, true).await.expect("the string \"true\"");
+    provider.with(|st| st.email_verified = json!(true));
+    sso(&app, |u| u, true).await.expect("verified");
+
+    // A provider whose discovery document names another issuer: nothing signs in through it.
+    let app = {
+        app.stop().await;
+        start(&db, &provider, false).await
+    };
+    let url = provider.url();
+    for other in [
+        "https://login.evil.test",
+        &format!("{url}/realms/other"),
+        &format!("{url}/"),
+    ] {
+        provider.with(|st| st.discovery_issuer = Some(other.to_owned()));
+        let r = browser()
+            .get(format!("{}/admin/v1/auth/oidc/start", app.address))
+            .send()
+            .await
+            .unwrap();
+        assert_ne!(r.status(), 302, "{other}: no redirect to the provider");
+    }
+    app.stop().await;
+}
