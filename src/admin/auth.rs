@@ -199,7 +199,7 @@ pub async fn my_quota(State(state): State<AppState>, actor: Actor) -> AdminResul
 }
 
 fn rows_of(d: &QuotaDecision, key: Option<(i64, &str)>) -> Vec<serde_json::Value> {
-    crate::quota::report::rows(d, &Default::default())
+    crate::quota::report::rows(d, &Default::default(), crate::quota::Metric::as_str)
         .into_iter()
         .map(|mut row| {
             if let Some((id, name)) = key {

@@ -95,6 +95,16 @@ impl Metric {
             Metric::Credits => "credits",
         }
     }
+
+    /// The name a client reads: in the `x-aigw-quota-<metric>-*` headers, `RateLimit-Policy` and
+    /// `GET /v1/quota`. Seed 003 calls the total-token quota `tokens` (DESIGN.md §11); the
+    /// policy itself, and a refusal of it, keep `total_tokens` (§4).
+    pub fn client_name(self) -> &'static str {
+        match self {
+            Metric::TotalTokens => "tokens",
+            m => m.as_str(),
+        }
+    }
 }
 
 impl std::str::FromStr for Metric {

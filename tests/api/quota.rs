@@ -39,6 +39,7 @@ both_backends!(
     quota_endpoint_lists_every_quota,
     counter_outlives_flushes_when_the_workspace_zone_differs,
     a_weekly_quota_runs_from_monday_to_monday_in_the_workspace_zone,
+    token_quotas_are_named_tokens_as_in_the_seed,
 );
 
 async fn crossing_request_completes_and_the_next_is_refused(db: TestDb) {
@@ -66,18 +67,9 @@ async fn crossing_request_completes_and_the_next_is_refused(db: TestDb) {
     );
     assert_eq!(header(&r, "x-should-retry").as_deref(), Some("false"));
     assert_eq!(header(&r, "x-aigw-error-source").as_deref(), Some("gateway"));
-    assert_eq!(
-        header(&r, "x-aigw-quota-total_tokens-limit").as_deref(),
-        Some("10")
-    );
-    assert_eq!(
-        header(&r, "x-aigw-quota-total_tokens-remaining").as_deref(),
-        Some("0")
-    );
-    let reset_header: i64 = header(&r, "x-aigw-quota-total_tokens-reset")
-        .unwrap()
-        .parse()
-        .unwrap();
+    assert_eq!(header(&r, "x-aigw-quota-tokens-limit").as_deref(), Some("10"));
+    assert_eq!(header(&r, "x-aigw-quota-tokens-remaining").as_deref(), Some("0"));
+    let reset_header: i64 = header(&r, "x-aigw-quota-tokens-reset").unwrap().parse().unwrap();
     let body: Value = r.json().await.unwrap();
     let e = &body["error"];
     assert_eq!(e["message"], "rate limit exceeded on apikey total_tokens/day");
@@ -156,14 +148,14 @@ async fn streamed_responses_carry_quota_headers(db: TestDb) {
         Some("4")
     );
     assert_eq!(
-        header(&r, "x-aigw-quota-total_tokens-remaining").as_deref(),
+        header(&r, "x-aigw-quota-tokens-remaining").as_deref(),
         Some("1000")
     );
     r.text().await.unwrap();
     // After the stream, its tokens are counted.
     let r = app.post_json("/v1/chat/completions", KEY, &chat(false)).await;
     assert_eq!(
-        header(&r, "x-aigw-quota-total_tokens-remaining").as_deref(),
+        header(&r, "x-aigw-quota-tokens-remaining").as_deref(),
         Some("982")
     );
     app.stop().await;
@@ -500,5 +492,72 @@ async fn a_weekly_quota_runs_from_monday_to_monday_in_the_workspace_zone(db: Tes
     app.clock.advance(chrono::Duration::seconds(61));
     let r = app.post_json("/v1/chat/completions", KEY, &chat(false)).await;
     assert_eq!(r.status(), 200, "Monday begins a new week");
+    app.stop().await;
+}
+
+/// Seed 003 names the token quota's headers `x-aigw-quota-tokens-*` (DESIGN.md §11); the long
+/// form `total_tokens` is sent as well, with the same values, and `/v1/quota` and
+/// `RateLimit-Policy` name the metric `tokens`. The refusal keeps the policy's own name (§4).
+async fn token_quotas_are_named_tokens_as_in_the_seed(db: TestDb) {
+    let (app, _mock) = start(
+        &db,
+        &policy(
+            "apikey",
+            "ada@acme.test/ci",
+            "total_tokens",
+            "day",
+            10.0,
+            "enforce",
+        ),
+    )
+    .await;
+    let r = app.post_json("/v1/chat/completions", KEY, &chat(false)).await;
+    assert_eq!(r.status(), 200);
+    for name in ["tokens", "total_tokens"] {
+        assert_eq!(
+            header(&r, &format!("x-aigw-quota-{name}-limit")).as_deref(),
+            Some("10"),
+            "{name}"
+        );
+        assert_eq!(
+            header(&r, &format!("x-aigw-quota-{name}-remaining")).as_deref(),
+            Some("1"),
+            "{name}: 9 tokens of this response counted"
+        );
+        assert!(
+            header(&r, &format!("x-aigw-quota-{name}-reset")).is_some(),
+            "{name}"
+        );
+    }
+    assert!(
+        header(&r, "ratelimit-policy")
+            .unwrap()
+            .starts_with("\"apikey-tokens-day\";q=10"),
+        "{:?}",
+        header(&r, "ratelimit-policy")
+    );
+    let r = app
+        .client
+        .get(format!("{}/v1/quota", app.address))
+        .bearer_auth(KEY)
+        .send()
+        .await
+        .unwrap();
+    let body: Value = r.json().await.unwrap();
+    let row = &body["data"][0];
+    assert_eq!(row["metric"], "tokens", "{body}");
+    assert_eq!(
+        (row["used"].as_i64(), row["remaining"].as_i64()),
+        (Some(9), Some(1))
+    );
+    app.post_json("/v1/chat/completions", KEY, &chat(false)).await;
+    let r = app.post_json("/v1/chat/completions", KEY, &chat(false)).await;
+    assert_eq!(r.status(), 429);
+    assert_eq!(header(&r, "x-aigw-quota-tokens-remaining").as_deref(), Some("0"));
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(
+        body["error"]["metric"], "total_tokens",
+        "the refusal names the policy"
+    );
     app.stop().await;
 }
