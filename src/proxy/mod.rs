@@ -32,7 +32,8 @@ use crate::translate::stream::StreamTranslator;
 use crate::translate::{self, Translation};
 use crate::upstream::Provider;
 use crate::upstream::adapter::{self, Endpoint, UsageReport};
-use crate::upstream::dispatch::{self, Answer, Complete, Dispatched};
+use crate::upstream::dispatch::{self, Answer, Attempt, Complete, Dispatched};
+use crate::upstream::pool::ModelRoute;
 use crate::upstream::sse::SseTap;
 use crate::upstream::usage;
 use auth::Authenticated;
@@ -255,6 +256,8 @@ pub async fn handle(
         completion.dispatch_log(),
     )
     .await;
+    // What routed the request, told on every answer from here on (DESIGN.md §10, §11).
+    let route = Routed::after_dispatch(completion.attempts(), &chain, endpoint);
 
     // 9. Respond; accounting runs when the response (or stream) is complete.
     match dispatched {
@@ -266,11 +269,6 @@ pub async fn handle(
             slot,
         } => {
             let translation = Translation::of(endpoint, credential.provider);
-            let route = Routed {
-                model: Some(model.name.clone()),
-                provider: Some(credential.provider),
-                attempts: completion.attempts().len(),
-            };
             completion.served_by(model, credential.clone(), upstream_latency);
             // The credential's in-flight slot is freed when the request completes.
             completion.hold(slot);
@@ -297,7 +295,7 @@ pub async fn handle(
                     // What the upstream has already sent leaves with the head, in one write.
                     let first = futures::StreamExt::next(&mut stream).await;
                     if let Some((completion, e)) = stream.timed_out_before_the_head() {
-                        return with_quota(refuse(completion, e), &quota, untouched, now);
+                        return with_quota(route.on(refuse(completion, e)), &quota, untouched, now);
                     }
                     let body = futures::StreamExt::chain(futures::stream::iter(first), stream);
                     let mut resp = Response::new(Body::from_stream(body));
@@ -335,7 +333,7 @@ pub async fn handle(
             let credits = completion.credits(usage);
             let ban = completion.ban_context();
             if completion.finish(outcome) {
-                return ban.answer();
+                return route.on(ban.answer());
             }
             let used_here = |m: Metric| quota::engine::amount(m, usage, credits);
             let mut resp = Response::new(Body::from(bytes));
@@ -356,14 +354,9 @@ pub async fn handle(
             let explanation = format!("Upstream: {}", completion.attempts_summary());
             // Classified and logged in the provider's own shape; rendered in the client's.
             let code = upstream_code(&error.body);
-            let route = Routed {
-                model: completion.attempts().last().map(|a| a.model.clone()),
-                provider: Some(error.provider),
-                attempts: completion.attempts().len(),
-            };
             let ban = completion.ban_context();
             if completion.finish(Outcome::failed(error.status, code, Source::Upstream, explanation)) {
-                return ban.answer();
+                return route.on(ban.answer());
             }
             let translation = Translation::of(endpoint, error.provider);
             let body = match translation {
@@ -388,23 +381,12 @@ pub async fn handle(
             }
             with_quota(resp, &quota, untouched, now)
         }
-        Dispatched::GatewayFailed(e) => {
-            let route = Routed {
-                model: None,
-                provider: None,
-                attempts: completion.attempts().len(),
-            };
-            let mut resp = refuse(completion, e);
-            if route.attempts > 0 {
-                route.insert(resp.headers_mut());
-            }
-            with_quota(resp, &quota, untouched, now)
-        }
+        Dispatched::GatewayFailed(e) => with_quota(route.on(refuse(completion, e)), &quota, untouched, now),
     }
 }
 
-/// What routed a request, told in its response headers (DESIGN.md §10): the public model and
-/// the provider that answered, and the upstream attempts made.
+/// What routed a request, told in its response headers (DESIGN.md §10, §11): the public model
+/// and the provider of the last attempt, and the upstream requests sent.
 struct Routed {
     model: Option<String>,
     provider: Option<Provider>,
@@ -412,6 +394,42 @@ struct Routed {
 }
 
 impl Routed {
+    /// After dispatch, success or failure: the requests sent upstream (the gateway's own
+    /// "credential busy" sent none), and the model and provider of the last one. When none was
+    /// sent (`upstream_quota_exhausted`), those of the first candidate the chain considered: the
+    /// first model with a credential for the endpoint, and the provider of its first credential
+    /// by priority (enabled ones first).
+    fn after_dispatch(attempts: &[Attempt], chain: &[Arc<ModelRoute>], endpoint: Endpoint) -> Routed {
+        let sent = attempts.iter().filter(|a| a.sent).count();
+        let (model, provider) = match attempts.iter().rev().find(|a| a.sent) {
+            Some(a) => (Some(a.model.clone()), Some(a.provider)),
+            None => chain
+                .iter()
+                .find_map(|m| {
+                    let mut providers = m
+                        .credentials
+                        .iter()
+                        .map(|c| c.provider)
+                        .chain(m.disabled.iter().copied());
+                    providers
+                        .find(|p| endpoint.served_by(*p))
+                        .map(|p| (Some(m.name.clone()), Some(p)))
+                })
+                .unwrap_or_default(),
+        };
+        Routed {
+            model,
+            provider,
+            attempts: sent,
+        }
+    }
+
+    /// `resp` with the routing headers.
+    fn on(&self, mut resp: Response) -> Response {
+        self.insert(resp.headers_mut());
+        resp
+    }
+
     fn insert(&self, h: &mut axum::http::HeaderMap) {
         if let Some(v) = self.model.as_deref().and_then(|m| HeaderValue::from_str(m).ok()) {
             h.insert(AIGW_MODEL, v);

@@ -5,6 +5,7 @@ mod helpers;
 
 mod admin;
 mod admin_api;
+mod answer_headers;
 mod architecture;
 mod binary;
 mod breaker;

@@ -572,6 +572,7 @@ impl Run<'_> {
                 rule: Some(class.rule.name()),
                 error: Some(CREDENTIAL_BUSY.to_owned()),
                 lock_until: lock_until.map(rfc3339),
+                sent: false,
                 ..Attempt::of(cred, model)
             });
         }

@@ -42,6 +42,10 @@ pub struct Attempt {
     /// Its span, when the request is traced and this attempt sent a request.
     #[serde(skip)]
     pub span: Option<crate::otel::AttemptSpan>,
+    /// Whether a request went upstream: false for the gateway's own "credential busy" (no slot
+    /// came free, nothing was sent). `x-aigw-attempts` counts only requests sent.
+    #[serde(skip)]
+    pub sent: bool,
 }
 
 /// Where dispatch writes: the request's attempts, and its trace (each request sent carries it).
@@ -73,6 +77,7 @@ impl Attempt {
             provider: cred.provider,
             translated: None,
             span: None,
+            sent: true,
         }
     }
 }
