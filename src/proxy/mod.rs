@@ -358,6 +358,7 @@ pub async fn handle(
             if completion.finish(Outcome::failed(error.status, code, Source::Upstream, explanation)) {
                 return route.on(ban.answer());
             }
+            let lock_until = error.lock_until;
             let translation = Translation::of(endpoint, error.provider);
             let body = match translation {
                 Some(t) => translate::error_body(t, error.status, &error.body),
@@ -373,12 +374,7 @@ pub async fn handle(
             route.insert(resp.headers_mut());
             resp.headers_mut()
                 .insert(ERROR_SOURCE, HeaderValue::from_static("upstream"));
-            // DESIGN.md §6/§7: a wait over a minute is not for the SDK to sit out (the next
-            // request already gets `upstream_quota_exhausted` from the lock this error wrote).
-            if upstream_wait_secs(resp.headers(), now).is_some_and(|s| s > MAX_SDK_WAIT_SECS as i64) {
-                resp.headers_mut()
-                    .insert(SHOULD_RETRY, HeaderValue::from_static("false"));
-            }
+            tell_the_wait(resp.headers_mut(), lock_until, now);
             with_quota(resp, &quota, untouched, now)
         }
         Dispatched::GatewayFailed(e) => with_quota(route.on(refuse(completion, e)), &quota, untouched, now),
@@ -447,6 +443,33 @@ const AIGW_MODEL: header::HeaderName = header::HeaderName::from_static("x-aigw-m
 const AIGW_PROVIDER: header::HeaderName = header::HeaderName::from_static("x-aigw-provider");
 /// Upstream attempts made for the request.
 const AIGW_ATTEMPTS: header::HeaderName = header::HeaderName::from_static("x-aigw-attempts");
+
+/// DESIGN.md §6, §7 (seed 002: one retry layer): the wait a passed-on upstream error tells the
+/// client. The lock its classification wrote (`lock_until`) is the real wait when it is more
+/// than a minute away and later than what the error names itself (`Retry-After`,
+/// `retry-after-ms`): Anthropic's spend cap and OpenRouter's daily cap name none, and the SDKs
+/// read no `x-ratelimit-reset*`, Gemini `retryDelay` or Codex `resets_at`. It then replaces
+/// `Retry-After` (whole seconds, rounded up) and `retry-after-ms`. A wait over a minute is not
+/// the SDK's to sit out (each retry counts toward the key's breaker, and the next request gets
+/// `upstream_quota_exhausted` from that lock anyway): `x-should-retry: false`.
+fn tell_the_wait(h: &mut axum::http::HeaderMap, lock_until: Option<DateTime<Utc>>, now: DateTime<Utc>) {
+    const MINUTE_MS: i64 = MAX_SDK_WAIT_SECS as i64 * 1000;
+    let named_ms = upstream_wait_secs(h, now).map(|s| s.saturating_mul(1000));
+    let lock_ms = lock_until
+        .map(|t| (t - now).num_milliseconds())
+        .filter(|ms| *ms > MINUTE_MS && named_ms.is_none_or(|n| ms > &n));
+    if let Some(ms) = lock_ms {
+        let secs = ms.div_euclid(1000) + i64::from(ms.rem_euclid(1000) > 0);
+        h.insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        h.insert(RETRY_AFTER_MS, HeaderValue::from(ms));
+    }
+    if lock_ms.or(named_ms).is_some_and(|ms| ms > MINUTE_MS) {
+        h.insert(SHOULD_RETRY, HeaderValue::from_static("false"));
+    }
+}
+
+/// The wait in milliseconds, which the OpenAI SDK reads before `Retry-After`.
+const RETRY_AFTER_MS: header::HeaderName = header::HeaderName::from_static("retry-after-ms");
 
 /// The wait an upstream error asks for, in whole seconds from `now`: the longer of its
 /// `Retry-After` (seconds or an HTTP-date) and `retry-after-ms`, which the SDKs read.
@@ -677,6 +700,90 @@ mod tests {
                 map.insert(*k, HeaderValue::from_static(v));
             }
             assert_eq!(upstream_wait_secs(&map, now), *want, "{name}");
+        }
+    }
+
+    /// What a passed-on upstream error tells the client of its wait, from its own headers and
+    /// the lock it wrote.
+    #[test]
+    fn passed_on_waits() {
+        let now = DateTime::parse_from_rfc3339("2026-12-01T10:00:00Z")
+            .map(|t| t.with_timezone(&Utc))
+            .unwrap_or_default();
+        /// Name, headers, the lock's end in ms from now, then `Retry-After`, `retry-after-ms`
+        /// and `x-should-retry` as sent.
+        type Row = (
+            &'static str,
+            &'static [(&'static str, &'static str)],
+            Option<i64>,
+            (Option<&'static str>, Option<&'static str>, Option<&'static str>),
+        );
+        let rows: &[Row] = &[
+            ("no lock, no wait", &[], None, (None, None, None)),
+            (
+                "a lock named nowhere",
+                &[],
+                Some(7_200_000),
+                (Some("7200"), Some("7200000"), Some("false")),
+            ),
+            (
+                "rounded up to whole seconds",
+                &[],
+                Some(90_500),
+                (Some("91"), Some("90500"), Some("false")),
+            ),
+            (
+                "a lock of a minute is the SDK's",
+                &[],
+                Some(60_000),
+                (None, None, None),
+            ),
+            (
+                "a short Retry-After under a long lock",
+                &[("retry-after", "30")],
+                Some(3_600_000),
+                (Some("3600"), Some("3600000"), Some("false")),
+            ),
+            (
+                "the error's own longer wait stays",
+                &[("retry-after", "7200")],
+                Some(3_600_000),
+                (Some("7200"), None, Some("false")),
+            ),
+            (
+                "the same wait as the lock stays as sent",
+                &[("retry-after", "120")],
+                Some(120_000),
+                (Some("120"), None, Some("false")),
+            ),
+            (
+                "a named wait over a minute with a short lock",
+                &[("retry-after-ms", "90000")],
+                Some(30_000),
+                (None, Some("90000"), Some("false")),
+            ),
+            (
+                "a short wait and a short lock",
+                &[("retry-after", "20")],
+                Some(20_000),
+                (Some("20"), None, None),
+            ),
+            ("a lock already past", &[], Some(-5_000), (None, None, None)),
+        ];
+        for (name, headers, lock_ms, want) in rows {
+            let mut map = axum::http::HeaderMap::new();
+            for (k, v) in *headers {
+                map.insert(*k, HeaderValue::from_static(v));
+            }
+            let lock = lock_ms.map(|ms| now + chrono::TimeDelta::milliseconds(ms));
+            tell_the_wait(&mut map, lock, now);
+            let text = |h: &str| map.get(h).and_then(|v| v.to_str().ok());
+            let got = (
+                text("retry-after"),
+                text("retry-after-ms"),
+                text("x-should-retry"),
+            );
+            assert_eq!(got, *want, "{name}");
         }
     }
 }

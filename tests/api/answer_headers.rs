@@ -231,3 +231,132 @@ async fn the_answer_that_bans_a_key_names_its_routing() {
     assert_eq!(body["error"]["code"], "api_key_permanently_banned");
     app.stop().await;
 }
+
+/// Seed 002, DESIGN.md §7: a passed-on upstream error whose lock (or the reset it named) is more
+/// than a minute away says `x-should-retry: false` and gives the real wait in `Retry-After` and
+/// `retry-after-ms`, though the provider sent none: the SDK would retry twice and each retry
+/// would count toward the key's breaker. Each row: name, provider, model, status, headers, body.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_passed_on_error_tells_the_wait_of_the_lock_it_wrote() {
+    type Row = (
+        &'static str,
+        &'static str,
+        &'static str,
+        u16,
+        &'static [(&'static str, &'static str)],
+        Value,
+    );
+    let spend_cap = json!({"type": "error", "error": {"type": "rate_limit_error", "message": "You have reached your API usage limits: your organization has crossed its monthly API usage threshold.", "details": {"error_code": "enforced_spend_limit_reached"}}});
+    let rows: Vec<Row> = vec![
+        (
+            "Anthropic's spend cap: a 429 with no retry-after (seeds 000, 002)",
+            "openai-compatible",
+            "m-spend",
+            429,
+            &[],
+            spend_cap.clone(),
+        ),
+        (
+            "a spend cap whose Retry-After is shorter than its hold",
+            "openai-compatible",
+            "m-spend-short",
+            429,
+            &[("retry-after", "30")],
+            spend_cap,
+        ),
+        (
+            "OpenRouter's free daily cap",
+            "openrouter",
+            "m-daily:free",
+            429,
+            &[],
+            json!({"error": {"message": "Rate limit exceeded: free-models-per-day. Add 10 credits to unlock 1000 free model requests per day", "code": 429}}),
+        ),
+        (
+            "Gemini's RetryInfo.retryDelay",
+            "openai-compatible",
+            "m-gemini",
+            429,
+            &[],
+            json!([{"error": {"code": 429, "message": "Resource has been exhausted (e.g. check quota).", "status": "RESOURCE_EXHAUSTED", "details": [{"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": "3600s"}]}}]),
+        ),
+        (
+            "Codex's usage limit",
+            "openai-compatible",
+            "m-codex",
+            429,
+            &[],
+            json!({"error": {"type": "usage_limit_reached", "message": "The usage limit has been reached", "plan_type": "plus", "resets_in_seconds": 1800}}),
+        ),
+        (
+            "x-ratelimit-reset-requests",
+            "openai-compatible",
+            "m-window",
+            429,
+            &[
+                ("x-ratelimit-remaining-requests", "0"),
+                ("x-ratelimit-reset-requests", "6m0s"),
+            ],
+            json!({"error": {"message": "Rate limit reached for requests", "type": "requests", "code": "rate_limit_exceeded"}}),
+        ),
+    ];
+    let db = TestDb::sqlite();
+    let mock = MockUpstream::start().await.unwrap();
+    let url = mock.base_url();
+    let mut text = pool_of(&[("short", &url, "cred-short", r#"["m-short"]"#, "")]);
+    for (i, (_, provider, model, ..)) in rows.iter().enumerate() {
+        text.push_str(&format!(
+            "[[upstream]]\nworkspace = \"acme\"\nname = \"c{i}\"\nprovider = \"{provider}\"\n\
+             base_url = \"{url}\"\napi_key = \"cred-{i}\"\nmodels = [\"{model}\"]\n"
+        ));
+    }
+    let app = spawn_app(&db, Setup::resources(text)).await;
+    for (i, (name, _, model, status, headers, body)) in rows.iter().enumerate() {
+        let mut script = Script::any().credential(&format!("cred-{i}"));
+        for (k, v) in *headers {
+            script = script.header(k, v);
+        }
+        mock.script(script.error(*status, body.clone()));
+        let r = app.post_json("/v1/chat/completions", KEY, &chat(model)).await;
+        assert_eq!(r.status().as_u16(), *status, "{name}");
+        assert_eq!(r.headers()["x-aigw-error-source"], "upstream", "{name}");
+        assert_eq!(
+            r.headers().get("x-should-retry").map(|v| v.to_str().unwrap()),
+            Some("false"),
+            "{name}"
+        );
+        // The real wait is the lock the error wrote, as the log shows it.
+        let log = &app.logs("acme", 1).await[0];
+        let detail: Value = serde_json::from_str(&log.attempts_detail).unwrap();
+        let until = chrono::DateTime::parse_from_rfc3339(detail[0]["lock_until"].as_str().unwrap()).unwrap();
+        let lock = (until.timestamp() - app.clock.now().timestamp()) as f64;
+        assert!(lock > 60.0, "{name}: a lock of {lock} s");
+        let secs: f64 = r.headers()["retry-after"].to_str().unwrap().parse().unwrap();
+        let ms: f64 = r.headers()["retry-after-ms"].to_str().unwrap().parse().unwrap();
+        assert!(
+            (secs - lock).abs() <= 1.0,
+            "{name}: Retry-After {secs}, lock {lock}"
+        );
+        assert!(
+            (ms / 1000.0 - lock).abs() <= 1.0,
+            "{name}: retry-after-ms {ms}, lock {lock}"
+        );
+        assert_eq!(r.json::<Value>().await.unwrap(), *body, "{name}: the body as is");
+    }
+    // A lock within the minute is the SDK's to sit out: nothing added.
+    mock.script(
+        Script::any()
+            .credential("cred-short")
+            .header("x-ratelimit-reset-requests", "20s")
+            .error(
+                429,
+                json!({"error": {"message": "Rate limit reached for requests"}}),
+            ),
+    );
+    let r = app.post_json("/v1/chat/completions", KEY, &chat("m-short")).await;
+    assert_eq!(r.status(), 429);
+    for h in ["x-should-retry", "retry-after", "retry-after-ms"] {
+        assert!(!r.headers().contains_key(h), "{h}: {:?}", r.headers());
+    }
+    app.stop().await;
+}

@@ -487,10 +487,11 @@ impl Run<'_> {
         cred: &Credential,
         model: &ModelRoute,
         upstream_model: &str,
-        error: UpstreamError,
+        mut error: UpstreamError,
         class: Classification,
     ) -> NextStep {
         let lock_until = self.park(cred, upstream_model, &class);
+        error.lock_until = lock_until;
         self.push(Attempt {
             status: Some(error.status),
             rule: Some(class.rule.name()),

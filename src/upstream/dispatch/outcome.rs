@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use axum::http::{HeaderMap, HeaderValue};
 use bytes::Bytes;
+use chrono::{DateTime, Utc};
 use serde::Serialize;
 
 use crate::error::ApiError;
@@ -94,6 +95,9 @@ pub struct UpstreamError {
     pub body: Bytes,
     /// The provider that answered it.
     pub provider: Provider,
+    /// The end of the lock its classification wrote, if any: the wait the client is told
+    /// when the error is passed on (DESIGN.md §7).
+    pub lock_until: Option<DateTime<Utc>>,
 }
 
 /// What a candidate that served answered.
