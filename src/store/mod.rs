@@ -14,6 +14,7 @@ mod request_logs;
 mod tenancy;
 mod upkeep;
 mod usage;
+mod usage_recorded;
 mod usage_rollup;
 
 pub use admin::*;
@@ -25,6 +26,7 @@ pub use locks::*;
 pub use request_logs::*;
 pub use tenancy::*;
 pub use usage::*;
+pub use usage_recorded::{RecordedUsage, RecordedUsageStore};
 pub use usage_rollup::{DAY_MS, HOUR_MS, day_of, hour_of};
 
 use sqlx::any::{AnyConnectOptions, AnyPoolOptions};
