@@ -134,15 +134,16 @@ export async function editPolicy(p) {
 }
 
 /**
- * What the toast says of a policy just created: the usage recorded before it in its current
- * window (for `total`, the recorded history) that it counts (the API's `counted_before`).
+ * What the toast says of a policy just created (`done`: "Guardrail created"): the usage recorded
+ * before it in its current window (for `total`, the recorded history) that it counts (the API's
+ * `counted_before`).
  */
-export function createdText(what, p) {
+export function createdText(done, p) {
   const c = p && p.counted_before;
-  if (!c || !c.subjects) return `${what} created.`;
+  if (!c || !c.subjects) return `${done}.`;
   const since = c.since ? `since ${fmtTime(c.since)}` : 'in the recorded history';
   const whose = c.subjects === 1 ? '' : ` by ${fmtNum(c.subjects)} subjects`;
-  return `${what} created. It counts the ${fmtNum(c.used)} ${metricUnit(p.metric)} already used${whose} ${since}.`;
+  return `${done}. It counts the ${fmtNum(c.used)} ${metricUnit(p.metric)} already used${whose} ${since}.`;
 }
 
 export async function deletePolicy(p) {
@@ -236,7 +237,7 @@ async function createPolicy(ctx, lists) {
         const alerts = alertsValue(fd);
         if (alerts) body.alerts = alerts;
         const created = await api.post('/policies', body);
-        toast(createdText('Guardrail', created));
+        toast(createdText('Guardrail created', created));
         close(true);
       },
     });

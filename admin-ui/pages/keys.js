@@ -150,7 +150,7 @@ async function budgetDialog(ctx, key, policies, reload) {
         const created = await api.post('/policies', {
           subject: 'apikey', target_id: key.id, metric: fd.get('metric'), window: windowValue(fd), limit: Number(fd.get('limit')), mode: fd.get('mode'),
         });
-        toast(createdText('Budget', created));
+        toast(createdText('Budget added', created));
         close();
         reload();
       },
