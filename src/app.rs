@@ -280,6 +280,7 @@ impl Gateway {
         let mut managed = crate::managed::Managed::default();
         if let Some(path) = &options.resources {
             let mut summary = resources::apply_file(&store, &master_key, path, &env, clock.now_ms()).await?;
+            startup::count_recorded(&store, &settings, &summary.new_policies, clock.now()).await?;
             managed = std::mem::take(&mut summary.managed);
             tracing::info!(file = %path.display(), %summary, "resources applied");
             for (address, key) in &summary.generated_keys {
@@ -457,6 +458,18 @@ impl AppState {
     /// (`trusted_proxies`, [`crate::forwarded`]).
     pub fn client_ip(&self, peer: SocketAddr, headers: &axum::http::HeaderMap) -> std::net::IpAddr {
         crate::forwarded::client_ip(peer.ip(), headers, &self.settings.trusted_proxies)
+    }
+
+    /// Starts the counters of policy `row`, about to be saved, from the usage already recorded
+    /// in its current window (DESIGN.md §11; [`QuotaCounters::count_recorded`]).
+    pub async fn count_recorded(
+        &self,
+        row: &crate::store::PolicyRow,
+    ) -> crate::store::StoreResult<crate::quota::engine::Counted> {
+        let tz = self.timezone_of(row.workspace_id);
+        self.quota
+            .count_recorded_for(&self.store, row, self.clock.now(), tz)
+            .await
     }
 
     /// The zone a workspace's quota windows align to: its own, else the gateway's.

@@ -553,6 +553,16 @@ impl ApiError {
     /// client connection where no request reached the router (an over-capacity connection, a
     /// request the HTTP parser refused). The same status, headers and body as `into_response`.
     pub fn http1_response(&self) -> Vec<u8> {
+        self.http1_answer(None)
+    }
+
+    /// [`Self::http1_response`] carrying `request_id` as its `x-request-id` (DESIGN.md §7: every
+    /// response carries one, protocol refusals included).
+    pub fn http1_response_with_id(&self, request_id: crate::app::RequestId) -> Vec<u8> {
+        self.http1_answer(Some(request_id))
+    }
+
+    fn http1_answer(&self, request_id: Option<crate::app::RequestId>) -> Vec<u8> {
         use std::io::Write;
         let body = self.body().to_string();
         let status = self.status();
@@ -564,6 +574,11 @@ impl ApiError {
             status.canonical_reason().unwrap_or(""),
             body.len()
         );
+        if let Some(id) = request_id {
+            out.extend_from_slice(b"x-request-id: ");
+            out.extend_from_slice(id.encode(&mut [0; 36]).as_bytes());
+            out.extend_from_slice(b"\r\n");
+        }
         for (name, value) in &self.headers() {
             out.extend_from_slice(name.as_str().as_bytes());
             out.extend_from_slice(b": ");

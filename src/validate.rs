@@ -111,26 +111,41 @@ pub fn served_models<'a>(
 }
 
 /// How far a price or a policy limit may go. The admin API keeps them in a range people mean;
-/// the resources file is the operator's own and may go to any finite number (counters then
-/// saturate instead of overflowing, which its tests rely on).
+/// the resources file is the operator's own and may go as far as can be stored. Nothing is
+/// ever stored saturated: what does not fit is refused, naming the bound.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Range {
-    /// A price below a billion credits per million tokens; a limit below 9e15.
+    /// A price below a billion credits per million tokens; a count limit below 9e15; a credits
+    /// limit up to what is stored.
     Console,
-    /// Any finite non-negative number.
+    /// Up to what is stored: a count limit up to `i64::MAX`, credits up to
+    /// [`MAX_STORED_CREDITS`].
     Operator,
 }
 
+/// The most credits a price or a limit may name: credits are stored as integer micro-credits
+/// in 64 bits (`i64::MAX` is 9,223,372,036,854.775807 credits), whole credits kept.
+pub const MAX_STORED_CREDITS: f64 = 9_223_372_036_854.0;
+/// [`MAX_STORED_CREDITS`] as people read it.
+const MAX_STORED_CREDITS_TEXT: &str = "9,223,372,036,854";
+/// Past this a count limit is not stored (`i64::MAX`; 2^63 is the first `f64` above it).
+const MAX_STORED_COUNT: f64 = 9_223_372_036_854_775_808.0;
+
 /// A model's price in credits per million tokens, prompt and completion: finite, non-negative,
-/// below a billion from the admin API; stored in micro-credits.
+/// below a billion from the admin API, at most [`MAX_STORED_CREDITS`] from the resources file;
+/// stored in micro-credits.
 pub fn price(prompt: f64, completion: f64, range: Range) -> Result<(i64, i64), String> {
-    let max = match range {
-        Range::Console => 1.0e9,
-        Range::Operator => f64::INFINITY,
+    let (ok, bound): (fn(f64) -> bool, &str) = match range {
+        Range::Console => (|v| (0.0..1.0e9).contains(&v), "below 1,000,000,000"),
+        Range::Operator => (
+            |v| (0.0..=MAX_STORED_CREDITS).contains(&v),
+            MAX_STORED_CREDITS_TEXT,
+        ),
     };
-    let ok = |v: f64| v.is_finite() && (0.0..max).contains(&v);
     if !(ok(prompt) && ok(completion)) {
-        return Err("price must be non-negative numbers of credits per million tokens".into());
+        return Err(format!(
+            "price must be from 0 to {bound} credits per million tokens"
+        ));
     }
     Ok((credits_to_micros(prompt), credits_to_micros(completion)))
 }
@@ -144,20 +159,30 @@ pub fn fallbacks(model: &str, fallbacks: &[String]) -> Result<(), String> {
 }
 
 /// A policy's limit: credits in micro-credits, any other metric a whole number; finite,
-/// non-negative, and from the admin API far from overflowing.
+/// non-negative and stored as it is written: credits up to [`MAX_STORED_CREDITS`] (8.9e15
+/// would not fit in micro-credits), counts below 9e15 from the admin API (a range people mean)
+/// and up to `i64::MAX` from the resources file.
 pub fn policy_limit(metric: Metric, limit: f64, range: Range) -> Result<i64, String> {
-    let max = match range {
-        Range::Console => 9.0e15,
-        Range::Operator => f64::INFINITY,
-    };
-    if !(limit.is_finite() && (0.0..max).contains(&limit)) {
-        return Err("limit must be a non-negative number".into());
-    }
+    let name = metric.as_str();
     if metric == Metric::Credits {
+        if !(0.0..=MAX_STORED_CREDITS).contains(&limit) {
+            return Err(format!(
+                "limit of credits must be from 0 to {MAX_STORED_CREDITS_TEXT} credits (stored in micro-credits)"
+            ));
+        }
         return Ok(credits_to_micros(limit));
     }
-    if limit.fract() != 0.0 {
-        return Err(format!("limit of {} must be a whole number", metric.as_str()));
+    let (fits, bound) = match range {
+        Range::Console => ((0.0..9.0e15).contains(&limit), "below 9,000,000,000,000,000"),
+        Range::Operator => (
+            (0.0..MAX_STORED_COUNT).contains(&limit),
+            "9,223,372,036,854,775,807",
+        ),
+    };
+    if !fits || limit.fract() != 0.0 {
+        return Err(format!(
+            "limit of {name} must be a whole number from 0 to {bound}"
+        ));
     }
     Ok(limit as i64)
 }
@@ -497,17 +522,26 @@ mod tests {
         let cases: &[(f64, f64, Want<Micros>)] = &[
             (0.0, 0.0, Ok((0, 0))),
             (2.5, 10.0, Ok((2_500_000, 10_000_000))),
-            (-1.0, 0.0, Err("price must be non-negative numbers")),
-            (0.0, f64::NAN, Err("non-negative")),
-            (1.0e9, 0.0, Err("non-negative")),
+            (999_999_999.0, 0.0, Ok((999_999_999_000_000, 0))),
+            (
+                -1.0,
+                0.0,
+                Err("price must be from 0 to below 1,000,000,000 credits per million tokens"),
+            ),
+            (0.0, f64::NAN, Err("below 1,000,000,000")),
+            (1.0e9, 0.0, Err("below 1,000,000,000")),
         ];
         for (prompt, completion, want) in cases {
             table(|_| price(*prompt, *completion, Range::Console), &[("", *want)]);
         }
         let operator: &[(f64, Want<Micros>)] = &[
-            (1.0e13, Ok((i64::MAX, 0))),
-            (-1.0, Err("non-negative")),
-            (f64::INFINITY, Err("non-negative")),
+            (9_223_372_036_854.0, Ok((9_223_372_036_854_000_000, 0))),
+            (
+                1.0e13,
+                Err("price must be from 0 to 9,223,372,036,854 credits per million tokens"),
+            ),
+            (-1.0, Err("9,223,372,036,854")),
+            (f64::INFINITY, Err("9,223,372,036,854")),
         ];
         for (prompt, want) in operator {
             table(|_| price(*prompt, 0.0, Range::Operator), &[("", *want)]);
@@ -535,18 +569,39 @@ mod tests {
                 Err("limit of requests must be a whole number"),
             ),
             (Metric::Credits, 1.5, Ok(1_500_000)),
-            (Metric::Credits, -1.0, Err("limit must be a non-negative number")),
-            (Metric::Requests, f64::INFINITY, Err("non-negative")),
-            (Metric::Requests, 9.0e15, Err("non-negative")),
+            (
+                Metric::Credits,
+                9_223_372_036_854.0,
+                Ok(9_223_372_036_854_000_000),
+            ),
+            (
+                Metric::Credits,
+                -1.0,
+                Err("limit of credits must be from 0 to 9,223,372,036,854 credits"),
+            ),
+            // Stored as micro-credits, 8.9e15 credits would not fit: refused, not saturated.
+            (Metric::Credits, 8.9e15, Err("9,223,372,036,854 credits")),
+            (
+                Metric::Requests,
+                f64::INFINITY,
+                Err("limit of requests must be a whole number from 0 to below 9,000,000,000,000,000"),
+            ),
+            (Metric::TotalTokens, 9.0e15, Err("below 9,000,000,000,000,000")),
         ];
         for (metric, limit, want) in cases {
             table(|_| policy_limit(*metric, *limit, Range::Console), &[("", *want)]);
         }
         let operator: &[(Metric, f64, Want<i64>)] = &[
             (Metric::Requests, 9.0e15, Ok(9_000_000_000_000_000)),
-            (Metric::Credits, 1.0e300, Ok(i64::MAX)),
-            (Metric::Credits, f64::NAN, Err("non-negative")),
-            (Metric::Requests, -1.0, Err("non-negative")),
+            (Metric::Requests, 9.2e18, Ok(9_200_000_000_000_000_000)),
+            (
+                Metric::Requests,
+                1.0e19,
+                Err("limit of requests must be a whole number from 0 to 9,223,372,036,854,775,807"),
+            ),
+            (Metric::Credits, 1.0e300, Err("9,223,372,036,854 credits")),
+            (Metric::Credits, f64::NAN, Err("9,223,372,036,854 credits")),
+            (Metric::Requests, -1.0, Err("9,223,372,036,854,775,807")),
         ];
         for (metric, limit, want) in operator {
             table(|_| policy_limit(*metric, *limit, Range::Operator), &[("", *want)]);

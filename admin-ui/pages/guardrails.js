@@ -5,7 +5,7 @@
 import { api } from '../api.js';
 import {
   h, clear, table, bar, badge, managedBadge, managedWarning, MANAGED_TEXT, alertBox, messageOf, fmtNum, fmtTime, dateTime, countdown, dialog, confirmDialog,
-  field, select, handleSubmit, toast, busy, pageHeader, METRICS, metricLabel, windowLabel, idle,
+  field, select, handleSubmit, toast, busy, pageHeader, METRICS, metricLabel, metricUnit, windowLabel, idle,
 } from '../ui.js';
 import { alertFields, alertsValue, alertsText, validateAlerts } from './alerts.js';
 
@@ -135,6 +135,19 @@ export async function editPolicy(p) {
   });
 }
 
+/**
+ * What the toast says of a policy just created (`done`: "Guardrail created"): the usage recorded
+ * before it in its current window (for `total`, the recorded history) that it counts (the API's
+ * `counted_before`).
+ */
+export function createdText(done, p) {
+  const c = p && p.counted_before;
+  if (!c || !c.subjects) return `${done}.`;
+  const since = c.since ? `since ${fmtTime(c.since)}` : 'in the recorded history';
+  const whose = c.subjects === 1 ? '' : ` by ${fmtNum(c.subjects)} subjects`;
+  return `${done}. It counts the ${fmtNum(c.used)} ${metricUnit(p.metric)} already used${whose} ${since}.`;
+}
+
 export async function deletePolicy(p) {
   const ok = await confirmDialog('Delete guardrail', `Delete the ${metricLabel(p.metric).toLowerCase()} ${windowLabel(p.window)} limit on ${targetText(p)}? Usage counters are kept.${p.managed_by ? ` ${MANAGED_TEXT}` : ''}`);
   if (!ok) return false;
@@ -225,8 +238,8 @@ async function createPolicy(ctx, lists) {
         if (each && fd.get('department_id')) body.department_id = Number(fd.get('department_id'));
         const alerts = alertsValue(fd);
         if (alerts) body.alerts = alerts;
-        await api.post('/policies', body);
-        toast('Guardrail created.');
+        const created = await api.post('/policies', body);
+        toast(createdText('Guardrail created', created));
         close(true);
       },
     });

@@ -10,7 +10,7 @@ import {
   h, clear, table, badge, managedBadge, MANAGED_TEXT, alertBox, messageOf, fmtNum, fmtTime, dateTime, countdown, dialog, confirmDialog,
   field, select, handleSubmit, toast, busy, pageHeader, secretDialog, metricLabel, windowLabel, bar, idle,
 } from '../ui.js';
-import { metricWindowFields, validatePolicy, windowValue, editPolicy, deletePolicy } from './guardrails.js';
+import { metricWindowFields, validatePolicy, windowValue, editPolicy, deletePolicy, createdText } from './guardrails.js';
 import { limitsFields, validateLimits, limitsBody, limitsCell, editLimits } from './limits.js';
 
 /** Keys expiring within this long are marked. */
@@ -147,10 +147,10 @@ async function budgetDialog(ctx, key, policies, reload) {
     handleSubmit(form, {
       validate: validatePolicy,
       send: async (fd) => {
-        await api.post('/policies', {
+        const created = await api.post('/policies', {
           subject: 'apikey', target_id: key.id, metric: fd.get('metric'), window: windowValue(fd), limit: Number(fd.get('limit')), mode: fd.get('mode'),
         });
-        toast('Budget added.');
+        toast(createdText('Budget added', created));
         close();
         reload();
       },

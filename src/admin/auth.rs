@@ -218,7 +218,7 @@ pub async fn my_quota(State(state): State<AppState>, actor: Actor) -> AdminResul
 /// The decision's rows as `/v1/quota` has them, with the key they belong to and the end of
 /// each window (the console shows that; `reset_at` is for clients).
 fn rows_of(d: &QuotaDecision, key: Option<(i64, &str)>, tz: chrono_tz::Tz) -> Vec<serde_json::Value> {
-    crate::quota::report::rows(d, &Default::default())
+    crate::quota::report::rows(d, &Default::default(), crate::quota::Metric::as_str)
         .into_iter()
         .zip(&d.standings)
         .map(|(mut row, s)| {

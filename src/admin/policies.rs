@@ -532,6 +532,8 @@ pub async fn create(State(state): State<AppState>, actor: Actor, Body(req): Body
             },
         });
     }
+    // DESIGN.md §11: the usage recorded in this window counts, before any gateway applies it.
+    let counted = state.count_recorded(&row).await.map_err(store_error)?;
     row.id = state.store.save_policy(&row).await.map_err(store_error)?;
     if let Some(mut a) = alerts {
         a.policy_id = row.id;
@@ -542,7 +544,7 @@ pub async fn create(State(state): State<AppState>, actor: Actor, Body(req): Body
             .map_err(store_error)?;
     }
     config_changed(&state).await?;
-    let body = policy_json(&state, &names, &row).await?;
+    let mut body = policy_json(&state, &names, &row).await?;
     audit(
         &state,
         &actor,
@@ -553,6 +555,7 @@ pub async fn create(State(state): State<AppState>, actor: Actor, Body(req): Body
         Some(body.clone()),
     )
     .await;
+    body["counted_before"] = counted.json(metric);
     Ok(created(body))
 }
 

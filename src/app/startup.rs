@@ -190,6 +190,39 @@ async fn warn_if_bootstrap_ignored(store: &Store, settings: &Settings) -> Result
     Ok(())
 }
 
+/// DESIGN.md §11: the policies a resources file created start from the usage already recorded
+/// in their current window (`quota::engine::count_recorded`), before any gateway serves them:
+/// still under the start lock.
+pub(super) async fn count_recorded(
+    store: &Store,
+    settings: &Settings,
+    policies: &[crate::store::PolicyRow],
+    now: chrono::DateTime<chrono::Utc>,
+) -> Result<(), StartError> {
+    for row in policies {
+        let Some(rule) = crate::quota::engine::PolicyRule::from_row(row) else {
+            continue;
+        };
+        let tz = store
+            .workspace(row.workspace_id)
+            .await?
+            .and_then(|w| w.timezone)
+            .and_then(|z| z.parse().ok())
+            .unwrap_or(settings.timezone);
+        let (counted, _) =
+            crate::quota::engine::count_recorded(store, row.workspace_id, &rule, now, tz).await?;
+        if counted.subjects > 0 {
+            tracing::info!(
+                policy = row.id,
+                subjects = counted.subjects,
+                used = counted.used,
+                "a new policy counts the usage already recorded in its window"
+            );
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

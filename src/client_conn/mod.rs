@@ -58,10 +58,8 @@ struct LimitsInner {
     http: auto::Builder<TokioExecutor>,
     /// `http` for a connection whose first bytes showed HTTP/1 (see [`opening`]).
     http1: auto::Builder<TokioExecutor>,
-    /// The answers standing in for the HTTP parser's own, rendered once.
-    malformed: Bytes,
-    uri_too_long: Bytes,
-    header_too_large: Bytes,
+    /// The header limit, named by the 431 standing in for the HTTP parser's own.
+    max_header_bytes: usize,
 }
 
 impl ClientLimits {
@@ -78,16 +76,13 @@ impl ClientLimits {
             .header_read_timeout(None);
         http.http2()
             .max_header_list_size(u32::try_from(max_header_bytes).unwrap_or(u32::MAX));
-        let render = |r: ParserRefusal| Bytes::from(r.error(max_header_bytes).http1_response());
         ClientLimits(Arc::new(LimitsInner {
             header_timeout: Duration::from_secs(settings.client_header_timeout_secs),
             idle_timeout: Duration::from_secs(settings.client_idle_timeout_secs),
             shutdown_grace: Duration::from_secs(settings.shutdown_grace_secs),
             http1: http.clone().http1_only(),
             http,
-            malformed: render(ParserRefusal::Malformed),
-            uri_too_long: render(ParserRefusal::UriTooLong),
-            header_too_large: render(ParserRefusal::HeaderTooLarge),
+            max_header_bytes,
         }))
     }
 
@@ -97,13 +92,13 @@ impl ClientLimits {
         self.0.shutdown_grace
     }
 
-    /// The whole HTTP/1.1 answer standing in for the parser's `refusal`.
+    /// The whole HTTP/1.1 answer standing in for the parser's `refusal`, with a request id of
+    /// its own (DESIGN.md §7: every response carries one; no request log row is written, as no
+    /// request reached the router).
     fn parser_refusal(&self, refusal: ParserRefusal) -> Bytes {
-        match refusal {
-            ParserRefusal::Malformed => self.0.malformed.clone(),
-            ParserRefusal::UriTooLong => self.0.uri_too_long.clone(),
-            ParserRefusal::HeaderTooLarge => self.0.header_too_large.clone(),
-        }
+        let id = crate::app::RequestId(uuid::Uuid::now_v7());
+        tracing::debug!(request_id = %id.0, ?refusal, "request refused by the HTTP parser");
+        Bytes::from(refusal.error(self.0.max_header_bytes).http1_response_with_id(id))
     }
 }
 

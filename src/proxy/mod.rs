@@ -1,5 +1,6 @@
 //! The `/v1` proxy. [`handle`] is the whole request path, in the order of DESIGN.md §1.
 
+mod answer_headers;
 pub mod auth;
 pub mod body;
 pub mod completion;
@@ -23,18 +24,18 @@ use crate::app::{AppState, RequestId};
 use crate::breaker::Refusal;
 use crate::config::Locale;
 use crate::deadline::Deadline;
-use crate::error::{ApiError, ERROR_SOURCE, MAX_SDK_WAIT_SECS, QuotaRefusal, SHOULD_RETRY};
+use crate::error::{ApiError, ERROR_SOURCE, QuotaRefusal};
 use crate::quota::engine::{QuotaDecision, display_value};
 use crate::quota::window::format_reset_at;
 use crate::quota::{self, Metric};
 use crate::tags::{self, Tags};
 use crate::translate::stream::StreamTranslator;
 use crate::translate::{self, Translation};
-use crate::upstream::Provider;
 use crate::upstream::adapter::{self, Endpoint, UsageReport};
 use crate::upstream::dispatch::{self, Answer, Complete, Dispatched};
 use crate::upstream::sse::SseTap;
 use crate::upstream::usage;
+use answer_headers::{Routed, tell_the_wait};
 use auth::Authenticated;
 use completion::{Completion, Outcome, Source};
 
@@ -259,6 +260,8 @@ pub async fn handle(
         completion.dispatch_log(),
     )
     .await;
+    // What routed the request, told on every answer from here on (DESIGN.md §10, §11).
+    let route = Routed::after_dispatch(completion.attempts(), &chain, endpoint);
 
     // 9. Respond; accounting runs when the response (or stream) is complete.
     match dispatched {
@@ -270,11 +273,6 @@ pub async fn handle(
             slot,
         } => {
             let translation = Translation::of(endpoint, credential.provider);
-            let route = Routed {
-                model: Some(model.name.clone()),
-                provider: Some(credential.provider),
-                attempts: completion.attempts().len(),
-            };
             completion.served_by(model, credential.clone(), upstream_latency);
             // The credential's in-flight slot is freed when the request completes.
             completion.hold(slot);
@@ -301,7 +299,7 @@ pub async fn handle(
                     // What the upstream has already sent leaves with the head, in one write.
                     let first = futures::StreamExt::next(&mut stream).await;
                     if let Some((completion, e)) = stream.timed_out_before_the_head() {
-                        return with_quota(refuse(completion, e), &quota, untouched, now);
+                        return with_quota(route.on(refuse(completion, e)), &quota, untouched, now);
                     }
                     let body = futures::StreamExt::chain(futures::stream::iter(first), stream);
                     let mut resp = Response::new(Body::from_stream(body));
@@ -339,7 +337,7 @@ pub async fn handle(
             let credits = completion.credits(usage);
             let ban = completion.ban_context();
             if completion.finish(outcome) {
-                return ban.answer();
+                return route.on(ban.answer());
             }
             let used_here = |m: Metric| quota::engine::amount(m, usage, credits);
             let mut resp = Response::new(Body::from(bytes));
@@ -360,15 +358,11 @@ pub async fn handle(
             let explanation = format!("Upstream: {}", completion.attempts_summary());
             // Classified and logged in the provider's own shape; rendered in the client's.
             let code = upstream_code(&error.body);
-            let route = Routed {
-                model: completion.attempts().last().map(|a| a.model.clone()),
-                provider: Some(error.provider),
-                attempts: completion.attempts().len(),
-            };
             let ban = completion.ban_context();
             if completion.finish(Outcome::failed(error.status, code, Source::Upstream, explanation)) {
-                return ban.answer();
+                return route.on(ban.answer());
             }
+            let lock_until = error.lock_until;
             let translation = Translation::of(endpoint, error.provider);
             let body = match translation {
                 Some(t) => translate::error_body(t, error.status, &error.body),
@@ -384,68 +378,11 @@ pub async fn handle(
             route.insert(resp.headers_mut());
             resp.headers_mut()
                 .insert(ERROR_SOURCE, HeaderValue::from_static("upstream"));
-            // DESIGN.md §6/§7: a wait over a minute is not for the SDK to sit out (the next
-            // request already gets `upstream_quota_exhausted` from the lock this error wrote).
-            if upstream_wait_secs(resp.headers(), now).is_some_and(|s| s > MAX_SDK_WAIT_SECS as i64) {
-                resp.headers_mut()
-                    .insert(SHOULD_RETRY, HeaderValue::from_static("false"));
-            }
+            tell_the_wait(resp.headers_mut(), lock_until, now);
             with_quota(resp, &quota, untouched, now)
         }
-        Dispatched::GatewayFailed(e) => {
-            let route = Routed {
-                model: None,
-                provider: None,
-                attempts: completion.attempts().len(),
-            };
-            let mut resp = refuse(completion, e);
-            if route.attempts > 0 {
-                route.insert(resp.headers_mut());
-            }
-            with_quota(resp, &quota, untouched, now)
-        }
+        Dispatched::GatewayFailed(e) => with_quota(route.on(refuse(completion, e)), &quota, untouched, now),
     }
-}
-
-/// What routed a request, told in its response headers (DESIGN.md §10): the public model and
-/// the provider that answered, and the upstream attempts made.
-struct Routed {
-    model: Option<String>,
-    provider: Option<Provider>,
-    attempts: usize,
-}
-
-impl Routed {
-    fn insert(&self, h: &mut axum::http::HeaderMap) {
-        if let Some(v) = self.model.as_deref().and_then(|m| HeaderValue::from_str(m).ok()) {
-            h.insert(AIGW_MODEL, v);
-        }
-        if let Some(p) = self.provider {
-            h.insert(AIGW_PROVIDER, HeaderValue::from_static(p.as_str()));
-        }
-        h.insert(AIGW_ATTEMPTS, HeaderValue::from(self.attempts));
-    }
-}
-
-/// The public model that answered.
-const AIGW_MODEL: header::HeaderName = header::HeaderName::from_static("x-aigw-model");
-/// The provider of the credential that answered.
-const AIGW_PROVIDER: header::HeaderName = header::HeaderName::from_static("x-aigw-provider");
-/// Upstream attempts made for the request.
-const AIGW_ATTEMPTS: header::HeaderName = header::HeaderName::from_static("x-aigw-attempts");
-
-/// The wait an upstream error asks for, in whole seconds from `now`: the longer of its
-/// `Retry-After` (seconds or an HTTP-date) and `retry-after-ms`, which the SDKs read.
-fn upstream_wait_secs(headers: &axum::http::HeaderMap, now: DateTime<Utc>) -> Option<i64> {
-    let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
-    let retry_after = text("retry-after")
-        .and_then(|v| crate::upstream::classify::parse_retry_after(v, now))
-        .map(|at| (at - now).num_seconds());
-    let retry_after_ms = text("retry-after-ms")
-        .and_then(|v| v.trim().parse::<f64>().ok())
-        .filter(|ms| ms.is_finite())
-        .map(|ms| (ms / 1000.0).ceil() as i64);
-    retry_after.max(retry_after_ms)
 }
 
 /// Adds the quota headers of `decision` to a response.
@@ -626,43 +563,4 @@ async fn models(State(state): State<AppState>, Authenticated(caller): Authentica
         .map(|id| json!({"id": id, "object": "model", "created": 0, "owned_by": "aigw"}))
         .collect();
     axum::Json(json!({"object": "list", "data": data})).into_response()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The wait a passed-on upstream error names, which decides `x-should-retry: false`.
-    #[test]
-    fn upstream_waits() {
-        let now = DateTime::parse_from_rfc3339("2026-12-01T10:00:00Z")
-            .map(|t| t.with_timezone(&Utc))
-            .unwrap_or_default();
-        /// Name, headers, the wait in seconds.
-        type Row = (&'static str, &'static [(&'static str, &'static str)], Option<i64>);
-        let rows: &[Row] = &[
-            ("seconds", &[("retry-after", "120")], Some(120)),
-            ("a minute is the SDK's", &[("retry-after", "60")], Some(60)),
-            (
-                "an HTTP-date",
-                &[("retry-after", "Tue, 01 Dec 2026 10:02:00 GMT")],
-                Some(120),
-            ),
-            ("milliseconds", &[("retry-after-ms", "90000")], Some(90)),
-            (
-                "the longer of both",
-                &[("retry-after", "30"), ("retry-after-ms", "90500")],
-                Some(91),
-            ),
-            ("unreadable", &[("retry-after", "soon")], None),
-            ("none", &[], None),
-        ];
-        for (name, headers, want) in rows {
-            let mut map = axum::http::HeaderMap::new();
-            for (k, v) in *headers {
-                map.insert(*k, HeaderValue::from_static(v));
-            }
-            assert_eq!(upstream_wait_secs(&map, now), *want, "{name}");
-        }
-    }
 }

@@ -57,5 +57,10 @@ async fn quota_rows(
             tz,
         )
         .await?;
-    Ok(quota::report::rows(&decision, &labels))
+    // The metric as the quota headers name it (`tokens`: seed 003, DESIGN.md §11).
+    Ok(quota::report::rows(
+        &decision,
+        &labels,
+        quota::Metric::client_name,
+    ))
 }

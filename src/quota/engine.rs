@@ -21,6 +21,9 @@ use crate::store::{Store, StoreResult, UsageCounterRow, UsageStore};
 use crate::usage::Usage;
 
 mod flush;
+mod seed;
+
+pub use seed::{Counted, count_recorded};
 
 /// A counter's identity: subject, metric, window and window start — never the policy.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]

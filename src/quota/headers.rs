@@ -1,5 +1,8 @@
 //! Quota response headers: `x-aigw-quota-<metric>-limit|remaining|reset` for the tightest policy
 //! of each metric, and the IETF `RateLimit-Policy` / `RateLimit` fields for the tightest overall.
+//! The metric is named as the client reads it ([`Metric::client_name`]): `tokens` for
+//! `total_tokens` (seed 003), which also goes out under its long name for clients written
+//! before.
 
 use std::fmt::Write;
 
@@ -9,8 +12,8 @@ use chrono::{DateTime, Utc};
 use super::Metric;
 use super::engine::{QuotaDecision, Standing, display_value};
 
-/// `x-aigw-quota-<metric>-limit|remaining|reset`, by metric: static, so a response costs no
-/// header-name parsing.
+/// `x-aigw-quota-<metric>-limit|remaining|reset`, by metric ([`Metric::client_name`]): static,
+/// so a response costs no header-name parsing.
 static NAMES: [[HeaderName; 3]; 5] = {
     const fn n(s: &'static str) -> HeaderName {
         HeaderName::from_static(s)
@@ -22,9 +25,9 @@ static NAMES: [[HeaderName; 3]; 5] = {
             n("x-aigw-quota-requests-reset"),
         ],
         [
-            n("x-aigw-quota-total_tokens-limit"),
-            n("x-aigw-quota-total_tokens-remaining"),
-            n("x-aigw-quota-total_tokens-reset"),
+            n("x-aigw-quota-tokens-limit"),
+            n("x-aigw-quota-tokens-remaining"),
+            n("x-aigw-quota-tokens-reset"),
         ],
         [
             n("x-aigw-quota-prompt_tokens-limit"),
@@ -43,6 +46,14 @@ static NAMES: [[HeaderName; 3]; 5] = {
         ],
     ]
 };
+
+/// The `total_tokens` metric's headers under its long name, the same values as `tokens`: what
+/// clients written before seed 003's name read.
+static LONG_TOKEN_NAMES: [HeaderName; 3] = [
+    HeaderName::from_static("x-aigw-quota-total_tokens-limit"),
+    HeaderName::from_static("x-aigw-quota-total_tokens-remaining"),
+    HeaderName::from_static("x-aigw-quota-total_tokens-reset"),
+];
 
 fn names(m: Metric) -> &'static [HeaderName; 3] {
     &NAMES[match m {
@@ -72,15 +83,25 @@ pub fn quota_headers(
     now: DateTime<Utc>,
 ) {
     let tightest = decision.tightest(extra);
-    // Three per metric and the two RateLimit fields, in one growth of the map.
-    h.reserve(tightest.len() * 3 + 2);
+    // Three per metric (six for tokens) and the two RateLimit fields, in one growth of the map.
+    h.reserve(tightest.len() * 3 + 5);
     for (s, remaining) in &tightest {
         let m = s.rule.metric;
-        let [limit, rem, reset] = names(m);
-        h.insert(limit.clone(), amount(m, s.rule.limit));
-        h.insert(rem.clone(), amount(m, *remaining));
-        if let Some(r) = s.reset_at {
-            h.insert(reset.clone(), HeaderValue::from(r.timestamp()));
+        let (limit, rem) = (amount(m, s.rule.limit), amount(m, *remaining));
+        let reset = s.reset_at.map(|r| HeaderValue::from(r.timestamp()));
+        if m == Metric::TotalTokens {
+            let [l, r, t] = &LONG_TOKEN_NAMES;
+            h.insert(l.clone(), limit.clone());
+            h.insert(r.clone(), rem.clone());
+            if let Some(v) = &reset {
+                h.insert(t.clone(), v.clone());
+            }
+        }
+        let [l, r, t] = names(m);
+        h.insert(l.clone(), limit);
+        h.insert(r.clone(), rem);
+        if let Some(v) = reset {
+            h.insert(t.clone(), v);
         }
     }
     // Tightest overall: the smallest share left, then the earliest reset.
@@ -103,7 +124,7 @@ pub fn quota_headers(
             policy,
             "\"{}-{}-{}\"",
             s.rule.subject.as_str(),
-            s.rule.metric.as_str(),
+            s.rule.metric.client_name(),
             s.rule.window
         );
         let mut current = policy.clone();

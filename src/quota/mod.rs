@@ -95,6 +95,16 @@ impl Metric {
             Metric::Credits => "credits",
         }
     }
+
+    /// The name a client reads: in the `x-aigw-quota-<metric>-*` headers, `RateLimit-Policy` and
+    /// `GET /v1/quota`. Seed 003 calls the total-token quota `tokens` (DESIGN.md §11); the
+    /// policy itself, and a refusal of it, keep `total_tokens` (§4).
+    pub fn client_name(self) -> &'static str {
+        match self {
+            Metric::TotalTokens => "tokens",
+            m => m.as_str(),
+        }
+    }
 }
 
 impl std::str::FromStr for Metric {
@@ -142,9 +152,14 @@ impl std::str::FromStr for Mode {
 /// Micro-credits in one credit: prices and credit limits are stored as integers.
 pub const MICROS_PER_CREDIT: f64 = 1_000_000.0;
 
-/// Credits (as written by people) to integer micro-credits.
+/// Credits (as written by people) to integer micro-credits. The whole credits and the fraction
+/// are converted apart: one product in `f64` would be off by hundreds of micro-credits near the
+/// largest amounts stored (`validate::MAX_STORED_CREDITS`); this keeps every whole number of
+/// credits exact. Beyond `i64` it saturates (validation refuses such amounts first).
 pub fn credits_to_micros(credits: f64) -> i64 {
-    (credits * MICROS_PER_CREDIT).round() as i64
+    let whole = credits.trunc();
+    let fraction = ((credits - whole) * MICROS_PER_CREDIT).round() as i64;
+    (whole as i64).saturating_mul(1_000_000).saturating_add(fraction)
 }
 
 /// Integer micro-credits to credits, for people.

@@ -3,14 +3,21 @@
 
 use serde_json::{Value, json};
 
+use super::Metric;
 use super::engine::{QuotaDecision, display_value};
 use super::policy::Labels;
 use super::window::format_reset_at;
 
 /// The quotas of a decision as JSON rows: limit, used, remaining, reset. A row of a tag or an
 /// end user names its subject as a quota refusal does (`"tag": "team=search"`,
-/// `"end_user": "alice"`), from the `labels` the decision was made for.
-pub fn rows(decision: &QuotaDecision, labels: &Labels) -> Vec<Value> {
+/// `"end_user": "alice"`), from the `labels` the decision was made for. `metric_name` names the
+/// metric: [`Metric::client_name`] for clients (`tokens`, as the headers say), [`Metric::as_str`]
+/// for the console, which speaks the policies' names.
+pub fn rows(
+    decision: &QuotaDecision,
+    labels: &Labels,
+    metric_name: fn(Metric) -> &'static str,
+) -> Vec<Value> {
     decision
         .standings
         .iter()
@@ -18,7 +25,7 @@ pub fn rows(decision: &QuotaDecision, labels: &Labels) -> Vec<Value> {
             let m = s.rule.metric;
             let mut row = json!({
                 "subject": s.rule.subject.as_str(),
-                "metric": m.as_str(),
+                "metric": metric_name(m),
                 "window": s.rule.window.to_string(),
                 "mode": s.rule.mode.as_str(),
                 "limit": display_value(m, s.rule.limit),

@@ -397,6 +397,9 @@ async fn policy(
         row.id = store.save_policy(&row).await?;
     }
     changed |= policy_alerts(a, p, ws, row.id).await? && existing.is_some();
+    if existing.is_none() {
+        a.summary.new_policies.push(row);
+    }
     a.tally(existing.is_none(), changed);
     Ok(())
 }

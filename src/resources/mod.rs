@@ -66,6 +66,9 @@ pub struct ApplySummary {
     /// Every entity the file declares: edits to them through the admin API are undone at the
     /// next start.
     pub managed: Managed,
+    /// The policies this run created, whose counters then start from the usage already
+    /// recorded in their current window (`QuotaCounters::count_recorded`).
+    pub new_policies: Vec<crate::store::PolicyRow>,
 }
 
 impl std::fmt::Display for ApplySummary {

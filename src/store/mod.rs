@@ -16,6 +16,7 @@ mod tenancy;
 mod tokens;
 mod upkeep;
 mod usage;
+mod usage_recorded;
 mod usage_rollup;
 
 pub use admin::*;
@@ -29,6 +30,7 @@ pub use request_logs::*;
 pub use tenancy::*;
 pub use tokens::*;
 pub use usage::*;
+pub use usage_recorded::{RecordedUsage, RecordedUsageStore};
 pub use usage_rollup::{DAY_MS, HOUR_MS, day_of, hour_of};
 
 use sqlx::any::{AnyConnectOptions, AnyPoolOptions};

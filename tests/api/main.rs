@@ -6,6 +6,7 @@ mod helpers;
 mod admin;
 mod admin_api;
 mod alert_destinations;
+mod answer_headers;
 mod architecture;
 mod binary;
 mod breaker;

@@ -39,6 +39,8 @@ both_backends!(
     quota_endpoint_lists_every_quota,
     counter_outlives_flushes_when_the_workspace_zone_differs,
     a_weekly_quota_runs_from_monday_to_monday_in_the_workspace_zone,
+    token_quotas_are_named_tokens_as_in_the_seed,
+    a_policy_created_mid_window_counts_the_usage_already_recorded,
 );
 
 async fn crossing_request_completes_and_the_next_is_refused(db: TestDb) {
@@ -66,18 +68,9 @@ async fn crossing_request_completes_and_the_next_is_refused(db: TestDb) {
     );
     assert_eq!(header(&r, "x-should-retry").as_deref(), Some("false"));
     assert_eq!(header(&r, "x-aigw-error-source").as_deref(), Some("gateway"));
-    assert_eq!(
-        header(&r, "x-aigw-quota-total_tokens-limit").as_deref(),
-        Some("10")
-    );
-    assert_eq!(
-        header(&r, "x-aigw-quota-total_tokens-remaining").as_deref(),
-        Some("0")
-    );
-    let reset_header: i64 = header(&r, "x-aigw-quota-total_tokens-reset")
-        .unwrap()
-        .parse()
-        .unwrap();
+    assert_eq!(header(&r, "x-aigw-quota-tokens-limit").as_deref(), Some("10"));
+    assert_eq!(header(&r, "x-aigw-quota-tokens-remaining").as_deref(), Some("0"));
+    let reset_header: i64 = header(&r, "x-aigw-quota-tokens-reset").unwrap().parse().unwrap();
     let body: Value = r.json().await.unwrap();
     let e = &body["error"];
     assert_eq!(e["message"], "rate limit exceeded on apikey total_tokens/day");
@@ -156,14 +149,14 @@ async fn streamed_responses_carry_quota_headers(db: TestDb) {
         Some("4")
     );
     assert_eq!(
-        header(&r, "x-aigw-quota-total_tokens-remaining").as_deref(),
+        header(&r, "x-aigw-quota-tokens-remaining").as_deref(),
         Some("1000")
     );
     r.text().await.unwrap();
     // After the stream, its tokens are counted.
     let r = app.post_json("/v1/chat/completions", KEY, &chat(false)).await;
     assert_eq!(
-        header(&r, "x-aigw-quota-total_tokens-remaining").as_deref(),
+        header(&r, "x-aigw-quota-tokens-remaining").as_deref(),
         Some("982")
     );
     app.stop().await;
@@ -500,5 +493,269 @@ async fn a_weekly_quota_runs_from_monday_to_monday_in_the_workspace_zone(db: Tes
     app.clock.advance(chrono::Duration::seconds(61));
     let r = app.post_json("/v1/chat/completions", KEY, &chat(false)).await;
     assert_eq!(r.status(), 200, "Monday begins a new week");
+    app.stop().await;
+}
+
+/// Seed 003 names the token quota's headers `x-aigw-quota-tokens-*` (DESIGN.md §11); the long
+/// form `total_tokens` is sent as well, with the same values, and `/v1/quota` and
+/// `RateLimit-Policy` name the metric `tokens`. The refusal keeps the policy's own name (§4).
+async fn token_quotas_are_named_tokens_as_in_the_seed(db: TestDb) {
+    let (app, _mock) = start(
+        &db,
+        &policy(
+            "apikey",
+            "ada@acme.test/ci",
+            "total_tokens",
+            "day",
+            10.0,
+            "enforce",
+        ),
+    )
+    .await;
+    let r = app.post_json("/v1/chat/completions", KEY, &chat(false)).await;
+    assert_eq!(r.status(), 200);
+    for name in ["tokens", "total_tokens"] {
+        assert_eq!(
+            header(&r, &format!("x-aigw-quota-{name}-limit")).as_deref(),
+            Some("10"),
+            "{name}"
+        );
+        assert_eq!(
+            header(&r, &format!("x-aigw-quota-{name}-remaining")).as_deref(),
+            Some("1"),
+            "{name}: 9 tokens of this response counted"
+        );
+        assert!(
+            header(&r, &format!("x-aigw-quota-{name}-reset")).is_some(),
+            "{name}"
+        );
+    }
+    assert!(
+        header(&r, "ratelimit-policy")
+            .unwrap()
+            .starts_with("\"apikey-tokens-day\";q=10"),
+        "{:?}",
+        header(&r, "ratelimit-policy")
+    );
+    let r = app
+        .client
+        .get(format!("{}/v1/quota", app.address))
+        .bearer_auth(KEY)
+        .send()
+        .await
+        .unwrap();
+    let body: Value = r.json().await.unwrap();
+    let row = &body["data"][0];
+    assert_eq!(row["metric"], "tokens", "{body}");
+    assert_eq!(
+        (row["used"].as_i64(), row["remaining"].as_i64()),
+        (Some(9), Some(1))
+    );
+    app.post_json("/v1/chat/completions", KEY, &chat(false)).await;
+    let r = app.post_json("/v1/chat/completions", KEY, &chat(false)).await;
+    assert_eq!(r.status(), 429);
+    assert_eq!(header(&r, "x-aigw-quota-tokens-remaining").as_deref(), Some("0"));
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(
+        body["error"]["metric"], "total_tokens",
+        "the refusal names the policy"
+    );
+    app.stop().await;
+}
+
+/// The usage before a guardrail existed: acme's `research` department with ada and her key, an
+/// owner who signs in, and one upstream; no policy yet.
+fn seed_resources(mock: &MockUpstream, extra: &str) -> String {
+    format!(
+        r#"
+[[workspace]]
+name = "acme"
+[[department]]
+workspace = "acme"
+name = "research"
+[[member]]
+workspace = "acme"
+email = "owner@acme.test"
+role = "owner"
+password = "owner-password-1"
+[[member]]
+workspace = "acme"
+department = "research"
+email = "ada@acme.test"
+role = "member"
+[[api_key]]
+member = "ada@acme.test"
+name = "ci"
+key = "{KEY}"
+[[upstream]]
+workspace = "acme"
+name = "primary"
+provider = "openai-compatible"
+base_url = "{}"
+api_key = "cred-primary"
+models = ["gpt-4o-mini"]
+{extra}"#,
+        mock.base_url()
+    )
+}
+
+/// `GET /v1/quota` of the key: (subject, metric, window) → (used, remaining).
+async fn quota_of(app: &TestApp) -> std::collections::BTreeMap<(String, String, String), (i64, i64)> {
+    let r = app
+        .client
+        .get(format!("{}/v1/quota", app.address))
+        .bearer_auth(KEY)
+        .send()
+        .await
+        .unwrap();
+    let body: Value = r.json().await.unwrap();
+    body["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|q| {
+            let s = |k: &str| q[k].as_str().unwrap().to_owned();
+            let n = |k: &str| q[k].as_i64().unwrap();
+            (
+                (s("subject"), s("metric"), s("window")),
+                (n("used"), n("remaining")),
+            )
+        })
+        .collect()
+}
+
+/// DESIGN.md §11: a policy created in the middle of a window counts the usage already recorded
+/// in it (for `total`, all of the recorded history): only what was served (a refused request
+/// counts no request), only the current window (a minute policy counts its minute). The admin
+/// API says what was counted; `/v1/quota`, the headers and the refusal agree; a gateway that
+/// starts with the policy in its resources file counts the same.
+async fn a_policy_created_mid_window_counts_the_usage_already_recorded(db: TestDb) {
+    let mock = MockUpstream::start().await.unwrap();
+    let app = spawn_app(&db, Setup::resources(seed_resources(&mock, ""))).await;
+    // 10:00 Beijing: three requests served (9 tokens each), one refused before any upstream.
+    for _ in 0..3 {
+        assert_eq!(
+            app.post_json("/v1/chat/completions", KEY, &chat(false))
+                .await
+                .status(),
+            200
+        );
+    }
+    let bad = json!({"model": "gpt-4o-mini", "messages": "not a list"});
+    assert_eq!(
+        app.post_json("/v1/chat/completions", KEY, &bad).await.status(),
+        400
+    );
+    // 14:00:00: one more served; 14:00:20: the guardrails are created.
+    app.clock.advance(chrono::Duration::hours(4));
+    assert_eq!(
+        app.post_json("/v1/chat/completions", KEY, &chat(false))
+            .await
+            .status(),
+        200
+    );
+    app.logs("acme", 5).await;
+    app.clock.advance(chrono::Duration::seconds(20));
+
+    let token = app.login("owner@acme.test", "owner-password-1").await;
+    let admin = |method: reqwest::Method, path: &str, body: Option<Value>| {
+        let mut req = app
+            .client
+            .request(method, format!("{}{path}", app.address))
+            .bearer_auth(&token);
+        if let Some(b) = body {
+            req = req.json(&b);
+        }
+        async move {
+            let r = req.send().await.unwrap();
+            (r.status().as_u16(), r.json::<Value>().await.unwrap())
+        }
+    };
+    let (_, depts) = admin(reqwest::Method::GET, "/admin/v1/departments", None).await;
+    let research = depts["data"][0]["id"].as_i64().unwrap();
+    let (_, keys) = admin(reqwest::Method::GET, "/admin/v1/keys", None).await;
+    let key = keys["data"][0]["id"].as_i64().unwrap();
+    let create = |subject: &str, target: Option<i64>, metric: &str, window: &str, limit: i64| {
+        admin(
+            reqwest::Method::POST,
+            "/admin/v1/policies",
+            Some(
+                json!({"subject": subject, "target_id": target, "metric": metric, "window": window, "limit": limit}),
+            ),
+        )
+    };
+    let (status, dept) = create("dept", Some(research), "total_tokens", "day", 40).await;
+    assert_eq!(status, 201, "{dept}");
+    assert_eq!(dept["used"], 36, "the day's 4 requests served: {dept}");
+    assert_eq!(
+        dept["counted_before"],
+        json!({"used": 36, "subjects": 1, "since": "2026-12-01T00:00:00+08:00"}),
+        "{dept}"
+    );
+    let (_, budget) = create("apikey", Some(key), "requests", "day", 5).await;
+    assert_eq!(
+        budget["used"], 4,
+        "the refused request is no request served: {budget}"
+    );
+    let (_, minute) = create("ws", None, "total_tokens", "minute", 1000).await;
+    assert_eq!(minute["used"], 9, "only the current minute's: {minute}");
+    assert_eq!(minute["counted_before"]["since"], "2026-12-01T14:00:00+08:00");
+    let (_, members) = admin(reqwest::Method::GET, "/admin/v1/members", None).await;
+    let ada = members["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["email"] == "ada@acme.test")
+        .unwrap()["id"]
+        .as_i64();
+    let (_, week) = create("member", ada, "prompt_tokens", "week", 1000).await;
+    assert_eq!(
+        week["used"], 16,
+        "4 prompt tokens of each request served this week: {week}"
+    );
+    let (_, each) = create("member", None, "requests", "total", 100).await;
+    assert_eq!(
+        each["counted_before"],
+        json!({"used": 4, "subjects": 1, "since": null}),
+        "each member's, from all of the recorded history: {each}"
+    );
+
+    let standing = quota_of(&app).await;
+    let row = |s: &str, m: &str, w: &str| standing[&(s.to_owned(), m.to_owned(), w.to_owned())];
+    assert_eq!(row("dept", "tokens", "day"), (36, 4));
+    assert_eq!(row("apikey", "requests", "day"), (4, 1));
+    assert_eq!(row("ws", "tokens", "minute"), (9, 991));
+    assert_eq!(row("member", "requests", "total"), (4, 96));
+    assert_eq!(row("member", "prompt_tokens", "week"), (16, 984));
+    let r = app.post_json("/v1/chat/completions", KEY, &chat(false)).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(header(&r, "x-aigw-quota-tokens-remaining").as_deref(), Some("0"));
+    assert_eq!(
+        header(&r, "x-aigw-quota-requests-remaining").as_deref(),
+        Some("0")
+    );
+    let r = app.post_json("/v1/chat/completions", KEY, &chat(false)).await;
+    assert_eq!(r.status(), 429);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "quota_exceeded", "{body}");
+    let later = app.clock.now();
+    app.stop().await;
+
+    // A gateway that starts with a new policy in its file counts what was recorded too.
+    let text = seed_resources(&mock, &policy("ws", "acme", "requests", "day", 100.0, "enforce"));
+    let app = spawn_app(
+        &db,
+        Setup {
+            start: later,
+            ..Setup::resources(text)
+        },
+    )
+    .await;
+    let standing = quota_of(&app).await;
+    assert_eq!(
+        standing[&("ws".to_owned(), "requests".to_owned(), "day".to_owned())],
+        (5, 95),
+        "5 served today, the refusals not counted"
+    );
     app.stop().await;
 }

@@ -289,6 +289,21 @@ const BAD_FILES: &[(&str, &str, &[&str])] = &[
         &["[[member]] #1", "line 3", "\"gpt-*-mini\"", "a * may only end it"],
     ),
     (
+        "a credits limit beyond what micro-credits can store",
+        "[[workspace]]\nname = \"acme\"\n[[policy]]\nworkspace = \"acme\"\nsubject = \"ws\"\ntarget = \"acme\"\nmetric = \"credits\"\nwindow = \"day\"\nlimit = 8.9e15\n",
+        &["[[policy]] #1", "line 3", "limit of credits", "9,223,372,036,854"],
+    ),
+    (
+        "a requests limit beyond a 64-bit integer",
+        "[[workspace]]\nname = \"acme\"\n[[policy]]\nworkspace = \"acme\"\nsubject = \"ws\"\ntarget = \"acme\"\nmetric = \"requests\"\nwindow = \"day\"\nlimit = 1e19\n",
+        &["[[policy]] #1", "limit", "9,223,372,036,854,775,807"],
+    ),
+    (
+        "a price beyond what micro-credits can store",
+        "[[workspace]]\nname = \"acme\"\n[[model]]\nworkspace = \"acme\"\nname = \"m\"\nprice = { prompt = 1e13, completion = 0 }\n",
+        &["[[model]] #1", "price", "9,223,372,036,854"],
+    ),
+    (
         "zero in flight",
         "[[workspace]]\nname = \"acme\"\n[[member]]\nworkspace = \"acme\"\nemail = \"a@acme.test\"\nrole = \"member\"\nmax_in_flight = 0\n",
         &["[[member]] #1", "max_in_flight must be between 1 and 1000000"],

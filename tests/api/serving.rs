@@ -56,6 +56,14 @@ impl RawResponse {
     }
 
     /// Asserts the gateway's JSON error shape with `status` and `code`.
+    /// The response's `x-request-id`, a UUID (DESIGN.md §7: on every response).
+    fn request_id(&self) -> uuid::Uuid {
+        let id = self
+            .header("x-request-id")
+            .unwrap_or_else(|| panic!("no x-request-id: {self:?}"));
+        id.parse().unwrap_or_else(|e| panic!("x-request-id {id:?}: {e}"))
+    }
+
     fn assert_gateway_error(&self, status: u16, code: &str) {
         assert_eq!(self.status, status, "{self:?}");
         assert_eq!(self.header("x-aigw-error-source"), Some("gateway"), "{self:?}");
@@ -306,6 +314,13 @@ async fn headers_too_large_are_a_431_in_the_gateway_shape() {
     let r = exchange(&app, request.as_bytes()).await;
     r.assert_gateway_error(431, "request_header_too_large");
     assert_eq!(r.header("connection"), Some("close"));
+    // DESIGN.md §7, §11: every response carries its own `x-request-id`, protocol refusals too.
+    let id = r.request_id();
+    assert_ne!(
+        exchange(&app, request.as_bytes()).await.request_id(),
+        id,
+        "a fresh id each time"
+    );
     // Just under the limit is served.
     let fits = "a".repeat(12 * 1024);
     let request = format!("GET /healthz HTTP/1.1\r\nHost: gw\r\nX-Big: {fits}\r\n\r\n");
@@ -337,6 +352,7 @@ async fn malformed_requests_are_a_400_in_the_gateway_shape() {
         assert_eq!(r.status, 400, "{what}: {r:?}");
         r.assert_gateway_error(400, "invalid_request_error");
         assert_eq!(r.header("connection"), Some("close"), "{what}");
+        r.request_id();
     }
     // The connection that follows is served as usual.
     assert_eq!(exchange(&app, HEALTHZ).await.status, 200);

@@ -364,7 +364,7 @@ async fn estimated_usage_still_enforces_the_quota(db: TestDb) {
     let r = app.post_json("/v1/chat/completions", KEY, &chat(false)).await;
     assert_eq!(r.status(), 200, "under the limit before it, so it completes");
     assert_eq!(
-        r.headers()["x-aigw-quota-total_tokens-remaining"],
+        r.headers()["x-aigw-quota-tokens-remaining"],
         "0",
         "the estimate counts in the response's own headers"
     );
@@ -516,14 +516,14 @@ async fn a_200_without_usage_is_estimated_and_flagged(db: TestDb) {
 
 async fn counters_saturate_instead_of_overflowing(db: TestDb) {
     let mock = MockUpstream::start().await.unwrap();
-    // A price so high that one request at the usage ceiling costs more micro-credits than a
-    // counter holds: every credits counter saturates, and the sum of two must too (in memory,
-    // in the flush's SQL, in the usage report).
-    let policies = policy("member", "*", "credits", "month", "1e300", "shadow")
+    // A price so high (the most the resources file stores) that one request at the usage
+    // ceiling costs more micro-credits than a counter holds: every credits counter saturates,
+    // and the sum of two must too (in memory, in the flush's SQL, in the usage report).
+    let policies = policy("member", "*", "credits", "month", "9e12", "shadow")
         + &policy("ws", "acme", "requests", "day", "1000", "enforce");
     let text = workspace(&mock, &policies).replace(
         "price = { prompt = 1.0, completion = 2.0 }",
-        "price = { prompt = 1e13, completion = 1e13 }",
+        "price = { prompt = 9e12, completion = 9e12 }",
     );
     let app = spawn_app(&db, Setup::resources(text.clone())).await;
     mock.script(Script {

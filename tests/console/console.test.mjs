@@ -144,6 +144,26 @@ test('owner: a member guardrail is enforced on the next proxied request and the 
   await edit.getByLabel('Limit', { exact: true }).fill('100');
   await edit.getByRole('button', { name: 'Save' }).click();
   await p.getByRole('row').filter({ hasText: ADA.email }).getByText('100 requests per day').waitFor();
+
+  // A guardrail created after the member's usage counts it, and the confirmation says so.
+  await p.getByRole('button', { name: 'New guardrail' }).click();
+  const late = p.getByRole('dialog', { name: 'New guardrail' });
+  await late.getByLabel('Subject kind').selectOption('member');
+  await late.getByLabel('Subject', { exact: true }).selectOption({ label: ADA.email });
+  await late.getByLabel('Metric', { exact: true }).selectOption('total_tokens');
+  await late.getByLabel('Window', { exact: true }).selectOption('month');
+  await late.getByLabel('Limit', { exact: true }).fill('1000000');
+  await late.getByLabel(/Shadow/).check();
+  await late.getByRole('button', { name: 'Create guardrail' }).click();
+  await late.waitFor({ state: 'detached' });
+  const counted = p.getByRole('status').filter({ hasText: 'Guardrail created. It counts the' });
+  await counted.waitFor();
+  assert.match(await counted.innerText(), /counts the [\d,]+ tokens already used since \d{4}-\d\d-01 00:00:00/);
+  // Gone again: the next scenarios see the member's one guardrail.
+  const mine = (await (await fetch(`${stack.base}/admin/v1/policies`, { headers: { authorization: `Bearer ${ownerToken}` } })).json()).data;
+  const extra = mine.find((x) => x.metric === 'total_tokens' && x.window === 'month' && x.subject === 'member');
+  const gone = await fetch(`${stack.base}/admin/v1/policies/${extra.id}`, { method: 'DELETE', headers: { authorization: `Bearer ${ownerToken}` } });
+  assert.equal(gone.status, 204);
 });
 
 test('member: signs in with the keyboard, creates a key shown once, uses it, sees My quota move', async () => {

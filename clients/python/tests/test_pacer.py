@@ -84,6 +84,23 @@ def test_answers_out_of_order_keep_the_least_remaining():
     assert p._keys[KEY].budgets["apikey-requests-minute"].remaining == 50
 
 
+@pytest.mark.parametrize("row_metric", ["tokens", "total_tokens"])
+def test_a_token_quota_is_one_budget_from_the_list_and_the_headers(row_metric):
+    # `GET /v1/quota` names it `tokens` (a gateway before seed 003's name: `total_tokens`); the
+    # answers' headers report it under `tokens` while RateLimit-Policy names another policy.
+    vt = VirtualTime(T0)
+    p = pacer(vt)
+    p.primed(KEY, [quota_row(30000, 30000, T0 + 86400, window="day", metric=row_metric)])
+    (b,) = p._keys[KEY].budgets.values()
+    assert b.metric == "tokens"
+    t = p.plan(KEY, None, 60).ticket
+    p.observe(t, 200, {"x-aigw-quota-tokens-limit": "30000", "x-aigw-quota-tokens-remaining": "29000",
+                       "x-aigw-quota-tokens-reset": str(int(T0 + 86400)),
+                       "ratelimit-policy": '"ws-requests-day";q=100000;w=86400'})
+    (b,) = p._keys[KEY].budgets.values()
+    assert b.remaining == 29000
+
+
 def test_a_wait_past_most_wait_is_refused_at_once_with_the_time_to_come_back():
     vt = VirtualTime(T0 + 30)
     p = pacer(vt)

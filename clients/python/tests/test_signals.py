@@ -47,6 +47,30 @@ def test_quota_headers_per_metric_with_the_tightest_policy_named():
     assert credits.window is None and credits.name is None
 
 
+@pytest.mark.parametrize(
+    "name, policy",
+    [
+        ("tokens", "apikey-tokens-day"),  # seed 003's name, what the gateway sends
+        ("total_tokens", "apikey-total_tokens-day"),  # the long name, from a gateway before it
+    ],
+)
+def test_the_token_quota_is_read_as_tokens_under_either_name(name, policy):
+    h = {
+        f"x-aigw-quota-{name}-limit": "30000", f"x-aigw-quota-{name}-remaining": "5660",
+        f"x-aigw-quota-{name}-reset": "1800000087",
+        "ratelimit-policy": f'"{policy}";q=30000;w=86400', "ratelimit": f'"{policy}";r=5660;t=87',
+    }
+    (r,) = parse_standing(h, NOW)
+    assert (r.metric, r.limit, r.remaining, r.reset) == ("tokens", 30000, 5660, 1800000087)
+    assert (r.window, r.name) == (86400, policy)
+
+
+def test_both_token_names_make_one_reading():
+    h = {f"x-aigw-quota-{n}-{k}": v for n in ("tokens", "total_tokens")
+         for k, v in (("limit", "10"), ("remaining", "1"), ("reset", "1800000087"))}
+    assert [r.metric for r in parse_standing(h, NOW)] == ["tokens"]
+
+
 def test_a_bare_ratelimit_field_is_read_as_it_is():
     h = {"ratelimit-policy": '"burst";q=100;w=10', "ratelimit": '"burst";r=7;t=4'}
     (r,) = parse_standing(h, NOW)

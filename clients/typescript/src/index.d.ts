@@ -39,6 +39,7 @@ export interface PacedFetchOptions extends Settings {
 
 /** One quota's standing as an answer reports it. */
 export interface Reading {
+  /** `requests`, `tokens` (the `total_tokens` policy, under either header name), `prompt_tokens`, `completion_tokens` or `credits`. */
   metric: string;
   limit: number;
   remaining: number;

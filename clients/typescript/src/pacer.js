@@ -9,7 +9,7 @@
 // wait past `mostWait`) closes its scope: later calls are refused at once, without being sent,
 // with the same answer and the time to come back. The same rules as the Python package.
 
-import { GATEWAY_RESET_DELAY_MIN, classify, parseRfc3339, parseStanding, windowSeconds } from './signals.js';
+import { GATEWAY_RESET_DELAY_MIN, classify, metricName, parseRfc3339, parseStanding, windowSeconds } from './signals.js';
 
 /** @type {Required<import('./index.js').Settings>} */
 export const DEFAULTS = Object.freeze({
@@ -385,7 +385,8 @@ export class Pacer {
       const limit = Number(r.limit);
       const remaining = Number(r.remaining);
       if (!Number.isFinite(limit) || !Number.isFinite(remaining)) continue;
-      readings.push({ metric: String(r.metric), limit, remaining, reset: parseRfc3339(r.reset_at),
+      // `tokens`, whichever name the gateway lists (`total_tokens` before seed 003's).
+      readings.push({ metric: metricName(String(r.metric)), limit, remaining, reset: parseRfc3339(r.reset_at),
         window: windowSeconds(r.window), name: `${r.subject}-${r.metric}-${r.window}`, delayed: true });
     }
     this.learnStanding(ks, readings, true);

@@ -1,7 +1,8 @@
 // What a gateway answer says about when to call again: pure functions, no I/O, no clock.
 //
 // Two kinds of signal are read: the quota standing sent with every routed answer
-// (`x-aigw-quota-<metric>-limit|remaining|reset` for the tightest policy of each metric, and the
+// (`x-aigw-quota-<metric>-limit|remaining|reset` for the tightest policy of each metric: `requests`,
+// `tokens`, `prompt_tokens`, `completion_tokens`, `credits`; and the
 // IETF `RateLimit-Policy` / `RateLimit` fields for the tightest overall), and what a refusal says
 // (`x-should-retry`, `Retry-After` in seconds or as an HTTP-date, `retry-after-ms`, and the error
 // body's `code`, `reset_at`, `blocked_until`).
@@ -16,7 +17,20 @@ export const RETRYABLE_STATUSES = new Set([408, 409, 429, 500, 502, 503, 504, 52
  */
 export const GATEWAY_RESET_DELAY_MIN = 60;
 
-export const METRICS = ['requests', 'total_tokens', 'prompt_tokens', 'completion_tokens', 'credits'];
+/** The metrics as the gateway names them to clients: `tokens` is the `total_tokens` policy's (seed 003's name). */
+export const METRICS = ['requests', 'tokens', 'prompt_tokens', 'completion_tokens', 'credits'];
+
+/** The names a metric's headers may go by, the first preferred: a gateway before seed 003's name sent only `total_tokens`. */
+const HEADER_NAMES = { tokens: ['tokens', 'total_tokens'] };
+
+/**
+ * A metric as the helper names it, whatever name the gateway gave: `total_tokens` (a policy's
+ * name, or an older gateway's) is `tokens`.
+ * @param {string} name
+ */
+export function metricName(name) {
+  return name === 'total_tokens' ? 'tokens' : name;
+}
 
 const WINDOW_SECONDS = { minute: 60, hour: 3600, day: 86400, week: 7 * 86400 };
 
@@ -93,14 +107,17 @@ export function parseStanding(headers, now) {
   if (rp) ({ name: policyName, params: policy } = sfParams(rp));
   const out = [];
   for (const metric of METRICS) {
-    const limit = number(header(headers, `x-aigw-quota-${metric}-limit`));
-    const remaining = number(header(headers, `x-aigw-quota-${metric}-remaining`));
-    if (limit === undefined || remaining === undefined) continue;
-    const reset = number(header(headers, `x-aigw-quota-${metric}-reset`));
+    const sentAs = (HEADER_NAMES[metric] ?? [metric]).find((n) =>
+      number(header(headers, `x-aigw-quota-${n}-limit`)) !== undefined
+      && number(header(headers, `x-aigw-quota-${n}-remaining`)) !== undefined);
+    if (sentAs === undefined) continue;
+    const limit = number(header(headers, `x-aigw-quota-${sentAs}-limit`));
+    const remaining = number(header(headers, `x-aigw-quota-${sentAs}-remaining`));
+    const reset = number(header(headers, `x-aigw-quota-${sentAs}-reset`));
     let name;
     let window;
     // RateLimit-Policy describes the tightest policy overall: `<subject>-<metric>-<window>`.
-    if (policyName && policyName.split('-')[1] === metric) {
+    if (policyName && metricName(policyName.split('-')[1] ?? '') === metric) {
       name = policyName;
       window = number(policy.w) ?? windowSeconds(policyName.split('-').slice(2).join('-'));
     }

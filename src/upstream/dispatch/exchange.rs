@@ -138,5 +138,6 @@ pub(super) async fn read_error(response: http::Response, cred: &Credential) -> U
         headers,
         body,
         provider: cred.provider,
+        lock_until: None,
     }
 }

@@ -483,11 +483,12 @@ impl Run<'_> {
         cred: &Credential,
         model: &ModelRoute,
         upstream_model: &str,
-        error: UpstreamError,
+        mut error: UpstreamError,
         class: Classification,
     ) -> NextStep {
         let words = provider_words(&error.body);
         let lock_until = self.park(cred, upstream_model, &class, words.as_deref());
+        error.lock_until = lock_until;
         self.push(Attempt {
             status: Some(error.status),
             rule: Some(class.rule.name()),
@@ -570,6 +571,7 @@ impl Run<'_> {
                 rule: Some(class.rule.name()),
                 error: Some(CREDENTIAL_BUSY.to_owned()),
                 lock_until: lock_until.map(rfc3339),
+                sent: false,
                 ..Attempt::of(cred, model)
             });
         }

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use axum::http::{HeaderMap, HeaderValue};
 use bytes::Bytes;
+use chrono::{DateTime, Utc};
 use serde::Serialize;
 
 use crate::error::ApiError;
@@ -46,6 +47,10 @@ pub struct Attempt {
     /// Its span, when the request is traced and this attempt sent a request.
     #[serde(skip)]
     pub span: Option<crate::otel::AttemptSpan>,
+    /// Whether a request went upstream: false for the gateway's own "credential busy" (no slot
+    /// came free, nothing was sent). `x-aigw-attempts` counts only requests sent.
+    #[serde(skip)]
+    pub sent: bool,
 }
 
 /// Where dispatch writes: the request's attempts, and its trace (each request sent carries it).
@@ -78,6 +83,7 @@ impl Attempt {
             provider: cred.provider,
             translated: None,
             span: None,
+            sent: true,
         }
     }
 }
@@ -94,6 +100,9 @@ pub struct UpstreamError {
     pub body: Bytes,
     /// The provider that answered it.
     pub provider: Provider,
+    /// The end of the lock its classification wrote, if any: the wait the client is told
+    /// when the error is passed on (DESIGN.md §7).
+    pub lock_until: Option<DateTime<Utc>>,
 }
 
 /// What a candidate that served answered.

@@ -3,6 +3,7 @@
 use super::*;
 
 both_backends!(
+    limits_and_prices_that_cannot_be_stored_are_refused,
     bad_inputs_name_the_field,
     the_upstream_secret_is_write_only,
     absurd_instants_in_a_usage_report_are_answered,
@@ -440,4 +441,62 @@ async fn absurd_instants_in_a_usage_report_are_answered(db: TestDb) {
             .await;
         assert_eq!(status, want, "{query}: {body}");
     }
+}
+
+/// A credits limit is stored in micro-credits (a 64-bit integer): one beyond it is refused
+/// naming the field and the bound, never saturated; a price says its real bound.
+async fn limits_and_prices_that_cannot_be_stored_are_refused(db: TestDb) {
+    let mock = MockUpstream::start().await.unwrap();
+    let app = spawn_app(&db, Setup::resources(resources(&mock))).await;
+    let admin = Admin { app: &app };
+    let owner = admin.login("owner@acme.test").await;
+    let credits = |limit: f64| json!({"subject": "ws", "metric": "credits", "window": "day", "limit": limit});
+    let refused = |(status, v): (u16, Value), field: &str, bound: &str| {
+        assert_eq!(
+            (status, v["error"]["code"].as_str()),
+            (422, Some("invalid_field")),
+            "{v}"
+        );
+        assert_eq!(v["error"]["param"], field, "{v}");
+        let message = v["error"]["message"].as_str().unwrap();
+        assert!(message.contains(bound), "{message}");
+        assert!(!message.contains("non-negative"), "{message}");
+    };
+    let r = admin
+        .call(
+            Method::POST,
+            "/admin/v1/policies",
+            Some(&owner),
+            Some(credits(8.9e15)),
+        )
+        .await;
+    refused(r, "limit", "9,223,372,036,854");
+    // The most that is stored is kept exactly.
+    let (status, created) = admin
+        .call(
+            Method::POST,
+            "/admin/v1/policies",
+            Some(&owner),
+            Some(credits(9_223_372_036_854.0)),
+        )
+        .await;
+    assert_eq!(status, 201, "{created}");
+    assert_eq!(created["limit"].as_f64(), Some(9_223_372_036_854.0), "{created}");
+    let path = format!("/admin/v1/policies/{}", created["id"]);
+    let r = admin
+        .call(Method::PATCH, &path, Some(&owner), Some(json!({"limit": 9.3e12})))
+        .await;
+    refused(r, "limit", "9,223,372,036,854");
+    let (_, got) = admin.call(Method::GET, &path, Some(&owner), None).await;
+    assert_eq!(got["limit"].as_f64(), Some(9_223_372_036_854.0), "{got}");
+    let r = admin
+        .call(
+            Method::POST,
+            "/admin/v1/models",
+            Some(&owner),
+            Some(json!({"name": "dear", "price": {"prompt": 1.0e9, "completion": 0}})),
+        )
+        .await;
+    refused(r, "price", "1,000,000,000");
+    app.stop().await;
 }

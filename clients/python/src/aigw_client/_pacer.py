@@ -30,6 +30,7 @@ from ._signals import (
     Reading,
     Verdict,
     classify,
+    metric_name,
     parse_rfc3339,
     parse_standing,
     window_seconds,
@@ -534,7 +535,8 @@ class Pacer:
                 window = r.get("window")
                 reset = parse_rfc3339(r.get("reset_at"))
                 name = f"{r.get('subject')}-{r.get('metric')}-{window}"
-                readings.append(Reading(str(r.get("metric")), limit, remaining, reset,
+                # `tokens`, whichever name the gateway lists (`total_tokens` before seed 003's).
+                readings.append(Reading(metric_name(str(r.get("metric"))), limit, remaining, reset,
                                         window_seconds(window), name))
             self._learn_standing(ks, readings, now, replace=True)
 

@@ -3,7 +3,8 @@
 Two kinds of signal are read:
 
 - the quota standing sent with every routed answer: ``x-aigw-quota-<metric>-limit``,
-  ``-remaining``, ``-reset`` (Unix seconds) for the tightest policy of each metric, and the IETF
+  ``-remaining``, ``-reset`` (Unix seconds) for the tightest policy of each metric (``requests``,
+  ``tokens``, ``prompt_tokens``, ``completion_tokens``, ``credits``), and the IETF
   ``RateLimit-Policy`` / ``RateLimit`` fields for the tightest policy overall;
 - what a refusal says: ``x-should-retry``, ``Retry-After`` (seconds or an HTTP-date),
   ``retry-after-ms``, and the error body's ``code``, ``reset_at``, ``blocked_until``.
@@ -26,7 +27,19 @@ RETRYABLE_STATUSES = frozenset({408, 409, 429, 500, 502, 503, 504, 529})
 #: whole minute. The pacer spreads calls until the real end, found from the reset with this.
 GATEWAY_RESET_DELAY_MIN = 60
 
-METRICS = ("requests", "total_tokens", "prompt_tokens", "completion_tokens", "credits")
+#: The metrics as the gateway names them to clients: ``tokens`` is the ``total_tokens`` policy's
+#: (seed 003's name).
+METRICS = ("requests", "tokens", "prompt_tokens", "completion_tokens", "credits")
+
+#: The names a metric's headers may go by, the first preferred: a gateway before seed 003's name
+#: sent only ``total_tokens``.
+_HEADER_NAMES = {"tokens": ("tokens", "total_tokens")}
+
+
+def metric_name(name: str) -> str:
+    """A metric as the helper names it, whatever name the gateway gave: ``total_tokens`` (a
+    policy's name, or an older gateway's) is ``tokens``."""
+    return "tokens" if name == "total_tokens" else name
 
 _WINDOW_SECONDS = {"minute": 60, "hour": 3600, "day": 86400, "week": 7 * 86400}
 _N_MINUTES = re.compile(r"^(\d+)minutes$")
@@ -36,6 +49,8 @@ _N_MINUTES = re.compile(r"^(\d+)minutes$")
 class Reading:
     """One quota's standing as an answer reports it."""
 
+    #: ``requests``, ``tokens`` (the ``total_tokens`` policy, under either header name),
+    #: ``prompt_tokens``, ``completion_tokens`` or ``credits``.
     metric: str
     limit: float
     remaining: float
@@ -165,14 +180,17 @@ def parse_standing(headers: Mapping[str, str], now: float) -> list[Reading]:
         policy_name, policy = _sf_params(rp)
     out = []
     for metric in METRICS:
-        limit = _number(header(headers, f"x-aigw-quota-{metric}-limit"))
-        remaining = _number(header(headers, f"x-aigw-quota-{metric}-remaining"))
+        for sent_as in _HEADER_NAMES.get(metric, (metric,)):
+            limit = _number(header(headers, f"x-aigw-quota-{sent_as}-limit"))
+            remaining = _number(header(headers, f"x-aigw-quota-{sent_as}-remaining"))
+            if limit is not None and remaining is not None:
+                break
         if limit is None or remaining is None:
             continue
-        reset = _number(header(headers, f"x-aigw-quota-{metric}-reset"))
+        reset = _number(header(headers, f"x-aigw-quota-{sent_as}-reset"))
         name, window = None, None
         # RateLimit-Policy describes the tightest policy overall: `<subject>-<metric>-<window>`.
-        if policy_name and policy_name.split("-")[1:2] == [metric]:
+        if policy_name and [metric_name(m) for m in policy_name.split("-")[1:2]] == [metric]:
             name = policy_name
             window = _number(policy.get("w"))
             if window is None:

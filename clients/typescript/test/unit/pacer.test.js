@@ -27,6 +27,21 @@ const close = (got, want, eps = 1e-6) => {
   got.forEach((g, i) => assert.ok(Math.abs(g - want[i]) < eps, `${got} vs ${want}`));
 };
 
+test('a token quota is one budget from the list and the headers', () => {
+  // `GET /v1/quota` names it `tokens` (a gateway before seed 003's name: `total_tokens`); the
+  // answers' headers report it under `tokens` while RateLimit-Policy names another policy.
+  for (const metric of ['tokens', 'total_tokens']) {
+    const vt = new VirtualTime();
+    const p = pacer(vt);
+    p.primed(KEY, [{ ...row(30000, 30000, T0 + 86400, 'day'), metric }]);
+    assert.deepEqual([...p.keys.get(KEY).budgets.values()].map((b) => b.metric), ['tokens'], metric);
+    const t = p.plan(KEY, undefined, 60).ticket;
+    p.observe(t, 200, new Headers({ 'x-aigw-quota-tokens-limit': '30000', 'x-aigw-quota-tokens-remaining': '29000',
+      'x-aigw-quota-tokens-reset': String(T0 + 86400), 'ratelimit-policy': '"ws-requests-day";q=100000;w=86400' }));
+    assert.deepEqual([...p.keys.get(KEY).budgets.values()].map((b) => b.remaining), [29000], metric);
+  }
+});
+
 test('what remains is spread until the window really ends', () => {
   const vt = new VirtualTime(T0 + 30); // half way through the minute 08:00
   const p = pacer(vt);

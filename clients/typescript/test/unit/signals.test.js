@@ -35,6 +35,25 @@ test('quota headers per metric, with the tightest policy named', () => {
     name: undefined, delayed: true });
 });
 
+test('the token quota is read as tokens under either name', () => {
+  // Seed 003's name, which the gateway sends; the long name, from a gateway before it.
+  for (const [name, policy] of [['tokens', 'apikey-tokens-day'], ['total_tokens', 'apikey-total_tokens-day']]) {
+    const h = new Headers({
+      [`x-aigw-quota-${name}-limit`]: '30000', [`x-aigw-quota-${name}-remaining`]: '5660',
+      [`x-aigw-quota-${name}-reset`]: '1800000087',
+      'ratelimit-policy': `"${policy}";q=30000;w=86400`, ratelimit: `"${policy}";r=5660;t=87`,
+    });
+    assert.deepEqual(parseStanding(h, NOW), [{ metric: 'tokens', limit: 30000, remaining: 5660, reset: 1800000087,
+      window: 86400, name: policy, delayed: true }], name);
+  }
+  const both = new Headers();
+  for (const n of ['tokens', 'total_tokens']) {
+    both.set(`x-aigw-quota-${n}-limit`, '10');
+    both.set(`x-aigw-quota-${n}-remaining`, '1');
+  }
+  assert.deepEqual(parseStanding(both, NOW).map((r) => r.metric), ['tokens']);
+});
+
 test('a bare RateLimit field is read as it is', () => {
   const [r] = parseStanding(new Headers({ 'ratelimit-policy': '"burst";q=100;w=10', ratelimit: '"burst";r=7;t=4' }), NOW);
   assert.deepEqual([r.limit, r.remaining, r.reset, r.window, r.delayed], [100, 7, NOW + 4, 10, false]);
