@@ -16,6 +16,7 @@ mod logs;
 mod models;
 mod policies;
 mod policy_labels;
+mod policy_names;
 pub mod session;
 mod sso;
 mod tenancy;

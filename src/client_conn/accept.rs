@@ -6,7 +6,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -90,8 +89,6 @@ impl ConnectionSlots {
 /// one to end before it accepts again.
 pub struct Acceptor {
     slots: ConnectionSlots,
-    /// The 503 answer, rendered once.
-    over_capacity: Bytes,
     refusing: Arc<Semaphore>,
     failures: AcceptFailures,
 }
@@ -99,11 +96,8 @@ pub struct Acceptor {
 impl Acceptor {
     /// Takes connections under `slots`.
     pub fn new(slots: ConnectionSlots) -> Acceptor {
-        let over_capacity =
-            Bytes::from(crate::error::ApiError::TooManyConnections { limit: slots.max() }.http1_response());
         Acceptor {
             slots,
-            over_capacity,
             refusing: Arc::new(Semaphore::new(REFUSALS_AT_ONCE)),
             failures: AcceptFailures::default(),
         }
@@ -141,7 +135,12 @@ impl Acceptor {
     }
 
     fn refuse(&self, tcp: TcpStream, permit: OwnedSemaphorePermit) {
-        let answer = self.over_capacity.clone();
+        // Rendered per connection: every response carries a request id of its own (DESIGN.md §7).
+        let id = crate::app::RequestId(uuid::Uuid::now_v7());
+        let error = crate::error::ApiError::TooManyConnections {
+            limit: self.slots.max(),
+        };
+        let answer = error.http1_response_with_id(id);
         let refused = Arc::clone(&self.slots.refused);
         tokio::spawn(async move {
             let _ = tokio::time::timeout(REFUSAL_LINGER, answer_and_close(tcp, &answer, &refused)).await;

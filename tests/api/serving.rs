@@ -79,6 +79,11 @@ impl RawResponse {
             "{body}"
         );
         assert!(body["error"]["type"].is_string(), "{body}");
+        // DESIGN.md §7: every response carries a request id, protocol refusals included.
+        assert!(
+            self.header("x-request-id").is_some_and(|v| !v.is_empty()),
+            "{self:?}"
+        );
     }
 }
 
