@@ -30,6 +30,7 @@ mod store_outage;
 mod tags_end_users;
 mod traces;
 mod translate;
+mod translate_fidelity;
 mod untrusted_upstream;
 mod upstream;
 mod upstream_dispatch;

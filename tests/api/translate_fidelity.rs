@@ -1,0 +1,46 @@
+//! Translation that loses nothing (chat ⇄ messages), through the real HTTP surface: what each
+//! side asked for reaches the other, or is refused by name; the answer says what the upstream
+//! said; errors on one endpoint have one shape.
+
+use aigw::mock_upstream::Script;
+use serde_json::{Value, json};
+
+use crate::both_backends;
+use crate::helpers::TestDb;
+use crate::translate::{KEY, attempts, start};
+
+both_backends!(a_refusal_to_translate_does_not_hide_an_earlier_upstream_error,);
+
+/// Posts `body` to `/v1/messages` with Anthropic's headers.
+async fn post_messages(app: &crate::helpers::TestApp, body: &Value) -> reqwest::Response {
+    app.client
+        .post(format!("{}/v1/messages", app.address))
+        .header("x-api-key", KEY)
+        .header("anthropic-version", "2023-06-01")
+        .json(body)
+        .send()
+        .await
+        .unwrap()
+}
+
+/// A chain [gpt-4o: 503, claude-sonnet: cannot express `n: 2`] answers the 503: the refusal is
+/// the answer only when nothing else answered.
+async fn a_refusal_to_translate_does_not_hide_an_earlier_upstream_error(db: TestDb) {
+    let (app, mock) = start(&db).await;
+    mock.script(Script::any().model("gpt-4o").error(
+        503,
+        json!({"error": {"message": "The engine is currently overloaded", "type": "server_error"}}),
+    ));
+    let body = json!({"model": "gpt-4o", "n": 2, "messages": [{"role": "user", "content": "x"}]});
+    let r = app.post_json("/v1/chat/completions", KEY, &body).await;
+    assert_eq!(r.status(), 503);
+    assert_eq!(crate::translate::header(&r, "x-aigw-error-source"), "upstream");
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["message"], "The engine is currently overloaded", "{v}");
+    assert_eq!(mock.call_count(), 1, "the refused translation sent nothing");
+    let log = &app.logs("acme", 1).await[0];
+    assert_eq!(log.status, 503);
+    assert_eq!(attempts(log).len(), 1);
+    let _ = post_messages;
+    app.stop().await;
+}
