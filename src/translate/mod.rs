@@ -102,7 +102,7 @@ pub fn request(
     let fields = fields_as_map(body)?;
     let translated = match t {
         Translation::ChatToMessages => chat_to_messages::request(&fields, upstream_model)?,
-        Translation::MessagesToChat => messages_to_chat::request(&fields, upstream_model)?,
+        Translation::MessagesToChat => messages_to_chat::request(&fields, upstream_model, cred.provider)?,
     };
     Ok(Outgoing {
         url: cred.url(t.upstream_endpoint()).clone(),

@@ -9,7 +9,10 @@ use crate::both_backends;
 use crate::helpers::TestDb;
 use crate::translate::{KEY, attempts, start};
 
-both_backends!(a_refusal_to_translate_does_not_hide_an_earlier_upstream_error,);
+both_backends!(
+    a_refusal_to_translate_does_not_hide_an_earlier_upstream_error,
+    messages_on_openai_bound_the_output_with_max_completion_tokens,
+);
 
 /// Posts `body` to `/v1/messages` with Anthropic's headers.
 async fn post_messages(app: &crate::helpers::TestApp, body: &Value) -> reqwest::Response {
@@ -41,6 +44,30 @@ async fn a_refusal_to_translate_does_not_hide_an_earlier_upstream_error(db: Test
     let log = &app.logs("acme", 1).await[0];
     assert_eq!(log.status, 503);
     assert_eq!(attempts(log).len(), 1);
-    let _ = post_messages;
+    app.stop().await;
+}
+
+/// OpenAI's reasoning models refuse `max_tokens`: an Anthropic client's `max_tokens` reaches an
+/// `openai` credential as `max_completion_tokens`; more than four stop sequences are refused by
+/// name, as OpenAI would refuse them.
+async fn messages_on_openai_bound_the_output_with_max_completion_tokens(db: TestDb) {
+    let (app, mock) = start(&db).await;
+    let body = json!({"model": "gpt-4o", "max_tokens": 64, "stop_sequences": ["a", "b", "c", "d"],
+        "messages": [{"role": "user", "content": "say hello to me"}]});
+    assert_eq!(post_messages(&app, &body).await.status(), 200);
+    let sent = &mock.calls()[0].body;
+    assert_eq!(sent["max_completion_tokens"], 64, "{sent}");
+    assert!(sent.get("max_tokens").is_none(), "{sent}");
+    assert_eq!(sent["stop"], json!(["a", "b", "c", "d"]));
+
+    // (`gpt-4o-mini`: no fallback that could serve it natively.)
+    let mut five = body.clone();
+    five["model"] = json!("gpt-4o-mini");
+    five["stop_sequences"] = json!(["a", "b", "c", "d", "e"]);
+    let r = post_messages(&app, &five).await;
+    assert_eq!(r.status(), 400);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["param"], "stop_sequences", "{v}");
+    assert_eq!(mock.call_count(), 1, "nothing more was sent upstream");
     app.stop().await;
 }
