@@ -349,6 +349,25 @@ pub fn stop_reason(finish_reason: &str) -> &'static str {
     }
 }
 
+/// Anthropic's `stop_reason` and `stop_sequence` for a chat choice. OpenAI's `stop` says only
+/// that the model stopped (naturally or at a stop sequence): it is `end_turn` unless the
+/// provider names the sequence that matched — vLLM's `stop_reason` (a string), SGLang's
+/// `matched_stop` — or says a sequence matched (OpenRouter's `native_finish_reason`).
+pub fn stop_of(choice: &Value) -> (&'static str, Option<String>) {
+    let finish = choice["finish_reason"].as_str().unwrap_or("stop");
+    if finish != "stop" {
+        return (stop_reason(finish), None);
+    }
+    let named = ["stop_reason", "matched_stop"]
+        .iter()
+        .find_map(|k| choice[*k].as_str().filter(|s| !s.is_empty()));
+    match named {
+        Some(seq) => ("stop_sequence", Some(seq.to_owned())),
+        None if choice["native_finish_reason"] == "stop_sequence" => ("stop_sequence", None),
+        None => ("end_turn", None),
+    }
+}
+
 /// Anthropic's usage block for OpenAI's: the cached prompt tokens are cache reads, the rest input.
 pub fn usage(u: &Value) -> Option<Value> {
     let prompt = u.get("prompt_tokens").and_then(Value::as_u64)?;
@@ -396,14 +415,15 @@ pub fn answer(v: &Value) -> Result<Value, String> {
             json!({"type": "tool_use", "id": c["id"], "name": c.pointer("/function/name"), "input": input}),
         );
     }
+    let (stop, stop_sequence) = stop_of(choice);
     let mut out = json!({
         "id": v["id"],
         "type": "message",
         "role": "assistant",
         "model": v["model"],
         "content": content,
-        "stop_reason": stop_reason(choice["finish_reason"].as_str().unwrap_or("stop")),
-        "stop_sequence": null,
+        "stop_reason": stop,
+        "stop_sequence": stop_sequence,
     });
     if let Some(u) = usage(&v["usage"]) {
         out["usage"] = u;
@@ -546,6 +566,50 @@ mod tests {
             ("something_new", "end_turn"),
         ] {
             assert_eq!(stop_reason(finish), stop, "{finish}");
+        }
+    }
+
+    /// A stop sequence ended the answer: named where the provider names it.
+    #[test]
+    fn a_stop_sequence_is_named_where_the_provider_names_it() {
+        let rows = [
+            (json!({"finish_reason": "stop"}), "end_turn", Value::Null),
+            (
+                json!({"finish_reason": "stop", "stop_reason": "END"}),
+                "stop_sequence",
+                json!("END"),
+            ),
+            // vLLM: a token id (EOS) is no stop sequence.
+            (
+                json!({"finish_reason": "stop", "stop_reason": 2}),
+                "end_turn",
+                Value::Null,
+            ),
+            (
+                json!({"finish_reason": "stop", "matched_stop": "###"}),
+                "stop_sequence",
+                json!("###"),
+            ),
+            (
+                json!({"finish_reason": "stop", "native_finish_reason": "stop_sequence"}),
+                "stop_sequence",
+                Value::Null,
+            ),
+            (
+                json!({"finish_reason": "length", "stop_reason": "END"}),
+                "max_tokens",
+                Value::Null,
+            ),
+        ];
+        for (choice, stop, sequence) in rows {
+            let mut choice = choice;
+            choice["message"] = json!({"role": "assistant", "content": "Hi"});
+            let v = answer(&json!({"id": "c", "model": "m", "choices": [choice.clone()]})).unwrap();
+            assert_eq!(
+                (&v["stop_reason"], &v["stop_sequence"]),
+                (&json!(stop), &sequence),
+                "{choice}"
+            );
         }
     }
 

@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 
 use super::Translation;
 use super::chat_to_messages::{finish_reason, usage as chat_usage};
-use super::messages_to_chat::stop_reason;
+use super::messages_to_chat::stop_of;
 
 /// Most bytes of one event the translator keeps back waiting for its end. An upstream is not
 /// trusted: an event longer than this is not translated (nothing of it reaches the client), and
@@ -57,6 +57,7 @@ impl StreamTranslator {
                 blocks: 0,
                 tool_blocks: Vec::new(),
                 stop: None,
+                stop_sequence: None,
                 usage: None,
                 done: false,
             }),
@@ -309,6 +310,8 @@ struct ToMessages {
     /// (OpenAI tool call index, Anthropic block index) of each tool call.
     tool_blocks: Vec<(u64, u64)>,
     stop: Option<&'static str>,
+    /// The stop sequence that ended the answer, where the provider named it.
+    stop_sequence: Option<String>,
     usage: Option<Value>,
     done: bool,
 }
@@ -369,7 +372,7 @@ impl ToMessages {
         }
         self.close_block(out);
         let mut delta = json!({"type": "message_delta",
-            "delta": {"stop_reason": self.stop.unwrap_or("end_turn"), "stop_sequence": null}});
+            "delta": {"stop_reason": self.stop.unwrap_or("end_turn"), "stop_sequence": self.stop_sequence}});
         if let Some(u) = self.usage.as_ref().and_then(super::messages_to_chat::usage) {
             delta["usage"] = u;
         }
@@ -444,8 +447,10 @@ impl ToMessages {
                 );
             }
         }
-        if let Some(f) = choice["finish_reason"].as_str() {
-            self.stop = Some(stop_reason(f));
+        if choice["finish_reason"].is_string() {
+            let (stop, sequence) = stop_of(choice);
+            self.stop = Some(stop);
+            self.stop_sequence = sequence;
         }
     }
 }
@@ -679,6 +684,24 @@ mod tests {
                     "cache_creation_input_tokens": 0})
             );
         }
+    }
+
+    /// A stop sequence the provider names (vLLM's `stop_reason`) ends the message with
+    /// `stop_reason: "stop_sequence"` and names it.
+    #[test]
+    fn a_named_stop_sequence_reaches_the_message_delta() {
+        let input = "data: {\"id\":\"x\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"a\"}}]}\n\n\
+                     data: {\"id\":\"x\",\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\",\"stop_reason\":\"END\"}]}\n\n\
+                     data: [DONE]\n\n";
+        let out = run(Translation::MessagesToChat, false, input, 40);
+        let delta = data_lines(&out)
+            .into_iter()
+            .find(|e| e["type"] == "message_delta")
+            .unwrap();
+        assert_eq!(
+            delta["delta"],
+            json!({"stop_reason": "stop_sequence", "stop_sequence": "END"})
+        );
     }
 
     /// An event over the bound is dropped whole, however it is cut, and the next one translated;

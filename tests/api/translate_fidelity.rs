@@ -12,6 +12,7 @@ use crate::translate::{KEY, attempts, start};
 both_backends!(
     a_refusal_to_translate_does_not_hide_an_earlier_upstream_error,
     messages_on_openai_bound_the_output_with_max_completion_tokens,
+    a_stop_sequence_the_provider_names_reaches_the_anthropic_client,
 );
 
 /// Posts `body` to `/v1/messages` with Anthropic's headers.
@@ -69,5 +70,56 @@ async fn messages_on_openai_bound_the_output_with_max_completion_tokens(db: Test
     let v: Value = r.json().await.unwrap();
     assert_eq!(v["error"]["param"], "stop_sequences", "{v}");
     assert_eq!(mock.call_count(), 1, "nothing more was sent upstream");
+    app.stop().await;
+}
+
+/// A provider that names the stop sequence that ended the answer (vLLM's `stop_reason`): the
+/// Anthropic client reads `stop_reason: "stop_sequence"` and the sequence, streamed or not.
+async fn a_stop_sequence_the_provider_names_reaches_the_anthropic_client(db: TestDb) {
+    let (app, mock) = start(&db).await;
+    let choice = json!({"index": 0, "message": {"role": "assistant", "content": "one two"},
+        "finish_reason": "stop", "stop_reason": "three"});
+    let answer = json!({"id": "cmpl-1", "object": "chat.completion", "model": "gpt-4o-mini",
+        "choices": [choice], "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}});
+    mock.script(
+        Script::any()
+            .times(1)
+            .raw(200, "application/json", &answer.to_string()),
+    );
+    let body = json!({"model": "gpt-4o-mini", "max_tokens": 16, "stop_sequences": ["three"],
+        "messages": [{"role": "user", "content": "count"}]});
+    let v: Value = post_messages(&app, &body).await.json().await.unwrap();
+    assert_eq!(
+        (&v["stop_reason"], &v["stop_sequence"]),
+        (&json!("stop_sequence"), &json!("three")),
+        "{v}"
+    );
+
+    let chunk = |delta: Value, finish: Value| {
+        format!(
+            "data: {}\n\n",
+            json!({"id": "cmpl-2", "object": "chat.completion.chunk", "model": "gpt-4o-mini",
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "stop_reason": if finish.is_null() { Value::Null } else { json!("three") }}]})
+        )
+    };
+    let stream = [
+        chunk(json!({"role": "assistant", "content": "one two"}), Value::Null),
+        chunk(json!({}), json!("stop")),
+        "data: [DONE]\n\n".to_owned(),
+    ]
+    .concat();
+    mock.script(Script::any().times(1).raw(200, "text/event-stream", &stream));
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let text = post_messages(&app, &streamed).await.text().await.unwrap();
+    let delta = crate::translate::chunks(&text)
+        .into_iter()
+        .find(|e| e["type"] == "message_delta")
+        .unwrap_or_else(|| panic!("{text}"));
+    assert_eq!(
+        delta["delta"],
+        json!({"stop_reason": "stop_sequence", "stop_sequence": "three"}),
+        "{text}"
+    );
     app.stop().await;
 }
