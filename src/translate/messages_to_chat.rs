@@ -382,7 +382,7 @@ pub fn usage(u: &Value) -> Option<Value> {
     let output = u
         .get("total_tokens")
         .and_then(Value::as_u64)
-        .filter(|t| *t >= prompt + completion)
+        .filter(|t| prompt.checked_add(completion).is_some_and(|sum| *t >= sum))
         .map_or(completion, |t| t - prompt);
     Some(json!({
         "input_tokens": prompt - cached,
@@ -631,5 +631,8 @@ mod tests {
                     "cache_creation_input_tokens": 0}})
         );
         assert!(answer(&json!({"choices": []})).is_err());
+        // An absurd usage is mapped without overflow (the gateway replaces it by its estimate).
+        let absurd = json!({"prompt_tokens": u64::MAX, "completion_tokens": 5, "total_tokens": 4});
+        assert_eq!(usage(&absurd).unwrap()["output_tokens"], 5);
     }
 }

@@ -31,6 +31,7 @@ mod tags_end_users;
 mod traces;
 mod translate;
 mod translate_fidelity;
+mod translate_streams;
 mod untrusted_upstream;
 mod upstream;
 mod upstream_dispatch;

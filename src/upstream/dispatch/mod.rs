@@ -296,14 +296,12 @@ impl Run<'_> {
         single: bool,
     ) -> Step {
         // A request the credential's format cannot express is not sent: the client's 400, unless
-        // another candidate serves it, and only if no earlier candidate failed otherwise (the
-        // upstream's own answer says more than the gateway's refusal to ask).
+        // another candidate serves it or an earlier one failed (its answer says more).
         let out = match translate::request(self.endpoint, cred, body, upstream_model) {
             Ok(out) => out,
             Err(refused) => {
                 tracing::debug!(credential = %cred.name, param = %refused.param, "request not translatable");
-                self.last
-                    .get_or_insert_with(|| Dispatched::GatewayFailed(refused.into()));
+                self.last.get_or_insert(Dispatched::GatewayFailed(refused.into()));
                 return Step::Failed(NextStep::NextCredential);
             }
         };
