@@ -3,6 +3,7 @@
 pub mod auth;
 pub mod body;
 pub mod completion;
+mod envelope;
 mod my_quota;
 mod spans;
 pub mod stream;
@@ -75,7 +76,7 @@ async fn messages(
     caller: Authentication,
     req: Request,
 ) -> Response {
-    handle(state.0, Endpoint::Messages, peer.0, caller, req).await
+    envelope::in_anthropic_envelope(handle(state.0, Endpoint::Messages, peer.0, caller, req).await).await
 }
 
 /// The request path: authenticate, read and check the body, route, dispatch, respond, and

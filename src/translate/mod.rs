@@ -159,19 +159,15 @@ pub fn error_body(t: Translation, status: u16, body: &[u8]) -> Bytes {
         }
     };
     let out = match t {
-        // Anthropic's `{"type":"error","error":{"type","message"}}` → OpenAI's error object.
+        // Anthropic's `{"type":"error","error":{"type","message"}}` → OpenAI's error object, in
+        // OpenAI's words.
         Translation::ChatToMessages => {
-            let kind = v.pointer("/error/type").and_then(Value::as_str);
+            let (kind, code) = openai_error_of(v.pointer("/error/type").and_then(Value::as_str), status);
             let message = v
                 .pointer("/error/message")
                 .and_then(Value::as_str)
                 .map_or_else(text, str::to_owned);
-            json!({"error": {
-                "message": message,
-                "type": kind.unwrap_or_else(|| openai_type(status)),
-                "param": null,
-                "code": kind,
-            }})
+            json!({"error": {"message": message, "type": kind, "param": null, "code": code}})
         }
         // OpenAI's `{"error":{"message","type","code"}}` (or a list of them) → Anthropic's.
         Translation::MessagesToChat => {
@@ -388,14 +384,14 @@ mod tests {
                 429,
                 r#"{"type":"error","error":{"type":"rate_limit_error","message":"Number of request tokens has exceeded your per-minute rate limit"}}"#,
                 json!({"error": {"message": "Number of request tokens has exceeded your per-minute rate limit",
-                    "type": "rate_limit_error", "param": null, "code": "rate_limit_error"}}),
+                    "type": "rate_limit_error", "param": null, "code": "rate_limit_exceeded"}}),
             ),
             (
                 Translation::ChatToMessages,
                 529,
                 r#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#,
-                json!({"error": {"message": "Overloaded", "type": "overloaded_error", "param": null,
-                    "code": "overloaded_error"}}),
+                json!({"error": {"message": "Overloaded", "type": "api_error", "param": null,
+                    "code": null}}),
             ),
             (
                 Translation::ChatToMessages,

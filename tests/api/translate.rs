@@ -363,7 +363,7 @@ async fn an_anthropic_error_is_classified_natively_and_rendered_for_openai(db: T
     assert_eq!(
         v,
         json!({"error": {"message": "Number of request tokens has exceeded your per-minute rate limit",
-            "type": "rate_limit_error", "param": null, "code": "rate_limit_error"}})
+            "type": "rate_limit_error", "param": null, "code": "rate_limit_exceeded"}})
     );
     // Classified on Anthropic's own body and Retry-After: the credential rests 30 s, so the
     // next request is refused before anything is sent.

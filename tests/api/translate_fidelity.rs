@@ -13,6 +13,7 @@ both_backends!(
     a_refusal_to_translate_does_not_hide_an_earlier_upstream_error,
     messages_on_openai_bound_the_output_with_max_completion_tokens,
     a_stop_sequence_the_provider_names_reaches_the_anthropic_client,
+    errors_have_one_shape_per_endpoint,
 );
 
 /// Posts `body` to `/v1/messages` with Anthropic's headers.
@@ -121,5 +122,102 @@ async fn a_stop_sequence_the_provider_names_reaches_the_anthropic_client(db: Tes
         json!({"stop_reason": "stop_sequence", "stop_sequence": "three"}),
         "{text}"
     );
+    app.stop().await;
+}
+
+/// issue 45 item 6: `/v1/messages` answers every error in Anthropic's envelope (the gateway's
+/// refusals keep their `code` and fields in it); `/v1/chat/completions` answers every error in
+/// OpenAI's shape and words, an Anthropic upstream's too.
+async fn errors_have_one_shape_per_endpoint(db: TestDb) {
+    let (app, mock) = start(&db).await;
+    let ask = |model: &str| json!({"model": model, "max_tokens": 8, "messages": [{"role": "user", "content": "x"}]});
+    let rows = [
+        (
+            ask("no-such-model"),
+            404,
+            "not_found_error",
+            "model_not_found",
+            json!("model"),
+        ),
+        (
+            {
+                let mut b = ask("gpt-4o-mini");
+                b["top_k"] = json!(5);
+                b
+            },
+            400,
+            "invalid_request_error",
+            "invalid_request_error",
+            json!("top_k"),
+        ),
+    ];
+    for (body, status, kind, code, param) in rows {
+        let r = post_messages(&app, &body).await;
+        assert_eq!(r.status(), status, "{body}");
+        assert_eq!(crate::translate::header(&r, "x-aigw-error-source"), "gateway");
+        let v: Value = r.json().await.unwrap();
+        assert_eq!(v["type"], "error", "{v}");
+        assert_eq!(
+            (&v["error"]["type"], &v["error"]["code"], &v["error"]["param"]),
+            (&json!(kind), &json!(code), &param),
+            "{v}"
+        );
+        assert!(v["error"]["message"].is_string(), "{v}");
+    }
+    let r = app
+        .client
+        .post(format!("{}/v1/messages", app.address))
+        .header("x-api-key", "sk-aigw-0000000000000000000000000000nope")
+        .json(&ask("gpt-4o"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(
+        (&v["type"], &v["error"]["type"]),
+        (&json!("error"), &json!("authentication_error")),
+        "{v}"
+    );
+    assert_eq!(v["error"]["code"], "invalid_api_key", "{v}");
+
+    // The same refusal on chat keeps OpenAI's shape.
+    let r = app
+        .post_json("/v1/chat/completions", KEY, &ask("no-such-model"))
+        .await;
+    let v: Value = r.json().await.unwrap();
+    assert!(v.get("type").is_none(), "{v}");
+    assert_eq!(
+        (&v["error"]["type"], &v["error"]["code"]),
+        (&json!("invalid_request_error"), &json!("model_not_found"))
+    );
+
+    // An Anthropic upstream's errors reach a chat client in OpenAI's words.
+    for (status, anthropic, kind, code) in [
+        (
+            429,
+            "rate_limit_error",
+            "rate_limit_error",
+            json!("rate_limit_exceeded"),
+        ),
+        (529, "overloaded_error", "api_error", Value::Null),
+    ] {
+        // (Past the rest the previous error parked the credential for.)
+        app.clock.advance(chrono::Duration::hours(1));
+        mock.reset();
+        mock.script(Script::any().model("claude-sonnet-4-5").error(
+            status,
+            json!({"type": "error", "error": {"type": anthropic, "message": "upstream says no"}}),
+        ));
+        let r = app
+            .post_json("/v1/chat/completions", KEY, &ask("claude-sonnet"))
+            .await;
+        assert_eq!(r.status(), status);
+        let v: Value = r.json().await.unwrap();
+        assert_eq!(
+            v,
+            json!({"error": {"message": "upstream says no", "type": kind, "param": null, "code": code}})
+        );
+    }
     app.stop().await;
 }
