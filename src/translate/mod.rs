@@ -90,24 +90,38 @@ impl From<Refused> for ApiError {
 }
 
 /// The attempt's request: the client's body as is for the credential's own format, else
-/// translated into it, with the upstream model name.
+/// translated into it, with the upstream model name. `max_output_tokens` is the model's own
+/// output limit, the `max_tokens` an Anthropic credential is sent for a chat request that names
+/// none ([`chat_to_messages::DEFAULT_MAX_TOKENS`] when the model has none).
 pub fn request(
     endpoint: Endpoint,
     cred: &Credential,
     body: &Fields,
     upstream_model: &str,
+    max_output_tokens: Option<u64>,
 ) -> Result<Outgoing, Refused> {
     let Some(t) = Translation::of(endpoint, cred.provider) else {
         return Ok(adapter::outgoing(endpoint, cred, body, upstream_model));
     };
     let fields = fields_as_map(body)?;
+    let mut max_tokens_chosen = None;
     let translated = match t {
-        Translation::ChatToMessages => chat_to_messages::request(&fields, upstream_model)?,
+        Translation::ChatToMessages => {
+            let bound = max_output_tokens.unwrap_or(chat_to_messages::DEFAULT_MAX_TOKENS);
+            let named = ["max_tokens", "max_completion_tokens"]
+                .iter()
+                .any(|k| fields.get(*k).is_some_and(|v| !v.is_null()));
+            if !named {
+                max_tokens_chosen = Some(bound);
+            }
+            chat_to_messages::request(&fields, upstream_model, bound)?
+        }
         Translation::MessagesToChat => messages_to_chat::request(&fields, upstream_model, cred.provider)?,
     };
     Ok(Outgoing {
         url: cred.url(t.upstream_endpoint()).clone(),
         body: Bytes::from(translated.to_string()),
+        max_tokens_chosen,
     })
 }
 

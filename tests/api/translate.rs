@@ -138,6 +138,7 @@ async fn a_claude_model_answers_chat_completions(db: TestDb) {
     let a = attempts(log);
     assert_eq!(a[0]["provider"], "anthropic");
     assert_eq!(a[0]["translated"], "chat.completions→messages");
+    assert_eq!(a[0]["max_tokens_chosen"], 4096, "the gateway chose it");
     app.stop().await;
 }
 

@@ -6,7 +6,7 @@ use aigw::mock_upstream::Script;
 use serde_json::{Value, json};
 
 use crate::both_backends;
-use crate::helpers::TestDb;
+use crate::helpers::{Setup, TestDb, spawn_app};
 use crate::translate::{KEY, attempts, start};
 
 both_backends!(
@@ -14,6 +14,7 @@ both_backends!(
     messages_on_openai_bound_the_output_with_max_completion_tokens,
     a_stop_sequence_the_provider_names_reaches_the_anthropic_client,
     errors_have_one_shape_per_endpoint,
+    a_chat_request_without_a_bound_gets_the_models_own_output_limit,
 );
 
 /// Posts `body` to `/v1/messages` with Anthropic's headers.
@@ -219,5 +220,131 @@ async fn errors_have_one_shape_per_endpoint(db: TestDb) {
             json!({"error": {"message": "upstream says no", "type": kind, "param": null, "code": code}})
         );
     }
+    app.stop().await;
+}
+
+/// issue 45 item 9: a chat request naming no output bound gets, on an Anthropic credential, the
+/// model's own `max_output_tokens` (from the resources file, changed through the admin API),
+/// and the log says the gateway chose it; a request naming one gets its own.
+async fn a_chat_request_without_a_bound_gets_the_models_own_output_limit(db: TestDb) {
+    let mock = aigw::mock_upstream::MockUpstream::start().await.unwrap();
+    let resources = crate::translate::resources(&mock)
+        .replace(
+            "name = \"claude-sonnet\"\nprice",
+            "name = \"claude-sonnet\"\nmax_output_tokens = 64000\nprice",
+        )
+        .replace(
+            "role = \"member\"",
+            "role = \"member\"\n[[member]]\nworkspace = \"acme\"\nemail = \"boss@acme.test\"\nrole = \"admin\"\npassword = \"boss-password-1\"",
+        );
+    let app = spawn_app(&db, Setup::resources(resources)).await;
+    let ask = |max: Option<u64>| {
+        let mut b = json!({"model": "claude-sonnet", "messages": [{"role": "user", "content": "write a long story"}]});
+        if let Some(m) = max {
+            b["max_completion_tokens"] = json!(m);
+        }
+        b
+    };
+    assert_eq!(
+        app.post_json("/v1/chat/completions", KEY, &ask(None))
+            .await
+            .status(),
+        200
+    );
+    assert_eq!(mock.calls()[0].body["max_tokens"], 64000);
+    let log = &app.logs("acme", 1).await[0];
+    assert_eq!(
+        attempts(log)[0]["max_tokens_chosen"],
+        64000,
+        "{}",
+        log.attempts_detail
+    );
+
+    assert_eq!(
+        app.post_json("/v1/chat/completions", KEY, &ask(Some(50)))
+            .await
+            .status(),
+        200
+    );
+    assert_eq!(mock.calls()[1].body["max_tokens"], 50);
+    let log = &app.logs("acme", 1).await[0];
+    assert!(
+        attempts(log)[0].get("max_tokens_chosen").is_none(),
+        "{}",
+        log.attempts_detail
+    );
+
+    // The admin API shows it and changes it; a bad value is refused by name; null is the default.
+    let token = app.login("boss@acme.test", "boss-password-1").await;
+    let admin = |method: reqwest::Method, path: String, body: Option<Value>| {
+        let mut r = app
+            .client
+            .request(method, format!("{}{path}", app.address))
+            .bearer_auth(&token);
+        if let Some(b) = body {
+            r = r.json(&b);
+        }
+        r.send()
+    };
+    let list: Value = admin(reqwest::Method::GET, "/admin/v1/models".into(), None)
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let model = list["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["name"] == "claude-sonnet")
+        .unwrap()
+        .clone();
+    assert_eq!(model["max_output_tokens"], 64000, "{model}");
+    let path = format!("/admin/v1/models/{}", model["id"]);
+    let r = admin(
+        reqwest::Method::PATCH,
+        path.clone(),
+        Some(json!({"max_output_tokens": 0})),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status(), 422);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["param"], "max_output_tokens", "{v}");
+    let r = admin(
+        reqwest::Method::PATCH,
+        path.clone(),
+        Some(json!({"max_output_tokens": 8192})),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status(), 200);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["max_output_tokens"], 8192);
+    app.sync().await;
+    assert_eq!(
+        app.post_json("/v1/chat/completions", KEY, &ask(None))
+            .await
+            .status(),
+        200
+    );
+    assert_eq!(mock.calls()[2].body["max_tokens"], 8192);
+    let r = admin(
+        reqwest::Method::PATCH,
+        path,
+        Some(json!({"max_output_tokens": null})),
+    )
+    .await
+    .unwrap();
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["max_output_tokens"], Value::Null, "{v}");
+    app.sync().await;
+    assert_eq!(
+        app.post_json("/v1/chat/completions", KEY, &ask(None))
+            .await
+            .status(),
+        200
+    );
+    assert_eq!(mock.calls()[3].body["max_tokens"], 4096);
     app.stop().await;
 }

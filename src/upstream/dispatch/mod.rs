@@ -297,7 +297,8 @@ impl Run<'_> {
     ) -> Step {
         // A request the credential's format cannot express is not sent: the client's 400, unless
         // another candidate serves it or an earlier one failed (its answer says more).
-        let out = match translate::request(self.endpoint, cred, body, upstream_model) {
+        let out = match translate::request(self.endpoint, cred, body, upstream_model, model.max_output_tokens)
+        {
             Ok(out) => out,
             Err(refused) => {
                 tracing::debug!(credential = %cred.name, param = %refused.param, "request not translatable");
@@ -305,6 +306,7 @@ impl Run<'_> {
                 return Step::Failed(NextStep::NextCredential);
             }
         };
+        let max_tokens_chosen = out.max_tokens_chosen;
         let mut req = request(cred, self.headers, out);
         // The body is bytes, so the request copies cheaply; only a single candidate may need it.
         let mut retry = single.then(|| http::duplicate(&req));
@@ -390,6 +392,7 @@ impl Run<'_> {
                 };
                 self.push(Attempt {
                     status: Some(status),
+                    max_tokens_chosen,
                     ..Attempt::of(cred, model)
                 });
                 self.up.locks.success(cred.id);

@@ -39,6 +39,10 @@ pub struct Attempt {
     /// The translation the request went through (set when the request completes), if any.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub translated: Option<&'static str>,
+    /// The `max_tokens` the gateway chose for the translated request of the attempt that
+    /// served, the client having named none: the model's `max_output_tokens`, else 4096.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_tokens_chosen: Option<u64>,
     /// Its span, when the request is traced and this attempt sent a request.
     #[serde(skip)]
     pub span: Option<crate::otel::AttemptSpan>,
@@ -72,6 +76,7 @@ impl Attempt {
             lock_until: None,
             provider: cred.provider,
             translated: None,
+            max_tokens_chosen: None,
             span: None,
         }
     }
