@@ -516,11 +516,41 @@ impl ApiError {
 
     /// The error `type` in Anthropic's words, where they differ from OpenAI's.
     fn anthropic_type(&self) -> &'static str {
-        match self {
-            ApiError::Timeout(_) => "timeout_error",
-            _ => self.error_type(),
-        }
+        anthropic_type_of(self.error_type(), self.status())
     }
+}
+
+/// Anthropic's error `type` for one of the gateway's OpenAI-shaped ones: the same words, but
+/// where Anthropic names the status more precisely.
+fn anthropic_type_of(openai_type: &str, status: StatusCode) -> &'static str {
+    match status.as_u16() {
+        404 => "not_found_error",
+        413 => "request_too_large",
+        504 => "timeout_error",
+        _ => match openai_type {
+            "authentication_error" => "authentication_error",
+            "permission_error" => "permission_error",
+            "rate_limit_error" => "rate_limit_error",
+            "invalid_request_error" => "invalid_request_error",
+            _ => "api_error",
+        },
+    }
+}
+
+/// A gateway refusal's JSON ([`ApiError::body`]) in the envelope of Anthropic's format, for
+/// `/v1/messages`: `{"type":"error","error":{…}}` whose `type` is in Anthropic's words, every
+/// other field (`message`, the stable `code`, `param`, `retry_after`, `reset_at`, …) kept.
+pub fn anthropic_envelope(body: Value, status: StatusCode) -> Value {
+    let mut error = match body {
+        Value::Object(mut o) => o.remove("error").unwrap_or(Value::Null),
+        _ => Value::Null,
+    };
+    if !error.is_object() {
+        error = json!({"message": "error"});
+    }
+    let kind = anthropic_type_of(error["type"].as_str().unwrap_or_default(), status);
+    error["type"] = json!(kind);
+    json!({"type": "error", "error": error})
 }
 
 impl ApiError {
@@ -727,6 +757,48 @@ mod tests {
                 ..
             } => 32,
             ApiError::LabelLimit { .. } => 31,
+        }
+    }
+
+    /// On `/v1/messages` every refusal comes in Anthropic's envelope, its `type` one of
+    /// Anthropic's, every other field of the OpenAI-shaped body kept as is.
+    #[test]
+    fn the_anthropic_envelope_keeps_every_field() {
+        let anthropic = [
+            "invalid_request_error",
+            "authentication_error",
+            "permission_error",
+            "not_found_error",
+            "request_too_large",
+            "rate_limit_error",
+            "api_error",
+            "timeout_error",
+        ];
+        for e in every_variant() {
+            let body = e.body();
+            let out = anthropic_envelope(body.clone(), e.status());
+            assert_eq!(out["type"], "error", "{e:?}");
+            let kind = out["error"]["type"].as_str().unwrap();
+            assert!(anthropic.contains(&kind), "{e:?}: {kind}");
+            let mut kept = out["error"].clone();
+            kept["type"] = body["error"]["type"].clone();
+            assert_eq!(kept, body["error"], "{e:?}");
+        }
+        let rows = [
+            (ApiError::ModelNotFound { model: "m".into() }, "not_found_error"),
+            (ApiError::RequestTooLarge { limit: 1 }, "request_too_large"),
+            (ApiError::StoreUnavailable, "api_error"),
+            (
+                ApiError::UpstreamQuotaExhausted { retry_after_ms: 1 },
+                "rate_limit_error",
+            ),
+        ];
+        for (e, kind) in rows {
+            assert_eq!(
+                anthropic_envelope(e.body(), e.status())["error"]["type"],
+                kind,
+                "{e:?}"
+            );
         }
     }
 

@@ -150,6 +150,20 @@ pub fn price(prompt: f64, completion: f64, range: Range) -> Result<(i64, i64), S
     Ok((credits_to_micros(prompt), credits_to_micros(completion)))
 }
 
+/// Most a model's `max_output_tokens` may be.
+pub const MAX_OUTPUT_TOKENS: i64 = 10_000_000;
+
+/// A model's own output limit: a whole number from 1 to [`MAX_OUTPUT_TOKENS`].
+pub fn max_output_tokens(n: i64) -> Result<i64, String> {
+    if (1..=MAX_OUTPUT_TOKENS).contains(&n) {
+        Ok(n)
+    } else {
+        Err(format!(
+            "max_output_tokens must be a whole number from 1 to {MAX_OUTPUT_TOKENS}, not {n}"
+        ))
+    }
+}
+
 /// A model's fallbacks name other models, never itself.
 pub fn fallbacks(model: &str, fallbacks: &[String]) -> Result<(), String> {
     if fallbacks.iter().any(|f| f == model) {
@@ -513,6 +527,20 @@ mod tests {
         ] {
             let err = ok(list).unwrap_err();
             assert!(err.contains(want), "{list:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn max_output_tokens_are_whole_and_bounded() {
+        for (n, ok) in [
+            (1, true),
+            (64_000, true),
+            (MAX_OUTPUT_TOKENS, true),
+            (0, false),
+            (-5, false),
+            (MAX_OUTPUT_TOKENS + 1, false),
+        ] {
+            assert_eq!(max_output_tokens(n).is_ok(), ok, "{n}");
         }
     }
 

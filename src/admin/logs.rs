@@ -484,6 +484,7 @@ mod tests {
             price_prompt: 0,
             price_completion: 0,
             created_at: 0,
+            max_output_tokens: None,
         };
         let models = [model("current"), model("idle")];
         type Groups<'a> = &'a [(&'a str, i64)];

@@ -9,7 +9,8 @@ use serde_json::{Value, json};
 
 use super::session::Actor;
 use super::{
-    AdminResult, Body, Id, audit, checked, config_changed, created, name_field, no_content, store_error,
+    AdminResult, Body, Id, audit, checked, config_changed, created, double_option, name_field, no_content,
+    store_error,
 };
 use crate::app::AppState;
 use crate::error::ApiError;
@@ -32,6 +33,7 @@ fn model_json(state: &AppState, m: &ModelRow, upstreams: &[UpstreamRow]) -> Valu
             "prompt": micros_to_credits(m.price_prompt),
             "completion": micros_to_credits(m.price_completion),
         },
+        "max_output_tokens": m.max_output_tokens,
         "served_by": served_by,
         "created_at": m.created_at,
         "managed_by": state.managed.by(Kind::Model, m.id),
@@ -92,6 +94,9 @@ pub struct ModelInput {
     fallbacks: Option<Vec<String>>,
     #[serde(default)]
     price: Option<PriceInput>,
+    /// Absent: unchanged; `null`: the default; a number: the model's own output limit.
+    #[serde(default, with = "double_option")]
+    max_output_tokens: Option<Option<i64>>,
 }
 
 /// Checks `input` and applies it over `row`: a fallback must be another model of the workspace
@@ -107,6 +112,11 @@ async fn apply(state: &AppState, row: &mut ModelRow, input: ModelInput, creating
             "price",
             validate::price(p.prompt, p.completion, validate::Range::Console),
         )?;
+    }
+    if let Some(n) = input.max_output_tokens {
+        row.max_output_tokens = n
+            .map(|n| checked("max_output_tokens", validate::max_output_tokens(n)))
+            .transpose()?;
     }
     if let Some(fallbacks) = input.fallbacks {
         let models: Vec<ModelRow> = state
@@ -147,6 +157,7 @@ pub async fn create(
         price_prompt: 0,
         price_completion: 0,
         created_at: state.clock.now_ms(),
+        max_output_tokens: None,
     };
     apply(&state, &mut row, input, true).await?;
     row.id = state.store.save_model(&row).await.map_err(store_error)?;

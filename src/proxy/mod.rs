@@ -4,6 +4,7 @@ mod answer_headers;
 pub mod auth;
 pub mod body;
 pub mod completion;
+mod envelope;
 mod my_quota;
 mod spans;
 pub mod stream;
@@ -76,7 +77,7 @@ async fn messages(
     caller: Authentication,
     req: Request,
 ) -> Response {
-    handle(state.0, Endpoint::Messages, peer.0, caller, req).await
+    envelope::in_anthropic_envelope(handle(state.0, Endpoint::Messages, peer.0, caller, req).await).await
 }
 
 /// The request path: authenticate, read and check the body, route, dispatch, respond, and
@@ -279,26 +280,31 @@ pub async fn handle(
             let Complete {
                 status,
                 content_type,
-                body: bytes,
+                body: mut bytes,
+                translated_usage,
             } = match answer {
                 Answer::Stream(response) => {
                     let status = response.status().as_u16();
                     // The tap reads the upstream's own events (usage, errors); a translated stream
                     // is rewritten after it, in the client's format.
                     let upstream_endpoint = translation.map_or(endpoint, Translation::upstream_endpoint);
-                    let tap = SseTap::new(
+                    let mut tap = SseTap::new(
                         upstream_endpoint,
                         strip_usage && translation.is_none(),
                         state.settings.max_usage_tokens,
                     )
                     .masking(credential.mask.clone());
+                    if translation.is_some() {
+                        // An event too large to translate is not held either.
+                        tap = tap.dropping_oversized();
+                    }
                     let mut stream = stream::ProxyStream::new(response, tap, completion, body.len, deadline);
                     if let Some(t) = translation {
                         stream = stream.translating(StreamTranslator::new(t, !strip_usage, &body.model));
                     }
                     // What the upstream has already sent leaves with the head, in one write.
                     let first = futures::StreamExt::next(&mut stream).await;
-                    if let Some((completion, e)) = stream.timed_out_before_the_head() {
+                    if let Some((completion, e)) = stream.failed_before_the_head() {
                         return with_quota(route.on(refuse(completion, e)), &quota, untouched, now);
                     }
                     let body = futures::StreamExt::chain(futures::stream::iter(first), stream);
@@ -319,13 +325,20 @@ pub async fn handle(
             };
             // The upstream's usage is counted only if valid; else the gateway's estimate is.
             let ceiling = state.settings.max_usage_tokens;
-            let reported = usage::of_body(endpoint, &bytes, ceiling);
+            let reported = match translated_usage {
+                Some((native, block)) => UsageReport::read(native, &block, ceiling),
+                None => usage::of_body(endpoint, &bytes, ceiling),
+            };
             let ttfb = Some(completion.started().elapsed());
             let outcome = match &reported {
                 UsageReport::Valid(u) => Outcome::ok(status, Some(*u), ttfb),
                 _ => {
                     let answer = usage::answer_tokens(endpoint, &bytes);
                     let estimate = usage::estimate(body.len, answer, &reported, ceiling);
+                    if translation.is_some() {
+                        // The gateway wrote this answer: it tells the client what it counts.
+                        bytes = translate::with_usage(endpoint, &bytes, estimate);
+                    }
                     Outcome::estimated(status, estimate, reported.invalid_reason(), ttfb)
                 }
             };

@@ -1,8 +1,14 @@
 //! A streamed response passed through as it arrives (what arrived together leaves in one write,
 //! nothing waits for more). The stream owns the request's
-//! [`Completion`]: it finishes it when the upstream ends, when the upstream misses a deadline —
-//! its first byte, or the next chunk within the idle gap — and, through `Drop`, when the client
-//! goes away mid-stream, with the tokens delivered so far.
+//! [`Completion`]: it finishes it when the message ends (its terminator), when the upstream ends,
+//! when the upstream misses a deadline — its first byte, or the next chunk within the idle gap —
+//! and, through `Drop`, when the client goes away mid-stream, with the tokens delivered so far.
+//!
+//! Every stream ends for the client with its terminator or a final error event in the client's
+//! format: the message's end ends the client's stream (nothing after it is sent or counted; what
+//! the upstream still sends is drained off the request path, so its connection is reused); a
+//! stream the upstream cut short, a deadline passed, or an event too large to translate ends with
+//! a final error event (or, before any byte went out, the request is answered with the error).
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -41,9 +47,13 @@ pub struct ProxyStream {
     /// Fires no later than the deadline now due: the first byte's, then the idle gap's after the
     /// last chunk. Moved only when it fires early (chunks came since), not on every chunk.
     timer: Pin<Box<Sleep>>,
-    /// A deadline that passed before a byte went to the client: the request is answered with a
-    /// 504 instead of a stream.
-    unsent_timeout: Option<ApiError>,
+    /// An error that ended the stream before a byte went to the client (a deadline passed: 504;
+    /// the upstream's stream ended empty: 502): the request is answered with it instead of a
+    /// stream.
+    unsent_error: Option<ApiError>,
+    /// Most tokens a call may report (`max_usage_tokens`), for the estimate a translated stream
+    /// tells its client in place of an absurd usage.
+    ceiling: u64,
     /// Rewrites the upstream's events (as the tap passed them) in the client's format, when the
     /// credential speaks the other one.
     translator: Option<StreamTranslator>,
@@ -53,6 +63,11 @@ pub struct ProxyStream {
 
 /// Most bytes sent in one write.
 const WRITE_MAX: usize = 64 * 1024;
+
+/// What the upstream may still send after the message's end before its connection is dropped
+/// rather than drained for reuse: so many bytes, within so long.
+const DRAIN_MAX_BYTES: usize = 64 * 1024;
+const DRAIN_MAX_TIME: Duration = Duration::from_secs(2);
 
 impl ProxyStream {
     /// Wraps an upstream byte stream whose first byte is due by `deadline`, and each later chunk
@@ -65,6 +80,7 @@ impl ProxyStream {
         deadline: Deadline,
     ) -> Self {
         let started = completion.started();
+        let ceiling = tap.ceiling();
         ProxyStream {
             upstream: upstream.into_body().into_data_stream(),
             tap,
@@ -77,13 +93,15 @@ impl ProxyStream {
             deadline,
             last_chunk: None,
             timer: Box::pin(tokio::time::sleep_until(deadline.at())),
-            unsent_timeout: None,
+            unsent_error: None,
+            ceiling,
             translator: None,
             tapped: BytesMut::new(),
         }
     }
 
-    /// Passes the events through `translator` after the tap.
+    /// Passes the events through `translator` after the tap (which drops an event over its
+    /// bound: `SseTap::dropping_oversized`; the stream then ends with an error).
     pub fn translating(mut self, translator: StreamTranslator) -> Self {
         self.translator = Some(translator);
         self
@@ -95,28 +113,127 @@ impl ProxyStream {
             None => self.tap.feed(chunk, &mut self.held),
             Some(t) => {
                 self.tap.feed(chunk, &mut self.tapped);
+                // Until the upstream's usage is valid, the client is told the estimate that is
+                // counted (`finish`).
+                let fallback = match &self.tap.usage {
+                    UsageReport::Valid(_) => None,
+                    reported => Some(usage::estimate(
+                        self.request_len,
+                        self.tap.content_chunks,
+                        reported,
+                        self.ceiling,
+                    )),
+                };
+                t.fallback_usage(fallback);
                 t.feed(&self.tapped.split(), &mut self.held);
             }
         }
     }
 
-    /// The upstream ended: what the tap (and the translator) kept back goes to `held`.
+    /// The upstream's body ended: what the tap (and the translator) make of its last bytes goes
+    /// to `held` (the terminator an answer that named its stop lacked, perhaps).
     fn take_in_end(&mut self) {
         match &mut self.translator {
             None => self.tap.finish(&mut self.held),
             Some(t) => {
                 self.tap.finish(&mut self.tapped);
                 t.feed(&self.tapped.split(), &mut self.held);
-                t.finish(&mut self.held);
             }
         }
     }
 
-    /// The completion and the 504 of a deadline that passed before any byte went to the client
+    /// Whether the client has had its final error event: the upstream's own mid-stream error,
+    /// passed on or translated.
+    fn error_sent(&self) -> bool {
+        self.tap.error.is_some()
+    }
+
+    /// The completion and the error of a stream that ended before any byte went to the client
     /// (the stream then yielded nothing): the request is answered as a gateway refusal.
-    pub fn timed_out_before_the_head(&mut self) -> Option<(Completion, ApiError)> {
-        let error = self.unsent_timeout.take()?;
+    pub fn failed_before_the_head(&mut self) -> Option<(Completion, ApiError)> {
+        let error = self.unsent_error.take()?;
         self.completion.take().map(|c| (c, error))
+    }
+
+    /// Ends the stream with `error` as its final event in the client's format; if no byte went
+    /// to the client yet, the request is left to be answered with it instead.
+    fn end_with(&mut self, error: ApiError) -> Option<ApiError> {
+        self.ended = true;
+        if self.ttfb.is_none() && self.held.is_empty() {
+            self.unsent_error = Some(error);
+            return None;
+        }
+        let anthropic = self
+            .completion
+            .as_ref()
+            .is_some_and(|c| c.endpoint() == Endpoint::Messages);
+        self.held
+            .extend_from_slice(error.stream_event(anthropic).as_bytes());
+        Some(error)
+    }
+
+    /// The message ended (its terminator came): the request is complete; the client's stream
+    /// ends with what is held. What the upstream still sends is read without waiting, up to a
+    /// bound, and the rest drained off the request path so that its connection is reused.
+    fn message_ended(&mut self, cx: &mut Context<'_>) {
+        self.ended = true;
+        self.finish(false, false, None);
+        let mut drained = 0;
+        loop {
+            if http_body::Body::is_end_stream(&self.upstream) {
+                return;
+            }
+            match Pin::new(&mut self.upstream).poll_next(cx) {
+                Poll::Ready(Some(Ok(chunk))) if drained + chunk.len() <= DRAIN_MAX_BYTES => {
+                    drained += chunk.len();
+                }
+                Poll::Ready(_) => return,
+                Poll::Pending => break,
+            }
+        }
+        let mut rest = std::mem::replace(&mut self.upstream, axum::body::Body::empty().into_data_stream());
+        tokio::spawn(async move {
+            let drain = async {
+                while let Some(Ok(chunk)) = futures::StreamExt::next(&mut rest).await {
+                    drained += chunk.len();
+                    if drained > DRAIN_MAX_BYTES {
+                        return;
+                    }
+                }
+            };
+            let _ = tokio::time::timeout(DRAIN_MAX_TIME, drain).await;
+        });
+    }
+
+    /// The upstream's body ended (`broke`: with an error). An answer that never reached its end
+    /// was cut short: the client gets a final error event, unless it had the upstream's own.
+    fn upstream_ended(&mut self, broke: bool) {
+        self.ended = true;
+        self.take_in_end();
+        if !self.tap.finished && !self.error_sent() {
+            let error = ApiError::UpstreamInvalidResponse {
+                reason: "its stream ended before the answer did".to_owned(),
+            };
+            if self.end_with(error).is_none() {
+                return;
+            }
+        }
+        self.finish(broke, false, None);
+    }
+
+    /// The tap dropped an event over its bound, which a translated stream cannot translate
+    /// nor hold: the stream ends with a final error event rather than go on with a hole.
+    fn untranslatable(&mut self) {
+        let error = ApiError::UpstreamInvalidResponse {
+            reason: format!(
+                "one of its events is over {} bytes, which the gateway does not translate",
+                crate::upstream::sse::MAX_EVENT_BYTES
+            ),
+        };
+        tracing::warn!("{error}");
+        if let Some(error) = self.end_with(error) {
+            self.finish(false, false, Some(&error));
+        }
     }
 
     /// Notes a chunk from the upstream: the idle gap starts again.
@@ -160,17 +277,11 @@ impl ProxyStream {
             return;
         };
         completion.serving_timed_out(&missed);
-        let anthropic = completion.endpoint() == Endpoint::Messages;
-        let error = ApiError::Timeout(missed);
-        if self.ttfb.is_none() {
-            self.unsent_timeout = Some(error);
-            return;
-        }
         // What the upstream sent of an unfinished event stays back: the error event follows the
         // last whole one.
-        self.held
-            .extend_from_slice(error.stream_event(anthropic).as_bytes());
-        self.finish(false, false, Some(&error));
+        if let Some(error) = self.end_with(ApiError::Timeout(missed)) {
+            self.finish(false, false, Some(&error));
+        }
     }
 
     /// Sends what is held.
@@ -179,7 +290,9 @@ impl ProxyStream {
         Ok(self.held.split().freeze())
     }
 
-    fn finish(&mut self, upstream_broke: bool, client_gone: bool, timeout: Option<&ApiError>) {
+    /// Finishes the completion, once: `gateway_error` is the error the gateway ended the stream
+    /// with (a deadline passed, an event it cannot translate).
+    fn finish(&mut self, upstream_broke: bool, client_gone: bool, gateway_error: Option<&ApiError>) {
         let Some(completion) = self.completion.take() else {
             return;
         };
@@ -205,7 +318,7 @@ impl ProxyStream {
         };
         outcome.finish_reasons = std::mem::take(&mut self.tap.finish_reasons);
         let summary = completion.attempts_summary();
-        if let Some(e) = timeout {
+        if let Some(e) = gateway_error {
             metrics::counter!("aigw_stream_errors_total").increment(1);
             outcome.code = Some(e.code().to_owned());
             outcome.source = Some(Source::Gateway);
@@ -224,11 +337,14 @@ impl ProxyStream {
         } else if client_gone {
             outcome.code = Some("client_disconnected".to_owned());
             outcome.explanation = format!("client disconnected mid-stream; usage estimated [{summary}]");
-        } else if upstream_broke || !self.tap.finished {
+        } else if !self.tap.finished {
             metrics::counter!("aigw_stream_errors_total").increment(1);
             outcome.code = Some("upstream_stream_broken".to_owned());
             outcome.source = Some(Source::Upstream);
-            outcome.explanation = format!("Upstream: stream ended before completion [{summary}]");
+            let how = if upstream_broke { "broke" } else { "ended" };
+            outcome.explanation = format!(
+                "Upstream: stream {how} before completion; a final error event was sent; usage estimated [{summary}]"
+            );
         }
         completion.finish(outcome);
     }
@@ -251,19 +367,21 @@ impl Stream for ProxyStream {
                 Poll::Ready(Some(Ok(chunk))) => {
                     this.chunk_came();
                     this.take_in(&chunk);
-                    if this.held.len() >= WRITE_MAX {
+                    if this.tap.dropped_oversized {
+                        this.untranslatable();
+                    } else if this.tap.finished {
+                        this.message_ended(cx);
+                    } else if this.held.len() >= WRITE_MAX {
                         return Poll::Ready(Some(this.release()));
                     }
                 }
-                // The upstream ended: broken (an error) or complete.
+                // The upstream's body ended: broken (an error) or not.
                 Poll::Ready(end) => {
                     let broke = end.is_some();
                     if let Some(Err(e)) = end {
                         tracing::warn!(error = %e, "upstream stream broke");
                     }
-                    this.ended = true;
-                    this.take_in_end();
-                    this.finish(broke, false, None);
+                    this.upstream_ended(broke);
                 }
                 Poll::Pending if this.held.is_empty() => match this.deadline_passed(cx) {
                     Some(missed) => this.time_out(missed),

@@ -350,6 +350,7 @@ async fn model(a: &mut Applier<'_>, m: &ModelSpec) -> Result<(), ResourcesError>
         price_prompt: m.price.as_ref().map_or(0, |p| credits_to_micros(p.prompt)),
         price_completion: m.price.as_ref().map_or(0, |p| credits_to_micros(p.completion)),
         created_at: existing.as_ref().map_or(now, |e| e.created_at),
+        max_output_tokens: m.max_output_tokens,
     };
     let changed = existing.as_ref().is_some_and(|e| *e != row);
     if existing.is_none() || changed {

@@ -289,6 +289,9 @@ async fn model(
     if let Some(p) = &m.price {
         validate::price(p.prompt, p.completion, validate::Range::Operator).map_err(e)?;
     }
+    if let Some(n) = m.max_output_tokens {
+        validate::max_output_tokens(n).map_err(e)?;
+    }
     validate::fallbacks(&m.name, &m.fallbacks).map_err(e)?;
     for fb in &m.fallbacks {
         // A fallback may name a declared model or one a credential of the file serves.

@@ -140,6 +140,9 @@ pub(super) struct ModelSpec {
     #[serde(default)]
     pub(super) fallbacks: Vec<String>,
     pub(super) price: Option<PriceSpec>,
+    /// The model's own output limit (`max_tokens` sent to Anthropic when a chat request names
+    /// none); none: the documented default.
+    pub(super) max_output_tokens: Option<i64>,
 }
 
 #[derive(Debug, Deserialize)]

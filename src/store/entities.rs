@@ -233,6 +233,9 @@ pub struct ModelRow {
     pub price_completion: i64,
     /// Unix ms.
     pub created_at: i64,
+    /// The model's own output limit: the `max_tokens` sent to an Anthropic credential for a chat
+    /// request that names none; none: the documented default.
+    pub max_output_tokens: Option<i64>,
 }
 
 impl ModelRow {

@@ -377,13 +377,13 @@ impl ModelStore for Store {
     async fn save_model(&self, m: &ModelRow) -> StoreResult<i64> {
         let q = if m.id == 0 {
             sqlx::query_scalar(
-                "INSERT INTO models (workspace_id, name, fallbacks, price_prompt, price_completion, created_at)
-                 VALUES ($1, $2, $3, $4, $5, $6) RETURNING id",
+                "INSERT INTO models (workspace_id, name, fallbacks, price_prompt, price_completion, created_at,
+                   max_output_tokens) VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING id",
             )
         } else {
             sqlx::query_scalar(
                 "UPDATE models SET workspace_id = $1, name = $2, fallbacks = $3, price_prompt = $4,
-                   price_completion = $5, created_at = $6 WHERE id = $7 RETURNING id",
+                   price_completion = $5, created_at = $6, max_output_tokens = $7 WHERE id = $8 RETURNING id",
             )
         };
         let q = q
@@ -392,7 +392,8 @@ impl ModelStore for Store {
             .bind(&m.fallbacks)
             .bind(m.price_prompt)
             .bind(m.price_completion)
-            .bind(m.created_at);
+            .bind(m.created_at)
+            .bind(m.max_output_tokens);
         let q = if m.id == 0 { q } else { q.bind(m.id) };
         Ok(q.fetch_one(self.pool()).await?)
     }

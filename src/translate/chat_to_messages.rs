@@ -5,12 +5,13 @@ use serde_json::{Map, Value, json};
 
 use super::{Refused, kind_of};
 
-/// `max_tokens` sent when the chat request names none (Anthropic requires one): 4096, which every
-/// Claude model accepts as output.
+/// `max_tokens` sent when the chat request names none (Anthropic requires one) and the model has
+/// no `max_output_tokens` of its own: 4096, which every Claude model accepts as output.
 pub const DEFAULT_MAX_TOKENS: u64 = 4096;
 
-/// The Messages request for a chat request's top-level `fields`, asking for `model`.
-pub fn request(fields: &Map<String, Value>, model: &str) -> Result<Value, Refused> {
+/// The Messages request for a chat request's top-level `fields`, asking for `model`;
+/// `default_max_tokens` is sent when the request names no output bound.
+pub fn request(fields: &Map<String, Value>, model: &str, default_max_tokens: u64) -> Result<Value, Refused> {
     let mut out = Map::new();
     out.insert("model".into(), json!(model));
     let mut max_tokens: Option<u64> = None;
@@ -134,7 +135,7 @@ pub fn request(fields: &Map<String, Value>, model: &str) -> Result<Value, Refuse
     out.insert("messages".into(), Value::Array(messages));
     out.insert(
         "max_tokens".into(),
-        json!(max_tokens.unwrap_or(DEFAULT_MAX_TOKENS)),
+        json!(max_tokens.unwrap_or(default_max_tokens)),
     );
     // OpenAI's `parallel_tool_calls: false` is Anthropic's `disable_parallel_tool_use`, which
     // lives in `tool_choice`.
@@ -533,7 +534,11 @@ mod tests {
     use super::*;
 
     fn req(body: Value) -> Result<Value, Refused> {
-        request(body.as_object().unwrap(), "claude-3-5-sonnet-20241022")
+        request(
+            body.as_object().unwrap(),
+            "claude-3-5-sonnet-20241022",
+            DEFAULT_MAX_TOKENS,
+        )
     }
 
     /// Requests from OpenAI's documented shapes, and the Messages request each becomes.

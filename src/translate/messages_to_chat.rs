@@ -4,9 +4,35 @@
 use serde_json::{Map, Value, json};
 
 use super::{Refused, kind_of};
+use crate::upstream::Provider;
 
-/// The chat request for a Messages request's top-level `fields`, asking for `model`.
-pub fn request(fields: &Map<String, Value>, model: &str) -> Result<Value, Refused> {
+/// Most stop sequences OpenAI's chat API takes (`stop`).
+pub const MAX_STOP_SEQUENCES: usize = 4;
+
+/// Whether the output bound goes as `max_completion_tokens`: always to OpenAI itself, where
+/// `max_tokens` is deprecated and refused by the reasoning models (o-series, gpt-5); to an
+/// OpenAI-compatible server when the model is one of those by name (a proxy of OpenAI's);
+/// never to OpenRouter or Gemini, which read `max_tokens`.
+pub fn bounds_with_max_completion_tokens(provider: Provider, model: &str) -> bool {
+    match provider {
+        Provider::OpenAi => true,
+        Provider::OpenAiCompatible => is_openai_reasoning_model(model),
+        _ => false,
+    }
+}
+
+/// An OpenAI reasoning model by name (`o1`, `o3-mini`, `o4-mini-2025-04-16`, `gpt-5`,
+/// `openai/gpt-5-mini`, …).
+fn is_openai_reasoning_model(model: &str) -> bool {
+    let name = model.rsplit('/').next().unwrap_or(model);
+    let mut chars = name.chars();
+    let o_series = chars.next() == Some('o') && chars.next().is_some_and(|c| c.is_ascii_digit());
+    o_series || name.starts_with("gpt-5")
+}
+
+/// The chat request for a Messages request's top-level `fields`, asking for `model` of a
+/// credential of `provider`.
+pub fn request(fields: &Map<String, Value>, model: &str, provider: Provider) -> Result<Value, Refused> {
     let mut out = Map::new();
     out.insert("model".into(), json!(model));
     let mut messages: Vec<Value> = Vec::new();
@@ -26,7 +52,17 @@ pub fn request(fields: &Map<String, Value>, model: &str) -> Result<Value, Refuse
                     return Err(Refused::new(k, format!("`system` cannot be {}", kind_of(other))));
                 }
             },
-            "max_tokens" | "temperature" | "top_p" => {
+            "max_tokens" => {
+                if !v.is_null() {
+                    let name = if bounds_with_max_completion_tokens(provider, model) {
+                        "max_completion_tokens"
+                    } else {
+                        "max_tokens"
+                    };
+                    out.insert(name.into(), v.clone());
+                }
+            }
+            "temperature" | "top_p" => {
                 if !v.is_null() {
                     out.insert(k.into(), v.clone());
                 }
@@ -40,6 +76,15 @@ pub fn request(fields: &Map<String, Value>, model: &str) -> Result<Value, Refuse
             }
             "stop_sequences" => match v {
                 Value::Null => {}
+                Value::Array(a) if a.len() > MAX_STOP_SEQUENCES => {
+                    return Err(Refused::new(
+                        k,
+                        format!(
+                            "{} stop sequences cannot be sent to this model, which takes at most {MAX_STOP_SEQUENCES}",
+                            a.len()
+                        ),
+                    ));
+                }
                 Value::Array(a) if a.iter().all(Value::is_string) => {
                     if !a.is_empty() {
                         out.insert("stop".into(), v.clone());
@@ -304,6 +349,25 @@ pub fn stop_reason(finish_reason: &str) -> &'static str {
     }
 }
 
+/// Anthropic's `stop_reason` and `stop_sequence` for a chat choice. OpenAI's `stop` says only
+/// that the model stopped (naturally or at a stop sequence): it is `end_turn` unless the
+/// provider names the sequence that matched — vLLM's `stop_reason` (a string), SGLang's
+/// `matched_stop` — or says a sequence matched (OpenRouter's `native_finish_reason`).
+pub fn stop_of(choice: &Value) -> (&'static str, Option<String>) {
+    let finish = choice["finish_reason"].as_str().unwrap_or("stop");
+    if finish != "stop" {
+        return (stop_reason(finish), None);
+    }
+    let named = ["stop_reason", "matched_stop"]
+        .iter()
+        .find_map(|k| choice[*k].as_str().filter(|s| !s.is_empty()));
+    match named {
+        Some(seq) => ("stop_sequence", Some(seq.to_owned())),
+        None if choice["native_finish_reason"] == "stop_sequence" => ("stop_sequence", None),
+        None => ("end_turn", None),
+    }
+}
+
 /// Anthropic's usage block for OpenAI's: the cached prompt tokens are cache reads, the rest input.
 pub fn usage(u: &Value) -> Option<Value> {
     let prompt = u.get("prompt_tokens").and_then(Value::as_u64)?;
@@ -318,7 +382,7 @@ pub fn usage(u: &Value) -> Option<Value> {
     let output = u
         .get("total_tokens")
         .and_then(Value::as_u64)
-        .filter(|t| *t >= prompt + completion)
+        .filter(|t| prompt.checked_add(completion).is_some_and(|sum| *t >= sum))
         .map_or(completion, |t| t - prompt);
     Some(json!({
         "input_tokens": prompt - cached,
@@ -351,14 +415,15 @@ pub fn answer(v: &Value) -> Result<Value, String> {
             json!({"type": "tool_use", "id": c["id"], "name": c.pointer("/function/name"), "input": input}),
         );
     }
+    let (stop, stop_sequence) = stop_of(choice);
     let mut out = json!({
         "id": v["id"],
         "type": "message",
         "role": "assistant",
         "model": v["model"],
         "content": content,
-        "stop_reason": stop_reason(choice["finish_reason"].as_str().unwrap_or("stop")),
-        "stop_sequence": null,
+        "stop_reason": stop,
+        "stop_sequence": stop_sequence,
     });
     if let Some(u) = usage(&v["usage"]) {
         out["usage"] = u;
@@ -371,7 +436,49 @@ mod tests {
     use super::*;
 
     fn req(body: Value) -> Result<Value, Refused> {
-        request(body.as_object().unwrap(), "gpt-4o-2024-08-06")
+        request(
+            body.as_object().unwrap(),
+            "gpt-4o-2024-08-06",
+            Provider::OpenAiCompatible,
+        )
+    }
+
+    /// OpenAI's reasoning models refuse `max_tokens`: OpenAI itself, and a proxy of its
+    /// reasoning models, get `max_completion_tokens`; OpenRouter and Gemini read `max_tokens`.
+    #[test]
+    fn the_output_bound_is_named_for_the_provider_and_model() {
+        let rows = [
+            (Provider::OpenAi, "gpt-4o", "max_completion_tokens"),
+            (Provider::OpenAi, "o3-mini", "max_completion_tokens"),
+            (Provider::OpenAi, "gpt-5", "max_completion_tokens"),
+            (Provider::OpenAiCompatible, "o1", "max_completion_tokens"),
+            (
+                Provider::OpenAiCompatible,
+                "o4-mini-2025-04-16",
+                "max_completion_tokens",
+            ),
+            (
+                Provider::OpenAiCompatible,
+                "openai/gpt-5-mini",
+                "max_completion_tokens",
+            ),
+            (Provider::OpenAiCompatible, "llama-3.1-70b", "max_tokens"),
+            (Provider::OpenAiCompatible, "olmo-2", "max_tokens"),
+            (Provider::OpenRouter, "openai/o3", "max_tokens"),
+            (Provider::Gemini, "gemini-2.5-pro", "max_tokens"),
+        ];
+        for (provider, model, field) in rows {
+            let body =
+                json!({"model": "m", "max_tokens": 100, "messages": [{"role": "user", "content": "x"}]});
+            let out = request(body.as_object().unwrap(), model, provider).unwrap();
+            assert_eq!(out[field], 100, "{provider:?} {model}: {out}");
+            let other = if field == "max_tokens" {
+                "max_completion_tokens"
+            } else {
+                "max_tokens"
+            };
+            assert!(out.get(other).is_none(), "{provider:?} {model}: {out}");
+        }
     }
 
     #[test]
@@ -430,6 +537,10 @@ mod tests {
             ),
             (json!({"metadata": {"user_id": "u", "other": 1}}), "metadata"),
             (
+                json!({"stop_sequences": ["a", "b", "c", "d", "e"]}),
+                "stop_sequences",
+            ),
+            (
                 json!({"messages": [{"role": "user", "content": [{"type": "document", "source": {}}]}]}),
                 "messages[0].content[0]",
             ),
@@ -458,6 +569,50 @@ mod tests {
         }
     }
 
+    /// A stop sequence ended the answer: named where the provider names it.
+    #[test]
+    fn a_stop_sequence_is_named_where_the_provider_names_it() {
+        let rows = [
+            (json!({"finish_reason": "stop"}), "end_turn", Value::Null),
+            (
+                json!({"finish_reason": "stop", "stop_reason": "END"}),
+                "stop_sequence",
+                json!("END"),
+            ),
+            // vLLM: a token id (EOS) is no stop sequence.
+            (
+                json!({"finish_reason": "stop", "stop_reason": 2}),
+                "end_turn",
+                Value::Null,
+            ),
+            (
+                json!({"finish_reason": "stop", "matched_stop": "###"}),
+                "stop_sequence",
+                json!("###"),
+            ),
+            (
+                json!({"finish_reason": "stop", "native_finish_reason": "stop_sequence"}),
+                "stop_sequence",
+                Value::Null,
+            ),
+            (
+                json!({"finish_reason": "length", "stop_reason": "END"}),
+                "max_tokens",
+                Value::Null,
+            ),
+        ];
+        for (choice, stop, sequence) in rows {
+            let mut choice = choice;
+            choice["message"] = json!({"role": "assistant", "content": "Hi"});
+            let v = answer(&json!({"id": "c", "model": "m", "choices": [choice.clone()]})).unwrap();
+            assert_eq!(
+                (&v["stop_reason"], &v["stop_sequence"]),
+                (&json!(stop), &sequence),
+                "{choice}"
+            );
+        }
+    }
+
     #[test]
     fn answers_map_to_messages() {
         let chat = json!({"id": "chatcmpl-1", "object": "chat.completion", "model": "gpt-4o",
@@ -476,5 +631,8 @@ mod tests {
                     "cache_creation_input_tokens": 0}})
         );
         assert!(answer(&json!({"choices": []})).is_err());
+        // An absurd usage is mapped without overflow (the gateway replaces it by its estimate).
+        let absurd = json!({"prompt_tokens": u64::MAX, "completion_tokens": 5, "total_tokens": 4});
+        assert_eq!(usage(&absurd).unwrap()["output_tokens"], 5);
     }
 }

@@ -21,6 +21,7 @@ use crate::error::ApiError;
 use crate::upstream::Provider;
 use crate::upstream::adapter::{self, Endpoint, Fields, Outgoing};
 use crate::upstream::pool::Credential;
+use crate::usage::Usage;
 
 /// A translation between the endpoint the client called and the one its credential speaks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -89,36 +90,72 @@ impl From<Refused> for ApiError {
 }
 
 /// The attempt's request: the client's body as is for the credential's own format, else
-/// translated into it, with the upstream model name.
+/// translated into it, with the upstream model name. `max_output_tokens` is the model's own
+/// output limit, the `max_tokens` an Anthropic credential is sent for a chat request that names
+/// none ([`chat_to_messages::DEFAULT_MAX_TOKENS`] when the model has none).
 pub fn request(
     endpoint: Endpoint,
     cred: &Credential,
     body: &Fields,
     upstream_model: &str,
+    max_output_tokens: Option<u64>,
 ) -> Result<Outgoing, Refused> {
     let Some(t) = Translation::of(endpoint, cred.provider) else {
         return Ok(adapter::outgoing(endpoint, cred, body, upstream_model));
     };
     let fields = fields_as_map(body)?;
+    let mut max_tokens_chosen = None;
     let translated = match t {
-        Translation::ChatToMessages => chat_to_messages::request(&fields, upstream_model)?,
-        Translation::MessagesToChat => messages_to_chat::request(&fields, upstream_model)?,
+        Translation::ChatToMessages => {
+            let bound = max_output_tokens.unwrap_or(chat_to_messages::DEFAULT_MAX_TOKENS);
+            let named = ["max_tokens", "max_completion_tokens"]
+                .iter()
+                .any(|k| fields.get(*k).is_some_and(|v| !v.is_null()));
+            if !named {
+                max_tokens_chosen = Some(bound);
+            }
+            chat_to_messages::request(&fields, upstream_model, bound)?
+        }
+        Translation::MessagesToChat => messages_to_chat::request(&fields, upstream_model, cred.provider)?,
     };
     Ok(Outgoing {
         url: cred.url(t.upstream_endpoint()).clone(),
         body: Bytes::from(translated.to_string()),
+        max_tokens_chosen,
     })
 }
 
 /// A complete answer of the upstream, already checked to be its endpoint's, in the client's
-/// format; `Err` says why it cannot be (the answer is then refused like an invalid one).
-pub fn answer(t: Translation, body: &[u8]) -> Result<Bytes, String> {
-    let v: Value = serde_json::from_slice(body).map_err(|e| format!("unreadable answer: {e}"))?;
+/// format, and the upstream's own usage block (`null` when it had none); `Err` says why it
+/// cannot be (the answer is then refused like an invalid one).
+pub fn answer(t: Translation, body: &[u8]) -> Result<(Bytes, Value), String> {
+    let mut v: Value = serde_json::from_slice(body).map_err(|e| format!("unreadable answer: {e}"))?;
     let out = match t {
         Translation::ChatToMessages => chat_to_messages::answer(&v, now_secs())?,
         Translation::MessagesToChat => messages_to_chat::answer(&v)?,
     };
-    Ok(Bytes::from(out.to_string()))
+    Ok((Bytes::from(out.to_string()), v["usage"].take()))
+}
+
+/// A usage block in the format of `client`'s endpoint for `usage` (the gateway's estimate).
+pub fn usage_block(client: Endpoint, usage: Usage) -> Value {
+    match client {
+        Endpoint::Messages => json!({"input_tokens": usage.prompt, "output_tokens": usage.completion,
+            "cache_read_input_tokens": 0, "cache_creation_input_tokens": 0}),
+        _ => json!({"prompt_tokens": usage.prompt, "completion_tokens": usage.completion,
+            "total_tokens": usage.prompt.saturating_add(usage.completion)}),
+    }
+}
+
+/// A translated answer (the gateway's own JSON, in `client`'s format) with `usage` in place of
+/// the usage it carried: the estimate the gateway counts when the upstream's was absurd or
+/// missing.
+pub fn with_usage(client: Endpoint, body: &[u8], usage: Usage) -> Bytes {
+    let Ok(mut v) = serde_json::from_slice::<Value>(body) else {
+        return Bytes::copy_from_slice(body);
+    };
+    v["usage"] = usage_block(client, usage);
+    Bytes::from(v.to_string())
 }
 
 /// An upstream error body rendered for a client of `client` whose credential speaks the other
@@ -136,19 +173,15 @@ pub fn error_body(t: Translation, status: u16, body: &[u8]) -> Bytes {
         }
     };
     let out = match t {
-        // Anthropic's `{"type":"error","error":{"type","message"}}` → OpenAI's error object.
+        // Anthropic's `{"type":"error","error":{"type","message"}}` → OpenAI's error object, in
+        // OpenAI's words.
         Translation::ChatToMessages => {
-            let kind = v.pointer("/error/type").and_then(Value::as_str);
+            let (kind, code) = openai_error_of(v.pointer("/error/type").and_then(Value::as_str), status);
             let message = v
                 .pointer("/error/message")
                 .and_then(Value::as_str)
                 .map_or_else(text, str::to_owned);
-            json!({"error": {
-                "message": message,
-                "type": kind.unwrap_or_else(|| openai_type(status)),
-                "param": null,
-                "code": kind,
-            }})
+            json!({"error": {"message": message, "type": kind, "param": null, "code": code}})
         }
         // OpenAI's `{"error":{"message","type","code"}}` (or a list of them) → Anthropic's.
         Translation::MessagesToChat => {
@@ -161,6 +194,60 @@ pub fn error_body(t: Translation, status: u16, body: &[u8]) -> Bytes {
         }
     };
     Bytes::from(out.to_string())
+}
+
+/// OpenAI's error `type` and `code` for an Anthropic error `type` (or, where it names none, for
+/// the HTTP status): the words of OpenAI's format, so that Anthropic's never leak into a chat
+/// client's error. `code` is OpenAI's own where it has one for the case, else none.
+pub fn openai_error_of(anthropic_type: Option<&str>, status: u16) -> (&'static str, Option<&'static str>) {
+    match anthropic_type {
+        Some("invalid_request_error") => ("invalid_request_error", None),
+        Some("authentication_error") => ("authentication_error", Some("invalid_api_key")),
+        Some("permission_error") => ("permission_error", None),
+        Some("not_found_error") => ("invalid_request_error", Some("model_not_found")),
+        Some("request_too_large") => ("invalid_request_error", None),
+        Some("rate_limit_error") => ("rate_limit_error", Some("rate_limit_exceeded")),
+        Some("billing_error") => ("insufficient_quota", Some("insufficient_quota")),
+        Some("api_error" | "overloaded_error" | "timeout_error") => ("api_error", None),
+        _ => (openai_type(status), None),
+    }
+}
+
+/// Anthropic's error `type` for an OpenAI-format error object (a mid-stream one): by its HTTP
+/// status where it names one as its `code` (OpenRouter's `{"code": 502, …}`), else by the words
+/// of its `type` and `code`.
+pub fn anthropic_error_of(error: &Value) -> &'static str {
+    let status = match &error["code"] {
+        Value::Number(n) => n.as_u64(),
+        Value::String(s) => s.parse().ok(),
+        _ => None,
+    };
+    if let Some(status) = status
+        .and_then(|s| u16::try_from(s).ok())
+        .filter(|s| (400..=599).contains(s))
+    {
+        return anthropic_type(status);
+    }
+    let words = [&error["type"], &error["code"]]
+        .iter()
+        .filter_map(|w| w.as_str())
+        .collect::<Vec<_>>()
+        .join(" ");
+    let table: &[(&str, &'static str)] = &[
+        ("rate_limit", "rate_limit_error"),
+        ("insufficient_quota", "billing_error"),
+        ("overloaded", "overloaded_error"),
+        ("invalid_api_key", "authentication_error"),
+        ("authentication", "authentication_error"),
+        ("permission", "permission_error"),
+        ("not_found", "not_found_error"),
+        ("timeout", "timeout_error"),
+        ("invalid_request", "invalid_request_error"),
+    ];
+    table
+        .iter()
+        .find(|(w, _)| words.contains(w))
+        .map_or("api_error", |(_, t)| t)
 }
 
 /// OpenAI's error `type` for an HTTP status, where the upstream named none.
@@ -176,7 +263,7 @@ fn openai_type(status: u16) -> &'static str {
 }
 
 /// Anthropic's error `type` for an HTTP status (its documented table).
-fn anthropic_type(status: u16) -> &'static str {
+pub fn anthropic_type(status: u16) -> &'static str {
     match status {
         401 => "authentication_error",
         402 => "billing_error",
@@ -251,6 +338,57 @@ mod tests {
         }
     }
 
+    /// A mid-stream error in OpenAI's format is typed in Anthropic's words by its status or
+    /// its own words; never `api_error` for everything.
+    #[test]
+    fn mid_stream_errors_are_typed_for_anthropic() {
+        let rows = [
+            (json!({"code": 502, "message": "provider error"}), "api_error"),
+            (json!({"code": 429, "message": "slow down"}), "rate_limit_error"),
+            (json!({"code": "503", "message": "x"}), "overloaded_error"),
+            (
+                json!({"type": "requests", "code": "rate_limit_exceeded"}),
+                "rate_limit_error",
+            ),
+            (
+                json!({"type": "insufficient_quota", "code": "insufficient_quota"}),
+                "billing_error",
+            ),
+            (
+                json!({"type": "invalid_request_error", "code": "context_length_exceeded"}),
+                "invalid_request_error",
+            ),
+            (json!({"type": "server_error"}), "api_error"),
+            (json!({"message": "x"}), "api_error"),
+        ];
+        for (error, want) in rows {
+            assert_eq!(anthropic_error_of(&error), want, "{error}");
+        }
+        let rows = [
+            (Some("overloaded_error"), 529, ("api_error", None)),
+            (
+                Some("rate_limit_error"),
+                429,
+                ("rate_limit_error", Some("rate_limit_exceeded")),
+            ),
+            (
+                Some("not_found_error"),
+                404,
+                ("invalid_request_error", Some("model_not_found")),
+            ),
+            (
+                Some("authentication_error"),
+                401,
+                ("authentication_error", Some("invalid_api_key")),
+            ),
+            (Some("something_new"), 418, ("invalid_request_error", None)),
+            (None, 500, ("api_error", None)),
+        ];
+        for (kind, status, want) in rows {
+            assert_eq!(openai_error_of(kind, status), want, "{kind:?}");
+        }
+    }
+
     /// Errors keep the upstream's message and type, in the shape of the client's endpoint.
     #[test]
     fn errors_are_rendered_in_the_clients_shape() {
@@ -260,14 +398,14 @@ mod tests {
                 429,
                 r#"{"type":"error","error":{"type":"rate_limit_error","message":"Number of request tokens has exceeded your per-minute rate limit"}}"#,
                 json!({"error": {"message": "Number of request tokens has exceeded your per-minute rate limit",
-                    "type": "rate_limit_error", "param": null, "code": "rate_limit_error"}}),
+                    "type": "rate_limit_error", "param": null, "code": "rate_limit_exceeded"}}),
             ),
             (
                 Translation::ChatToMessages,
                 529,
                 r#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#,
-                json!({"error": {"message": "Overloaded", "type": "overloaded_error", "param": null,
-                    "code": "overloaded_error"}}),
+                json!({"error": {"message": "Overloaded", "type": "api_error", "param": null,
+                    "code": null}}),
             ),
             (
                 Translation::ChatToMessages,

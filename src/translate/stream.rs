@@ -1,19 +1,22 @@
 //! Event streams in the client's format: Anthropic's events as OpenAI chunks, and OpenAI's chunks
-//! as Anthropic's events. The translator reads whole events (it frames what it is given itself,
-//! keeping back an unfinished one) and writes the client's events; the usage and error tap reads
-//! the upstream's own events before it, so usage is counted from the provider's own report.
+//! as Anthropic's events. The usage and error tap reads the upstream's own events first (so usage
+//! is counted from the provider's own report), ends the stream at its terminator and hands the
+//! translator whole events only, none over its bound (it drops those: `SseTap::dropping_oversized`);
+//! the translator writes the client's events. Once it has written the client's end (`[DONE]`,
+//! `message_stop`, or a final error event) it writes nothing more.
 
 use bytes::BytesMut;
 use serde_json::{Value, json};
 
 use super::Translation;
 use super::chat_to_messages::{finish_reason, usage as chat_usage};
-use super::messages_to_chat::stop_reason;
+use super::messages_to_chat::stop_of;
+use crate::upstream::adapter::Endpoint;
+use crate::usage::Usage;
 
-/// Most bytes of one event the translator keeps back waiting for its end. An upstream is not
-/// trusted: an event longer than this is not translated (nothing of it reaches the client), and
-/// the stream goes on with the next one.
-pub const MAX_EVENT_BYTES: usize = 8 * crate::upstream::sse::MAX_EVENT_BYTES;
+/// Most bytes of an event the translator keeps back waiting for its end: the tap's bound (the
+/// tap hands over whole events, so this holds only what an untrusted caller left unfinished).
+pub const MAX_EVENT_BYTES: usize = crate::upstream::sse::MAX_EVENT_BYTES;
 
 /// Translates one stream.
 #[derive(Debug)]
@@ -21,11 +24,6 @@ pub struct StreamTranslator {
     direction: Direction,
     /// Bytes of an event whose end has not come (at most [`MAX_EVENT_BYTES`]).
     pending: BytesMut,
-    /// Inside an event over the bound: bytes are dropped until its end; the last byte dropped
-    /// is kept (a separator may straddle two chunks).
-    skipping: Option<u8>,
-    /// The bound, smaller in tests.
-    max_event: usize,
 }
 
 #[derive(Debug)]
@@ -46,6 +44,7 @@ impl StreamTranslator {
                 model: model.to_owned(),
                 created: super::now_secs(),
                 usage: None,
+                estimate: None,
                 tools: Vec::new(),
                 finish: None,
                 done: false,
@@ -57,69 +56,69 @@ impl StreamTranslator {
                 blocks: 0,
                 tool_blocks: Vec::new(),
                 stop: None,
+                stop_sequence: None,
                 usage: None,
+                estimate: None,
                 done: false,
             }),
         };
         StreamTranslator {
             direction,
             pending: BytesMut::new(),
-            skipping: None,
-            max_event: MAX_EVENT_BYTES,
+        }
+    }
+
+    /// The usage the client is told while the upstream's is not valid (absurd: past
+    /// `max_usage_tokens`; or not reported): the gateway's estimate, which is what is counted.
+    /// `None` once the upstream's report is valid: the client is told the provider's own.
+    pub fn fallback_usage(&mut self, usage: Option<Usage>) {
+        match &mut self.direction {
+            Direction::ToChat(s) => s.estimate = usage,
+            Direction::ToMessages(s) => s.estimate = usage,
+        }
+    }
+
+    /// Whether the client's end (its terminator or a final error event) has been written.
+    pub fn ended(&self) -> bool {
+        match &self.direction {
+            Direction::ToChat(s) => s.done,
+            Direction::ToMessages(s) => s.done,
         }
     }
 
     /// Translates the complete events of `bytes` (and of what was kept back) into `out`.
-    pub fn feed(&mut self, mut bytes: &[u8], out: &mut BytesMut) {
-        if let Some(last) = self.skipping {
-            // The end of the oversized event: a blank line, perhaps begun in the last chunk.
-            let joint = [&[last][..], &bytes[..bytes.len().min(3)]].concat();
-            let end = match event_end(&joint) {
-                Some((at, sep)) if at + sep > 1 => Some(at + sep - 1),
-                _ => event_end(bytes).map(|(at, sep)| at + sep),
-            };
-            match end {
-                Some(end) => {
-                    self.skipping = None;
-                    bytes = &bytes[end..];
-                }
-                None => {
-                    self.skipping = bytes.last().copied().or(Some(last));
-                    return;
-                }
-            }
-        }
-        self.pending.extend_from_slice(bytes);
-        while let Some((end, sep)) = event_end(&self.pending) {
-            let event = self.pending.split_to(end + sep);
-            if event.len() > self.max_event {
-                tracing::warn!(
-                    bytes = event.len(),
-                    "an upstream event over the bound is not translated"
-                );
-                continue;
-            }
-            self.event(&event[..end], out);
-        }
-        if self.pending.len() > self.max_event {
+    pub fn feed(&mut self, bytes: &[u8], out: &mut BytesMut) {
+        let buf = if self.pending.is_empty() {
+            // What the tap hands over: whole events, framed in place.
+            let at = self.events(bytes, out);
+            &bytes[at..]
+        } else {
+            let mut kept = std::mem::take(&mut self.pending);
+            kept.extend_from_slice(bytes);
+            let at = self.events(&kept, out);
+            let _ = kept.split_to(at);
+            self.pending = kept;
+            &[]
+        };
+        if self.pending.len() + buf.len() > MAX_EVENT_BYTES {
             tracing::warn!(
-                bytes = self.pending.len(),
-                "an upstream event over the bound is not translated"
+                bytes = self.pending.len() + buf.len(),
+                "an unfinished upstream event over the bound is not translated"
             );
-            self.skipping = self.pending.last().copied();
-            self.pending.clear();
+            self.pending = BytesMut::new();
+        } else {
+            self.pending.extend_from_slice(buf);
         }
     }
 
-    /// The upstream ended: an unterminated last event is read too.
-    pub fn finish(&mut self, out: &mut BytesMut) {
-        if self.skipping.is_some() {
-            return;
+    /// Translates each complete event of `buf`; returns where the unfinished rest starts.
+    fn events(&mut self, buf: &[u8], out: &mut BytesMut) -> usize {
+        let mut at = 0;
+        while let Some((end, sep)) = event_end(&buf[at..]) {
+            self.event(&buf[at..at + end], out);
+            at += end + sep;
         }
-        let rest = std::mem::take(&mut self.pending);
-        if !rest.iter().all(u8::is_ascii_whitespace) {
-            self.event(&rest, out);
-        }
+        at
     }
 
     fn event(&mut self, event: &[u8], out: &mut BytesMut) {
@@ -165,11 +164,14 @@ struct ToChat {
     id: String,
     model: String,
     created: i64,
-    /// The usage so far: `message_start`'s, its output replaced by `message_delta`'s.
+    /// The usage so far: `message_start`'s, its counts replaced by `message_delta`'s.
     usage: Option<Value>,
+    /// The gateway's estimate, told while the upstream's usage is not valid.
+    estimate: Option<Usage>,
     /// Anthropic content block index of each tool call, in order (its OpenAI `index`).
     tools: Vec<u64>,
     finish: Option<&'static str>,
+    /// The client's end (`[DONE]`) is written: nothing more is.
     done: bool,
 }
 
@@ -187,7 +189,18 @@ impl ToChat {
         out.extend_from_slice(b"\n\n");
     }
 
+    /// The usage the client is told: the provider's, or the estimate that replaced it.
+    fn client_usage(&self) -> Option<Value> {
+        match self.estimate {
+            Some(u) => Some(super::usage_block(Endpoint::ChatCompletions, u)),
+            None => self.usage.as_ref().and_then(chat_usage),
+        }
+    }
+
     fn event(&mut self, name: &str, data: &str, out: &mut BytesMut) {
+        if self.done {
+            return;
+        }
         let Ok(v) = serde_json::from_str::<Value>(data) else {
             return;
         };
@@ -272,7 +285,7 @@ impl ToChat {
             }
             "message_stop" => {
                 if self.include_usage
-                    && let Some(u) = self.usage.as_ref().and_then(chat_usage)
+                    && let Some(u) = self.client_usage()
                 {
                     let mut c = self.chunk(json!({}), None);
                     c["choices"] = json!([]);
@@ -283,10 +296,13 @@ impl ToChat {
                 self.done = true;
             }
             "error" => {
-                // The seed 004 mid-stream shape: the error and `finish_reason: "error"`.
+                // The seed 004 mid-stream shape: the error and `finish_reason: "error"`, in
+                // OpenAI's words.
+                let (kind, code) =
+                    super::openai_error_of(v.pointer("/error/type").and_then(Value::as_str), 500);
                 let mut c = self.chunk(json!({}), Some("error"));
                 c["error"] = json!({"message": v.pointer("/error/message").cloned().unwrap_or(json!("mid-stream error")),
-                    "type": v.pointer("/error/type").cloned().unwrap_or(json!("api_error")), "code": null});
+                    "type": kind, "code": code});
                 Self::emit(out, &c);
                 out.extend_from_slice(b"data: [DONE]\n\n");
                 self.done = true;
@@ -309,7 +325,12 @@ struct ToMessages {
     /// (OpenAI tool call index, Anthropic block index) of each tool call.
     tool_blocks: Vec<(u64, u64)>,
     stop: Option<&'static str>,
+    /// The stop sequence that ended the answer, where the provider named it.
+    stop_sequence: Option<String>,
     usage: Option<Value>,
+    /// The gateway's estimate, told while the upstream's usage is not valid.
+    estimate: Option<Usage>,
+    /// The client's end (`message_stop`, or an `error` event) is written: nothing more is.
     done: bool,
 }
 
@@ -322,6 +343,15 @@ impl ToMessages {
         out.extend_from_slice(b"\n\n");
     }
 
+    /// Anthropic's usage block for what is known: the estimate that replaced an absurd usage,
+    /// or the provider's (OpenAI's) usage block.
+    fn client_usage(&self, reported: Option<&Value>) -> Option<Value> {
+        match self.estimate {
+            Some(u) => Some(super::usage_block(Endpoint::Messages, u)),
+            None => reported.and_then(super::messages_to_chat::usage),
+        }
+    }
+
     fn start(&mut self, chunk: &Value, out: &mut BytesMut) {
         if self.started {
             return;
@@ -330,9 +360,13 @@ impl ToMessages {
         if let Some(m) = chunk["model"].as_str() {
             self.model = m.to_owned();
         }
+        // The prompt's size where the upstream reports it this early (some providers send usage
+        // on every chunk), else the estimate; the final count comes with `message_delta`.
+        let usage = self
+            .client_usage(chunk.get("usage").filter(|u| u.is_object()))
+            .unwrap_or_else(|| json!({"input_tokens": 0, "output_tokens": 0}));
         let message = json!({"id": chunk["id"], "type": "message", "role": "assistant", "model": self.model,
-            "content": [], "stop_reason": null, "stop_sequence": null,
-            "usage": {"input_tokens": 0, "output_tokens": 0}});
+            "content": [], "stop_reason": null, "stop_sequence": null, "usage": usage});
         Self::emit(
             out,
             "message_start",
@@ -364,13 +398,12 @@ impl ToMessages {
     }
 
     fn end(&mut self, out: &mut BytesMut) {
-        if self.done || !self.started {
-            return;
-        }
+        // An answer with no chunk before its end is an empty message.
+        self.start(&json!({}), out);
         self.close_block(out);
         let mut delta = json!({"type": "message_delta",
-            "delta": {"stop_reason": self.stop.unwrap_or("end_turn"), "stop_sequence": null}});
-        if let Some(u) = self.usage.as_ref().and_then(super::messages_to_chat::usage) {
+            "delta": {"stop_reason": self.stop.unwrap_or("end_turn"), "stop_sequence": self.stop_sequence}});
+        if let Some(u) = self.client_usage(self.usage.as_ref()) {
             delta["usage"] = u;
         }
         Self::emit(out, "message_delta", &delta);
@@ -378,7 +411,23 @@ impl ToMessages {
         self.done = true;
     }
 
+    /// Text of the answer (`content`, or a `refusal`, which the answer says as text too).
+    fn text(&mut self, t: &str, out: &mut BytesMut) {
+        if !matches!(self.open, Some((_, None))) {
+            self.open_block(None, json!({"type": "text", "text": ""}), out);
+        }
+        let index = self.open.map_or(0, |(i, _)| i);
+        Self::emit(
+            out,
+            "content_block_delta",
+            &json!({"type": "content_block_delta", "index": index, "delta": {"type": "text_delta", "text": t}}),
+        );
+    }
+
     fn event(&mut self, data: &str, out: &mut BytesMut) {
+        if self.done {
+            return;
+        }
         if data.trim() == "[DONE]" {
             self.end(out);
             return;
@@ -391,7 +440,7 @@ impl ToMessages {
             Self::emit(
                 out,
                 "error",
-                &json!({"type": "error", "error": {"type": "api_error", "message": message}}),
+                &json!({"type": "error", "error": {"type": super::anthropic_error_of(e), "message": message}}),
             );
             self.done = true;
             return;
@@ -404,16 +453,10 @@ impl ToMessages {
             return;
         };
         let d = &choice["delta"];
-        if let Some(t) = d["content"].as_str().filter(|t| !t.is_empty()) {
-            if !matches!(self.open, Some((_, None))) {
-                self.open_block(None, json!({"type": "text", "text": ""}), out);
+        for key in ["content", "refusal"] {
+            if let Some(t) = d[key].as_str().filter(|t| !t.is_empty()) {
+                self.text(t, out);
             }
-            let index = self.open.map_or(0, |(i, _)| i);
-            Self::emit(
-                out,
-                "content_block_delta",
-                &json!({"type": "content_block_delta", "index": index, "delta": {"type": "text_delta", "text": t}}),
-            );
         }
         for call in d["tool_calls"].as_array().map(Vec::as_slice).unwrap_or_default() {
             let tool = call["index"].as_u64().unwrap_or_default();
@@ -444,8 +487,10 @@ impl ToMessages {
                 );
             }
         }
-        if let Some(f) = choice["finish_reason"].as_str() {
-            self.stop = Some(stop_reason(f));
+        if choice["finish_reason"].is_string() {
+            let (stop, sequence) = stop_of(choice);
+            self.stop = Some(stop);
+            self.stop_sequence = sequence;
         }
     }
 }
@@ -460,7 +505,6 @@ mod tests {
         let cut = cut.min(input.len());
         tr.feed(&input.as_bytes()[..cut], &mut out);
         tr.feed(&input.as_bytes()[cut..], &mut out);
-        tr.finish(&mut out);
         String::from_utf8(out.to_vec()).unwrap()
     }
 
@@ -603,7 +647,10 @@ mod tests {
         let last = &chunks[chunks.len() - 2];
         assert_eq!(last["choices"][0]["finish_reason"], "error");
         assert_eq!(last["error"]["message"], "Overloaded");
-        assert_eq!(last["error"]["type"], "overloaded_error");
+        assert_eq!(
+            last["error"]["type"], "api_error",
+            "OpenAI's words, not Anthropic's"
+        );
         assert_eq!(chunks.last().unwrap(), "[DONE]");
     }
 
@@ -681,30 +728,132 @@ mod tests {
         }
     }
 
-    /// An event over the bound is dropped whole, however it is cut, and the next one translated;
-    /// nothing is kept back beyond the bound.
+    /// A stop sequence the provider names (vLLM's `stop_reason`) ends the message with
+    /// `stop_reason: "stop_sequence"` and names it.
     #[test]
-    fn an_oversized_event_is_dropped_and_the_stream_goes_on() {
-        let giant = format!(
-            "data: {{\"id\":\"x\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"{}\"}}}}]}}\n\n",
-            "a".repeat(300)
+    fn a_named_stop_sequence_reaches_the_message_delta() {
+        let input = "data: {\"id\":\"x\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"a\"}}]}\n\n\
+                     data: {\"id\":\"x\",\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\",\"stop_reason\":\"END\"}]}\n\n\
+                     data: [DONE]\n\n";
+        let out = run(Translation::MessagesToChat, false, input, 40);
+        let delta = data_lines(&out)
+            .into_iter()
+            .find(|e| e["type"] == "message_delta")
+            .unwrap();
+        assert_eq!(
+            delta["delta"],
+            json!({"stop_reason": "stop_sequence", "stop_sequence": "END"})
         );
-        let small = "data: {\"id\":\"x\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"b\"}}]}\n\ndata: [DONE]\n\n";
-        let input = format!("{giant}{small}");
-        for size in [1, 2, 3, 5, 64, 1000] {
-            let mut tr = StreamTranslator::new(Translation::MessagesToChat, false, "m");
-            tr.max_event = 200;
-            let mut out = BytesMut::new();
-            for piece in input.as_bytes().chunks(size) {
-                tr.feed(piece, &mut out);
-                assert!(tr.pending.len() <= 200 + size, "chunks of {size}");
-            }
-            tr.finish(&mut out);
-            let out = String::from_utf8(out.to_vec()).unwrap();
-            assert!(!out.contains("aaa"), "chunks of {size}: {out}");
-            assert!(out.contains("\"text\":\"b\""), "chunks of {size}: {out}");
-            assert!(out.contains("event: message_stop"), "chunks of {size}: {out}");
+    }
+
+    /// An unfinished event is kept back within the bound only; nothing is held beyond it.
+    #[test]
+    fn an_unfinished_event_is_held_within_the_bound() {
+        let mut tr = StreamTranslator::new(Translation::MessagesToChat, false, "m");
+        let mut out = BytesMut::new();
+        tr.feed(
+            b"data: {\"id\":\"x\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"a",
+            &mut out,
+        );
+        tr.feed(b"b\"}}]}\n\n", &mut out);
+        assert!(String::from_utf8_lossy(&out).contains("\"text\":\"ab\""));
+        assert!(tr.pending.is_empty());
+        for _ in 0..3 {
+            tr.feed(&vec![b'z'; MAX_EVENT_BYTES / 2 + 1], &mut out);
+            assert!(tr.pending.len() <= MAX_EVENT_BYTES);
         }
+    }
+
+    /// The client's end is the end: a second message after it (a new start, more usage, another
+    /// end) writes nothing.
+    #[test]
+    fn nothing_follows_the_clients_end() {
+        let twice = format!("{}{}", anthropic_stream(), anthropic_stream());
+        let out = run(Translation::ChatToMessages, true, &twice, 77);
+        assert_eq!(out.matches("[DONE]").count(), 1, "{out}");
+        assert_eq!(out.matches("\"role\":\"assistant\"").count(), 1, "{out}");
+        assert_eq!(out.matches("\"usage\"").count(), 1, "{out}");
+
+        let chunks = "data: {\"id\":\"x\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"a\"}}]}\n\ndata: [DONE]\n\n";
+        let out = run(
+            Translation::MessagesToChat,
+            false,
+            &format!("{chunks}{chunks}"),
+            10,
+        );
+        assert_eq!(out.matches("event: message_start").count(), 1, "{out}");
+        assert_eq!(out.matches("event: message_stop").count(), 1, "{out}");
+        let error = "data: {\"error\":{\"message\":\"boom\"}}\n\n";
+        let out = run(
+            Translation::MessagesToChat,
+            false,
+            &format!("{error}{chunks}"),
+            10,
+        );
+        assert!(
+            out.starts_with("event: error\n") && !out.contains("message_start"),
+            "{out}"
+        );
+    }
+
+    /// A streamed refusal is text the answer says, as in the answer that is not streamed.
+    #[test]
+    fn a_streamed_refusal_is_text() {
+        let input = "data: {\"id\":\"x\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"refusal\":\"\"}}]}\n\n\
+                     data: {\"id\":\"x\",\"choices\":[{\"index\":0,\"delta\":{\"refusal\":\"I can't help\"}}]}\n\n\
+                     data: {\"id\":\"x\",\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"content_filter\"}]}\n\n\
+                     data: [DONE]\n\n";
+        let events = data_lines(&run(Translation::MessagesToChat, false, input, 60));
+        assert_eq!(events[1]["content_block"], json!({"type": "text", "text": ""}));
+        assert_eq!(
+            events[2]["delta"],
+            json!({"type": "text_delta", "text": "I can't help"})
+        );
+        assert_eq!(events[4]["delta"]["stop_reason"], "refusal");
+    }
+
+    /// Usage the upstream reports early reaches `message_start`; an estimate that replaced an
+    /// absurd usage is what the client is told, in either direction.
+    #[test]
+    fn the_usage_the_client_reads() {
+        let early = "data: {\"id\":\"x\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"a\"}}],\"usage\":{\"prompt_tokens\":42,\"completion_tokens\":1,\"total_tokens\":43}}\n\ndata: [DONE]\n\n";
+        let events = data_lines(&run(Translation::MessagesToChat, false, early, 0));
+        assert_eq!(events[0]["message"]["usage"]["input_tokens"], 42);
+        assert_eq!(
+            events.iter().find(|e| e["type"] == "message_delta").unwrap()["usage"]["input_tokens"],
+            42
+        );
+
+        let mut tr = StreamTranslator::new(Translation::MessagesToChat, false, "m");
+        tr.fallback_usage(Some(Usage {
+            prompt: 7,
+            completion: 3,
+        }));
+        let mut out = BytesMut::new();
+        tr.feed(early.as_bytes(), &mut out);
+        let events = data_lines(std::str::from_utf8(&out).unwrap());
+        assert_eq!(events[0]["message"]["usage"]["input_tokens"], 7);
+        let delta = events.iter().find(|e| e["type"] == "message_delta").unwrap();
+        assert_eq!(
+            (&delta["usage"]["input_tokens"], &delta["usage"]["output_tokens"]),
+            (&json!(7), &json!(3))
+        );
+
+        let mut tr = StreamTranslator::new(Translation::ChatToMessages, true, "m");
+        tr.fallback_usage(Some(Usage {
+            prompt: 7,
+            completion: 3,
+        }));
+        let mut out = BytesMut::new();
+        tr.feed(anthropic_stream().as_bytes(), &mut out);
+        let usage: Vec<Value> = data_lines(std::str::from_utf8(&out).unwrap())
+            .into_iter()
+            .filter_map(|c| c.get("usage").cloned())
+            .collect();
+        assert_eq!(
+            usage,
+            [json!({"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10})]
+        );
     }
 
     #[test]

@@ -147,6 +147,9 @@ pub struct Outgoing {
     pub url: axum::http::Uri,
     /// JSON body.
     pub body: Bytes,
+    /// The `max_tokens` the gateway chose itself, the client having named none (a chat request
+    /// translated for an Anthropic credential, which requires one), for the request log.
+    pub max_tokens_chosen: Option<u64>,
 }
 
 /// Builds the attempt's request: the credential's URL for `endpoint`, and the client's JSON with
@@ -156,6 +159,7 @@ pub fn outgoing(endpoint: Endpoint, cred: &Credential, body: &Fields, upstream_m
     Outgoing {
         url: cred.url(endpoint).clone(),
         body: Bytes::from(body.to_json_with_model(upstream_model)),
+        max_tokens_chosen: None,
     }
 }
 

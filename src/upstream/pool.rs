@@ -73,6 +73,8 @@ pub struct ModelRoute {
     pub price_completion: i64,
     /// Other public models to try, in order.
     pub fallbacks: Vec<String>,
+    /// The model's own output limit (`max_output_tokens`), if set.
+    pub max_output_tokens: Option<u64>,
     /// Credentials serving it, by priority.
     pub credentials: Vec<Arc<Credential>>,
     /// The providers of the disabled credentials that serve it: they exist but cannot serve
@@ -202,6 +204,9 @@ impl Routes {
                 price_prompt: row.map_or(0, |r| r.price_prompt),
                 price_completion: row.map_or(0, |r| r.price_completion),
                 fallbacks: row.map(|r| r.fallback_names()).unwrap_or_default(),
+                max_output_tokens: row
+                    .and_then(|r| r.max_output_tokens)
+                    .and_then(|n| u64::try_from(n).ok()),
                 name: name.clone(),
                 credentials,
                 disabled,
@@ -296,6 +301,7 @@ mod tests {
             price_prompt,
             price_completion,
             fallbacks: Vec::new(),
+            max_output_tokens: None,
             credentials: Vec::new(),
             disabled: Vec::new(),
         }

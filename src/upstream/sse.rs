@@ -2,6 +2,13 @@
 //! content delivered, mid-stream errors (the credential's secret masked out of them), and what
 //! the gateway itself asked for removed. Nothing is buffered beyond one event, and of an event
 //! at most [`MAX_EVENT_BYTES`].
+//!
+//! A stream ends at its terminator (`data: [DONE]`, Anthropic's `message_stop`): nothing after
+//! it is passed on or read. An event the upstream's body ends inside is not passed on (an SSE
+//! client drops it too; it is half a JSON line) unless it is the terminator itself. A stream
+//! whose body ended after the answer named its stop (a `finish_reason`, a `stop_reason`) but
+//! before the terminator is given the terminator; one that ended before is cut short, and
+//! [`SseTap::finished`] stays false.
 
 use std::borrow::Cow;
 use std::sync::{Arc, LazyLock};
@@ -35,8 +42,12 @@ pub struct SseTap {
     ceiling: u64,
     /// [`MAX_EVENT_BYTES`], smaller in tests.
     max_event: usize,
-    /// Inside an event longer than `max_event`: its bytes pass on as they come.
+    /// Inside an event longer than `max_event`: its bytes pass on as they come (or are dropped,
+    /// with `drop_oversized`).
     oversized: bool,
+    /// Events over the bound are dropped rather than passed on: a translated stream, which can
+    /// neither translate nor hold them.
+    drop_oversized: bool,
     /// The last bytes passed on of an oversized event (a separator may straddle two chunks).
     oversized_tail: [u8; 3],
     /// How many of `oversized_tail` are set.
@@ -49,8 +60,13 @@ pub struct SseTap {
     pub content_chunks: u64,
     /// A mid-stream error event passed to the client, with its message.
     pub error: Option<String>,
-    /// Whether the stream ended properly (`[DONE]` or `message_stop`).
+    /// Whether the stream ended properly (`[DONE]` or `message_stop`, perhaps added by
+    /// [`SseTap::finish`]).
     pub finished: bool,
+    /// Whether the answer named its stop (a finish or stop reason other than `error`).
+    stop_named: bool,
+    /// An event over the bound was dropped (with `drop_oversized`): nothing after it is read.
+    pub dropped_oversized: bool,
     /// The finish reasons the stream named (`finish_reason`, Anthropic's `stop_reason`), for
     /// traces; a few, each short.
     pub finish_reasons: Vec<String>,
@@ -65,6 +81,7 @@ impl SseTap {
             pending: BytesMut::new(),
             max_event: MAX_EVENT_BYTES,
             oversized: false,
+            drop_oversized: false,
             oversized_tail: [0; 3],
             oversized_tail_len: 0,
             mask: None,
@@ -73,8 +90,19 @@ impl SseTap {
             content_chunks: 0,
             error: None,
             finished: false,
+            stop_named: false,
+            dropped_oversized: false,
             finish_reasons: Vec::new(),
         }
+    }
+
+    /// Drops an event over the bound instead of passing it on, notes it in
+    /// [`SseTap::dropped_oversized`], and reads nothing after it (the stream ends there): for a
+    /// translated stream, which can neither translate nor hold such an event, so that it costs
+    /// nothing, as it costs nothing passed through.
+    pub fn dropping_oversized(mut self) -> Self {
+        self.drop_oversized = true;
+        self
     }
 
     /// Masks `mask`'s secret out of the error events passed on and the error message kept.
@@ -104,6 +132,9 @@ impl SseTap {
     /// framed in `chunk` itself; only an incomplete last event is kept back (copied) for the
     /// next chunk, and only while it is within the event bound.
     pub fn feed(&mut self, chunk: &[u8], out: &mut BytesMut) {
+        if self.finished || self.dropped_oversized {
+            return;
+        }
         let mut rest = chunk;
         if self.oversized || !self.pending.is_empty() {
             // An event begun earlier: its end is the first separator, perhaps straddling.
@@ -115,6 +146,9 @@ impl SseTap {
             match continued_event_end(before, chunk) {
                 Some(end) => {
                     self.end_event(&chunk[..end], out);
+                    if self.finished || self.dropped_oversized {
+                        return;
+                    }
                     rest = &chunk[end..];
                 }
                 None => {
@@ -133,14 +167,30 @@ impl SseTap {
         let mut at = 0;
         while let Some((end, sep)) = event_end(&buf[at..]) {
             let event = &buf[at..at + end + sep];
+            at += end + sep;
             if event.len() > self.max_event {
-                out.extend_from_slice(event);
+                self.pass_oversized(event, out);
+                if self.dropped_oversized {
+                    return buf.len();
+                }
             } else {
                 self.inspect(event, out);
+                if self.finished {
+                    // The terminator: nothing after it is read or passed on.
+                    return buf.len();
+                }
             }
-            at += end + sep;
         }
         at
+    }
+
+    /// Bytes of an event over the bound: passed on, or dropped and noted.
+    fn pass_oversized(&mut self, part: &[u8], out: &mut BytesMut) {
+        if self.drop_oversized {
+            self.dropped_oversized = true;
+        } else {
+            out.extend_from_slice(part);
+        }
     }
 
     /// Bytes of an event whose end has not come: kept back while the event is within the bound,
@@ -156,25 +206,30 @@ impl SseTap {
         if !self.oversized {
             self.oversized = true;
             self.oversized_tail_len = 0;
-            let kept = std::mem::take(&mut self.pending);
-            out.extend_from_slice(&kept);
+            let mut kept = std::mem::take(&mut self.pending);
+            self.pass_oversized(&kept, out);
             self.remember_tail(&kept);
+            // The buffer serves the next event, without the capacity this one grew it to.
+            kept.clear();
+            if kept.capacity() <= self.max_event {
+                self.pending = kept;
+            }
         }
-        out.extend_from_slice(part);
+        self.pass_oversized(part, out);
         self.remember_tail(part);
     }
 
     /// The last bytes of an event begun in an earlier chunk, its separator included.
     fn end_event(&mut self, last: &[u8], out: &mut BytesMut) {
         if self.oversized {
-            out.extend_from_slice(last);
+            self.pass_oversized(last, out);
             self.oversized = false;
             return;
         }
         let mut event = std::mem::take(&mut self.pending);
         if event.len() + last.len() > self.max_event {
-            out.extend_from_slice(&event);
-            out.extend_from_slice(last);
+            self.pass_oversized(&event, out);
+            self.pass_oversized(last, out);
             return;
         }
         event.extend_from_slice(last);
@@ -199,13 +254,45 @@ impl SseTap {
         }
     }
 
-    /// Appends whatever is left when the upstream ends (an unterminated last event) to `out`.
+    /// The upstream's body ended: an unterminated last event is read, and passed on only if it
+    /// is the terminator (its blank line added); where the answer named its stop and no
+    /// terminator came, the terminator is added. Otherwise the stream was cut short:
+    /// [`SseTap::finished`] stays false, and an oversized event passed on in part is closed by a
+    /// blank line, so that whatever follows is an event of its own.
     pub fn finish(&mut self, out: &mut BytesMut) {
         let rest = std::mem::take(&mut self.pending);
-        if rest.iter().all(u8::is_ascii_whitespace) {
-            out.extend_from_slice(&rest);
-        } else {
+        if self.finished || self.dropped_oversized {
+            return;
+        }
+        if self.oversized {
+            self.oversized = false;
+            if !self.drop_oversized {
+                out.extend_from_slice(b"\n\n");
+            }
+        } else if self.is_terminator(&rest) {
             self.inspect(&rest, out);
+            out.extend_from_slice(if rest.ends_with(b"\n") { b"\n" } else { b"\n\n" });
+            return;
+        }
+        if self.stop_named && self.error.is_none() {
+            out.extend_from_slice(if self.anthropic {
+                b"event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n"
+            } else {
+                b"data: [DONE]\n\n"
+            });
+            self.finished = true;
+        }
+    }
+
+    /// Whether `event` is the stream's terminator: `data: [DONE]`, Anthropic's `message_stop`.
+    fn is_terminator(&self, event: &[u8]) -> bool {
+        if self.anthropic {
+            event
+                .split(|b| *b == b'\n')
+                .filter_map(|l| l.strip_prefix(b"event:"))
+                .any(|name| name.trim_ascii() == b"message_stop")
+        } else {
+            data_of(event).trim_ascii() == b"[DONE]"
         }
     }
 
@@ -275,6 +362,7 @@ impl SseTap {
 
     /// Notes a finish reason (at most [`MAX_FINISH_REASONS`], each at most 64 bytes).
     fn finish_reason(&mut self, reason: &str) {
+        self.stop_named |= !reason.is_empty() && reason != "error";
         if !reason.is_empty()
             && reason.len() <= 64
             && self.finish_reasons.len() < MAX_FINISH_REASONS
@@ -630,12 +718,110 @@ mod tests {
             );
             assert_eq!((tap.content_chunks, tap.finished), (2, true));
         }
-        // An unterminated last event still goes out at the end.
+    }
+
+    /// The body ended inside an event: half a JSON line is not passed on (nor read); the
+    /// terminator without its blank line is, with the blank line; an answer that named its
+    /// stop gets the terminator it lacked; one cut before is not finished.
+    #[test]
+    fn the_end_of_the_body_ends_the_stream() {
+        let stop = "data: {\"choices\":[{\"delta\":{},\"finish_reason\":\"stop\"}]}\n\n";
+        let a_stop = "event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\"}}\n\n";
+        let rows: &[(Endpoint, &str, &str, bool)] = &[
+            (
+                Endpoint::ChatCompletions,
+                "data: {\"a\":1}\n\ndata: {\"choices\":[{\"delta\":{\"content\":\"b",
+                "data: {\"a\":1}\n\n",
+                false,
+            ),
+            (
+                Endpoint::ChatCompletions,
+                "data: {\"a\":1}\n\ndata: [DONE]",
+                "data: {\"a\":1}\n\ndata: [DONE]\n\n",
+                true,
+            ),
+            (
+                Endpoint::ChatCompletions,
+                "data: [DONE]\n",
+                "data: [DONE]\n\n",
+                true,
+            ),
+            (
+                Endpoint::ChatCompletions,
+                stop,
+                &format!("{stop}data: [DONE]\n\n"),
+                true,
+            ),
+            (
+                Endpoint::ChatCompletions,
+                "data: {\"choices\":[{\"finish_reason\":\"error\"}],\"error\":{\"message\":\"x\"}}\n\n",
+                "data: {\"choices\":[{\"finish_reason\":\"error\"}],\"error\":{\"message\":\"x\"}}\n\n",
+                false,
+            ),
+            (
+                Endpoint::Messages,
+                "event: ping\ndata: {}\n\nevent: content_block_delta\ndata: {\"de",
+                "event: ping\ndata: {}\n\n",
+                false,
+            ),
+            (
+                Endpoint::Messages,
+                "event: message_stop\ndata: {}",
+                "event: message_stop\ndata: {}\n\n",
+                true,
+            ),
+            (
+                Endpoint::Messages,
+                a_stop,
+                &format!("{a_stop}event: message_stop\ndata: {{\"type\":\"message_stop\"}}\n\n"),
+                true,
+            ),
+        ];
+        for (endpoint, input, want, finished) in rows {
+            let mut tap = SseTap::new(*endpoint, false, CEILING);
+            assert_eq!(feed_all(&mut tap, &[input]), *want, "{input}");
+            assert_eq!(tap.finished, *finished, "{input}");
+            assert_eq!(tap.content_chunks, 0, "{input}: a cut event is not read");
+        }
+    }
+
+    /// Nothing after the terminator is passed on or read, however the bytes are cut.
+    #[test]
+    fn nothing_after_the_terminator_counts() {
+        let first = "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":3,\"output_tokens\":1}}}\n\n\
+                     event: content_block_delta\ndata: {\"delta\":{\"text\":\"a\"}}\n\n\
+                     event: message_delta\ndata: {\"usage\":{\"output_tokens\":2}}\n\n\
+                     event: message_stop\ndata: {}\n\n";
+        let second = "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":5000,\"output_tokens\":1}}}\n\n\
+                      event: content_block_delta\ndata: {\"delta\":{\"text\":\"b\"}}\n\n\
+                      event: message_stop\ndata: {}\n\n";
+        let input = format!("{first}{second}");
+        for size in [1, 2, 5, 64, input.len()] {
+            let parts: Vec<&str> = input
+                .as_bytes()
+                .chunks(size)
+                .map(|c| std::str::from_utf8(c).unwrap())
+                .collect();
+            let mut tap = SseTap::new(Endpoint::Messages, false, CEILING);
+            assert_eq!(feed_all(&mut tap, &parts), first, "chunks of {size}");
+            assert_eq!(
+                tap.usage,
+                UsageReport::Valid(Usage {
+                    prompt: 3,
+                    completion: 2
+                })
+            );
+            assert_eq!(tap.content_chunks, 1);
+        }
         let mut tap = SseTap::new(Endpoint::ChatCompletions, false, CEILING);
-        assert_eq!(
-            feed_all(&mut tap, &["data: {\"a\":1}\n\ndata: {\"b\""]),
-            "data: {\"a\":1}\n\ndata: {\"b\""
+        let out = feed_all(
+            &mut tap,
+            &[
+                "data: [DONE]\n\ndata: {\"choices\":[],\"usage\":{\"prompt_tokens\":5000,\"completion_tokens\":1}}\n\n",
+            ],
         );
+        assert_eq!(out, "data: [DONE]\n\n");
+        assert_eq!(tap.usage, UsageReport::Missing);
     }
 
     #[test]
@@ -714,6 +900,31 @@ mod tests {
             })
         );
         assert_eq!((tap.content_chunks, tap.finished), (1, true));
+    }
+
+    /// A translated stream's tap drops an event over the bound as it comes: it holds no more
+    /// than the bound (nothing of a 64 MiB line), passes nothing of it on, and says so.
+    #[test]
+    fn a_giant_line_costs_nothing_when_dropped() {
+        let mut tap = SseTap::new(Endpoint::Messages, false, CEILING).dropping_oversized();
+        let giant = 64 * 1024 * 1024;
+        let mut input = b"event: content_block_delta\ndata: {\"delta\":{\"text\":\"".to_vec();
+        input.resize(giant, b'a');
+        input.extend_from_slice(b"\"}}\n\nevent: message_stop\ndata: {}\n\n");
+        let mut out = BytesMut::new();
+        let mut most = 0;
+        for chunk in input.chunks(16 * 1024 + 3) {
+            tap.feed(chunk, &mut out);
+            most = most
+                .max(tap.held())
+                .max(tap.pending.capacity())
+                .max(out.capacity());
+        }
+        tap.finish(&mut out);
+        assert!(most <= MAX_EVENT_BYTES + 32 * 1024, "held up to {most} bytes");
+        assert!(tap.dropped_oversized);
+        assert!(out.is_empty(), "nothing after it is read either");
+        assert!(!tap.finished);
     }
 
     #[test]
@@ -918,9 +1129,28 @@ mod tests {
                 let mut input = String::new();
                 let mut want = String::new();
                 let (mut usage, mut content, mut done) = (None, 0, false);
+                let mut over = false;
                 for (e, sep) in &events {
                     let whole = format!("{}{sep}", e.input);
                     input.push_str(&whole);
+                    if over {
+                        // After the terminator: neither passed on nor read.
+                        continue;
+                    }
+                    if sep.is_empty() {
+                        // The body ends inside this event: an oversized one went out as it
+                        // came, closed by a blank line; the terminator goes out with its
+                        // blank line; anything else is dropped unread.
+                        if whole.len() > max {
+                            want.push_str(&whole);
+                            want.push_str("\n\n");
+                        } else if e.done {
+                            want.push_str(&whole);
+                            want.push_str("\n\n");
+                            done = true;
+                        }
+                        continue;
+                    }
                     // An event over the bound passes through unread.
                     if whole.len() > max {
                         want.push_str(&whole);
@@ -937,6 +1167,7 @@ mod tests {
                     usage = e.usage.or(usage);
                     content += u64::from(e.content);
                     done |= e.done;
+                    over = e.done;
                 }
                 let mut tap = SseTap::new(Endpoint::ChatCompletions, strip, CEILING).with_max_event(max);
                 let out = run(&mut tap, &split(input.as_bytes(), &cuts));
@@ -965,12 +1196,19 @@ mod tests {
                 let whole = run(&mut SseTap::new(endpoint, strip, CEILING).with_max_event(max), std::slice::from_ref(&bytes));
                 let cut = run(&mut SseTap::new(endpoint, strip, CEILING).with_max_event(max), &split(&bytes, &cuts));
                 prop_assert_eq!(&cut, &whole, "chunking changed the output");
+                // At most a blank line is added (ending an event the body ended inside).
+                let body = whole
+                    .strip_suffix(b"\n\n".as_slice())
+                    .or_else(|| whole.strip_suffix(b"\n".as_slice()))
+                    .unwrap_or(&whole);
                 if strip && !anthropic {
                     // Only removals: the output is the input with some bytes left out.
                     let mut rest = bytes.iter();
-                    prop_assert!(whole.iter().all(|b| rest.any(|i| i == b)));
+                    prop_assert!(body.iter().all(|b| rest.any(|i| i == b)));
                 } else {
-                    prop_assert_eq!(&whole, &bytes);
+                    // The input up to where the stream ended (its terminator, or its last
+                    // whole event).
+                    prop_assert!(bytes.starts_with(body) || bytes.starts_with(&whole));
                 }
             }
 

@@ -35,6 +35,8 @@ mod store_outage;
 mod tags_end_users;
 mod traces;
 mod translate;
+mod translate_fidelity;
+mod translate_streams;
 mod untrusted_upstream;
 mod upstream;
 mod upstream_dispatch;

@@ -8,11 +8,11 @@ use serde_json::{Value, json};
 use crate::both_backends;
 use crate::helpers::{Setup, TestApp, TestDb, spawn_app};
 
-const KEY: &str = "sk-aigw-TranslateTestKey0123456789abcdef";
+pub(crate) const KEY: &str = "sk-aigw-TranslateTestKey0123456789abcdef";
 
 /// `gpt-4o` on an OpenAI credential, falling back to `claude-sonnet` on an Anthropic one;
 /// `gpt-4o-mini` on the OpenAI credential alone.
-fn resources(mock: &MockUpstream) -> String {
+pub(crate) fn resources(mock: &MockUpstream) -> String {
     let url = mock.base_url();
     format!(
         r#"
@@ -52,13 +52,13 @@ price = {{ prompt = 3.0, completion = 15.0 }}
     )
 }
 
-async fn start(db: &TestDb) -> (TestApp, MockUpstream) {
+pub(crate) async fn start(db: &TestDb) -> (TestApp, MockUpstream) {
     let mock = MockUpstream::start().await.unwrap();
     let app = spawn_app(db, Setup::resources(resources(&mock))).await;
     (app, mock)
 }
 
-fn header<'a>(r: &'a reqwest::Response, name: &str) -> &'a str {
+pub(crate) fn header<'a>(r: &'a reqwest::Response, name: &str) -> &'a str {
     r.headers()
         .get(name)
         .and_then(|v| v.to_str().ok())
@@ -66,7 +66,7 @@ fn header<'a>(r: &'a reqwest::Response, name: &str) -> &'a str {
 }
 
 /// The `data:` payloads of an OpenAI stream, `[DONE]` as a string.
-fn chunks(text: &str) -> Vec<Value> {
+pub(crate) fn chunks(text: &str) -> Vec<Value> {
     text.split("\n\n")
         .filter_map(|e| e.lines().find_map(|l| l.strip_prefix("data: ")))
         .map(|d| serde_json::from_str(d).unwrap_or_else(|_| json!(d)))
@@ -74,7 +74,7 @@ fn chunks(text: &str) -> Vec<Value> {
 }
 
 /// The attempts of a log record.
-fn attempts(log: &aigw::request_log::LogRecord) -> Vec<Value> {
+pub(crate) fn attempts(log: &aigw::request_log::LogRecord) -> Vec<Value> {
     serde_json::from_str(&log.attempts_detail).unwrap()
 }
 
@@ -138,6 +138,7 @@ async fn a_claude_model_answers_chat_completions(db: TestDb) {
     let a = attempts(log);
     assert_eq!(a[0]["provider"], "anthropic");
     assert_eq!(a[0]["translated"], "chat.completions→messages");
+    assert_eq!(a[0]["max_tokens_chosen"], 4096, "the gateway chose it");
     app.stop().await;
 }
 
@@ -363,7 +364,7 @@ async fn an_anthropic_error_is_classified_natively_and_rendered_for_openai(db: T
     assert_eq!(
         v,
         json!({"error": {"message": "Number of request tokens has exceeded your per-minute rate limit",
-            "type": "rate_limit_error", "param": null, "code": "rate_limit_error"}})
+            "type": "rate_limit_error", "param": null, "code": "rate_limit_exceeded"}})
     );
     // Classified on Anthropic's own body and Retry-After: the credential rests 30 s, so the
     // next request is refused before anything is sent.

@@ -142,3 +142,61 @@ def test_anthropic_sdk_calls_an_openai_model(gateway):
     use = [b for b in m.content if b.type == "tool_use"][0]
     assert m.stop_reason == "tool_use"
     assert (use.name, use.input) == ("get_weather", {"city": "Rome"})
+
+
+def _chunk(delta, finish=None):
+    return "data: " + json.dumps({"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1,
+                                  "model": "gpt-4o", "choices": [{"index": 0, "delta": delta,
+                                                                  "finish_reason": finish}]}) + "\n\n"
+
+
+def test_both_sdks_see_a_stream_cut_short_as_an_error(gateway):
+    """An upstream whose stream ends inside the answer: each SDK raises, instead of reading a
+    short answer as a whole one (docs/limits.md, "A stream ends at its end, or with an error")."""
+    cut = _chunk({"role": "assistant", "content": ""}) + _chunk({"content": "Hel"}) + \
+        'data: {"id":"chatcmpl-1","choices":[{"index":0,"delta":{"content":"lo wor'
+    gateway.script(model="gpt-4o", raw_body=cut, content_type="text/event-stream")
+    with pytest.raises(anthropic.APIError) as e:
+        with an(gateway).messages.stream(model="gpt-4o", max_tokens=32,
+                                         messages=[{"role": "user", "content": "hi"}]) as s:
+            "".join(s.text_stream)
+    assert "ended before the answer did" in str(e.value)
+    with pytest.raises(openai.APIError) as e:
+        list(oa(gateway).chat.completions.create(model="gpt-4o", stream=True,
+                                                 messages=[{"role": "user", "content": "hi"}]))
+    assert "ended before the answer did" in str(e.value)
+
+
+def test_anthropic_sdk_reads_what_an_openai_stream_said(gateway):
+    """The final message the Anthropic SDK assembles: the real input count, the stop sequence
+    a provider named, a refusal as text; and the gateway's refusals in Anthropic's envelope."""
+    body = ("data: " + json.dumps({"id": "chatcmpl-1", "model": "gpt-4o", "choices": [
+        {"index": 0, "delta": {"role": "assistant", "content": "one two"}, "finish_reason": None}],
+        "usage": {"prompt_tokens": 17, "completion_tokens": 0, "total_tokens": 17}}) + "\n\n"
+        + "data: " + json.dumps({"id": "chatcmpl-1", "model": "gpt-4o", "choices": [
+            {"index": 0, "delta": {}, "finish_reason": "stop", "stop_reason": "three"}]}) + "\n\n"
+        + "data: " + json.dumps({"id": "chatcmpl-1", "model": "gpt-4o", "choices": [],
+                                 "usage": {"prompt_tokens": 17, "completion_tokens": 2, "total_tokens": 19}}) + "\n\n"
+        + "data: [DONE]\n\n")
+    gateway.script(model="gpt-4o", raw_body=body, content_type="text/event-stream", times=1)
+    with an(gateway).messages.stream(model="gpt-4o", max_tokens=32, stop_sequences=["three"],
+                                     messages=[{"role": "user", "content": "count"}]) as s:
+        final = s.get_final_message()
+    assert final.content[0].text == "one two"
+    assert (final.stop_reason, final.stop_sequence) == ("stop_sequence", "three")
+    assert (final.usage.input_tokens, final.usage.output_tokens) == (17, 2)
+
+    refusal = _chunk({"role": "assistant", "refusal": "I can't help."}) + _chunk({}, "content_filter") + \
+        "data: [DONE]\n\n"
+    gateway.script(model="gpt-4o", raw_body=refusal, content_type="text/event-stream", times=1)
+    with an(gateway).messages.stream(model="gpt-4o", max_tokens=32,
+                                     messages=[{"role": "user", "content": "x"}]) as s:
+        final = s.get_final_message()
+    assert (final.content[0].text, final.stop_reason) == ("I can't help.", "refusal")
+
+    with pytest.raises(anthropic.NotFoundError) as e:
+        an(gateway).messages.create(model="no-such-model", max_tokens=8,
+                                    messages=[{"role": "user", "content": "x"}])
+    assert e.value.body["type"] == "error"
+    assert e.value.body["error"]["type"] == "not_found_error"
+    assert e.value.body["error"]["code"] == "model_not_found"

@@ -311,15 +311,17 @@ impl Run<'_> {
         held: &mut Held,
     ) -> Step {
         // A request the credential's format cannot express is not sent: the client's 400, unless
-        // another candidate serves it.
-        let out = match translate::request(self.endpoint, cred, body, upstream_model) {
+        // another candidate serves it or an earlier one failed (its answer says more).
+        let out = match translate::request(self.endpoint, cred, body, upstream_model, model.max_output_tokens)
+        {
             Ok(out) => out,
             Err(refused) => {
                 tracing::debug!(credential = %cred.name, param = %refused.param, "request not translatable");
-                self.last = Some(Dispatched::GatewayFailed(refused.into()));
+                self.last.get_or_insert(Dispatched::GatewayFailed(refused.into()));
                 return Step::Failed(NextStep::NextCredential);
             }
         };
+        let max_tokens_chosen = out.max_tokens_chosen;
         let mut req = request(cred, self.headers, out);
         let mut retried = false;
         loop {
@@ -350,7 +352,7 @@ impl Run<'_> {
                     // groot ADR 0008: a connection failure of the only route, nothing emitted.
                     if !std::mem::replace(&mut retried, true)
                         && self.only_route(cred, model)
-                        && let Some(again) = self.retry(body, cred, upstream_model, held).await
+                        && let Some(again) = self.retry(body, cred, model, upstream_model, held).await
                     {
                         self.push(Attempt {
                             rule: Some(SINGLE_CANDIDATE_RETRY),
@@ -405,6 +407,7 @@ impl Run<'_> {
                 };
                 self.push(Attempt {
                     status: Some(status),
+                    max_tokens_chosen,
                     ..Attempt::of(cred, model)
                 });
                 self.up.locks.success(cred.id);
@@ -434,7 +437,7 @@ impl Run<'_> {
             {
                 let said = provider_words(&error.body);
                 let lock_until = held.park(self.up, cred, upstream_model, &class, said.clone());
-                if let Some(again) = self.retry(body, cred, upstream_model, held).await {
+                if let Some(again) = self.retry(body, cred, model, upstream_model, held).await {
                     self.push(Attempt {
                         status: Some(status),
                         rule: Some(SINGLE_CANDIDATE_RETRY),

@@ -44,6 +44,10 @@ pub struct Attempt {
     /// The translation the request went through (set when the request completes), if any.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub translated: Option<&'static str>,
+    /// The `max_tokens` the gateway chose for the translated request of the attempt that
+    /// served, the client having named none: the model's `max_output_tokens`, else 4096.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_tokens_chosen: Option<u64>,
     /// Its span, when the request is traced and this attempt sent a request.
     #[serde(skip)]
     pub span: Option<crate::otel::AttemptSpan>,
@@ -82,6 +86,7 @@ impl Attempt {
             lock_until: None,
             provider: cred.provider,
             translated: None,
+            max_tokens_chosen: None,
             span: None,
             sent: true,
         }
@@ -121,6 +126,10 @@ pub struct Complete {
     pub content_type: Option<HeaderValue>,
     /// The body, the endpoint's JSON.
     pub body: Bytes,
+    /// A translated answer's usage block in the upstream's own format, and the endpoint whose
+    /// format that is (`body` is in the client's): it is checked in the provider's own words, as a
+    /// translation may hide what was wrong with it. `None` when not translated.
+    pub translated_usage: Option<(crate::upstream::adapter::Endpoint, serde_json::Value)>,
 }
 
 /// How dispatch ended.

@@ -112,6 +112,7 @@ impl Run<'_> {
         &mut self,
         body: &Fields,
         cred: &Credential,
+        model: &ModelRoute,
         upstream_model: &str,
         held: &Held,
     ) -> Option<Request<Bytes>> {
@@ -139,7 +140,8 @@ impl Run<'_> {
             return None;
         }
         // Built again rather than copied ahead of every request: only a retry pays for it.
-        let out = translate::request(self.endpoint, cred, body, upstream_model).ok()?;
+        let out =
+            translate::request(self.endpoint, cred, body, upstream_model, model.max_output_tokens).ok()?;
         Some(request(cred, self.headers, out))
     }
 }
