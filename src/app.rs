@@ -30,6 +30,28 @@ mod router;
 mod startup;
 
 pub(crate) use router::route_table;
+pub use startup::empty_database;
+
+/// What the start checks of the settings before it writes anything, beside each setting's own
+/// bound: the folders it writes to, the master key's form, the upstream CA file. Each problem as
+/// the start names it (`aigw check` lists them all).
+pub fn check_before_start(settings: &Settings) -> Vec<String> {
+    let mut problems = Vec::new();
+    if let Err(e) = startup::check_folders(settings) {
+        problems.push(e.to_string());
+    }
+    if let Some(key) = &settings.master_key
+        && let Err(e) = MasterKey::parse(key.expose())
+    {
+        problems.push(format!("bad setting master_key (AIGW_MASTER_KEY): {e}"));
+    }
+    if let Some(path) = &settings.upstream_ca_file
+        && let Err(e) = crate::upstream::http::read_cas(path)
+    {
+        problems.push(e);
+    }
+    problems
+}
 pub use router::{HEALTH_ROUTES, METRICS_ROUTES, REQUEST_ID, RequestId, Surface, router};
 
 /// Everything a handler may need. Built only by [`Gateway::build`].
@@ -255,6 +277,16 @@ impl Gateway {
             None => None,
         };
         startup::check_folders(&settings)?;
+        // The resources file is read, and on a new database checked whole, before anything is
+        // written: a refused file leaves no database, no secrets file and no owner behind.
+        let prepared = match &options.resources {
+            Some(path) => Some(resources::Prepared::read(path, &env)?),
+            None => None,
+        };
+        let opened = startup::open_unless_new_sqlite(&settings).await?;
+        if let Some(prepared) = &prepared {
+            startup::check_on_new_database(opened.as_ref(), prepared).await?;
+        }
         let (master_text, jwt_secret) = startup::resolve_secrets(&settings)?;
         let master_key = MasterKey::parse(master_text.expose())
             .map_err(|e| StartError::Config(format!("bad setting master_key (AIGW_MASTER_KEY): {e}")))?;
@@ -274,15 +306,18 @@ impl Gateway {
             Some(path) => crate::upstream::http::read_cas(path).map_err(StartError::Config)?,
             None => Vec::new(),
         };
-        let store = Store::open(&settings.database_url).await?;
+        let store = match opened {
+            Some(store) => store,
+            None => Store::open_with(&settings.database_url, settings.database_max_connections).await?,
+        };
         let start_lock = store.start_lock().await?;
         store.migrate().await?;
         let mut managed = crate::managed::Managed::default();
-        if let Some(path) = &options.resources {
-            let mut summary = resources::apply_file(&store, &master_key, path, &env, clock.now_ms()).await?;
+        if let Some(prepared) = &prepared {
+            let mut summary = prepared.apply(&store, &master_key, clock.now_ms()).await?;
             startup::count_recorded(&store, &settings, &summary.new_policies, clock.now()).await?;
             managed = std::mem::take(&mut summary.managed);
-            tracing::info!(file = %path.display(), %summary, "resources applied");
+            tracing::info!(file = %prepared.path(), %summary, "resources applied");
             for (address, key) in &summary.generated_keys {
                 // Printed once, on stdout only: the plaintext is never stored or logged.
                 println!("aigw: generated API key {address}: {key}");

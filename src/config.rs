@@ -1,6 +1,7 @@
 //! Settings: defaults, then the TOML file, then `AIGW_*` variables (env wins). This is the one
 //! place that reads configuration; a bad setting stops the start with a message naming it.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -191,44 +192,61 @@ macro_rules! settings {
             }
         }
 
-        /// The TOML settings file: every field optional, unknown fields refused.
-        #[derive(Default, Deserialize)]
-        #[serde(deny_unknown_fields)]
-        struct FileSettings {
-            $($field: Option<<$ty as SettingValue>::File>,)*
-        }
-
         /// Every setting, in the order of the docs' tables.
         pub const SETTINGS: &[SettingInfo] = &[
             $(SettingInfo { key: stringify!($field), env: $env, doc: concat!($($doc, "\n"),*) },)*
         ];
 
         impl Settings {
-            fn apply_file(&mut self, path: &Path, f: FileSettings) -> Result<(), ConfigError> {
-                $(if let Some(v) = f.$field {
-                    let name = format!("{} ({})", path.display(), stringify!($field));
-                    self.$field = <$ty as SettingValue>::from_file(&name, v)?;
+            /// Reads the file's keys, each on its own: every bad value and every unknown key is
+            /// noted in `errors` with its line, not only the first.
+            fn apply_file(
+                &mut self,
+                path: &Path,
+                text: &str,
+                mut table: BTreeMap<String, toml::Spanned<toml::Value>>,
+                errors: &mut Vec<String>,
+            ) {
+                let line = |span: std::ops::Range<usize>| line_of(text, span.start);
+                let mut found = Vec::new();
+                $(if let Some(v) = table.remove(stringify!($field)) {
+                    let at = line(v.span());
+                    let name = format!("{}, line {at} ({})", path.display(), stringify!($field));
+                    let read = <<$ty as SettingValue>::File as Deserialize>::deserialize(v.into_inner())
+                        .map_err(|e| ConfigError(format!("bad setting {name}: {}", e.to_string().trim())))
+                        .and_then(|v| <$ty as SettingValue>::from_file(&name, v));
+                    match read {
+                        Ok(v) => self.$field = v,
+                        Err(e) => found.push((at, e.0)),
+                    }
                 })*
-                Ok(())
+                for (key, v) in table {
+                    let at = line(v.span());
+                    found.push((at, format!("config file {}, line {at}: {}", path.display(), unknown_setting(&key))));
+                }
+                found.sort_by_key(|(at, _)| *at);
+                errors.extend(found.into_iter().map(|(_, e)| e));
             }
 
-            /// Reads the variables set and not empty.
-            fn apply_env(&mut self, var: impl Fn(&str) -> Option<String>) -> Result<(), ConfigError> {
+            /// Reads the variables set and not empty; every bad one is noted in `errors`.
+            fn apply_env(&mut self, var: impl Fn(&str) -> Option<String>, errors: &mut Vec<String>) {
                 $(if let Some(v) = var($env) {
-                    self.$field = <$ty as SettingValue>::from_env($env, &v)?;
+                    let name = concat!(stringify!($field), " (", $env, ")");
+                    match <$ty as SettingValue>::from_env(name, &v) {
+                        Ok(v) => self.$field = v,
+                        Err(e) => errors.push(e.0),
+                    }
                 })*
-                Ok(())
             }
 
-            /// Each setting within its own bound.
-            fn check_each(&self) -> Result<(), ConfigError> {
+            /// Each setting within its own bound; every one out of it is noted in `errors`.
+            fn check_each(&self, errors: &mut Vec<String>) {
                 $($(
                     let check: Check<$ty> = $check;
-                    check(&self.$field).map_err(|why| {
-                        ConfigError(format!("bad setting {} ({}): {why}", stringify!($field), $env))
-                    })?;
+                    if let Err(why) = check(&self.$field) {
+                        errors.push(format!("bad setting {} ({}): {why}", stringify!($field), $env));
+                    }
                 )?)*
-                Ok(())
             }
 
             /// Each setting's default as the docs' tables show it, by key.
@@ -288,6 +306,11 @@ settings! {
     listen: SocketAddr = SocketAddr::from(([127, 0, 0, 1], 4000)), "AIGW_LISTEN";
     /// `sqlite://…` (default `sqlite://aigw.db`) or `postgres://…`.
     database_url: String = "sqlite://aigw.db".to_owned(), "AIGW_DATABASE_URL", check |v| database_url_form(v);
+    /// Most connections one gateway opens to Postgres for its work (the start lock and the
+    /// health probe take one more each while they run); SQLite keeps four.
+    database_max_connections: u32 = crate::store::DEFAULT_POSTGRES_CONNECTIONS, "AIGW_DATABASE_MAX_CONNECTIONS", check |v| {
+        if (1..=1000).contains(v) { Ok(()) } else { Err("must be 1..=1000".into()) }
+    };
     /// Time zone that quota windows align to, unless a workspace overrides it.
     timezone: Tz = chrono_tz::Asia::Shanghai, "AIGW_TIMEZONE";
     /// Language of the gateway's own messages.
@@ -457,33 +480,39 @@ fn http_url(v: Option<&str>) -> Result<(), String> {
 pub struct ConfigError(pub String);
 
 impl Settings {
-    /// Loads defaults, then `file` (if given), then the `AIGW_*` variables of `env`.
+    /// Loads defaults, then `file` (if given), then the `AIGW_*` variables of `env`. Every bad
+    /// setting is named, one a line, not only the first.
     pub fn load(file: Option<&Path>, env: impl Fn(&str) -> Option<String>) -> Result<Settings, ConfigError> {
         let mut s = Settings::default();
+        let mut errors = Vec::new();
         if let Some(path) = file {
             let text = std::fs::read_to_string(path)
                 .map_err(|e| ConfigError(format!("cannot read config file {}: {e}", path.display())))?;
-            let f: FileSettings = toml::from_str(&text)
+            let table = toml::from_str(&text)
                 .map_err(|e| ConfigError(format!("config file {}: {e}", path.display())))?;
-            s.apply_file(path, f)?;
+            s.apply_file(path, &text, table, &mut errors);
         }
-        s.apply_env(|name| env(name).filter(|v| !v.is_empty()))?;
-        s.validate()?;
-        Ok(s)
+        s.apply_env(|name| env(name).filter(|v| !v.is_empty()), &mut errors);
+        s.check_each(&mut errors);
+        s.check_between(&mut errors);
+        if errors.is_empty() {
+            Ok(s)
+        } else {
+            Err(ConfigError(errors.join("\n")))
+        }
     }
 
-    /// Each setting's own bound, then the bounds between settings.
-    fn validate(&self) -> Result<(), ConfigError> {
-        self.check_each()?;
-        let bad = |name: &str, why: &str| Err(ConfigError(format!("bad setting {name}: {why}")));
+    /// The bounds between settings.
+    fn check_between(&self, errors: &mut Vec<String>) {
+        let mut bad = |name: &str, why: &str| errors.push(format!("bad setting {name}: {why}"));
         if self.single_candidate_retry_min_ms > self.single_candidate_retry_max_ms {
-            return bad(
+            bad(
                 "single_candidate_retry_min_ms (AIGW_SINGLE_CANDIDATE_RETRY_MIN_MS)",
                 "must not exceed single_candidate_retry_max_ms",
             );
         }
         if self.oidc_issuer.is_some() && (self.oidc_client_id.is_none() || self.oidc_redirect_url.is_none()) {
-            return bad(
+            bad(
                 "oidc_issuer (AIGW_OIDC_ISSUER)",
                 "single sign-on also needs oidc_client_id and oidc_redirect_url",
             );
@@ -492,12 +521,11 @@ impl Settings {
             && admin == self.listen
             && admin.port() != 0
         {
-            return bad(
+            bad(
                 "admin_listen (AIGW_ADMIN_LISTEN)",
                 "must differ from listen (it is a second address for the admin surfaces)",
             );
         }
-        Ok(())
     }
 
     /// Whether the database is SQLite.
@@ -528,50 +556,36 @@ pub fn sqlite_path(url: &str) -> &str {
     rest.split('?').next().unwrap_or(rest)
 }
 
-fn parse_value<T: FromStr>(name: &str, v: &str) -> Result<T, ConfigError>
-where
-    T::Err: fmt::Display,
-{
-    v.parse()
-        .map_err(|e| ConfigError(format!("bad setting {name}: {v:?}: {e}")))
+/// The line (from 1) of the byte `offset` of `text`.
+fn line_of(text: &str, offset: usize) -> usize {
+    text.as_bytes()[..offset.min(text.len())]
+        .iter()
+        .filter(|b| **b == b'\n')
+        .count()
+        + 1
 }
 
-/// The listen address is a socket address; a bare port (`4001`) is the common slip.
-fn parse_listen(name: &str, v: &str) -> Result<SocketAddr, ConfigError> {
-    v.parse().map_err(|e| {
-        ConfigError(format!(
-            "bad setting {name}: {v:?}: {e} (expected HOST:PORT, e.g. 127.0.0.1:4000 or 0.0.0.0:{})",
-            if v.bytes().all(|b| b.is_ascii_digit()) && !v.is_empty() {
-                v
-            } else {
-                "4000"
-            }
-        ))
-    })
+/// A file key that is no setting: the nearest setting when it looks like a slip.
+fn unknown_setting(key: &str) -> String {
+    match crate::suggest::nearest(key, SETTINGS.iter().map(|s| s.key)) {
+        Some(near) => format!("unknown field `{key}` (did you mean `{near}`?)"),
+        None => format!(
+            "unknown field `{key}` (no such setting; `aigw serve --help` and README.md, \
+             \"Configuration\", list them)"
+        ),
+    }
 }
 
-/// Networks from CIDRs (`10.0.0.0/8`, `2001:db8::/32`) or single addresses (`192.168.1.5`),
-/// blanks between items ignored.
-fn parse_networks<'a>(
-    name: &str,
-    items: impl IntoIterator<Item = &'a str>,
-) -> Result<Vec<ipnet::IpNet>, ConfigError> {
-    items
-        .into_iter()
-        .map(str::trim)
-        .filter(|v| !v.is_empty())
-        .map(|v| {
-            v.parse::<ipnet::IpNet>()
-                .or_else(|_| v.parse::<std::net::IpAddr>().map(ipnet::IpNet::from))
-                .map(|net| net.trunc())
-                .map_err(|_| {
-                    ConfigError(format!(
-                        "bad setting {name}: {v:?} is not a network (expected CIDRs such as \
-                         10.0.0.0/8 or single addresses such as 192.168.1.5, comma-separated)"
-                    ))
-                })
-        })
-        .collect()
+/// The variable a mistyped `AIGW_*` name most likely meant.
+pub fn nearest_variable(name: &str) -> Option<&'static str> {
+    let known = SETTINGS
+        .iter()
+        .map(|s| s.env)
+        .chain(OTHER_VARIABLES.iter().copied());
+    // Compared without the common prefix, which would make every name look near.
+    let word = name.strip_prefix("AIGW_")?;
+    let near = crate::suggest::nearest(word, known.clone().filter_map(|k| k.strip_prefix("AIGW_")))?;
+    known.into_iter().find(|k| k.strip_prefix("AIGW_") == Some(near))
 }
 
 /// The `AIGW_*` variables aigw reads besides the settings': the command line's `AIGW_CONFIG` and
@@ -771,6 +785,40 @@ mod tests {
             let err = Settings::load(None, env(vars)).unwrap_err().to_string();
             assert!(err.contains(name), "{err} should name {name}");
         }
+    }
+
+    /// Every bad setting is named at once, each with what it should be; a mistyped key or
+    /// variable gets the setting it most likely meant, not the list of every setting.
+    #[test]
+    fn every_bad_setting_is_named_with_what_it_should_be() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("aigw.toml");
+        std::fs::write(
+            &path,
+            "listn = \"127.0.0.1:5000\"\nmax_attempts = \"three\"\ncolour = 1\nlocale = \"fr\"\n",
+        )
+        .unwrap();
+        let err = Settings::load(
+            Some(&path),
+            env(&[("AIGW_MAX_BODY_BYTES", "abc"), ("AIGW_FLUSH_INTERVAL_MS", "1")]),
+        )
+        .unwrap_err()
+        .0;
+        let expected = [
+            "line 1: unknown field `listn` (did you mean `listen`?)",
+            "line 2 (max_attempts): invalid type: string \"three\", expected u32",
+            "line 3: unknown field `colour` (no such setting; `aigw serve --help`",
+            "line 4 (locale)",
+            "max_body_bytes (AIGW_MAX_BODY_BYTES): \"abc\" is not a whole number",
+            "flush_interval_ms (AIGW_FLUSH_INTERVAL_MS): must be 10..=60000",
+        ];
+        for needle in expected {
+            assert!(err.contains(needle), "{needle:?} not in:\n{err}");
+        }
+        assert_eq!(err.lines().count(), expected.len(), "one line each:\n{err}");
+        assert!(!err.contains("invalid digit"), "{err}");
+        assert_eq!(nearest_variable("AIGW_MAX_ATTEMTPS"), Some("AIGW_MAX_ATTEMPTS"));
+        assert_eq!(nearest_variable("AIGW_COLOUR"), None);
     }
 
     #[test]

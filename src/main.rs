@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 /// mimalloc: the request path allocates many small, short-lived buffers; glibc's malloc cost
 /// about 15 % of the gateway's CPU under load (bench/run.py with perf). The feature
@@ -34,6 +34,21 @@ enum Command {
         #[arg(long, env = "AIGW_RESOURCES")]
         resources: Option<PathBuf>,
     },
+    /// Check the settings and a resources file without starting.
+    ///
+    /// As `serve` would check them, without writing anything: every problem is listed; the exit
+    /// status is 0 when `serve` would start, else 1.
+    Check {
+        /// Settings file (TOML); `AIGW_*` variables override it.
+        #[arg(long, env = "AIGW_CONFIG")]
+        config: Option<PathBuf>,
+        /// Resources file, checked against the configured database when it exists.
+        #[arg(long, env = "AIGW_RESOURCES")]
+        resources: Option<PathBuf>,
+    },
+    /// Administer the gateway from its host, against the configured database.
+    #[command(subcommand)]
+    Admin(Admin),
     /// Run the scriptable mock upstream (OpenAI and Anthropic shapes) for demos and benchmarks.
     MockUpstream {
         /// Address to listen on.
@@ -54,9 +69,50 @@ enum Command {
     },
 }
 
+#[derive(Subcommand)]
+enum Admin {
+    /// Set a member's password (a lost owner password, say).
+    ///
+    /// The new password is read from the first line of standard input, or asked for on the
+    /// terminal; never give it on the command line. The member's sessions end; the audit log
+    /// records the reset.
+    ResetPassword {
+        /// The member's email.
+        email: String,
+        /// Generate a password and print it once instead of reading one.
+        #[arg(long)]
+        generate: bool,
+        /// Settings file (TOML) of the gateway; `AIGW_*` variables override it.
+        #[arg(long, env = "AIGW_CONFIG")]
+        config: Option<PathBuf>,
+    },
+}
+
+/// `serve --help` lists every setting after the flags.
+fn settings_help() -> String {
+    let mut help = String::from(
+        "Settings: each is a key of the --config file or its AIGW_* variable (the variable wins); \
+         defaults and details in README.md, \"Configuration\". `aigw check` checks them without \
+         starting.\n\n",
+    );
+    for s in aigw::config::SETTINGS {
+        let doc = s.doc.split_whitespace().collect::<Vec<_>>().join(" ");
+        let first = doc.split_inclusive(". ").next().unwrap_or(&doc).trim_end();
+        help.push_str(&format!("  {:<36} {}\n      {first}\n", s.key, s.env));
+    }
+    help
+}
+
 fn main() -> ExitCode {
     no_huge_pages();
-    let cli = Cli::parse();
+    let command = Cli::command().mut_subcommand("serve", |c| {
+        c.after_long_help(settings_help())
+            .after_help("The settings (AIGW_* variables or --config keys) are listed by `aigw serve --help`.")
+    });
+    let cli = match Cli::from_arg_matches(&command.get_matches()) {
+        Ok(cli) => cli,
+        Err(e) => e.exit(),
+    };
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {
@@ -64,9 +120,15 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let result = runtime.block_on(async {
+    let result: Result<(), String> = runtime.block_on(async {
         match cli.command {
             Command::Serve { config, resources } => serve(config, resources).await,
+            Command::Check { config, resources } => check(config, resources).await,
+            Command::Admin(Admin::ResetPassword {
+                email,
+                generate,
+                config,
+            }) => reset_password(config, &email, generate).await,
             Command::MockUpstream {
                 listen,
                 no_record,
@@ -110,9 +172,16 @@ async fn serve(config: Option<PathBuf>, resources: Option<PathBuf>) -> Result<()
     let unknown =
         aigw::config::unknown_variables(std::env::vars_os().filter_map(|(k, _)| k.into_string().ok()));
     if !unknown.is_empty() {
+        let named: Vec<String> = unknown
+            .iter()
+            .map(|name| match aigw::config::nearest_variable(name) {
+                Some(near) => format!("{name} (did you mean {near}?)"),
+                None => name.clone(),
+            })
+            .collect();
         tracing::warn!(
-            variables = %unknown.join(", "),
-            "ignoring unknown AIGW_* environment variables (a typo of a setting? the settings are listed in the README)"
+            variables = %named.join(", "),
+            "ignoring unknown AIGW_* environment variables (a typo of a setting? `aigw serve --help` lists them)"
         );
     }
     let options = aigw::BuildOptions {
@@ -134,10 +203,104 @@ async fn serve(config: Option<PathBuf>, resources: Option<PathBuf>) -> Result<()
     if let Some(addr) = gateway.admin_addr() {
         tracing::info!(%addr, "admin API, console and metrics listening (not on the main address)");
     }
+    let console = gateway.admin_addr().unwrap_or(gateway.local_addr());
+    println!("aigw: console at {}", console_url(console));
     gateway
         .run_until_stopped(stop)
         .await
         .map_err(|e| format!("server error: {e}"))
+}
+
+/// The console's address as a browser on this machine reaches it.
+fn console_url(addr: std::net::SocketAddr) -> String {
+    let host = match addr.ip() {
+        ip if ip.is_unspecified() => "localhost".to_owned(),
+        std::net::IpAddr::V6(ip) => format!("[{ip}]"),
+        std::net::IpAddr::V4(ip) => ip.to_string(),
+    };
+    format!("http://{host}:{}/console/", addr.port())
+}
+
+/// `aigw check`: prints the notes and problems; an error (exit 1) when there is a problem.
+async fn check(config: Option<PathBuf>, resources: Option<PathBuf>) -> Result<(), String> {
+    let variables = std::env::vars_os().filter_map(|(k, _)| k.into_string().ok());
+    let report = aigw::operator::check::check(
+        config.as_deref(),
+        resources.as_deref(),
+        &|k| std::env::var(k).ok(),
+        variables,
+    )
+    .await;
+    for note in &report.notes {
+        eprintln!("aigw check: note: {note}");
+    }
+    for problem in &report.problems {
+        eprintln!("{problem}");
+    }
+    match report.problems.len() {
+        0 => {
+            println!(
+                "aigw check: the settings{} are valid",
+                if resources.is_some() {
+                    " and the resources file"
+                } else {
+                    ""
+                }
+            );
+            Ok(())
+        }
+        1 => Err("check: 1 problem".to_owned()),
+        n => Err(format!("check: {n} problems")),
+    }
+}
+
+/// `aigw admin reset-password EMAIL`.
+async fn reset_password(config: Option<PathBuf>, email: &str, generate: bool) -> Result<(), String> {
+    use aigw::operator::reset_password::{NewPassword, read_hidden_line};
+    let settings =
+        aigw::Settings::load(config.as_deref(), |k| std::env::var(k).ok()).map_err(|e| e.to_string())?;
+    let new = if generate {
+        NewPassword::Generate
+    } else {
+        match read_hidden_line(&format!("New password for {email} (Enter alone generates one): ")) {
+            Some(first) => {
+                let first = first.map_err(|e| format!("cannot read the password: {e}"))?;
+                if first.is_empty() {
+                    NewPassword::Generate
+                } else {
+                    let again = read_hidden_line("Again: ")
+                        .unwrap_or(Ok(String::new()))
+                        .map_err(|e| format!("cannot read the password: {e}"))?;
+                    if again != first {
+                        return Err("the two passwords differ; nothing was changed".to_owned());
+                    }
+                    NewPassword::Given(first)
+                }
+            }
+            None => {
+                let mut line = String::new();
+                std::io::stdin()
+                    .read_line(&mut line)
+                    .map_err(|e| format!("cannot read the password from standard input: {e}"))?;
+                let line = line.trim_end_matches(['\n', '\r']);
+                if line.is_empty() {
+                    return Err(
+                        "no password on standard input (give one on its first line, or use --generate)"
+                            .to_owned(),
+                    );
+                }
+                NewPassword::Given(line.to_owned())
+            }
+        }
+    };
+    let now = aigw::Clock::System.now_ms();
+    let generated = aigw::operator::reset_password::reset_password(&settings, email, new, now).await?;
+    match generated {
+        Some(password) => println!("aigw: new password for {email}: {password}"),
+        None => println!("aigw: the password of {email} is set"),
+    }
+    println!("aigw: {email}'s sessions have ended; the audit log records the reset");
+    Ok(())
 }
 
 async fn mock_upstream(

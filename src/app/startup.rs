@@ -39,6 +39,51 @@ pub(super) fn check_folders(settings: &Settings) -> Result<(), StartError> {
     Ok(())
 }
 
+/// Opens the database, unless it is a SQLite file that does not exist yet (opening would create
+/// it): `None` then. Opening a Postgres database writes nothing.
+pub(super) async fn open_unless_new_sqlite(settings: &Settings) -> Result<Option<Store>, StartError> {
+    if settings.is_sqlite() {
+        let file = crate::config::sqlite_path(&settings.database_url);
+        if !file.starts_with(":memory:") && !Path::new(file).exists() {
+            return Ok(None);
+        }
+    }
+    Ok(Some(
+        Store::open_with(&settings.database_url, settings.database_max_connections).await?,
+    ))
+}
+
+/// On a new database (`store` is `None`, or was never migrated) the resources file is checked
+/// whole against an empty database in memory, so that a refused file writes nothing. On a
+/// database in use the check runs under the start lock, against what it holds.
+pub(super) async fn check_on_new_database(
+    store: Option<&Store>,
+    prepared: &crate::resources::Prepared,
+) -> Result<(), StartError> {
+    if let Some(store) = store
+        && store.has_schema().await?
+    {
+        return Ok(());
+    }
+    let scratch = empty_database().await?;
+    let checked = prepared.check(&scratch).await;
+    scratch.close().await;
+    Ok(checked?)
+}
+
+/// A migrated database in memory, holding nothing: what a new database is.
+pub async fn empty_database() -> Result<Store, crate::store::StoreError> {
+    // Named, so that every connection of the pool opens the same database (`sqlite::memory:`
+    // is a new one for each connection the `Any` driver makes).
+    let url = format!(
+        "sqlite:file:aigw-empty-{}?mode=memory&cache=shared",
+        uuid::Uuid::now_v7().simple()
+    );
+    let store = Store::open(&url).await?;
+    store.migrate().await?;
+    Ok(store)
+}
+
 /// The master key and JWT secret: from settings, else from `aigw.keys` beside the database,
 /// else generated into that file (0600) with a warning.
 pub(super) fn resolve_secrets(settings: &Settings) -> Result<(Secret, Secret), StartError> {

@@ -5,10 +5,10 @@ use std::path::PathBuf;
 
 use chrono_tz::Tz;
 
-use super::{
-    ConfigError, Locale, LogFormat, OutageCounters, Secret, parse_listen, parse_networks, parse_tz,
-    parse_value,
-};
+use std::fmt;
+use std::str::FromStr;
+
+use super::{ConfigError, Locale, LogFormat, OutageCounters, Secret, parse_tz};
 
 /// How a setting's type is read from the TOML file and from its variable, and how its default
 /// is shown in the docs.
@@ -23,16 +23,19 @@ pub(super) trait SettingValue: Sized {
     fn shown(&self) -> Option<String>;
 }
 
-/// Types that the file holds as themselves and a variable spells as their `FromStr` form.
+/// Types that the file holds as themselves and a variable spells as their `FromStr` form: the
+/// numbers, with the kind of number a bad value is told it should be, and the choices of words,
+/// whose own parse error lists the choices.
 macro_rules! plain_setting_values {
-    ($($t:ty),*) => {$(
+    ($($t:ty => $parse:expr),* $(,)?) => {$(
         impl SettingValue for $t {
             type File = $t;
             fn from_file(_: &str, v: $t) -> Result<Self, ConfigError> {
                 Ok(v)
             }
             fn from_env(name: &str, v: &str) -> Result<Self, ConfigError> {
-                parse_value(name, v)
+                let parse: fn(&str, &str) -> Result<$t, ConfigError> = $parse;
+                parse(name, v)
             }
             fn shown(&self) -> Option<String> {
                 Some(self.to_string())
@@ -40,7 +43,16 @@ macro_rules! plain_setting_values {
         }
     )*};
 }
-plain_setting_values!(u32, u64, usize, f64, String, Locale, LogFormat, OutageCounters);
+plain_setting_values!(
+    u32 => |n, v| parse_number(n, v, "a whole number from 0 to 4294967295"),
+    u64 => |n, v| parse_number(n, v, "a whole number from 0 to 18446744073709551615"),
+    usize => |n, v| parse_number(n, v, "a whole number"),
+    f64 => |n, v| parse_number(n, v, "a number such as 0.5"),
+    String => parse_value,
+    Locale => parse_value,
+    LogFormat => parse_value,
+    OutageCounters => parse_value,
+);
 
 impl SettingValue for Secret {
     type File = Secret;
@@ -119,4 +131,58 @@ impl<T: SettingValue> SettingValue for Option<T> {
     fn shown(&self) -> Option<String> {
         self.as_ref().and_then(T::shown)
     }
+}
+
+/// A value of a type whose own parse error names the expected values (a choice of words).
+fn parse_value<T: FromStr>(name: &str, v: &str) -> Result<T, ConfigError>
+where
+    T::Err: fmt::Display,
+{
+    v.parse()
+        .map_err(|e| ConfigError(format!("bad setting {name}: {e}")))
+}
+
+/// A number: the message says what kind of number is expected, not the parser's words.
+fn parse_number<T: FromStr>(name: &str, v: &str, expected: &str) -> Result<T, ConfigError> {
+    v.trim()
+        .parse()
+        .map_err(|_| ConfigError(format!("bad setting {name}: {v:?} is not {expected}")))
+}
+
+/// The listen address is a socket address; a bare port (`4001`) is the common slip.
+fn parse_listen(name: &str, v: &str) -> Result<SocketAddr, ConfigError> {
+    v.parse().map_err(|e| {
+        ConfigError(format!(
+            "bad setting {name}: {v:?}: {e} (expected HOST:PORT, e.g. 127.0.0.1:4000 or 0.0.0.0:{})",
+            if v.bytes().all(|b| b.is_ascii_digit()) && !v.is_empty() {
+                v
+            } else {
+                "4000"
+            }
+        ))
+    })
+}
+
+/// Networks from CIDRs (`10.0.0.0/8`, `2001:db8::/32`) or single addresses (`192.168.1.5`),
+/// blanks between items ignored.
+fn parse_networks<'a>(
+    name: &str,
+    items: impl IntoIterator<Item = &'a str>,
+) -> Result<Vec<ipnet::IpNet>, ConfigError> {
+    items
+        .into_iter()
+        .map(str::trim)
+        .filter(|v| !v.is_empty())
+        .map(|v| {
+            v.parse::<ipnet::IpNet>()
+                .or_else(|_| v.parse::<std::net::IpAddr>().map(ipnet::IpNet::from))
+                .map(|net| net.trunc())
+                .map_err(|_| {
+                    ConfigError(format!(
+                        "bad setting {name}: {v:?} is not a network (expected CIDRs such as \
+                         10.0.0.0/8 or single addresses such as 192.168.1.5, comma-separated)"
+                    ))
+                })
+        })
+        .collect()
 }

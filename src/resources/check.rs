@@ -90,29 +90,45 @@ pub(super) async fn check(
         members: HashMap::new(),
         keys: HashSet::new(),
     };
+    // Every entry is checked, and every problem reported. An entry's name is known to the
+    // entries after it even when the entry itself has a problem, so that one mistake is
+    // reported once, not again by every entry that refers to it.
+    let mut problems = Vec::new();
     for (i, w) in f.workspace.iter().enumerate() {
-        workspace(ctx, &mut known, i, w)?;
+        problems.extend(workspace(ctx, &mut known, i, w).err());
     }
     for (i, d) in f.department.iter().enumerate() {
-        department(ctx, &mut known, i, d)?;
+        problems.extend(department(ctx, &mut known, i, d).err());
     }
     for (i, m) in f.member.iter().enumerate() {
-        member(ctx, &mut known, i, m)?;
+        problems.extend(member(ctx, &mut known, i, m).err());
     }
     for (i, k) in f.api_key.iter().enumerate() {
-        api_key(ctx, &mut known, i, k)?;
+        problems.extend(api_key(ctx, &mut known, i, k).err());
     }
     let mut plan = Plan::default();
     for (i, u) in f.upstream.iter().enumerate() {
-        plan.upstreams.push(upstream(ctx, &mut known, i, u)?);
+        match upstream(ctx, &mut known, i, u) {
+            Ok(resolved) => plan.upstreams.push(resolved),
+            Err(e) => problems.push(e),
+        }
     }
     for (i, m) in f.model.iter().enumerate() {
-        model(ctx, &mut known, f, i, m).await?;
+        match model(ctx, &mut known, f, i, m).await {
+            Err(e @ ResourcesError::Store(_)) => return Err(e),
+            other => problems.extend(other.err()),
+        }
     }
     for (i, p) in f.policy.iter().enumerate() {
-        plan.policies.push(policy(ctx, &mut known, i, p)?);
+        match policy(ctx, &mut known, i, p) {
+            Ok(resolved) => plan.policies.push(resolved),
+            Err(e) => problems.push(e),
+        }
     }
-    Ok(plan)
+    match ResourcesError::many(problems) {
+        None => Ok(plan),
+        Some(e) => Err(e),
+    }
 }
 
 fn workspace<'f>(
@@ -122,6 +138,7 @@ fn workspace<'f>(
     w: &'f WorkspaceSpec,
 ) -> Result<(), ResourcesError> {
     let e = |m: String| ctx.entry("workspace", i, &w.name, m);
+    known.workspaces.insert(&w.name);
     validate::name("name", &w.name).map_err(e)?;
     if known.declared_twice(format!("ws/{}", w.name)) {
         return Err(e(format!("workspace {:?} is declared twice", w.name)));
@@ -129,7 +146,6 @@ fn workspace<'f>(
     if let Some(tz) = &w.timezone {
         validate::timezone(tz).map_err(e)?;
     }
-    known.workspaces.insert(&w.name);
     Ok(())
 }
 
@@ -140,14 +156,15 @@ fn department<'f>(
     d: &'f DepartmentSpec,
 ) -> Result<(), ResourcesError> {
     let e = |m: String| ctx.entry("department", i, &d.name, m);
+    let exists = known.workspace(&d.workspace);
+    known.departments.insert((&d.workspace, &d.name));
     validate::name("name", &d.name).map_err(e)?;
-    if !known.workspace(&d.workspace) {
+    if !exists {
         return Err(e(format!("workspace {:?} does not exist", d.workspace)));
     }
     if known.declared_twice(format!("dept/{}/{}", d.workspace, d.name)) {
         return Err(e(format!("department {:?} is declared twice", d.name)));
     }
-    known.departments.insert((&d.workspace, &d.name));
     Ok(())
 }
 
@@ -158,6 +175,13 @@ fn member<'f>(
     m: &'f MemberSpec,
 ) -> Result<(), ResourcesError> {
     let e = |msg: String| ctx.entry("member", i, &m.email, msg);
+    let stored_elsewhere = known.index.member(&m.email).is_some_and(|existing| {
+        known.index.workspace_name(existing.workspace_id) != Some(m.workspace.as_str())
+    });
+    let declared_before = known
+        .members
+        .insert(crate::store::fold_email(&m.email), &m.workspace)
+        .is_some();
     validate::email(&m.email).map_err(e)?;
     m.role.parse::<Role>().map_err(e)?;
     if !known.workspace(&m.workspace) {
@@ -175,23 +199,19 @@ fn member<'f>(
         validate::password("password", p).map_err(e)?;
     }
     guardrails(&m.allowed_models, m.max_in_flight).map_err(e)?;
-    if known.declared_twice(format!("member/{}", crate::store::fold_email(&m.email))) {
+    if declared_before || known.declared_twice(format!("member/{}", crate::store::fold_email(&m.email))) {
         return Err(e(format!("member {:?} is declared twice", m.email)));
     }
-    if let Some(existing) = known.index.member(&m.email) {
-        if known.index.workspace_name(existing.workspace_id) != Some(m.workspace.as_str()) {
-            return Err(e(format!("{:?} already belongs to another workspace", m.email)));
-        }
+    if stored_elsewhere {
+        return Err(e(format!("{:?} already belongs to another workspace", m.email)));
     }
-    known
-        .members
-        .insert(crate::store::fold_email(&m.email), &m.workspace);
     Ok(())
 }
 
 fn api_key(ctx: &Ctx<'_>, known: &mut Known<'_>, i: usize, k: &ApiKeySpec) -> Result<(), ResourcesError> {
     let label = format!("{}/{}", k.member, k.name);
     let e = |m: String| ctx.entry("api_key", i, &label, m);
+    known.keys.insert(label.clone());
     validate::key_name("name", &k.name).map_err(e)?;
     if known.member_workspace(&k.member).is_none() {
         return Err(e(format!("member {:?} does not exist", k.member)));
@@ -215,7 +235,6 @@ fn api_key(ctx: &Ctx<'_>, known: &mut Known<'_>, i: usize, k: &ApiKeySpec) -> Re
     if known.declared_twice(format!("key/{label}")) {
         return Err(e(format!("key {label:?} is declared twice")));
     }
-    known.keys.insert(label);
     Ok(())
 }
 

@@ -3,12 +3,14 @@
 //! never deletes what the console created. The whole file is checked before anything is written,
 //! so a bad file changes nothing; every message names the entry (and its line).
 //!
-//! [`spec`] is the file's shape, [`check`] proves the whole file valid against the database, and
-//! [`apply`] writes it.
+//! [`spec`] is the file's shape, [`parse`] reads the TOML into it, [`check`] proves the whole file
+//! valid against the database, and [`apply`] writes it. Every problem found is reported, not only
+//! the first: each entry that does not parse, then (once all parse) each that does not check.
 
 mod apply;
 mod check;
 mod index;
+mod parse;
 mod spec;
 
 use std::path::Path;
@@ -50,6 +52,28 @@ pub enum ResourcesError {
     /// The database failed while applying.
     #[error("applying resources file: {0}")]
     Store(#[from] StoreError),
+    /// Several problems, each a `Parse` or an `Entry`, one a line in the file's order.
+    #[error("{}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n"))]
+    Problems(Vec<ResourcesError>),
+}
+
+impl ResourcesError {
+    /// `None` for no problem, the problem itself for one, [`ResourcesError::Problems`] for more.
+    fn many(mut problems: Vec<ResourcesError>) -> Option<ResourcesError> {
+        match problems.len() {
+            0 => None,
+            1 => problems.pop(),
+            _ => Some(ResourcesError::Problems(problems)),
+        }
+    }
+
+    /// How many problems this is.
+    pub fn count(&self) -> usize {
+        match self {
+            ResourcesError::Problems(p) => p.len(),
+            _ => 1,
+        }
+    }
 }
 
 /// What applying a file did, for the start-up summary.
@@ -81,6 +105,81 @@ impl std::fmt::Display for ApplySummary {
     }
 }
 
+/// A resources file read, parsed and with its `${VAR}`s expanded: what can be known of it
+/// without the database.
+pub struct Prepared {
+    path: String,
+    text: String,
+    file: ResourcesFile,
+}
+
+impl Prepared {
+    /// Reads and parses the file at `path` and expands its variables from `env`.
+    pub fn read(path: &Path, env: &dyn Fn(&str) -> Option<String>) -> Result<Prepared, ResourcesError> {
+        let shown = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|source| ResourcesError::Read {
+            path: shown.clone(),
+            source,
+        })?;
+        Prepared::from_text(&shown, text, env)
+    }
+
+    /// Parses `text` (named `path` in messages) and expands its variables from `env`.
+    pub fn from_text(
+        path: &str,
+        text: String,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Prepared, ResourcesError> {
+        let ctx = Ctx { path, text: &text };
+        let mut file = parse::parse(&ctx)?;
+        spec::expand_file(&ctx, &mut file, env)?;
+        Ok(Prepared {
+            path: path.to_owned(),
+            text,
+            file,
+        })
+    }
+
+    /// The file, as messages name it.
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+
+    fn ctx(&self) -> Ctx<'_> {
+        Ctx {
+            path: &self.path,
+            text: &self.text,
+        }
+    }
+
+    /// Checks the whole file against what `store` holds, writing nothing: every problem is
+    /// reported.
+    pub async fn check(&self, store: &Store) -> Result<(), ResourcesError> {
+        let index = index::Index::load(store).await?;
+        check::check(&self.ctx(), store, &index, &self.file)
+            .await
+            .map(drop)
+    }
+
+    /// Checks the file against `store` and applies it.
+    pub async fn apply(
+        &self,
+        store: &Store,
+        master: &MasterKey,
+        now: i64,
+    ) -> Result<ApplySummary, ResourcesError> {
+        let ctx = self.ctx();
+        let mut index = index::Index::load(store).await?;
+        let plan = check::check(&ctx, store, &index, &self.file).await?;
+        let mut summary = apply::apply(store, master, &mut index, &self.file, &plan, now).await?;
+        if summary.created + summary.updated > 0 {
+            store.bump_config_epoch().await?;
+        }
+        summary.managed = apply::declared(store, &index, &self.file, &plan).await?;
+        Ok(summary)
+    }
+}
+
 /// Reads, checks and applies a resources file.
 pub async fn apply_file(
     store: &Store,
@@ -89,12 +188,7 @@ pub async fn apply_file(
     env: &dyn Fn(&str) -> Option<String>,
     now: i64,
 ) -> Result<ApplySummary, ResourcesError> {
-    let shown = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|source| ResourcesError::Read {
-        path: shown.clone(),
-        source,
-    })?;
-    apply_text(store, master, &shown, &text, env, now).await
+    Prepared::read(path, env)?.apply(store, master, now).await
 }
 
 /// Checks and applies resources given as TOML text; `path` only names it in messages.
@@ -106,20 +200,9 @@ pub async fn apply_text(
     env: &dyn Fn(&str) -> Option<String>,
     now: i64,
 ) -> Result<ApplySummary, ResourcesError> {
-    let mut file: ResourcesFile = toml::from_str(text).map_err(|e| ResourcesError::Parse {
-        path: path.to_owned(),
-        message: e.to_string(),
-    })?;
-    let ctx = Ctx { path, text };
-    spec::expand_file(&ctx, &mut file, env)?;
-    let mut index = index::Index::load(store).await?;
-    let plan = check::check(&ctx, store, &index, &file).await?;
-    let mut summary = apply::apply(store, master, &mut index, &file, &plan, now).await?;
-    if summary.created + summary.updated > 0 {
-        store.bump_config_epoch().await?;
-    }
-    summary.managed = apply::declared(store, &index, &file, &plan).await?;
-    Ok(summary)
+    Prepared::from_text(path, text.to_owned(), env)?
+        .apply(store, master, now)
+        .await
 }
 
 struct Ctx<'a> {
@@ -147,5 +230,45 @@ impl Ctx<'_> {
             entry,
             message: message.into(),
         }
+    }
+
+    /// An error about the `index`th entry of `table` at a line of its own (a field's).
+    fn entry_at(
+        &self,
+        table: &str,
+        index: usize,
+        label: &str,
+        line: usize,
+        message: String,
+    ) -> ResourcesError {
+        ResourcesError::Entry {
+            path: self.path.to_owned(),
+            entry: format!("[[{table}]] #{} (line {line}, {label:?})", index + 1),
+            message,
+        }
+    }
+
+    /// The line (from 1) of byte `offset`.
+    fn line_of(&self, offset: usize) -> usize {
+        let end = offset.min(self.text.len());
+        self.text.as_bytes()[..end]
+            .iter()
+            .filter(|b| **b == b'\n')
+            .count()
+            + 1
+    }
+
+    /// The line where `field` is set within the bytes `span` of an entry.
+    fn field_line(&self, span: std::ops::Range<usize>, field: &str) -> Option<usize> {
+        let body = self.text.get(span.clone())?;
+        let mut offset = span.start;
+        for line in body.split_inclusive('\n') {
+            let rest = line.trim_start().strip_prefix(field);
+            if rest.is_some_and(|r| r.trim_start().starts_with(['=', '.'])) {
+                return Some(self.line_of(offset));
+            }
+            offset += line.len();
+        }
+        None
     }
 }

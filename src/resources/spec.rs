@@ -241,20 +241,24 @@ pub(super) fn expand_file(
         }
         Ok(())
     }
+    let mut problems = Vec::new();
     for (i, w) in f.workspace.iter_mut().enumerate() {
         let label = w.name.clone();
-        all(
-            ctx,
-            "workspace",
-            i,
-            &label,
-            [&mut w.name].into_iter().chain(w.timezone.as_mut()),
-            env,
-        )?;
+        problems.extend(
+            all(
+                ctx,
+                "workspace",
+                i,
+                &label,
+                [&mut w.name].into_iter().chain(w.timezone.as_mut()),
+                env,
+            )
+            .err(),
+        );
     }
     for (i, d) in f.department.iter_mut().enumerate() {
         let label = d.name.clone();
-        all(ctx, "department", i, &label, [&mut d.workspace, &mut d.name], env)?;
+        problems.extend(all(ctx, "department", i, &label, [&mut d.workspace, &mut d.name], env).err());
     }
     for (i, m) in f.member.iter_mut().enumerate() {
         let label = m.email.clone();
@@ -262,18 +266,21 @@ pub(super) fn expand_file(
             .into_iter()
             .chain(m.department.as_mut())
             .chain(m.password.as_mut());
-        all(ctx, "member", i, &label, fields, env)?;
+        problems.extend(all(ctx, "member", i, &label, fields, env).err());
     }
     for (i, k) in f.api_key.iter_mut().enumerate() {
         let label = format!("{}/{}", k.member, k.name);
-        all(
-            ctx,
-            "api_key",
-            i,
-            &label,
-            [&mut k.member, &mut k.name].into_iter().chain(k.key.as_mut()),
-            env,
-        )?;
+        problems.extend(
+            all(
+                ctx,
+                "api_key",
+                i,
+                &label,
+                [&mut k.member, &mut k.name].into_iter().chain(k.key.as_mut()),
+                env,
+            )
+            .err(),
+        );
     }
     for (i, u) in f.upstream.iter_mut().enumerate() {
         let label = u.name.clone();
@@ -281,31 +288,34 @@ pub(super) fn expand_file(
             .into_iter()
             .chain(u.base_url.as_mut())
             .chain(u.quota_group.as_mut());
-        all(ctx, "upstream", i, &label, fields, env)?;
+        problems.extend(all(ctx, "upstream", i, &label, fields, env).err());
     }
     for (i, m) in f.model.iter_mut().enumerate() {
         let label = m.name.clone();
-        all(ctx, "model", i, &label, [&mut m.workspace, &mut m.name], env)?;
+        problems.extend(all(ctx, "model", i, &label, [&mut m.workspace, &mut m.name], env).err());
     }
     for (i, p) in f.policy.iter_mut().enumerate() {
         let label = format!("{} {}", p.subject, p.target);
-        all(
-            ctx,
-            "policy",
-            i,
-            &label,
-            [&mut p.workspace, &mut p.target]
-                .into_iter()
-                .chain(p.department.as_mut())
-                .chain(
-                    p.alerts
-                        .iter_mut()
-                        .flat_map(|a| std::iter::once(&mut a.webhook).chain(a.secret.as_mut())),
-                ),
-            env,
-        )?;
+        problems.extend(
+            all(
+                ctx,
+                "policy",
+                i,
+                &label,
+                [&mut p.workspace, &mut p.target]
+                    .into_iter()
+                    .chain(p.department.as_mut())
+                    .chain(
+                        p.alerts
+                            .iter_mut()
+                            .flat_map(|a| std::iter::once(&mut a.webhook).chain(a.secret.as_mut())),
+                    ),
+                env,
+            )
+            .err(),
+        );
     }
-    Ok(())
+    ResourcesError::many(problems).map_or(Ok(()), Err)
 }
 
 #[cfg(test)]

@@ -203,6 +203,9 @@ impl<'q> SqlBuilder<'q> {
     }
 }
 
+/// Connections in a gateway's Postgres pool unless `database_max_connections` says otherwise.
+pub const DEFAULT_POSTGRES_CONNECTIONS: u32 = 16;
+
 /// How long the start waits for a first connection the pool cannot open at once.
 const START_PATIENCE: Duration = Duration::from_secs(15);
 
@@ -331,8 +334,14 @@ impl Store {
     }
 
     /// Connects to `url` without applying migrations: the gateway's start takes the start lock
-    /// first and migrates under it.
+    /// first and migrates under it. A Postgres pool of [`DEFAULT_POSTGRES_CONNECTIONS`].
     pub async fn open(url: &str) -> StoreResult<Store> {
+        Store::open_with(url, DEFAULT_POSTGRES_CONNECTIONS).await
+    }
+
+    /// [`Store::open`] with a Postgres pool of at most `postgres_connections` (the setting
+    /// `database_max_connections`); SQLite keeps its own four.
+    pub async fn open_with(url: &str, postgres_connections: u32) -> StoreResult<Store> {
         sqlx::any::install_default_drivers();
         let backend = if url.starts_with("sqlite:") {
             Backend::Sqlite
@@ -341,7 +350,7 @@ impl Store {
         };
         let sqlite_file = match backend {
             Backend::Sqlite => Some(crate::config::sqlite_path(url))
-                .filter(|p| !p.is_empty() && !p.starts_with(":memory:"))
+                .filter(|p| !p.is_empty() && !p.starts_with(":memory:") && !url.contains("mode=memory"))
                 .map(PathBuf::from),
             Backend::Postgres => None,
         };
@@ -349,6 +358,13 @@ impl Store {
             Backend::Sqlite if !url.contains("mode=") => {
                 let sep = if url.contains('?') { '&' } else { '?' };
                 format!("{url}{sep}mode=rwc")
+            }
+            // TLS to Postgres only when the URL asks for it (`sslmode=require`, `verify-ca`,
+            // `verify-full`): libpq's default `prefer` would use it whenever the server offers
+            // it, unverified, and change what a connection costs without a word.
+            Backend::Postgres if !url.contains("sslmode=") => {
+                let sep = if url.contains('?') { '&' } else { '?' };
+                format!("{url}{sep}sslmode=disable")
             }
             _ => url.to_owned(),
         };
@@ -376,7 +392,7 @@ impl Store {
             })
             .max_connections(match backend {
                 Backend::Sqlite => 4,
-                Backend::Postgres => 16,
+                Backend::Postgres => postgres_connections.max(1),
             })
             // A Postgres that went away fails a call in under a second, the answer included (the
             // pool retries a refused connection until then; the chaos run saw 1.05 s end to end
@@ -404,6 +420,44 @@ impl Store {
             last_used: Arc::default(),
             home: tokio::runtime::Handle::current(),
         })
+    }
+
+    /// The most connections the pool opens.
+    pub fn max_connections(&self) -> u32 {
+        self.pool.options().get_max_connections()
+    }
+
+    /// Whether the database has been migrated at all (by any version of aigw): a database
+    /// without the migrations' table is new, and holds nothing a resources file could refer to.
+    pub async fn has_schema(&self) -> StoreResult<bool> {
+        let sql = match self.backend {
+            Backend::Sqlite => {
+                "SELECT CAST(COUNT(*) AS BIGINT) FROM sqlite_master WHERE type = 'table' AND name = '_sqlx_migrations'"
+            }
+            Backend::Postgres => {
+                "SELECT CAST(COUNT(*) AS BIGINT) FROM information_schema.tables \
+                 WHERE table_schema = current_schema() AND table_name = '_sqlx_migrations'"
+            }
+        };
+        let n: i64 = sqlx::query_scalar(sql).fetch_one(&self.pool).await?;
+        Ok(n > 0)
+    }
+
+    /// How many of this build's migrations the database lacks (0 when it is up to date).
+    pub async fn migrations_pending(&self) -> StoreResult<usize> {
+        let expected = self
+            .migrator()
+            .iter()
+            .filter(|m| m.migration_type.is_up_migration())
+            .count();
+        if !self.has_schema().await? {
+            return Ok(expected);
+        }
+        let applied: i64 =
+            sqlx::query_scalar("SELECT CAST(COUNT(*) AS BIGINT) FROM _sqlx_migrations WHERE success = TRUE")
+                .fetch_one(&self.pool)
+                .await?;
+        Ok(expected.saturating_sub(usize::try_from(applied).unwrap_or(usize::MAX)))
     }
 
     /// Applies the migrations this build knows that the database lacks.

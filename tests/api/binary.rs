@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 const BIN: &str = env!("CARGO_BIN_EXE_aigw");
 
-fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -15,7 +15,7 @@ fn free_port() -> u16 {
         .port()
 }
 
-fn aigw(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Command {
+pub(crate) fn aigw(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Command {
     let mut cmd = Command::new(BIN);
     cmd.args(args)
         .current_dir(dir)
@@ -31,7 +31,7 @@ fn aigw(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Command {
 }
 
 /// Waits until `/healthz` answers on `port`, or panics after 30 s.
-fn wait_healthy(port: u16, child: &mut Child) {
+pub(crate) fn wait_healthy(port: u16, child: &mut Child) {
     let deadline = Instant::now() + Duration::from_secs(30);
     while Instant::now() < deadline {
         if let Some(status) = child.try_wait().unwrap() {
@@ -54,7 +54,7 @@ fn wait_healthy(port: u16, child: &mut Child) {
 }
 
 /// Sends SIGTERM and returns (exit success, stdout, stderr).
-fn terminate(child: Child) -> (bool, String, String) {
+pub(crate) fn terminate(child: Child) -> (bool, String, String) {
     Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
         .status()

@@ -326,6 +326,55 @@ async fn bad_files_are_refused_and_change_nothing(db: TestDb) {
     app.stop().await;
 }
 
+both_backends!(every_problem_of_a_file_is_named_at_once);
+
+/// A file with several problems names each, with its entry and line, in one refusal: first
+/// every entry that does not parse (a mistyped field or table gets the name it most likely
+/// meant), then, once all parse, every entry that does not check.
+async fn every_problem_of_a_file_is_named_at_once(db: TestDb) {
+    let shape = "[[workspace]]\nname = \"acme\"\ntimezon = \"UTC\"\n\n\
+                 [[member]]\nworkspace = \"acme\"\nemial = \"a@acme.test\"\nrole = \"member\"\n\n\
+                 [[modle]]\nname = \"m\"\n\n\
+                 [[upstream]]\nworkspace = \"acme\"\nname = \"u\"\nprovider = \"openai\"\napi_key = \"k\"\npriority = \"high\"\n";
+    let err = try_spawn_app(&db, Setup::resources(shape))
+        .await
+        .err()
+        .expect("refused");
+    let err = err.to_string();
+    let expected = [
+        "[[workspace]] #1 (line 3, \"acme\"): unknown field `timezon` (did you mean `timezone`?)",
+        "[[member]] #1 (line 7, \"?\"): unknown field `emial` (did you mean `email`?)",
+        "line 10: unknown field `modle` (did you mean `model`?)",
+        "[[upstream]] #1 (line 18, \"u\"): priority: invalid type: string \"high\", expected i64",
+    ];
+    for needle in expected {
+        assert!(err.contains(needle), "{needle:?} not in:\n{err}");
+    }
+    assert_eq!(err.lines().count(), expected.len(), "{err}");
+
+    let references = "[[workspace]]\nname = \"acme\"\n\n\
+                      [[department]]\nworkspace = \"acne\"\nname = \"r\"\n\n\
+                      [[api_key]]\nmember = \"ghost@acme.test\"\nname = \"ci\"\n\n\
+                      [[policy]]\nworkspace = \"acme\"\nsubject = \"ws\"\ntarget = \"acme\"\nmetric = \"requests\"\nwindow = \"7minutes\"\nlimit = 1\n";
+    let err = try_spawn_app(&db, Setup::resources(references))
+        .await
+        .err()
+        .expect("refused");
+    let err = err.to_string();
+    let expected = [
+        "[[department]] #1 (line 4, \"r\"): workspace \"acne\" does not exist",
+        "[[api_key]] #1 (line 8, \"ghost@acme.test/ci\"): member \"ghost@acme.test\" does not exist",
+        "[[policy]] #1 (line 12, \"ws acme\")",
+    ];
+    for needle in expected {
+        assert!(err.contains(needle), "{needle:?} not in:\n{err}");
+    }
+    assert_eq!(err.lines().count(), expected.len(), "{err}");
+    let app = spawn_app(&db, Setup::default()).await;
+    assert!(app.state.store.workspace_by_name("acme").await.unwrap().is_none());
+    app.stop().await;
+}
+
 both_backends!(example_file_applies);
 
 /// The README walkthrough's file stays valid.

@@ -11,8 +11,68 @@ both_backends!(
     a_database_migrated_by_a_newer_aigw_is_named_as_such,
     three_replicas_started_together_all_come_up_with_each_entity_once,
     a_taken_port_fails_before_the_database_is_touched,
-    the_start_lock_admits_one_gateway_at_a_time_and_is_freed_by_a_dropped_holder
+    the_start_lock_admits_one_gateway_at_a_time_and_is_freed_by_a_dropped_holder,
+    a_refused_file_on_a_new_database_writes_nothing,
+    postgres_over_tls_when_the_url_asks_for_it
 );
+
+/// A resources file refused on the first start leaves the database as it was: no SQLite file,
+/// no migrated Postgres schema. The same file without its mistake then applies.
+async fn a_refused_file_on_a_new_database_writes_nothing(db: TestDb) {
+    let bad = REPLICA_RESOURCES.replace("name = \"generated\"", "name = \"generated\"\nexpires = \"soon\"");
+    let err = try_spawn_app(&db, Setup::resources(bad))
+        .await
+        .err()
+        .expect("refused");
+    assert!(err.to_string().contains("unknown field `expires`"), "{err}");
+    if db.backend == "sqlite" {
+        assert!(!db.dir.path().join("aigw.db").exists(), "no database file");
+    } else {
+        let store = aigw::store::Store::open(&db.url).await.unwrap();
+        assert!(!store.has_schema().await.unwrap(), "the schema is not migrated");
+        store.close().await;
+    }
+    let app = try_spawn_app(&db, Setup::resources(REPLICA_RESOURCES))
+        .await
+        .expect("starts");
+    assert!(app.state.store.workspace_by_name("acme").await.unwrap().is_some());
+    app.stop().await;
+}
+
+/// `sslmode=require` in a Postgres URL connects over TLS (a managed server refuses anything
+/// else), and `sslmode=verify-full` checks the server's certificate against the trusted roots:
+/// the test server's self-signed one is refused. The pool has `database_max_connections`. SQLite
+/// has nothing to check.
+async fn postgres_over_tls_when_the_url_asks_for_it(db: TestDb) {
+    if db.backend == "sqlite" {
+        return;
+    }
+    let with = |mode: &str| {
+        let url = format!("{}&sslmode={mode}", db.url);
+        move |s: &mut aigw::Settings| s.database_url = url
+    };
+    let setup = |mode: &str| Setup {
+        settings: Box::new(with(mode)),
+        ..Setup::default()
+    };
+    let app = try_spawn_app(&db, setup("require"))
+        .await
+        .expect("starts over TLS");
+    assert_eq!(app.state.store.max_connections(), 16, "the default pool");
+    app.stop().await;
+    let small = Setup {
+        settings: Box::new(|s: &mut aigw::Settings| s.database_max_connections = 3),
+        ..Setup::default()
+    };
+    let app = try_spawn_app(&db, small).await.expect("starts");
+    assert_eq!(app.state.store.max_connections(), 3, "database_max_connections");
+    app.stop().await;
+    let err = try_spawn_app(&db, setup("verify-full"))
+        .await
+        .err()
+        .expect("refused");
+    assert!(err.to_string().to_lowercase().contains("certificate"), "{err}");
+}
 
 /// A resources file with one of every kind of entity, two keys (one generated).
 pub const REPLICA_RESOURCES: &str = r#"
