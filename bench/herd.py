@@ -6,7 +6,7 @@ under each client rule, against a tight limit. Prints a markdown table per limit
     cargo build --release --bin aigw
     python3 -m venv target/herd-venv
     target/herd-venv/bin/pip install matplotlib -r tests/clients/requirements.txt
-    target/herd-venv/bin/python bench/herd.py --svg docs/herd.svg          # the full run
+    target/herd-venv/bin/python bench/herd.py --svg bench/herd.svg          # the full run
     target/ci-venv/bin/python bench/herd.py --short --bin target/debug/aigw  # CI smoke run
 
 One gateway (`aigw serve`, a private SQLite database in a temporary folder, a resources file
