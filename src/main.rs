@@ -154,8 +154,8 @@ fn main() -> ExitCode {
 /// them: mimalloc advises them for its arenas, and a 2 MiB page is resident whole once any byte
 /// of it is used, so memory freed among long-lived entries (cached keys, counters) stays
 /// resident. bench/scale.py measured 33 MiB less resident memory after the 100,000-key load
-/// without them, 21 MiB less with 10 keys (docs/performance.md, "Many keys, policies and
-/// credentials"). The flag applies to every mapping of the process, the allocator's arenas
+/// without them, 21 MiB less with 10 keys (measured with
+/// `python3 bench/scale.py`; docs/performance.md, "How to tune"). The flag applies to every mapping of the process, the allocator's arenas
 /// made before `main` included, from their next page fault.
 fn no_huge_pages() {
     #[cfg(target_os = "linux")]

@@ -27,7 +27,7 @@ pub use crate::store::{LogFilter, LogPage, LogRecord};
 /// a large batch costs less a row: with 100,000 keys each row dirties a page of every by-key
 /// index and rollup, and the more rows a batch has, the more of them share pages. bench/scale.py
 /// measured 7,340 logs written a second with 10,000-row batches against 4,335 with 2,000, and
-/// 45 against 63 KiB written a request (docs/performance.md). On Postgres a batch also holds
+/// 45 against 63 KiB written a request (`python3 bench/scale.py`). On Postgres a batch also holds
 /// locks on rollup rows that every gateway's batches share (docs/scaling.md): kept at 2,000,
 /// where it was measured.
 fn flush_max(backend: Backend) -> usize {
