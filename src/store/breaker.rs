@@ -82,9 +82,10 @@ pub trait BreakerStore {
     /// The keys with a failure shared in the seconds after `after_second`, by any gateway.
     async fn breaker_failing_after(&self, after_second: i64) -> StoreResult<Vec<i64>>;
     /// Records trip `t` of `key_id`: its standing (only if it advances the stored one and the key
-    /// is not banned: no trip after the ban), a history row (only then), and an empty shared
-    /// window up to the trip. Whether this call advanced the
-    /// standing (false: another gateway recorded this trip already).
+    /// is not banned: no trip after the ban), its history row (once per trip, for any trip up to
+    /// the stored standing, whatever order the trips' writes land in), and an empty shared
+    /// window up to the trip. Whether this call advanced the standing (false: another gateway,
+    /// or a later trip's write, got there first).
     async fn record_trip(&self, key_id: i64, t: &TripRow) -> StoreResult<bool>;
     /// A key's trips, oldest first.
     async fn trips_of(&self, key_id: i64) -> StoreResult<Vec<TripRow>>;
@@ -190,12 +191,15 @@ impl BreakerStore for Store {
             .bind(t.at.div_euclid(1000))
             .execute(self.pool())
             .await?;
-        if advanced == 0 {
-            return Ok(false);
-        }
+        // The history row is written whether or not this write advanced the state: each trip
+        // is persisted by a task of its own, so trip 4's state may land before trip 3's. Once
+        // per trip (the unique index), and only for a trip the state has reached (none after
+        // the ban).
         sqlx::query(
             "INSERT INTO breaker_trips (key_id, trip, at, requests, failures, blocked_until, banned)
-             VALUES ($1, $2, $3, $4, $5, $6, $7)",
+             SELECT $1, $2, $3, $4, $5, $6, $7
+             WHERE EXISTS (SELECT 1 FROM breaker_state WHERE key_id = $1 AND trips >= $2)
+             ON CONFLICT (key_id, trip) DO NOTHING",
         )
         .bind(key_id)
         .bind(t.trip)
@@ -206,12 +210,12 @@ impl BreakerStore for Store {
         .bind(t.banned)
         .execute(self.pool())
         .await?;
-        Ok(true)
+        Ok(advanced != 0)
     }
 
     async fn trips_of(&self, key_id: i64) -> StoreResult<Vec<TripRow>> {
         Ok(sqlx::query_as(
-            "SELECT trip, at, requests, failures, blocked_until, banned FROM breaker_trips WHERE key_id = $1 ORDER BY id",
+            "SELECT trip, at, requests, failures, blocked_until, banned FROM breaker_trips WHERE key_id = $1 ORDER BY trip",
         )
         .bind(key_id)
         .fetch_all(self.pool())
@@ -279,5 +283,36 @@ mod tests {
             rows.iter()
                 .all(|&(_, trip, total, failed)| trip == 0 && total == 2 && failed == 1)
         );
+    }
+
+    /// Trips persisted out of order (each trip's write runs in a task of its own, retried while
+    /// the store is slow): every trip keeps its history row, once, oldest first; a trip after
+    /// the ban is not recorded; a second gateway recording the same trip adds nothing.
+    #[tokio::test]
+    async fn trips_written_out_of_order_keep_their_history() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite:{}", dir.path().join("breaker.db").display());
+        let store = Store::connect(&url).await.unwrap();
+        let trip = |trip: i64, banned: bool| TripRow {
+            trip,
+            at: trip * 1_000,
+            requests: 100,
+            failures: 100,
+            blocked_until: (!banned).then_some(trip * 1_000 + 30_000),
+            banned: i64::from(banned),
+        };
+        for (n, banned) in [
+            (1, false),
+            (2, false),
+            (4, false),
+            (3, false),
+            (3, false),
+            (5, true),
+            (6, true),
+        ] {
+            store.record_trip(7, &trip(n, banned)).await.unwrap();
+        }
+        let trips: Vec<i64> = store.trips_of(7).await.unwrap().iter().map(|t| t.trip).collect();
+        assert_eq!(trips, [1, 2, 3, 4, 5]);
     }
 }
