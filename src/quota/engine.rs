@@ -132,6 +132,10 @@ struct CounterMap {
     /// The earliest end of a counter's window: no counter can be forgotten before it, so a flush
     /// looks for ended counters only once it has passed (none: no counter ends).
     next_end: Option<DateTime<Utc>>,
+    /// Labels first seen during an outage, now stored ([`QuotaCounters::relabel`]): (subject
+    /// kind, provisional id) to the stored id and when it was learned (Unix ms). Kept for a day,
+    /// for the requests in flight under the provisional id.
+    relabeled: FxHashMap<(SubjectKind, i64), (i64, i64)>,
 }
 
 impl CounterMap {
@@ -166,6 +170,52 @@ impl CounterMap {
             c.alert_check = true;
             self.alert_due.push(key.clone());
         }
+    }
+
+    /// Moves what was counted under provisional subject ids that now have a stored one to the
+    /// stored id's counters (only counters with something unwritten are visited: the others
+    /// hold nothing and are forgotten when their window ends).
+    fn move_relabeled(&mut self) {
+        if self.relabeled.is_empty() {
+            return;
+        }
+        let mut held = Vec::new();
+        for key in std::mem::take(&mut self.changed) {
+            let stored = (key.subject_id < 0)
+                .then(|| self.relabeled.get(&(key.subject, key.subject_id)))
+                .flatten();
+            let (Some((id, _)), Some(old)) = (stored, self.all.get(&key)) else {
+                held.push(key);
+                continue;
+            };
+            let to = CounterKey {
+                subject_id: *id,
+                ..key.clone()
+            };
+            let ends = old.ends;
+            let Some(old) = self.all.remove(&key) else {
+                continue;
+            };
+            let c = self.entry(&to, ends);
+            c.pending = c.pending.saturating_add(old.pending);
+            for (policy, fired) in old.watchers {
+                match c.watchers.iter_mut().find(|(p, _)| *p == policy) {
+                    Some((_, known)) => {
+                        for t in fired {
+                            if !known.contains(&t) {
+                                known.push(t);
+                            }
+                        }
+                    }
+                    None => c.watchers.push((policy, fired)),
+                }
+            }
+            if c.pending != 0 && !c.queued {
+                c.queued = true;
+                held.push(to);
+            }
+        }
+        self.changed.extend(held);
     }
 
     /// Forgets the counters a flush at `now` may forget, when a window has ended since the last
@@ -532,6 +582,21 @@ impl QuotaCounters {
             .await
     }
 
+    /// Moves the counters of labels first seen during an outage to the ids they are stored under:
+    /// `moved` holds (subject kind, provisional id, stored id). What was counted under the
+    /// provisional id is added to the stored id's counter and written at the next flush; a
+    /// request still in flight under it is moved there by that flush.
+    pub async fn relabel(&self, moved: &[(SubjectKind, i64, i64)], now_ms: i64) {
+        let _one_flush = self.flushing.lock().await;
+        let mut map = self.counters.lock().unwrap_or_else(|p| p.into_inner());
+        map.relabeled
+            .retain(|_, (_, at)| now_ms.saturating_sub(*at) < 86_400_000);
+        for (kind, provisional, id) in moved {
+            map.relabeled.insert((*kind, *provisional), (*id, now_ms));
+        }
+        map.move_relabeled();
+    }
+
     /// Adds a completed request's usage to every counter of `decision` (each counter once).
     pub fn record(&self, decision: &QuotaDecision, usage: Usage, credits: i64) {
         let mut map = self.counters.lock().unwrap_or_else(|p| p.into_inner());
@@ -888,6 +953,46 @@ mod tests {
         let map = counters.counters.lock().unwrap();
         assert_eq!(map.changed, vec![decisions[6].standings[0].key.clone()]);
         assert_eq!(map.all[&decisions[6].standings[0].key].pending, 1);
+    }
+
+    /// Issue 40 item 2: what was counted under a label's provisional id is written under its
+    /// stored id once [`QuotaCounters::relabel`] knows it, and never under the provisional one;
+    /// a request still in flight under the provisional id lands on the stored id too.
+    #[tokio::test]
+    async fn counters_of_a_provisional_label_move_to_its_stored_id() {
+        let (_dir, store) = temp_store().await;
+        let now = at("2026-12-01T02:00:00Z");
+        let counters = QuotaCounters::default();
+        let rule = each_end_user_per_day();
+        let s = counters
+            .standing(&store, &rule, -5, now, chrono_tz::UTC)
+            .await
+            .unwrap();
+        let provisional = QuotaDecision { standings: vec![s] };
+        counters.record(&provisional, Usage::default(), 0);
+        counters.record(&provisional, Usage::default(), 0);
+        assert_eq!(counters.flush(&store, now).await.unwrap(), 0, "held until stored");
+        let stored = |id: i64| {
+            let key = CounterKey {
+                subject_id: id,
+                ..provisional.standings[0].key.clone()
+            };
+            let store = store.clone();
+            async move { store.usage_counter(&key.row()).await.unwrap() }
+        };
+        assert_eq!(stored(-5).await, None);
+        counters.relabel(&[(SubjectKind::EndUser, -5, 42)], 0).await;
+        assert_eq!(counters.flush(&store, now).await.unwrap(), 1);
+        assert_eq!(stored(42).await, Some(2));
+        counters.record(&provisional, Usage::default(), 0);
+        counters.flush(&store, now).await.unwrap();
+        assert_eq!(stored(42).await, Some(3), "the late request moved too");
+        assert_eq!(stored(-5).await, None);
+        let s = counters
+            .standing(&store, &rule, 42, now, chrono_tz::UTC)
+            .await
+            .unwrap();
+        assert_eq!(s.used, 3);
     }
 
     /// The cost of a flush of 50,000 idle counters (SQLite, as after a flood of end users with an

@@ -31,11 +31,19 @@ impl QuotaCounters {
         let (mut batch, live) = {
             let mut guard = self.counters.lock().unwrap_or_else(|p| p.into_inner());
             let map = &mut *guard;
+            map.move_relabeled();
             map.forget_ended(now);
             map.generation += 1;
             let mut batch: Vec<(CounterKey, i64)> = Vec::with_capacity(map.changed.len());
+            let mut held = Vec::new();
             for key in std::mem::take(&mut map.changed) {
                 let Some(c) = map.all.get_mut(&key) else { continue };
+                if key.subject_id < 0 {
+                    // A label first seen during an outage: written once it has its stored id
+                    // ([`QuotaCounters::relabel`]).
+                    held.push(key);
+                    continue;
+                }
                 c.queued = false;
                 let d = std::mem::take(&mut c.pending).max(0);
                 c.flushing = d;
@@ -43,11 +51,12 @@ impl QuotaCounters {
                     batch.push((key, d));
                 }
             }
+            map.changed = held;
             if every_counter {
                 batch.extend(
                     map.all
                         .iter()
-                        .filter(|(_, c)| c.flushing == 0)
+                        .filter(|(k, c)| c.flushing == 0 && k.subject_id >= 0)
                         .map(|(k, _)| (k.clone(), 0)),
                 );
             }
