@@ -11,7 +11,7 @@ streams; Postgres restarted mid-load; Postgres down under load; Postgres down un
 small request-log queue; two replicas against one quota;
 three replicas started at the same instant on a fresh database; a workspace time zone other than
 the gateway's with a quota filled to one below its limit; a burst of failures of one key on two
-replicas.
+replicas; Postgres down while a known key brings new end users and tags.
 
 Postgres: a cluster of its own (`initdb` into a temporary folder, a free port on 127.0.0.1, run as
 the `postgres` user when this script runs as root), one database per fault, removed at the end,
@@ -1108,8 +1108,118 @@ def fault_breaker_burst(run):
     return row
 
 
+LABEL_POLICIES = "".join(f"""
+[[policy]]
+workspace = "chaos"
+subject = "{subject}"
+target = "{target}"
+metric = "requests"
+window = "day"
+limit = 1000000000
+""" for subject, target in (("end_user", "*"), ("tag", "team=*")))
+
+
+def labelled_call(conn, key, user, tags):
+    """[`call`] naming end user `user` (the body's `user`) with tags `tags` (`x-aigw-tags`)."""
+    o = Outcome(status=None, started=time.monotonic())
+    body = {"model": FAST, "user": user, "messages": [{"role": "user", "content": "chaos run, please answer"}]}
+    try:
+        conn.request("POST", "/v1/chat/completions", body=json.dumps(body),
+                     headers={"authorization": f"Bearer {key}", "content-type": "application/json",
+                              "x-aigw-tags": tags})
+        resp = conn.getresponse()
+        o.status = resp.status
+        data = json.loads(resp.read())
+        if resp.status == 200:
+            o.head, o.delivered, o.tokens = True, True, data["usage"]["total_tokens"]
+        else:
+            o.code = data.get("error", {}).get("code")
+    except (OSError, http.client.HTTPException, ValueError, KeyError, AttributeError):
+        conn.close()
+    o.ended = time.monotonic()
+    return o
+
+
+def fault_pg_new_labels(run):
+    """Postgres down while a known key brings end users and tags never seen (issue 40 item 2):
+    each is served from memory under a provisional id, its `end_user = *` and `team=*` counters
+    counted there; after recovery the labels are stored and their counters moved to the stored
+    ids: no request fails, no label and no count is lost or counted twice."""
+    users, tags = run.n(200, 500), run.n(20, 50)
+    row = Row(f"Postgres down, {users} new end users and {tags} new tags")
+    db = run.pg.create_db("chaos_newlabels")
+    res = run.write_resources("newlabels", resources(run.mock.port) + LABEL_POLICIES)
+    gw = Gateway(run, "newlabels", db, res)
+    conn = http.client.HTTPConnection("127.0.0.1", gw.port, timeout=15)
+    warm = [labelled_call(conn, HOT_KEY, "known-user", "team=known") for _ in range(3)]
+    conn.close()
+    run.pg.stop()
+    say(f"  Postgres stopped; {users} requests, each a new end user, over {tags} new tags")
+    outcomes, lock, nxt = [], threading.Lock(), iter(range(users))
+
+    def sender():
+        c = http.client.HTTPConnection("127.0.0.1", gw.port, timeout=15)
+        while True:
+            with lock:
+                i = next(nxt, None)
+            if i is None:
+                break
+            o = labelled_call(c, HOT_KEY, f"outage-user-{i}", f"team=outage-{i % tags}")
+            with lock:
+                outcomes.append(o)
+        c.close()
+
+    threads = [threading.Thread(target=sender, daemon=True) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    run.pg.start()
+    say("  Postgres started again")
+    wait_until("/readyz 200 after recovery", lambda: gw.status("/readyz") == 200, 30)
+    everything = warm + outcomes
+    n, failed, d, tok = summary(everything)
+    served = sum(1 for o in outcomes if o.delivered)
+
+    def stored():
+        labels = run.pg.psql(db, "SELECT (SELECT COUNT(*) FROM end_users WHERE end_user LIKE 'outage-user-%'), "
+                                 "(SELECT COUNT(*) FROM tag_values WHERE tag_value LIKE 'outage-%')")
+        counted = run.pg.psql(db, "SELECT subject, COALESCE(SUM(used), 0) FROM usage_counters WHERE metric = "
+                                  "'requests' AND (subject = 'end_user' AND subject_id IN (SELECT id FROM end_users "
+                                  "WHERE end_user LIKE 'outage-user-%') OR subject = 'tag' AND subject_id IN "
+                                  "(SELECT id FROM tag_values WHERE tag_value LIKE 'outage-%')) GROUP BY subject")
+        got = dict(line.split("|") for line in counted.splitlines() if line)
+        negative = int(run.pg.psql(db, "SELECT COUNT(*) FROM usage_counters WHERE subject_id < 0"))
+        u, t = (int(v) for v in labels.split("|"))
+        return u, t, int(got.get("end_user", 0)), int(got.get("tag", 0)), negative
+
+    try:
+        wait_until("the new labels and their counters to be stored",
+                   lambda: stored()[:4] == (served, min(served, tags), served, served), 30, every=0.25)
+    except Failure:
+        pass
+    caught_up = settle(run, db, d, tok, timeout=30)
+    s_users, s_tags, c_users, c_tags, negative = stored()
+    stored_req, stored_tok = run.pg.stored_usage(db, HOT_KEY)
+    logs = run.pg.logged(db, HOT_KEY)
+    code = gw.terminate()
+    lost = (served - c_users) + (served - c_tags)
+    row.requests, row.failed = n, failed
+    row.delivered, row.stored, row.logs = usage_text(d, tok), usage_text(stored_req, stored_tok), str(logs)
+    row.bound = (f"0 failed ({served} served during the outage); labels stored after recovery: {s_users}/{users} "
+                 f"end users, {s_tags}/{tags} tags; counters lost: {lost} (end users {c_users}, tags {c_tags} "
+                 f"of {served}); provisional ids stored: {negative}; key's usage and logs = delivered")
+    row.check(failed == 0, f"{failed} requests failed: {codes(everything)}")
+    row.check(s_users == users and s_tags == tags, f"stored {s_users} end users, {s_tags} tags")
+    row.check(lost == 0, f"end-user counters {c_users}, tag counters {c_tags}, served {served}")
+    row.check(negative == 0, f"{negative} counters stored under a provisional id")
+    row.check(caught_up, "stored usage or logs did not catch up with delivered within 30 s of recovery")
+    row.check(code == 0, f"exit status {code}")
+    return row
+
+
 FAULTS = [fault_kill9, fault_sigterm, fault_pg_restart, fault_pg_down, fault_log_queue, fault_two_replicas,
-          fault_simultaneous_start, fault_timezones, fault_breaker_burst]
+          fault_simultaneous_start, fault_timezones, fault_breaker_burst, fault_pg_new_labels]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -175,6 +175,18 @@ impl AppState {
         use crate::telemetry::timed_flush;
         match counts {
             Counts::Quota => {
+                // Labels first seen during an outage: stored, their counters moved to the
+                // stored ids, before the flush writes them (issue 40 item 2).
+                if let Err(e) = self
+                    .labels
+                    .settle(&self.store, &self.quota, self.clock.now_ms())
+                    .await
+                {
+                    self.store.log_failure(
+                        &e,
+                        "labels seen during the outage not stored yet; kept for the next flush",
+                    );
+                }
                 let flush = self.quota.flush(&self.store, self.clock.now());
                 if let Err(e) = timed_flush("quota", flush).await {
                     self.store

@@ -72,12 +72,16 @@ struct Counter {
     pending: i64,
     /// Taken by the flush under way, not yet in `global`.
     flushing: i64,
-    /// Checked or added since the last flush (refreshed by the next one).
-    touched: bool,
+    /// The flush generation ([`CounterMap::generation`]) in which it was last checked or added
+    /// to: one older than the current generation was not used since the last flush.
+    seen: u64,
+    /// Whether it is in [`CounterMap::changed`] (so it is listed once).
+    queued: bool,
     /// The policies that counted into it, each with the alert thresholds this gateway knows are
     /// in the outbox for this window ([`QuotaCounters::crossings`]).
     watchers: Vec<(i64, Vec<u16>)>,
-    /// Whether its global total changed since [`QuotaCounters::crossings`] last looked at it.
+    /// Whether its global total changed since [`QuotaCounters::crossings`] last looked at it
+    /// (it is then in [`CounterMap::alert_due`]).
     alert_check: bool,
 }
 
@@ -90,17 +94,18 @@ impl Counter {
             global: 0,
             pending: 0,
             flushing: 0,
-            touched: false,
+            seen: 0,
+            queued: false,
             watchers: Vec::new(),
             alert_check: false,
         }
     }
 
-    /// Whether a flush at `now` may forget it: its window has ended and nothing of it is unwritten
-    /// or was used since the last flush.
-    fn done_with(&self, now: DateTime<Utc>) -> bool {
+    /// Whether a flush at `now` in generation `generation` may forget it: its window has ended
+    /// and nothing of it is unwritten or was used since the last flush.
+    fn done_with(&self, now: DateTime<Utc>, generation: u64) -> bool {
         let ended = self.ends.is_some_and(|end| end <= now);
-        ended && self.pending == 0 && self.flushing == 0 && !self.touched
+        ended && self.pending == 0 && self.flushing == 0 && self.seen < generation
     }
 
     /// The total as this gateway sees it: the global one and what it has not written yet.
@@ -108,6 +113,120 @@ impl Counter {
         self.global
             .saturating_add(self.pending)
             .saturating_add(self.flushing)
+    }
+}
+
+/// The counters, with what lets a flush and the alert check visit only the counters that moved:
+/// an idle counter costs them nothing (issue 40 item 4: 50,000 idle end users' counters cost a
+/// SQLite gateway 1.4 s a flush when every flush visited and read back each of them).
+#[derive(Default)]
+struct CounterMap {
+    /// Every counter.
+    all: FxHashMap<CounterKey, Counter>,
+    /// The counters added to since the last flush (each once: [`Counter::queued`]).
+    changed: Vec<CounterKey>,
+    /// The counters whose global total changed since the alert check last looked.
+    alert_due: Vec<CounterKey>,
+    /// Which flush this is: bumped by each, so a counter's `seen` tells whether it was used since.
+    generation: u64,
+    /// The earliest end of a counter's window: no counter can be forgotten before it, so a flush
+    /// looks for ended counters only once it has passed (none: no counter ends).
+    next_end: Option<DateTime<Utc>>,
+    /// Labels first seen during an outage, now stored ([`QuotaCounters::relabel`]): (subject
+    /// kind, provisional id) to the stored id and when it was learned (Unix ms). Kept for a day,
+    /// for the requests in flight under the provisional id.
+    relabeled: FxHashMap<(SubjectKind, i64), (i64, i64)>,
+}
+
+impl CounterMap {
+    /// The counter of `key`, made (with a window ending at `ends`) if new, marked as used now.
+    fn entry(&mut self, key: &CounterKey, ends: Option<DateTime<Utc>>) -> &mut Counter {
+        let next_end = &mut self.next_end;
+        let c = self.all.entry(key.clone()).or_insert_with(|| {
+            if let Some(end) = ends {
+                *next_end = Some(next_end.map_or(end, |n| n.min(end)));
+            }
+            Counter::new(ends)
+        });
+        c.seen = self.generation;
+        c
+    }
+
+    /// Lists `key` for the next flush (once).
+    fn queue(&mut self, key: &CounterKey) {
+        if let Some(c) = self.all.get_mut(key)
+            && !c.queued
+        {
+            c.queued = true;
+            self.changed.push(key.clone());
+        }
+    }
+
+    /// Lists `key` for the next alert check (once).
+    fn alert(&mut self, key: &CounterKey) {
+        if let Some(c) = self.all.get_mut(key)
+            && !c.alert_check
+        {
+            c.alert_check = true;
+            self.alert_due.push(key.clone());
+        }
+    }
+
+    /// Moves what was counted under provisional subject ids that now have a stored one to the
+    /// stored id's counters (only counters with something unwritten are visited: the others
+    /// hold nothing and are forgotten when their window ends).
+    fn move_relabeled(&mut self) {
+        if self.relabeled.is_empty() {
+            return;
+        }
+        let mut held = Vec::new();
+        for key in std::mem::take(&mut self.changed) {
+            let stored = (key.subject_id < 0)
+                .then(|| self.relabeled.get(&(key.subject, key.subject_id)))
+                .flatten();
+            let (Some((id, _)), Some(old)) = (stored, self.all.get(&key)) else {
+                held.push(key);
+                continue;
+            };
+            let to = CounterKey {
+                subject_id: *id,
+                ..key.clone()
+            };
+            let ends = old.ends;
+            let Some(old) = self.all.remove(&key) else {
+                continue;
+            };
+            let c = self.entry(&to, ends);
+            c.pending = c.pending.saturating_add(old.pending);
+            for (policy, fired) in old.watchers {
+                match c.watchers.iter_mut().find(|(p, _)| *p == policy) {
+                    Some((_, known)) => {
+                        for t in fired {
+                            if !known.contains(&t) {
+                                known.push(t);
+                            }
+                        }
+                    }
+                    None => c.watchers.push((policy, fired)),
+                }
+            }
+            if c.pending != 0 && !c.queued {
+                c.queued = true;
+                held.push(to);
+            }
+        }
+        self.changed.extend(held);
+    }
+
+    /// Forgets the counters a flush at `now` may forget, when a window has ended since the last
+    /// look (a scan of every counter then, once per window end, not at every flush).
+    fn forget_ended(&mut self, now: DateTime<Utc>) {
+        if self.next_end.is_none_or(|end| end > now) {
+            return;
+        }
+        let generation = self.generation;
+        self.all.retain(|_, c| !c.done_with(now, generation));
+        self.next_end = self.all.values().filter_map(|c| c.ends).min();
     }
 }
 
@@ -260,7 +379,7 @@ pub struct QuotaCounters {
     /// What a check does with a counter never read while the database is unreachable.
     outage: OutageCounters,
     /// Looked up several times per request: Fx hashing (keys are ids, not attacker-chosen text).
-    counters: Mutex<FxHashMap<CounterKey, Counter>>,
+    counters: Mutex<CounterMap>,
     /// One flush at a time (a second one would see `flushing` deltas as written), holding
     /// where the next reads back from (Postgres: [`crate::store::UsageStore::add_usage`]).
     flushing: tokio::sync::Mutex<Option<i64>>,
@@ -358,6 +477,7 @@ impl QuotaCounters {
             .counters
             .lock()
             .unwrap_or_else(|p| p.into_inner())
+            .all
             .get_mut(&to)
         {
             c.global = c.global.max(from.used);
@@ -391,7 +511,7 @@ impl QuotaCounters {
         let mut used: FxHashMap<i64, i64> = stored.into_iter().collect();
         {
             let map = self.counters.lock().unwrap_or_else(|p| p.into_inner());
-            for (k, c) in map.iter() {
+            for (k, c) in map.all.iter() {
                 if k.subject == rule.subject
                     && k.metric == rule.metric
                     && k.window == rule.window
@@ -428,8 +548,9 @@ impl QuotaCounters {
     /// What this gateway knows `key` used, or none when the store must be read first.
     fn used(&self, key: &CounterKey) -> Option<i64> {
         let mut map = self.counters.lock().unwrap_or_else(|p| p.into_inner());
-        let c = map.get_mut(key).filter(|c| c.known)?;
-        c.touched = true;
+        let generation = map.generation;
+        let c = map.all.get_mut(key).filter(|c| c.known)?;
+        c.seen = generation;
         Some(c.used())
     }
 
@@ -441,17 +562,14 @@ impl QuotaCounters {
             Ok(g) => g,
             Err(e) if store.note_failure(&e) && self.outage == OutageCounters::Serve => {
                 let mut map = self.counters.lock().unwrap_or_else(|p| p.into_inner());
-                let c = map.entry(key.clone()).or_insert_with(|| Counter::new(ends));
-                c.touched = true;
-                return Ok(c.used());
+                return Ok(map.entry(key, ends).used());
             }
             Err(e) => return Err(e),
         };
         let mut map = self.counters.lock().unwrap_or_else(|p| p.into_inner());
-        let c = map.entry(key.clone()).or_insert_with(|| Counter::new(ends));
+        let c = map.entry(key, ends);
         c.global = c.global.max(global.unwrap_or(0));
         c.known = true;
-        c.touched = true;
         Ok(c.used())
     }
 
@@ -464,20 +582,39 @@ impl QuotaCounters {
             .await
     }
 
+    /// Moves the counters of labels first seen during an outage to the ids they are stored under:
+    /// `moved` holds (subject kind, provisional id, stored id). What was counted under the
+    /// provisional id is added to the stored id's counter and written at the next flush; a
+    /// request still in flight under it is moved there by that flush.
+    pub async fn relabel(&self, moved: &[(SubjectKind, i64, i64)], now_ms: i64) {
+        let _one_flush = self.flushing.lock().await;
+        let mut map = self.counters.lock().unwrap_or_else(|p| p.into_inner());
+        map.relabeled
+            .retain(|_, (_, at)| now_ms.saturating_sub(*at) < 86_400_000);
+        for (kind, provisional, id) in moved {
+            map.relabeled.insert((*kind, *provisional), (*id, now_ms));
+        }
+        map.move_relabeled();
+    }
+
     /// Adds a completed request's usage to every counter of `decision` (each counter once).
     pub fn record(&self, decision: &QuotaDecision, usage: Usage, credits: i64) {
         let mut map = self.counters.lock().unwrap_or_else(|p| p.into_inner());
         for (i, s) in decision.standings.iter().enumerate() {
-            let c = map
-                .entry(s.key.clone())
-                .or_insert_with(|| Counter::new(s.window_end));
+            let c = map.entry(&s.key, s.window_end);
             // A handful of standings: a scan beats hashing into a set.
-            if !decision.standings[..i].iter().any(|earlier| earlier.key == s.key) {
-                c.pending = c.pending.saturating_add(amount(s.key.metric, usage, credits));
-                c.touched = true;
-            }
+            let first = !decision.standings[..i].iter().any(|earlier| earlier.key == s.key);
+            let added = if first {
+                amount(s.key.metric, usage, credits)
+            } else {
+                0
+            };
+            c.pending = c.pending.saturating_add(added);
             if !c.watchers.iter().any(|(policy, _)| *policy == s.rule.id) {
                 c.watchers.push((s.rule.id, Vec::new()));
+            }
+            if added != 0 {
+                map.queue(&s.key);
             }
         }
     }
@@ -488,9 +625,17 @@ impl QuotaCounters {
     /// thresholds a total reaches for a policy (none for a policy without alerts). Looks only at
     /// the counters whose total changed since the last call, so its cost follows the traffic.
     pub fn crossings(&self, reached: impl Fn(i64, i64) -> Vec<u16>) -> Vec<Crossing> {
-        let mut map = self.counters.lock().unwrap_or_else(|p| p.into_inner());
+        let mut guard = self.counters.lock().unwrap_or_else(|p| p.into_inner());
+        let map = &mut *guard;
         let mut out = Vec::new();
-        for (key, c) in map.iter_mut().filter(|(_, c)| c.known && c.alert_check) {
+        let mut unknown = Vec::new();
+        for key in std::mem::take(&mut map.alert_due) {
+            let Some(c) = map.all.get_mut(&key) else { continue };
+            if !c.known {
+                // Looked at once its total is known.
+                unknown.push(key);
+                continue;
+            }
             c.alert_check = false;
             for (policy_id, fired) in &c.watchers {
                 for threshold in reached(*policy_id, c.global) {
@@ -505,6 +650,7 @@ impl QuotaCounters {
                 }
             }
         }
+        map.alert_due.extend(unknown);
         out
     }
 
@@ -513,9 +659,7 @@ impl QuotaCounters {
     pub fn check_again(&self, missed: &[Crossing]) {
         let mut map = self.counters.lock().unwrap_or_else(|p| p.into_inner());
         for m in missed {
-            if let Some(c) = map.get_mut(&m.key) {
-                c.alert_check = true;
-            }
+            map.alert(&m.key);
         }
     }
 
@@ -524,7 +668,7 @@ impl QuotaCounters {
     pub fn mark_fired(&self, done: &[Crossing]) {
         let mut map = self.counters.lock().unwrap_or_else(|p| p.into_inner());
         for d in done {
-            if let Some(c) = map.get_mut(&d.key)
+            if let Some(c) = map.all.get_mut(&d.key)
                 && let Some((_, fired)) = c.watchers.iter_mut().find(|(p, _)| *p == d.policy_id)
                 && !fired.contains(&d.threshold)
             {
@@ -588,7 +732,7 @@ mod tests {
             counters.record(&decision, huge, i64::MAX);
         }
         // As if read from the store: only a known total is trusted by `used`.
-        for c in counters.counters.lock().unwrap().values_mut() {
+        for c in counters.counters.lock().unwrap().all.values_mut() {
             c.known = true;
         }
         let used = |m: Metric| counters.used(&standing(m, 100, 0).key);
@@ -597,7 +741,7 @@ mod tests {
         assert_eq!(used(Metric::Credits), Some(i64::MAX));
         // Whatever part of a counter holds what, its total stays at the top.
         let mut map = counters.counters.lock().unwrap();
-        for c in map.values_mut() {
+        for c in map.all.values_mut() {
             c.global = i64::MAX;
             c.flushing = i64::MAX;
         }
@@ -681,7 +825,7 @@ mod tests {
             let map = counters.counters.lock().unwrap();
             for ((subject, tz, ends), key) in rows.iter().zip(&keys) {
                 assert_eq!(
-                    map.contains_key(key),
+                    map.all.contains_key(key),
                     now < *ends,
                     "subject {subject} in {tz}, flush at {now}: its day ends at {ends}"
                 );
@@ -718,6 +862,174 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(s.used, 8, "the stored 7 and the one not yet written");
+    }
+
+    fn each_end_user_per_day() -> PolicyRule {
+        PolicyRule {
+            id: 1,
+            subject: SubjectKind::EndUser,
+            target_id: 0,
+            scope_department_id: 0,
+            metric: Metric::Requests,
+            window: Window::Day,
+            limit: 100,
+            mode: Mode::Enforce,
+        }
+    }
+
+    /// `n` end users' counters, each counted into once and flushed: then idle.
+    async fn idle_counters(store: &Store, n: i64, now: DateTime<Utc>) -> (QuotaCounters, Vec<QuotaDecision>) {
+        let counters = QuotaCounters::default();
+        let rule = each_end_user_per_day();
+        let mut decisions = Vec::new();
+        for id in 1..=n {
+            let s = counters
+                .standing(store, &rule, id, now, chrono_tz::UTC)
+                .await
+                .unwrap();
+            let d = QuotaDecision { standings: vec![s] };
+            counters.record(&d, Usage::default(), 0);
+            decisions.push(d);
+        }
+        assert_eq!(counters.flush(store, now).await.unwrap(), n as usize);
+        (counters, decisions)
+    }
+
+    /// Issue 40 item 4: idle counters cost a flush and the alert check nothing. A flush after no
+    /// traffic visits no counter and makes no store call (the store is closed: any call fails);
+    /// one counted into is the only one written.
+    #[tokio::test]
+    async fn a_flush_after_no_traffic_touches_no_counter() {
+        let (_dir, store) = temp_store().await;
+        let now = at("2026-12-01T02:00:00Z");
+        let (counters, decisions) = idle_counters(&store, 100, now).await;
+        let looked = std::sync::atomic::AtomicUsize::new(0);
+        let reached = |_: i64, _: i64| {
+            looked.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            Vec::new()
+        };
+        assert!(counters.crossings(reached).is_empty());
+        assert_eq!(
+            looked.swap(0, std::sync::atomic::Ordering::Relaxed),
+            100,
+            "each total moved once"
+        );
+        // Checked again (served from memory), but nothing counted.
+        for id in 1..=100 {
+            counters
+                .standing(&store, &each_end_user_per_day(), id, now, chrono_tz::UTC)
+                .await
+                .unwrap();
+        }
+        store.close().await;
+        let later = now + chrono::Duration::seconds(1);
+        assert_eq!(
+            counters.flush(&store, later).await.unwrap(),
+            0,
+            "no counter, no store call"
+        );
+        assert!(counters.crossings(reached).is_empty());
+        assert_eq!(
+            looked.load(std::sync::atomic::Ordering::Relaxed),
+            0,
+            "no idle counter looked at"
+        );
+        {
+            let map = counters.counters.lock().unwrap();
+            assert_eq!(
+                map.all.len(),
+                100,
+                "idle counters are kept while their window lasts"
+            );
+            assert!(map.changed.is_empty() && map.alert_due.is_empty());
+        }
+        // One counted into: that one goes to the store (closed here, so the flush fails and
+        // keeps it for the next).
+        counters.record(&decisions[6], Usage::default(), 0);
+        assert!(
+            counters.flush(&store, later).await.is_err(),
+            "the changed counter is written"
+        );
+        let map = counters.counters.lock().unwrap();
+        assert_eq!(map.changed, vec![decisions[6].standings[0].key.clone()]);
+        assert_eq!(map.all[&decisions[6].standings[0].key].pending, 1);
+    }
+
+    /// Issue 40 item 2: what was counted under a label's provisional id is written under its
+    /// stored id once [`QuotaCounters::relabel`] knows it, and never under the provisional one;
+    /// a request still in flight under the provisional id lands on the stored id too.
+    #[tokio::test]
+    async fn counters_of_a_provisional_label_move_to_its_stored_id() {
+        let (_dir, store) = temp_store().await;
+        let now = at("2026-12-01T02:00:00Z");
+        let counters = QuotaCounters::default();
+        let rule = each_end_user_per_day();
+        let s = counters
+            .standing(&store, &rule, -5, now, chrono_tz::UTC)
+            .await
+            .unwrap();
+        let provisional = QuotaDecision { standings: vec![s] };
+        counters.record(&provisional, Usage::default(), 0);
+        counters.record(&provisional, Usage::default(), 0);
+        assert_eq!(counters.flush(&store, now).await.unwrap(), 0, "held until stored");
+        let stored = |id: i64| {
+            let key = CounterKey {
+                subject_id: id,
+                ..provisional.standings[0].key.clone()
+            };
+            let store = store.clone();
+            async move { store.usage_counter(&key.row()).await.unwrap() }
+        };
+        assert_eq!(stored(-5).await, None);
+        counters.relabel(&[(SubjectKind::EndUser, -5, 42)], 0).await;
+        assert_eq!(counters.flush(&store, now).await.unwrap(), 1);
+        assert_eq!(stored(42).await, Some(2));
+        counters.record(&provisional, Usage::default(), 0);
+        counters.flush(&store, now).await.unwrap();
+        assert_eq!(stored(42).await, Some(3), "the late request moved too");
+        assert_eq!(stored(-5).await, None);
+        let s = counters
+            .standing(&store, &rule, 42, now, chrono_tz::UTC)
+            .await
+            .unwrap();
+        assert_eq!(s.used, 3);
+    }
+
+    /// The cost of a flush of 50,000 idle counters (SQLite, as after a flood of end users with an
+    /// `end_user = *` policy), and of one with a single counter changed among them
+    /// (docs/performance.md): `cargo test --lib idle_flush_cost -- --ignored --nocapture`.
+    #[tokio::test]
+    #[ignore = "a measurement: run it by name"]
+    async fn idle_flush_cost() {
+        let (_dir, store) = temp_store().await;
+        let now = at("2026-12-01T02:00:00Z");
+        let n = 50_000;
+        let (counters, decisions) = idle_counters(&store, n, now).await;
+        counters.crossings(|_, _| Vec::new());
+        let time = |label: &'static str| {
+            let counters = &counters;
+            let store = &store;
+            let decisions = &decisions;
+            async move {
+                let mut took = Vec::new();
+                for i in 0..5 {
+                    if label == "one changed" {
+                        counters.record(&decisions[i * 7], Usage::default(), 0);
+                    }
+                    let t = std::time::Instant::now();
+                    counters.flush(store, now).await.unwrap();
+                    counters.crossings(|_, _| Vec::new());
+                    took.push(t.elapsed());
+                }
+                took.sort();
+                println!(
+                    "{n} counters, {label}: flush + alert check median {:?} (min {:?}, max {:?})",
+                    took[2], took[0], took[4]
+                );
+            }
+        };
+        time("all idle").await;
+        time("one changed").await;
     }
 
     #[test]

@@ -3,7 +3,10 @@
 //! in the store, where the workspace's caps are checked. Known values keep working past a cap;
 //! only a new one is refused. A cap once reached stays reached (rows are never deleted, caps
 //! change with a restart): it is remembered, so a client that keeps sending new values past it
-//! costs one indexed lookup each, never a count.
+//! costs one indexed lookup each, never a count. While the database is away a new value is served
+//! from memory under a provisional id and stored when it is back ([`outage`]).
+
+mod outage;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
@@ -23,6 +26,8 @@ pub struct LabelIds {
     /// themselves) and workspaces full of end users.
     full_tags: Mutex<HashSet<(i64, Option<String>)>>,
     full_end_users: Mutex<HashSet<i64>>,
+    /// New labels served while the database is away, stored when it is back.
+    outage: outage::OutageLabels,
 }
 
 impl LabelIds {
@@ -48,7 +53,6 @@ impl LabelIds {
             let id = match cached {
                 Some(id) => id,
                 None => {
-                    store.fail_fast()?;
                     let (k, v) = (key.to_owned(), value.to_owned());
                     let known = {
                         let full = self.full_tags.lock().unwrap_or_else(|p| p.into_inner());
@@ -66,9 +70,20 @@ impl LabelIds {
                             ..caps
                         }
                     };
-                    let found = store
-                        .at_home(|s| async move { s.tag_value_id(ws, &k, &v, Some(known), now_ms).await })
-                        .await?;
+                    let found = match store.fail_fast() {
+                        Ok(()) => {
+                            store
+                                .at_home(
+                                    |s| async move { s.tag_value_id(ws, &k, &v, Some(known), now_ms).await },
+                                )
+                                .await
+                        }
+                        Err(e) => Err(e),
+                    };
+                    let found = match found {
+                        Ok(found) => found,
+                        Err(e) => Ok(self.outage.tag(store, e, ws, key, value, known)?),
+                    };
                     let id = found.map_err(|over| {
                         let scope = (over == OverCap::TagValues).then(|| key.to_owned());
                         self.full_tags
@@ -96,7 +111,6 @@ impl LabelIds {
             let id = match cached {
                 Some(id) => id,
                 None => {
-                    store.fail_fast()?;
                     let u = user.to_owned();
                     let known = LabelCaps {
                         end_users: if self
@@ -111,9 +125,18 @@ impl LabelIds {
                         },
                         ..caps
                     };
-                    let found = store
-                        .at_home(|s| async move { s.end_user_id(ws, &u, Some(known), now_ms).await })
-                        .await?;
+                    let found = match store.fail_fast() {
+                        Ok(()) => {
+                            store
+                                .at_home(|s| async move { s.end_user_id(ws, &u, Some(known), now_ms).await })
+                                .await
+                        }
+                        Err(e) => Err(e),
+                    };
+                    let found = match found {
+                        Ok(found) => found,
+                        Err(e) => Ok(self.outage.end_user(store, e, ws, user, known)?),
+                    };
                     let id = found.map_err(|over| {
                         self.full_end_users
                             .lock()

@@ -202,3 +202,115 @@ async fn an_unseen_counter_serves_or_refuses_as_the_setting_says() {
         app.stop().await;
     }
 }
+
+/// A chat call of `KEY` naming end user `user` with tags `tags`: its status and body.
+async fn labelled_chat(app: &TestApp, user: &str, tags: &str) -> (u16, Value) {
+    let mut body = chat();
+    body["user"] = json!(user);
+    let r = app
+        .client
+        .post(format!("{}/v1/chat/completions", app.address))
+        .bearer_auth(KEY)
+        .header("x-aigw-tags", tags)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
+}
+
+/// The stored total of requests today of end user `user` or tag `team=<value>` (by its name,
+/// straight from the database); none without a row for the label.
+async fn stored_label_requests(db: &TestDb, subject: &str, name: &str) -> Option<i64> {
+    let pool = sqlx::AnyPool::connect(&db.direct_url).await.unwrap();
+    let id: Option<i64> = match subject {
+        "end_user" => sqlx::query_scalar("SELECT id FROM end_users WHERE end_user = $1"),
+        _ => sqlx::query_scalar("SELECT id FROM tag_values WHERE tag_key = 'team' AND tag_value = $1"),
+    }
+    .bind(name)
+    .fetch_optional(&pool)
+    .await
+    .unwrap();
+    let id = id?;
+    let used: i64 = sqlx::query_scalar(
+        "SELECT CAST(COALESCE(SUM(used), 0) AS BIGINT) FROM usage_counters
+         WHERE subject = $1 AND subject_id = $2 AND metric = 'requests'",
+    )
+    .bind(subject)
+    .bind(id)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    Some(used)
+}
+
+const LABEL_POLICIES: &str = "\n[[policy]]\nworkspace = \"acme\"\nsubject = \"end_user\"\ntarget = \"*\"\nmetric = \"requests\"\nwindow = \"day\"\nlimit = 3\nmode = \"enforce\"\n\
+[[policy]]\nworkspace = \"acme\"\nsubject = \"tag\"\ntarget = \"team=*\"\nmetric = \"requests\"\nwindow = \"day\"\nlimit = 1000\nmode = \"enforce\"\n";
+
+/// Issue 40 item 2: a known key that brings an end user or tag first seen during the outage is
+/// served from memory like the rest (its quotas counted and enforced there); the labels are
+/// stored when the database is back, with what was counted meanwhile on their stored ids:
+/// nothing lost, nothing counted twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_end_users_and_tags_are_served_through_an_outage_and_stored_after() {
+    let Some((db, switch)) = TestDb::postgres_behind_switch().await else {
+        return;
+    };
+    let mock = MockUpstream::start().await.unwrap();
+    let app = spawn_app(&db, Setup::resources(resources(&mock) + POLICY + LABEL_POLICIES)).await;
+    assert_eq!(labelled_chat(&app, "known-user", "team=known").await.0, 200);
+
+    switch.cut();
+    for i in 0..3 {
+        let (status, body) = labelled_chat(&app, "new-user", "team=new").await;
+        assert_eq!(
+            status, 200,
+            "request {i} of a new end user during the outage: {body}"
+        );
+    }
+    let (status, body) = labelled_chat(&app, "new-user", "team=new").await;
+    assert_eq!(
+        status, 429,
+        "the new end user's quota is counted in memory: {body}"
+    );
+    assert_eq!(body["error"]["subject"], "end_user");
+    assert_eq!(body["error"]["end_user"], "new-user");
+    assert_eq!(labelled_chat(&app, "second-user", "team=new").await.0, 200);
+    assert_eq!(labelled_chat(&app, "known-user", "team=known").await.0, 200);
+
+    switch.restore();
+    wait_ready(&app, 200).await;
+    app.sync().await;
+    // Stored, with what was counted meanwhile.
+    assert_eq!(stored_label_requests(&db, "end_user", "new-user").await, Some(3));
+    assert_eq!(
+        stored_label_requests(&db, "end_user", "second-user").await,
+        Some(1)
+    );
+    assert_eq!(
+        stored_label_requests(&db, "end_user", "known-user").await,
+        Some(2)
+    );
+    assert_eq!(stored_label_requests(&db, "tag", "new").await, Some(4));
+    // No provisional id reached the store.
+    let pool = sqlx::AnyPool::connect(&db.direct_url).await.unwrap();
+    let negative: i64 =
+        sqlx::query_scalar("SELECT CAST(COUNT(*) AS BIGINT) FROM usage_counters WHERE subject_id < 0")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(negative, 0);
+    // The gateway goes on with the stored ids: the new user's quota is still used up.
+    let (status, body) = labelled_chat(&app, "new-user", "team=new").await;
+    assert_eq!(status, 429, "{body}");
+    assert_eq!(labelled_chat(&app, "second-user", "team=new").await.0, 200);
+    app.sync().await;
+    assert_eq!(
+        stored_label_requests(&db, "end_user", "second-user").await,
+        Some(2)
+    );
+    assert_eq!(stored_label_requests(&db, "tag", "new").await, Some(5));
+    // Every request served is in the key's count too: 1 before, 5 during, 1 after.
+    assert_eq!(stored_requests(&db, 0).await, 7);
+    app.stop().await;
+}

@@ -3,16 +3,16 @@
 use chrono::{DateTime, Utc};
 
 use super::{CounterKey, QuotaCounters};
-use crate::store::{Store, StoreResult, UsageCounterRow, UsageStore};
+use crate::store::{Backend, Store, StoreResult, UsageCounterRow, UsageStore};
 
 impl QuotaCounters {
-    /// Writes the pending deltas with upserts that return each global total, all in one
-    /// transaction, then reads back what the other gateways added to the live counters with
-    /// nothing pending: on Postgres only the counters changed since the last read back
-    /// ([`UsageStore::add_usage`]), on SQLite each of them. Forgets counters whose own window
-    /// has ended (in the zone it was aligned in) and that hold nothing unwritten. Returns how
-    /// many counters were in the batch (written, or read back by key), or the error of the
-    /// first one that was not written.
+    /// Writes the deltas counted since the last flush with upserts that return each global
+    /// total, all in one transaction, then (Postgres) reads back the counters the other
+    /// gateways changed since the last read back ([`UsageStore::add_usage`]). Visits only the
+    /// counters that counted something, and makes no store call at all when none did (SQLite)
+    /// or none is held. Forgets counters whose own window has ended (in the zone it was aligned
+    /// in) and that hold nothing unwritten. Returns how many counters were in the batch
+    /// (written, or read back by key), or the error of the first one that was not written.
     ///
     /// Atomic per batch: a delta leaves `flushing` for `global` only once its transaction
     /// committed, and goes back to pending only when it rolled back — never lost, never added
@@ -22,26 +22,51 @@ impl QuotaCounters {
     /// batch, it is written row by row, so one row it refuses holds back only itself.
     pub async fn flush(&self, store: &Store, now: DateTime<Utc>) -> StoreResult<usize> {
         let mut read_horizon = self.flushing.lock().await;
-        // With a horizon (Postgres, after this gateway's first flush) the store reads back
-        // every counter that changed, so only those that counted something here go in the
-        // batch: an idle counter costs nothing. Without one, every live counter does, and the
-        // store reads each zero delta's counter back by its key.
-        let every_counter = read_horizon.is_none();
-        let mut batch: Vec<(CounterKey, i64)> = {
-            let mut map = self.counters.lock().unwrap_or_else(|p| p.into_inner());
-            map.retain(|_, c| !c.done_with(now));
-            if map.is_empty() {
-                return Ok(0);
+        // Only the counters that counted something here since the last flush go in the batch:
+        // an idle counter costs nothing (issue 40 item 4). On SQLite no other gateway changes
+        // them; on Postgres the store reads back every counter the others changed since the
+        // horizon. Postgres's first flush has no horizon yet: it reads back every live counter
+        // by its key, once.
+        let every_counter = read_horizon.is_none() && store.backend() == Backend::Postgres;
+        let (mut batch, live) = {
+            let mut guard = self.counters.lock().unwrap_or_else(|p| p.into_inner());
+            let map = &mut *guard;
+            map.move_relabeled();
+            map.forget_ended(now);
+            map.generation += 1;
+            let mut batch: Vec<(CounterKey, i64)> = Vec::with_capacity(map.changed.len());
+            let mut held = Vec::new();
+            for key in std::mem::take(&mut map.changed) {
+                let Some(c) = map.all.get_mut(&key) else { continue };
+                if key.subject_id < 0 {
+                    // A label first seen during an outage: written once it has its stored id
+                    // ([`QuotaCounters::relabel`]).
+                    held.push(key);
+                    continue;
+                }
+                c.queued = false;
+                let d = std::mem::take(&mut c.pending).max(0);
+                c.flushing = d;
+                if d != 0 {
+                    batch.push((key, d));
+                }
             }
-            map.iter_mut()
-                .filter_map(|(k, c)| {
-                    let d = std::mem::take(&mut c.pending).max(0);
-                    c.flushing = d;
-                    c.touched = false;
-                    (d != 0 || every_counter).then(|| (k.clone(), d))
-                })
-                .collect()
+            map.changed = held;
+            if every_counter {
+                batch.extend(
+                    map.all
+                        .iter()
+                        .filter(|(k, c)| c.flushing == 0 && k.subject_id >= 0)
+                        .map(|(k, _)| (k.clone(), 0)),
+                );
+            }
+            (batch, !map.all.is_empty())
         };
+        // Nothing to write, and (SQLite, or no counter held) nothing to read back: no store call.
+        let reads_back = read_horizon.is_some() && live;
+        if batch.is_empty() && !reads_back {
+            return Ok(0);
+        }
         // Rows are locked in one order by every gateway: two flushes on one Postgres never wait
         // on each other in a circle.
         batch.sort_by_cached_key(|(k, _)| {
@@ -60,26 +85,33 @@ impl QuotaCounters {
         let mut map = self.counters.lock().unwrap_or_else(|p| p.into_inner());
         for (key, delta) in &batch {
             // Only a flush forgets counters, and this one holds the flush lock: every key is there.
-            let Some(c) = map.get_mut(key) else { continue };
+            let Some(c) = map.all.get_mut(key) else { continue };
             if written.rolled_back.contains(key) {
                 // Not written: back to pending for the next flush.
                 c.pending = c.pending.saturating_add(std::mem::take(&mut c.flushing));
-                c.touched = true;
+                if c.pending != 0 {
+                    map.queue(key);
+                }
             } else {
                 // Committed (a row that came back unreadable was still written): the total
                 // below, if one came back, replaces this.
                 c.global = c.global.saturating_add(*delta);
-                c.alert_check |= *delta != 0;
                 c.flushing = 0;
+                if *delta != 0 {
+                    map.alert(key);
+                }
             }
         }
         // Every total learned, in order (a later one of a counter is newer), for the counters
         // this gateway holds; the others' are not kept.
         for (key, total) in &written.totals {
-            if let Some(c) = map.get_mut(key) {
-                c.alert_check |= c.global != *total;
+            if let Some(c) = map.all.get_mut(key) {
+                let moved = c.global != *total;
                 c.global = *total;
                 c.known = true;
+                if moved {
+                    map.alert(key);
+                }
             }
         }
         match written.error {

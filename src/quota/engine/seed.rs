@@ -133,7 +133,7 @@ impl QuotaCounters {
         let (counted, created) = count_recorded(store, workspace_id, rule, now, tz).await?;
         let mut map = self.counters.lock().unwrap_or_else(|p| p.into_inner());
         for (key, used) in &created {
-            if let Some(c) = map.get_mut(key) {
+            if let Some(c) = map.all.get_mut(key) {
                 c.global = c.global.max(*used);
             }
         }
