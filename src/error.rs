@@ -39,9 +39,32 @@ pub struct QuotaRefusal {
     pub subject_name: Option<String>,
 }
 
-/// The message of a label cap refusal.
-fn label_limit_message(over: crate::store::OverCap, tag_key: Option<&str>, limit: i64) -> String {
+/// The message of a label cap refusal: the workspace's cap, or the key's own (`_per_key`).
+fn label_limit_message(
+    over: crate::store::OverCap,
+    tag_key: Option<&str>,
+    limit: i64,
+    per_key: bool,
+) -> String {
     use crate::store::OverCap;
+    if per_key {
+        let prune = "or ask an admin to prune unused ones (DELETE /admin/v1/labels) or raise the cap";
+        return match over {
+            OverCap::TagKeys => format!(
+                "this API key already brought {limit} tag keys to its workspace (max_tag_keys_per_key); \
+                 send a tag key it has sent before, {prune}"
+            ),
+            OverCap::TagValues => format!(
+                "this API key already brought {limit} values of tag `{}` to its workspace \
+                 (max_tag_values_per_key); send one of the known values, {prune}",
+                tag_key.unwrap_or_default()
+            ),
+            OverCap::EndUsers => format!(
+                "this API key already brought {limit} end users to its workspace (max_end_users_per_key); \
+                 send a known end user or none, {prune}"
+            ),
+        };
+    }
     match over {
         OverCap::TagKeys => format!(
             "this workspace already has {limit} tag keys (max_tag_keys); send a tag key it has seen, \
@@ -173,8 +196,9 @@ pub enum ApiError {
         tag: String,
     },
     /// A tag value or end user new to the workspace, past its cap (settings `max_tag_keys`,
-    /// `max_tag_values`, `max_end_users`; issue 25 item 6). Values already seen keep working.
-    #[error("{}", label_limit_message(*over, tag_key.as_deref(), *limit))]
+    /// `max_tag_values`, `max_end_users`; issue 25 item 6), or past the caps on what one key
+    /// brings (`max_*_per_key`; issue 40 item 3). Values already seen keep working.
+    #[error("{}", label_limit_message(*over, tag_key.as_deref(), *limit, *per_key))]
     LabelLimit {
         /// Which cap.
         over: crate::store::OverCap,
@@ -182,6 +206,8 @@ pub enum ApiError {
         tag_key: Option<String>,
         /// The cap.
         limit: i64,
+        /// The key's own cap, not the workspace's.
+        per_key: bool,
     },
     /// The key or its member already has `max_in_flight` requests in flight on this gateway
     /// (issue 25 item 4). Logged, and counted toward the key's breaker like every gateway 429.
@@ -463,7 +489,9 @@ impl ApiError {
                 error["model"] = json!(model);
                 error["subject"] = json!(by.as_str());
             }
-            ApiError::LabelLimit { over, tag_key, limit } => {
+            ApiError::LabelLimit {
+                over, tag_key, limit, ..
+            } => {
                 error["param"] = json!(match over {
                     crate::store::OverCap::EndUsers => crate::tags::END_USER_HEADER,
                     _ => crate::tags::TAGS_HEADER,
@@ -710,11 +738,13 @@ mod tests {
                 over: crate::store::OverCap::TagValues,
                 tag_key: Some(text()),
                 limit: 1,
+                per_key: false,
             },
             ApiError::LabelLimit {
                 over: crate::store::OverCap::EndUsers,
                 tag_key: None,
                 limit: 1,
+                per_key: true,
             },
         ]
     }

@@ -826,3 +826,109 @@ async fn the_quota_endpoint_lists_the_quotas_of_the_tags_and_end_user_sent(db: T
     assert_eq!(standings(&v), [("tag".to_owned(), json!("team=search"), 3, 1, 2)]);
     app.stop().await;
 }
+
+both_backends!(
+    one_key_cannot_fill_the_workspace_caps,
+    a_burst_of_new_labels_on_one_gateway_passes_no_cap,
+);
+
+/// The error code and message of a refused call.
+fn refusal((status, v): &(u16, Value)) -> (u16, String, String) {
+    (
+        *status,
+        v["error"]["code"].as_str().unwrap_or_default().to_owned(),
+        v["error"]["message"].as_str().unwrap_or_default().to_owned(),
+    )
+}
+
+async fn one_key_cannot_fill_the_workspace_caps(db: TestDb) {
+    let (app, mock) = start_with(&db, "", |s| {
+        s.max_end_users = 5;
+        s.max_end_users_per_key = 2;
+        s.max_tag_values = 10;
+        s.max_tag_values_per_key = 2;
+        s.max_tag_keys = 10;
+        s.max_tag_keys_per_key = 2;
+    })
+    .await;
+    let user = |u: &'static str| [("x-aigw-end-user", u)];
+    for u in ["alice", "bob"] {
+        assert_eq!(call(&app, KEY, &user(u), &chat(None)).await.0, 200, "{u}");
+    }
+    let calls = mock.call_count();
+    let refused = call(&app, KEY, &user("carol"), &chat(None)).await;
+    let (status, code, message) = refusal(&refused);
+    assert_eq!((status, code.as_str()), (400, "end_user_limit"), "{}", refused.1);
+    assert!(message.contains("max_end_users_per_key"), "{message}");
+    assert_eq!(refused.1["error"]["limit"], 2);
+    assert_eq!(mock.call_count(), calls, "nothing went upstream");
+    // The workspace still has room: another key brings carol, and then she is known to all.
+    assert_eq!(call(&app, OTHER, &user("carol"), &chat(None)).await.0, 200);
+    assert_eq!(call(&app, KEY, &user("carol"), &chat(None)).await.0, 200);
+    assert_eq!(call(&app, KEY, &user("alice"), &chat(None)).await.0, 200);
+    let (status, code, _) = refusal(&call(&app, KEY, &user("dave"), &chat(None)).await);
+    assert_eq!((status, code.as_str()), (400, "end_user_limit"), "remembered");
+
+    let tags = |t: &'static str| [("x-aigw-tags", t)];
+    for t in ["team=a", "team=b"] {
+        assert_eq!(call(&app, KEY, &tags(t), &chat(None)).await.0, 200, "{t}");
+    }
+    let refused = call(&app, KEY, &tags("team=c"), &chat(None)).await;
+    let (status, code, message) = refusal(&refused);
+    assert_eq!((status, code.as_str()), (400, "tag_value_limit"), "{}", refused.1);
+    assert!(message.contains("max_tag_values_per_key"), "{message}");
+    assert_eq!(refused.1["error"]["tag_key"], "team");
+    assert_eq!(call(&app, OTHER, &tags("team=c"), &chat(None)).await.0, 200);
+    assert_eq!(call(&app, KEY, &tags("env=x"), &chat(None)).await.0, 200);
+    let refused = call(&app, KEY, &tags("region=eu"), &chat(None)).await;
+    let (status, code, message) = refusal(&refused);
+    assert_eq!((status, code.as_str()), (400, "tag_value_limit"), "{}", refused.1);
+    assert!(message.contains("max_tag_keys_per_key"), "{message}");
+    assert_eq!(call(&app, OTHER, &tags("region=eu"), &chat(None)).await.0, 200);
+    app.stop().await;
+
+    // The per-key caps count what the store holds, across restarts.
+    let (app, _mock) = start_with(&db, "", |s| s.max_end_users_per_key = 2).await;
+    let (status, code, _) = refusal(&call(&app, KEY, &user("erin"), &chat(None)).await);
+    assert_eq!((status, code.as_str()), (400, "end_user_limit"));
+    assert_eq!(call(&app, OTHER, &user("erin"), &chat(None)).await.0, 200);
+    app.stop().await;
+}
+
+/// `n` calls at once with `key`, the i-th with the headers `headers(i)`: their statuses.
+async fn burst(app: &TestApp, n: usize, headers: impl Fn(usize) -> (&'static str, String)) -> Vec<u16> {
+    let mut calls = tokio::task::JoinSet::new();
+    for i in 0..n {
+        let (name, value) = headers(i);
+        let req = app
+            .client
+            .post(format!("{}/v1/chat/completions", app.address))
+            .bearer_auth(KEY)
+            .header(name, value)
+            .json(&chat(None));
+        calls.spawn(async move { req.send().await.unwrap().status().as_u16() });
+    }
+    let mut out = Vec::new();
+    while let Some(s) = calls.join_next().await {
+        out.push(s.unwrap());
+    }
+    out
+}
+
+async fn a_burst_of_new_labels_on_one_gateway_passes_no_cap(db: TestDb) {
+    let (app, _mock) = start_with(&db, "", |s| {
+        s.max_end_users = 3;
+        s.max_tag_values = 3;
+        s.max_tag_keys = 3;
+    })
+    .await;
+    let admitted = |statuses: &[u16]| statuses.iter().filter(|s| **s == 200).count();
+    let users = burst(&app, 24, |i| ("x-aigw-end-user", format!("user-{i}"))).await;
+    assert_eq!(admitted(&users), 3, "end users: {users:?}");
+    assert!(users.iter().all(|s| [200, 400].contains(s)), "{users:?}");
+    let values = burst(&app, 24, |i| ("x-aigw-tags", format!("team=t{i}"))).await;
+    assert_eq!(admitted(&values), 3, "tag values: {values:?}");
+    let keys = burst(&app, 24, |i| ("x-aigw-tags", format!("k{i}=v"))).await;
+    assert_eq!(admitted(&keys), 2, "tag keys (team is one): {keys:?}");
+    app.stop().await;
+}
