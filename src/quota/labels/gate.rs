@@ -210,10 +210,27 @@ impl LabelIds {
     }
 
     /// The labels' upkeep, every minute on every gateway (and at each sync of the tests): writes
-    /// when the labels seen since the last one were last seen, forgets those no longer stored,
-    /// deletes those unseen for `expiry_days` (0: never), and forgets the caps remembered as
-    /// reached. A failed write keeps its sightings for the next.
+    /// the sightings ([`LabelIds::write_sightings`]), deletes the labels unseen for
+    /// `expiry_days` (0: never), and forgets the caps remembered as reached.
     pub async fn upkeep(&self, store: &Store, expiry_days: u32, now_ms: i64) -> StoreResult<()> {
+        self.write_sightings(store).await?;
+        if expiry_days > 0 {
+            let before = now_ms.saturating_sub(i64::from(expiry_days) * DAY_MS);
+            for kind in [LabelKind::Tag, LabelKind::EndUser] {
+                let gone = store
+                    .at_home(|s| async move { s.delete_unseen_labels(kind, before).await })
+                    .await?;
+                self.forget(kind, &gone);
+            }
+        }
+        self.forget_reached_caps();
+        Ok(())
+    }
+
+    /// Writes when the labels seen since the last write were last seen (one statement per minute
+    /// and 500 labels), and forgets those no longer stored. A failed write keeps its sightings
+    /// for the next.
+    pub async fn write_sightings(&self, store: &Store) -> StoreResult<()> {
         for kind in [LabelKind::Tag, LabelKind::EndUser] {
             let seen = match kind {
                 LabelKind::Tag => &self.gate.seen_tags,
@@ -241,16 +258,6 @@ impl LabelIds {
                 }
             }
         }
-        if expiry_days > 0 {
-            let before = now_ms.saturating_sub(i64::from(expiry_days) * DAY_MS);
-            for kind in [LabelKind::Tag, LabelKind::EndUser] {
-                let gone = store
-                    .at_home(|s| async move { s.delete_unseen_labels(kind, before).await })
-                    .await?;
-                self.forget(kind, &gone);
-            }
-        }
-        self.forget_reached_caps();
         Ok(())
     }
 
