@@ -525,4 +525,17 @@ impl AppState {
             end_users: i64::from(self.settings.max_end_users),
         }
     }
+
+    /// Key `api_key_id` as the bringer of new labels, with the caps on what one key brings
+    /// (settings `max_*_per_key`).
+    pub fn labels_brought_by(&self, api_key_id: i64) -> crate::quota::labels::BroughtBy {
+        crate::quota::labels::BroughtBy {
+            api_key_id,
+            caps: crate::store::LabelCaps {
+                tag_keys: i64::from(self.settings.max_tag_keys_per_key),
+                tag_values: i64::from(self.settings.max_tag_values_per_key),
+                end_users: i64::from(self.settings.max_end_users_per_key),
+            },
+        }
+    }
 }

@@ -361,6 +361,19 @@ settings! {
     max_tag_values: u32 = 1000, "AIGW_MAX_TAG_VALUES", check at_least_1;
     /// Most end users per workspace; a new one past it: `end_user_limit`.
     max_end_users: u32 = 100_000, "AIGW_MAX_END_USERS", check at_least_1;
+    /// Most tag keys among the tag values one API key brought to its workspace (issue 40 item
+    /// 3: no key fills the workspace's `max_tag_keys` alone); past it: `tag_value_limit`.
+    max_tag_keys_per_key: u32 = 20, "AIGW_MAX_TAG_KEYS_PER_KEY", check at_least_1;
+    /// Most values of one tag key one API key brought to its workspace; past it:
+    /// `tag_value_limit`.
+    max_tag_values_per_key: u32 = 250, "AIGW_MAX_TAG_VALUES_PER_KEY", check at_least_1;
+    /// Most end users one API key brought to its workspace; past it: `end_user_limit`.
+    max_end_users_per_key: u32 = 25_000, "AIGW_MAX_END_USERS_PER_KEY", check at_least_1;
+    /// A tag value or end user no request has brought for this many days is deleted, freeing
+    /// its place under the caps (one a policy names never is); 0 keeps them for ever.
+    label_expiry_days: u32 = 90, "AIGW_LABEL_EXPIRY_DAYS", check |v| {
+        if *v <= 36_500 { Ok(()) } else { Err("must be 0..=36500 (days; 0: never)".into()) }
+    };
     /// Request logs older than this many days are deleted, and the budget alert history with
     /// them (docs/quotas.md "Budget alerts").
     log_retention_days: u32 = 30, "AIGW_LOG_RETENTION_DAYS", check at_least_1;

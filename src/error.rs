@@ -5,6 +5,9 @@ use axum::http::{HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
+mod label_message;
+use label_message::label_limit_message;
+
 /// Header naming who produced an error: `gateway` or `upstream`.
 pub const ERROR_SOURCE: HeaderName = HeaderName::from_static("x-aigw-error-source");
 /// Header the official SDKs read to decide whether to retry by themselves.
@@ -37,26 +40,6 @@ pub struct QuotaRefusal {
     pub reset_at: Option<String>,
     /// For a `tag` or `end_user` policy: which one (`team=search`, the end user's id).
     pub subject_name: Option<String>,
-}
-
-/// The message of a label cap refusal.
-fn label_limit_message(over: crate::store::OverCap, tag_key: Option<&str>, limit: i64) -> String {
-    use crate::store::OverCap;
-    match over {
-        OverCap::TagKeys => format!(
-            "this workspace already has {limit} tag keys (max_tag_keys); send a tag key it has seen, \
-             or ask an admin to raise the cap"
-        ),
-        OverCap::TagValues => format!(
-            "tag `{}` already has {limit} values in this workspace (max_tag_values); send one of its \
-             known values, or ask an admin to raise the cap",
-            tag_key.unwrap_or_default()
-        ),
-        OverCap::EndUsers => format!(
-            "this workspace already has {limit} end users (max_end_users); send a known end user or \
-             none, or ask an admin to raise the cap"
-        ),
-    }
 }
 
 /// A refusal or failure produced by the gateway itself.
@@ -173,8 +156,9 @@ pub enum ApiError {
         tag: String,
     },
     /// A tag value or end user new to the workspace, past its cap (settings `max_tag_keys`,
-    /// `max_tag_values`, `max_end_users`; issue 25 item 6). Values already seen keep working.
-    #[error("{}", label_limit_message(*over, tag_key.as_deref(), *limit))]
+    /// `max_tag_values`, `max_end_users`; issue 25 item 6), or past the caps on what one key
+    /// brings (`max_*_per_key`; issue 40 item 3). Values already seen keep working.
+    #[error("{}", label_limit_message(*over, tag_key.as_deref(), *limit, *per_key))]
     LabelLimit {
         /// Which cap.
         over: crate::store::OverCap,
@@ -182,6 +166,8 @@ pub enum ApiError {
         tag_key: Option<String>,
         /// The cap.
         limit: i64,
+        /// The key's own cap, not the workspace's.
+        per_key: bool,
     },
     /// The key or its member already has `max_in_flight` requests in flight on this gateway
     /// (issue 25 item 4). Logged, and counted toward the key's breaker like every gateway 429.
@@ -463,7 +449,9 @@ impl ApiError {
                 error["model"] = json!(model);
                 error["subject"] = json!(by.as_str());
             }
-            ApiError::LabelLimit { over, tag_key, limit } => {
+            ApiError::LabelLimit {
+                over, tag_key, limit, ..
+            } => {
                 error["param"] = json!(match over {
                     crate::store::OverCap::EndUsers => crate::tags::END_USER_HEADER,
                     _ => crate::tags::TAGS_HEADER,
@@ -710,11 +698,13 @@ mod tests {
                 over: crate::store::OverCap::TagValues,
                 tag_key: Some(text()),
                 limit: 1,
+                per_key: false,
             },
             ApiError::LabelLimit {
                 over: crate::store::OverCap::EndUsers,
                 tag_key: None,
                 limit: 1,
+                per_key: true,
             },
         ]
     }

@@ -1,8 +1,9 @@
-// Settings: my password; the workspace time zone (owner); departments and service tokens
-// (owners and admins).
+// Settings: my password; the workspace time zone (owner); departments, service tokens, and
+// the tags and end users requests brought (owners and admins).
 
 import { api, session } from '../api.js';
 import { tokensCard } from './tokens.js';
+import { labelsCard } from './labels.js';
 import { h, clear, alertBox, managedBadge, managedWarning, MANAGED_TEXT, messageOf, fmtTime, field, handleSubmit, toast, busy, confirmDialog, dialog, pageHeader, setZone } from '../ui.js';
 
 function passwordCard() {
@@ -109,7 +110,7 @@ export default {
       passwordCard(),
       await timezoneCard(ctx),
     ];
-    if (ctx.role !== 'member') cards.push(departmentsCard(ctx), tokensCard(ctx));
+    if (ctx.role !== 'member') cards.push(departmentsCard(ctx), tokensCard(ctx), labelsCard());
     clear(main, pageHeader('Settings'), h('div.grid', cards));
   },
 };

@@ -12,6 +12,7 @@ mod audit_log;
 mod auth;
 mod key_limits;
 mod keys;
+mod labels;
 mod logs;
 mod models;
 mod policies;
@@ -123,6 +124,8 @@ admin_routes! {
     patch "/admin/v1/policies/{id}" Member => policies::update;
     delete "/admin/v1/policies/{id}" Member => policies::delete;
     get "/admin/v1/quota/standings" Admin => policies::standings;
+    get "/admin/v1/labels" Admin => labels::list;
+    delete "/admin/v1/labels" Admin => labels::prune;
     get "/admin/v1/alerts" Admin => alerts::list;
     post "/admin/v1/alerts/{id}/retry" Admin => alerts::retry;
 

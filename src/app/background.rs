@@ -114,6 +114,7 @@ pub(super) fn start_store_upkeep(state: AppState) {
             if let Err(e) = s.store.delete_ended_counts(now_s).await {
                 tracing::warn!(error = %e, "deleting ended breaker buckets and quota counters failed; tried again in a minute");
             }
+            s.label_upkeep().await;
         }
     });
 }
@@ -155,10 +156,22 @@ impl AppState {
         self.logs.flush().await;
         self.tracer.flush().await;
         self.flush_counters().await;
+        self.label_upkeep().await;
         self.reload().await;
         self.alerts
             .deliver_due(&self.store, &self.master_key, &self.clock)
             .await;
+    }
+
+    /// The labels' upkeep (tag values and end users: last sightings, expiry; issue 40 item 3).
+    async fn label_upkeep(&self) {
+        let (days, now) = (self.settings.label_expiry_days, self.clock.now_ms());
+        if let Err(e) = self.labels.upkeep(&self.store, days, now).await {
+            self.store.log_failure(
+                &e,
+                "label upkeep failed; sightings kept for the next, in a minute",
+            );
+        }
     }
 
     /// Writes the quota counters, upstream own-limit counts and breaker windows to the store and

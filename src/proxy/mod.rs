@@ -180,6 +180,7 @@ pub async fn handle(
         .resolve(
             &state.store,
             state.label_caps(),
+            state.labels_brought_by(caller.key_id),
             caller.workspace_id,
             &tags,
             end_user.as_deref(),

@@ -39,6 +39,7 @@ async fn quota_rows(
         .resolve(
             &state.store,
             state.label_caps(),
+            state.labels_brought_by(caller.key_id),
             caller.workspace_id,
             &tags,
             end_user.as_deref(),

@@ -1,11 +1,13 @@
 //! The subject ids of tag values and end users (issue 25 item 6), cached: a request's labels are
 //! resolved from memory, and only a value this gateway has not seen yet reads (or makes) its row
-//! in the store, where the workspace's caps are checked. Known values keep working past a cap;
-//! only a new one is refused. A cap once reached stays reached (rows are never deleted, caps
-//! change with a restart): it is remembered, so a client that keeps sending new values past it
-//! costs one indexed lookup each, never a count. While the database is away a new value is served
-//! from memory under a provisional id and stored when it is back ([`outage`]).
+//! in the store, where the workspace's caps and the caps of the key that brings it are checked
+//! (`gate.rs`). Known values keep working past a cap; only a new one is refused. A cap found
+//! reached is remembered until the next upkeep (a minute at most: prunes and expiry delete
+//! rows), so a client that keeps sending new values past it costs one indexed lookup each,
+//! never a count. While the database is away a new value is served from memory under a
+//! provisional id and stored when it is back ([`outage`]).
 
+mod gate;
 mod outage;
 
 use std::collections::{HashMap, HashSet};
@@ -13,7 +15,7 @@ use std::sync::Mutex;
 
 use super::policy::Labels;
 use crate::error::ApiError;
-use crate::store::{LabelCaps, LabelStore, OverCap, Store};
+use crate::store::{LabelCaps, Store};
 use crate::tags::Tags;
 
 /// Tag values and end users this gateway has seen, by workspace, with their ids. Bounded by the
@@ -28,15 +30,29 @@ pub struct LabelIds {
     full_end_users: Mutex<HashSet<i64>>,
     /// New labels served while the database is away, stored when it is back.
     outage: outage::OutageLabels,
+    /// New labels admitted one at a time per workspace, per-key caps, sightings (`gate.rs`).
+    gate: gate::LabelGate,
+}
+
+/// The key a request's new labels are brought by, and the caps on what one key brings
+/// (`max_*_per_key`).
+#[derive(Clone, Copy, Debug)]
+pub struct BroughtBy {
+    /// The API key.
+    pub api_key_id: i64,
+    /// Its caps.
+    pub caps: LabelCaps,
 }
 
 impl LabelIds {
     /// The subject ids of a request's tags and end user in workspace `ws`; a new one past a cap
     /// is refused (`tag_value_limit`, `end_user_limit`).
+    #[expect(clippy::too_many_arguments, reason = "the request's parts, each named")]
     pub async fn resolve(
         &self,
         store: &Store,
         caps: LabelCaps,
+        by: BroughtBy,
         ws: i64,
         tags: &Tags,
         end_user: Option<&str>,
@@ -53,50 +69,8 @@ impl LabelIds {
             let id = match cached {
                 Some(id) => id,
                 None => {
-                    let (k, v) = (key.to_owned(), value.to_owned());
-                    let known = {
-                        let full = self.full_tags.lock().unwrap_or_else(|p| p.into_inner());
-                        LabelCaps {
-                            tag_keys: if full.contains(&(ws, None)) {
-                                0
-                            } else {
-                                caps.tag_keys
-                            },
-                            tag_values: if full.contains(&(ws, Some(k.clone()))) {
-                                0
-                            } else {
-                                caps.tag_values
-                            },
-                            ..caps
-                        }
-                    };
-                    let found = match store.fail_fast() {
-                        Ok(()) => {
-                            store
-                                .at_home(
-                                    |s| async move { s.tag_value_id(ws, &k, &v, Some(known), now_ms).await },
-                                )
-                                .await
-                        }
-                        Err(e) => Err(e),
-                    };
-                    let found = match found {
-                        Ok(found) => found,
-                        Err(e) => Ok(self.outage.tag(store, e, ws, key, value, known)?),
-                    };
-                    let id = found.map_err(|over| {
-                        let scope = (over == OverCap::TagValues).then(|| key.to_owned());
-                        self.full_tags
-                            .lock()
-                            .unwrap_or_else(|p| p.into_inner())
-                            .insert((ws, scope));
-                        refusal(over, key, caps)
-                    })?;
-                    self.tags
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .insert((ws, key.to_owned(), value.to_owned()), id);
-                    id
+                    self.admit_tag(store, caps, by.caps, ws, by.api_key_id, key, value, now_ms)
+                        .await?
                 }
             };
             labels.tags.push((key.to_owned(), value.to_owned(), id));
@@ -111,61 +85,13 @@ impl LabelIds {
             let id = match cached {
                 Some(id) => id,
                 None => {
-                    let u = user.to_owned();
-                    let known = LabelCaps {
-                        end_users: if self
-                            .full_end_users
-                            .lock()
-                            .unwrap_or_else(|p| p.into_inner())
-                            .contains(&ws)
-                        {
-                            0
-                        } else {
-                            caps.end_users
-                        },
-                        ..caps
-                    };
-                    let found = match store.fail_fast() {
-                        Ok(()) => {
-                            store
-                                .at_home(|s| async move { s.end_user_id(ws, &u, Some(known), now_ms).await })
-                                .await
-                        }
-                        Err(e) => Err(e),
-                    };
-                    let found = match found {
-                        Ok(found) => found,
-                        Err(e) => Ok(self.outage.end_user(store, e, ws, user, known)?),
-                    };
-                    let id = found.map_err(|over| {
-                        self.full_end_users
-                            .lock()
-                            .unwrap_or_else(|p| p.into_inner())
-                            .insert(ws);
-                        refusal(over, user, caps)
-                    })?;
-                    self.end_users
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .insert((ws, user.to_owned()), id);
-                    id
+                    self.admit_end_user(store, caps, by.caps, ws, by.api_key_id, user, now_ms)
+                        .await?
                 }
             };
             labels.end_user = Some((user.to_owned(), id));
         }
+        self.gate.saw(&labels, now_ms);
         Ok(labels)
-    }
-}
-
-fn refusal(over: OverCap, key: &str, caps: LabelCaps) -> ApiError {
-    let limit = match over {
-        OverCap::TagKeys => caps.tag_keys,
-        OverCap::TagValues => caps.tag_values,
-        OverCap::EndUsers => caps.end_users,
-    };
-    ApiError::LabelLimit {
-        over,
-        tag_key: (over != OverCap::EndUsers).then(|| key.to_owned()),
-        limit,
     }
 }

@@ -1,7 +1,9 @@
 //! Workspaces, departments, members, upstream credentials, models and policies (API keys: `keys.rs`).
 
+mod label_caps;
 mod labels;
 
+pub use label_caps::*;
 pub use labels::*;
 
 use super::keys::BULK_ROWS;

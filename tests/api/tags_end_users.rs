@@ -826,3 +826,259 @@ async fn the_quota_endpoint_lists_the_quotas_of_the_tags_and_end_user_sent(db: T
     assert_eq!(standings(&v), [("tag".to_owned(), json!("team=search"), 3, 1, 2)]);
     app.stop().await;
 }
+
+both_backends!(
+    one_key_cannot_fill_the_workspace_caps,
+    a_burst_of_new_labels_on_one_gateway_passes_no_cap,
+);
+
+/// The error code and message of a refused call.
+fn refusal((status, v): &(u16, Value)) -> (u16, String, String) {
+    (
+        *status,
+        v["error"]["code"].as_str().unwrap_or_default().to_owned(),
+        v["error"]["message"].as_str().unwrap_or_default().to_owned(),
+    )
+}
+
+async fn one_key_cannot_fill_the_workspace_caps(db: TestDb) {
+    let (app, mock) = start_with(&db, "", |s| {
+        s.max_end_users = 5;
+        s.max_end_users_per_key = 2;
+        s.max_tag_values = 10;
+        s.max_tag_values_per_key = 2;
+        s.max_tag_keys = 10;
+        s.max_tag_keys_per_key = 2;
+    })
+    .await;
+    let user = |u: &'static str| [("x-aigw-end-user", u)];
+    for u in ["alice", "bob"] {
+        assert_eq!(call(&app, KEY, &user(u), &chat(None)).await.0, 200, "{u}");
+    }
+    let calls = mock.call_count();
+    let refused = call(&app, KEY, &user("carol"), &chat(None)).await;
+    let (status, code, message) = refusal(&refused);
+    assert_eq!((status, code.as_str()), (400, "end_user_limit"), "{}", refused.1);
+    assert!(message.contains("max_end_users_per_key"), "{message}");
+    assert_eq!(refused.1["error"]["limit"], 2);
+    assert_eq!(mock.call_count(), calls, "nothing went upstream");
+    // The workspace still has room: another key brings carol, and then she is known to all.
+    assert_eq!(call(&app, OTHER, &user("carol"), &chat(None)).await.0, 200);
+    assert_eq!(call(&app, KEY, &user("carol"), &chat(None)).await.0, 200);
+    assert_eq!(call(&app, KEY, &user("alice"), &chat(None)).await.0, 200);
+    let (status, code, _) = refusal(&call(&app, KEY, &user("dave"), &chat(None)).await);
+    assert_eq!((status, code.as_str()), (400, "end_user_limit"), "remembered");
+
+    let tags = |t: &'static str| [("x-aigw-tags", t)];
+    for t in ["team=a", "team=b"] {
+        assert_eq!(call(&app, KEY, &tags(t), &chat(None)).await.0, 200, "{t}");
+    }
+    let refused = call(&app, KEY, &tags("team=c"), &chat(None)).await;
+    let (status, code, message) = refusal(&refused);
+    assert_eq!((status, code.as_str()), (400, "tag_value_limit"), "{}", refused.1);
+    assert!(message.contains("max_tag_values_per_key"), "{message}");
+    assert_eq!(refused.1["error"]["tag_key"], "team");
+    assert_eq!(call(&app, OTHER, &tags("team=c"), &chat(None)).await.0, 200);
+    assert_eq!(call(&app, KEY, &tags("env=x"), &chat(None)).await.0, 200);
+    let refused = call(&app, KEY, &tags("region=eu"), &chat(None)).await;
+    let (status, code, message) = refusal(&refused);
+    assert_eq!((status, code.as_str()), (400, "tag_value_limit"), "{}", refused.1);
+    assert!(message.contains("max_tag_keys_per_key"), "{message}");
+    assert_eq!(call(&app, OTHER, &tags("region=eu"), &chat(None)).await.0, 200);
+    app.stop().await;
+
+    // The per-key caps count what the store holds, across restarts.
+    let (app, _mock) = start_with(&db, "", |s| s.max_end_users_per_key = 2).await;
+    let (status, code, _) = refusal(&call(&app, KEY, &user("erin"), &chat(None)).await);
+    assert_eq!((status, code.as_str()), (400, "end_user_limit"));
+    assert_eq!(call(&app, OTHER, &user("erin"), &chat(None)).await.0, 200);
+    app.stop().await;
+}
+
+/// `n` calls at once with `key`, the i-th with the headers `headers(i)`: their statuses.
+async fn burst(app: &TestApp, n: usize, headers: impl Fn(usize) -> (&'static str, String)) -> Vec<u16> {
+    let mut calls = tokio::task::JoinSet::new();
+    for i in 0..n {
+        let (name, value) = headers(i);
+        let req = app
+            .client
+            .post(format!("{}/v1/chat/completions", app.address))
+            .bearer_auth(KEY)
+            .header(name, value)
+            .json(&chat(None));
+        calls.spawn(async move { req.send().await.unwrap().status().as_u16() });
+    }
+    let mut out = Vec::new();
+    while let Some(s) = calls.join_next().await {
+        out.push(s.unwrap());
+    }
+    out
+}
+
+async fn a_burst_of_new_labels_on_one_gateway_passes_no_cap(db: TestDb) {
+    let (app, _mock) = start_with(&db, "", |s| {
+        s.max_end_users = 3;
+        s.max_tag_values = 3;
+        s.max_tag_keys = 3;
+    })
+    .await;
+    let admitted = |statuses: &[u16]| statuses.iter().filter(|s| **s == 200).count();
+    let users = burst(&app, 24, |i| ("x-aigw-end-user", format!("user-{i}"))).await;
+    assert_eq!(admitted(&users), 3, "end users: {users:?}");
+    assert!(users.iter().all(|s| [200, 400].contains(s)), "{users:?}");
+    let values = burst(&app, 24, |i| ("x-aigw-tags", format!("team=t{i}"))).await;
+    assert_eq!(admitted(&values), 3, "tag values: {values:?}");
+    let keys = burst(&app, 24, |i| ("x-aigw-tags", format!("k{i}=v"))).await;
+    assert_eq!(admitted(&keys), 2, "tag keys (team is one): {keys:?}");
+    app.stop().await;
+}
+
+both_backends!(
+    labels_unseen_for_label_expiry_days_expire,
+    admins_list_and_prune_the_labels_of_their_workspace,
+);
+
+/// The values `GET /admin/v1/labels?{query}` lists, and its total.
+async fn labels(app: &TestApp, token: &str, query: &str) -> (Vec<String>, i64, Value) {
+    let (status, page) = admin(
+        app,
+        token,
+        reqwest::Method::GET,
+        &format!("/admin/v1/labels?{query}"),
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{query}: {page}");
+    let mut values: Vec<String> = page["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["value"].as_str().unwrap().to_owned())
+        .collect();
+    values.sort();
+    (values, page["total"].as_i64().unwrap(), page)
+}
+
+async fn labels_unseen_for_label_expiry_days_expire(db: TestDb) {
+    let (app, _mock) = start_with(&db, &policy("end_user", "vip", 100), |s| {
+        s.max_end_users = 3;
+        s.label_expiry_days = 30;
+    })
+    .await;
+    let user = |u: &'static str| [("x-aigw-end-user", u)];
+    for u in ["alice", "bob"] {
+        assert_eq!(call(&app, KEY, &user(u), &chat(None)).await.0, 200, "{u}");
+    }
+    let (status, code, _) = refusal(&call(&app, KEY, &user("carol"), &chat(None)).await);
+    assert_eq!(
+        (status, code.as_str()),
+        (400, "end_user_limit"),
+        "vip (a policy's), alice, bob"
+    );
+    app.clock.advance(chrono::Duration::days(20));
+    assert_eq!(call(&app, KEY, &user("alice"), &chat(None)).await.0, 200);
+    app.sync().await;
+    app.clock.advance(chrono::Duration::days(15));
+    app.sync().await;
+    let token = app.login(OWNER, OWNER_PASSWORD).await;
+    // bob, unseen for 35 days, went; alice (15 days) and the policy's vip stay.
+    assert_eq!(labels(&app, &token, "kind=end_user").await.0, ["alice", "vip"]);
+    assert_eq!(call(&app, KEY, &user("carol"), &chat(None)).await.0, 200);
+    let (status, code, _) = refusal(&call(&app, KEY, &user("dave"), &chat(None)).await);
+    assert_eq!((status, code.as_str()), (400, "end_user_limit"));
+    // bob comes back as a new end user, under the cap like any other.
+    let (status, code, _) = refusal(&call(&app, KEY, &user("bob"), &chat(None)).await);
+    assert_eq!((status, code.as_str()), (400, "end_user_limit"));
+    app.stop().await;
+}
+
+async fn admins_list_and_prune_the_labels_of_their_workspace(db: TestDb) {
+    let (app, _mock) = start_with(&db, &policy("tag", "team=core", 100), |s| {
+        s.max_end_users_per_key = 2;
+    })
+    .await;
+    let token = app.login(OWNER, OWNER_PASSWORD).await;
+    let ci = key_id(&app, &token, "ci").await;
+    let user = |u: &'static str| [("x-aigw-end-user", u)];
+    for u in ["alice", "bob"] {
+        assert_eq!(call(&app, KEY, &user(u), &chat(None)).await.0, 200, "{u}");
+    }
+    let (status, code, _) = refusal(&call(&app, KEY, &user("carol"), &chat(None)).await);
+    assert_eq!((status, code.as_str()), (400, "end_user_limit"));
+    assert_eq!(
+        call(&app, KEY, &[("x-aigw-tags", "team=a,env=x")], &chat(None))
+            .await
+            .0,
+        200
+    );
+
+    let (values, total, page) = labels(&app, &token, "kind=end_user").await;
+    assert_eq!((values, total), (vec!["alice".to_owned(), "bob".to_owned()], 2));
+    let row = &page["data"][0];
+    assert_eq!(row["api_key_id"], json!(ci), "{page}");
+    assert_eq!(row["kind"], "end_user");
+    assert!(row["last_seen_at"].is_i64(), "{page}");
+    let (values, _, _) = labels(&app, &token, "kind=tag").await;
+    assert_eq!(values, ["a", "core", "x"], "a policy's value is listed too");
+    let (values, _, page) = labels(&app, &token, "kind=tag&tag_key=team").await;
+    assert_eq!(values, ["a", "core"], "{page}");
+    assert_eq!(
+        labels(&app, &token, &format!("kind=end_user&api_key_id={ci}"))
+            .await
+            .1,
+        2
+    );
+
+    let prune = |query: String| {
+        let (app, token) = (&app, &token);
+        async move {
+            admin(
+                app,
+                token,
+                reqwest::Method::DELETE,
+                &format!("/admin/v1/labels?{query}"),
+                None,
+            )
+            .await
+        }
+    };
+    let (status, v) = prune("kind=end_user".into()).await;
+    assert_eq!(status, 422, "pruning needs a filter: {v}");
+    let (status, v) = prune("kind=nothing&value=x".into()).await;
+    assert_eq!((status, &v["error"]["param"]), (422, &json!("kind")), "{v}");
+    let (status, v) = prune("kind=end_user&value=bob".into()).await;
+    assert_eq!((status, &v["deleted"]), (200, &json!(1)), "{v}");
+    // The key has room again, at once on this gateway.
+    assert_eq!(call(&app, KEY, &user("carol"), &chat(None)).await.0, 200);
+    let (status, v) = prune(format!("kind=end_user&api_key_id={ci}")).await;
+    assert_eq!((status, &v["deleted"]), (200, &json!(2)), "alice and carol: {v}");
+    assert_eq!(labels(&app, &token, "kind=end_user").await.1, 0);
+    // A label a policy names is never pruned.
+    let (status, v) = prune("kind=tag&tag_key=team".into()).await;
+    assert_eq!((status, &v["deleted"]), (200, &json!(1)), "{v}");
+    assert_eq!(labels(&app, &token, "kind=tag").await.0, ["core", "x"]);
+    // Unseen for a day: env=x, brought two days ago (a session lasts less).
+    app.clock.advance(chrono::Duration::days(2));
+    let token = app.login(OWNER, OWNER_PASSWORD).await;
+    let (status, v) = admin(
+        &app,
+        &token,
+        reqwest::Method::DELETE,
+        "/admin/v1/labels?kind=tag&unseen_days=1",
+        None,
+    )
+    .await;
+    assert_eq!((status, &v["deleted"]), (200, &json!(1)), "{v}");
+
+    let (status, audit) = admin(&app, &token, reqwest::Method::GET, "/admin/v1/audit", None).await;
+    assert_eq!(status, 200);
+    let prunes: Vec<&Value> = audit["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["action"] == "prune" && e["target_kind"] == "labels")
+        .collect();
+    assert_eq!(prunes.len(), 4, "{audit}");
+    assert_eq!(prunes[0]["after"]["deleted"], 1, "newest first: {audit}");
+    app.stop().await;
+}

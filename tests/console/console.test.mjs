@@ -892,6 +892,36 @@ test('owner: a key limited to some tags, a guardrail on a tag value, logs and us
   await shot(p, 'owner-usage-by-tag');
 });
 
+test('owner: Settings lists the end users and tag values requests brought; Prune deletes one', async () => {
+  const p = await page();
+  await signIn(p, OWNER);
+  const bring = async (headers) => {
+    const r = await fetch(`${stack.base}/v1/chat/completions`, {
+      method: 'POST',
+      headers: { authorization: `Bearer ${ADA_KEY}`, 'content-type': 'application/json', ...headers },
+      body: JSON.stringify({ model: 'gpt-4o-mini', messages: [{ role: 'user', content: 'hi' }] }),
+    });
+    assert.equal(r.status, 200, await r.text());
+  };
+  await bring({ 'x-aigw-end-user': 'erin' });
+  await bring({ 'x-aigw-end-user': 'frank', 'x-aigw-tags': 'project=apollo' });
+
+  await nav(p, 'Settings');
+  const card = p.locator('section').filter({ has: p.getByRole('heading', { name: 'Tags and end users' }) });
+  const labels = card.getByRole('table', { name: 'Labels' });
+  await labels.getByRole('row').filter({ hasText: 'frank' }).waitFor();
+  await card.getByText(/end users; at most/).waitFor();
+  await shot(p, 'owner-labels');
+  await card.getByRole('button', { name: 'Prune frank' }).click();
+  await p.getByRole('dialog', { name: 'Prune labels' }).getByRole('button', { name: 'Prune', exact: true }).click();
+  await p.locator('#toasts .toast').filter({ hasText: '1 pruned.' }).waitFor();
+  await labels.getByText('frank', { exact: true }).waitFor({ state: 'detached' });
+  await labels.getByText('erin', { exact: true }).waitFor();
+  await card.getByLabel('Show').selectOption('tag');
+  await labels.getByText('project=apollo', { exact: true }).waitFor();
+  await card.getByRole('button', { name: 'Prune project=apollo' }).waitFor();
+});
+
 test('every page at 390, 1280 and 1920 px: screenshots, and nothing wider than its box', async () => {
   // A key blocked by its breaker (its second trip: 2 minutes), so Keys shows the longest state.
   for (let i = 0; i < 10; i += 1) await Promise.all(Array.from({ length: 10 }, () => chat(stack, FLAKY_KEY, 'no-such-model')));
