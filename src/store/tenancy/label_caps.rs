@@ -352,12 +352,14 @@ impl Store {
     /// Deletes the labels of `kind`, in every workspace, last seen before `before` (Unix ms),
     /// batch by batch, but never one a policy names nor a tag's `*` row. Returns their ids.
     pub async fn delete_unseen_labels(&self, kind: LabelKind, before: i64) -> StoreResult<Vec<i64>> {
+        // Seen before `before`: both instants are (the index on last_seen_at narrows it).
         let mut sql = Sql::new(format!(
-            "SELECT id FROM {} WHERE {} AND {SEEN} < ",
+            "SELECT id FROM {} WHERE {} AND ",
             kind.table(),
             kind.kept()
         ));
-        sql.bind("", Arg::Int(before));
+        sql.bind("last_seen_at < ", Arg::Int(before));
+        sql.bind(" AND created_at < ", Arg::Int(before));
         self.delete_batches(kind, sql).await
     }
 
@@ -464,7 +466,8 @@ fn selection(head: String, ws: i64, kind: LabelKind, filter: &LabelFilter) -> Sq
         sql.bind(column, Arg::Text(v.clone()));
     }
     if let Some(t) = filter.unseen_since {
-        sql.bind(&format!(" AND {SEEN} < "), Arg::Int(t));
+        sql.bind(" AND last_seen_at < ", Arg::Int(t));
+        sql.bind(" AND created_at < ", Arg::Int(t));
     }
     sql
 }

@@ -220,6 +220,8 @@ async fn sample(
                 None,
             )
         }
+        ("get", "/admin/v1/labels") => (format!("{p}?kind=end_user"), None),
+        ("delete", "/admin/v1/labels") => (format!("{p}?kind=tag&unseen_days=30"), None),
         ("get", path) if !path.contains('{') => (path.to_owned(), None),
         ("post", "/admin/v1/auth/logout") => (p.to_owned(), None),
         other => panic!("the matrix has no sample for {other:?}: add one"),
