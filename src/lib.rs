@@ -21,6 +21,7 @@ pub mod mock_upstream;
 pub mod oidc;
 pub mod operator;
 pub mod otel;
+pub mod provider;
 pub mod proxy;
 pub mod quota;
 pub mod request_log;

@@ -16,12 +16,13 @@ use super::{
 use crate::app::AppState;
 use crate::error::ApiError;
 use crate::managed::Kind;
+use crate::provider::Credential;
+use crate::provider::Provider;
+use crate::provider::adapter::{self, Endpoint};
 use crate::store::{
     AdminStore, CredentialFigureStore, ParkEvent, ServedModel, Table, UpstreamRow, UpstreamStore,
 };
-use crate::upstream::adapter::{self, Endpoint};
-use crate::upstream::pool::Credential;
-use crate::upstream::{Provider, dispatch};
+use crate::upstream::dispatch;
 use crate::validate;
 
 /// The credential as the API shows it: everything but the secret, with its locks and, from the

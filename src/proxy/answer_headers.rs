@@ -9,8 +9,8 @@ use axum::response::Response;
 use chrono::{DateTime, Utc};
 
 use crate::error::{MAX_SDK_WAIT_SECS, SHOULD_RETRY};
-use crate::upstream::Provider;
-use crate::upstream::adapter::Endpoint;
+use crate::provider::Provider;
+use crate::provider::adapter::Endpoint;
 use crate::upstream::dispatch::Attempt;
 use crate::upstream::pool::ModelRoute;
 

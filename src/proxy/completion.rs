@@ -12,13 +12,14 @@ use crate::app::AppState;
 use crate::caller::Caller;
 use crate::deadline::Missed;
 use crate::in_flight::InFlightGuard;
+use crate::provider::Credential;
+use crate::provider::adapter::Endpoint;
 use crate::quota::engine::QuotaDecision;
 use crate::request_log::LogRecord;
 use crate::translate::Translation;
-use crate::upstream::adapter::Endpoint;
 use crate::upstream::admission::Slot;
 use crate::upstream::dispatch::{self, Attempt, AttemptLog};
-use crate::upstream::pool::{Credential, ModelRoute};
+use crate::upstream::pool::ModelRoute;
 use crate::usage::Usage;
 
 /// Who produced an error.

@@ -6,10 +6,10 @@ use crate::app::AppState;
 use crate::caller::Caller;
 use crate::error::ApiError;
 use crate::otel::{RequestTrace, SpanRecord};
+use crate::provider::Provider;
+use crate::provider::adapter::Endpoint;
 use crate::quota::engine::QuotaDecision;
 use crate::request_log::LogRecord;
-use crate::upstream::Provider;
-use crate::upstream::adapter::Endpoint;
 use crate::upstream::dispatch::Attempt;
 
 /// `gen_ai.operation.name` of an endpoint.

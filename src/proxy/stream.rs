@@ -22,10 +22,10 @@ use tokio::time::Sleep;
 use super::completion::{Completion, Outcome, Source};
 use crate::deadline::{Deadline, Missed};
 use crate::error::ApiError;
+use crate::provider::adapter::{Endpoint, UsageReport};
+use crate::provider::sse::SseTap;
+use crate::provider::usage;
 use crate::translate::stream::StreamTranslator;
-use crate::upstream::adapter::{Endpoint, UsageReport};
-use crate::upstream::sse::SseTap;
-use crate::upstream::usage;
 
 /// The body of a streamed response.
 pub struct ProxyStream {
@@ -227,7 +227,7 @@ impl ProxyStream {
         let error = ApiError::UpstreamInvalidResponse {
             reason: format!(
                 "one of its events is over {} bytes, which the gateway does not translate",
-                crate::upstream::sse::MAX_EVENT_BYTES
+                crate::provider::sse::MAX_EVENT_BYTES
             ),
         };
         tracing::warn!("{error}");

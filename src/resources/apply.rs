@@ -9,6 +9,7 @@ use super::spec::{
 use super::{ApplySummary, ResourcesError};
 use crate::crypto::{self, MasterKey};
 use crate::managed::{Kind, Managed};
+use crate::provider::Provider;
 use crate::quota::window::Window;
 use crate::quota::{Metric, Mode, SubjectKind, credits_to_micros};
 use crate::store::{
@@ -16,7 +17,6 @@ use crate::store::{
     NewMember, PolicyRow, PolicyStore, ServedModel, Store, StoreError, UpstreamRow, UpstreamStore,
     WorkspaceStore,
 };
-use crate::upstream::Provider;
 use crate::validate;
 
 /// The store, the time of this run, and what the store holds of the tenancy.
