@@ -23,7 +23,7 @@ use crate::quota::engine::{Policies, QuotaCounters};
 use crate::request_log::{self, LogSink};
 use crate::resources;
 use crate::store::Store;
-use crate::upstream::pool::Routes;
+use crate::upstream::pool::routes::Routes;
 
 mod background;
 mod router;
@@ -46,7 +46,7 @@ pub fn check_before_start(settings: &Settings) -> Vec<String> {
         problems.push(format!("bad setting master_key (AIGW_MASTER_KEY): {e}"));
     }
     if let Some(path) = &settings.upstream_ca_file
-        && let Err(e) = crate::upstream::http::read_cas(path)
+        && let Err(e) = crate::transport::http::read_cas(path)
     {
         problems.push(e);
     }
@@ -79,12 +79,12 @@ pub struct Inner {
     /// Budget alerts: fired after each quota flush, delivered from the outbox in the background.
     pub alerts: crate::alerts::Alerts,
     /// Learned locks on upstream credentials.
-    pub locks: crate::upstream::locks::Locks,
+    pub locks: crate::upstream::pool::locks::Locks,
     /// Upstream credentials' own-limit usage and in-flight slots: decided in memory, the counts
     /// shared through the store at each flush, the slots per process.
-    pub admission: crate::upstream::admission::Admission,
+    pub admission: crate::upstream::pool::admission::Admission,
     /// Recent ambiguous 429s per quota group (groot ADR 0008 corroboration).
-    pub corroboration: crate::upstream::corroboration::Corroboration,
+    pub corroboration: crate::upstream::pool::corroboration::Corroboration,
     /// Every key's error-rate breaker.
     pub breakers: crate::breaker::Breakers,
     /// Admin sign-in and tokens.
@@ -99,7 +99,7 @@ pub struct Inner {
     pub logs: LogSink,
     /// The HTTP client to upstreams (no retries of its own, no redirects); each serving thread
     /// uses one of the same kind with a connection pool of its own.
-    pub http: crate::upstream::http::Client,
+    pub http: crate::transport::http::Client,
     /// Prometheus rendering.
     pub metrics: PrometheusHandle,
     /// Cancelled when the gateway shuts down; background tasks watch it.
@@ -154,8 +154,8 @@ impl crate::upstream::dispatch::PersistLocks for AppState {
         &self,
         rows: Vec<(
             i64,
-            crate::upstream::locks::LockTarget,
-            crate::upstream::locks::LockEntry,
+            crate::upstream::pool::locks::LockTarget,
+            crate::upstream::pool::locks::LockEntry,
         )>,
         banned: Option<i64>,
     ) {
@@ -164,7 +164,7 @@ impl crate::upstream::dispatch::PersistLocks for AppState {
             state
                 .store
                 .write_until_done("persisting upstream locks", &state.shutdown, || {
-                    crate::upstream::locks::persist(&state.store, &rows, banned)
+                    crate::upstream::pool::locks::persist(&state.store, &rows, banned)
                 })
                 .await;
         });
@@ -303,7 +303,7 @@ impl Gateway {
 
         // Read with the other settings: a bad file stops the start before the database is touched.
         let own_cas = match &settings.upstream_ca_file {
-            Some(path) => crate::upstream::http::read_cas(path).map_err(StartError::Config)?,
+            Some(path) => crate::transport::http::read_cas(path).map_err(StartError::Config)?,
             None => Vec::new(),
         };
         let store = match opened {
@@ -358,7 +358,7 @@ impl Gateway {
             &tasks,
         );
         let connect_timeout = Duration::from_secs(settings.connect_timeout_secs);
-        let http = crate::upstream::http::Client::from_env(
+        let http = crate::transport::http::Client::from_env(
             connect_timeout,
             settings.max_upstream_connections_per_host,
             &own_cas,
@@ -367,7 +367,7 @@ impl Gateway {
         let sessions = crate::admin::session::Sessions::new(jwt_secret.expose());
         let breakers = crate::breaker::Breakers::default();
         breakers.load(&store).await?;
-        let locks = crate::upstream::locks::Locks::default();
+        let locks = crate::upstream::pool::locks::Locks::default();
         locks.load(&store, clock.now_ms(), true).await?;
         let connections = crate::client_conn::ConnectionSlots::new(settings.max_client_connections);
         let admin_connections = crate::client_conn::ConnectionSlots::new(settings.max_admin_connections);

@@ -32,6 +32,7 @@ pub mod suggest;
 pub mod tags;
 pub mod telemetry;
 pub mod translate;
+pub mod transport;
 pub mod upstream;
 pub mod usage;
 pub mod validate;

@@ -18,7 +18,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::client_conn::{self, Acceptor, ClientLimits, ConnectionSlots, Slot};
 use crate::idle_poll;
-use crate::upstream::http::{self, Client};
+use crate::transport::http::{self, Client};
 
 thread_local! {
     /// Whether this thread is a serving thread (set once, when it starts).

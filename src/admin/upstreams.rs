@@ -328,7 +328,7 @@ pub async fn update(
     row.updated_at = state.clock.now_ms();
     state.store.save_upstream(&row).await.map_err(store_error)?;
     if secret_changed {
-        crate::upstream::locks::clear_model_locks(&state.store, id)
+        crate::upstream::pool::locks::clear_model_locks(&state.store, id)
             .await
             .map_err(store_error)?;
         end_parks(&state, id, true).await;
@@ -361,7 +361,7 @@ pub async fn delete(State(state): State<AppState>, actor: Actor, Id(id): Id) -> 
         .delete_in(Table::Upstreams, actor.workspace_id(), id)
         .await
         .map_err(store_error)?;
-    crate::upstream::locks::clear(&state.store, id)
+    crate::upstream::pool::locks::clear(&state.store, id)
         .await
         .map_err(store_error)?;
     config_changed(&state).await?;
@@ -401,7 +401,7 @@ pub async fn test(State(state): State<AppState>, actor: Actor, Id(id): Id) -> Ad
     let outcome = match result {
         Ok(Ok(r)) if r.status().is_success() => {
             state.locks.clear(up.id);
-            crate::upstream::locks::clear(&state.store, up.id)
+            crate::upstream::pool::locks::clear(&state.store, up.id)
                 .await
                 .map_err(store_error)?;
             end_parks(&state, up.id, false).await;

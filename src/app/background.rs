@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use super::AppState;
 use crate::quota::engine::Policies;
-use crate::upstream::pool::Routes;
+use crate::upstream::pool::routes::Routes;
 
 /// How often each gateway checks the configuration epoch by default (changes apply within a
 /// second).

@@ -17,9 +17,9 @@ use crate::provider::adapter::Endpoint;
 use crate::quota::engine::QuotaDecision;
 use crate::request_log::LogRecord;
 use crate::translate::Translation;
-use crate::upstream::admission::Slot;
 use crate::upstream::dispatch::{self, Attempt, AttemptLog};
-use crate::upstream::pool::ModelRoute;
+use crate::upstream::pool::admission::Slot;
+use crate::upstream::pool::routes::ModelRoute;
 use crate::usage::Usage;
 
 /// Who produced an error.

@@ -73,7 +73,7 @@ impl ProxyStream {
     /// Wraps an upstream byte stream whose first byte is due by `deadline`, and each later chunk
     /// within its idle gap of the one before.
     pub fn new(
-        upstream: crate::upstream::http::Response,
+        upstream: crate::transport::http::Response,
         tap: SseTap,
         completion: Completion,
         request_len: usize,

@@ -332,7 +332,7 @@ async fn upstream(
     if let Some(e) = &existing
         && e.secret_sealed != row.secret_sealed
     {
-        crate::upstream::locks::clear_model_locks(store, e.id).await?;
+        crate::upstream::pool::locks::clear_model_locks(store, e.id).await?;
     }
     a.tally(existing.is_none(), changed);
     Ok(())

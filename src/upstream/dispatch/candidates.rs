@@ -6,7 +6,7 @@ use rand::Rng;
 
 use crate::provider::Credential;
 use crate::provider::adapter::Endpoint;
-use crate::upstream::pool::ModelRoute;
+use crate::upstream::pool::routes::ModelRoute;
 
 /// The chain model's credentials that serve `endpoint`, by priority, weighted random within a
 /// priority (Efraimidis–Spirakis keys).

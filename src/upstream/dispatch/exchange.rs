@@ -12,7 +12,7 @@ use crate::provider::Credential;
 use crate::provider::Provider;
 use crate::provider::adapter::{self, Endpoint};
 use crate::translate::{self, Translation};
-use crate::upstream::http;
+use crate::transport::http;
 
 /// Most bytes of an upstream error body read (and passed back).
 const MAX_ERROR_BODY: usize = 256 * 1024;

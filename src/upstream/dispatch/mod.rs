@@ -30,11 +30,6 @@ use self::park::{GroupClosure, park, rfc3339};
 pub use self::park::{PersistLocks, time_out};
 pub use self::retry::SINGLE_CANDIDATE_RETRY;
 use self::retry::{Held, leaves_credential_usable};
-use super::admission::{Admission, Refusal, Slot};
-use super::classify::{self, Classification, NextStep, UpstreamFailure};
-use super::corroboration::Corroboration;
-use super::http;
-use super::locks::Locks;
 use crate::clock::Clock;
 use crate::config::Settings;
 use crate::deadline::Deadline;
@@ -43,7 +38,12 @@ use crate::otel::{AttemptSpan, RequestTrace};
 use crate::provider::Credential;
 use crate::provider::adapter::{Endpoint, Fields};
 use crate::translate;
-use crate::upstream::pool::ModelRoute;
+use crate::transport::http;
+use crate::upstream::pool::admission::{Admission, Refusal, Slot};
+use crate::upstream::pool::classify::{self, Classification, NextStep, UpstreamFailure};
+use crate::upstream::pool::corroboration::Corroboration;
+use crate::upstream::pool::locks::Locks;
+use crate::upstream::pool::routes::ModelRoute;
 
 /// What dispatching needs of the gateway, borrowed for one request: the settings, the clock, the
 /// credentials' locks, admission and corroboration, the HTTP client, and where what a failure

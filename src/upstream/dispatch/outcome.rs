@@ -12,9 +12,9 @@ use serde::Serialize;
 use crate::error::ApiError;
 use crate::provider::Credential;
 use crate::provider::Provider;
-use crate::upstream::admission::Slot;
-use crate::upstream::http;
-use crate::upstream::pool::ModelRoute;
+use crate::transport::http;
+use crate::upstream::pool::admission::Slot;
+use crate::upstream::pool::routes::ModelRoute;
 
 /// One upstream attempt, as the request log shows it.
 #[derive(Clone, Debug, Serialize)]
