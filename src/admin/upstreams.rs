@@ -13,12 +13,12 @@ use super::{
     AdminResult, Body, Id, Page, Params, audit, checked, config_changed, created, double_option, name_field,
     no_content, page_of, rfc3339, store_error,
 };
-use crate::app::AppState;
 use crate::error::ApiError;
 use crate::managed::Kind;
 use crate::provider::Credential;
 use crate::provider::Provider;
 use crate::provider::adapter::{self, Endpoint};
+use crate::state::AppState;
 use crate::store::{
     AdminStore, CredentialFigureStore, ParkEvent, ServedModel, Table, UpstreamRow, UpstreamStore,
 };

@@ -2,7 +2,6 @@
 //! attributes): ids, models, tokens, statuses and decisions — never a secret, a prompt or an
 //! answer.
 
-use crate::app::AppState;
 use crate::caller::Caller;
 use crate::error::ApiError;
 use crate::otel::{RequestTrace, SpanRecord};
@@ -10,6 +9,7 @@ use crate::provider::Provider;
 use crate::provider::adapter::Endpoint;
 use crate::quota::engine::QuotaDecision;
 use crate::request_log::LogRecord;
+use crate::state::AppState;
 use crate::upstream::dispatch::Attempt;
 
 /// `gen_ai.operation.name` of an endpoint.
