@@ -8,8 +8,8 @@ use axum::http::{HeaderValue, header};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::get;
 
-use crate::app::AppState;
 use crate::error::ApiError;
+use crate::state::AppState;
 
 #[derive(rust_embed::RustEmbed)]
 #[folder = "admin-ui/"]

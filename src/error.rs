@@ -576,11 +576,11 @@ impl ApiError {
 
     /// [`Self::http1_response`] carrying `request_id` as its `x-request-id` (DESIGN.md §7: every
     /// response carries one, protocol refusals included).
-    pub fn http1_response_with_id(&self, request_id: crate::app::RequestId) -> Vec<u8> {
+    pub fn http1_response_with_id(&self, request_id: crate::request_id::RequestId) -> Vec<u8> {
         self.http1_answer(Some(request_id))
     }
 
-    fn http1_answer(&self, request_id: Option<crate::app::RequestId>) -> Vec<u8> {
+    fn http1_answer(&self, request_id: Option<crate::request_id::RequestId>) -> Vec<u8> {
         use std::io::Write;
         let body = self.body().to_string();
         let status = self.status();

@@ -18,26 +18,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::client_conn::{self, Acceptor, ClientLimits, ConnectionSlots, Slot};
 use crate::idle_poll;
-use crate::upstream::http::{self, Client};
-
-thread_local! {
-    /// Whether this thread is a serving thread (set once, when it starts).
-    static SERVING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-    /// Whether this serving thread's stop has closed the connections still running.
-    static CUT: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
-/// Whether what ends now on this thread was cut by the gateway's stop (`shutdown_grace_secs`
-/// over), not by its client.
-pub fn cut_by_stop() -> bool {
-    CUT.with(std::cell::Cell::get)
-}
-
-/// Whether the calling thread is a serving thread, whose runtime ends with its last request:
-/// what must outlive a request (the database's connections) is not created here.
-pub fn on_serving_thread() -> bool {
-    SERVING.with(std::cell::Cell::get)
-}
+use crate::transport::http::{self, Client};
 
 /// A connection accepted by the main runtime, with its slot under the connection cap, on its way
 /// to a serving thread.
@@ -72,7 +53,7 @@ pub async fn serve(
         let spawned = std::thread::Builder::new()
             .name(format!("aigw-serve-{i}"))
             .spawn(move || {
-                SERVING.with(|s| s.set(true));
+                crate::thread_role::mark_serving();
                 let mut builder = tokio::runtime::Builder::new_current_thread();
                 let poller = idle_poll::install(builder.enable_all(), idle_poll);
                 let rt = match builder.build() {
@@ -132,7 +113,7 @@ pub async fn serve(
                 });
                 // What still runs is dropped with the runtime, here: a stream's accounting runs
                 // in its drop (logged as cut by the stop), before the background flushes it.
-                CUT.with(|c| c.set(true));
+                crate::thread_role::mark_cut();
                 drop(rt);
                 let _ = done.send(Ok(()));
             });

@@ -14,8 +14,8 @@ use serde_json::{Value, json};
 use super::session::Actor;
 use super::{AdminResult, Id, Params, audit, checked, double_option, rfc3339, store_error};
 use crate::alerts::delivery::GIVE_UP_AFTER_MS;
-use crate::app::AppState;
 use crate::error::ApiError;
+use crate::state::AppState;
 use crate::store::{AlertEventRow, AlertStore, PolicyAlertRow};
 
 /// A policy's `alerts` as written to the API.

@@ -9,8 +9,8 @@ use serde_json::{Value, json};
 
 use super::session::Actor;
 use super::{AdminResult, Params, store_error};
-use crate::app::AppState;
 use crate::error::ApiError;
+use crate::state::AppState;
 use crate::store::{AdminStore, ApiKeyRow, AuditRow, Department, MemberRow, ModelRow, Table, UpstreamRow};
 
 #[derive(Deserialize)]

@@ -9,13 +9,14 @@ use axum::response::IntoResponse;
 use serde::Deserialize;
 use serde_json::json;
 
-use super::session::{self, Actor};
+use super::session::Actor;
 use super::{AdminResult, Body, no_content, store_error};
-use crate::app::AppState;
+use crate::auth::session;
 use crate::caller::Caller;
 use crate::crypto;
 use crate::error::ApiError;
 use crate::quota::engine::QuotaDecision;
+use crate::state::AppState;
 use crate::store::{AdminStore, KeyStore, MemberStore, WorkspaceStore};
 
 #[derive(Deserialize)]

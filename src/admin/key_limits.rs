@@ -19,10 +19,10 @@ use serde_json::json;
 
 use super::session::Actor;
 use super::{AdminResult, audit, store_error};
-use crate::app::AppState;
 use crate::error::ApiError;
 use crate::quota::SubjectKind;
 use crate::quota::policy::PolicyRule;
+use crate::state::AppState;
 use crate::store::{
     AdminStore, KeyGuardrails, KeyLimits, KeyStore, MemberRow, PolicyRow, PolicyStore, Role, Table,
 };

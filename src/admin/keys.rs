@@ -15,11 +15,11 @@ use super::{
     AdminResult, Body, Id, Page, Params, audit, checked, config_changed, created, delete_policies,
     double_option, no_content, page_of, rfc3339, store_error,
 };
-use crate::app::AppState;
 use crate::breaker;
 use crate::crypto;
 use crate::error::ApiError;
 use crate::managed::Kind;
+use crate::state::AppState;
 use crate::store::{AdminStore, ApiKeyRow, KeyGuardrails, KeyStore, MemberRow, Table};
 use crate::validate;
 

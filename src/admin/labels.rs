@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 
 use super::session::Actor;
 use super::{AdminResult, Params, audit, store_error};
-use crate::app::AppState;
+use crate::state::AppState;
 use crate::error::ApiError;
 use crate::store::{AdminStore, ApiKeyRow, LabelFilter, LabelKind, LabelRow, Table};
 

@@ -11,10 +11,10 @@ use serde_json::{Value, json};
 
 use super::session::Actor;
 use super::{AdminResult, Params, PathText, store_error};
-use crate::app::AppState;
 use crate::error::ApiError;
 use crate::quota::micros_to_credits;
 use crate::request_log::{LogFilter, LogPage, LogRecord};
+use crate::state::AppState;
 use crate::store::{
     AdminStore, ApiKeyRow, Department, MemberRow, ModelRow, RequestLogStore, Table, UsageGrouping, UsageRow,
 };

@@ -33,8 +33,8 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use serde::de::DeserializeOwned;
 
-use crate::app::AppState;
 use crate::error::ApiError;
+use crate::state::AppState;
 use crate::store::{AdminStore, AuditEntry, Role, StoreError};
 use session::Actor;
 
@@ -166,7 +166,7 @@ pub fn routes(state: AppState) -> Router<AppState> {
 /// drives ([`crate::store::Store::at_home`]), and a slow admin query then holds up no proxied
 /// connection.
 async fn at_home(State(state): State<AppState>, req: Request, next: Next) -> Response {
-    if !crate::serving::on_serving_thread() {
+    if !crate::thread_role::on_serving_thread() {
         return next.run(req).await;
     }
     match state.runtime.spawn(next.run(req)).await {

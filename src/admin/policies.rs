@@ -17,12 +17,12 @@ use super::session::Actor;
 use super::{
     AdminResult, Body, Id, Page, Params, audit, config_changed, created, no_content, page_of, store_error,
 };
-use crate::app::AppState;
 use crate::error::ApiError;
 use crate::managed::Kind;
 use crate::quota::engine::{PolicyRule, display_value};
 use crate::quota::window::{Window, format_reset_at};
 use crate::quota::{Metric, Mode, SubjectKind};
+use crate::state::AppState;
 use crate::store::{AdminStore, AlertStore, PolicyRow, PolicyStore, Role, Table};
 
 /// Whether `actor` may set a policy of `p`'s kind and target: the access rule of the subject.

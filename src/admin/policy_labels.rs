@@ -6,10 +6,10 @@
 use std::collections::HashMap;
 
 use super::{AdminResult, store_error};
-use crate::app::AppState;
 use crate::error::ApiError;
 use crate::quota::SubjectKind;
 use crate::quota::engine::PolicyRule;
+use crate::state::AppState;
 use crate::store::{EndUserRow, LabelStore, PolicyRow, Table, TagValueRow};
 use crate::tags;
 

@@ -4,9 +4,9 @@
 use std::collections::HashMap;
 
 use super::{AdminResult, store_error};
-use crate::app::AppState;
 use crate::quota::SubjectKind;
 use crate::quota::engine::PolicyRule;
+use crate::state::AppState;
 use crate::store::{AdminStore, ApiKeyRow, Department, MemberRow, PolicyRow, Table, WorkspaceStore};
 
 /// The workspace's members, keys and departments, by id: what policies name.

@@ -14,10 +14,10 @@ use serde_json::json;
 
 use super::session::Actor;
 use super::{AdminResult, audit, store_error};
-use crate::app::AppState;
 use crate::config::sso::SsoGroup;
 use crate::error::ApiError;
 use crate::oidc::{Identity, OidcError, PENDING_TTL_SECS, Pending, constant_time_eq};
+use crate::state::AppState;
 use crate::store::{AdminStore, DepartmentStore, MemberRow, MemberStore, NewMember, Role, WorkspaceStore};
 
 /// The cookie that carries a sign-in under way (sealed with the master key).

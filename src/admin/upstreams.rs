@@ -13,15 +13,16 @@ use super::{
     AdminResult, Body, Id, Page, Params, audit, checked, config_changed, created, double_option, name_field,
     no_content, page_of, rfc3339, store_error,
 };
-use crate::app::AppState;
 use crate::error::ApiError;
 use crate::managed::Kind;
+use crate::provider::Credential;
+use crate::provider::Provider;
+use crate::provider::adapter::{self, Endpoint};
+use crate::state::AppState;
 use crate::store::{
     AdminStore, CredentialFigureStore, ParkEvent, ServedModel, Table, UpstreamRow, UpstreamStore,
 };
-use crate::upstream::adapter::{self, Endpoint};
-use crate::upstream::pool::Credential;
-use crate::upstream::{Provider, dispatch};
+use crate::upstream::dispatch;
 use crate::validate;
 
 /// The credential as the API shows it: everything but the secret, with its locks and, from the
@@ -327,7 +328,7 @@ pub async fn update(
     row.updated_at = state.clock.now_ms();
     state.store.save_upstream(&row).await.map_err(store_error)?;
     if secret_changed {
-        crate::upstream::locks::clear_model_locks(&state.store, id)
+        crate::upstream::pool::locks::clear_model_locks(&state.store, id)
             .await
             .map_err(store_error)?;
         end_parks(&state, id, true).await;
@@ -360,7 +361,7 @@ pub async fn delete(State(state): State<AppState>, actor: Actor, Id(id): Id) -> 
         .delete_in(Table::Upstreams, actor.workspace_id(), id)
         .await
         .map_err(store_error)?;
-    crate::upstream::locks::clear(&state.store, id)
+    crate::upstream::pool::locks::clear(&state.store, id)
         .await
         .map_err(store_error)?;
     config_changed(&state).await?;
@@ -400,7 +401,7 @@ pub async fn test(State(state): State<AppState>, actor: Actor, Id(id): Id) -> Ad
     let outcome = match result {
         Ok(Ok(r)) if r.status().is_success() => {
             state.locks.clear(up.id);
-            crate::upstream::locks::clear(&state.store, up.id)
+            crate::upstream::pool::locks::clear(&state.store, up.id)
                 .await
                 .map_err(store_error)?;
             end_parks(&state, up.id, false).await;

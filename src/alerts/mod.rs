@@ -5,7 +5,7 @@
 //!    [`Alerts::fire`] finds the thresholds a total has reached for a policy that counted into
 //!    it and puts one alert per policy, subject, window and threshold in the outbox (the store's
 //!    unique key: replicas that see the same crossing fire it once; a new window fires again).
-//! 2. [`Alerts::deliver_due`] (a background task, and [`crate::app::AppState::sync`]) takes the
+//! 2. [`Alerts::deliver_due`] (a background task, and [`crate::state::AppState::sync`]) takes the
 //!    due alerts under a lease, so two gateways never send one at the same time, POSTs each to
 //!    its webhook, and on anything but a 2xx tries again with exponential backoff until a day
 //!    has passed ([`delivery`]). The outbox is in the database: a receiver that is down, or a

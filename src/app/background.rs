@@ -6,9 +6,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::AppState;
 use crate::quota::engine::Policies;
-use crate::upstream::pool::Routes;
+use crate::state::AppState;
+use crate::upstream::pool::routes::Routes;
 
 /// How often each gateway checks the configuration epoch by default (changes apply within a
 /// second).

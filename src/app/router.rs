@@ -7,31 +7,10 @@ use axum::http::{HeaderValue, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 
-use super::AppState;
 use crate::config::Secret;
 use crate::error::ApiError;
-
-/// Builds `pub const ROUTES: &[(&str, &str)]` (method, path) and a function returning the router
-/// of exactly those routes from one table, so the list cannot drift from the router
-/// (`tests/api/openapi.rs` compares the lists with `openapi.yaml`). `fn NAME, const LIST;` names
-/// the list, for a module with more than one table.
-macro_rules! route_table {
-    ($(#[$doc:meta])* $vis:vis fn $name:ident; $($method:ident $path:literal => $handler:path;)*) => {
-        $crate::app::route_table! {
-            $(#[$doc])* $vis fn $name, const ROUTES; $($method $path => $handler;)*
-        }
-    };
-    ($(#[$doc:meta])* $vis:vis fn $name:ident, const $list:ident; $($method:ident $path:literal => $handler:path;)*) => {
-        /// Every route of this router as `(method, path)`, the method in lowercase.
-        pub const $list: &[(&str, &str)] = &[$((stringify!($method), $path),)*];
-
-        $(#[$doc])*
-        $vis fn $name() -> axum::Router<$crate::app::AppState> {
-            axum::Router::new()$(.route($path, axum::routing::$method($handler)))*
-        }
-    };
-}
-pub(crate) use route_table;
+use crate::request_id::{REQUEST_ID, RequestId};
+use crate::state::{AppState, route_table};
 
 route_table! {
     /// Liveness and readiness, on every listener.
@@ -75,20 +54,6 @@ pub fn router(state: AppState, surface: Surface) -> Router {
         .fallback(not_found)
         .layer(middleware::from_fn(request_id))
         .with_state(state)
-}
-
-/// Header carrying the request's id (UUID v7), on every response.
-pub const REQUEST_ID: axum::http::HeaderName = axum::http::HeaderName::from_static("x-request-id");
-
-/// The id of the request being served, in the request's extensions.
-#[derive(Clone, Copy, Debug)]
-pub struct RequestId(pub uuid::Uuid);
-
-impl RequestId {
-    /// The id as text (hyphenated, lower case), written into `buf` without `fmt`.
-    pub fn encode(self, buf: &mut [u8; 36]) -> &str {
-        self.0.hyphenated().encode_lower(buf)
-    }
 }
 
 async fn request_id(mut req: Request, next: Next) -> Response {

@@ -96,7 +96,7 @@ impl ClientLimits {
     /// its own (DESIGN.md §7: every response carries one; no request log row is written, as no
     /// request reached the router).
     fn parser_refusal(&self, refusal: ParserRefusal) -> Bytes {
-        let id = crate::app::RequestId(uuid::Uuid::now_v7());
+        let id = crate::request_id::RequestId(uuid::Uuid::now_v7());
         tracing::debug!(request_id = %id.0, ?refusal, "request refused by the HTTP parser");
         Bytes::from(refusal.error(self.0.max_header_bytes).http1_response_with_id(id))
     }

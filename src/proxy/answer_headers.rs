@@ -9,10 +9,10 @@ use axum::response::Response;
 use chrono::{DateTime, Utc};
 
 use crate::error::{MAX_SDK_WAIT_SECS, SHOULD_RETRY};
-use crate::upstream::Provider;
-use crate::upstream::adapter::Endpoint;
+use crate::provider::Provider;
+use crate::provider::adapter::Endpoint;
 use crate::upstream::dispatch::Attempt;
-use crate::upstream::pool::ModelRoute;
+use crate::upstream::pool::routes::ModelRoute;
 
 /// What routed a request, told in its response headers (DESIGN.md §10, §11): the public model
 /// and the provider of the last attempt, and the upstream requests sent.
@@ -117,7 +117,7 @@ const RETRY_AFTER_MS: header::HeaderName = header::HeaderName::from_static("retr
 fn upstream_wait_secs(headers: &axum::http::HeaderMap, now: DateTime<Utc>) -> Option<i64> {
     let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
     let retry_after = text("retry-after")
-        .and_then(|v| crate::upstream::classify::parse_retry_after(v, now))
+        .and_then(|v| crate::upstream::pool::classify::parse_retry_after(v, now))
         .map(|at| (at - now).num_seconds());
     let retry_after_ms = text("retry-after-ms")
         .and_then(|v| v.trim().parse::<f64>().ok())

@@ -7,7 +7,7 @@ use serde_json::value::RawValue;
 
 use crate::deadline::Deadline;
 use crate::error::ApiError;
-use crate::upstream::adapter::{Endpoint, Fields};
+use crate::provider::adapter::{Endpoint, Fields};
 
 /// A checked request body.
 #[derive(Debug)]

@@ -8,17 +8,18 @@ use std::time::{Duration, Instant};
 
 use metrics::{Counter, Histogram};
 
-use crate::app::AppState;
 use crate::caller::Caller;
 use crate::deadline::Missed;
 use crate::in_flight::InFlightGuard;
+use crate::provider::Credential;
+use crate::provider::adapter::Endpoint;
 use crate::quota::engine::QuotaDecision;
 use crate::request_log::LogRecord;
+use crate::state::AppState;
 use crate::translate::Translation;
-use crate::upstream::adapter::Endpoint;
-use crate::upstream::admission::Slot;
 use crate::upstream::dispatch::{self, Attempt, AttemptLog};
-use crate::upstream::pool::{Credential, ModelRoute};
+use crate::upstream::pool::admission::Slot;
+use crate::upstream::pool::routes::ModelRoute;
 use crate::usage::Usage;
 
 /// Who produced an error.
@@ -507,7 +508,7 @@ impl Drop for Completion {
                 Source::Gateway,
                 format!("Gateway: the request failed inside the gateway (a bug: see its log){summary}"),
             )
-        } else if crate::serving::cut_by_stop() {
+        } else if crate::thread_role::cut_by_stop() {
             Outcome::failed(
                 ABANDONED,
                 "gateway_stopped",

@@ -1,7 +1,7 @@
 //! The `/v1` proxy. [`handle`] is the whole request path, in the order of DESIGN.md §1.
 
 mod answer_headers;
-pub mod auth;
+pub mod authenticated;
 pub mod body;
 pub mod completion;
 mod envelope;
@@ -21,26 +21,27 @@ use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 
-use crate::app::{AppState, RequestId};
 use crate::breaker::Refusal;
 use crate::config::Locale;
 use crate::deadline::Deadline;
 use crate::error::{ApiError, ERROR_SOURCE, QuotaRefusal};
+use crate::provider::adapter::{self, Endpoint, UsageReport};
+use crate::provider::sse::SseTap;
+use crate::provider::usage;
 use crate::quota::engine::{QuotaDecision, display_value};
 use crate::quota::window::format_reset_at;
 use crate::quota::{self, Metric};
+use crate::request_id::RequestId;
+use crate::state::AppState;
 use crate::tags::{self, Tags};
 use crate::translate::stream::StreamTranslator;
 use crate::translate::{self, Translation};
-use crate::upstream::adapter::{self, Endpoint, UsageReport};
 use crate::upstream::dispatch::{self, Answer, Complete, Dispatched};
-use crate::upstream::sse::SseTap;
-use crate::upstream::usage;
 use answer_headers::{Routed, tell_the_wait};
-use auth::Authenticated;
+use authenticated::Authenticated;
 use completion::{Completion, Outcome, Source};
 
-crate::app::route_table! {
+crate::state::route_table! {
     /// The proxy's routes.
     pub fn routes;
     post "/v1/chat/completions" => chat_completions;

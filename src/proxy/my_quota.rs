@@ -4,12 +4,12 @@ use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
-use super::auth::Authenticated;
+use super::authenticated::Authenticated;
 use super::{header_labels, tags_allowed};
-use crate::app::AppState;
 use crate::caller::Caller;
 use crate::error::ApiError;
 use crate::quota;
+use crate::state::AppState;
 
 /// `GET /v1/quota`: every quota that applies to the calling key, as the "My quota" card shows it;
 /// with `x-aigw-tags` and `x-aigw-end-user`, also those of these tag values and end user, as a

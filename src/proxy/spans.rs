@@ -2,14 +2,14 @@
 //! attributes): ids, models, tokens, statuses and decisions — never a secret, a prompt or an
 //! answer.
 
-use crate::app::AppState;
 use crate::caller::Caller;
 use crate::error::ApiError;
 use crate::otel::{RequestTrace, SpanRecord};
+use crate::provider::Provider;
+use crate::provider::adapter::Endpoint;
 use crate::quota::engine::QuotaDecision;
 use crate::request_log::LogRecord;
-use crate::upstream::Provider;
-use crate::upstream::adapter::Endpoint;
+use crate::state::AppState;
 use crate::upstream::dispatch::Attempt;
 
 /// `gen_ai.operation.name` of an endpoint.

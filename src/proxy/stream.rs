@@ -22,10 +22,10 @@ use tokio::time::Sleep;
 use super::completion::{Completion, Outcome, Source};
 use crate::deadline::{Deadline, Missed};
 use crate::error::ApiError;
+use crate::provider::adapter::{Endpoint, UsageReport};
+use crate::provider::sse::SseTap;
+use crate::provider::usage;
 use crate::translate::stream::StreamTranslator;
-use crate::upstream::adapter::{Endpoint, UsageReport};
-use crate::upstream::sse::SseTap;
-use crate::upstream::usage;
 
 /// The body of a streamed response.
 pub struct ProxyStream {
@@ -73,7 +73,7 @@ impl ProxyStream {
     /// Wraps an upstream byte stream whose first byte is due by `deadline`, and each later chunk
     /// within its idle gap of the one before.
     pub fn new(
-        upstream: crate::upstream::http::Response,
+        upstream: crate::transport::http::Response,
         tap: SseTap,
         completion: Completion,
         request_len: usize,
@@ -227,7 +227,7 @@ impl ProxyStream {
         let error = ApiError::UpstreamInvalidResponse {
             reason: format!(
                 "one of its events is over {} bytes, which the gateway does not translate",
-                crate::upstream::sse::MAX_EVENT_BYTES
+                crate::provider::sse::MAX_EVENT_BYTES
             ),
         };
         tracing::warn!("{error}");
@@ -328,7 +328,7 @@ impl ProxyStream {
             outcome.code = Some("upstream_stream_error".to_owned());
             outcome.source = Some(Source::Upstream);
             outcome.explanation = format!("Upstream: mid-stream error: {message} [{summary}]");
-        } else if client_gone && crate::serving::cut_by_stop() {
+        } else if client_gone && crate::thread_role::cut_by_stop() {
             outcome.code = Some("gateway_stopped".to_owned());
             outcome.source = Some(Source::Gateway);
             outcome.explanation = format!(

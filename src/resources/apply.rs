@@ -9,6 +9,7 @@ use super::spec::{
 use super::{ApplySummary, ResourcesError};
 use crate::crypto::{self, MasterKey};
 use crate::managed::{Kind, Managed};
+use crate::provider::Provider;
 use crate::quota::window::Window;
 use crate::quota::{Metric, Mode, SubjectKind, credits_to_micros};
 use crate::store::{
@@ -16,7 +17,6 @@ use crate::store::{
     NewMember, PolicyRow, PolicyStore, ServedModel, Store, StoreError, UpstreamRow, UpstreamStore,
     WorkspaceStore,
 };
-use crate::upstream::Provider;
 use crate::validate;
 
 /// The store, the time of this run, and what the store holds of the tenancy.
@@ -332,7 +332,7 @@ async fn upstream(
     if let Some(e) = &existing
         && e.secret_sealed != row.secret_sealed
     {
-        crate::upstream::locks::clear_model_locks(store, e.id).await?;
+        crate::upstream::pool::locks::clear_model_locks(store, e.id).await?;
     }
     a.tally(existing.is_none(), changed);
     Ok(())

@@ -11,10 +11,10 @@ use super::spec::{
 };
 use super::{Ctx, ResourcesError};
 use crate::crypto;
+use crate::provider::Provider;
 use crate::quota::window::{Window, WindowParseError};
 use crate::quota::{Metric, Mode, SubjectKind};
 use crate::store::{ModelStore, Role, Store, WorkspaceStore};
-use crate::upstream::Provider;
 use crate::validate;
 
 /// What checking resolved, by entry index, for applying.

@@ -570,7 +570,7 @@ impl Store {
     /// request, while the pool keeps the connection ([`Store::at_home`]).
     fn pool(&self) -> &AnyPool {
         debug_assert!(
-            !crate::serving::on_serving_thread(),
+            !crate::thread_role::on_serving_thread(),
             "the store was used on a serving thread: go through Store::at_home"
         );
         &self.pool
@@ -587,7 +587,7 @@ impl Store {
         Work: Future<Output = StoreResult<T>> + Send + 'static,
     {
         let work = work(self.clone());
-        if !crate::serving::on_serving_thread() {
+        if !crate::thread_role::on_serving_thread() {
             return work.await;
         }
         match self.home.spawn(work).await {

@@ -4,7 +4,7 @@
 use serde_json::{Map, Value, json};
 
 use super::{Refused, kind_of};
-use crate::upstream::Provider;
+use crate::provider::Provider;
 
 /// Most stop sequences OpenAI's chat API takes (`stop`).
 pub const MAX_STOP_SEQUENCES: usize = 4;

@@ -18,9 +18,9 @@ use bytes::Bytes;
 use serde_json::{Map, Value, json};
 
 use crate::error::ApiError;
-use crate::upstream::Provider;
-use crate::upstream::adapter::{self, Endpoint, Fields, Outgoing};
-use crate::upstream::pool::Credential;
+use crate::provider::Credential;
+use crate::provider::Provider;
+use crate::provider::adapter::{self, Endpoint, Fields, Outgoing};
 use crate::usage::Usage;
 
 /// A translation between the endpoint the client called and the one its credential speaks.

@@ -11,12 +11,12 @@ use serde_json::{Value, json};
 use super::Translation;
 use super::chat_to_messages::{finish_reason, usage as chat_usage};
 use super::messages_to_chat::stop_of;
-use crate::upstream::adapter::Endpoint;
+use crate::provider::adapter::Endpoint;
 use crate::usage::Usage;
 
 /// Most bytes of an event the translator keeps back waiting for its end: the tap's bound (the
 /// tap hands over whole events, so this holds only what an untrusted caller left unfinished).
-pub const MAX_EVENT_BYTES: usize = crate::upstream::sse::MAX_EVENT_BYTES;
+pub const MAX_EVENT_BYTES: usize = crate::provider::sse::MAX_EVENT_BYTES;
 
 /// Translates one stream.
 #[derive(Debug)]

@@ -1,7 +1,9 @@
 //! The house rules that the compiler does not check, read from `src/`: SQL is written only in
 //! `store/` (domain modules say what to persist, the store says how, for both backends), no
 //! module reaches into the handlers (`proxy/`, `admin/`) except the handlers and the app wiring,
-//! and no file outgrows one responsibility (about 600 lines, its tests not counted).
+//! no file outgrows one responsibility (about 600 lines, its tests not counted), and the
+//! top-level modules stand in layers ([`LAYERS`]): each imports only its own layer and those
+//! below, and no import cycle joins top-level modules beyond the [`KNOWN_CYCLES`].
 
 use std::path::{Path, PathBuf};
 
@@ -218,7 +220,7 @@ const MAX_LINES: usize = 650;
 
 /// Files allowed to be longer, each with its reason.
 const LONGER: &[(&str, &str)] = &[(
-    "src/upstream/classify.rs",
+    "src/upstream/pool/classify.rs",
     "a table: kRouter's rules in their order, one named function each",
 )];
 
@@ -310,6 +312,294 @@ fn only_the_handlers_and_the_wiring_use_handler_modules() {
         "handler modules used outside the handlers and the app wiring (move the shared type to \
          a neutral module):\n{}",
         found.join("\n")
+    );
+}
+
+/// The top-level modules in layers, lowest first: a module may import (`crate::…`) modules of its
+/// own layer and of the layers below, never above. A new top-level module takes its place here.
+const LAYERS: &[(&str, &[&str])] = &[
+    (
+        "kernel: shared types and helpers that know no domain",
+        &[
+            "caller",
+            "clock",
+            "crypto",
+            "forwarded",
+            "idle_poll",
+            "in_flight",
+            "managed",
+            "request_id",
+            "suggest",
+            "tags",
+            "thread_role",
+            "usage",
+        ],
+    ),
+    (
+        "wire: provider formats, the HTTP transport, the mock upstream",
+        &["mock_upstream", "provider", "transport"],
+    ),
+    (
+        "core: settings, errors, the store and the rules it keeps (one known cycle, below)",
+        &[
+            "alerts", "breaker", "config", "deadline", "error", "quota", "store", "validate",
+        ],
+    ),
+    (
+        "services: translation, identity, observability, client connections, serving",
+        &[
+            "auth",
+            "client_conn",
+            "oidc",
+            "otel",
+            "request_log",
+            "serving",
+            "telemetry",
+            "translate",
+        ],
+    ),
+    (
+        "upstream: the credential pool and dispatch on top of it",
+        &["upstream"],
+    ),
+    (
+        "state: the shared state and what fills it",
+        &["resources", "state"],
+    ),
+    (
+        "handlers: the proxy, the admin API and the console",
+        &["admin", "console", "proxy"],
+    ),
+    (
+        "wiring: start-up, the router, the operator commands",
+        &["app", "operator"],
+    ),
+];
+
+/// The import cycles between top-level modules that remain, each with why. The test fails on any
+/// other, and on one of these that is gone (then shrink the list).
+const KNOWN_CYCLES: &[(&[&str], &str)] = &[(
+    &[
+        "alerts", "breaker", "config", "deadline", "error", "quota", "store", "validate",
+    ],
+    "the store takes `config::sqlite_path` and `breaker::WINDOW_SECS` while config takes \
+     `store::DEFAULT_POSTGRES_CONNECTIONS`; `error` names `store::OverCap` and `deadline::Missed` \
+     while `deadline` and `quota` answer `error::ApiError`; `validate` checks bounds owned by \
+     `alerts` and `quota`. Breaking it moves constants and error types, not files",
+)];
+
+/// The top-level module of a source file (`src/store/mod.rs` → `store`); none for the crate root.
+fn top_module(file: &str) -> Option<&str> {
+    let rest = file.strip_prefix("src/")?;
+    let first = rest.split('/').next()?;
+    let name = first.strip_suffix(".rs").unwrap_or(first);
+    (!matches!(name, "lib" | "main")).then_some(name)
+}
+
+/// The top-level modules `code` names through `crate::` (or `$crate::` in a macro), grouped
+/// imports (`crate::{a, b::c}`) included, each with the byte offset of its `crate::`.
+fn crate_paths(code: &str) -> Vec<(usize, String)> {
+    let ident = |s: &str| -> String {
+        s.chars()
+            .take_while(|c| c.is_alphanumeric() || *c == '_')
+            .collect()
+    };
+    let mut out = Vec::new();
+    for (at, _) in code.match_indices("crate::") {
+        if at > 0 && code[..at].ends_with(|c: char| c.is_alphanumeric() || c == '_') {
+            continue;
+        }
+        let rest = &code[at + "crate::".len()..];
+        if let Some(group) = rest.strip_prefix('{') {
+            let mut depth = 0;
+            let mut start = true;
+            for (i, c) in group.char_indices() {
+                match c {
+                    '{' => depth += 1,
+                    '}' if depth == 0 => break,
+                    '}' => depth -= 1,
+                    ',' if depth == 0 => start = true,
+                    c if c.is_whitespace() => {}
+                    _ if start => {
+                        out.push((at, ident(&group[i..])));
+                        start = false;
+                    }
+                    _ => {}
+                }
+            }
+        } else {
+            out.push((at, ident(rest)));
+        }
+    }
+    out.retain(|(_, m)| !m.is_empty() && m != "self");
+    out
+}
+
+/// Every import between two top-level modules: `(from, to)` → the first place it is made.
+fn module_imports() -> std::collections::BTreeMap<(String, String), String> {
+    let mut edges = std::collections::BTreeMap::new();
+    for (file, text) in sources() {
+        let Some(from) = top_module(&file) else { continue };
+        // The code parts joined, so a grouped import over several lines reads as one.
+        let (mut code, mut starts) = (String::new(), Vec::new());
+        for part in lex(&text) {
+            if let Part::Code(line, text) = part {
+                starts.push((code.len(), line));
+                code.push_str(&text);
+                code.push('\n');
+            }
+        }
+        for (at, to) in crate_paths(&code) {
+            let line = starts
+                .iter()
+                .rev()
+                .find(|(start, _)| *start <= at)
+                .map_or(0, |p| p.1);
+            if to != from {
+                edges
+                    .entry((from.to_owned(), to))
+                    .or_insert_with(|| format!("{file}:{line}"));
+            }
+        }
+    }
+    edges
+}
+
+fn layer_of(module: &str) -> Option<usize> {
+    LAYERS.iter().position(|(_, modules)| modules.contains(&module))
+}
+
+#[test]
+fn modules_import_only_their_layer_and_those_below() {
+    let mut found = Vec::new();
+    let mut modules: Vec<String> = sources()
+        .iter()
+        .filter_map(|(file, _)| top_module(file).map(str::to_owned))
+        .collect();
+    modules.sort();
+    modules.dedup();
+    for module in &modules {
+        if layer_of(module).is_none() {
+            found.push(format!("{module}: in no layer (give it one in LAYERS)"));
+        }
+    }
+    for ((from, to), at) in module_imports() {
+        if let (Some(a), Some(b)) = (layer_of(&from), layer_of(&to))
+            && b > a
+        {
+            found.push(format!(
+                "{at}: {from} ({}) imports {to} ({}), a layer above",
+                LAYERS[a].0, LAYERS[b].0
+            ));
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "imports against the layers (move the shared type down, or pass what is needed in):\n{}",
+        found.join("\n")
+    );
+}
+
+/// The strongly connected components of more than one module (Tarjan), each sorted.
+fn cycles(edges: &std::collections::BTreeMap<(String, String), String>) -> Vec<Vec<String>> {
+    use std::collections::{BTreeMap, BTreeSet};
+    let mut graph: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
+    for (from, to) in edges.keys() {
+        graph.entry(from).or_default().insert(to);
+        graph.entry(to).or_default();
+    }
+    struct Walk<'a> {
+        graph: &'a BTreeMap<&'a str, BTreeSet<&'a str>>,
+        index: BTreeMap<&'a str, usize>,
+        low: BTreeMap<&'a str, usize>,
+        stack: Vec<&'a str>,
+        found: Vec<Vec<String>>,
+    }
+    fn visit<'a>(w: &mut Walk<'a>, v: &'a str) {
+        let i = w.index.len();
+        w.index.insert(v, i);
+        w.low.insert(v, i);
+        w.stack.push(v);
+        for &next in &w.graph[v] {
+            if !w.index.contains_key(next) {
+                visit(w, next);
+                let low = w.low[v].min(w.low[next]);
+                w.low.insert(v, low);
+            } else if w.stack.contains(&next) {
+                let low = w.low[v].min(w.index[next]);
+                w.low.insert(v, low);
+            }
+        }
+        if w.low[v] == w.index[v] {
+            let mut component = Vec::new();
+            while let Some(m) = w.stack.pop() {
+                component.push(m.to_owned());
+                if m == v {
+                    break;
+                }
+            }
+            if component.len() > 1 {
+                component.sort();
+                w.found.push(component);
+            }
+        }
+    }
+    let mut walk = Walk {
+        graph: &graph,
+        index: BTreeMap::new(),
+        low: BTreeMap::new(),
+        stack: Vec::new(),
+        found: Vec::new(),
+    };
+    for &v in graph.keys() {
+        if !walk.index.contains_key(v) {
+            visit(&mut walk, v);
+        }
+    }
+    walk.found.sort();
+    walk.found
+}
+
+#[test]
+fn no_new_import_cycle_between_top_level_modules() {
+    let edges = module_imports();
+    let found = cycles(&edges);
+    let known: Vec<Vec<String>> = KNOWN_CYCLES
+        .iter()
+        .map(|(modules, _)| modules.iter().map(|m| (*m).to_owned()).collect())
+        .collect();
+    for cycle in &found {
+        let inside: Vec<String> = edges
+            .iter()
+            .filter(|((from, to), _)| cycle.contains(from) && cycle.contains(to))
+            .map(|((from, to), at)| format!("  {from} -> {to} ({at})"))
+            .collect();
+        assert!(
+            known.contains(cycle),
+            "an import cycle between top-level modules {cycle:?} (break it; KNOWN_CYCLES is \
+             for the old ones):\n{}",
+            inside.join("\n")
+        );
+    }
+    for cycle in &known {
+        assert!(
+            found.contains(cycle),
+            "KNOWN_CYCLES lists {cycle:?}, which is no longer a cycle as listed: shrink the list \
+             to what remains ({found:?})"
+        );
+    }
+    // The detector itself: a -> b -> a is a cycle, c -> a is not part of it.
+    let edge = |a: &str, b: &str| ((a.to_owned(), b.to_owned()), String::new());
+    let toy = [edge("a", "b"), edge("b", "a"), edge("c", "a")]
+        .into_iter()
+        .collect();
+    assert_eq!(cycles(&toy), [vec!["a".to_owned(), "b".to_owned()]]);
+    assert_eq!(
+        crate_paths("use crate::{a::B,\n c}; $crate::d::e!(); my_crate::f")
+            .into_iter()
+            .map(|(_, m)| m)
+            .collect::<Vec<_>>(),
+        ["a", "c", "d"]
     );
 }
 

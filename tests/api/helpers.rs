@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
-use aigw::app::AppState;
+use aigw::state::AppState;
 use aigw::{BuildOptions, Clock, Gateway, Settings};
 use chrono::{DateTime, Utc};
 use tokio::sync::oneshot;

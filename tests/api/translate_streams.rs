@@ -430,7 +430,7 @@ async fn the_anthropic_client_reads_early_usage_refusals_and_typed_errors(db: Te
 /// the log says why.
 async fn an_event_too_large_to_translate_ends_the_stream(db: TestDb) {
     let (app, mock) = start(&db).await;
-    let giant = "g".repeat(aigw::upstream::sse::MAX_EVENT_BYTES + 1);
+    let giant = "g".repeat(aigw::provider::sse::MAX_EVENT_BYTES + 1);
     let body = [
         chunk(json!({"role": "assistant", "content": "a"}), Value::Null),
         chunk(json!({"content": giant}), Value::Null),

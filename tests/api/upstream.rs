@@ -446,7 +446,7 @@ async fn a_new_secret_resets_the_backoff_on_every_gateway(db: TestDb) {
     // `b` persists its lock off the request path: have it written, or it could land after the
     // edit cleared the store's locks and come back with `b`'s reload.
     b.sync().await;
-    let persisted = aigw::upstream::locks::Locks::default();
+    let persisted = aigw::upstream::pool::locks::Locks::default();
     let now_ms = b.clock.now_ms();
     persisted.load(&b.state.store, now_ms, true).await.unwrap();
     assert!(!persisted.of(solo, now_ms).is_empty(), "`b`'s lock is stored");

@@ -4,8 +4,9 @@ use std::sync::Arc;
 
 use rand::Rng;
 
-use crate::upstream::adapter::Endpoint;
-use crate::upstream::pool::{Credential, ModelRoute};
+use crate::provider::Credential;
+use crate::provider::adapter::Endpoint;
+use crate::upstream::pool::routes::ModelRoute;
 
 /// The chain model's credentials that serve `endpoint`, by priority, weighted random within a
 /// priority (Efraimidis–Spirakis keys).

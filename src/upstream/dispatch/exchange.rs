@@ -8,11 +8,11 @@ use bytes::Bytes;
 use futures::StreamExt;
 
 use super::{Answer, Complete, UpstreamError};
+use crate::provider::Credential;
+use crate::provider::Provider;
+use crate::provider::adapter::{self, Endpoint};
 use crate::translate::{self, Translation};
-use crate::upstream::Provider;
-use crate::upstream::adapter::{self, Endpoint};
-use crate::upstream::http;
-use crate::upstream::pool::Credential;
+use crate::transport::http;
 
 /// Most bytes of an upstream error body read (and passed back).
 const MAX_ERROR_BODY: usize = 256 * 1024;

@@ -30,19 +30,20 @@ use self::park::{GroupClosure, park, rfc3339};
 pub use self::park::{PersistLocks, time_out};
 pub use self::retry::SINGLE_CANDIDATE_RETRY;
 use self::retry::{Held, leaves_credential_usable};
-use super::adapter::{Endpoint, Fields};
-use super::admission::{Admission, Refusal, Slot};
-use super::classify::{self, Classification, NextStep, UpstreamFailure};
-use super::corroboration::Corroboration;
-use super::http;
-use super::locks::Locks;
-use super::pool::{Credential, ModelRoute};
 use crate::clock::Clock;
 use crate::config::Settings;
 use crate::deadline::Deadline;
 use crate::error::ApiError;
 use crate::otel::{AttemptSpan, RequestTrace};
+use crate::provider::Credential;
+use crate::provider::adapter::{Endpoint, Fields};
 use crate::translate;
+use crate::transport::http;
+use crate::upstream::pool::admission::{Admission, Refusal, Slot};
+use crate::upstream::pool::classify::{self, Classification, NextStep, UpstreamFailure};
+use crate::upstream::pool::corroboration::Corroboration;
+use crate::upstream::pool::locks::Locks;
+use crate::upstream::pool::routes::ModelRoute;
 
 /// What dispatching needs of the gateway, borrowed for one request: the settings, the clock, the
 /// credentials' locks, admission and corroboration, the HTTP client, and where what a failure

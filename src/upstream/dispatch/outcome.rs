@@ -10,10 +10,11 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 
 use crate::error::ApiError;
-use crate::upstream::Provider;
-use crate::upstream::admission::Slot;
-use crate::upstream::http;
-use crate::upstream::pool::{Credential, ModelRoute};
+use crate::provider::Credential;
+use crate::provider::Provider;
+use crate::transport::http;
+use crate::upstream::pool::admission::Slot;
+use crate::upstream::pool::routes::ModelRoute;
 
 /// One upstream attempt, as the request log shows it.
 #[derive(Clone, Debug, Serialize)]
@@ -129,7 +130,7 @@ pub struct Complete {
     /// A translated answer's usage block in the upstream's own format, and the endpoint whose
     /// format that is (`body` is in the client's): it is checked in the provider's own words, as a
     /// translation may hide what was wrong with it. `None` when not translated.
-    pub translated_usage: Option<(crate::upstream::adapter::Endpoint, serde_json::Value)>,
+    pub translated_usage: Option<(crate::provider::adapter::Endpoint, serde_json::Value)>,
 }
 
 /// How dispatch ended.

@@ -7,10 +7,10 @@ use chrono::{DateTime, Utc};
 
 use super::{Attempt, Upstreams};
 use crate::deadline::Missed;
+use crate::provider::Credential;
 use crate::store::{ParkEvent, WHOLE_CREDENTIAL_TARGET};
-use crate::upstream::classify::{self, Classification, LockModels, Sharing, UpstreamFailure};
-use crate::upstream::locks::{LockEntry, LockTarget};
-use crate::upstream::pool::Credential;
+use crate::upstream::pool::classify::{self, Classification, LockModels, Sharing, UpstreamFailure};
+use crate::upstream::pool::locks::{LockEntry, LockTarget};
 
 /// Persists what a failure parked (extend-only) and a ban, off the request path, so that every
 /// gateway on the database honours them.

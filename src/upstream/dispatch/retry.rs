@@ -12,10 +12,11 @@ use rand::Rng;
 
 use super::park::{Written, persist, write};
 use super::{Run, Upstreams, request};
+use crate::provider::Credential;
+use crate::provider::adapter::Fields;
 use crate::translate;
-use crate::upstream::adapter::Fields;
-use crate::upstream::classify::{Classification, NextStep, Rule};
-use crate::upstream::pool::{Credential, ModelRoute};
+use crate::upstream::pool::classify::{Classification, NextStep, Rule};
+use crate::upstream::pool::routes::ModelRoute;
 
 /// The rule an attempt names in the log when it was retried (groot ADR 0008: one retry).
 pub const SINGLE_CANDIDATE_RETRY: &str = "single_candidate_retry";
@@ -160,8 +161,8 @@ pub(super) fn leaves_credential_usable(class: &Classification) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::upstream::Provider;
-    use crate::upstream::classify::{self, UpstreamFailure};
+    use crate::provider::Provider;
+    use crate::upstream::pool::classify::{self, UpstreamFailure};
     use axum::http::HeaderMap;
     use axum::http::HeaderValue;
     use chrono::Utc;

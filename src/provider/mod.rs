@@ -1,18 +1,13 @@
-//! Upstream credentials: providers, failure classification, locks and dispatch (DESIGN.md §6).
+//! Provider wire formats: each provider's request, answer, stream, usage and error shape, and
+//! the credential that speaks them. Depends on nothing above it (DESIGN.md §6).
 
 pub mod adapter;
-pub mod admission;
-pub mod classify;
-pub mod conns;
-pub mod corroboration;
-pub mod dispatch;
-pub mod http;
-pub mod locks;
+pub mod credential;
 pub mod mask;
-pub mod pool;
 pub mod sse;
 pub mod usage;
-pub mod worded_reset;
+
+pub use credential::Credential;
 
 /// The kind of provider behind a credential.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

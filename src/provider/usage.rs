@@ -606,7 +606,7 @@ mod tests {
     /// Property tests: `PROPTEST_CASES=100000 cargo test --release --lib prop_` runs them long.
     mod properties {
         use super::*;
-        use crate::upstream::sse::SseTap;
+        use crate::provider::sse::SseTap;
         use bytes::BytesMut;
         use proptest::prelude::*;
 

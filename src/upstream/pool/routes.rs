@@ -10,57 +10,9 @@ use axum::http::{HeaderValue, Uri};
 use crate::crypto::MasterKey;
 use crate::store::{ModelRow, ModelStore, Store, StoreResult, UpstreamRow, UpstreamStore, WorkspaceStore};
 
-use super::Provider;
-use super::adapter::Endpoint;
-use super::mask::SecretMask;
-
-/// An upstream credential ready to dispatch to.
-#[derive(Debug)]
-pub struct Credential {
-    /// Row id.
-    pub id: i64,
-    /// Owning workspace.
-    pub workspace_id: i64,
-    /// Name, unique in the workspace.
-    pub name: String,
-    /// Provider kind.
-    pub provider: Provider,
-    /// The auth header's value, made of the opened secret (`Bearer …`, or the bare key for
-    /// Anthropic); marked sensitive, so never printed.
-    pub auth: HeaderValue,
-    /// The secret, ready to be masked out of what the upstream sends back (built once here,
-    /// not per request).
-    pub mask: Arc<SecretMask>,
-    /// Lower is tried first.
-    pub priority: i64,
-    /// Share within a priority.
-    pub weight: i64,
-    /// Requests in flight at most.
-    pub max_in_flight: i64,
-    /// Own limits.
-    pub requests_per_minute: Option<i64>,
-    /// Own limits.
-    pub tokens_per_minute: Option<i64>,
-    /// Own limits.
-    pub requests_per_day: Option<i64>,
-    /// Credentials sharing one account quota.
-    pub quota_group: Option<String>,
-    /// Public model name → upstream model name.
-    pub models: HashMap<String, String>,
-    /// URLs of the chat, embeddings and messages endpoints (parsed once, not per request).
-    pub urls: [Uri; 3],
-}
-
-impl Credential {
-    /// The URL of `endpoint` on this credential's provider.
-    pub fn url(&self, endpoint: Endpoint) -> &Uri {
-        match endpoint {
-            Endpoint::ChatCompletions => &self.urls[0],
-            Endpoint::Embeddings => &self.urls[1],
-            Endpoint::Messages => &self.urls[2],
-        }
-    }
-}
+use crate::provider::adapter::Endpoint;
+use crate::provider::mask::SecretMask;
+use crate::provider::{Credential, Provider};
 
 /// A public model of a workspace: price, fallbacks, and the credentials that serve it.
 #[derive(Debug)]

@@ -580,9 +580,9 @@ mod tests {
 
     /// The same, with connections opened within `connect_timeout`.
     fn pool_within(connect_timeout: Duration) -> Arc<Pool> {
-        match crate::upstream::http::Client::direct(connect_timeout, 64, &[]) {
-            crate::upstream::http::Client::Direct(pool) => pool,
-            crate::upstream::http::Client::Proxied(_) => unreachable!("direct() is never proxied"),
+        match crate::transport::http::Client::direct(connect_timeout, 64, &[]) {
+            crate::transport::http::Client::Direct(pool) => pool,
+            crate::transport::http::Client::Proxied(_) => unreachable!("direct() is never proxied"),
         }
     }
 

@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use super::pool::Credential;
+use crate::provider::Credential;
 use crate::store::{OwnLimitStore, Store, StoreResult};
 
 const MINUTE_MS: i64 = 60_000;

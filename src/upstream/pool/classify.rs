@@ -88,8 +88,8 @@ const ANTHROPIC_SPEND_LIMIT_WORDING: &[&str] = &[
     "you have reached your specified workspace api usage limits",
 ];
 
-pub use super::Provider;
 pub use super::worded_reset::parse_worded_wait;
+pub use crate::provider::Provider;
 
 /// One failed upstream attempt, everything the classifier may look at.
 ///

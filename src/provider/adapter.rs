@@ -7,8 +7,8 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
+use super::Credential;
 use super::Provider;
-use super::pool::Credential;
 pub use super::usage::UsageReport;
 
 /// A proxied endpoint.

@@ -5,48 +5,20 @@
 //! secret a rotation replaced, when its grace ends, so both are judged by the clock without a
 //! database read.
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use axum::extract::{ConnectInfo, FromRequestParts};
 use axum::http::HeaderMap;
-use axum::http::request::Parts;
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 use quick_cache::sync::Cache;
 
-use crate::app::AppState;
 use crate::caller::{Caller, InFlightCaps, ModelAccess, decode_cap, decode_model_list};
 use crate::crypto;
 use crate::error::ApiError;
 use crate::store::{KeyStore, Store, StoreError};
-
-/// The caller of a `/v1` route, authenticated by the API key the request presents (the proxy's
-/// counterpart of the admin side's `Actor`). Refused as [`KeyResolver::authenticate`] refuses.
-pub struct Authenticated(pub Arc<Caller>);
-
-impl FromRequestParts<AppState> for Authenticated {
-    type Rejection = ApiError;
-
-    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
-        // Every connection carries its peer; a route without it is a wiring bug.
-        let ConnectInfo(peer) = ConnectInfo::<SocketAddr>::from_request_parts(parts, state)
-            .await
-            .map_err(|_| ApiError::Internal)?;
-        state
-            .keys
-            .authenticate(
-                &state.store,
-                &parts.headers,
-                state.client_ip(peer, &parts.headers),
-                state.clock.now_ms(),
-            )
-            .await
-            .map(Authenticated)
-    }
-}
 
 /// How long a cached answer is trusted before the store is asked again (configuration changes
 /// make every answer stale sooner). While the store is unreachable, a stale answer keeps serving.
