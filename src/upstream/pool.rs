@@ -49,16 +49,16 @@ pub struct Credential {
     pub models: HashMap<String, String>,
     /// URLs of the chat, embeddings and messages endpoints (parsed once, not per request).
     pub urls: [Uri; 3],
+    /// Azure's deployments API: the URLs of each upstream model (deployment), which replace
+    /// [`Credential::urls`] for it; empty for every other provider.
+    pub deployment_urls: HashMap<String, [Uri; 3]>,
 }
 
 impl Credential {
-    /// The URL of `endpoint` on this credential's provider.
-    pub fn url(&self, endpoint: Endpoint) -> &Uri {
-        match endpoint {
-            Endpoint::ChatCompletions => &self.urls[0],
-            Endpoint::Embeddings => &self.urls[1],
-            Endpoint::Messages => &self.urls[2],
-        }
+    /// The URL of `endpoint` on this credential's provider, for `upstream_model`.
+    pub fn url(&self, endpoint: Endpoint, upstream_model: &str) -> &Uri {
+        let urls = self.deployment_urls.get(upstream_model).unwrap_or(&self.urls);
+        &urls[endpoint as usize]
     }
 }
 
@@ -249,7 +249,8 @@ impl Credential {
     pub fn from_row(u: &UpstreamRow, master: &MasterKey) -> Option<Credential> {
         let secret = master.open(&u.secret_sealed).ok()?;
         let provider: Provider = u.provider.parse().ok()?;
-        let mut auth = if provider.speaks_anthropic() {
+        // Anthropic's `x-api-key` and Azure's `api-key` carry the bare key.
+        let mut auth = if matches!(provider, Provider::Anthropic | Provider::Azure) {
             HeaderValue::from_str(&secret)
         } else {
             HeaderValue::from_str(&format!("Bearer {secret}"))
@@ -267,6 +268,15 @@ impl Credential {
             url(Endpoint::Embeddings)?,
             url(Endpoint::Messages)?,
         ];
+        let served = u.served_models();
+        let deployment_urls = if provider == Provider::Azure {
+            served
+                .iter()
+                .map(|m| Some((m.upstream.clone(), super::azure::urls(&u.base_url, &m.upstream)?)))
+                .collect::<Option<HashMap<_, _>>>()?
+        } else {
+            HashMap::new()
+        };
         Some(Credential {
             id: u.id,
             workspace_id: u.workspace_id,
@@ -281,12 +291,9 @@ impl Credential {
             tokens_per_minute: u.tokens_per_minute,
             requests_per_day: u.requests_per_day,
             quota_group: u.quota_group.clone(),
-            models: u
-                .served_models()
-                .into_iter()
-                .map(|m| (m.name, m.upstream))
-                .collect(),
+            models: served.into_iter().map(|m| (m.name, m.upstream)).collect(),
             urls,
+            deployment_urls,
         })
     }
 }
