@@ -7,7 +7,7 @@ use aigw::mock_upstream::{MockUpstream, Script};
 use serde_json::{Value, json};
 
 use crate::both_backends;
-use crate::helpers::{Setup, TestApp, TestDb, spawn_app};
+use crate::helpers::{Setup, TestApp, TestDb, spawn_app, try_spawn_app};
 use crate::translate::{chunks, header};
 
 const KEY: &str = "sk-aigw-AzureTestKey0123456789abcdefghij";
@@ -88,6 +88,7 @@ both_backends!(
     azures_429_parks_the_credential_as_long_as_it_says,
     a_content_filter_refusal_is_the_requests_fault,
     fallback_chains_cross_azure_and_anthropic,
+    a_bad_azure_entry_is_refused_by_name,
 );
 
 async fn chat_reaches_the_deployment_with_the_api_key_header(db: TestDb) {
@@ -287,4 +288,38 @@ async fn fallback_chains_cross_azure_and_anthropic(db: TestDb) {
     let last = mock.calls().pop().unwrap();
     assert_eq!(last.path, "/openai/deployments/gpt4o-prod/chat/completions");
     assert_eq!(last.body["max_completion_tokens"], 50);
+}
+
+async fn a_bad_azure_entry_is_refused_by_name(db: TestDb) {
+    let entry = |fields: &str| {
+        format!(
+            "[[workspace]]\nname = \"acme\"\n[[upstream]]\nworkspace = \"acme\"\nname = \"az\"\napi_key = \"k\"\n{fields}\n"
+        )
+    };
+    let cases: &[(&str, &[&str])] = &[
+        (
+            "provider = \"azure\"",
+            &["base_url is required for provider \"azure\""],
+        ),
+        (
+            "provider = \"openai\"\napi_version = \"2024-10-21\"",
+            &["api_version is only for provider \"azure\""],
+        ),
+        (
+            "provider = \"azure\"\nbase_url = \"https://a.openai.azure.com?api-version=2024-06-01\"\napi_version = \"2024-10-21\"",
+            &["api_version \"2024-10-21\" differs"],
+        ),
+    ];
+    for (fields, needles) in cases {
+        let err = match try_spawn_app(&db, Setup::resources(entry(fields))).await {
+            Ok(_) => panic!("{fields}: a bad azure entry was accepted"),
+            Err(e) => e.to_string(),
+        };
+        for needle in *needles {
+            assert!(
+                err.contains(needle),
+                "{fields}: {err:?} should contain {needle:?}"
+            );
+        }
+    }
 }
