@@ -1,7 +1,7 @@
 //! A scriptable mock of the providers' APIs, for tests, benchmarks and the README demo.
 //!
 //! It speaks OpenAI chat completions (streamed or not, with `usage`), embeddings and model lists,
-//! and Anthropic messages (streamed or not). By default every call succeeds with deterministic
+//! Anthropic messages (streamed or not), and Azure OpenAI's deployments and v1 paths (`azure.rs`). By default every call succeeds with deterministic
 //! usage; a [`Script`] makes calls for one credential and/or model answer with any status,
 //! headers and body (each provider error shape of `shared/seeds/`), a delay, slow chunks, a
 //! mid-stream error, a dropped connection, a head followed by a body that stalls, or a provider's
@@ -28,6 +28,7 @@ use tokio_util::sync::CancellationToken;
 
 mod answer;
 mod anthropic;
+mod azure;
 mod openai;
 
 /// One scripted behaviour. Fields left out keep the default success behaviour.
@@ -464,6 +465,12 @@ impl MockUpstream {
         format!("http://{}/v1", self.addr)
     }
 
+    /// An Azure OpenAI resource endpoint to configure as an `azure` upstream's `base_url`
+    /// (`http://127.0.0.1:PORT`).
+    pub fn azure_endpoint(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
     /// Adds a script; earlier scripts match first.
     pub fn script(&self, s: Script) {
         self.state
@@ -536,6 +543,16 @@ fn router(state: Arc<MockState>) -> Router {
         .route("/v1/embeddings", post(openai::embeddings))
         .route("/v1/messages", post(anthropic::messages))
         .route("/v1/models", get(openai::models))
+        .route(
+            "/openai/deployments/{deployment}/chat/completions",
+            post(azure::deployment_chat),
+        )
+        .route(
+            "/openai/deployments/{deployment}/embeddings",
+            post(azure::deployment_embeddings),
+        )
+        .route("/openai/v1/chat/completions", post(azure::v1_chat))
+        .route("/openai/v1/embeddings", post(azure::v1_embeddings))
         .with_state(state)
 }
 

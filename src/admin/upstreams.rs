@@ -164,6 +164,9 @@ pub struct UpstreamInput {
     provider: Option<String>,
     #[serde(default)]
     base_url: Option<String>,
+    /// Azure's `api-version`, kept as the base URL's `?api-version=` (`provider/azure.rs`).
+    #[serde(default)]
+    api_version: Option<String>,
     /// Write-only.
     #[serde(default)]
     api_key: Option<String>,
@@ -206,12 +209,31 @@ fn apply(state: &AppState, row: &mut UpstreamRow, input: UpstreamInput, creating
         (None, None) if creating => {
             return Err(ApiError::field(
                 "base_url",
-                "base_url is required for provider \"openai-compatible\"",
+                format!("base_url is required for provider {:?}", provider.as_str()),
             ));
         }
         _ => {}
     }
     checked("base_url", validate::base_url(&row.base_url))?;
+    if let Some(v) = &input.api_version {
+        if provider != Provider::Azure {
+            return Err(ApiError::field(
+                "api_version",
+                "api_version is only for provider \"azure\"",
+            ));
+        }
+        // A change of the version alone replaces the stored one; with a base_url, both are
+        // the caller's and must agree.
+        let base = if input.base_url.is_some() {
+            row.base_url.clone()
+        } else {
+            crate::provider::azure::without_api_version(&row.base_url)
+        };
+        row.base_url = checked(
+            "api_version",
+            crate::provider::azure::with_api_version(&base, Some(v)),
+        )?;
+    }
     let mut secret_changed = false;
     match &input.api_key {
         Some(k) => {

@@ -17,6 +17,7 @@ pub(super) fn credential_of(headers: &HeaderMap) -> Option<String> {
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .or_else(|| headers.get("x-api-key").and_then(|v| v.to_str().ok()))
+        .or_else(|| headers.get("api-key").and_then(|v| v.to_str().ok()))
         .map(str::to_owned)
 }
 
@@ -44,26 +45,40 @@ pub(super) fn reply_words(n: u32) -> Vec<String> {
 
 /// What a call looks like before it is answered.
 pub(super) struct Incoming {
-    pub(super) path: &'static str,
+    pub(super) path: String,
     pub(super) credential: Option<String>,
     pub(super) body: Value,
     pub(super) model: Option<String>,
     pub(super) stream: bool,
     pub(super) script: Script,
     pub(super) traceparent: Option<String>,
+    /// Answered in Azure OpenAI's shape (its content-filter results beside OpenAI's fields).
+    pub(super) azure: bool,
 }
 
 impl Incoming {
-    pub(super) fn new(st: &MockState, path: &'static str, headers: &HeaderMap, raw: &Bytes) -> Incoming {
+    pub(super) fn new(st: &MockState, path: &str, headers: &HeaderMap, raw: &Bytes) -> Incoming {
+        Incoming::for_model(st, path, headers, raw, None)
+    }
+
+    /// A call whose model is `model` when named (Azure's deployment, in the path), else the
+    /// body's `model`.
+    pub(super) fn for_model(
+        st: &MockState,
+        path: &str,
+        headers: &HeaderMap,
+        raw: &Bytes,
+        model: Option<String>,
+    ) -> Incoming {
         let body: Value = serde_json::from_slice(raw).unwrap_or(Value::Null);
         let credential = credential_of(headers);
-        let model = body.get("model").and_then(Value::as_str).map(str::to_owned);
+        let model = model.or_else(|| body.get("model").and_then(Value::as_str).map(str::to_owned));
         let stream = body.get("stream").and_then(Value::as_bool).unwrap_or(false);
         let script = st
             .take_script(credential.as_deref(), model.as_deref())
             .unwrap_or_default();
         Incoming {
-            path,
+            path: path.to_owned(),
             credential,
             body,
             model,
@@ -73,6 +88,7 @@ impl Incoming {
                 .get("traceparent")
                 .and_then(|v| v.to_str().ok())
                 .map(str::to_owned),
+            azure: false,
         }
     }
 
@@ -100,7 +116,7 @@ impl Incoming {
     pub(super) fn record(&self, st: &MockState, status: u16, usage: Option<(u64, u64)>) {
         let usage = self.recorded_usage(usage);
         st.record(Call {
-            path: self.path.to_owned(),
+            path: self.path.clone(),
             credential: self.credential.clone(),
             model: self.model.clone(),
             stream: self.stream,

@@ -14,8 +14,13 @@ use super::answer::{Incoming, json_response, reply_words, sse_response};
 
 pub(super) async fn chat(State(st): State<Arc<MockState>>, headers: HeaderMap, raw: Bytes) -> Response {
     let inc = Incoming::new(&st, "/v1/chat/completions", &headers, &raw);
-    inc.delay(&st).await;
-    if let Some(resp) = inc.scripted_error(&st) {
+    chat_answer(&st, inc).await
+}
+
+/// A chat call answered, in OpenAI's shape (Azure's when `inc.azure`).
+pub(super) async fn chat_answer(st: &MockState, inc: Incoming) -> Response {
+    inc.delay(st).await;
+    if let Some(resp) = inc.scripted_error(st) {
         return resp;
     }
     let model = inc.model.clone().unwrap_or_default();
@@ -28,7 +33,7 @@ pub(super) async fn chat(State(st): State<Arc<MockState>>, headers: HeaderMap, r
         json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}),
     );
     if !inc.stream {
-        inc.record(&st, 200, Some((prompt, completion)));
+        inc.record(st, 200, Some((prompt, completion)));
         let mut body = json!({
             "id": id, "object": "chat.completion", "created": created, "model": model,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": words.concat()},
@@ -41,6 +46,9 @@ pub(super) async fn chat(State(st): State<Arc<MockState>>, headers: HeaderMap, r
         }
         if let Some(u) = usage {
             body["usage"] = u;
+        }
+        if inc.azure {
+            super::azure::add_filter_results(&mut body);
         }
         return json_response(&inc, body);
     }
@@ -59,6 +67,9 @@ pub(super) async fn chat(State(st): State<Arc<MockState>>, headers: HeaderMap, r
         Some(format!("data: {c}\n\n"))
     };
     let mut events = vec![chunk(json!({"role": "assistant", "content": ""}), Value::Null)];
+    if inc.azure {
+        events.insert(0, Some(super::azure::prompt_filter_chunk()));
+    }
     let mut reported = Some((prompt, completion));
     let mut stall = false;
     for (i, w) in words.iter().enumerate() {
@@ -107,14 +118,19 @@ pub(super) async fn chat(State(st): State<Arc<MockState>>, headers: HeaderMap, r
         }
         events.push(Some("data: [DONE]\n\n".to_owned()));
     }
-    inc.record(&st, 200, reported);
+    inc.record(st, 200, reported);
     sse_response(&inc, events, stall)
 }
 
 pub(super) async fn embeddings(State(st): State<Arc<MockState>>, headers: HeaderMap, raw: Bytes) -> Response {
     let inc = Incoming::new(&st, "/v1/embeddings", &headers, &raw);
-    inc.delay(&st).await;
-    if let Some(resp) = inc.scripted_error(&st) {
+    embeddings_answer(&st, inc).await
+}
+
+/// An embeddings call answered (Azure's shape is OpenAI's).
+pub(super) async fn embeddings_answer(st: &MockState, inc: Incoming) -> Response {
+    inc.delay(st).await;
+    if let Some(resp) = inc.scripted_error(st) {
         return resp;
     }
     let inputs = match inc.body.get("input") {
@@ -125,7 +141,7 @@ pub(super) async fn embeddings(State(st): State<Arc<MockState>>, headers: Header
     let data: Vec<Value> = (0..inputs)
         .map(|i| json!({"object": "embedding", "index": i, "embedding": [0.1, -0.2, 0.3, 0.0, 0.5, -0.6, 0.7, 0.8]}))
         .collect();
-    inc.record(&st, 200, Some((prompt, 0)));
+    inc.record(st, 200, Some((prompt, 0)));
     let mut body = json!({"object": "list", "data": data, "model": inc.model.clone().unwrap_or_default()});
     if let Some(u) = inc.reported_usage(json!({"prompt_tokens": prompt, "total_tokens": prompt})) {
         body["usage"] = u;

@@ -157,7 +157,7 @@ pub struct Outgoing {
 /// [`request_stream_usage`]).
 pub fn outgoing(endpoint: Endpoint, cred: &Credential, body: &Fields, upstream_model: &str) -> Outgoing {
     Outgoing {
-        url: cred.url(endpoint).clone(),
+        url: cred.url(endpoint, upstream_model).clone(),
         body: Bytes::from(body.to_json_with_model(upstream_model)),
         max_tokens_chosen: None,
     }

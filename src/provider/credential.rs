@@ -45,15 +45,15 @@ pub struct Credential {
     pub models: HashMap<String, String>,
     /// URLs of the chat, embeddings and messages endpoints (parsed once, not per request).
     pub urls: [Uri; 3],
+    /// Azure's deployments API: the URLs of each upstream model (deployment), which replace
+    /// [`Credential::urls`] for it; empty for every other provider.
+    pub deployment_urls: HashMap<String, [Uri; 3]>,
 }
 
 impl Credential {
-    /// The URL of `endpoint` on this credential's provider.
-    pub fn url(&self, endpoint: Endpoint) -> &Uri {
-        match endpoint {
-            Endpoint::ChatCompletions => &self.urls[0],
-            Endpoint::Embeddings => &self.urls[1],
-            Endpoint::Messages => &self.urls[2],
-        }
+    /// The URL of `endpoint` on this credential's provider, for `upstream_model`.
+    pub fn url(&self, endpoint: Endpoint, upstream_model: &str) -> &Uri {
+        let urls = self.deployment_urls.get(upstream_model).unwrap_or(&self.urls);
+        &urls[endpoint as usize]
     }
 }

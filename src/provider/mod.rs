@@ -2,6 +2,7 @@
 //! the credential that speaks them. Depends on nothing above it (DESIGN.md §6).
 
 pub mod adapter;
+pub mod azure;
 pub mod credential;
 pub mod mask;
 pub mod sse;
@@ -22,6 +23,9 @@ pub enum Provider {
     Gemini,
     /// Any OpenAI-compatible base URL.
     OpenAiCompatible,
+    /// Azure OpenAI: a resource endpoint, a deployment per model, the `api-key` header
+    /// (`azure.rs`).
+    Azure,
 }
 
 impl Provider {
@@ -33,17 +37,19 @@ impl Provider {
             Provider::OpenRouter => "openrouter",
             Provider::Gemini => "gemini",
             Provider::OpenAiCompatible => "openai-compatible",
+            Provider::Azure => "azure",
         }
     }
 
-    /// The provider's public API base URL; `None` for `openai-compatible`, which must name one.
+    /// The provider's public API base URL; `None` for `openai-compatible` and `azure` (a
+    /// resource's own endpoint), which must name one.
     pub fn default_base_url(self) -> Option<&'static str> {
         match self {
             Provider::OpenAi => Some("https://api.openai.com/v1"),
             Provider::Anthropic => Some("https://api.anthropic.com/v1"),
             Provider::OpenRouter => Some("https://openrouter.ai/api/v1"),
             Provider::Gemini => Some("https://generativelanguage.googleapis.com/v1beta/openai"),
-            Provider::OpenAiCompatible => None,
+            Provider::OpenAiCompatible | Provider::Azure => None,
         }
     }
 
@@ -62,8 +68,9 @@ impl std::str::FromStr for Provider {
             "openrouter" => Ok(Provider::OpenRouter),
             "gemini" => Ok(Provider::Gemini),
             "openai-compatible" => Ok(Provider::OpenAiCompatible),
+            "azure" => Ok(Provider::Azure),
             other => Err(format!(
-                "unknown provider {other:?} (expected openai, anthropic, openrouter, gemini or openai-compatible)"
+                "unknown provider {other:?} (expected openai, anthropic, openrouter, gemini, openai-compatible or azure)"
             )),
         }
     }

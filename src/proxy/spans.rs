@@ -24,6 +24,7 @@ fn operation(endpoint: Endpoint) -> &'static str {
 fn provider_name(p: Provider) -> &'static str {
     match p {
         Provider::Gemini => "gcp.gemini",
+        Provider::Azure => "azure.ai.openai",
         other => other.as_str(),
     }
 }

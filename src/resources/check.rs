@@ -262,7 +262,19 @@ fn upstream(
     let base_url = match (&u.base_url, provider.default_base_url()) {
         (Some(b), _) => validate::base_url(b).map_err(e)?,
         (None, Some(d)) => d.to_owned(),
-        (None, None) => return Err(e("base_url is required for provider \"openai-compatible\"".into())),
+        (None, None) => {
+            return Err(e(format!(
+                "base_url is required for provider {:?}",
+                provider.as_str()
+            )));
+        }
+    };
+    let base_url = match (&u.api_version, provider) {
+        (None, _) => base_url,
+        (Some(v), Provider::Azure) => {
+            crate::provider::azure::with_api_version(&base_url, Some(v)).map_err(e)?
+        }
+        (Some(_), _) => return Err(e("api_version is only for provider \"azure\"".into())),
     };
     validate::upstream_secret(&u.api_key).map_err(|m| {
         let unset = if u.api_key.is_empty() {

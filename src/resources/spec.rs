@@ -107,6 +107,8 @@ pub(super) struct UpstreamSpec {
     pub(super) name: String,
     pub(super) provider: String,
     pub(super) base_url: Option<String>,
+    /// Azure's `api-version`, stored as the base URL's `?api-version=` (`provider/azure.rs`).
+    pub(super) api_version: Option<String>,
     pub(super) api_key: String,
     #[serde(default)]
     pub(super) models: Vec<ServedModelSpec>,

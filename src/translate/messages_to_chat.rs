@@ -12,10 +12,12 @@ pub const MAX_STOP_SEQUENCES: usize = 4;
 /// Whether the output bound goes as `max_completion_tokens`: always to OpenAI itself, where
 /// `max_tokens` is deprecated and refused by the reasoning models (o-series, gpt-5); to an
 /// OpenAI-compatible server when the model is one of those by name (a proxy of OpenAI's);
-/// never to OpenRouter or Gemini, which read `max_tokens`.
+/// never to OpenRouter or Gemini, which read `max_tokens`. Azure's deployments are named by
+/// their owner, not after the model, so it gets `max_completion_tokens` always (every model
+/// reads it since API version 2024-09-01-preview; its reasoning models refuse `max_tokens`).
 pub fn bounds_with_max_completion_tokens(provider: Provider, model: &str) -> bool {
     match provider {
-        Provider::OpenAi => true,
+        Provider::OpenAi | Provider::Azure => true,
         Provider::OpenAiCompatible => is_openai_reasoning_model(model),
         _ => false,
     }

@@ -119,7 +119,7 @@ pub fn request(
         Translation::MessagesToChat => messages_to_chat::request(&fields, upstream_model, cred.provider)?,
     };
     Ok(Outgoing {
-        url: cred.url(t.upstream_endpoint()).clone(),
+        url: cred.url(t.upstream_endpoint(), upstream_model).clone(),
         body: Bytes::from(translated.to_string()),
         max_tokens_chosen,
     })

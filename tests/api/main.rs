@@ -8,6 +8,7 @@ mod admin_api;
 mod alert_destinations;
 mod answer_headers;
 mod architecture;
+mod azure;
 mod binary;
 mod breaker;
 mod breaker_ladder;

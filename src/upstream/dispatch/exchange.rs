@@ -38,6 +38,8 @@ pub(crate) fn request(
         if let Some(beta) = client_headers.get("anthropic-beta") {
             h.insert("anthropic-beta", beta.clone());
         }
+    } else if cred.provider == Provider::Azure {
+        h.insert("api-key", cred.auth.clone());
     } else {
         h.insert(header::AUTHORIZATION, cred.auth.clone());
     }

@@ -1176,6 +1176,9 @@ mod tests {
     const CODEX_USAGE_LIMIT: &str = r#"{"error":{"type":"usage_limit_reached","message":"The usage limit has been reached","plan_type":"plus","resets_at":1773705600,"eligible_promo":null,"resets_in_seconds":1800}}"#;
     const CODEX_USAGE_LIMIT_DAYS: &str = r#"{"error":{"type":"usage_limit_reached","message":"The usage limit has been reached","plan_type":"plus","resets_at":1773705600,"eligible_promo":null}}"#;
 
+    const AZURE_429: &str = r#"{"error":{"code":"429","message":"Requests to the ChatCompletions_Create Operation under Azure OpenAI API version 2024-10-21 have exceeded token rate limit of your current OpenAI S0 pricing tier. Please retry after 37 seconds. Go here for more details: https://aka.ms/oai/quotaincrease"}}"#;
+    const AZURE_CONTENT_FILTER: &str = r#"{"error":{"message":"The response was filtered due to the prompt triggering Azure OpenAI's content management policy. Please modify your prompt and retry. To learn more about our content filtering policies please read our documentation: https://go.microsoft.com/fwlink/?linkid=2198766","type":null,"param":"prompt","code":"content_filter","status":400,"innererror":{"code":"ResponsibleAIPolicyViolation","content_filter_result":{"hate":{"filtered":false,"severity":"safe"},"jailbreak":{"filtered":false,"detected":false},"self_harm":{"filtered":false,"severity":"safe"},"sexual":{"filtered":false,"severity":"safe"},"violence":{"filtered":true,"severity":"high"}}}}}"#;
+
     const ANTHROPIC_INPUT_TOKENS_LIMIT: &str = r#"{"type":"error","error":{"type":"rate_limit_error","message":"This request would exceed the rate limit for your organization (a1b2c3) of 40,000 input tokens per minute. For details, refer to: https://docs.claude.com/en/api/rate-limits. You can see the response headers for current usage. Please reduce the prompt length or the maximum tokens requested, or try again later."},"request_id":"req_011CUaS4c9"}"#;
     const KIRO_MONTHLY_LIMIT: &str =
         r#"{"message":"You have reached the limit.","reason":"MONTHLY_REQUEST_COUNT"}"#;
@@ -2555,6 +2558,46 @@ mod tests {
                 rule: Rule::RateLimitWording,
                 lock: Some((One, Account, "2026-03-15T10:22:00Z")),
                 next: NextCredential,
+                ..BASE
+            },
+            // ---- Azure OpenAI ----
+            Case {
+                name: "azure 429 with retry-after and retry-after-ms parks the deployment that long",
+                provider: Provider::Azure,
+                model: "gpt4o-prod",
+                status: 429,
+                headers: &[
+                    ("retry-after", "37"),
+                    ("retry-after-ms", "37000"),
+                    ("x-ratelimit-remaining-requests", "0"),
+                    ("x-ratelimit-remaining-tokens", "0"),
+                ],
+                body: AZURE_429,
+                rule: Rule::ProviderNamedReset,
+                lock: Some((One, Account, "2026-03-15T10:21:07Z")),
+                next: NextCredential,
+                ..BASE
+            },
+            Case {
+                name: "azure 429 whose headers were stripped (a proxy): the wording's 90 s, like OpenAI's",
+                provider: Provider::Azure,
+                model: "gpt4o-prod",
+                status: 429,
+                body: AZURE_429,
+                rule: Rule::RateLimitWording,
+                lock: Some((One, Corroborated, "2026-03-15T10:22:00Z")),
+                next: NextCredential,
+                ..BASE
+            },
+            Case {
+                name: "azure content-filter 400 is the request's fault: no lock, no backoff",
+                provider: Provider::Azure,
+                model: "gpt4o-prod",
+                status: 400,
+                body: AZURE_CONTENT_FILTER,
+                rule: Rule::RequestError,
+                lock: None,
+                next: NextModel,
                 ..BASE
             },
         ]

@@ -201,7 +201,8 @@ impl Credential {
     pub fn from_row(u: &UpstreamRow, master: &MasterKey) -> Option<Credential> {
         let secret = master.open(&u.secret_sealed).ok()?;
         let provider: Provider = u.provider.parse().ok()?;
-        let mut auth = if provider.speaks_anthropic() {
+        // Anthropic's `x-api-key` and Azure's `api-key` carry the bare key.
+        let mut auth = if matches!(provider, Provider::Anthropic | Provider::Azure) {
             HeaderValue::from_str(&secret)
         } else {
             HeaderValue::from_str(&format!("Bearer {secret}"))
@@ -219,6 +220,15 @@ impl Credential {
             url(Endpoint::Embeddings)?,
             url(Endpoint::Messages)?,
         ];
+        let served = u.served_models();
+        let deployment_urls = if provider == Provider::Azure {
+            served
+                .iter()
+                .map(|m| Some((m.upstream.clone(), crate::provider::azure::urls(&u.base_url, &m.upstream)?)))
+                .collect::<Option<HashMap<_, _>>>()?
+        } else {
+            HashMap::new()
+        };
         Some(Credential {
             id: u.id,
             workspace_id: u.workspace_id,
@@ -233,12 +243,9 @@ impl Credential {
             tokens_per_minute: u.tokens_per_minute,
             requests_per_day: u.requests_per_day,
             quota_group: u.quota_group.clone(),
-            models: u
-                .served_models()
-                .into_iter()
-                .map(|m| (m.name, m.upstream))
-                .collect(),
+            models: served.into_iter().map(|m| (m.name, m.upstream)).collect(),
             urls,
+            deployment_urls,
         })
     }
 }
