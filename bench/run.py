@@ -11,7 +11,7 @@ the same samples ("corrected"); at 50 connections they are wrk's (corrected). Us
     cargo build --release --bin aigw --example probe && python3 bench/run.py [--duration 10] [--policies 0|4]
     python3 bench/run.py --compare-policies ROUNDS         # 0 vs 4 policies, in alternation
     python3 bench/run.py --compare-bin OTHER_AIGW [--rounds N] [--streamed]  # another build vs this one
-    python3 bench/run.py --instructions [--duration 12] [--bin AIGW]  # instructions per request
+    python3 bench/run.py --instructions [--check-budget | --update-budget] [--bin AIGW]  # instructions per request
     python3 bench/run.py --syscalls [--duration 5] [--bin AIGW]  # system calls per request
     python3 bench/run.py --waits [--duration 3] [--wait-ms 0.3]  # who held the CPU while wrk or the mock waited
     python3 bench/run.py --translation [--rounds 3] [--duration 5]  # translated vs native requests
@@ -441,51 +441,205 @@ def compare_translation(gw, port, duration, rounds):
               f"{to_openai:+.1f} µs against the native chat request")
 
 
-def instructions(tmp, mock_port, duration, keep=None):
+BUDGET = os.path.join(ROOT, "bench", "budget.toml")
+
+# The modes of the instruction count and of the budget: (mode, gateway, path, body). Gateway "0"
+# has no quota policy and an Anthropic credential beside the OpenAI-compatible one (the default
+# settings otherwise); gateway "4" has the four policies of POLICIES on every request.
+COUNTED = (
+    ("non-streamed", "0", "/v1/chat/completions", chat_body(False)),
+    ("streamed", "0", "/v1/chat/completions", chat_body(True)),
+    ("translated", "0", "/v1/chat/completions", chat_body(False).replace('"gpt-4o-mini"', '"claude-bench"')),
+    ("4 policies", "4", "/v1/chat/completions", chat_body(False)),
+)
+
+
+def send_exactly(port, path, body, n, conns=4):
+    """Exactly `n` requests (keep-alive, over `conns` connections opened once), each answer read to
+    its end; returns how many failed. A fixed count, not a fixed time, so that two counted runs
+    hold the same requests whatever the machine's speed."""
+    import http.client
+    import threading
+    failed = [0]
+    share = [n // conns + (1 if i < n % conns else 0) for i in range(conns)]
+    headers = {"authorization": f"Bearer {KEY}", "content-type": "application/json"}
+
+    def run(count):
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+        for _ in range(count):
+            c.request("POST", path, body=body, headers=headers)
+            r = c.getresponse()
+            r.read()
+            if r.status != 200:
+                failed[0] += 1
+        c.close()
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in share if k]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return failed[0]
+
+
+def callgrind_dump(pid, home):
+    """Dumps (and so zeroes) the running callgrind's counters; returns the dump's total."""
+    before = set(os.listdir(home))
+    subprocess.run(["callgrind_control", "-d", str(pid)], capture_output=True, check=True)
+    new = sorted(set(os.listdir(home)) - before, key=lambda n: int(n.rsplit(".", 1)[-1]) if n[-1].isdigit() else 0)
+    if not new:
+        sys.exit(f"callgrind_control -d {pid} left no dump in {home}")
+    path = os.path.join(home, new[-1])
+    with open(path) as f:
+        m = re.search(r"^totals: (\d+)", f.read(), re.M)
+    return (int(m.group(1)) if m else 0), path
+
+
+# Under callgrind: seconds for the log writer to write what was served before a dump, and
+# seconds of idling whose count, scaled to the counted run's length, is taken off it.
+SETTLE, IDLE = 2.0, 4.0
+
+
+def instructions(tmp, mock_port, requests, warm, keep=None, only=None):
     """aigw's user-space instructions per request, counted by callgrind: unlike time, the count
-    hardly moves with what else the machine runs, so it compares two builds on a noisy host. The
-    gateway runs under valgrind (about 50 times slower) at 4 connections; counting starts after
-    a warm-up and ends after the log writer has flushed the counted requests. With `keep`, each
-    mode's profile is copied there (`non-streamed.out`, `streamed.out`) for callgrind_annotate."""
+    hardly moves with what else the machine runs, so it compares two builds on a noisy host and
+    holds a budget in CI. Per mode, in a gateway under valgrind that has served `warm` requests
+    of that mode (connections, caches and lazy statics warm) and flushed their logs: the counters
+    are zeroed and the gateway idles for IDLE seconds (B: what its timers and flushers cost with
+    no request); then exactly `requests` requests are sent (4 connections), their logs flushed,
+    and the count dumped (A). (A - B scaled to A's length) / requests is the figure: start-up,
+    warm-up and the idle work drop out. With `keep`, each mode's counted profile (A) is copied
+    there (`non-streamed.out`, ...) for callgrind_annotate. Returns {mode: instructions}."""
     if not shutil.which("valgrind"):
         sys.exit("valgrind is not installed (Debian: apt-get install valgrind)")
-    print(f"# aigw instructions per request (callgrind, 4 connections, {duration} s counted per mode)\n")
-    print("| mode | requests counted | instructions/request |")
-    print("|---|---|---|")
-    for mode, stream in (("non-streamed", False), ("streamed", True)):
-        home = os.path.join(tmp, f"cg-{mode}")
+    modes = [m for m in COUNTED if not only or m[0] in only]
+    result = {}
+    for policies in ("0", "4"):
+        mine = [m for m in modes if m[1] == policies]
+        if not mine:
+            continue
+        home = os.path.join(tmp, f"cg-{policies}")
         out = os.path.join(home, "callgrind.out")
         # Idle polling off: the instructions of a thread waiting for work are not the request's,
         # and under valgrind it would spin for most of the run.
-        gw, port = start_gateway(tmp, mock_port, 0, name=f"cg-{mode}", env={"AIGW_IDLE_POLL_US": "0"},
+        gw, port = start_gateway(tmp, mock_port, int(policies), name=f"cg-{policies}",
+                                 env={"AIGW_IDLE_POLL_US": "0"}, extra=ANTHROPIC,
                                  wrap=("valgrind", "--tool=callgrind", "--instr-atstart=no",
                                        f"--callgrind-out-file={out}"))
         try:
-            url = f"http://127.0.0.1:{port}/v1/chat/completions"
-            wait_ready(f"http://127.0.0.1:{port}/readyz", gw, timeout=120)
-            body = chat_body(stream)
-            wrk(url, KEY, body, 4, 3)
+            wait_ready(f"http://127.0.0.1:{port}/readyz", gw, timeout=180)
             subprocess.run(["callgrind_control", "-i", "on", str(gw.pid)], capture_output=True, check=True)
-            r = wrk(url, KEY, body, 4, duration)
-            time.sleep(2)  # the log writer's flush of the counted requests (every 250 ms)
-            subprocess.run(["callgrind_control", "-i", "off", str(gw.pid)], capture_output=True, check=True)
-            subprocess.run(["callgrind_control", "-d", str(gw.pid)], capture_output=True, check=True)
+            for mode, _, path, body in mine:
+                if send_exactly(port, path, body, warm):
+                    sys.exit(f"{mode}: the warm-up requests failed")
+                time.sleep(SETTLE)  # the warm-up's logs are written (the writer flushes every 250 ms)
+                callgrind_dump(gw.pid, home)
+                time.sleep(IDLE)
+                idle, _ = callgrind_dump(gw.pid, home)
+                t0 = time.monotonic()
+                failed = send_exactly(port, path, body, requests)
+                time.sleep(SETTLE)  # the counted requests' logs are written
+                counted, profile = callgrind_dump(gw.pid, home)
+                idle_as_long = idle * (time.monotonic() - t0) / IDLE
+                if failed:
+                    sys.exit(f"{mode}: {failed} of {requests} requests failed")
+                if keep:
+                    os.makedirs(keep, exist_ok=True)
+                    shutil.copy(profile, os.path.join(keep, f"{mode.replace(' ', '-')}.out"))
+                result[mode] = (counted - idle_as_long) / requests
+                print(f"  {mode}: {result[mode]:,.0f} instructions/request "
+                      f"({counted:,} with {requests} requests, {idle_as_long:,.0f} idle as long)", file=sys.stderr)
         finally:
             gw.terminate()
             gw.wait(timeout=60)
-        dumps = [os.path.join(home, n) for n in os.listdir(home) if n.startswith("callgrind.out")]
-        total, counted = 0, None
-        for d in dumps:
-            with open(d) as f:
-                m = re.search(r"^totals: (\d+)", f.read(), re.M)
-            if m and int(m.group(1)) > total:
-                total, counted = int(m.group(1)), d
-        if keep and counted:
-            os.makedirs(keep, exist_ok=True)
-            shutil.copy(counted, os.path.join(keep, f"{mode}.out"))
-        if r["errors"] or r["non2xx"] or not r["requests"]:
-            sys.exit(f"{mode}: {r['errors']} errors, {r['non2xx']} non-2xx of {r['requests']} requests")
-        print(f"| {mode} | {r['requests']:,} | {total / r['requests']:,.0f} |")
+    return result
+
+
+def counted_instructions(tmp, mock_port, args):
+    """--instructions: the count of each mode, printed; with --check-budget, against
+    bench/budget.toml (returns the failures); with --update-budget, written there."""
+    only = set(args.modes.split(",")) if args.modes else None
+    rev = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True,
+                         text=True).stdout.strip()
+    print(f"# aigw instructions per request ({BIN if args.bin else rev}; callgrind, {args.requests} requests "
+          f"per mode after {args.warm}, less the same time idle)\n")
+    counts = instructions(tmp, mock_port, args.requests, args.warm, args.keep_profiles, only)
+    budget = read_budget() if os.path.exists(BUDGET) else {}
+    failures = []
+    if args.check_budget:
+        failures = check_budget(counts, budget)
+    else:
+        print("| mode | instructions/request |")
+        print("|---|---|")
+        for mode, n in counts.items():
+            print(f"| {mode} | {n:,.0f} |")
+    if args.update_budget:
+        kept = dict(budget.get("modes", {}))
+        write_budget({**{m: v["instructions"] for m, v in kept.items()}, **counts}, budget)
+        print(f"\n{BUDGET} rewritten")
+        failures = []
+    return failures
+
+
+def read_budget():
+    import tomllib
+    with open(BUDGET, "rb") as f:
+        return tomllib.load(f)
+
+
+def write_budget(counts, old):
+    """bench/budget.toml with `counts` as the new budget, keeping each mode's tolerance."""
+    default = old.get("tolerance", 0.03)
+    lines = [
+        "# Instructions per request of each mode, counted under callgrind by",
+        "# `python3 bench/run.py --instructions --check-budget` (see docs/performance.md, \"The budget\").",
+        "# CI fails when a mode counts more than its budget times (1 + tolerance). Rewrite it with",
+        "# `--update-budget` only from a release build of the commit that changes the count.",
+        f"tolerance = {default}",
+        "",
+    ]
+    for mode, _, _, _ in COUNTED:
+        if mode not in counts:
+            continue
+        prev = old.get("modes", {}).get(mode, {})
+        lines.append(f'[modes."{mode}"]')
+        lines.append(f"instructions = {round(counts[mode])}")
+        if "tolerance" in prev:
+            lines.append(f"tolerance = {prev['tolerance']}")
+        lines.append("")
+    with open(BUDGET, "w") as f:
+        f.write("\n".join(lines))
+
+
+def check_budget(counts, budget):
+    """Each mode against its budget: over by more than its tolerance fails; under by more than
+    three times it fails too (the budget is stale: lower it with --update-budget, so that the win
+    is held). Returns the failures."""
+    default = budget.get("tolerance", 0.03)
+    failures = []
+    print("| mode | instructions/request | budget | difference | tolerance | |")
+    print("|---|---|---|---|---|---|")
+    for mode, _, _, _ in COUNTED:
+        if mode not in counts:
+            continue
+        spec = budget.get("modes", {}).get(mode)
+        if not spec:
+            failures.append(f"{mode}: no budget in {BUDGET}")
+            continue
+        tol = spec.get("tolerance", default)
+        diff = counts[mode] / spec["instructions"] - 1
+        verdict = "ok"
+        if diff > tol:
+            verdict = "OVER"
+            failures.append(f"{mode}: {counts[mode]:,.0f} instructions/request, {diff * 100:+.1f} % against "
+                            f"the budget of {spec['instructions']:,} (tolerance {tol * 100:.0f} %)")
+        elif diff < -3 * tol:
+            verdict = "stale"
+            failures.append(f"{mode}: {counts[mode]:,.0f} instructions/request, {diff * 100:+.1f} % under the "
+                            f"budget of {spec['instructions']:,}: lower it (--update-budget) so the win is held")
+        print(f"| {mode} | {counts[mode]:,.0f} | {spec['instructions']:,} | {diff * 100:+.1f} % | "
+              f"{tol * 100:.0f} % | {verdict} |")
+    return failures
 
 
 def syscalls(tmp, mock_port, duration):
@@ -670,8 +824,19 @@ def main():
     ap.add_argument("--streamed", action="store_true", help="with --compare-bin or --compare-tracing: streamed requests")
     ap.add_argument("--rounds", type=int, default=5, help="rounds of --compare-bin (default 5)")
     ap.add_argument("--instructions", action="store_true",
-                    help="instead: aigw's instructions per request under callgrind (valgrind), non-streamed "
-                         "and streamed; --duration seconds counted per mode (12 is enough)")
+                    help="instead: aigw's instructions per request under callgrind (valgrind), non-streamed, "
+                         "streamed, translated and with 4 policies; --requests counted per mode")
+    ap.add_argument("--requests", type=int, default=2000,
+                    help="with --instructions: requests counted per mode (default 2000)")
+    ap.add_argument("--warm", type=int, default=1000,
+                    help="with --instructions: requests served per mode before counting (default 1000)")
+    ap.add_argument("--modes", default=None,
+                    help="with --instructions: only these modes, comma-separated (default all)")
+    ap.add_argument("--check-budget", action="store_true",
+                    help=f"with --instructions: fail when a mode is over its budget in bench/budget.toml by "
+                         f"more than its tolerance (or under by more than three times it: a stale budget)")
+    ap.add_argument("--update-budget", action="store_true",
+                    help="with --instructions: rewrite bench/budget.toml with the counts")
     ap.add_argument("--syscalls", action="store_true",
                     help="instead: aigw's system calls per request under strace at 1 connection, non-streamed "
                          "and streamed; --duration seconds counted per mode")
@@ -697,7 +862,7 @@ def main():
     args = ap.parse_args()
     global BIN
     BIN = os.path.abspath(args.bin) if args.bin else BIN
-    if not shutil.which("wrk"):
+    if not shutil.which("wrk") and not args.instructions:
         sys.exit("wrk is not installed (Debian: apt-get install wrk)")
     # The probe times one connection in the full run and in the comparisons.
     timed_by_probe = not (args.instructions or args.syscalls or args.waits)
@@ -717,11 +882,13 @@ def main():
             elif args.syscalls:
                 syscalls(tmp, mock_port, args.duration)
             else:
-                instructions(tmp, mock_port, args.duration, args.keep_profiles)
+                failures = counted_instructions(tmp, mock_port, args)
         finally:
             mock.terminate()
             mock.wait(timeout=20)
             shutil.rmtree(tmp, ignore_errors=True)
+        if args.instructions and failures:
+            sys.exit("the instruction budget is not held:\n  " + "\n  ".join(failures))
         return
     if args.light:
         try:

@@ -1,5 +1,5 @@
 //! What a request used: its tokens. Quotas count it, models price it, the log keeps it; the
-//! upstream module reads it from a provider's answer and checks it (`upstream::usage`).
+//! upstream module reads it from a provider's answer and checks it (`provider::usage`).
 
 /// Tokens of one call.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

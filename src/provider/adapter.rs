@@ -196,13 +196,18 @@ struct AnswerShape<'a> {
     content: Option<&'a RawValue>,
     #[serde(borrow, rename = "type")]
     kind: Option<&'a RawValue>,
+    /// Read here too, so that the body is parsed once: the usage counted comes from this.
+    #[serde(default)]
+    usage: Option<serde_json::Value>,
 }
 
 /// Checks that a complete (not streamed) answer is what `endpoint` promises (DESIGN.md §9): one
 /// well-formed JSON object, whole, with the endpoint's defining field — `choices` (chat), `data`
 /// (embeddings) as arrays, `content` as an array or `"type":"message"` (messages). Fields beyond
-/// those are not looked at. The error says what is wrong without quoting the body.
-pub fn check_answer(endpoint: Endpoint, body: &[u8]) -> Result<(), String> {
+/// those are not looked at but `usage`, the answer's usage block, returned (`None` when absent or
+/// `null`) for [`super::usage::UsageReport::read`]: one parse of the body serves both. The error
+/// says what is wrong without quoting the body.
+pub fn check_answer(endpoint: Endpoint, body: &[u8]) -> Result<Option<serde_json::Value>, String> {
     let Some(&first) = body.trim_ascii_start().first() else {
         return Err("an empty body".to_owned());
     };
@@ -227,7 +232,7 @@ pub fn check_answer(endpoint: Endpoint, body: &[u8]) -> Result<(), String> {
         Endpoint::Messages => is_array(shape.content) || shape.kind.is_some_and(|k| k.get() == "\"message\""),
     };
     if ok {
-        Ok(())
+        Ok(shape.usage)
     } else {
         Err(match endpoint {
             Endpoint::ChatCompletions => "a JSON object without a `choices` array",
@@ -358,7 +363,7 @@ mod tests {
             ),
         ];
         for (endpoint, body, want) in cases {
-            let got = check_answer(*endpoint, body.as_bytes());
+            let got = check_answer(*endpoint, body.as_bytes()).map(|_| ());
             match (got, want) {
                 (Ok(()), Ok(())) => {}
                 (Err(e), Err(w)) => assert!(e.starts_with(w), "{body}: {e}"),

@@ -9,7 +9,6 @@
 //! stream cut short), logs the request as estimated, and warns about an invalid one. Every
 //! figure that leaves this module is within the ceiling, so nothing downstream can overflow.
 
-use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use super::adapter::Endpoint;
@@ -92,9 +91,11 @@ impl UsageReport {
 }
 
 /// The usage of a complete (not streamed) answer: missing when the body has none (or is not a
-/// JSON object).
+/// JSON object). The request path reads it with the answer's check (`adapter::check_answer`),
+/// in the same parse; this is the same reading alone, for the tests.
+#[cfg(test)]
 pub fn of_body(endpoint: Endpoint, body: &[u8], ceiling: u64) -> UsageReport {
-    #[derive(Deserialize)]
+    #[derive(serde::Deserialize)]
     struct WithUsage {
         #[serde(default)]
         usage: Option<Value>,

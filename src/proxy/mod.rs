@@ -283,7 +283,7 @@ pub async fn handle(
                 status,
                 content_type,
                 body: mut bytes,
-                translated_usage,
+                usage: (native, usage_block),
             } = match answer {
                 Answer::Stream(response) => {
                     let status = response.status().as_u16();
@@ -327,9 +327,9 @@ pub async fn handle(
             };
             // The upstream's usage is counted only if valid; else the gateway's estimate is.
             let ceiling = state.settings.max_usage_tokens;
-            let reported = match translated_usage {
-                Some((native, block)) => UsageReport::read(native, &block, ceiling),
-                None => usage::of_body(endpoint, &bytes, ceiling),
+            let reported = match usage_block {
+                Some(block) => UsageReport::read(native, &block, ceiling),
+                None => UsageReport::Missing,
             };
             let ttfb = Some(completion.started().elapsed());
             let outcome = match &reported {

@@ -125,16 +125,16 @@ pub fn request(
     })
 }
 
-/// A complete answer of the upstream, already checked to be its endpoint's, in the client's
-/// format, and the upstream's own usage block (`null` when it had none); `Err` says why it
-/// cannot be (the answer is then refused like an invalid one).
-pub fn answer(t: Translation, body: &[u8]) -> Result<(Bytes, Value), String> {
-    let mut v: Value = serde_json::from_slice(body).map_err(|e| format!("unreadable answer: {e}"))?;
+/// A complete answer of the upstream, already checked to be its endpoint's (which read its
+/// usage block), in the client's format; `Err` says why it cannot be (the answer is then refused
+/// like an invalid one).
+pub fn answer(t: Translation, body: &[u8]) -> Result<Bytes, String> {
+    let v: Value = serde_json::from_slice(body).map_err(|e| format!("unreadable answer: {e}"))?;
     let out = match t {
         Translation::ChatToMessages => chat_to_messages::answer(&v, now_secs())?,
         Translation::MessagesToChat => messages_to_chat::answer(&v)?,
     };
-    Ok((Bytes::from(out.to_string()), v["usage"].take()))
+    Ok(Bytes::from(out.to_string()))
 }
 
 /// A usage block in the format of `client`'s endpoint for `usage` (the gateway's estimate).

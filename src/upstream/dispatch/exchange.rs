@@ -84,19 +84,16 @@ pub(super) async fn read_answer(
     };
     let translation = Translation::of(endpoint, provider);
     let native = translation.map_or(endpoint, Translation::upstream_endpoint);
-    adapter::check_answer(native, &body).map_err(Unread::Invalid)?;
-    let (body, translated_usage) = match translation {
-        Some(t) => {
-            let (body, usage) = translate::answer(t, &body).map_err(Unread::Invalid)?;
-            (body, Some((native, usage)))
-        }
-        None => (body, None),
+    let usage = adapter::check_answer(native, &body).map_err(Unread::Invalid)?;
+    let body = match translation {
+        Some(t) => translate::answer(t, &body).map_err(Unread::Invalid)?,
+        None => body,
     };
     Ok(Answer::Complete(Complete {
         status,
         content_type,
         body,
-        translated_usage,
+        usage: (native, usage),
     }))
 }
 

@@ -127,10 +127,11 @@ pub struct Complete {
     pub content_type: Option<HeaderValue>,
     /// The body, the endpoint's JSON.
     pub body: Bytes,
-    /// A translated answer's usage block in the upstream's own format, and the endpoint whose
-    /// format that is (`body` is in the client's): it is checked in the provider's own words, as a
-    /// translation may hide what was wrong with it. `None` when not translated.
-    pub translated_usage: Option<(crate::provider::adapter::Endpoint, serde_json::Value)>,
+    /// The answer's usage block as the upstream sent it (`None` when absent or `null`), read
+    /// when the answer was checked (one parse of the body), and the endpoint whose format that
+    /// is: a translated answer's (`body` is in the client's format) is checked in the provider's
+    /// own words, as a translation may hide what was wrong with it.
+    pub usage: (crate::provider::adapter::Endpoint, Option<serde_json::Value>),
 }
 
 /// How dispatch ended.
