@@ -12,8 +12,8 @@ use serde_json::{Value, json};
 
 use super::session::Actor;
 use super::{AdminResult, Params, audit, store_error};
-use crate::state::AppState;
 use crate::error::ApiError;
+use crate::state::AppState;
 use crate::store::{AdminStore, ApiKeyRow, LabelFilter, LabelKind, LabelRow, Table};
 
 /// Most labels one page lists.

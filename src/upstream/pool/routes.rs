@@ -224,7 +224,12 @@ impl Credential {
         let deployment_urls = if provider == Provider::Azure {
             served
                 .iter()
-                .map(|m| Some((m.upstream.clone(), crate::provider::azure::urls(&u.base_url, &m.upstream)?)))
+                .map(|m| {
+                    Some((
+                        m.upstream.clone(),
+                        crate::provider::azure::urls(&u.base_url, &m.upstream)?,
+                    ))
+                })
                 .collect::<Option<HashMap<_, _>>>()?
         } else {
             HashMap::new()
