@@ -116,7 +116,7 @@ async function editUpstream(u) {
       managedWarning(u),
       at('span-3', field('Name', h('input', { name: 'name', required: true, value: u.name || '', autocomplete: 'off' }))),
       at('span-3', field('Provider', select('provider', PROVIDERS, u.provider))),
-      at('span-3', field('Base URL', h('input', { name: 'base_url', type: 'url', value: u.base_url || '', placeholder: 'https://api.openai.com/v1' }), 'Empty: the provider\'s own address. Azure: https://NAME.openai.azure.com?api-version=2024-10-21 (or …/openai/v1).')),
+      at('span-3', field('Base URL', h('input', { name: 'base_url', type: 'url', value: u.base_url || '', placeholder: 'https://api.openai.com/v1' }), 'Empty: the provider\'s own address. Azure: https://NAME.openai.azure.com, with ?api-version= to pin a version, or …/openai/v1.')),
       at('span-3', field('API key (secret)', h('input', {
         name: 'api_key', type: 'password', autocomplete: 'new-password', required: creating, value: '',
         placeholder: creating ? 'The provider key' : 'Unchanged — type a new key to replace it',
