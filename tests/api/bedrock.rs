@@ -29,6 +29,11 @@ name = "acme"
 workspace = "acme"
 email = "ada@acme.test"
 role = "member"
+[[member]]
+workspace = "acme"
+email = "root@acme.test"
+role = "owner"
+password = "owner-password-1"
 [[api_key]]
 member = "ada@acme.test"
 name = "ci"
@@ -82,6 +87,7 @@ both_backends!(
     throttling_parks_the_model_for_a_minute,
     a_validation_error_is_the_requests_fault,
     a_bad_bedrock_entry_is_refused_by_name,
+    the_admin_api_takes_aws_keys_and_never_shows_the_secret,
 );
 
 async fn chat_reaches_converse_signed_with_sigv4(db: TestDb) {
@@ -399,4 +405,94 @@ async fn a_bad_bedrock_entry_is_refused_by_name(db: TestDb) {
         Err(e) => e.to_string(),
     };
     assert!(err.contains("region is only for provider \"bedrock\""), "{err}");
+}
+
+async fn the_admin_api_takes_aws_keys_and_never_shows_the_secret(db: TestDb) {
+    let (app, mock) = start(&db).await;
+    let token = app.login("root@acme.test", "owner-password-1").await;
+    let client = reqwest::Client::new();
+    let send = |method: reqwest::Method, path: String, body: Value| {
+        client
+            .request(method, format!("{}{path}", app.address))
+            .bearer_auth(&token)
+            .json(&body)
+            .send()
+    };
+    // Create: every key but the token is required, api_key is not bedrock's.
+    let base = json!({"name": "br-west", "provider": "bedrock", "region": "us-west-2",
+        "access_key_id": "AKIAWEST0000000000001", "models": [{"name": "claude-west", "upstream": CLAUDE}]});
+    let r = send(reqwest::Method::POST, "/admin/v1/upstreams".into(), base.clone())
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 422);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["param"], "secret_access_key", "{v}");
+    let mut with_key = base.clone();
+    with_key["api_key"] = json!("k");
+    with_key["secret_access_key"] = json!("west/Secret+Key");
+    let r = send(reqwest::Method::POST, "/admin/v1/upstreams".into(), with_key)
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 422);
+    let mut good = base;
+    good["secret_access_key"] = json!("west/Secret+Key");
+    good["session_token"] = json!("FwoGZXIvYXdzEWestToken");
+    let r = send(reqwest::Method::POST, "/admin/v1/upstreams".into(), good)
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    let text = r.text().await.unwrap();
+    assert!(
+        !text.contains("west/Secret+Key") && !text.contains("WestToken"),
+        "{text}"
+    );
+    let v: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["base_url"], "https://bedrock-runtime.us-west-2.amazonaws.com");
+    assert_eq!(
+        v["aws"],
+        json!({"region": "us-west-2", "access_key_id": "AKIAWEST0000000000001", "has_session_token": true})
+    );
+    // A change of region moves the default endpoint; a null token removes it; the secret stays.
+    let id = v["id"].as_i64().unwrap();
+    let r = send(
+        reqwest::Method::PATCH,
+        format!("/admin/v1/upstreams/{id}"),
+        json!({"region": "eu-central-1", "session_token": null}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status(), 200);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(
+        v["base_url"],
+        "https://bedrock-runtime.eu-central-1.amazonaws.com"
+    );
+    assert_eq!(v["aws"]["has_session_token"], false);
+    assert_eq!(v["aws"]["region"], "eu-central-1");
+    // The AWS fields belong to bedrock alone; other credentials show no `aws`.
+    let r = send(
+        reqwest::Method::POST,
+        "/admin/v1/upstreams".into(),
+        json!({"name": "o2", "provider": "openai", "api_key": "k", "region": "us-east-1"}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status(), 422);
+    let r = send(reqwest::Method::GET, "/admin/v1/upstreams".into(), json!(null))
+        .await
+        .unwrap();
+    let list: Value = r.json().await.unwrap();
+    let openai = list["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|u| u["provider"] == "openai")
+        .unwrap();
+    assert_eq!(openai["aws"], Value::Null);
+    // The resources file's credential signs with its own keys.
+    let r = app
+        .post_json("/v1/chat/completions", KEY, &chat("claude-bedrock"))
+        .await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(mock.calls()[0].credential.as_deref(), Some(ACCESS_KEY_ID));
 }
