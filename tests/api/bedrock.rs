@@ -349,6 +349,18 @@ async fn a_validation_error_is_the_requests_fault(db: TestDb) {
     let logs = app.logs("acme", 2).await;
     let refused = logs.iter().find(|l| l.status == 400).unwrap();
     assert_eq!(attempts(refused)[0]["rule"], "request_error");
+    // Embeddings are not Bedrock's (Converse is chat only): a 400 naming the model, nothing sent.
+    let r = app
+        .post_json(
+            "/v1/embeddings",
+            KEY,
+            &json!({"model": "claude-bedrock", "input": "a"}),
+        )
+        .await;
+    assert_eq!(r.status(), 400);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["param"], "model", "{v}");
+    assert_eq!(mock.calls().len(), 2);
     // The same error on /v1/messages comes back in Anthropic's shape.
     mock.script(
         Script::any()
@@ -495,4 +507,27 @@ async fn the_admin_api_takes_aws_keys_and_never_shows_the_secret(db: TestDb) {
         .await;
     assert_eq!(r.status(), 200);
     assert_eq!(mock.calls()[0].credential.as_deref(), Some(ACCESS_KEY_ID));
+    // The connection test is a signed Converse call too.
+    let r = send(reqwest::Method::GET, "/admin/v1/upstreams".into(), json!(null))
+        .await
+        .unwrap();
+    let list: Value = r.json().await.unwrap();
+    let east = list["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|u| u["name"] == "bedrock-east")
+        .unwrap();
+    let r = send(
+        reqwest::Method::POST,
+        format!("/admin/v1/upstreams/{}/test", east["id"]),
+        json!({}),
+    )
+    .await
+    .unwrap();
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["ok"], true, "{v}");
+    let ping = mock.calls().pop().unwrap();
+    assert_eq!(ping.path, format!("/model/{CLAUDE}/converse"));
+    assert_eq!(ping.body["inferenceConfig"]["maxTokens"], 1);
 }

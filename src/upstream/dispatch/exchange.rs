@@ -22,7 +22,7 @@ const MAX_ERROR_BODY: usize = 256 * 1024;
 /// The attempt's request: the client's body translated where the credential speaks the other
 /// format (`translate::request`), and for a `bedrock` credential that chat request as a Converse
 /// request to the model's Converse (or ConverseStream) URL.
-pub(super) fn outgoing(
+pub(crate) fn outgoing(
     endpoint: Endpoint,
     cred: &Credential,
     body: &Fields,
