@@ -81,6 +81,7 @@ const INVALID_MODEL: &str = r#"{"message":"The provided model identifier is inva
 both_backends!(
     chat_reaches_converse_signed_with_sigv4,
     a_converse_stream_becomes_openai_chunks_with_its_usage,
+    an_exception_frame_is_a_mid_stream_error,
     tools_images_and_stop_sequences_reach_converse,
     cache_tokens_count_as_prompt,
     messages_reach_bedrock_through_the_chat_translation,
@@ -530,4 +531,34 @@ async fn the_admin_api_takes_aws_keys_and_never_shows_the_secret(db: TestDb) {
     let ping = mock.calls().pop().unwrap();
     assert_eq!(ping.path, format!("/model/{CLAUDE}/converse"));
     assert_eq!(ping.body["inferenceConfig"]["maxTokens"], 1);
+}
+
+async fn an_exception_frame_is_a_mid_stream_error(db: TestDb) {
+    let (app, mock) = start(&db).await;
+    mock.script(Script {
+        error_after_chunks: Some(2),
+        ..Script::any()
+    });
+    let mut body = chat("claude-bedrock");
+    body["stream"] = json!(true);
+    let r = app.post_json("/v1/chat/completions", KEY, &body).await;
+    assert_eq!(r.status(), 200, "the head had gone before the error");
+    let text = r.text().await.unwrap();
+    let c = chunks(&text);
+    let content: String = c
+        .iter()
+        .filter_map(|c| c.pointer("/choices/0/delta/content").and_then(Value::as_str))
+        .collect();
+    assert_eq!(content, "Hello from ");
+    let error = c.iter().find(|e| e.get("error").is_some()).expect(&text);
+    assert_eq!(
+        error["error"]["message"],
+        "Bedrock is unable to process your request."
+    );
+    assert_eq!(error["error"]["aws_error_type"], "ServiceUnavailableException");
+    let log = &app.logs("acme", 1).await[0];
+    assert_eq!(log.code.as_deref(), Some("upstream_stream_error"), "{log:?}");
+    assert_eq!(log.source.as_deref(), Some("upstream"));
+    assert_eq!(log.usage_estimated, 1, "cut short: what was delivered is counted");
+    let _ = mock;
 }
