@@ -17,6 +17,7 @@ const PROVIDERS = [
   ['gemini', 'Gemini'],
   ['openai-compatible', 'OpenAI-compatible (any base URL)'],
   ['azure', 'Azure OpenAI (resource endpoint; model upstream name = deployment)'],
+  ['bedrock', 'AWS Bedrock (region and access keys; model upstream name = model id)'],
 ];
 
 /** Plain words for the classification rules the gateway names (kRouter's order). */
@@ -25,6 +26,9 @@ const RULES = {
   monthly_anthropic_spend_cap: 'Anthropic monthly spend cap reached',
   openrouter_free_daily: 'OpenRouter free daily cap reached',
   provider_named_reset: 'rate-limited; the provider named when it resets',
+  aws_throttling: 'AWS throttled this model, resting 1 min',
+  aws_service_quota: 'an AWS service quota of the account is used up, resting 5 min',
+  aws_keys_rejected: 'AWS refused the access keys (whole credential), resting 2 min',
   rate_limit_wording: 'rate-limited; no reset named, resting 90 s',
   worded_reset: 'rate-limited; the error text named a reset time',
   account_wide: 'the provider suspended or wants to verify the account',
@@ -112,15 +116,40 @@ async function editUpstream(u) {
     // Six columns: identity and secret two by two, numbers three by three, each group under
     // its heading; one column on a phone.
     const at = (span, el) => { el.classList.add(span); return el; };
+    // A bedrock credential signs with AWS keys instead of an API key: the fields follow the provider.
+    const apiKeyInput = h('input', {
+      name: 'api_key', type: 'password', autocomplete: 'new-password', required: creating, value: '',
+      placeholder: creating ? 'The provider key' : 'Unchanged — type a new key to replace it',
+    });
+    const apiKeyField = at('span-3', field('API key (secret)', apiKeyInput,
+      creating ? 'Stored encrypted; it is never shown again.' : 'Never shown. Replacing it clears per-model locks.'));
+    const aws = u.aws || {};
+    const secretInput = (name, placeholder) => h('input', { name, type: 'password', autocomplete: 'new-password', value: '', placeholder });
+    const awsFields = [
+      at('span-3', field('AWS region', h('input', { name: 'region', value: aws.region || '', placeholder: 'us-east-1', autocomplete: 'off' }), 'The endpoint is bedrock-runtime.REGION.amazonaws.com unless a base URL is given.')),
+      at('span-3', field('Access key id', h('input', { name: 'access_key_id', value: aws.access_key_id || '', placeholder: 'AKIA…', autocomplete: 'off' }))),
+      at('span-3', field('Secret access key (secret)', secretInput('secret_access_key', creating ? 'The AWS secret key' : 'Unchanged — type a new key to replace it'), 'Stored encrypted; it is never shown again.')),
+      at('span-3', field('Session token (secret, optional)', secretInput('session_token', aws.has_session_token ? 'Set — type a new one to replace it' : 'Only for temporary credentials'), 'For temporary (ASIA…) credentials.')),
+    ];
+    const providerSelect = select('provider', PROVIDERS, u.provider);
+    const showProvider = () => {
+      const bedrock = providerSelect.value === 'bedrock';
+      apiKeyField.hidden = bedrock;
+      apiKeyInput.required = creating && !bedrock;
+      for (const f of awsFields) f.hidden = !bedrock;
+      for (const name of ['region', 'access_key_id', 'secret_access_key']) {
+        const input = awsFields.map((f) => f.querySelector(`[name="${name}"]`)).find(Boolean);
+        input.required = bedrock && (creating || name !== 'secret_access_key');
+      }
+    };
+    providerSelect.addEventListener('change', showProvider);
     const form = h('form.form.form-grid',
       managedWarning(u),
       at('span-3', field('Name', h('input', { name: 'name', required: true, value: u.name || '', autocomplete: 'off' }))),
-      at('span-3', field('Provider', select('provider', PROVIDERS, u.provider))),
-      at('span-3', field('Base URL', h('input', { name: 'base_url', type: 'url', value: u.base_url || '', placeholder: 'https://api.openai.com/v1' }), 'Empty: the provider\'s own address. Azure: https://NAME.openai.azure.com, with ?api-version= to pin a version, or …/openai/v1.')),
-      at('span-3', field('API key (secret)', h('input', {
-        name: 'api_key', type: 'password', autocomplete: 'new-password', required: creating, value: '',
-        placeholder: creating ? 'The provider key' : 'Unchanged — type a new key to replace it',
-      }), creating ? 'Stored encrypted; it is never shown again.' : 'Never shown. Replacing it clears per-model locks.')),
+      at('span-3', field('Provider', providerSelect)),
+      at('span-3', field('Base URL', h('input', { name: 'base_url', type: 'url', value: u.base_url || '', placeholder: 'https://api.openai.com/v1' }), 'Empty: the provider\'s own address. Azure: https://NAME.openai.azure.com, with ?api-version= to pin a version, or …/openai/v1. Bedrock: empty for the region\'s endpoint.')),
+      apiKeyField,
+      ...awsFields,
       field('Models', h('textarea', { name: 'models', rows: 3, required: true, value: (u.models || []).map((m) => (m.upstream && m.upstream !== m.name ? `${m.name}=${m.upstream}` : m.name)).join('\n') }),
         'One per line: the public model name, or name=upstream-name.'),
       h('h3.form-section', 'Routing'),
@@ -135,6 +164,7 @@ async function editUpstream(u) {
       h('div.actions.with-option',
         h('div.field.checkbox', h('label', { title: 'A disabled credential gets no traffic.' }, h('input', { type: 'checkbox', name: 'enabled', checked: u.enabled !== false }), ' Enabled')),
         h('button', { type: 'button', onclick: () => close() }, 'Cancel'), h('button.primary', { type: 'submit' }, creating ? 'Create upstream' : 'Save')));
+    showProvider();
     handleSubmit(form, {
       validate: (fd) => {
         const errors = {};
@@ -157,7 +187,12 @@ async function editUpstream(u) {
           quota_group: fd.get('quota_group').trim() || null,
           enabled: fd.get('enabled') === 'on',
         };
-        if (fd.get('api_key')) body.api_key = fd.get('api_key');
+        if (body.provider === 'bedrock') {
+          body.region = fd.get('region').trim();
+          body.access_key_id = fd.get('access_key_id').trim();
+          if (fd.get('secret_access_key')) body.secret_access_key = fd.get('secret_access_key');
+          if (fd.get('session_token')) body.session_token = fd.get('session_token');
+        } else if (fd.get('api_key')) body.api_key = fd.get('api_key');
         if (creating) {
           if (!body.base_url) delete body.base_url;
           if (body.max_in_flight === null) delete body.max_in_flight;

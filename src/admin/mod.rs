@@ -23,6 +23,7 @@ mod sso;
 mod tenancy;
 mod tokens;
 mod upstream_figures;
+mod upstream_keys;
 mod upstreams;
 
 use axum::Router;

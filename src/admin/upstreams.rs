@@ -74,6 +74,7 @@ fn upstream_json(state: &AppState, up: &UpstreamRow, events: &[ParkEvent]) -> Va
         "resumes_at": resumes_at.and_then(rfc3339),
         "created_at": up.created_at,
         "updated_at": up.updated_at,
+        "aws": super::upstream_keys::view(state, up),
     })
 }
 
@@ -170,6 +171,18 @@ pub struct UpstreamInput {
     /// Write-only.
     #[serde(default)]
     api_key: Option<String>,
+    /// `bedrock`: the AWS region (`upstream_keys.rs`).
+    #[serde(default)]
+    region: Option<String>,
+    /// `bedrock`: the access key id.
+    #[serde(default)]
+    access_key_id: Option<String>,
+    /// `bedrock`: write-only.
+    #[serde(default)]
+    secret_access_key: Option<String>,
+    /// `bedrock`: write-only; `null` removes it.
+    #[serde(default, with = "double_option")]
+    session_token: Option<Option<String>>,
     #[serde(default)]
     models: Option<Vec<ModelInput>>,
     #[serde(default)]
@@ -206,6 +219,7 @@ fn apply(state: &AppState, row: &mut UpstreamRow, input: UpstreamInput, creating
     match (&input.base_url, provider.default_base_url()) {
         (Some(b), _) => row.base_url = checked("base_url", validate::base_url(b))?,
         (None, Some(d)) if creating || input.provider.is_some() => row.base_url = d.to_owned(),
+        (None, None) if creating && provider == Provider::Bedrock => {}
         (None, None) if creating => {
             return Err(ApiError::field(
                 "base_url",
@@ -214,6 +228,20 @@ fn apply(state: &AppState, row: &mut UpstreamRow, input: UpstreamInput, creating
         }
         _ => {}
     }
+    let aws = super::upstream_keys::AwsFields {
+        region: input.region.as_deref(),
+        access_key_id: input.access_key_id.as_deref(),
+        secret_access_key: input.secret_access_key.as_deref(),
+        session_token: input.session_token.as_ref().map(Option::as_deref),
+    };
+    let aws_secret_changed = super::upstream_keys::apply(
+        state,
+        row,
+        &aws,
+        input.api_key.is_some(),
+        input.base_url.is_some(),
+        creating,
+    )?;
     checked("base_url", validate::base_url(&row.base_url))?;
     if let Some(v) = &input.api_version {
         if provider != Provider::Azure {
@@ -234,8 +262,9 @@ fn apply(state: &AppState, row: &mut UpstreamRow, input: UpstreamInput, creating
             crate::provider::azure::with_api_version(&base, Some(v)),
         )?;
     }
-    let mut secret_changed = false;
+    let mut secret_changed = aws_secret_changed.unwrap_or(false);
     match &input.api_key {
+        _ if aws_secret_changed.is_some() => {}
         Some(k) => {
             checked("api_key", validate::upstream_secret(k))?;
             let same =
@@ -415,7 +444,8 @@ pub async fn test(State(state): State<AppState>, actor: Actor, Id(id): Id) -> Ad
     let body: adapter::Fields =
         serde_json::from_str(r#"{"max_tokens":1,"messages":[{"role":"user","content":"ping"}]}"#)
             .unwrap_or_default();
-    let out = adapter::outgoing(endpoint, &cred, &body, &model.upstream);
+    // Through dispatch's own builder, so a bedrock credential's ping is a signed Converse call.
+    let out = dispatch::outgoing(endpoint, &cred, &body, &model.upstream, None).map_err(ApiError::from)?;
     let req = dispatch::request(&cred, &axum::http::HeaderMap::new(), out);
     let started = std::time::Instant::now();
     let result = tokio::time::timeout(std::time::Duration::from_secs(30), state.http.send(req)).await;

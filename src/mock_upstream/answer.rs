@@ -18,6 +18,7 @@ pub(super) fn credential_of(headers: &HeaderMap) -> Option<String> {
         .and_then(|v| v.strip_prefix("Bearer "))
         .or_else(|| headers.get("x-api-key").and_then(|v| v.to_str().ok()))
         .or_else(|| headers.get("api-key").and_then(|v| v.to_str().ok()))
+        .or_else(|| super::bedrock::access_key_id(headers))
         .map(str::to_owned)
 }
 
@@ -208,6 +209,17 @@ pub(super) fn stall_after_head(inc: &Incoming, resp: Response) -> Response {
 /// first); `None` drops the connection; with `stall`, the last event is followed by nothing, the
 /// connection kept open.
 pub(super) fn sse_response(inc: &Incoming, events: Vec<Option<String>>, stall: bool) -> Response {
+    let events = events.into_iter().map(|e| e.map(Bytes::from)).collect();
+    paced_response(inc, events, "text/event-stream", stall)
+}
+
+/// [`sse_response`] for events of any framing and content type (Bedrock's binary event stream).
+pub(super) fn paced_response(
+    inc: &Incoming,
+    events: Vec<Option<Bytes>>,
+    content_type: &'static str,
+    stall: bool,
+) -> Response {
     let delay = inc.script.chunk_delay_ms.unwrap_or(0);
     let jitter = inc.script.chunk_jitter_ms.unwrap_or(0);
     let stream = futures::stream::unfold((events.into_iter(), true), move |(mut it, first)| async move {
@@ -221,7 +233,7 @@ pub(super) fn sse_response(inc: &Incoming, events: Vec<Option<String>>, stall: b
             tokio::time::sleep(Duration::from_millis(wait)).await;
         }
         match next {
-            Some(ev) => Some((Ok::<Bytes, std::io::Error>(Bytes::from(ev)), (it, false))),
+            Some(ev) => Some((Ok::<Bytes, std::io::Error>(ev), (it, false))),
             None => Some((
                 Err(std::io::Error::other("mock: dropped connection")),
                 (it, false),
@@ -234,10 +246,8 @@ pub(super) fn sse_response(inc: &Incoming, events: Vec<Option<String>>, stall: b
         futures::stream::empty().boxed()
     };
     let mut resp = Response::new(Body::from_stream(stream.chain(stalled)));
-    resp.headers_mut().insert(
-        "content-type",
-        axum::http::HeaderValue::from_static("text/event-stream"),
-    );
+    resp.headers_mut()
+        .insert("content-type", axum::http::HeaderValue::from_static(content_type));
     inc.apply_headers(&mut resp);
     stall_after_head(inc, resp)
 }

@@ -49,10 +49,11 @@ impl Endpoint {
     }
 
     /// Whether a credential of `provider` can serve this endpoint: natively, or translated
-    /// between chat and messages (`crate::translate`). Embeddings have no Anthropic counterpart.
+    /// between chat and messages (`crate::translate`). Embeddings have no Anthropic counterpart,
+    /// and Bedrock's are not spoken (Converse is chat only).
     pub fn served_by(self, provider: Provider) -> bool {
         match self {
-            Endpoint::Embeddings => !provider.speaks_anthropic(),
+            Endpoint::Embeddings => !provider.speaks_anthropic() && provider != Provider::Bedrock,
             Endpoint::ChatCompletions | Endpoint::Messages => true,
         }
     }

@@ -48,6 +48,9 @@ pub struct Credential {
     /// Azure's deployments API: the URLs of each upstream model (deployment), which replace
     /// [`Credential::urls`] for it; empty for every other provider.
     pub deployment_urls: HashMap<String, [Uri; 3]>,
+    /// A `bedrock` credential's region, signing keys and Converse URLs; none for every other
+    /// provider.
+    pub bedrock: Option<Arc<super::bedrock::Target>>,
 }
 
 impl Credential {

@@ -3,6 +3,7 @@
 
 pub mod adapter;
 pub mod azure;
+pub mod bedrock;
 pub mod credential;
 pub mod mask;
 pub mod sse;
@@ -26,6 +27,8 @@ pub enum Provider {
     /// Azure OpenAI: a resource endpoint, a deployment per model, the `api-key` header
     /// (`azure.rs`).
     Azure,
+    /// AWS Bedrock Runtime: Converse and ConverseStream, SigV4-signed (`bedrock/`).
+    Bedrock,
 }
 
 impl Provider {
@@ -38,18 +41,20 @@ impl Provider {
             Provider::Gemini => "gemini",
             Provider::OpenAiCompatible => "openai-compatible",
             Provider::Azure => "azure",
+            Provider::Bedrock => "bedrock",
         }
     }
 
     /// The provider's public API base URL; `None` for `openai-compatible` and `azure` (a
-    /// resource's own endpoint), which must name one.
+    /// resource's own endpoint), which must name one, and `bedrock`, whose endpoint is its
+    /// region's ([`bedrock::default_base_url`]).
     pub fn default_base_url(self) -> Option<&'static str> {
         match self {
             Provider::OpenAi => Some("https://api.openai.com/v1"),
             Provider::Anthropic => Some("https://api.anthropic.com/v1"),
             Provider::OpenRouter => Some("https://openrouter.ai/api/v1"),
             Provider::Gemini => Some("https://generativelanguage.googleapis.com/v1beta/openai"),
-            Provider::OpenAiCompatible | Provider::Azure => None,
+            Provider::OpenAiCompatible | Provider::Azure | Provider::Bedrock => None,
         }
     }
 
@@ -69,8 +74,9 @@ impl std::str::FromStr for Provider {
             "gemini" => Ok(Provider::Gemini),
             "openai-compatible" => Ok(Provider::OpenAiCompatible),
             "azure" => Ok(Provider::Azure),
+            "bedrock" => Ok(Provider::Bedrock),
             other => Err(format!(
-                "unknown provider {other:?} (expected openai, anthropic, openrouter, gemini, openai-compatible or azure)"
+                "unknown provider {other:?} (expected openai, anthropic, openrouter, gemini, openai-compatible, azure or bedrock)"
             )),
         }
     }

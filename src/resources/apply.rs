@@ -298,11 +298,12 @@ async fn upstream(
         .collect();
     let existing = store.upstream_by_name(ws, &u.name).await?;
     // Re-sealing draws a new nonce, so keep the stored ciphertext when the secret is the same.
+    let secret = super::bedrock::secret(u, provider);
     let secret_sealed = match &existing {
-        Some(e) if a.master.open(&e.secret_sealed).ok().as_deref() == Some(u.api_key.as_str()) => {
+        Some(e) if a.master.open(&e.secret_sealed).ok().as_deref() == Some(secret.as_str()) => {
             e.secret_sealed.clone()
         }
-        _ => a.master.seal(&u.api_key),
+        _ => a.master.seal(&secret),
     };
     let mut row = UpstreamRow {
         id: existing.as_ref().map_or(0, |e| e.id),

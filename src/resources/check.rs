@@ -259,9 +259,11 @@ fn upstream(
         return Err(e(format!("workspace {:?} does not exist", u.workspace)));
     }
     let provider: Provider = u.provider.parse().map_err(e)?;
+    let aws_keys = super::bedrock::keys(u, provider).map_err(e)?;
     let base_url = match (&u.base_url, provider.default_base_url()) {
         (Some(b), _) => validate::base_url(b).map_err(e)?,
         (None, Some(d)) => d.to_owned(),
+        (None, None) if let Some(k) = &aws_keys => crate::provider::bedrock::default_base_url(&k.region),
         (None, None) => {
             return Err(e(format!(
                 "base_url is required for provider {:?}",
@@ -276,7 +278,12 @@ fn upstream(
         }
         (Some(_), _) => return Err(e("api_version is only for provider \"azure\"".into())),
     };
-    validate::upstream_secret(&u.api_key).map_err(|m| {
+    let secret = if aws_keys.is_some() {
+        Ok(())
+    } else {
+        validate::upstream_secret(&u.api_key)
+    };
+    secret.map_err(|m| {
         let unset = if u.api_key.is_empty() {
             " (is its ${VAR} set?)"
         } else {

@@ -8,6 +8,7 @@
 //! the first: each entry that does not parse, then (once all parse) each that does not check.
 
 mod apply;
+mod bedrock;
 mod check;
 mod index;
 mod parse;

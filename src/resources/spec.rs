@@ -109,7 +109,17 @@ pub(super) struct UpstreamSpec {
     pub(super) base_url: Option<String>,
     /// Azure's `api-version`, stored as the base URL's `?api-version=` (`provider/azure.rs`).
     pub(super) api_version: Option<String>,
+    /// Required unless the provider is `bedrock`, whose keys are the four fields below.
+    #[serde(default)]
     pub(super) api_key: String,
+    /// `bedrock`: the AWS region (`resources/bedrock.rs`).
+    pub(super) region: Option<String>,
+    /// `bedrock`: the access key id.
+    pub(super) access_key_id: Option<String>,
+    /// `bedrock`: the secret access key, sealed with the rest.
+    pub(super) secret_access_key: Option<String>,
+    /// `bedrock`: the session token of temporary credentials, sealed with the rest.
+    pub(super) session_token: Option<String>,
     #[serde(default)]
     pub(super) models: Vec<ServedModelSpec>,
     #[serde(default)]
@@ -289,7 +299,11 @@ pub(super) fn expand_file(
         let fields = [&mut u.workspace, &mut u.name, &mut u.provider, &mut u.api_key]
             .into_iter()
             .chain(u.base_url.as_mut())
-            .chain(u.quota_group.as_mut());
+            .chain(u.quota_group.as_mut())
+            .chain(u.region.as_mut())
+            .chain(u.access_key_id.as_mut())
+            .chain(u.secret_access_key.as_mut())
+            .chain(u.session_token.as_mut());
         problems.extend(all(ctx, "upstream", i, &label, fields, env).err());
     }
     for (i, m) in f.model.iter_mut().enumerate() {

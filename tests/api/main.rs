@@ -9,6 +9,7 @@ mod alert_destinations;
 mod answer_headers;
 mod architecture;
 mod azure;
+mod bedrock;
 mod binary;
 mod breaker;
 mod breaker_ladder;

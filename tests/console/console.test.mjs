@@ -453,6 +453,37 @@ test('owner: invites a member (one-time password), sees API errors as messages, 
   assert.equal(calls.calls.filter((c) => c.path.endsWith('/messages')).at(-1).credential, 'cred-claude');
 });
 
+test('owner: a Bedrock upstream takes AWS keys instead of an API key, and never shows the secret', async () => {
+  const p = await page();
+  await signIn(p, OWNER);
+  await nav(p, 'Upstreams');
+  await p.getByRole('button', { name: 'New upstream' }).click();
+  const dlg = p.getByRole('dialog', { name: 'New upstream credential' });
+  // The AWS fields show only for provider bedrock, and then the API key field hides.
+  assert.equal(await dlg.getByLabel('AWS region').isVisible(), false);
+  await dlg.getByLabel('Provider').selectOption('bedrock');
+  assert.equal(await dlg.getByLabel('API key (secret)').isVisible(), false);
+  await dlg.getByLabel('Name').fill('bedrock-west');
+  await dlg.getByLabel('AWS region').fill('us-west-2');
+  await dlg.getByLabel('Access key id').fill('AKIACONSOLE000000001');
+  await dlg.getByLabel('Secret access key (secret)').fill('console/Secret+Key');
+  assert.equal(await dlg.getByLabel('Secret access key (secret)').getAttribute('type'), 'password');
+  await dlg.getByLabel('Models').fill('claude-west=anthropic.claude-3-5-sonnet-20240620-v1:0');
+  await shot(p, 'desktop-upstreams-new-bedrock');
+  await dlg.getByRole('button', { name: 'Create upstream' }).click();
+  await dlg.waitFor({ state: 'detached' });
+  const card = p.locator('article.upstream[data-name="bedrock-west"]');
+  await card.getByText('AWS Bedrock', { exact: false }).first().waitFor();
+  // Editing shows the region and key id, never the secret key.
+  await card.getByRole('button', { name: /Edit/ }).click();
+  const edit = p.getByRole('dialog', { name: 'Edit bedrock-west' });
+  assert.equal(await edit.getByLabel('AWS region').inputValue(), 'us-west-2');
+  assert.equal(await edit.getByLabel('Access key id').inputValue(), 'AKIACONSOLE000000001');
+  assert.equal(await edit.getByLabel('Secret access key (secret)').inputValue(), '');
+  assert.doesNotMatch(await p.content(), /console\/Secret\+Key/);
+  await edit.getByRole('button', { name: 'Cancel' }).click();
+});
+
 test('owner: a service token made in Settings is shown once, works as a bearer, and Revoke stops it', async () => {
   const p = await page();
   await signIn(p, OWNER);

@@ -2,6 +2,7 @@
 //! checked to be what the endpoint promises, or an error kept (masked) to pass back.
 
 use std::borrow::Cow;
+use std::time::SystemTime;
 
 use axum::http::{HeaderMap, HeaderValue, Method, Request, header};
 use bytes::Bytes;
@@ -10,14 +11,51 @@ use futures::StreamExt;
 use super::{Answer, Complete, UpstreamError};
 use crate::provider::Credential;
 use crate::provider::Provider;
-use crate::provider::adapter::{self, Endpoint};
-use crate::translate::{self, Translation};
+use crate::provider::adapter::{self, Endpoint, Fields};
+use crate::provider::bedrock;
+use crate::translate::{self, Refused, Translation};
 use crate::transport::http;
 
 /// Most bytes of an upstream error body read (and passed back).
 const MAX_ERROR_BODY: usize = 256 * 1024;
 
-/// The HTTP request of one attempt: the provider's auth and version headers on `out`.
+/// The attempt's request: the client's body translated where the credential speaks the other
+/// format (`translate::request`), and for a `bedrock` credential that chat request as a Converse
+/// request to the model's Converse (or ConverseStream) URL.
+pub(crate) fn outgoing(
+    endpoint: Endpoint,
+    cred: &Credential,
+    body: &Fields,
+    upstream_model: &str,
+    max_output_tokens: Option<u64>,
+) -> Result<adapter::Outgoing, Refused> {
+    let out = translate::request(endpoint, cred, body, upstream_model, max_output_tokens)?;
+    let Some(target) = &cred.bedrock else {
+        return Ok(out);
+    };
+    let refused = |param: &str, message: String| Refused {
+        param: param.to_owned(),
+        message,
+    };
+    let chat: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(&out.body)
+        .map_err(|e| refused("messages", format!("unreadable request: {e}")))?;
+    let stream = chat.get("stream").and_then(serde_json::Value::as_bool) == Some(true);
+    let converse = bedrock::request::converse(&chat).map_err(|r| refused(&r.param, r.message))?;
+    let url = target.url(upstream_model, stream).ok_or_else(|| {
+        refused(
+            "model",
+            format!("no Bedrock URL for the model {upstream_model:?}"),
+        )
+    })?;
+    Ok(adapter::Outgoing {
+        url: url.clone(),
+        body: Bytes::from(converse.to_string()),
+        max_tokens_chosen: out.max_tokens_chosen,
+    })
+}
+
+/// The HTTP request of one attempt: the provider's auth and version headers on `out` (for
+/// `bedrock`, the SigV4 signature).
 pub(crate) fn request(
     cred: &Credential,
     client_headers: &HeaderMap,
@@ -40,6 +78,12 @@ pub(crate) fn request(
         }
     } else if cred.provider == Provider::Azure {
         h.insert("api-key", cred.auth.clone());
+    } else if let Some(target) = &cred.bedrock {
+        // Signed last: the signature covers the headers above and the body.
+        if let Err(e) = target.sign(&mut req, SystemTime::now()) {
+            tracing::error!(credential = %cred.name, error = %e, "bedrock request not signed");
+        }
+        return req;
     } else {
         h.insert(header::AUTHORIZATION, cred.auth.clone());
     }
@@ -60,9 +104,14 @@ pub(super) enum Unread {
 pub(super) async fn read_answer(
     endpoint: Endpoint,
     provider: Provider,
+    upstream_model: &str,
     stream: bool,
     response: http::Response,
 ) -> Result<Answer, Unread> {
+    let response = match provider {
+        Provider::Bedrock => bedrock_stream_as_sse(response, upstream_model),
+        _ => response,
+    };
     let content_type = response.headers().get(header::CONTENT_TYPE).cloned();
     let is_sse = content_type
         .as_ref()
@@ -82,6 +131,15 @@ pub(super) async fn read_answer(
         Ok(b) => b.to_bytes(),
         Err(e) => return Err(Unread::Broken(format!("reading the response failed: {e}"))),
     };
+    let body = match provider {
+        Provider::Bedrock => {
+            let (id, created) = answer_id();
+            let chat = bedrock::answer::chat_completion(&body, upstream_model, &id, created)
+                .map_err(Unread::Invalid)?;
+            Bytes::from(chat.to_string())
+        }
+        _ => body,
+    };
     let translation = Translation::of(endpoint, provider);
     let native = translation.map_or(endpoint, Translation::upstream_endpoint);
     let usage = adapter::check_answer(native, &body).map_err(Unread::Invalid)?;
@@ -95,6 +153,55 @@ pub(super) async fn read_answer(
         body,
         usage: (native, usage),
     }))
+}
+
+/// A Bedrock event stream (ConverseStream's answer) as an OpenAI chat completion stream, read
+/// as it comes; any other response as it is.
+fn bedrock_stream_as_sse(response: http::Response, upstream_model: &str) -> http::Response {
+    let is_event_stream = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with(bedrock::stream::EVENT_STREAM));
+    if !is_event_stream {
+        return response;
+    }
+    let (mut parts, body) = response.into_parts();
+    parts.headers.remove(header::CONTENT_LENGTH);
+    parts.headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    let (id, created) = answer_id();
+    let writer = bedrock::stream::ChunkWriter::new(id, upstream_model.to_owned(), created);
+    http::Response::from_parts(parts, bedrock::stream::sse_body(body, writer))
+}
+
+/// The id and `created` (Unix seconds) of a chat completion the gateway writes for an upstream
+/// that names neither (Bedrock).
+fn answer_id() -> (String, i64) {
+    let created = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(0));
+    (format!("chatcmpl-{}", uuid::Uuid::now_v7().simple()), created)
+}
+
+/// A Bedrock error, classified in AWS's shape, rewritten in OpenAI's (the format the gateway
+/// speaks to a `bedrock` credential) before it is passed on: the client's chat error, or what
+/// `translate` renders for a messages client. Other providers' errors stay as they came.
+pub(super) fn in_openai_shape(error: &mut UpstreamError) {
+    if error.provider != Provider::Bedrock {
+        return;
+    }
+    let errortype = error
+        .headers
+        .get(bedrock::AWS_ERROR_TYPE)
+        .and_then(|v| v.to_str().ok());
+    let body = bedrock::answer::openai_error(error.status, errortype, &error.body);
+    error.body = Bytes::from(body.to_string());
+    error
+        .headers
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
 }
 
 /// An upstream's error answer, kept to pass back: the headers worth passing on and at most
@@ -112,6 +219,7 @@ pub(super) async fn read_error(response: http::Response, cred: &Credential) -> U
             || name == "retry-after-ms"
             || name.starts_with("x-ratelimit-")
             || name.starts_with("anthropic-ratelimit-")
+            || name == bedrock::AWS_ERROR_TYPE
         {
             let masked = match mask.mask(v.as_bytes()) {
                 Cow::Borrowed(_) => v.clone(),

@@ -9,7 +9,7 @@
 //! 1. monthly holds on the whole credential (Copilot 402, Anthropic spend caps);
 //! 2. OpenRouter's free daily cap on an OpenRouter credential's 429 (every free model at once);
 //! 3. a reset time the provider names (every named reset, the earliest), capped at 6 h, for any
-//!    status;
+//!    status; then Bedrock's error types that have a rule of their own (`classify/bedrock.rs`);
 //! 4. a 429 worded like a rate limit that names no reset: 90 s, unless the wording puts the reset
 //!    hours or days away (then the table's backoff);
 //! 5. the table: text rules first (account-wide, Kiro's monthly limit, no capacity, model gone,
@@ -28,6 +28,8 @@
 //! keeps this pure.
 //!
 //! The caller bounds the body it reads from upstream; the whole of `body` is examined.
+
+mod bedrock;
 
 use std::sync::LazyLock;
 
@@ -167,6 +169,12 @@ pub enum Rule {
     OpenRouterFreeDaily,
     /// kRouter rule 3: a reset the provider named in a header or in the body.
     ProviderNamedReset,
+    /// Bedrock's `ThrottlingException`: a minute on that model (`classify/bedrock.rs`).
+    AwsThrottling,
+    /// Bedrock's `ServiceQuotaExceededException`: five minutes on that model, account-wide.
+    AwsServiceQuota,
+    /// Bedrock's keys refused (`UnrecognizedClientException`, …): the whole credential.
+    AwsKeysRejected,
     /// kRouter rule 4: a 429 worded like a rate limit, naming no reset: 90 s.
     RateLimitWording,
     /// kRouter rule 5 text rule: suspended, deactivated, "verify your account", any status.
@@ -204,6 +212,9 @@ impl Rule {
             Rule::MonthlyAnthropicSpendCap => "monthly_anthropic_spend_cap",
             Rule::OpenRouterFreeDaily => "openrouter_free_daily",
             Rule::ProviderNamedReset => "provider_named_reset",
+            Rule::AwsThrottling => "aws_throttling",
+            Rule::AwsServiceQuota => "aws_service_quota",
+            Rule::AwsKeysRejected => "aws_keys_rejected",
             Rule::RateLimitWording => "rate_limit_wording",
             Rule::AccountWide => "account_wide",
             Rule::KiroMonthly => "kiro_monthly",
@@ -360,6 +371,7 @@ pub fn classify(f: &UpstreamFailure<'_>) -> Classification {
     let mut class = monthly_hold(f, &ev)
         .or_else(|| openrouter_free_daily(f, &ev))
         .or_else(|| provider_named_reset(f, &ev))
+        .or_else(|| bedrock::aws_error(f, &ev))
         .or_else(|| rate_limit_wording(f, &ev))
         .unwrap_or_else(|| rule_table(f, &ev));
     // No rest is shorter than the wait the provider told the client to observe, up to the cap.
@@ -1175,6 +1187,20 @@ mod tests {
     const GEMINI_MODEL_GONE: &str = r#"{"error":{"code":404,"message":"models/gemini-1.0-pro is not found for API version v1beta, or is not supported for generateContent. Call ListModels to see the list of available models and their supported methods.","status":"NOT_FOUND"}}"#;
     const CODEX_USAGE_LIMIT: &str = r#"{"error":{"type":"usage_limit_reached","message":"The usage limit has been reached","plan_type":"plus","resets_at":1773705600,"eligible_promo":null,"resets_in_seconds":1800}}"#;
     const CODEX_USAGE_LIMIT_DAYS: &str = r#"{"error":{"type":"usage_limit_reached","message":"The usage limit has been reached","plan_type":"plus","resets_at":1773705600,"eligible_promo":null}}"#;
+
+    // AWS Bedrock Runtime: `{"message": …}` with the type in `x-amzn-errortype`.
+    const BEDROCK_THROTTLED: &str = r#"{"message":"Too many requests, please wait before trying again."}"#;
+    const BEDROCK_TOKENS_THROTTLED: &str =
+        r#"{"message":"Too many tokens, please wait before trying again."}"#;
+    const BEDROCK_QUOTA: &str = r#"{"message":"Your request exceeds the service quota for your account. You can view your quotas at https://docs.aws.amazon.com/servicequotas/latest/userguide/gs-request-quota.html. You can resubmit your request later."}"#;
+    const BEDROCK_NOT_READY: &str = r#"{"message":"Model is not ready for inference. Wait and try your request again. Refer to https://docs.aws.amazon.com/bedrock/latest/userguide/invoke-imported-model.html#handle-model-not-ready-exception."}"#;
+    const BEDROCK_UNAVAILABLE: &str = r#"{"message":"Bedrock is unable to process your request."}"#;
+    const BEDROCK_ACCESS_DENIED: &str =
+        r#"{"message":"You don't have access to the model with the specified model ID."}"#;
+    const BEDROCK_BAD_TOKEN: &str = r#"{"message":"The security token included in the request is invalid."}"#;
+    const BEDROCK_VALIDATION: &str = r#"{"message":"The provided model identifier is invalid."}"#;
+    const BEDROCK_TYPE_THROTTLING: &str =
+        "ThrottlingException:http://internal.amazon.com/coral/com.amazon.bedrock/";
 
     const AZURE_429: &str = r#"{"error":{"code":"429","message":"Requests to the ChatCompletions_Create Operation under Azure OpenAI API version 2024-10-21 have exceeded token rate limit of your current OpenAI S0 pricing tier. Please retry after 37 seconds. Go here for more details: https://aka.ms/oai/quotaincrease"}}"#;
     const AZURE_CONTENT_FILTER: &str = r#"{"error":{"message":"The response was filtered due to the prompt triggering Azure OpenAI's content management policy. Please modify your prompt and retry. To learn more about our content filtering policies please read our documentation: https://go.microsoft.com/fwlink/?linkid=2198766","type":null,"param":"prompt","code":"content_filter","status":400,"innererror":{"code":"ResponsibleAIPolicyViolation","content_filter_result":{"hate":{"filtered":false,"severity":"safe"},"jailbreak":{"filtered":false,"detected":false},"self_harm":{"filtered":false,"severity":"safe"},"sexual":{"filtered":false,"severity":"safe"},"violence":{"filtered":true,"severity":"high"}}}}}"#;
@@ -2560,6 +2586,133 @@ mod tests {
                 next: NextCredential,
                 ..BASE
             },
+            // ---- AWS Bedrock ----
+            Case {
+                name: "bedrock ThrottlingException rests the model a minute, with its account",
+                provider: Provider::Bedrock,
+                model: "anthropic.claude-3-5-sonnet-20240620-v1:0",
+                status: 429,
+                headers: &[("x-amzn-errortype", BEDROCK_TYPE_THROTTLING)],
+                body: BEDROCK_THROTTLED,
+                rule: Rule::AwsThrottling,
+                lock: Some((One, Account, "2026-03-15T10:21:30Z")),
+                next: NextCredential,
+                ..BASE
+            },
+            Case {
+                name: "bedrock ThrottlingException on tokens, named in the body's __type: a minute too",
+                provider: Provider::Bedrock,
+                model: "anthropic.claude-3-5-sonnet-20240620-v1:0",
+                status: 429,
+                body: r#"{"__type":"com.amazonaws.bedrock#ThrottlingException","message":"Too many tokens, please wait before trying again."}"#,
+                rule: Rule::AwsThrottling,
+                lock: Some((One, Account, "2026-03-15T10:21:30Z")),
+                next: NextCredential,
+                ..BASE
+            },
+            Case {
+                name: "bedrock ThrottlingException with a Retry-After: the header's wait (rule 3)",
+                provider: Provider::Bedrock,
+                model: "anthropic.claude-3-5-sonnet-20240620-v1:0",
+                status: 429,
+                headers: &[
+                    ("x-amzn-errortype", BEDROCK_TYPE_THROTTLING),
+                    ("retry-after", "20"),
+                ],
+                body: BEDROCK_TOKENS_THROTTLED,
+                rule: Rule::ProviderNamedReset,
+                lock: Some((One, Corroborated, "2026-03-15T10:20:50Z")),
+                next: NextCredential,
+                ..BASE
+            },
+            Case {
+                name: "bedrock ServiceQuotaExceededException is the account's quota: five minutes",
+                provider: Provider::Bedrock,
+                model: "meta.llama3-70b-instruct-v1:0",
+                status: 400,
+                headers: &[("x-amzn-errortype", "ServiceQuotaExceededException")],
+                body: BEDROCK_QUOTA,
+                rule: Rule::AwsServiceQuota,
+                lock: Some((One, Account, "2026-03-15T10:25:30Z")),
+                next: NextCredential,
+                ..BASE
+            },
+            Case {
+                name: "bedrock ModelNotReadyException is transient: the short backoff on this route",
+                provider: Provider::Bedrock,
+                model: "arn:aws:bedrock:us-east-1:123456789012:imported-model/abc",
+                status: 429,
+                headers: &[("x-amzn-errortype", "ModelNotReadyException")],
+                body: BEDROCK_NOT_READY,
+                rule: Rule::Backoff,
+                lock: Some((One, Route, "2026-03-15T10:20:32Z")),
+                next: NextCredential,
+                bump_backoff: true,
+                ..BASE
+            },
+            Case {
+                name: "bedrock ServiceUnavailableException is a 5xx: 30 s",
+                provider: Provider::Bedrock,
+                model: "anthropic.claude-3-5-sonnet-20240620-v1:0",
+                status: 503,
+                headers: &[("x-amzn-errortype", "ServiceUnavailableException")],
+                body: BEDROCK_UNAVAILABLE,
+                rule: Rule::ServerError,
+                lock: Some((One, Route, "2026-03-15T10:21:00Z")),
+                next: NextCredential,
+                ..BASE
+            },
+            Case {
+                name: "bedrock AccessDeniedException: no access to that model, 2 min on it",
+                provider: Provider::Bedrock,
+                model: "anthropic.claude-3-opus-20240229-v1:0",
+                status: 403,
+                headers: &[("x-amzn-errortype", "AccessDeniedException")],
+                body: BEDROCK_ACCESS_DENIED,
+                rule: Rule::AuthOrNotFound,
+                lock: Some((One, Route, "2026-03-15T10:22:30Z")),
+                next: NextCredential,
+                ..BASE
+            },
+            Case {
+                name: "bedrock UnrecognizedClientException: the keys are bad, the whole credential 2 min",
+                provider: Provider::Bedrock,
+                model: "anthropic.claude-3-5-sonnet-20240620-v1:0",
+                status: 403,
+                headers: &[(
+                    "x-amzn-errortype",
+                    "UnrecognizedClientException:http://internal.amazon.com/coral/com.amazon.coral.service/",
+                )],
+                body: BEDROCK_BAD_TOKEN,
+                rule: Rule::AwsKeysRejected,
+                lock: Some((All, Route, "2026-03-15T10:22:30Z")),
+                next: NextCredential,
+                ..BASE
+            },
+            Case {
+                name: "bedrock ValidationException is the request's fault: no lock",
+                provider: Provider::Bedrock,
+                model: "anthropic.claude-3-5-sonnet-20240620-v1:0",
+                status: 400,
+                headers: &[("x-amzn-errortype", "ValidationException")],
+                body: BEDROCK_VALIDATION,
+                rule: Rule::RequestError,
+                lock: None,
+                next: NextModel,
+                ..BASE
+            },
+            Case {
+                name: "an AWS type on another provider has no Bedrock rule (Kiro's quota is monthly)",
+                provider: Provider::OpenAiCompatible,
+                model: "claude-sonnet-4",
+                status: 429,
+                headers: &[("x-amzn-errortype", "ThrottlingException")],
+                body: BEDROCK_THROTTLED,
+                rule: Rule::RateLimitWording,
+                lock: Some((One, Corroborated, "2026-03-15T10:22:00Z")),
+                next: NextCredential,
+                ..BASE
+            },
             // ---- Azure OpenAI ----
             Case {
                 name: "azure 429 with retry-after and retry-after-ms parks the deployment that long",
@@ -2858,6 +3011,9 @@ mod tests {
             Rule::MonthlyAnthropicSpendCap,
             Rule::OpenRouterFreeDaily,
             Rule::ProviderNamedReset,
+            Rule::AwsThrottling,
+            Rule::AwsServiceQuota,
+            Rule::AwsKeysRejected,
             Rule::RateLimitWording,
             Rule::AccountWide,
             Rule::KiroMonthly,

@@ -201,8 +201,20 @@ impl Credential {
     pub fn from_row(u: &UpstreamRow, master: &MasterKey) -> Option<Credential> {
         let secret = master.open(&u.secret_sealed).ok()?;
         let provider: Provider = u.provider.parse().ok()?;
+        // A bedrock secret is its AWS keys; requests are signed, not given a key header.
+        let bedrock_keys = match provider {
+            Provider::Bedrock => Some(crate::provider::bedrock::Keys::from_secret(&secret).ok()?),
+            _ => None,
+        };
+        let secret = match &bedrock_keys {
+            Some(k) => k.secret_access_key.clone(),
+            None => secret,
+        };
         // Anthropic's `x-api-key` and Azure's `api-key` carry the bare key.
-        let mut auth = if matches!(provider, Provider::Anthropic | Provider::Azure) {
+        let mut auth = if matches!(
+            provider,
+            Provider::Anthropic | Provider::Azure | Provider::Bedrock
+        ) {
             HeaderValue::from_str(&secret)
         } else {
             HeaderValue::from_str(&format!("Bearer {secret}"))
@@ -234,6 +246,14 @@ impl Credential {
         } else {
             HashMap::new()
         };
+        let bedrock = match &bedrock_keys {
+            Some(keys) => Some(Arc::new(crate::provider::bedrock::Target::new(
+                keys,
+                &u.base_url,
+                served.iter().map(|m| m.upstream.as_str()),
+            )?)),
+            None => None,
+        };
         Some(Credential {
             id: u.id,
             workspace_id: u.workspace_id,
@@ -251,6 +271,7 @@ impl Credential {
             models: served.into_iter().map(|m| (m.name, m.upstream)).collect(),
             urls,
             deployment_urls,
+            bedrock,
         })
     }
 }
