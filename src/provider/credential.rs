@@ -48,6 +48,8 @@ pub struct Credential {
     /// Azure's deployments API: the URLs of each upstream model (deployment), which replace
     /// [`Credential::urls`] for it; empty for every other provider.
     pub deployment_urls: HashMap<String, [Uri; 3]>,
+    /// A `google` credential's `generateContent` URLs per model; none for every other provider.
+    pub google: Option<Arc<super::google::Target>>,
 }
 
 impl Credential {

@@ -4,6 +4,7 @@
 pub mod adapter;
 pub mod azure;
 pub mod credential;
+pub mod google;
 pub mod mask;
 pub mod sse;
 pub mod usage;
@@ -26,6 +27,9 @@ pub enum Provider {
     /// Azure OpenAI: a resource endpoint, a deployment per model, the `api-key` header
     /// (`azure.rs`).
     Azure,
+    /// Gemini's own API: `generateContent` and `streamGenerateContent`, the `x-goog-api-key`
+    /// header (`google/`).
+    Google,
 }
 
 impl Provider {
@@ -38,6 +42,7 @@ impl Provider {
             Provider::Gemini => "gemini",
             Provider::OpenAiCompatible => "openai-compatible",
             Provider::Azure => "azure",
+            Provider::Google => "google",
         }
     }
 
@@ -49,6 +54,7 @@ impl Provider {
             Provider::Anthropic => Some("https://api.anthropic.com/v1"),
             Provider::OpenRouter => Some("https://openrouter.ai/api/v1"),
             Provider::Gemini => Some("https://generativelanguage.googleapis.com/v1beta/openai"),
+            Provider::Google => Some(google::DEFAULT_BASE_URL),
             Provider::OpenAiCompatible | Provider::Azure => None,
         }
     }
@@ -69,8 +75,9 @@ impl std::str::FromStr for Provider {
             "gemini" => Ok(Provider::Gemini),
             "openai-compatible" => Ok(Provider::OpenAiCompatible),
             "azure" => Ok(Provider::Azure),
+            "google" => Ok(Provider::Google),
             other => Err(format!(
-                "unknown provider {other:?} (expected openai, anthropic, openrouter, gemini, openai-compatible or azure)"
+                "unknown provider {other:?} (expected openai, anthropic, openrouter, gemini, openai-compatible, azure or google)"
             )),
         }
     }

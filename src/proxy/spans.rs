@@ -25,6 +25,7 @@ fn provider_name(p: Provider) -> &'static str {
     match p {
         Provider::Gemini => "gcp.gemini",
         Provider::Azure => "azure.ai.openai",
+        Provider::Google => "gcp.gemini",
         other => other.as_str(),
     }
 }

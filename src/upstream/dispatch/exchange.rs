@@ -2,6 +2,7 @@
 //! checked to be what the endpoint promises, or an error kept (masked) to pass back.
 
 use std::borrow::Cow;
+use std::time::SystemTime;
 
 use axum::http::{HeaderMap, HeaderValue, Method, Request, header};
 use bytes::Bytes;
@@ -10,12 +11,51 @@ use futures::StreamExt;
 use super::{Answer, Complete, UpstreamError};
 use crate::provider::Credential;
 use crate::provider::Provider;
-use crate::provider::adapter::{self, Endpoint};
-use crate::translate::{self, Translation};
+use crate::provider::adapter::{self, Endpoint, Fields};
+use crate::provider::google;
+use crate::translate::{self, Refused, Translation};
 use crate::transport::http;
 
 /// Most bytes of an upstream error body read (and passed back).
 const MAX_ERROR_BODY: usize = 256 * 1024;
+
+/// The attempt's request: the client's body translated where the credential speaks the other
+/// format (`translate::request`), and for a `google` credential that chat request as a
+/// `generateContent` request to the model's URL (streamed or not).
+pub(crate) fn outgoing(
+    endpoint: Endpoint,
+    cred: &Credential,
+    body: &Fields,
+    upstream_model: &str,
+    max_output_tokens: Option<u64>,
+) -> Result<adapter::Outgoing, Refused> {
+    let out = translate::request(endpoint, cred, body, upstream_model, max_output_tokens)?;
+    let Some(target) = &cred.google else {
+        return Ok(out);
+    };
+    let refused = |param: &str, message: String| Refused {
+        param: param.to_owned(),
+        message,
+    };
+    if endpoint == Endpoint::Embeddings {
+        return Err(refused(
+            "model",
+            "embeddings are not sent to a google upstream yet".to_owned(),
+        ));
+    }
+    let chat: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(&out.body)
+        .map_err(|e| refused("messages", format!("unreadable request: {e}")))?;
+    let stream = chat.get("stream").and_then(serde_json::Value::as_bool) == Some(true);
+    let generate = google::request::generate_content(&chat).map_err(|r| refused(&r.param, r.message))?;
+    let url = target
+        .url(upstream_model, stream)
+        .ok_or_else(|| refused("model", format!("no Gemini URL for the model {upstream_model:?}")))?;
+    Ok(adapter::Outgoing {
+        url: url.clone(),
+        body: Bytes::from(generate.to_string()),
+        max_tokens_chosen: out.max_tokens_chosen,
+    })
+}
 
 /// The HTTP request of one attempt: the provider's auth and version headers on `out`.
 pub(crate) fn request(
@@ -40,6 +80,8 @@ pub(crate) fn request(
         }
     } else if cred.provider == Provider::Azure {
         h.insert("api-key", cred.auth.clone());
+    } else if cred.provider == Provider::Google {
+        h.insert("x-goog-api-key", cred.auth.clone());
     } else {
         h.insert(header::AUTHORIZATION, cred.auth.clone());
     }
@@ -60,9 +102,14 @@ pub(super) enum Unread {
 pub(super) async fn read_answer(
     endpoint: Endpoint,
     provider: Provider,
+    upstream_model: &str,
     stream: bool,
     response: http::Response,
 ) -> Result<Answer, Unread> {
+    let response = match provider {
+        Provider::Google => google_stream_as_sse(response, upstream_model),
+        _ => response,
+    };
     let content_type = response.headers().get(header::CONTENT_TYPE).cloned();
     let is_sse = content_type
         .as_ref()
@@ -82,6 +129,15 @@ pub(super) async fn read_answer(
         Ok(b) => b.to_bytes(),
         Err(e) => return Err(Unread::Broken(format!("reading the response failed: {e}"))),
     };
+    let body = match provider {
+        Provider::Google => {
+            let (id, created) = answer_id();
+            let chat = google::answer::chat_completion(&body, upstream_model, &id, created)
+                .map_err(Unread::Invalid)?;
+            Bytes::from(chat.to_string())
+        }
+        _ => body,
+    };
     let translation = Translation::of(endpoint, provider);
     let native = translation.map_or(endpoint, Translation::upstream_endpoint);
     let usage = adapter::check_answer(native, &body).map_err(Unread::Invalid)?;
@@ -95,6 +151,47 @@ pub(super) async fn read_answer(
         body,
         usage: (native, usage),
     }))
+}
+
+/// A Gemini SSE answer as an OpenAI chat completion stream, read as it comes; any other
+/// response as it is.
+fn google_stream_as_sse(response: http::Response, upstream_model: &str) -> http::Response {
+    let is_sse = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"));
+    if !is_sse {
+        return response;
+    }
+    let (mut parts, body) = response.into_parts();
+    parts.headers.remove(header::CONTENT_LENGTH);
+    let (id, created) = answer_id();
+    let writer = google::stream::ChunkWriter::new(id, upstream_model.to_owned(), created);
+    http::Response::from_parts(parts, google::stream::sse_body(body, writer))
+}
+
+/// The id and `created` (Unix seconds) of a chat completion the gateway writes for an upstream
+/// whose answer is not one.
+fn answer_id() -> (String, i64) {
+    let created = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(0));
+    (format!("chatcmpl-{}", uuid::Uuid::now_v7().simple()), created)
+}
+
+/// A Gemini error, classified in Google's shape, rewritten in OpenAI's (the format the gateway
+/// speaks to a `google` credential) before it is passed on. Other providers' errors stay as
+/// they came.
+pub(super) fn in_openai_shape(error: &mut UpstreamError) {
+    if error.provider != Provider::Google {
+        return;
+    }
+    let body = google::answer::openai_error(error.status, &error.body);
+    error.body = Bytes::from(body.to_string());
+    error
+        .headers
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
 }
 
 /// An upstream's error answer, kept to pass back: the headers worth passing on and at most

@@ -37,7 +37,6 @@ use crate::error::ApiError;
 use crate::otel::{AttemptSpan, RequestTrace};
 use crate::provider::Credential;
 use crate::provider::adapter::{Endpoint, Fields};
-use crate::translate;
 use crate::transport::http;
 use crate::upstream::pool::admission::{Admission, Refusal, Slot};
 use crate::upstream::pool::classify::{self, Classification, NextStep, UpstreamFailure};
@@ -313,7 +312,7 @@ impl Run<'_> {
     ) -> Step {
         // A request the credential's format cannot express is not sent: the client's 400, unless
         // another candidate serves it or an earlier one failed (its answer says more).
-        let out = match translate::request(self.endpoint, cred, body, upstream_model, model.max_output_tokens)
+        let out = match exchange::outgoing(self.endpoint, cred, body, upstream_model, model.max_output_tokens)
         {
             Ok(out) => out,
             Err(refused) => {
@@ -376,9 +375,13 @@ impl Run<'_> {
                 return Step::Failed(self.invalid(cred, model, upstream_model, status, reason));
             }
             if response.status().is_success() {
-                let read =
-                    self.deadline
-                        .bound(read_answer(self.endpoint, cred.provider, self.stream, response));
+                let read = self.deadline.bound(read_answer(
+                    self.endpoint,
+                    cred.provider,
+                    upstream_model,
+                    self.stream,
+                    response,
+                ));
                 let answer = match read.await {
                     // The head came, the body did not in time: the credential rests as for a 5xx.
                     None => {
@@ -500,6 +503,7 @@ impl Run<'_> {
             message: words,
             ..Attempt::of(cred, model)
         });
+        exchange::in_openai_shape(&mut error);
         self.last = Some(Dispatched::UpstreamFailed(error));
         class.next
     }

@@ -14,7 +14,6 @@ use super::park::{Written, persist, write};
 use super::{Run, Upstreams, request};
 use crate::provider::Credential;
 use crate::provider::adapter::Fields;
-use crate::translate;
 use crate::upstream::pool::classify::{Classification, NextStep, Rule};
 use crate::upstream::pool::routes::ModelRoute;
 
@@ -142,7 +141,8 @@ impl Run<'_> {
         }
         // Built again rather than copied ahead of every request: only a retry pays for it.
         let out =
-            translate::request(self.endpoint, cred, body, upstream_model, model.max_output_tokens).ok()?;
+            super::exchange::outgoing(self.endpoint, cred, body, upstream_model, model.max_output_tokens)
+                .ok()?;
         Some(request(cred, self.headers, out))
     }
 }

@@ -201,8 +201,9 @@ impl Credential {
     pub fn from_row(u: &UpstreamRow, master: &MasterKey) -> Option<Credential> {
         let secret = master.open(&u.secret_sealed).ok()?;
         let provider: Provider = u.provider.parse().ok()?;
-        // Anthropic's `x-api-key` and Azure's `api-key` carry the bare key.
-        let mut auth = if matches!(provider, Provider::Anthropic | Provider::Azure) {
+        // Anthropic's `x-api-key`, Azure's `api-key` and Google's `x-goog-api-key` carry the
+        // bare key.
+        let mut auth = if matches!(provider, Provider::Anthropic | Provider::Azure | Provider::Google) {
             HeaderValue::from_str(&secret)
         } else {
             HeaderValue::from_str(&format!("Bearer {secret}"))
@@ -234,6 +235,13 @@ impl Credential {
         } else {
             HashMap::new()
         };
+        let google = match provider {
+            Provider::Google => Some(Arc::new(crate::provider::google::Target::new(
+                &u.base_url,
+                served.iter().map(|m| m.upstream.as_str()),
+            )?)),
+            _ => None,
+        };
         Some(Credential {
             id: u.id,
             workspace_id: u.workspace_id,
@@ -251,6 +259,7 @@ impl Credential {
             models: served.into_iter().map(|m| (m.name, m.upstream)).collect(),
             urls,
             deployment_urls,
+            google,
         })
     }
 }
