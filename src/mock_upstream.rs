@@ -1,7 +1,8 @@
 //! A scriptable mock of the providers' APIs, for tests, benchmarks and the README demo.
 //!
 //! It speaks OpenAI chat completions (streamed or not, with `usage`), embeddings and model lists,
-//! Anthropic messages (streamed or not), and Azure OpenAI's deployments and v1 paths (`azure.rs`). By default every call succeeds with deterministic
+//! Anthropic messages (streamed or not), Azure OpenAI's deployments and v1 paths (`azure.rs`), and Gemini's own
+//! `generateContent` / `streamGenerateContent` (`google.rs`). By default every call succeeds with deterministic
 //! usage; a [`Script`] makes calls for one credential and/or model answer with any status,
 //! headers and body (each provider error shape of `shared/seeds/`), a delay, slow chunks, a
 //! mid-stream error, a dropped connection, a head followed by a body that stalls, or a provider's
@@ -29,6 +30,7 @@ use tokio_util::sync::CancellationToken;
 mod answer;
 mod anthropic;
 mod azure;
+mod google;
 mod openai;
 
 /// One scripted behaviour. Fields left out keep the default success behaviour.
@@ -471,6 +473,12 @@ impl MockUpstream {
         format!("http://{}", self.addr)
     }
 
+    /// Gemini's API root to configure as a `google` upstream's `base_url`
+    /// (`http://127.0.0.1:PORT/v1beta`).
+    pub fn google_base_url(&self) -> String {
+        format!("http://{}/v1beta", self.addr)
+    }
+
     /// Adds a script; earlier scripts match first.
     pub fn script(&self, s: Script) {
         self.state
@@ -553,6 +561,7 @@ fn router(state: Arc<MockState>) -> Router {
         )
         .route("/openai/v1/chat/completions", post(azure::v1_chat))
         .route("/openai/v1/embeddings", post(azure::v1_embeddings))
+        .route("/v1beta/models/{call}", post(google::call))
         .with_state(state)
 }
 

@@ -18,6 +18,7 @@ pub(super) fn credential_of(headers: &HeaderMap) -> Option<String> {
         .and_then(|v| v.strip_prefix("Bearer "))
         .or_else(|| headers.get("x-api-key").and_then(|v| v.to_str().ok()))
         .or_else(|| headers.get("api-key").and_then(|v| v.to_str().ok()))
+        .or_else(|| headers.get("x-goog-api-key").and_then(|v| v.to_str().ok()))
         .map(str::to_owned)
 }
 
@@ -28,7 +29,19 @@ pub(super) fn count_words(v: &Value) -> u64 {
         Value::Array(a) => a.iter().map(count_words).sum(),
         Value::Object(o) => o
             .iter()
-            .filter(|(k, _)| matches!(k.as_str(), "content" | "text" | "messages" | "input" | "system"))
+            .filter(|(k, _)| {
+                matches!(
+                    k.as_str(),
+                    "content"
+                        | "text"
+                        | "messages"
+                        | "input"
+                        | "system"
+                        | "contents"
+                        | "parts"
+                        | "systemInstruction"
+                )
+            })
             .map(|(_, v)| count_words(v))
             .sum(),
         _ => 0,

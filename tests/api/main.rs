@@ -19,6 +19,7 @@ mod deadlines;
 mod deploy_files;
 mod deployment;
 mod foundation;
+mod google;
 mod host_commands;
 mod key_lifecycle;
 mod log_queue;
