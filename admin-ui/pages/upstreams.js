@@ -17,6 +17,7 @@ const PROVIDERS = [
   ['gemini', 'Gemini'],
   ['openai-compatible', 'OpenAI-compatible (any base URL)'],
   ['azure', 'Azure OpenAI (resource endpoint; model upstream name = deployment)'],
+  ['google', 'Google Gemini API (generateContent; x-goog-api-key)'],
 ];
 
 /** Plain words for the classification rules the gateway names (kRouter's order). */

@@ -415,7 +415,8 @@ pub async fn test(State(state): State<AppState>, actor: Actor, Id(id): Id) -> Ad
     let body: adapter::Fields =
         serde_json::from_str(r#"{"max_tokens":1,"messages":[{"role":"user","content":"ping"}]}"#)
             .unwrap_or_default();
-    let out = adapter::outgoing(endpoint, &cred, &body, &model.upstream);
+    // Through dispatch's own builder, so a google credential's ping is a generateContent call.
+    let out = dispatch::outgoing(endpoint, &cred, &body, &model.upstream, None).map_err(ApiError::from)?;
     let req = dispatch::request(&cred, &axum::http::HeaderMap::new(), out);
     let started = std::time::Instant::now();
     let result = tokio::time::timeout(std::time::Duration::from_secs(30), state.http.send(req)).await;
