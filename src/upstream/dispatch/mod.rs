@@ -23,8 +23,8 @@ use chrono::{DateTime, Utc};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use self::candidates::candidates;
-pub(crate) use self::exchange::{outgoing, request};
 use self::exchange::{Unread, read_answer, read_error};
+pub(crate) use self::exchange::{outgoing, request};
 pub use self::outcome::{Answer, Attempt, AttemptLog, Complete, Dispatched, UpstreamError, provider_words};
 use self::park::{GroupClosure, park, rfc3339};
 pub use self::park::{PersistLocks, time_out};
