@@ -1,5 +1,6 @@
 //! Gemini's own API: `POST /v1beta/models/{model}:generateContent` (a `GenerateContentResponse`)
-//! and `:streamGenerateContent?alt=sse` (SSE events, each a `GenerateContentResponse`, `\r\n`
+//! , `:batchEmbedContents` (`{"embeddings": [{"values": …}]}`, no token counts, as Google
+//! answers) and `:streamGenerateContent?alt=sse` (SSE events, each a `GenerateContentResponse`, `\r\n`
 //! line ends as Google sends them, `usageMetadata` on every event and `finishReason` on the
 //! last), the key in `x-goog-api-key`. A call without a key is refused as Google refuses it
 //! (403 `PERMISSION_DENIED`); a key in the URL (`?key=`) is refused too, so the gateway is held
@@ -26,6 +27,44 @@ fn refusal(status: StatusCode, message: &str, kind: &str) -> Response {
         .into_response()
 }
 
+/// A `batchEmbedContents` call: one 4-value embedding per request, the first value the text's
+/// word count.
+async fn embed(st: &MockState, model: &str, call: &str, headers: &HeaderMap, raw: &Bytes) -> Response {
+    if headers.get("x-goog-api-key").is_none() {
+        return refusal(
+            StatusCode::FORBIDDEN,
+            "Method doesn't allow unregistered callers.",
+            "PERMISSION_DENIED",
+        );
+    }
+    let inc = Incoming::for_model(
+        st,
+        &format!("/v1beta/models/{call}"),
+        headers,
+        raw,
+        Some(model.to_owned()),
+    );
+    inc.delay(st).await;
+    if let Some(resp) = inc.scripted_error(st) {
+        return resp;
+    }
+    let requests = inc
+        .body
+        .get("requests")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    let embeddings: Vec<Value> = requests
+        .iter()
+        .map(|r| {
+            let words = super::answer::count_words(&r["content"]) as f64;
+            json!({"values": [words, 0.5, -0.25, 0.125]})
+        })
+        .collect();
+    inc.record(st, 200, None);
+    json_response(&inc, json!({"embeddings": embeddings}))
+}
+
 /// `/v1beta/models/{model}:{method}` (`generateContent` or `streamGenerateContent`).
 pub(super) async fn call(
     State(st): State<Arc<MockState>>,
@@ -38,6 +77,7 @@ pub(super) async fn call(
         return refusal(StatusCode::NOT_FOUND, "Method not found.", "NOT_FOUND");
     };
     let stream = match method {
+        "batchEmbedContents" => return embed(&st, model, &call, &headers, &raw).await,
         "generateContent" => false,
         "streamGenerateContent" => true,
         _ => return refusal(StatusCode::NOT_FOUND, "Method not found.", "NOT_FOUND"),

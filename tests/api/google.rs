@@ -55,7 +55,30 @@ both_backends!(
     a_per_day_quota_parks_until_midnight_pacific,
     invalid_argument_is_the_requests_fault,
     an_image_by_url_is_refused_by_name,
+    embeddings_go_to_batch_embed_contents,
 );
+
+async fn embeddings_go_to_batch_embed_contents(db: TestDb) {
+    let (app, mock) = start(&db).await;
+    let r = app
+        .post_json(
+            "/v1/embeddings",
+            KEY,
+            &json!({"model": "flash", "input": ["a b c", "d"]}),
+        )
+        .await;
+    assert_eq!(r.status(), 200);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["data"].as_array().unwrap().len(), 2);
+    assert_eq!(v["data"][0]["embedding"][0], 3.0);
+    assert_eq!(v["data"][1]["index"], 1);
+    let call = &mock.calls()[0];
+    assert_eq!(call.path, "/v1beta/models/gemini-2.5-flash:batchEmbedContents");
+    assert_eq!(call.body["requests"][1]["model"], "models/gemini-2.5-flash");
+    let log = &app.logs("acme", 1).await[0];
+    assert_eq!(log.status, 200);
+    assert_eq!(log.usage_estimated, 1);
+}
 
 async fn chat_reaches_generate_content_with_the_goog_key_header(db: TestDb) {
     let (app, mock) = start(&db).await;

@@ -2,7 +2,8 @@
 //!
 //! A `google` credential's `base_url` is the API's versioned root ([`DEFAULT_BASE_URL`]); each
 //! model it serves is called at `{base}/models/{model}:generateContent`, or
-//! `:streamGenerateContent?alt=sse` when the client asked for a stream. The key goes in the
+//! `:streamGenerateContent?alt=sse` when the client asked for a stream, and embeddings at
+//! `:batchEmbedContents` (`embed.rs`). The key goes in the
 //! `x-goog-api-key` header, never in the URL (a URL reaches logs and proxies).
 //!
 //! The gateway speaks OpenAI's chat format inside; a chat request (or a `/v1/messages` request
@@ -11,6 +12,7 @@
 //! provider `gemini` is Google's OpenAI-compatible endpoint and needs none of this.
 
 pub mod answer;
+pub mod embed;
 pub mod request;
 pub mod stream;
 
@@ -21,13 +23,15 @@ use axum::http::Uri;
 /// The public API's root.
 pub const DEFAULT_BASE_URL: &str = "https://generativelanguage.googleapis.com/v1beta";
 
-/// A model's two URLs: `generateContent` and `streamGenerateContent?alt=sse`.
+/// A model's URLs: `generateContent`, `streamGenerateContent?alt=sse`, `batchEmbedContents`.
 #[derive(Clone, Debug)]
 pub struct Urls {
     /// `POST {base}/models/{model}:generateContent`.
     pub generate: Uri,
     /// `POST {base}/models/{model}:streamGenerateContent?alt=sse`.
     pub stream: Uri,
+    /// `POST {base}/models/{model}:batchEmbedContents`.
+    pub embed: Uri,
 }
 
 /// Where a `google` credential's models are called, parsed once per routing snapshot.
@@ -44,6 +48,11 @@ impl Target {
             urls.insert(m.to_owned(), model_urls(base_url, m)?);
         }
         Some(Target { urls })
+    }
+
+    /// The embeddings URL for `model`.
+    pub fn embed_url(&self, model: &str) -> Option<&Uri> {
+        self.urls.get(model).map(|u| &u.embed)
     }
 
     /// The URL for `model`, streamed or not.
@@ -71,6 +80,9 @@ pub fn model_urls(base_url: &str, model: &str) -> Option<Urls> {
     Some(Urls {
         generate: format!("{base}/models/{segment}:generateContent").parse().ok()?,
         stream: format!("{base}/models/{segment}:streamGenerateContent?alt=sse")
+            .parse()
+            .ok()?,
+        embed: format!("{base}/models/{segment}:batchEmbedContents")
             .parse()
             .ok()?,
     })

@@ -37,14 +37,20 @@ pub(crate) fn outgoing(
         param: param.to_owned(),
         message,
     };
-    if endpoint == Endpoint::Embeddings {
-        return Err(refused(
-            "model",
-            "embeddings are not sent to a google upstream yet".to_owned(),
-        ));
-    }
     let chat: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(&out.body)
         .map_err(|e| refused("messages", format!("unreadable request: {e}")))?;
+    if endpoint == Endpoint::Embeddings {
+        let batch =
+            google::embed::batch_request(&chat, upstream_model).map_err(|r| refused(&r.param, r.message))?;
+        let url = target
+            .embed_url(upstream_model)
+            .ok_or_else(|| refused("model", format!("no Gemini URL for the model {upstream_model:?}")))?;
+        return Ok(adapter::Outgoing {
+            url: url.clone(),
+            body: Bytes::from(batch.to_string()),
+            max_tokens_chosen: None,
+        });
+    }
     let stream = chat.get("stream").and_then(serde_json::Value::as_bool) == Some(true);
     let generate = google::request::generate_content(&chat).map_err(|r| refused(&r.param, r.message))?;
     let url = target
@@ -130,6 +136,11 @@ pub(super) async fn read_answer(
         Err(e) => return Err(Unread::Broken(format!("reading the response failed: {e}"))),
     };
     let body = match provider {
+        Provider::Google if endpoint == Endpoint::Embeddings => Bytes::from(
+            google::embed::embeddings(&body, upstream_model)
+                .map_err(Unread::Invalid)?
+                .to_string(),
+        ),
         Provider::Google => {
             let (id, created) = answer_id();
             let chat = google::answer::chat_completion(&body, upstream_model, &id, created)
