@@ -56,7 +56,73 @@ both_backends!(
     invalid_argument_is_the_requests_fault,
     an_image_by_url_is_refused_by_name,
     embeddings_go_to_batch_embed_contents,
+    the_connection_test_pings_generate_content_and_clears_the_day,
 );
+
+async fn the_connection_test_pings_generate_content_and_clears_the_day(db: TestDb) {
+    use aigw::store::{UpstreamStore, WorkspaceStore};
+    let mock = MockUpstream::start().await.unwrap();
+    let admin = "\n[[member]]\nworkspace = \"acme\"\nemail = \"boss@acme.test\"\nrole = \"admin\"\npassword = \"boss-password-1\"\n";
+    let app = spawn_app(&db, Setup::resources(resources(&mock) + admin)).await;
+    mock.script(
+        Script::any()
+            .times(1)
+            .error(429, serde_json::from_str(PER_DAY_429).unwrap()),
+    );
+    let chat = json!({"model": "flash", "messages": [{"role": "user", "content": "hi"}]});
+    assert_eq!(
+        app.post_json("/v1/chat/completions", KEY, &chat).await.status(),
+        429
+    );
+    let ws = app.state.store.workspace_by_name("acme").await.unwrap().unwrap();
+    let up = app
+        .state
+        .store
+        .upstream_by_name(ws.id, "gemini-direct")
+        .await
+        .unwrap()
+        .unwrap();
+    let login: Value = app
+        .client
+        .post(format!("{}/admin/v1/auth/login", app.address))
+        .json(&json!({"email": "boss@acme.test", "password": "boss-password-1"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let token = login["token"].as_str().unwrap();
+    let url = format!("{}/admin/v1/upstreams/{}", app.address, up.id);
+    let body: Value = app
+        .client
+        .get(&url)
+        .bearer_auth(token)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(body["locks"][0]["rule"], "google_daily_quota", "{body}");
+    let r = app
+        .client
+        .post(format!("{url}/test"))
+        .bearer_auth(token)
+        .send()
+        .await
+        .unwrap();
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["ok"], true, "{body}");
+    let ping = mock.calls().last().cloned().unwrap();
+    assert_eq!(ping.path, "/v1beta/models/gemini-2.5-flash:generateContent");
+    assert_eq!(ping.body["generationConfig"]["maxOutputTokens"], 1);
+    // The test cleared the day's park: the model is served again at once.
+    assert_eq!(
+        app.post_json("/v1/chat/completions", KEY, &chat).await.status(),
+        200
+    );
+}
 
 async fn embeddings_go_to_batch_embed_contents(db: TestDb) {
     let (app, mock) = start(&db).await;
