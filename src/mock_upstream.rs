@@ -1,8 +1,9 @@
 //! A scriptable mock of the providers' APIs, for tests, benchmarks and the README demo.
 //!
 //! It speaks OpenAI chat completions (streamed or not, with `usage`), embeddings and model lists,
-//! Anthropic messages (streamed or not), Azure OpenAI's deployments and v1 paths (`azure.rs`), and AWS Bedrock's Converse and
-//! ConverseStream, event-stream frames and all (`bedrock.rs`). By default every call succeeds with deterministic
+//! Anthropic messages (streamed or not), Azure OpenAI's deployments and v1 paths (`azure.rs`), AWS Bedrock's Converse and
+//! ConverseStream, event-stream frames and all (`bedrock.rs`), and Gemini's own `generateContent` /
+//! `streamGenerateContent` (`google.rs`). By default every call succeeds with deterministic
 //! usage; a [`Script`] makes calls for one credential and/or model answer with any status,
 //! headers and body (each provider error shape of `shared/seeds/`), a delay, slow chunks, a
 //! mid-stream error, a dropped connection, a head followed by a body that stalls, or a provider's
@@ -31,6 +32,7 @@ mod answer;
 mod anthropic;
 mod azure;
 mod bedrock;
+mod google;
 mod openai;
 
 /// One scripted behaviour. Fields left out keep the default success behaviour.
@@ -479,6 +481,12 @@ impl MockUpstream {
         format!("http://{}", self.addr)
     }
 
+    /// Gemini's API root to configure as a `google` upstream's `base_url`
+    /// (`http://127.0.0.1:PORT/v1beta`).
+    pub fn google_base_url(&self) -> String {
+        format!("http://{}/v1beta", self.addr)
+    }
+
     /// Adds a script; earlier scripts match first.
     pub fn script(&self, s: Script) {
         self.state
@@ -563,6 +571,7 @@ fn router(state: Arc<MockState>) -> Router {
         .route("/openai/v1/embeddings", post(azure::v1_embeddings))
         .route("/model/{model}/converse", post(bedrock::converse))
         .route("/model/{model}/converse-stream", post(bedrock::converse_stream))
+        .route("/v1beta/models/{call}", post(google::call))
         .with_state(state)
 }
 

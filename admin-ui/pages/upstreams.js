@@ -18,6 +18,7 @@ const PROVIDERS = [
   ['openai-compatible', 'OpenAI-compatible (any base URL)'],
   ['azure', 'Azure OpenAI (resource endpoint; model upstream name = deployment)'],
   ['bedrock', 'AWS Bedrock (region and access keys; model upstream name = model id)'],
+  ['google', 'Google Gemini API (generateContent; x-goog-api-key)'],
 ];
 
 /** Plain words for the classification rules the gateway names (kRouter's order). */

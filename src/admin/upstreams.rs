@@ -444,7 +444,8 @@ pub async fn test(State(state): State<AppState>, actor: Actor, Id(id): Id) -> Ad
     let body: adapter::Fields =
         serde_json::from_str(r#"{"max_tokens":1,"messages":[{"role":"user","content":"ping"}]}"#)
             .unwrap_or_default();
-    // Through dispatch's own builder, so a bedrock credential's ping is a signed Converse call.
+    // Through dispatch's own builder, so a bedrock credential's ping is a signed Converse call
+    // and a google credential's a generateContent call.
     let out = dispatch::outgoing(endpoint, &cred, &body, &model.upstream, None).map_err(ApiError::from)?;
     let req = dispatch::request(&cred, &axum::http::HeaderMap::new(), out);
     let started = std::time::Instant::now();

@@ -19,6 +19,7 @@ pub(super) fn credential_of(headers: &HeaderMap) -> Option<String> {
         .or_else(|| headers.get("x-api-key").and_then(|v| v.to_str().ok()))
         .or_else(|| headers.get("api-key").and_then(|v| v.to_str().ok()))
         .or_else(|| super::bedrock::access_key_id(headers))
+        .or_else(|| headers.get("x-goog-api-key").and_then(|v| v.to_str().ok()))
         .map(str::to_owned)
 }
 
@@ -29,7 +30,19 @@ pub(super) fn count_words(v: &Value) -> u64 {
         Value::Array(a) => a.iter().map(count_words).sum(),
         Value::Object(o) => o
             .iter()
-            .filter(|(k, _)| matches!(k.as_str(), "content" | "text" | "messages" | "input" | "system"))
+            .filter(|(k, _)| {
+                matches!(
+                    k.as_str(),
+                    "content"
+                        | "text"
+                        | "messages"
+                        | "input"
+                        | "system"
+                        | "contents"
+                        | "parts"
+                        | "systemInstruction"
+                )
+            })
             .map(|(_, v)| count_words(v))
             .sum(),
         _ => 0,

@@ -51,6 +51,8 @@ pub struct Credential {
     /// A `bedrock` credential's region, signing keys and Converse URLs; none for every other
     /// provider.
     pub bedrock: Option<Arc<super::bedrock::Target>>,
+    /// A `google` credential's `generateContent` URLs per model; none for every other provider.
+    pub google: Option<Arc<super::google::Target>>,
 }
 
 impl Credential {

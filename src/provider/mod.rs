@@ -5,6 +5,7 @@ pub mod adapter;
 pub mod azure;
 pub mod bedrock;
 pub mod credential;
+pub mod google;
 pub mod mask;
 pub mod sse;
 pub mod usage;
@@ -29,6 +30,9 @@ pub enum Provider {
     Azure,
     /// AWS Bedrock Runtime: Converse and ConverseStream, SigV4-signed (`bedrock/`).
     Bedrock,
+    /// Gemini's own API: `generateContent` and `streamGenerateContent`, the `x-goog-api-key`
+    /// header (`google/`).
+    Google,
 }
 
 impl Provider {
@@ -42,6 +46,7 @@ impl Provider {
             Provider::OpenAiCompatible => "openai-compatible",
             Provider::Azure => "azure",
             Provider::Bedrock => "bedrock",
+            Provider::Google => "google",
         }
     }
 
@@ -54,6 +59,7 @@ impl Provider {
             Provider::Anthropic => Some("https://api.anthropic.com/v1"),
             Provider::OpenRouter => Some("https://openrouter.ai/api/v1"),
             Provider::Gemini => Some("https://generativelanguage.googleapis.com/v1beta/openai"),
+            Provider::Google => Some(google::DEFAULT_BASE_URL),
             Provider::OpenAiCompatible | Provider::Azure | Provider::Bedrock => None,
         }
     }
@@ -75,8 +81,9 @@ impl std::str::FromStr for Provider {
             "openai-compatible" => Ok(Provider::OpenAiCompatible),
             "azure" => Ok(Provider::Azure),
             "bedrock" => Ok(Provider::Bedrock),
+            "google" => Ok(Provider::Google),
             other => Err(format!(
-                "unknown provider {other:?} (expected openai, anthropic, openrouter, gemini, openai-compatible, azure or bedrock)"
+                "unknown provider {other:?} (expected openai, anthropic, openrouter, gemini, openai-compatible, azure, bedrock or google)"
             )),
         }
     }

@@ -26,6 +26,7 @@ fn provider_name(p: Provider) -> &'static str {
         Provider::Gemini => "gcp.gemini",
         Provider::Azure => "azure.ai.openai",
         Provider::Bedrock => "aws.bedrock",
+        Provider::Google => "gcp.gemini",
         other => other.as_str(),
     }
 }

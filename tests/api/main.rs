@@ -20,6 +20,7 @@ mod deadlines;
 mod deploy_files;
 mod deployment;
 mod foundation;
+mod google;
 mod host_commands;
 mod key_lifecycle;
 mod log_queue;

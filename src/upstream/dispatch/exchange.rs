@@ -12,7 +12,7 @@ use super::{Answer, Complete, UpstreamError};
 use crate::provider::Credential;
 use crate::provider::Provider;
 use crate::provider::adapter::{self, Endpoint, Fields};
-use crate::provider::bedrock;
+use crate::provider::{bedrock, google};
 use crate::translate::{self, Refused, Translation};
 use crate::transport::http;
 
@@ -20,8 +20,9 @@ use crate::transport::http;
 const MAX_ERROR_BODY: usize = 256 * 1024;
 
 /// The attempt's request: the client's body translated where the credential speaks the other
-/// format (`translate::request`), and for a `bedrock` credential that chat request as a Converse
-/// request to the model's Converse (or ConverseStream) URL.
+/// format (`translate::request`); for a `bedrock` credential that chat request as a Converse
+/// request to the model's Converse (or ConverseStream) URL, for a `google` one as a
+/// `generateContent` request to the model's URL (streamed or not).
 pub(crate) fn outgoing(
     endpoint: Endpoint,
     cred: &Credential,
@@ -30,9 +31,9 @@ pub(crate) fn outgoing(
     max_output_tokens: Option<u64>,
 ) -> Result<adapter::Outgoing, Refused> {
     let out = translate::request(endpoint, cred, body, upstream_model, max_output_tokens)?;
-    let Some(target) = &cred.bedrock else {
+    if cred.bedrock.is_none() && cred.google.is_none() {
         return Ok(out);
-    };
+    }
     let refused = |param: &str, message: String| Refused {
         param: param.to_owned(),
         message,
@@ -40,16 +41,36 @@ pub(crate) fn outgoing(
     let chat: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(&out.body)
         .map_err(|e| refused("messages", format!("unreadable request: {e}")))?;
     let stream = chat.get("stream").and_then(serde_json::Value::as_bool) == Some(true);
-    let converse = bedrock::request::converse(&chat).map_err(|r| refused(&r.param, r.message))?;
-    let url = target.url(upstream_model, stream).ok_or_else(|| {
-        refused(
-            "model",
-            format!("no Bedrock URL for the model {upstream_model:?}"),
-        )
-    })?;
+    let (url, body) = if let Some(target) = &cred.bedrock {
+        let converse = bedrock::request::converse(&chat).map_err(|r| refused(&r.param, r.message))?;
+        let url = target.url(upstream_model, stream).ok_or_else(|| {
+            refused(
+                "model",
+                format!("no Bedrock URL for the model {upstream_model:?}"),
+            )
+        })?;
+        (url.clone(), converse.to_string())
+    } else if let Some(target) = &cred.google {
+        let no_url = || refused("model", format!("no Gemini URL for the model {upstream_model:?}"));
+        if endpoint == Endpoint::Embeddings {
+            let batch = google::embed::batch_request(&chat, upstream_model)
+                .map_err(|r| refused(&r.param, r.message))?;
+            let url = target.embed_url(upstream_model).ok_or_else(no_url)?;
+            return Ok(adapter::Outgoing {
+                url: url.clone(),
+                body: Bytes::from(batch.to_string()),
+                max_tokens_chosen: None,
+            });
+        }
+        let generate = google::request::generate_content(&chat).map_err(|r| refused(&r.param, r.message))?;
+        let url = target.url(upstream_model, stream).ok_or_else(no_url)?;
+        (url.clone(), generate.to_string())
+    } else {
+        return Ok(out);
+    };
     Ok(adapter::Outgoing {
-        url: url.clone(),
-        body: Bytes::from(converse.to_string()),
+        url,
+        body: Bytes::from(body),
         max_tokens_chosen: out.max_tokens_chosen,
     })
 }
@@ -78,6 +99,8 @@ pub(crate) fn request(
         }
     } else if cred.provider == Provider::Azure {
         h.insert("api-key", cred.auth.clone());
+    } else if cred.provider == Provider::Google {
+        h.insert("x-goog-api-key", cred.auth.clone());
     } else if let Some(target) = &cred.bedrock {
         // Signed last: the signature covers the headers above and the body.
         if let Err(e) = target.sign(&mut req, SystemTime::now()) {
@@ -110,6 +133,7 @@ pub(super) async fn read_answer(
 ) -> Result<Answer, Unread> {
     let response = match provider {
         Provider::Bedrock => bedrock_stream_as_sse(response, upstream_model),
+        Provider::Google => google_stream_as_sse(response, upstream_model),
         _ => response,
     };
     let content_type = response.headers().get(header::CONTENT_TYPE).cloned();
@@ -132,6 +156,17 @@ pub(super) async fn read_answer(
         Err(e) => return Err(Unread::Broken(format!("reading the response failed: {e}"))),
     };
     let body = match provider {
+        Provider::Google if endpoint == Endpoint::Embeddings => Bytes::from(
+            google::embed::embeddings(&body, upstream_model)
+                .map_err(Unread::Invalid)?
+                .to_string(),
+        ),
+        Provider::Google => {
+            let (id, created) = answer_id();
+            let chat = google::answer::chat_completion(&body, upstream_model, &id, created)
+                .map_err(Unread::Invalid)?;
+            Bytes::from(chat.to_string())
+        }
         Provider::Bedrock => {
             let (id, created) = answer_id();
             let chat = bedrock::answer::chat_completion(&body, upstream_model, &id, created)
@@ -177,8 +212,26 @@ fn bedrock_stream_as_sse(response: http::Response, upstream_model: &str) -> http
     http::Response::from_parts(parts, bedrock::stream::sse_body(body, writer))
 }
 
+/// A Gemini SSE answer as an OpenAI chat completion stream, read as it comes; any other
+/// response as it is.
+fn google_stream_as_sse(response: http::Response, upstream_model: &str) -> http::Response {
+    let is_sse = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"));
+    if !is_sse {
+        return response;
+    }
+    let (mut parts, body) = response.into_parts();
+    parts.headers.remove(header::CONTENT_LENGTH);
+    let (id, created) = answer_id();
+    let writer = google::stream::ChunkWriter::new(id, upstream_model.to_owned(), created);
+    http::Response::from_parts(parts, google::stream::sse_body(body, writer))
+}
+
 /// The id and `created` (Unix seconds) of a chat completion the gateway writes for an upstream
-/// that names neither (Bedrock).
+/// whose answer is not one (Bedrock, Google).
 fn answer_id() -> (String, i64) {
     let created = SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
@@ -186,18 +239,22 @@ fn answer_id() -> (String, i64) {
     (format!("chatcmpl-{}", uuid::Uuid::now_v7().simple()), created)
 }
 
-/// A Bedrock error, classified in AWS's shape, rewritten in OpenAI's (the format the gateway
-/// speaks to a `bedrock` credential) before it is passed on: the client's chat error, or what
-/// `translate` renders for a messages client. Other providers' errors stay as they came.
+/// A Bedrock or Gemini error, classified in the provider's own shape, rewritten in OpenAI's (the
+/// format the gateway speaks to a `bedrock` or `google` credential) before it is passed on: the
+/// client's chat error, or what `translate` renders for a messages client. Other providers'
+/// errors stay as they came.
 pub(super) fn in_openai_shape(error: &mut UpstreamError) {
-    if error.provider != Provider::Bedrock {
-        return;
-    }
-    let errortype = error
-        .headers
-        .get(bedrock::AWS_ERROR_TYPE)
-        .and_then(|v| v.to_str().ok());
-    let body = bedrock::answer::openai_error(error.status, errortype, &error.body);
+    let body = match error.provider {
+        Provider::Bedrock => {
+            let errortype = error
+                .headers
+                .get(bedrock::AWS_ERROR_TYPE)
+                .and_then(|v| v.to_str().ok());
+            bedrock::answer::openai_error(error.status, errortype, &error.body)
+        }
+        Provider::Google => google::answer::openai_error(error.status, &error.body),
+        _ => return,
+    };
     error.body = Bytes::from(body.to_string());
     error
         .headers

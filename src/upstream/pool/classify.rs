@@ -9,7 +9,9 @@
 //! 1. monthly holds on the whole credential (Copilot 402, Anthropic spend caps);
 //! 2. OpenRouter's free daily cap on an OpenRouter credential's 429 (every free model at once);
 //! 3. a reset time the provider names (every named reset, the earliest), capped at 6 h, for any
-//!    status; then Bedrock's error types that have a rule of their own (`classify/bedrock.rs`);
+//!    status — after Google's per-day quotas (midnight Pacific, `classify/google.rs`), and before
+//!    its per-minute quotas that name no delay; then Bedrock's error types that have a rule of
+//!    their own (`classify/bedrock.rs`);
 //! 4. a 429 worded like a rate limit that names no reset: 90 s, unless the wording puts the reset
 //!    hours or days away (then the table's backoff);
 //! 5. the table: text rules first (account-wide, Kiro's monthly limit, no capacity, model gone,
@@ -30,6 +32,7 @@
 //! The caller bounds the body it reads from upstream; the whole of `body` is examined.
 
 mod bedrock;
+mod google;
 
 use std::sync::LazyLock;
 
@@ -169,6 +172,10 @@ pub enum Rule {
     OpenRouterFreeDaily,
     /// kRouter rule 3: a reset the provider named in a header or in the body.
     ProviderNamedReset,
+    /// Gemini's per-day quota used up: until midnight Pacific time (`classify/google.rs`).
+    GoogleDailyQuota,
+    /// Gemini's per-minute quota naming no delay: a minute (`classify/google.rs`).
+    GooglePerMinuteQuota,
     /// Bedrock's `ThrottlingException`: a minute on that model (`classify/bedrock.rs`).
     AwsThrottling,
     /// Bedrock's `ServiceQuotaExceededException`: five minutes on that model, account-wide.
@@ -212,6 +219,8 @@ impl Rule {
             Rule::MonthlyAnthropicSpendCap => "monthly_anthropic_spend_cap",
             Rule::OpenRouterFreeDaily => "openrouter_free_daily",
             Rule::ProviderNamedReset => "provider_named_reset",
+            Rule::GoogleDailyQuota => "google_daily_quota",
+            Rule::GooglePerMinuteQuota => "google_per_minute_quota",
             Rule::AwsThrottling => "aws_throttling",
             Rule::AwsServiceQuota => "aws_service_quota",
             Rule::AwsKeysRejected => "aws_keys_rejected",
@@ -370,7 +379,9 @@ pub fn classify(f: &UpstreamFailure<'_>) -> Classification {
     let ev = Evidence::read(f);
     let mut class = monthly_hold(f, &ev)
         .or_else(|| openrouter_free_daily(f, &ev))
+        .or_else(|| google::daily_quota(f, &ev))
         .or_else(|| provider_named_reset(f, &ev))
+        .or_else(|| google::per_minute_quota(f, &ev))
         .or_else(|| bedrock::aws_error(f, &ev))
         .or_else(|| rate_limit_wording(f, &ev))
         .unwrap_or_else(|| rule_table(f, &ev));
@@ -1201,6 +1212,15 @@ mod tests {
     const BEDROCK_VALIDATION: &str = r#"{"message":"The provided model identifier is invalid."}"#;
     const BEDROCK_TYPE_THROTTLING: &str =
         "ThrottlingException:http://internal.amazon.com/coral/com.amazon.bedrock/";
+
+    // Gemini's own API (`google`): the bodies generativelanguage.googleapis.com answers.
+    const GOOGLE_PER_DAY: &str = r#"{"error":{"code":429,"message":"You exceeded your current quota, please check your plan and billing details. For more information on this error, head to: https://ai.google.dev/gemini-api/docs/rate-limits.\n* Quota exceeded for metric: generativelanguage.googleapis.com/generate_content_free_tier_requests, limit: 250\nPlease retry in 17.227s.","status":"RESOURCE_EXHAUSTED","details":[{"@type":"type.googleapis.com/google.rpc.QuotaFailure","violations":[{"quotaMetric":"generativelanguage.googleapis.com/generate_content_free_tier_requests","quotaId":"GenerateRequestsPerDayPerProjectPerModel-FreeTier","quotaDimensions":{"location":"global","model":"gemini-2.5-flash"},"quotaValue":"250"}]},{"@type":"type.googleapis.com/google.rpc.Help","links":[{"description":"Learn more about Gemini API quotas","url":"https://ai.google.dev/gemini-api/docs/rate-limits"}]},{"@type":"type.googleapis.com/google.rpc.RetryInfo","retryDelay":"17s"}]}}"#;
+    const GOOGLE_PER_MINUTE_NO_DELAY: &str = r#"{"error":{"code":429,"message":"You exceeded your current quota, please check your plan and billing details.","status":"RESOURCE_EXHAUSTED","details":[{"@type":"type.googleapis.com/google.rpc.QuotaFailure","violations":[{"quotaMetric":"generativelanguage.googleapis.com/generate_content_paid_tier_input_token_count","quotaId":"GenerateContentPaidTierInputTokensPerModelPerMinute","quotaDimensions":{"location":"global","model":"gemini-2.5-pro"},"quotaValue":"2000000"}]}]}}"#;
+    const GOOGLE_PER_MINUTE_1_5S: &str = r#"{"error":{"code":429,"message":"You exceeded your current quota, please check your plan and billing details.","status":"RESOURCE_EXHAUSTED","details":[{"@type":"type.googleapis.com/google.rpc.QuotaFailure","violations":[{"quotaMetric":"generativelanguage.googleapis.com/generate_content_free_tier_requests","quotaId":"GenerateRequestsPerMinutePerProjectPerModel-FreeTier","quotaDimensions":{"location":"global","model":"gemini-2.5-flash"},"quotaValue":"10"}]},{"@type":"type.googleapis.com/google.rpc.RetryInfo","retryDelay":"1.5s"}]}}"#;
+    const GOOGLE_INVALID_ARGUMENT: &str = r#"{"error":{"code":400,"message":"* GenerateContentRequest.contents: contents is not specified\n","status":"INVALID_ARGUMENT"}}"#;
+    const GOOGLE_PERMISSION_DENIED: &str = r#"{"error":{"code":403,"message":"Method doesn't allow unregistered callers (callers without established identity). Please use API Key or other form of API consumer identity to call this API.","status":"PERMISSION_DENIED"}}"#;
+    const GOOGLE_UNAVAILABLE: &str = r#"{"error":{"code":503,"message":"The model is overloaded. Please try again later.","status":"UNAVAILABLE"}}"#;
+    const GOOGLE_INTERNAL: &str = r#"{"error":{"code":500,"message":"An internal error has occurred. Please retry or report in https://developers.generativeai.google/guide/troubleshooting","status":"INTERNAL"}}"#;
 
     const AZURE_429: &str = r#"{"error":{"code":"429","message":"Requests to the ChatCompletions_Create Operation under Azure OpenAI API version 2024-10-21 have exceeded token rate limit of your current OpenAI S0 pricing tier. Please retry after 37 seconds. Go here for more details: https://aka.ms/oai/quotaincrease"}}"#;
     const AZURE_CONTENT_FILTER: &str = r#"{"error":{"message":"The response was filtered due to the prompt triggering Azure OpenAI's content management policy. Please modify your prompt and retry. To learn more about our content filtering policies please read our documentation: https://go.microsoft.com/fwlink/?linkid=2198766","type":null,"param":"prompt","code":"content_filter","status":400,"innererror":{"code":"ResponsibleAIPolicyViolation","content_filter_result":{"hate":{"filtered":false,"severity":"safe"},"jailbreak":{"filtered":false,"detected":false},"self_harm":{"filtered":false,"severity":"safe"},"sexual":{"filtered":false,"severity":"safe"},"violence":{"filtered":true,"severity":"high"}}}}}"#;
@@ -2710,6 +2730,119 @@ mod tests {
                 body: BEDROCK_THROTTLED,
                 rule: Rule::RateLimitWording,
                 lock: Some((One, Corroborated, "2026-03-15T10:22:00Z")),
+                next: NextCredential,
+                ..BASE
+            },
+            // ---- Gemini's own API (google) ----
+            Case {
+                name: "google per-day quota: parked to midnight Pacific (PDT), not its 17 s retryDelay",
+                provider: Provider::Google,
+                model: "gemini-2.5-flash",
+                status: 429,
+                body: GOOGLE_PER_DAY,
+                rule: Rule::GoogleDailyQuota,
+                lock: Some((One, Account, "2026-03-16T07:00:00Z")),
+                next: NextCredential,
+                ..BASE
+            },
+            Case {
+                name: "google per-day quota in winter: midnight Pacific is 08:00 UTC (PST)",
+                provider: Provider::Google,
+                model: "gemini-2.5-flash",
+                status: 429,
+                body: GOOGLE_PER_DAY,
+                now: "2026-01-10T09:00:00Z",
+                rule: Rule::GoogleDailyQuota,
+                lock: Some((One, Account, "2026-01-11T08:00:00Z")),
+                next: NextCredential,
+                ..BASE
+            },
+            Case {
+                name: "gemini (OpenAI-compatible endpoint) per-day quota: the same midnight Pacific",
+                provider: Provider::Gemini,
+                model: "gemini-2.5-flash",
+                status: 429,
+                body: GOOGLE_PER_DAY,
+                rule: Rule::GoogleDailyQuota,
+                lock: Some((One, Account, "2026-03-16T07:00:00Z")),
+                next: NextCredential,
+                ..BASE
+            },
+            Case {
+                name: "google per-minute quota with retryDelay 1.5s: the named wait (rule 3)",
+                provider: Provider::Google,
+                model: "gemini-2.5-flash",
+                status: 429,
+                body: GOOGLE_PER_MINUTE_1_5S,
+                rule: Rule::ProviderNamedReset,
+                lock: Some((One, Corroborated, "2026-03-15T10:20:31.500Z")),
+                next: NextCredential,
+                ..BASE
+            },
+            Case {
+                name: "google per-minute quota naming no delay: a minute, not the 90 s guess",
+                provider: Provider::Google,
+                model: "gemini-2.5-pro",
+                status: 429,
+                body: GOOGLE_PER_MINUTE_NO_DELAY,
+                rule: Rule::GooglePerMinuteQuota,
+                lock: Some((One, Account, "2026-03-15T10:21:30Z")),
+                next: NextCredential,
+                ..BASE
+            },
+            Case {
+                name: "google 400 INVALID_ARGUMENT is the request's fault: no lock",
+                provider: Provider::Google,
+                model: "gemini-2.5-flash",
+                status: 400,
+                body: GOOGLE_INVALID_ARGUMENT,
+                rule: Rule::RequestError,
+                lock: None,
+                next: NextModel,
+                ..BASE
+            },
+            Case {
+                name: "google 400 API_KEY_INVALID is the credential's: 2 min, next credential",
+                provider: Provider::Google,
+                model: "gemini-2.5-flash",
+                status: 400,
+                body: GEMINI_BAD_KEY,
+                rule: Rule::CredentialShaped4xx,
+                lock: Some((One, Route, "2026-03-15T10:22:30Z")),
+                next: NextCredential,
+                ..BASE
+            },
+            Case {
+                name: "google 403 PERMISSION_DENIED is the credential's: 2 min",
+                provider: Provider::Google,
+                model: "gemini-2.5-flash",
+                status: 403,
+                body: GOOGLE_PERMISSION_DENIED,
+                rule: Rule::AuthOrNotFound,
+                lock: Some((One, Route, "2026-03-15T10:22:30Z")),
+                next: NextCredential,
+                ..BASE
+            },
+            Case {
+                name: "google 503 UNAVAILABLE is transient",
+                provider: Provider::Google,
+                model: "gemini-2.5-flash",
+                status: 503,
+                body: GOOGLE_UNAVAILABLE,
+                rule: Rule::Backoff,
+                lock: Some((One, Route, "2026-03-15T10:20:32Z")),
+                next: NextCredential,
+                bump_backoff: true,
+                ..BASE
+            },
+            Case {
+                name: "google 500 INTERNAL is transient: 30 s",
+                provider: Provider::Google,
+                model: "gemini-2.5-flash",
+                status: 500,
+                body: GOOGLE_INTERNAL,
+                rule: Rule::ServerError,
+                lock: Some((One, Route, "2026-03-15T10:21:00Z")),
                 next: NextCredential,
                 ..BASE
             },

@@ -210,10 +210,11 @@ impl Credential {
             Some(k) => k.secret_access_key.clone(),
             None => secret,
         };
-        // Anthropic's `x-api-key` and Azure's `api-key` carry the bare key.
+        // Anthropic's `x-api-key`, Azure's `api-key` and Google's `x-goog-api-key` carry the
+        // bare key (bedrock's is never sent: its requests are signed).
         let mut auth = if matches!(
             provider,
-            Provider::Anthropic | Provider::Azure | Provider::Bedrock
+            Provider::Anthropic | Provider::Azure | Provider::Bedrock | Provider::Google
         ) {
             HeaderValue::from_str(&secret)
         } else {
@@ -254,6 +255,13 @@ impl Credential {
             )?)),
             None => None,
         };
+        let google = match provider {
+            Provider::Google => Some(Arc::new(crate::provider::google::Target::new(
+                &u.base_url,
+                served.iter().map(|m| m.upstream.as_str()),
+            )?)),
+            _ => None,
+        };
         Some(Credential {
             id: u.id,
             workspace_id: u.workspace_id,
@@ -272,6 +280,7 @@ impl Credential {
             urls,
             deployment_urls,
             bedrock,
+            google,
         })
     }
 }
