@@ -5,9 +5,34 @@ use serde_json::{Map, Value, json};
 
 use super::{Refused, kind_of};
 
-/// `max_tokens` sent when the chat request names none (Anthropic requires one) and the model has
-/// no `max_output_tokens` of its own: 4096, which every Claude model accepts as output.
+/// `max_tokens` sent when the chat request names none (Anthropic requires one), the model has
+/// no `max_output_tokens` of its own and its upstream name is of no family in
+/// [`FAMILY_OUTPUT_LIMITS`]: 4096, which every Claude model accepts as output.
 pub const DEFAULT_MAX_TOKENS: u64 = 4096;
+
+/// The output limit of each known Claude family, by a part of the upstream model's name (so that
+/// dated ids, Bedrock's `anthropic.…-v1:0` and Vertex's `…@date` match too); the first entry
+/// found wins, so a more specific name comes before its prefix. A family not listed gets
+/// [`DEFAULT_MAX_TOKENS`]; `docs/translation.md` lists the same table (issue 45 item 9).
+pub const FAMILY_OUTPUT_LIMITS: &[(&str, u64)] = &[
+    ("claude-opus-4-5", 64_000),
+    ("claude-opus-4", 32_000),
+    ("claude-sonnet-4", 64_000),
+    ("claude-haiku-4", 64_000),
+    ("claude-3-7-sonnet", 64_000),
+    ("claude-3-5-sonnet", 8_192),
+    ("claude-3-5-haiku", 8_192),
+];
+
+/// The `max_tokens` sent for a chat request naming no output bound to `upstream_model` whose
+/// model has no `max_output_tokens`: its family's own output limit, else [`DEFAULT_MAX_TOKENS`].
+/// Never more than the family's limit, which Anthropic would refuse.
+pub fn default_max_tokens(upstream_model: &str) -> u64 {
+    FAMILY_OUTPUT_LIMITS
+        .iter()
+        .find(|(family, _)| upstream_model.contains(family))
+        .map_or(DEFAULT_MAX_TOKENS, |(_, n)| *n)
+}
 
 /// The Messages request for a chat request's top-level `fields`, asking for `model`;
 /// `default_max_tokens` is sent when the request names no output bound.
@@ -532,6 +557,30 @@ pub fn answer(v: &Value, created: i64) -> Result<Value, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Each family's own output limit, whatever the name's date, prefix or suffix; unknown
+    /// families and the Claude 3 models get 4096.
+    #[test]
+    fn a_model_without_a_limit_gets_its_familys() {
+        for (model, limit) in [
+            ("claude-opus-4-5-20251101", 64_000),
+            ("claude-opus-4-1-20250805", 32_000),
+            ("claude-opus-4-20250514", 32_000),
+            ("claude-sonnet-4-5", 64_000),
+            ("claude-sonnet-4-20250514", 64_000),
+            ("us.anthropic.claude-sonnet-4-20250514-v1:0", 64_000),
+            ("claude-haiku-4-5", 64_000),
+            ("claude-3-7-sonnet-latest", 64_000),
+            ("anthropic.claude-3-5-sonnet-20240620-v1:0", 8_192),
+            ("claude-3-5-sonnet-v2@20241022", 8_192),
+            ("claude-3-5-haiku-20241022", 8_192),
+            ("claude-3-opus-20240229", 4_096),
+            ("claude-3-haiku-20240307", 4_096),
+            ("my-finetune", 4_096),
+        ] {
+            assert_eq!(default_max_tokens(model), limit, "{model}");
+        }
+    }
 
     fn req(body: Value) -> Result<Value, Refused> {
         request(

@@ -92,7 +92,7 @@ impl From<Refused> for ApiError {
 /// The attempt's request: the client's body as is for the credential's own format, else
 /// translated into it, with the upstream model name. `max_output_tokens` is the model's own
 /// output limit, the `max_tokens` an Anthropic credential is sent for a chat request that names
-/// none ([`chat_to_messages::DEFAULT_MAX_TOKENS`] when the model has none).
+/// none (its family's limit, [`chat_to_messages::default_max_tokens`], when the model has none).
 pub fn request(
     endpoint: Endpoint,
     cred: &Credential,
@@ -107,7 +107,8 @@ pub fn request(
     let mut max_tokens_chosen = None;
     let translated = match t {
         Translation::ChatToMessages => {
-            let bound = max_output_tokens.unwrap_or(chat_to_messages::DEFAULT_MAX_TOKENS);
+            let bound =
+                max_output_tokens.unwrap_or_else(|| chat_to_messages::default_max_tokens(upstream_model));
             let named = ["max_tokens", "max_completion_tokens"]
                 .iter()
                 .any(|k| fields.get(*k).is_some_and(|v| !v.is_null()));

@@ -121,7 +121,8 @@ async fn a_claude_model_answers_chat_completions(db: TestDb) {
     assert_eq!(call.path, "/v1/messages");
     assert_eq!(call.credential.as_deref(), Some("cred-claude"));
     assert_eq!(call.body["model"], "claude-sonnet-4-5");
-    assert_eq!(call.body["max_tokens"], 4096);
+    // claude-sonnet-4-5 names no `max_output_tokens`: its family's own output limit (issue 45 item 9).
+    assert_eq!(call.body["max_tokens"], 64000);
     assert_eq!(call.body["system"], "Be brief.");
     assert_eq!(call.body["stop_sequences"], json!(["END"]));
     assert_eq!(
@@ -138,7 +139,7 @@ async fn a_claude_model_answers_chat_completions(db: TestDb) {
     let a = attempts(log);
     assert_eq!(a[0]["provider"], "anthropic");
     assert_eq!(a[0]["translated"], "chat.completions→messages");
-    assert_eq!(a[0]["max_tokens_chosen"], 4096, "the gateway chose it");
+    assert_eq!(a[0]["max_tokens_chosen"], 64000, "the gateway chose it");
     app.stop().await;
 }
 

@@ -231,7 +231,7 @@ async fn a_chat_request_without_a_bound_gets_the_models_own_output_limit(db: Tes
     let resources = crate::translate::resources(&mock)
         .replace(
             "name = \"claude-sonnet\"\nprice",
-            "name = \"claude-sonnet\"\nmax_output_tokens = 64000\nprice",
+            "name = \"claude-sonnet\"\nmax_output_tokens = 20000\nprice",
         )
         .replace(
             "role = \"member\"",
@@ -251,11 +251,11 @@ async fn a_chat_request_without_a_bound_gets_the_models_own_output_limit(db: Tes
             .status(),
         200
     );
-    assert_eq!(mock.calls()[0].body["max_tokens"], 64000);
+    assert_eq!(mock.calls()[0].body["max_tokens"], 20000);
     let log = &app.logs("acme", 1).await[0];
     assert_eq!(
         attempts(log)[0]["max_tokens_chosen"],
-        64000,
+        20000,
         "{}",
         log.attempts_detail
     );
@@ -299,7 +299,7 @@ async fn a_chat_request_without_a_bound_gets_the_models_own_output_limit(db: Tes
         .find(|m| m["name"] == "claude-sonnet")
         .unwrap()
         .clone();
-    assert_eq!(model["max_output_tokens"], 64000, "{model}");
+    assert_eq!(model["max_output_tokens"], 20000, "{model}");
     let path = format!("/admin/v1/models/{}", model["id"]);
     let r = admin(
         reqwest::Method::PATCH,
@@ -345,6 +345,7 @@ async fn a_chat_request_without_a_bound_gets_the_models_own_output_limit(db: Tes
             .status(),
         200
     );
-    assert_eq!(mock.calls()[3].body["max_tokens"], 4096);
+    // Unset, the default is the model family's own limit (claude-sonnet-4-5: 64000), not 4096.
+    assert_eq!(mock.calls()[3].body["max_tokens"], 64000);
     app.stop().await;
 }

@@ -46,7 +46,7 @@ pub struct Attempt {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub translated: Option<&'static str>,
     /// The `max_tokens` the gateway chose for the translated request of the attempt that
-    /// served, the client having named none: the model's `max_output_tokens`, else 4096.
+    /// served, the client having named none: the model's `max_output_tokens`, else its family's.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_tokens_chosen: Option<u64>,
     /// Its span, when the request is traced and this attempt sent a request.
