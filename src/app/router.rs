@@ -73,7 +73,14 @@ async fn healthz() -> &'static str {
 async fn readyz(State(state): State<AppState>) -> Response {
     let ready = state.store.at_home(|s| async move { Ok(s.ready().await) });
     if ready.await.unwrap_or(false) {
-        (StatusCode::OK, "ready").into_response()
+        // With Redis (issue 44), whether the quota counters are shared right now: a gateway
+        // counting alone still serves, so it stays ready.
+        let detail = match state.quota.shared() {
+            None => "ready",
+            Some(s) if s.is_up() => "ready; redis up",
+            Some(_) => "ready; redis unreachable: quotas counted by this gateway alone",
+        };
+        (StatusCode::OK, detail).into_response()
     } else {
         (
             StatusCode::SERVICE_UNAVAILABLE,
@@ -124,6 +131,9 @@ fn state_gauges(state: &AppState) -> String {
     one("aigw_breaker_open_keys", state.breakers.open_keys(now));
     one("aigw_breaker_banned_keys", state.breakers.banned_keys());
     one("aigw_store_available", usize::from(state.store.available()));
+    if let Some(shared) = state.quota.shared() {
+        one("aigw_redis_up", usize::from(shared.is_up()));
+    }
     one("aigw_log_queue_depth", state.logs.queued().max(0) as usize);
     one("aigw_log_queue_bytes", state.logs.queue().bytes());
     one("aigw_client_connections", state.connections.open());
