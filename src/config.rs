@@ -415,20 +415,11 @@ settings! {
     max_usage_tokens: u64 = DEFAULT_MAX_USAGE_TOKENS, "AIGW_MAX_USAGE_TOKENS", check |v| {
         if (1..=MAX_USAGE_TOKENS_LIMIT).contains(v) { Ok(()) } else { Err("must be 1..=1000000000000".into()) }
     };
-    /// Where the quota counters are shared across gateways in real time (issue 44,
-    /// docs/scaling.md): `redis://` or `rediss://` with an optional password and database.
-    /// Unset: each gateway counts in memory and learns the others' usage at its flush.
-    redis_url: Option<Secret> = None, "AIGW_REDIS_URL", check |v| match v {
-        Some(u) if !(u.expose().starts_with("redis://") || u.expose().starts_with("rediss://")) => {
-            Err("must start with redis:// or rediss://".into())
-        }
-        _ => Ok(()),
-    };
-    /// Longest a Redis round trip may take, in milliseconds; past it the gateway counts alone
-    /// (its own memory and the store) until Redis answers again.
-    redis_timeout_ms: u64 = 50, "AIGW_REDIS_TIMEOUT_MS", check |v| {
-        if (1..=10_000).contains(v) { Ok(()) } else { Err("must be 1..=10000".into()) }
-    };
+    /// Where quota counters are shared across gateways in real time, `redis://` or `rediss://`
+    /// (issue 44, docs/scaling.md). Unset: each gateway learns the others' usage at its flush.
+    redis_url: Option<Secret> = None, "AIGW_REDIS_URL", check values::redis_url_form;
+    /// Longest a Redis round trip may take, in ms; past it the gateway counts alone until it answers.
+    redis_timeout_ms: u64 = 50, "AIGW_REDIS_TIMEOUT_MS", check values::redis_timeout;
     /// While the database is unreachable, a quota counter never read before: `serve` (count
     /// from 0 in memory) or `refuse` (503 `store_unavailable`).
     store_outage_counters: OutageCounters = OutageCounters::Serve, "AIGW_STORE_OUTAGE_COUNTERS";

@@ -186,3 +186,22 @@ fn parse_networks<'a>(
         })
         .collect()
 }
+
+/// `redis_url`: a Redis URL the client understands, plain or over TLS.
+pub(super) fn redis_url_form(v: &Option<super::Secret>) -> Result<(), String> {
+    match v {
+        Some(u) if !(u.expose().starts_with("redis://") || u.expose().starts_with("rediss://")) => {
+            Err("must start with redis:// or rediss://".into())
+        }
+        _ => Ok(()),
+    }
+}
+
+/// `redis_timeout_ms`: tens of milliseconds is the intent; up to 10 s is allowed.
+pub(super) fn redis_timeout(v: &u64) -> Result<(), String> {
+    if (1..=10_000).contains(v) {
+        Ok(())
+    } else {
+        Err("must be 1..=10000".into())
+    }
+}
