@@ -131,14 +131,16 @@ fn state_gauges(state: &AppState) -> String {
     one("aigw_breaker_open_keys", state.breakers.open_keys(now));
     one("aigw_breaker_banned_keys", state.breakers.banned_keys());
     one("aigw_store_available", usize::from(state.store.available()));
-    if let Some(shared) = state.quota.shared() {
-        one("aigw_redis_up", usize::from(shared.is_up()));
-    }
     one("aigw_log_queue_depth", state.logs.queued().max(0) as usize);
     one("aigw_log_queue_bytes", state.logs.queue().bytes());
     one("aigw_client_connections", state.connections.open());
     one("aigw_admin_connections", state.admin_connections.open());
     one("aigw_upstream_banned_credentials", state.locks.banned_count());
+    // A sample only with `redis_url` set: a gateway without Redis has no Redis to be up.
+    e.family("aigw_redis_up");
+    if let Some(shared) = state.quota.shared() {
+        e.sample("aigw_redis_up", &[], usize::from(shared.is_up()));
+    }
     let refused = "aigw_client_connections_refused_total";
     e.family(refused).sample(
         refused,

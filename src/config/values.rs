@@ -205,3 +205,24 @@ pub(super) fn redis_timeout(v: &u64) -> Result<(), String> {
         Err("must be 1..=10000".into())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redis_url_takes_plain_and_tls_urls_only() {
+        let cases = [
+            (None, true),
+            (Some("redis://127.0.0.1:6379/0"), true),
+            (Some("redis://:secret@cache.internal:6380/2"), true),
+            (Some("rediss://cache.example:6380/"), true),
+            (Some("http://127.0.0.1:6379"), false),
+            (Some("127.0.0.1:6379"), false),
+        ];
+        for (url, ok) in cases {
+            let v = url.map(super::super::Secret::new);
+            assert_eq!(redis_url_form(&v).is_ok(), ok, "{url:?}");
+        }
+    }
+}

@@ -39,7 +39,13 @@ impl RedisServer {
     fn launch(&mut self) -> Option<()> {
         let bin = ["/usr/bin/redis-server", "/usr/local/bin/redis-server"]
             .into_iter()
-            .find(|p| std::path::Path::new(p).exists())?;
+            .find(|p| std::path::Path::new(p).exists());
+        // CI installs it (.ci/run): there a missing server fails the run instead of skipping.
+        assert!(
+            bin.is_some() || std::env::var("CI").as_deref() != Ok("true"),
+            "redis-server is not installed"
+        );
+        let bin = bin?;
         let child = Command::new(bin)
             .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no"])
