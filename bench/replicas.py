@@ -383,11 +383,31 @@ def measure_size(gws, home, n, args, flush_ms, b, shared=False):
     say(f"  {n:,} subjects: idle window ({args.window} s)")
     idle = window(gws, args.statements, args.window)
     idle["rps"], idle["errors"] = 0.0, 0
+    say(f"  {n:,} subjects: latency at one connection ({args.window} s)")
+    lat = latency(gws[0], env, lua, args.window)
     say(f"  {n:,} subjects: burst on a {args.burst_limit}/minute key")
     bst = burst(gws, home, b, args.burst_limit, args.conns, args.burst_seconds, flush_ms, args.statements,
                 loaded["rps"], loaded["flush"].get("quota", {}).get("ceiling", 0.0), shared)
     return {"warm_s": warm_s, "warm_requests": sum(r["requests"] for r in warm),
-            "warm_errors": sum(r["errors"] for r in warm), "warm_non2xx": sum(r["non2xx"] for r in warm), "loaded": loaded, "idle": idle, "burst": bst}
+            "warm_errors": sum(r["errors"] for r in warm), "warm_non2xx": sum(r["non2xx"] for r in warm), "loaded": loaded, "idle": idle, "burst": bst,
+            "latency": lat}
+
+
+def latency(gw, env, lua, seconds):
+    """p50 and p99 in ms of one connection on one gateway (wrk --latency): with Redis, what its
+    round trip before dispatch adds to a request (issue 44)."""
+    _, port = gw
+    p = subprocess.run(["wrk", "-t1", "-c1", f"-d{max(seconds, 2)}s", "--latency", "-s", lua,
+                        f"http://127.0.0.1:{port}/"], env=dict(env, SCALE_SEQUENTIAL="0"),
+                       capture_output=True, text=True, timeout=600)
+    scale_ms = {"us": 1e-3, "ms": 1.0, "s": 1e3, "m": 6e4}
+    out = {}
+    for ln in p.stdout.splitlines():
+        parts = ln.split()
+        if len(parts) == 2 and parts[0] in ("50%", "99%"):
+            num = parts[1].rstrip("usm")
+            out[parts[0]] = float(num) * scale_ms[parts[1][len(num):]]
+    return out.get("50%", float("nan")), out.get("99%", float("nan"))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -433,6 +453,11 @@ def report(binary, args, baseline, results):
         print(f"| {n:,}, {flush_ms} ms{mode} | {r['warm_s']:.1f} s ({r['warm_errors']} socket errors or 2 s time-outs, {r['warm_non2xx']} non-2xx) | {b['limit']:,} | "
               f"{b['admitted']:,} | {b['over']:+,} | {bound} | {b['cycle_ms']:.0f} ms | {b['rate']:,.0f}/s | "
               f"{'yes' if b['over'] <= b['bound'] else 'NO'} |")
+    print("\n| subjects, flush interval | one connection: p50 | p99 |")
+    print("|---|---|---|")
+    for (mode, flush_ms, n), r in results.items():
+        p50, p99 = r["latency"]
+        print(f"| {n:,}, {flush_ms} ms{mode} | {p50:.2f} ms | {p99:.2f} ms |")
 
 
 def main():
