@@ -25,6 +25,11 @@ request is the baseline. Usage:
 
     python3 bench/replicas.py [--bin target/release/aigw] [--window 10] [--flush-ms 250,1000]
     python3 bench/replicas.py --short --bin target/debug/aigw      # a smoke run of seconds (CI)
+    python3 bench/replicas.py --redis                              # each run without, then with Redis
+
+`--redis` (issue 44) starts a `redis-server` of its own on a free port (no persistence, killed at
+the end) and runs every flush interval twice: without Redis, then with `AIGW_REDIS_URL` on every
+gateway. With Redis the burst's bound is the requests in flight alone (docs/quotas.md).
 
 Needs wrk and psql, and Postgres at 127.0.0.1:5432 (`--postgres`) with trust for user postgres and
 room for the four gateways' pools (up to 4 × 18 connections). Traffic goes to 127.0.0.1 only.
@@ -106,7 +111,27 @@ def resources(keys, bursts, burst_limit, mock_port):
     return "\n".join(out)
 
 
-def start_gateways(binary, home, n, flush_ms, res):
+def start_redis():
+    """A redis-server of this run only: a free port, no persistence."""
+    binary = shutil.which("redis-server") or "/usr/bin/redis-server"
+    if not os.path.exists(binary):
+        sys.exit("redis-server is not installed (apt-get install redis-server)")
+    port = run.free_port()
+    proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        try:
+            import socket
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return proc, f"redis://127.0.0.1:{port}/"
+        except OSError:
+            time.sleep(0.05)
+    proc.kill()
+    sys.exit("redis-server did not start")
+
+
+def start_gateways(binary, home, n, flush_ms, res, redis_url=None):
     """The first gateway applies the resources file; the others start once it is ready."""
     gws = []
     for i in range(n):
@@ -115,6 +140,8 @@ def start_gateways(binary, home, n, flush_ms, res):
                "AIGW_DATABASE_URL": f"{PG}/{DB}", "AIGW_LOG": "warn", "AIGW_MASTER_KEY": MASTER_KEY,
                "AIGW_JWT_SECRET": JWT_SECRET, "AIGW_DATA_DIR": home, "AIGW_FLUSH_INTERVAL_MS": str(flush_ms),
                "AIGW_BOOTSTRAP_EMAIL": "owner@replicas.test", "AIGW_BOOTSTRAP_PASSWORD": "replicas-owner-pass"}
+        if redis_url:
+            env["AIGW_REDIS_URL"] = redis_url
         args = [binary, "serve"] + (["--resources", res] if i == 0 else [])
         # Its log goes to a file: a pipe nobody reads fills up and stops the gateway mid-write.
         with open(os.path.join(home, f"gateway-{i}.log"), "ab") as log:
@@ -294,7 +321,7 @@ def stored_requests(key):
                     f"name = 'burst{key}')"))
 
 
-def burst(gws, home, b, limit, conns, seconds, flush_ms, statements, rate, slowest):
+def burst(gws, home, b, limit, conns, seconds, flush_ms, statements, rate, slowest, shared=False):
     # The limit is per minute: start early in one, so the burst and its flushes fit in it.
     if time.time() % 60 > 60 - seconds - 5 * flush_ms / 1000 - 3:
         time.sleep(60 - time.time() % 60 + 0.5)
@@ -319,14 +346,16 @@ def burst(gws, home, b, limit, conns, seconds, flush_ms, statements, rate, slowe
     q = d["flush"].get("quota", {})
     cycle = flush_ms / 1000 + (q["ceiling"] if q.get("count") else slowest)
     in_flight = conns * len(gws)
-    bound = in_flight + 2 * cycle * rates
+    # With Redis the gateways learn each other's usage at each request: the requests in flight.
+    bound = in_flight if shared else in_flight + 2 * cycle * rates
     return {"limit": limit, "admitted": admitted, "over": admitted - limit, "bound": bound, "rate": rates,
             "burst_rps": sum(r["rps"] for r in results),
             "cycle_ms": cycle * 1000, "in_flight": in_flight,
-            "refused": sum(r["non2xx"] for r in results), "errors": sum(r["errors"] for r in results)}
+            "refused": sum(r["non2xx"] for r in results), "errors": sum(r["errors"] for r in results),
+            "shared": shared}
 
 
-def measure_size(gws, home, n, args, flush_ms, b):
+def measure_size(gws, home, n, args, flush_ms, b, shared=False):
     keys = [scale.api_key(k) for k in range(n)]
     say(f"  {n:,} subjects: warm-up (each gateway on each key once)")
     env, lua = write_lists(home, f"warm{n}", keys, ONE_PASS)
@@ -354,11 +383,31 @@ def measure_size(gws, home, n, args, flush_ms, b):
     say(f"  {n:,} subjects: idle window ({args.window} s)")
     idle = window(gws, args.statements, args.window)
     idle["rps"], idle["errors"] = 0.0, 0
+    say(f"  {n:,} subjects: latency at one connection ({args.window} s)")
+    lat = latency(gws[0], env, lua, args.window)
     say(f"  {n:,} subjects: burst on a {args.burst_limit}/minute key")
     bst = burst(gws, home, b, args.burst_limit, args.conns, args.burst_seconds, flush_ms, args.statements,
-                loaded["rps"], loaded["flush"].get("quota", {}).get("ceiling", 0.0))
+                loaded["rps"], loaded["flush"].get("quota", {}).get("ceiling", 0.0), shared)
     return {"warm_s": warm_s, "warm_requests": sum(r["requests"] for r in warm),
-            "warm_errors": sum(r["errors"] for r in warm), "warm_non2xx": sum(r["non2xx"] for r in warm), "loaded": loaded, "idle": idle, "burst": bst}
+            "warm_errors": sum(r["errors"] for r in warm), "warm_non2xx": sum(r["non2xx"] for r in warm), "loaded": loaded, "idle": idle, "burst": bst,
+            "latency": lat}
+
+
+def latency(gw, env, lua, seconds):
+    """p50 and p99 in ms of one connection on one gateway (wrk --latency): with Redis, what its
+    round trip before dispatch adds to a request (issue 44)."""
+    _, port = gw
+    p = subprocess.run(["wrk", "-t1", "-c1", f"-d{max(seconds, 2)}s", "--latency", "-s", lua,
+                        f"http://127.0.0.1:{port}/"], env=dict(env, SCALE_SEQUENTIAL="0"),
+                       capture_output=True, text=True, timeout=600)
+    scale_ms = {"us": 1e-3, "ms": 1.0, "s": 1e3, "m": 6e4}
+    out = {}
+    for ln in p.stdout.splitlines():
+        parts = ln.split()
+        if len(parts) == 2 and parts[0] in ("50%", "99%"):
+            num = parts[1].rstrip("usm")
+            out[parts[0]] = float(num) * scale_ms[parts[1][len(num):]]
+    return out.get("50%", float("nan")), out.get("99%", float("nan"))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -390,19 +439,25 @@ def report(binary, args, baseline, results):
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     baseline["rps"], baseline["errors"] = 0.0, 0
     print(fmt_row("baseline: idle, no live counter", baseline))
-    for (flush_ms, n), r in results.items():
-        print(fmt_row(f"{n:,} subjects, {flush_ms} ms flush: loaded", r["loaded"]))
-        print(fmt_row(f"{n:,} subjects, {flush_ms} ms flush: idle after", r["idle"]))
+    for (mode, flush_ms, n), r in results.items():
+        print(fmt_row(f"{n:,} subjects, {flush_ms} ms flush{mode}: loaded", r["loaded"]))
+        print(fmt_row(f"{n:,} subjects, {flush_ms} ms flush{mode}: idle after", r["idle"]))
     print("\n| subjects, flush interval | warm-up (4 × subjects requests) | burst: limit/minute | admitted "
           "| overshoot | documented bound (in flight + 2 cycles × 4 gateways' rate) | cycle (interval + quota flush "
           "ceiling) | 4 gateways' rate | within |")
     print("|---|---|---|---|---|---|---|---|---|")
-    for (flush_ms, n), r in results.items():
+    for (mode, flush_ms, n), r in results.items():
         b = r["burst"]
-        print(f"| {n:,}, {flush_ms} ms | {r['warm_s']:.1f} s ({r['warm_errors']} socket errors or 2 s time-outs, {r['warm_non2xx']} non-2xx) | {b['limit']:,} | "
-              f"{b['admitted']:,} | {b['over']:+,} | {b['bound']:,.0f} = {b['in_flight']} + 2 × "
-              f"{b['cycle_ms']:.0f} ms × {b['rate']:,.0f}/s | {b['cycle_ms']:.0f} ms | {b['rate']:,.0f}/s | "
+        bound = (f"{b['bound']:,.0f} = {b['in_flight']} in flight (Redis)" if b["shared"] else
+                 f"{b['bound']:,.0f} = {b['in_flight']} + 2 × {b['cycle_ms']:.0f} ms × {b['rate']:,.0f}/s")
+        print(f"| {n:,}, {flush_ms} ms{mode} | {r['warm_s']:.1f} s ({r['warm_errors']} socket errors or 2 s time-outs, {r['warm_non2xx']} non-2xx) | {b['limit']:,} | "
+              f"{b['admitted']:,} | {b['over']:+,} | {bound} | {b['cycle_ms']:.0f} ms | {b['rate']:,.0f}/s | "
               f"{'yes' if b['over'] <= b['bound'] else 'NO'} |")
+    print("\n| subjects, flush interval | one connection: p50 | p99 |")
+    print("|---|---|---|")
+    for (mode, flush_ms, n), r in results.items():
+        p50, p99 = r["latency"]
+        print(f"| {n:,}, {flush_ms} ms{mode} | {p50:.2f} ms | {p99:.2f} ms |")
 
 
 def main():
@@ -418,6 +473,8 @@ def main():
     ap.add_argument("--postgres", default="postgres://postgres@127.0.0.1:5432",
                     help="the server, without a database name (default postgres://postgres@127.0.0.1:5432)")
     ap.add_argument("--short", action="store_true", help="tiny sizes and seconds: a smoke run")
+    ap.add_argument("--redis", action="store_true",
+                    help="run every flush interval without, then with a Redis of this run (issue 44)")
     args = ap.parse_args()
     global PG
     PG = args.postgres.rstrip("/")
@@ -437,6 +494,8 @@ def main():
     mock = subprocess.Popen([binary, "mock-upstream", "--no-record", "--listen", f"127.0.0.1:{mock_port}"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     gws = []
+    redis_proc, redis_url = start_redis() if args.redis else (None, None)
+    modes = [("", None), (", Redis", redis_url)] if args.redis else [("", None)]
     psql(f"DROP DATABASE IF EXISTS {DB} WITH (FORCE)", "postgres")
     psql(f"CREATE DATABASE {DB}", "postgres")
     try:
@@ -448,39 +507,43 @@ def main():
             args.statements = False  # not in shared_preload_libraries: transactions and rows only
         run.wait_ready(f"http://127.0.0.1:{mock_port}/__mock/calls", mock)
         res = os.path.join(tmp, "resources.toml")
-        bursts = len(sizes) * len(intervals)
+        bursts = len(sizes) * len(intervals) * len(modes)
         with open(res, "w") as f:
             f.write(resources(max(sizes), bursts, args.burst_limit, mock_port))
         results, baseline, b, logged = {}, None, 0, {}
-        for flush_ms in intervals:
-            home = os.path.join(tmp, f"flush-{flush_ms}")
-            os.makedirs(home)
-            say(f"{args.gateways} gateways, flush every {flush_ms} ms: starting")
-            began = time.monotonic()
-            gws = start_gateways(binary, home, args.gateways, flush_ms, res)
-            say(f"  ready in {time.monotonic() - began:.1f} s")
-            if baseline is None:
-                time.sleep(1)
-                baseline = window(gws, args.statements, args.window)
-            for n in sizes:
-                results[(flush_ms, n)] = measure_size(gws, home, n, args, flush_ms, b)
-                b += 1
-            stop_gateways(gws)
-            gws = []
-            logged[flush_ms] = warnings(home)
+        for mode, url in modes:
+            for flush_ms in intervals:
+                home = os.path.join(tmp, f"flush-{flush_ms}{'-redis' if url else ''}")
+                os.makedirs(home)
+                say(f"{args.gateways} gateways, flush every {flush_ms} ms{mode}: starting")
+                began = time.monotonic()
+                gws = start_gateways(binary, home, args.gateways, flush_ms, res, url)
+                say(f"  ready in {time.monotonic() - began:.1f} s")
+                if baseline is None:
+                    time.sleep(1)
+                    baseline = window(gws, args.statements, args.window)
+                for n in sizes:
+                    results[(mode, flush_ms, n)] = measure_size(gws, home, n, args, flush_ms, b, url is not None)
+                    b += 1
+                stop_gateways(gws)
+                gws = []
+                logged[f"{flush_ms} ms flush{mode}"] = warnings(home)
     finally:
         stop_gateways(gws)
         mock.terminate()
         mock.wait(timeout=20)
         psql(f"DROP DATABASE IF EXISTS {DB} WITH (FORCE)", "postgres")
         shutil.rmtree(tmp, ignore_errors=True)
+        if redis_proc:
+            redis_proc.kill()
+            redis_proc.wait()
     report(os.path.relpath(binary, ROOT) if binary.startswith(ROOT) else binary, args, baseline, results)
     print("\nWhat the four gateways logged at warn and error (count, message):\n")
     for flush_ms, msgs in logged.items():
         for msg, n in sorted(msgs.items(), key=lambda kv: -kv[1]):
-            print(f"- {flush_ms} ms flush: {n} × {msg}")
+            print(f"- {flush_ms}: {n} × {msg}")
         if not msgs:
-            print(f"- {flush_ms} ms flush: nothing")
+            print(f"- {flush_ms}: nothing")
     bad = [k for k, r in results.items() if r["burst"]["over"] > r["burst"]["bound"]]
     if bad:
         sys.exit(f"the overshoot passed the documented bound at {bad}")

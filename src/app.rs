@@ -233,7 +233,14 @@ impl Gateway {
         locks.load(&store, clock.now_ms(), true).await?;
         let connections = crate::client_conn::ConnectionSlots::new(settings.max_client_connections);
         let admin_connections = crate::client_conn::ConnectionSlots::new(settings.max_admin_connections);
-        let quota = QuotaCounters::new(settings.store_outage_counters);
+        let mut quota = QuotaCounters::new(settings.store_outage_counters);
+        if let Some(url) = &settings.redis_url {
+            let timeout = Duration::from_millis(settings.redis_timeout_ms);
+            let shared = crate::quota::shared::SharedCounters::connect(url.expose(), timeout)
+                .await
+                .map_err(StartError::Config)?;
+            quota = quota.with_shared(Arc::new(shared));
+        }
         let tracer =
             crate::otel::Tracer::start(&settings, &tasks, shutdown.clone()).map_err(StartError::Config)?;
         let oidc = crate::oidc::Oidc::from_settings(&settings).map_err(StartError::Config)?;
@@ -273,6 +280,9 @@ impl Gateway {
         background::start_counter_flushes(state.clone());
         background::start_store_upkeep(state.clone());
         background::start_alert_delivery(state.clone());
+        if let Some(shared) = state.quota.shared() {
+            state.tasks.spawn(shared.clone().run(state.shutdown.clone()));
+        }
         Ok(Gateway {
             listener,
             admin_listener,

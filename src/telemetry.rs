@@ -195,6 +195,12 @@ pub const FAMILIES: &[Family] = &[
         "1 while the database answers, 0 during an outage (keys, policies and routes then serve from memory).",
     ),
     family(
+        "aigw_redis_up",
+        Kind::Gauge,
+        &[],
+        "With redis_url set: 1 while Redis answers and quota counters are shared, 0 while each gateway counts alone.",
+    ),
+    family(
         "aigw_log_queue_depth",
         Kind::Gauge,
         &[],

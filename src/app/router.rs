@@ -73,7 +73,14 @@ async fn healthz() -> &'static str {
 async fn readyz(State(state): State<AppState>) -> Response {
     let ready = state.store.at_home(|s| async move { Ok(s.ready().await) });
     if ready.await.unwrap_or(false) {
-        (StatusCode::OK, "ready").into_response()
+        // With Redis (issue 44), whether the quota counters are shared right now: a gateway
+        // counting alone still serves, so it stays ready.
+        let detail = match state.quota.shared() {
+            None => "ready",
+            Some(s) if s.is_up() => "ready; redis up",
+            Some(_) => "ready; redis unreachable: quotas counted by this gateway alone",
+        };
+        (StatusCode::OK, detail).into_response()
     } else {
         (
             StatusCode::SERVICE_UNAVAILABLE,
@@ -129,6 +136,11 @@ fn state_gauges(state: &AppState) -> String {
     one("aigw_client_connections", state.connections.open());
     one("aigw_admin_connections", state.admin_connections.open());
     one("aigw_upstream_banned_credentials", state.locks.banned_count());
+    // A sample only with `redis_url` set: a gateway without Redis has no Redis to be up.
+    e.family("aigw_redis_up");
+    if let Some(shared) = state.quota.shared() {
+        e.sample("aigw_redis_up", &[], usize::from(shared.is_up()));
+    }
     let refused = "aigw_client_connections_refused_total";
     e.family(refused).sample(
         refused,

@@ -186,3 +186,43 @@ fn parse_networks<'a>(
         })
         .collect()
 }
+
+/// `redis_url`: a Redis URL the client understands, plain or over TLS.
+pub(super) fn redis_url_form(v: &Option<super::Secret>) -> Result<(), String> {
+    match v {
+        Some(u) if !(u.expose().starts_with("redis://") || u.expose().starts_with("rediss://")) => {
+            Err("must start with redis:// or rediss://".into())
+        }
+        _ => Ok(()),
+    }
+}
+
+/// `redis_timeout_ms`: tens of milliseconds is the intent; up to 10 s is allowed.
+pub(super) fn redis_timeout(v: &u64) -> Result<(), String> {
+    if (1..=10_000).contains(v) {
+        Ok(())
+    } else {
+        Err("must be 1..=10000".into())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redis_url_takes_plain_and_tls_urls_only() {
+        let cases = [
+            (None, true),
+            (Some("redis://127.0.0.1:6379/0"), true),
+            (Some("redis://:secret@cache.internal:6380/2"), true),
+            (Some("rediss://cache.example:6380/"), true),
+            (Some("http://127.0.0.1:6379"), false),
+            (Some("127.0.0.1:6379"), false),
+        ];
+        for (url, ok) in cases {
+            let v = url.map(super::super::Secret::new);
+            assert_eq!(redis_url_form(&v).is_ok(), ok, "{url:?}");
+        }
+    }
+}

@@ -272,6 +272,8 @@ pub struct QuotaCounters {
     /// One flush at a time (a second one would see `flushing` deltas as written), holding
     /// where the next reads back from (Postgres: [`crate::store::UsageStore::add_usage`]).
     flushing: tokio::sync::Mutex<Option<i64>>,
+    /// The counters shared with the other gateways in real time (`redis_url`), if set.
+    shared: Option<std::sync::Arc<super::shared::SharedCounters>>,
 }
 
 impl QuotaCounters {
@@ -281,6 +283,17 @@ impl QuotaCounters {
             outage,
             ..QuotaCounters::default()
         }
+    }
+
+    /// These counters, shared with the other gateways through `shared` (issue 44).
+    pub fn with_shared(mut self, shared: std::sync::Arc<super::shared::SharedCounters>) -> QuotaCounters {
+        self.shared = Some(shared);
+        self
+    }
+
+    /// The counters shared through Redis, when `redis_url` is set.
+    pub fn shared(&self) -> Option<&std::sync::Arc<super::shared::SharedCounters>> {
+        self.shared.as_ref()
     }
 
     /// Evaluates every policy that applies to `caller` at `now` in `tz`. Reads the store only
@@ -311,6 +324,10 @@ impl QuotaCounters {
         let mut standings = Vec::with_capacity(applying.len());
         for (rule, subject_id) in applying {
             standings.push(self.standing(store, rule, subject_id, now, tz).await?);
+        }
+        // With Redis, its totals: the one round trip before dispatch (issue 44).
+        if let Some(shared) = &self.shared {
+            shared.raise(&mut standings).await;
         }
         Ok(QuotaDecision { standings })
     }
@@ -499,6 +516,11 @@ impl QuotaCounters {
                 0
             };
             c.pending = c.pending.saturating_add(added);
+            if added != 0
+                && let Some(shared) = &self.shared
+            {
+                shared.add(&s.key, added, c.used(), s.window_secs);
+            }
             if !c.watchers.iter().any(|(policy, _)| *policy == s.rule.id) {
                 c.watchers.push((s.rule.id, Vec::new()));
             }

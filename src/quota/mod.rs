@@ -5,6 +5,7 @@ pub mod headers;
 pub mod labels;
 pub mod policy;
 pub mod report;
+pub mod shared;
 pub mod window;
 
 use serde::{Deserialize, Serialize};
