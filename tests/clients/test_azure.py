@@ -1,7 +1,8 @@
 """The official `openai` package's AzureOpenAI client against the mock upstream directly (so the
 mock answers in Azure's shape: paths, `api-version`, `api-key`, content-filter results), and the
-plain OpenAI client reaching an `azure` credential through aigw."""
+plain OpenAI and Anthropic clients reaching an `azure` credential through aigw."""
 
+import anthropic
 import openai
 import pytest
 
@@ -105,3 +106,21 @@ def test_openai_client_reaches_azure_through_aigw(gateway):
     paths = [c["path"] for c in gateway.mock_calls()["calls"]]
     assert "/openai/deployments/gpt4o-prod/chat/completions" in paths
     assert "/openai/deployments/emb-small/embeddings" in paths
+
+
+def test_anthropic_client_reaches_azure_through_aigw(gateway):
+    gateway.reset_mock()
+    client = anthropic.Anthropic(base_url=gateway.gw, api_key=KEY, max_retries=0)
+    m = client.messages.create(model="gpt-4o", max_tokens=50, system="Be brief.",
+                               messages=[{"role": "user", "content": "hi"}])
+    assert m.content[0].text.startswith("Hello")
+    assert m.stop_reason == "end_turn"
+    assert m.usage.output_tokens == 5
+    with client.messages.stream(model="gpt-4o", max_tokens=50,
+                                messages=[{"role": "user", "content": "hi"}]) as stream:
+        text = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    assert text.startswith("Hello")
+    assert final.usage.output_tokens == 5
+    paths = [c["path"] for c in gateway.mock_calls()["calls"]]
+    assert paths and all(p.startswith("/openai/deployments/gpt4o-prod/") for p in paths), paths

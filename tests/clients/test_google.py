@@ -1,8 +1,9 @@
 """Google's official `google-genai` client against the mock upstream directly (so the mock
 answers in the shapes of Gemini's own API: `generateContent`, `streamGenerateContent?alt=sse`,
-`x-goog-api-key`, `usageMetadata`), and the official `openai` client reaching a `google`
-credential through aigw."""
+`x-goog-api-key`, `usageMetadata`), and the official `openai` and `anthropic` clients reaching a
+`google` credential through aigw."""
 
+import anthropic
 import openai
 import pytest
 from google import genai
@@ -105,3 +106,21 @@ def test_openai_client_reaches_google_through_aigw(gateway):
     paths = [c["path"] for c in gateway.mock_calls()["calls"]]
     assert "/v1beta/models/gemini-2.5-flash:generateContent" in paths
     assert "/v1beta/models/gemini-2.5-flash:streamGenerateContent" in paths
+
+
+def test_anthropic_client_reaches_google_through_aigw(gateway):
+    gateway.reset_mock()
+    client = anthropic.Anthropic(base_url=gateway.gw, api_key=KEY, max_retries=0)
+    m = client.messages.create(model="flash", max_tokens=50, system="Be brief.",
+                               messages=[{"role": "user", "content": "hi"}])
+    assert m.content[0].text.startswith("Hello")
+    assert m.stop_reason == "end_turn"
+    assert m.usage.output_tokens == 5
+    with client.messages.stream(model="flash", max_tokens=50,
+                                messages=[{"role": "user", "content": "hi"}]) as stream:
+        text = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    assert text.startswith("Hello")
+    assert final.usage.output_tokens == 5
+    paths = [c["path"] for c in gateway.mock_calls()["calls"]]
+    assert paths and all(p.startswith("/v1beta/models/gemini-2.5-flash:") for p in paths), paths
