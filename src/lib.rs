@@ -11,6 +11,7 @@ pub mod client_conn;
 pub mod clock;
 pub mod config;
 pub mod console;
+pub mod credits;
 pub mod crypto;
 pub mod deadline;
 pub mod error;

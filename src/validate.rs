@@ -1,12 +1,13 @@
 //! One rule per field that both the admin API and the resources file accept: a name, an email
 //! address, a password, a time zone, an upstream's URL, secret, numbers and limits, a model's
-//! price, a policy's limit. Each returns the value as it is stored, or the message a person reads;
-//! the admin API puts that message in its 422 naming the field, the resources file after the
-//! entry and its line. The configuration's `bootstrap_email` uses [`email`] too.
+//! price. Each returns the value as it is stored, or the message a person reads; the admin API
+//! puts that message in its 422 naming the field, the resources file after the entry and its
+//! line. A policy's limit is the quota's rule (`quota::policy_limit`), an alert's settings the
+//! alerts' (`alerts::settings`). The configuration's `bootstrap_email` uses [`email`] too.
 
 use chrono_tz::Tz;
 
-use crate::quota::{Metric, credits_to_micros};
+use crate::credits::{MAX_STORED_CREDITS, MAX_STORED_CREDITS_TEXT, credits_to_micros};
 
 /// A name (of a department, workspace, key, model, credential or quota group): trimmed, 1 to 100
 /// characters, no control characters.
@@ -123,14 +124,6 @@ pub enum Range {
     Operator,
 }
 
-/// The most credits a price or a limit may name: credits are stored as integer micro-credits
-/// in 64 bits (`i64::MAX` is 9,223,372,036,854.775807 credits), whole credits kept.
-pub const MAX_STORED_CREDITS: f64 = 9_223_372_036_854.0;
-/// [`MAX_STORED_CREDITS`] as people read it.
-const MAX_STORED_CREDITS_TEXT: &str = "9,223,372,036,854";
-/// Past this a count limit is not stored (`i64::MAX`; 2^63 is the first `f64` above it).
-const MAX_STORED_COUNT: f64 = 9_223_372_036_854_775_808.0;
-
 /// A model's price in credits per million tokens, prompt and completion: finite, non-negative,
 /// below a billion from the admin API, at most [`MAX_STORED_CREDITS`] from the resources file;
 /// stored in micro-credits.
@@ -170,35 +163,6 @@ pub fn fallbacks(model: &str, fallbacks: &[String]) -> Result<(), String> {
         return Err("a model cannot fall back to itself".into());
     }
     Ok(())
-}
-
-/// A policy's limit: credits in micro-credits, any other metric a whole number; finite,
-/// non-negative and stored as it is written: credits up to [`MAX_STORED_CREDITS`] (8.9e15
-/// would not fit in micro-credits), counts below 9e15 from the admin API (a range people mean)
-/// and up to `i64::MAX` from the resources file.
-pub fn policy_limit(metric: Metric, limit: f64, range: Range) -> Result<i64, String> {
-    let name = metric.as_str();
-    if metric == Metric::Credits {
-        if !(0.0..=MAX_STORED_CREDITS).contains(&limit) {
-            return Err(format!(
-                "limit of credits must be from 0 to {MAX_STORED_CREDITS_TEXT} credits (stored in micro-credits)"
-            ));
-        }
-        return Ok(credits_to_micros(limit));
-    }
-    let (fits, bound) = match range {
-        Range::Console => ((0.0..9.0e15).contains(&limit), "below 9,000,000,000,000,000"),
-        Range::Operator => (
-            (0.0..MAX_STORED_COUNT).contains(&limit),
-            "9,223,372,036,854,775,807",
-        ),
-    };
-    if !fits || limit.fract() != 0.0 {
-        return Err(format!(
-            "limit of {name} must be a whole number from 0 to {bound}"
-        ));
-    }
-    Ok(limit as i64)
 }
 
 /// The most entries a model allow-list may have.
@@ -256,61 +220,6 @@ pub fn expires_at(field: &str, value: &str) -> Result<i64, String> {
                  (got {value:?})"
             )
         })
-}
-
-/// A budget alert's thresholds: 1 to 10 whole percents of the limit, each 1 to 1000 (an alert on
-/// overshoot is allowed), stored ascending without duplicates.
-pub fn alert_thresholds(field: &str, list: &[i64]) -> Result<Vec<u16>, String> {
-    let max = crate::alerts::MAX_PERCENT;
-    if list.is_empty() || list.len() > crate::alerts::MAX_THRESHOLDS {
-        return Err(format!(
-            "{field} must list 1 to {} thresholds (percents of the limit)",
-            crate::alerts::MAX_THRESHOLDS
-        ));
-    }
-    let mut out = Vec::with_capacity(list.len());
-    for v in list {
-        match u16::try_from(*v) {
-            Ok(p) if (1..=max).contains(&p) => out.push(p),
-            _ => {
-                return Err(format!(
-                    "{field}: each threshold is a percent from 1 to {max} (got {v})"
-                ));
-            }
-        }
-    }
-    out.sort_unstable();
-    out.dedup();
-    Ok(out)
-}
-
-/// A budget alert's webhook: an `http://` or `https://` URL with a host, at most 2000 bytes, no
-/// whitespace or control characters, no user or password in it (a signing secret does that job).
-pub fn webhook(field: &str, value: &str) -> Result<String, String> {
-    let v = value.trim();
-    let bad = || format!("{field} must be an http:// or https:// URL, e.g. \"https://hooks.example/aigw\"");
-    if v.len() > 2000 || v.chars().any(|c| c.is_whitespace() || c.is_control()) {
-        return Err(bad());
-    }
-    let url = reqwest::Url::parse(v).map_err(|_| bad())?;
-    if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none_or(str::is_empty) {
-        return Err(bad());
-    }
-    if !url.username().is_empty() || url.password().is_some() {
-        return Err(format!(
-            "{field} must not carry a user or password; set a signing secret instead"
-        ));
-    }
-    Ok(v.to_owned())
-}
-
-/// A budget alert's signing secret: 16 to 512 printable characters.
-pub fn alert_secret(field: &str, value: &str) -> Result<(), String> {
-    let n = value.chars().count();
-    if !(16..=512).contains(&n) || value.chars().any(char::is_control) {
-        return Err(format!("{field} must be 16 to 512 printable characters"));
-    }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -584,55 +493,5 @@ mod tests {
             fallbacks("m", &names(&["a", "m"])),
             Err("a model cannot fall back to itself".to_owned())
         );
-    }
-
-    #[test]
-    fn policy_limits() {
-        let cases: &[(Metric, f64, Result<i64, &str>)] = &[
-            (Metric::Requests, 10.0, Ok(10)),
-            (Metric::Requests, 0.0, Ok(0)),
-            (
-                Metric::Requests,
-                1.5,
-                Err("limit of requests must be a whole number"),
-            ),
-            (Metric::Credits, 1.5, Ok(1_500_000)),
-            (
-                Metric::Credits,
-                9_223_372_036_854.0,
-                Ok(9_223_372_036_854_000_000),
-            ),
-            (
-                Metric::Credits,
-                -1.0,
-                Err("limit of credits must be from 0 to 9,223,372,036,854 credits"),
-            ),
-            // Stored as micro-credits, 8.9e15 credits would not fit: refused, not saturated.
-            (Metric::Credits, 8.9e15, Err("9,223,372,036,854 credits")),
-            (
-                Metric::Requests,
-                f64::INFINITY,
-                Err("limit of requests must be a whole number from 0 to below 9,000,000,000,000,000"),
-            ),
-            (Metric::TotalTokens, 9.0e15, Err("below 9,000,000,000,000,000")),
-        ];
-        for (metric, limit, want) in cases {
-            table(|_| policy_limit(*metric, *limit, Range::Console), &[("", *want)]);
-        }
-        let operator: &[(Metric, f64, Want<i64>)] = &[
-            (Metric::Requests, 9.0e15, Ok(9_000_000_000_000_000)),
-            (Metric::Requests, 9.2e18, Ok(9_200_000_000_000_000_000)),
-            (
-                Metric::Requests,
-                1.0e19,
-                Err("limit of requests must be a whole number from 0 to 9,223,372,036,854,775,807"),
-            ),
-            (Metric::Credits, 1.0e300, Err("9,223,372,036,854 credits")),
-            (Metric::Credits, f64::NAN, Err("9,223,372,036,854 credits")),
-            (Metric::Requests, -1.0, Err("9,223,372,036,854,775,807")),
-        ];
-        for (metric, limit, want) in operator {
-            table(|_| policy_limit(*metric, *limit, Range::Operator), &[("", *want)]);
-        }
     }
 }

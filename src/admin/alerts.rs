@@ -70,11 +70,11 @@ pub fn settings(
 ) -> AdminResult<PolicyAlertRow> {
     let thresholds = checked(
         "alerts.at",
-        crate::validate::alert_thresholds("alerts.at", &input.at),
+        crate::alerts::settings::thresholds("alerts.at", &input.at),
     )?;
     let webhook = checked(
         "alerts.webhook",
-        crate::validate::webhook("alerts.webhook", &input.webhook),
+        crate::alerts::settings::webhook("alerts.webhook", &input.webhook),
     )?;
     destination_allowed(state, &webhook)?;
     let secret_sealed = match &input.secret {
@@ -83,7 +83,7 @@ pub fn settings(
         Some(Some(secret)) => {
             checked(
                 "alerts.secret",
-                crate::validate::alert_secret("alerts.secret", secret),
+                crate::alerts::settings::secret("alerts.secret", secret),
             )?;
             Some(state.master_key.seal(secret))
         }

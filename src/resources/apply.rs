@@ -7,11 +7,12 @@ use super::spec::{
     ApiKeySpec, MemberSpec, ModelSpec, PolicySpec, ResourcesFile, UpstreamSpec, WorkspaceSpec,
 };
 use super::{ApplySummary, ResourcesError};
+use crate::credits::credits_to_micros;
 use crate::crypto::{self, MasterKey};
 use crate::managed::{Kind, Managed};
 use crate::provider::Provider;
 use crate::quota::window::Window;
-use crate::quota::{Metric, Mode, SubjectKind, credits_to_micros};
+use crate::quota::{Metric, Mode, SubjectKind};
 use crate::store::{
     DepartmentStore, KeyGuardrails, KeyStore, LabelStore, MemberStore, ModelRow, ModelStore, NewKey,
     NewMember, PolicyRow, PolicyStore, ServedModel, Store, StoreError, UpstreamRow, UpstreamStore,
@@ -427,8 +428,8 @@ async fn policy_alerts(
         }
         return Ok(current.is_some());
     };
-    let thresholds = validate::alert_thresholds("alerts.at", &spec.at).unwrap_or_default();
-    let webhook = validate::webhook("alerts.webhook", &spec.webhook).unwrap_or_default();
+    let thresholds = crate::alerts::settings::thresholds("alerts.at", &spec.at).unwrap_or_default();
+    let webhook = crate::alerts::settings::webhook("alerts.webhook", &spec.webhook).unwrap_or_default();
     let thresholds = serde_json::to_string(&thresholds).unwrap_or_default();
     // A sealed secret differs at every sealing: compare what it opens to.
     let same_secret = |c: &PolicyAlertRow| match (&c.secret_sealed, &spec.secret) {

@@ -376,12 +376,12 @@ fn policy(
         .parse()
         .map_err(|err: WindowParseError| e(err.to_string()))?;
     let mode: Mode = p.mode.parse().map_err(e)?;
-    let limit = validate::policy_limit(metric, p.limit, validate::Range::Operator).map_err(e)?;
+    let limit = crate::quota::policy_limit(metric, p.limit, validate::Range::Operator).map_err(e)?;
     if let Some(a) = &p.alerts {
-        validate::alert_thresholds("alerts.at", &a.at).map_err(e)?;
-        validate::webhook("alerts.webhook", &a.webhook).map_err(e)?;
+        crate::alerts::settings::thresholds("alerts.at", &a.at).map_err(e)?;
+        crate::alerts::settings::webhook("alerts.webhook", &a.webhook).map_err(e)?;
         if let Some(secret) = &a.secret {
-            validate::alert_secret("alerts.secret", secret).map_err(e)?;
+            crate::alerts::settings::secret("alerts.secret", secret).map_err(e)?;
         }
     }
     if p.target != "*" {
