@@ -203,9 +203,6 @@ impl<'q> SqlBuilder<'q> {
     }
 }
 
-/// Connections in a gateway's Postgres pool unless `database_max_connections` says otherwise.
-pub const DEFAULT_POSTGRES_CONNECTIONS: u32 = 16;
-
 /// How long the start waits for a first connection the pool cannot open at once.
 const START_PATIENCE: Duration = Duration::from_secs(15);
 
@@ -334,9 +331,10 @@ impl Store {
     }
 
     /// Connects to `url` without applying migrations: the gateway's start takes the start lock
-    /// first and migrates under it. A Postgres pool of [`DEFAULT_POSTGRES_CONNECTIONS`].
+    /// first and migrates under it. A Postgres pool of
+    /// [`crate::config::DEFAULT_POSTGRES_CONNECTIONS`].
     pub async fn open(url: &str) -> StoreResult<Store> {
-        Store::open_with(url, DEFAULT_POSTGRES_CONNECTIONS).await
+        Store::open_with(url, crate::config::DEFAULT_POSTGRES_CONNECTIONS).await
     }
 
     /// [`Store::open`] with a Postgres pool of at most `postgres_connections` (the setting
