@@ -35,7 +35,6 @@ pub mod store;
 pub mod suggest;
 pub mod tags;
 pub mod telemetry;
-pub mod thread_role;
 pub mod translate;
 pub mod transport;
 pub mod upstream;

@@ -337,7 +337,6 @@ const LAYERS: &[(&str, &[&str])] = &[
             "request_id",
             "suggest",
             "tags",
-            "thread_role",
             "usage",
         ],
     ),
