@@ -1,10 +1,31 @@
 //! What a budget alert's settings may be, the same from the admin API and the resources file:
-//! its thresholds, its webhook and its signing secret. Each returns the value as it is stored, or
-//! the message a person reads (after the field's name).
+//! its thresholds and its webhook (types that hold only what their rule allows) and its signing
+//! secret. A refusal is the message a person reads (after the field's name).
 
 /// A budget alert's thresholds: 1 to 10 whole percents of the limit, each 1 to 1000 (an alert on
-/// overshoot is allowed), stored ascending without duplicates.
-pub fn thresholds(field: &str, list: &[i64]) -> Result<Vec<u16>, String> {
+/// overshoot is allowed), ascending without duplicates. The default, none, is only what a
+/// refused list leaves.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Thresholds(Vec<u16>);
+
+impl Thresholds {
+    /// The percents, ascending.
+    pub fn percents(&self) -> &[u16] {
+        &self.0
+    }
+
+    /// As the store keeps them: a JSON list (`[80,100]`).
+    pub fn stored(&self) -> String {
+        serde_json::to_string(&self.0).unwrap_or_else(|_| "[]".into())
+    }
+
+    /// The thresholds `list` of field `field` names.
+    pub fn parse(field: &str, list: &[i64]) -> Result<Thresholds, String> {
+        thresholds(field, list).map(Thresholds)
+    }
+}
+
+fn thresholds(field: &str, list: &[i64]) -> Result<Vec<u16>, String> {
     let max = super::MAX_PERCENT;
     if list.is_empty() || list.len() > super::MAX_THRESHOLDS {
         return Err(format!(
@@ -29,8 +50,29 @@ pub fn thresholds(field: &str, list: &[i64]) -> Result<Vec<u16>, String> {
 }
 
 /// A budget alert's webhook: an `http://` or `https://` URL with a host, at most 2000 bytes, no
-/// whitespace or control characters, no user or password in it (a signing secret does that job).
-pub fn webhook(field: &str, value: &str) -> Result<String, String> {
+/// whitespace or control characters, no user or password in it (a signing secret does that job);
+/// trimmed. The default, empty, is only what a refused one leaves.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Webhook(String);
+
+impl Webhook {
+    /// The URL.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The URL, as stored.
+    pub fn into_string(self) -> String {
+        self.0
+    }
+
+    /// The webhook `value` of field `field` names.
+    pub fn parse(field: &str, value: &str) -> Result<Webhook, String> {
+        webhook(field, value).map(Webhook)
+    }
+}
+
+fn webhook(field: &str, value: &str) -> Result<String, String> {
     let v = value.trim();
     let bad = || format!("{field} must be an http:// or https:// URL, e.g. \"https://hooks.example/aigw\"");
     if v.len() > 2000 || v.chars().any(|c| c.is_whitespace() || c.is_control()) {

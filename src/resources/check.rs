@@ -10,6 +10,7 @@ use super::spec::{
     UpstreamSpec, WorkspaceSpec,
 };
 use super::{Ctx, ResourcesError};
+use crate::alerts::settings::{Thresholds, Webhook};
 use crate::crypto;
 use crate::provider::Provider;
 use crate::quota::window::{Window, WindowParseError};
@@ -379,8 +380,8 @@ fn policy(
     let mode: Mode = p.mode.parse().map_err(e)?;
     let limit = crate::quota::policy_limit(metric, p.limit, validate::Range::Operator).map_err(e)?;
     if let Some(a) = &p.alerts {
-        crate::alerts::settings::thresholds("alerts.at", &a.at).map_err(e)?;
-        crate::alerts::settings::webhook("alerts.webhook", &a.webhook).map_err(e)?;
+        Thresholds::parse("alerts.at", &a.at).map_err(e)?;
+        Webhook::parse("alerts.webhook", &a.webhook).map_err(e)?;
         if let Some(secret) = &a.secret {
             crate::alerts::settings::secret("alerts.secret", secret).map_err(e)?;
         }
