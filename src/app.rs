@@ -266,6 +266,7 @@ impl Gateway {
             http,
             metrics: crate::telemetry::metrics_handle(),
             shutdown,
+            grace_over: CancellationToken::new(),
             tasks,
             pending_writes,
             config_poll: options.config_poll.unwrap_or(background::CONFIG_POLL),
@@ -344,6 +345,7 @@ impl Gateway {
             limits,
             state.connections.clone(),
             stopped,
+            state.grace_over.clone(),
         )
         .await;
         stopping.cancel();

@@ -10,10 +10,13 @@ use std::str::FromStr;
 use chrono_tz::Tz;
 use serde::Deserialize;
 
+mod database;
 pub mod destinations;
 pub mod sso;
 mod values;
 
+use database::database_url_form;
+pub use database::{DEFAULT_POSTGRES_CONNECTIONS, sqlite_path};
 pub use destinations::AllowedDestination;
 
 use values::SettingValue;
@@ -292,15 +295,6 @@ fn at_most_60000(v: &u64) -> Result<(), String> {
     }
 }
 
-fn database_url_form(v: &str) -> Result<(), String> {
-    let ok = v.starts_with("sqlite:") || v.starts_with("postgres://") || v.starts_with("postgresql://");
-    if ok {
-        Ok(())
-    } else {
-        Err("expected sqlite://PATH or postgres://…".into())
-    }
-}
-
 settings! {
     /// Address the gateway listens on.
     listen: SocketAddr = SocketAddr::from(([127, 0, 0, 1], 4000)), "AIGW_LISTEN";
@@ -308,7 +302,7 @@ settings! {
     database_url: String = "sqlite://aigw.db".to_owned(), "AIGW_DATABASE_URL", check |v| database_url_form(v);
     /// Most connections one gateway opens to Postgres for its work (the start lock and the
     /// health probe take one more each while they run); SQLite keeps four.
-    database_max_connections: u32 = crate::store::DEFAULT_POSTGRES_CONNECTIONS, "AIGW_DATABASE_MAX_CONNECTIONS", check |v| {
+    database_max_connections: u32 = DEFAULT_POSTGRES_CONNECTIONS, "AIGW_DATABASE_MAX_CONNECTIONS", check |v| {
         if (1..=1000).contains(v) { Ok(()) } else { Err("must be 1..=1000".into()) }
     };
     /// Time zone that quota windows align to, unless a workspace overrides it.
@@ -566,12 +560,6 @@ impl Settings {
         }
         PathBuf::from(".")
     }
-}
-
-/// The file path of a `sqlite:` URL (without query string).
-pub fn sqlite_path(url: &str) -> &str {
-    let rest = url.trim_start_matches("sqlite://").trim_start_matches("sqlite:");
-    rest.split('?').next().unwrap_or(rest)
 }
 
 /// The line (from 1) of the byte `offset` of `text`.

@@ -13,7 +13,6 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::config::Settings;
-use crate::error::ApiError;
 
 /// What the gateway waited for when a deadline passed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -135,22 +134,12 @@ impl Deadline {
         tokio::time::timeout_at(self.at, f).await.ok()
     }
 
-    /// What passing it means.
+    /// What passing it means (the answer, 408 for the client's body else 504, is
+    /// `ApiError::from` the deadline).
     pub fn missed(&self) -> Missed {
         Missed {
             wait: self.wait,
             seconds: self.seconds,
-        }
-    }
-
-    /// The answer when it passed before any byte went to the client: 408 `request_timeout` for
-    /// the client's body, else 504 `timeout`.
-    pub fn error(&self) -> ApiError {
-        match self.wait {
-            Wait::ClientBody => ApiError::RequestTimeout {
-                seconds: self.seconds,
-            },
-            _ => ApiError::Timeout(self.missed()),
         }
     }
 }
@@ -195,7 +184,7 @@ mod tests {
         for (d, wait, seconds, setting) in cases {
             assert_eq!((d.wait, d.seconds), (wait, seconds), "{setting}");
             assert!(d.left() <= Duration::from_secs(seconds) && !d.passed());
-            let message = d.error().to_string();
+            let message = d.missed().to_string();
             assert!(
                 message.contains(setting) && message.contains(&format!("{seconds} s")),
                 "{message}"
@@ -203,9 +192,6 @@ mod tests {
             assert_eq!(d.idle_gap(), Duration::from_secs(3));
             assert_eq!(d.idle_missed().wait, Wait::StreamIdle);
         }
-        let body = Deadline::for_body(&s).error();
-        assert_eq!(body.status(), axum::http::StatusCode::REQUEST_TIMEOUT, "{body}");
-        assert_eq!(Deadline::for_request(&s, false).error().status().as_u16(), 504);
     }
 
     #[test]

@@ -275,6 +275,20 @@ impl From<&crate::store::StoreError> for ApiError {
     }
 }
 
+impl From<&crate::deadline::Deadline> for ApiError {
+    /// The answer when a deadline passed before any byte went to the client: 408
+    /// `request_timeout` for the client's body, else 504 `timeout`.
+    fn from(d: &crate::deadline::Deadline) -> Self {
+        let missed = d.missed();
+        match missed.wait {
+            crate::deadline::Wait::ClientBody => ApiError::RequestTimeout {
+                seconds: missed.seconds,
+            },
+            _ => ApiError::Timeout(missed),
+        }
+    }
+}
+
 impl From<crate::store::StoreError> for ApiError {
     fn from(e: crate::store::StoreError) -> Self {
         ApiError::from(&e)
@@ -621,7 +635,7 @@ impl IntoResponse for ApiError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::deadline::{Missed, Wait};
+    use crate::deadline::{Deadline, Missed, Wait};
 
     /// One value of every variant. The match below has no wildcard: a new variant does not
     /// compile until it has a number there, and `every_variant_is_listed` fails until it is
@@ -903,6 +917,23 @@ mod tests {
             (408, "request_timeout")
         );
         assert_eq!(client.error_type(), "invalid_request_error");
+        let settings = crate::config::Settings {
+            client_body_timeout_secs: 13,
+            request_timeout_secs: 7,
+            ..crate::config::Settings::default()
+        };
+        let body = ApiError::from(&Deadline::for_body(&settings));
+        assert_eq!(body.status(), StatusCode::REQUEST_TIMEOUT, "{body}");
+        assert_eq!(
+            body.to_string(),
+            "the request body did not arrive within 13 s (client_body_timeout_secs)"
+        );
+        let answer = ApiError::from(&Deadline::for_request(&settings, false));
+        assert_eq!((answer.status().as_u16(), answer.code()), (504, "timeout"));
+        assert!(
+            answer.to_string().contains("7 s (request_timeout_secs)"),
+            "{answer}"
+        );
     }
 
     #[test]

@@ -29,7 +29,12 @@ type Handoff = (std::net::TcpStream, SocketAddr, Slot);
 /// then their connections are closed) and waits for the serving threads to end. Client
 /// connections are bounded by `limits` and counted in `slots`. Dropping the returned future ends
 /// the serving threads too, once their requests are done. A serving thread polls for I/O for at
-/// most `idle_poll` before it sleeps ([`idle_poll`]; zero: never).
+/// most `idle_poll` before it sleeps ([`idle_poll`]; zero: never). `grace_over` is cancelled when
+/// the grace ends, before the requests still running are dropped.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "each is a separate handle of the caller's; a struct would only rename them"
+)]
 pub async fn serve(
     listener: TcpListener,
     router: Router,
@@ -38,6 +43,7 @@ pub async fn serve(
     limits: ClientLimits,
     slots: ConnectionSlots,
     stop: impl Future<Output = ()>,
+    grace_over: CancellationToken,
 ) -> io::Result<()> {
     let count = std::thread::available_parallelism().map_or(1, |n| n.get());
     let stopping = CancellationToken::new();
@@ -49,11 +55,10 @@ pub async fn serve(
         let (tx, mut rx) = mpsc::unbounded_channel::<Handoff>();
         let (done, done_rx) = oneshot::channel::<io::Result<()>>();
         let (router, upstream, limits) = (router.clone(), upstream.clone(), limits.clone());
-        let stopping = stopping.clone();
+        let (stopping, grace_over) = (stopping.clone(), grace_over.clone());
         let spawned = std::thread::Builder::new()
             .name(format!("aigw-serve-{i}"))
             .spawn(move || {
-                crate::thread_role::mark_serving();
                 let mut builder = tokio::runtime::Builder::new_current_thread();
                 let poller = idle_poll::install(builder.enable_all(), idle_poll);
                 let rt = match builder.build() {
@@ -104,6 +109,8 @@ pub async fn serve(
                     connections.close();
                     let grace = limits.shutdown_grace();
                     if tokio::time::timeout(grace, connections.wait()).await.is_err() {
+                        // Before they are dropped, below: what ends now was cut by the stop.
+                        grace_over.cancel();
                         tracing::warn!(
                             connections = connections.len(),
                             grace_secs = grace.as_secs(),
@@ -113,7 +120,6 @@ pub async fn serve(
                 });
                 // What still runs is dropped with the runtime, here: a stream's accounting runs
                 // in its drop (logged as cut by the stop), before the background flushes it.
-                crate::thread_role::mark_cut();
                 drop(rt);
                 let _ = done.send(Ok(()));
             });

@@ -70,6 +70,10 @@ pub struct Inner {
     pub metrics: PrometheusHandle,
     /// Cancelled when the gateway shuts down; background tasks watch it.
     pub shutdown: CancellationToken,
+    /// Cancelled by the serving threads when the stop's grace (`shutdown_grace_secs`) is over,
+    /// before they drop the requests still running: their accounting then records them as cut
+    /// by the stop, not by their client.
+    pub grace_over: CancellationToken,
     /// Background tasks, drained at shutdown.
     pub tasks: TaskTracker,
     /// The writes handed off the request path by [`AppState::spawn_background`] and still

@@ -2,4 +2,5 @@
 //! formats live in `provider`, the HTTP client in `transport`.
 
 pub mod dispatch;
+pub mod fields;
 pub mod pool;

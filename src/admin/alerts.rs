@@ -14,6 +14,7 @@ use serde_json::{Value, json};
 use super::session::Actor;
 use super::{AdminResult, Id, Params, audit, checked, double_option, rfc3339, store_error};
 use crate::alerts::delivery::GIVE_UP_AFTER_MS;
+use crate::alerts::settings::{Thresholds, Webhook};
 use crate::error::ApiError;
 use crate::state::AppState;
 use crate::store::{AlertEventRow, AlertStore, PolicyAlertRow};
@@ -68,22 +69,16 @@ pub fn settings(
     input: &AlertsInput,
     current: Option<String>,
 ) -> AdminResult<PolicyAlertRow> {
-    let thresholds = checked(
-        "alerts.at",
-        crate::validate::alert_thresholds("alerts.at", &input.at),
-    )?;
-    let webhook = checked(
-        "alerts.webhook",
-        crate::validate::webhook("alerts.webhook", &input.webhook),
-    )?;
-    destination_allowed(state, &webhook)?;
+    let thresholds = checked("alerts.at", Thresholds::parse("alerts.at", &input.at))?;
+    let webhook = checked("alerts.webhook", Webhook::parse("alerts.webhook", &input.webhook))?;
+    destination_allowed(state, webhook.as_str())?;
     let secret_sealed = match &input.secret {
         None => current,
         Some(None) => None,
         Some(Some(secret)) => {
             checked(
                 "alerts.secret",
-                crate::validate::alert_secret("alerts.secret", secret),
+                crate::alerts::settings::secret("alerts.secret", secret),
             )?;
             Some(state.master_key.seal(secret))
         }
@@ -91,8 +86,8 @@ pub fn settings(
     Ok(PolicyAlertRow {
         policy_id,
         workspace_id,
-        thresholds: serde_json::to_string(&thresholds).unwrap_or_else(|_| "[]".into()),
-        webhook,
+        thresholds: thresholds.stored(),
+        webhook: webhook.into_string(),
         secret_sealed,
         updated_at: state.clock.now_ms(),
     })

@@ -11,8 +11,8 @@ use serde_json::{Value, json};
 
 use super::session::Actor;
 use super::{AdminResult, Params, PathText, store_error};
+use crate::credits::micros_to_credits;
 use crate::error::ApiError;
-use crate::quota::micros_to_credits;
 use crate::request_log::{LogFilter, LogPage, LogRecord};
 use crate::state::AppState;
 use crate::store::{

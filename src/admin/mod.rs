@@ -162,12 +162,12 @@ pub fn routes(state: AppState) -> Router<AppState> {
         .route_layer(middleware::from_fn_with_state(state, at_home))
 }
 
-/// Runs an admin request — its guard and its handler — on the main runtime when it arrived on a
-/// serving thread: every admin answer is the database's, whose connections the main runtime
+/// Runs an admin request — its guard and its handler — on the main runtime when it arrived on
+/// another (a serving thread's): every admin answer is the database's, whose connections the main runtime
 /// drives ([`crate::store::Store::at_home`]), and a slow admin query then holds up no proxied
 /// connection.
 async fn at_home(State(state): State<AppState>, req: Request, next: Next) -> Response {
-    if !crate::thread_role::on_serving_thread() {
+    if tokio::runtime::Handle::current().id() == state.runtime.id() {
         return next.run(req).await;
     }
     match state.runtime.spawn(next.run(req)).await {

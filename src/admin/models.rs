@@ -12,11 +12,12 @@ use super::{
     AdminResult, Body, Id, audit, checked, config_changed, created, double_option, name_field, no_content,
     store_error,
 };
+use crate::credits::micros_to_credits;
 use crate::error::ApiError;
 use crate::managed::Kind;
-use crate::quota::micros_to_credits;
 use crate::state::AppState;
 use crate::store::{AdminStore, ModelRow, ModelStore, Table, UpstreamRow};
+use crate::upstream::fields;
 use crate::validate;
 
 fn model_json(state: &AppState, m: &ModelRow, upstreams: &[UpstreamRow]) -> Value {
@@ -110,12 +111,12 @@ async fn apply(state: &AppState, row: &mut ModelRow, input: ModelInput, creating
     if let Some(p) = input.price {
         (row.price_prompt, row.price_completion) = checked(
             "price",
-            validate::price(p.prompt, p.completion, validate::Range::Console),
+            fields::price(p.prompt, p.completion, validate::Range::Console),
         )?;
     }
     if let Some(n) = input.max_output_tokens {
         row.max_output_tokens = n
-            .map(|n| checked("max_output_tokens", validate::max_output_tokens(n)))
+            .map(|n| checked("max_output_tokens", fields::max_output_tokens(n)))
             .transpose()?;
     }
     if let Some(fallbacks) = input.fallbacks {
@@ -125,7 +126,7 @@ async fn apply(state: &AppState, row: &mut ModelRow, input: ModelInput, creating
             .await
             .map_err(store_error)?;
         let ups = upstreams(state, row.workspace_id).await?;
-        checked("fallbacks", validate::fallbacks(&row.name, &fallbacks))?;
+        checked("fallbacks", fields::fallbacks(&row.name, &fallbacks))?;
         for fb in &fallbacks {
             let known = models.iter().any(|m| m.name == *fb)
                 || ups

@@ -261,7 +261,7 @@ pub struct NewPolicy {
 fn parse_limit(metric: Metric, limit: f64) -> AdminResult<i64> {
     super::checked(
         "limit",
-        crate::validate::policy_limit(metric, limit, crate::validate::Range::Console),
+        crate::quota::policy_limit(metric, limit, crate::validate::Range::Console),
     )
 }
 

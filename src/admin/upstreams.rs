@@ -23,7 +23,7 @@ use crate::store::{
     AdminStore, CredentialFigureStore, ParkEvent, ServedModel, Table, UpstreamRow, UpstreamStore,
 };
 use crate::upstream::dispatch;
-use crate::validate;
+use crate::upstream::fields;
 
 /// The credential as the API shows it: everything but the secret, with its locks and, from the
 /// recorded locks `events` (the credential's, of the last day), the provider's words that set
@@ -217,7 +217,7 @@ fn apply(state: &AppState, row: &mut UpstreamRow, input: UpstreamInput, creating
     };
     row.provider = provider.as_str().to_owned();
     match (&input.base_url, provider.default_base_url()) {
-        (Some(b), _) => row.base_url = checked("base_url", validate::base_url(b))?,
+        (Some(b), _) => row.base_url = checked("base_url", fields::base_url(b))?,
         (None, Some(d)) if creating || input.provider.is_some() => row.base_url = d.to_owned(),
         (None, None) if creating && provider == Provider::Bedrock => {}
         (None, None) if creating => {
@@ -242,7 +242,7 @@ fn apply(state: &AppState, row: &mut UpstreamRow, input: UpstreamInput, creating
         input.base_url.is_some(),
         creating,
     )?;
-    checked("base_url", validate::base_url(&row.base_url))?;
+    checked("base_url", fields::base_url(&row.base_url))?;
     if let Some(v) = &input.api_version {
         if provider != Provider::Azure {
             return Err(ApiError::field(
@@ -266,7 +266,7 @@ fn apply(state: &AppState, row: &mut UpstreamRow, input: UpstreamInput, creating
     match &input.api_key {
         _ if aws_secret_changed.is_some() => {}
         Some(k) => {
-            checked("api_key", validate::upstream_secret(k))?;
+            checked("api_key", fields::upstream_secret(k))?;
             let same =
                 !creating && state.master_key.open(&row.secret_sealed).ok().as_deref() == Some(k.as_str());
             if !same {
@@ -282,7 +282,7 @@ fn apply(state: &AppState, row: &mut UpstreamRow, input: UpstreamInput, creating
             ModelInput::Same(n) => (n.as_str(), n.as_str()),
             ModelInput::Mapped { name, upstream } => (name.as_str(), upstream.as_deref().unwrap_or(name)),
         });
-        let served: Vec<ServedModel> = checked("models", validate::served_models(pairs))?
+        let served: Vec<ServedModel> = checked("models", fields::served_models(pairs))?
             .into_iter()
             .map(|(name, upstream)| ServedModel { name, upstream })
             .collect();
@@ -294,7 +294,7 @@ fn apply(state: &AppState, row: &mut UpstreamRow, input: UpstreamInput, creating
         ("max_in_flight", input.max_in_flight, 1, &mut row.max_in_flight),
     ] {
         if let Some(v) = value {
-            *target = checked(field, validate::upstream_number(field, v, min))?;
+            *target = checked(field, fields::upstream_number(field, v, min))?;
         }
     }
     if let Some(l) = input.limits {
@@ -303,7 +303,7 @@ fn apply(state: &AppState, row: &mut UpstreamRow, input: UpstreamInput, creating
             ("limits.tokens_per_minute", l.tokens_per_minute),
             ("limits.requests_per_day", l.requests_per_day),
         ] {
-            checked(field, validate::upstream_limit(field, v))?;
+            checked(field, fields::upstream_limit(field, v))?;
         }
         row.requests_per_minute = l.requests_per_minute;
         row.tokens_per_minute = l.tokens_per_minute;

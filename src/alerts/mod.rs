@@ -13,6 +13,7 @@
 
 pub mod delivery;
 pub mod destination;
+pub mod settings;
 
 use std::collections::HashMap;
 
@@ -255,7 +256,7 @@ async fn payload(
 #[cfg(test)]
 mod tests {
     use super::reached;
-    use crate::validate::{alert_thresholds, webhook};
+    use super::settings::{Thresholds, Webhook};
 
     #[test]
     fn alert_settings_follow_their_rules() {
@@ -271,8 +272,8 @@ mod tests {
             (&[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11], Err("at must list 1 to 10")),
         ];
         for (list, want) in lists {
-            match (alert_thresholds("at", list), want) {
-                (Ok(got), Ok(w)) => assert_eq!(got, *w, "{list:?}"),
+            match (Thresholds::parse("at", list), want) {
+                (Ok(got), Ok(w)) => assert_eq!(got.percents(), *w, "{list:?}"),
                 (Err(got), Err(w)) => assert!(got.starts_with(w), "{list:?}: {got}"),
                 (got, w) => panic!("{list:?}: got {got:?}, want {w:?}"),
             }
@@ -289,7 +290,7 @@ mod tests {
             ("javascript:alert(1)", false),
         ];
         for (url, ok) in urls {
-            assert_eq!(webhook("webhook", url).is_ok(), ok, "{url}");
+            assert_eq!(Webhook::parse("webhook", url).is_ok(), ok, "{url}");
         }
     }
 

@@ -111,7 +111,7 @@ pub(super) fn start_store_upkeep(state: AppState) {
                 () = s.shutdown.cancelled() => break,
             }
             let now_s = s.clock.now().timestamp();
-            if let Err(e) = s.store.delete_ended_counts(now_s).await {
+            if let Err(e) = s.store.delete_ended_counts(now_s, crate::breaker::BUCKETS_KEPT_SECS).await {
                 tracing::warn!(error = %e, "deleting ended breaker buckets and quota counters failed; tried again in a minute");
             }
             s.label_upkeep().await;

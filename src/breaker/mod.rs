@@ -29,6 +29,9 @@ use crate::store::{BreakerStateRow, BreakerStore, BucketCounts, BucketDelta, Sto
 
 /// Seconds of the sliding window.
 pub const WINDOW_SECS: i64 = 60;
+/// How long the store keeps a breaker bucket: two windows (the window read is the last
+/// [`WINDOW_SECS`]), so a gateway whose clock runs a little behind still finds what it reads.
+pub const BUCKETS_KEPT_SECS: i64 = 2 * WINDOW_SECS;
 /// Requests in the window before a key can trip.
 pub const MIN_REQUESTS: u32 = 100;
 /// Block of each trip, in seconds; the trip after the last one bans.

@@ -42,7 +42,7 @@ pub async fn read(
     let read = deadline
         .bound(axum::body::to_bytes(body, limit))
         .await
-        .ok_or_else(|| deadline.error())?;
+        .ok_or_else(|| ApiError::from(&deadline))?;
     let bytes = read.map_err(|e| {
         if is_length_limit(&e) {
             ApiError::RequestTooLarge { limit }

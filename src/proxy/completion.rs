@@ -230,6 +230,12 @@ impl Completion {
         self.started
     }
 
+    /// Whether what ends now was cut by the gateway's stop (its `shutdown_grace_secs` over, the
+    /// request dropped), not by its client.
+    pub fn cut_by_stop(&self) -> bool {
+        self.state.grace_over.is_cancelled()
+    }
+
     /// The endpoint the client called (its format is the answer's).
     pub fn endpoint(&self) -> Endpoint {
         self.endpoint
@@ -508,7 +514,7 @@ impl Drop for Completion {
                 Source::Gateway,
                 format!("Gateway: the request failed inside the gateway (a bug: see its log){summary}"),
             )
-        } else if crate::thread_role::cut_by_stop() {
+        } else if self.cut_by_stop() {
             Outcome::failed(
                 ABANDONED,
                 "gateway_stopped",

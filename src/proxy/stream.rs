@@ -328,7 +328,7 @@ impl ProxyStream {
             outcome.code = Some("upstream_stream_error".to_owned());
             outcome.source = Some(Source::Upstream);
             outcome.explanation = format!("Upstream: mid-stream error: {message} [{summary}]");
-        } else if client_gone && crate::thread_role::cut_by_stop() {
+        } else if client_gone && completion.cut_by_stop() {
             outcome.code = Some("gateway_stopped".to_owned());
             outcome.source = Some(Source::Gateway);
             outcome.explanation = format!(

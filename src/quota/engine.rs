@@ -592,7 +592,7 @@ impl QuotaCounters {
 /// Rounds micro-credits to credits for people and headers; other metrics as they are.
 pub fn display_value(metric: Metric, v: i64) -> serde_json::Value {
     if metric == Metric::Credits {
-        serde_json::json!(super::micros_to_credits(v))
+        serde_json::json!(crate::credits::micros_to_credits(v))
     } else {
         serde_json::json!(v)
     }

@@ -10,6 +10,9 @@ pub mod window;
 
 use serde::{Deserialize, Serialize};
 
+use crate::credits::{MAX_STORED_CREDITS, MAX_STORED_CREDITS_TEXT, credits_to_micros};
+use crate::validate::Range;
+
 /// Whose usage a policy limits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -150,20 +153,98 @@ impl std::str::FromStr for Mode {
     }
 }
 
-/// Micro-credits in one credit: prices and credit limits are stored as integers.
-pub const MICROS_PER_CREDIT: f64 = 1_000_000.0;
+/// Past this a count limit is not stored (`i64::MAX`; 2^63 is the first `f64` above it).
+const MAX_STORED_COUNT: f64 = 9_223_372_036_854_775_808.0;
 
-/// Credits (as written by people) to integer micro-credits. The whole credits and the fraction
-/// are converted apart: one product in `f64` would be off by hundreds of micro-credits near the
-/// largest amounts stored (`validate::MAX_STORED_CREDITS`); this keeps every whole number of
-/// credits exact. Beyond `i64` it saturates (validation refuses such amounts first).
-pub fn credits_to_micros(credits: f64) -> i64 {
-    let whole = credits.trunc();
-    let fraction = ((credits - whole) * MICROS_PER_CREDIT).round() as i64;
-    (whole as i64).saturating_mul(1_000_000).saturating_add(fraction)
+/// A policy's limit: credits in micro-credits, any other metric a whole number; finite,
+/// non-negative and stored as it is written: credits up to [`MAX_STORED_CREDITS`] (8.9e15
+/// would not fit in micro-credits), counts below 9e15 from the admin API (a range people mean)
+/// and up to `i64::MAX` from the resources file.
+pub fn policy_limit(metric: Metric, limit: f64, range: Range) -> Result<i64, String> {
+    let name = metric.as_str();
+    if metric == Metric::Credits {
+        if !(0.0..=MAX_STORED_CREDITS).contains(&limit) {
+            return Err(format!(
+                "limit of credits must be from 0 to {MAX_STORED_CREDITS_TEXT} credits (stored in micro-credits)"
+            ));
+        }
+        return Ok(credits_to_micros(limit));
+    }
+    let (fits, bound) = match range {
+        Range::Console => ((0.0..9.0e15).contains(&limit), "below 9,000,000,000,000,000"),
+        Range::Operator => (
+            (0.0..MAX_STORED_COUNT).contains(&limit),
+            "9,223,372,036,854,775,807",
+        ),
+    };
+    if !fits || limit.fract() != 0.0 {
+        return Err(format!(
+            "limit of {name} must be a whole number from 0 to {bound}"
+        ));
+    }
+    Ok(limit as i64)
 }
 
-/// Integer micro-credits to credits, for people.
-pub fn micros_to_credits(micros: i64) -> f64 {
-    micros as f64 / MICROS_PER_CREDIT
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The stored limit, or the message containing the expected part.
+    fn check(got: Result<i64, String>, want: &Result<i64, &str>) {
+        match (got, want) {
+            (Ok(got), Ok(w)) => assert_eq!(got, *w),
+            (Err(got), Err(w)) => assert!(got.contains(w), "{got}"),
+            (got, w) => panic!("got {got:?}, want {w:?}"),
+        }
+    }
+
+    #[test]
+    fn policy_limits() {
+        let cases: &[(Metric, f64, Result<i64, &str>)] = &[
+            (Metric::Requests, 10.0, Ok(10)),
+            (Metric::Requests, 0.0, Ok(0)),
+            (
+                Metric::Requests,
+                1.5,
+                Err("limit of requests must be a whole number"),
+            ),
+            (Metric::Credits, 1.5, Ok(1_500_000)),
+            (
+                Metric::Credits,
+                9_223_372_036_854.0,
+                Ok(9_223_372_036_854_000_000),
+            ),
+            (
+                Metric::Credits,
+                -1.0,
+                Err("limit of credits must be from 0 to 9,223,372,036,854 credits"),
+            ),
+            // Stored as micro-credits, 8.9e15 credits would not fit: refused, not saturated.
+            (Metric::Credits, 8.9e15, Err("9,223,372,036,854 credits")),
+            (
+                Metric::Requests,
+                f64::INFINITY,
+                Err("limit of requests must be a whole number from 0 to below 9,000,000,000,000,000"),
+            ),
+            (Metric::TotalTokens, 9.0e15, Err("below 9,000,000,000,000,000")),
+        ];
+        for (metric, limit, want) in cases {
+            check(policy_limit(*metric, *limit, Range::Console), want);
+        }
+        let operator: &[(Metric, f64, Result<i64, &str>)] = &[
+            (Metric::Requests, 9.0e15, Ok(9_000_000_000_000_000)),
+            (Metric::Requests, 9.2e18, Ok(9_200_000_000_000_000_000)),
+            (
+                Metric::Requests,
+                1.0e19,
+                Err("limit of requests must be a whole number from 0 to 9,223,372,036,854,775,807"),
+            ),
+            (Metric::Credits, 1.0e300, Err("9,223,372,036,854 credits")),
+            (Metric::Credits, f64::NAN, Err("9,223,372,036,854 credits")),
+            (Metric::Requests, -1.0, Err("9,223,372,036,854,775,807")),
+        ];
+        for (metric, limit, want) in operator {
+            check(policy_limit(*metric, *limit, Range::Operator), want);
+        }
+    }
 }

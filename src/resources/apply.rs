@@ -7,11 +7,13 @@ use super::spec::{
     ApiKeySpec, MemberSpec, ModelSpec, PolicySpec, ResourcesFile, UpstreamSpec, WorkspaceSpec,
 };
 use super::{ApplySummary, ResourcesError};
+use crate::alerts::settings::{Thresholds, Webhook};
+use crate::credits::credits_to_micros;
 use crate::crypto::{self, MasterKey};
 use crate::managed::{Kind, Managed};
 use crate::provider::Provider;
 use crate::quota::window::Window;
-use crate::quota::{Metric, Mode, SubjectKind, credits_to_micros};
+use crate::quota::{Metric, Mode, SubjectKind};
 use crate::store::{
     DepartmentStore, KeyGuardrails, KeyStore, LabelStore, MemberStore, ModelRow, ModelStore, NewKey,
     NewMember, PolicyRow, PolicyStore, ServedModel, Store, StoreError, UpstreamRow, UpstreamStore,
@@ -427,9 +429,12 @@ async fn policy_alerts(
         }
         return Ok(current.is_some());
     };
-    let thresholds = validate::alert_thresholds("alerts.at", &spec.at).unwrap_or_default();
-    let webhook = validate::webhook("alerts.webhook", &spec.webhook).unwrap_or_default();
-    let thresholds = serde_json::to_string(&thresholds).unwrap_or_default();
+    let thresholds = Thresholds::parse("alerts.at", &spec.at)
+        .unwrap_or_default()
+        .stored();
+    let webhook = Webhook::parse("alerts.webhook", &spec.webhook)
+        .unwrap_or_default()
+        .into_string();
     // A sealed secret differs at every sealing: compare what it opens to.
     let same_secret = |c: &PolicyAlertRow| match (&c.secret_sealed, &spec.secret) {
         (None, None) => true,

@@ -10,11 +10,13 @@ use super::spec::{
     UpstreamSpec, WorkspaceSpec,
 };
 use super::{Ctx, ResourcesError};
+use crate::alerts::settings::{Thresholds, Webhook};
 use crate::crypto;
 use crate::provider::Provider;
 use crate::quota::window::{Window, WindowParseError};
 use crate::quota::{Metric, Mode, SubjectKind};
 use crate::store::{ModelStore, Role, Store, WorkspaceStore};
+use crate::upstream::fields;
 use crate::validate;
 
 /// What checking resolved, by entry index, for applying.
@@ -23,7 +25,7 @@ pub(super) struct Plan {
     /// Resolved policy fields.
     pub policies: Vec<(SubjectKind, Metric, Window, Mode, i64)>,
     /// Resolved providers, base URLs and served models (public name, upstream name).
-    pub upstreams: Vec<(Provider, String, validate::ServedModels)>,
+    pub upstreams: Vec<(Provider, String, fields::ServedModels)>,
 }
 
 /// What the file declares so far and the database it will be applied to: the names references
@@ -252,7 +254,7 @@ fn upstream(
     known: &mut Known<'_>,
     i: usize,
     u: &UpstreamSpec,
-) -> Result<(Provider, String, validate::ServedModels), ResourcesError> {
+) -> Result<(Provider, String, fields::ServedModels), ResourcesError> {
     let e = |m: String| ctx.entry("upstream", i, &u.name, m);
     validate::name("name", &u.name).map_err(e)?;
     if !known.workspace(&u.workspace) {
@@ -261,7 +263,7 @@ fn upstream(
     let provider: Provider = u.provider.parse().map_err(e)?;
     let aws_keys = super::bedrock::keys(u, provider).map_err(e)?;
     let base_url = match (&u.base_url, provider.default_base_url()) {
-        (Some(b), _) => validate::base_url(b).map_err(e)?,
+        (Some(b), _) => fields::base_url(b).map_err(e)?,
         (None, Some(d)) => d.to_owned(),
         (None, None) if let Some(k) = &aws_keys => crate::provider::bedrock::default_base_url(&k.region),
         (None, None) => {
@@ -281,7 +283,7 @@ fn upstream(
     let secret = if aws_keys.is_some() {
         Ok(())
     } else {
-        validate::upstream_secret(&u.api_key)
+        fields::upstream_secret(&u.api_key)
     };
     secret.map_err(|m| {
         let unset = if u.api_key.is_empty() {
@@ -296,16 +298,16 @@ fn upstream(
         ("weight", u.weight, 1),
         ("max_in_flight", u.max_in_flight, 1),
     ] {
-        validate::upstream_number(field, value, min).map_err(e)?;
+        fields::upstream_number(field, value, min).map_err(e)?;
     }
     for (field, v) in [
         ("limits.requests_per_minute", u.limits.requests_per_minute),
         ("limits.tokens_per_minute", u.limits.tokens_per_minute),
         ("limits.requests_per_day", u.limits.requests_per_day),
     ] {
-        validate::upstream_limit(field, v).map_err(e)?;
+        fields::upstream_limit(field, v).map_err(e)?;
     }
-    let served = validate::served_models(u.models.iter().map(ServedModelSpec::pair)).map_err(e)?;
+    let served = fields::served_models(u.models.iter().map(ServedModelSpec::pair)).map_err(e)?;
     if known.declared_twice(format!("upstream/{}/{}", u.workspace, u.name)) {
         return Err(e(format!("upstream {:?} is declared twice", u.name)));
     }
@@ -325,12 +327,12 @@ async fn model(
         return Err(e(format!("workspace {:?} does not exist", m.workspace)));
     }
     if let Some(p) = &m.price {
-        validate::price(p.prompt, p.completion, validate::Range::Operator).map_err(e)?;
+        fields::price(p.prompt, p.completion, validate::Range::Operator).map_err(e)?;
     }
     if let Some(n) = m.max_output_tokens {
-        validate::max_output_tokens(n).map_err(e)?;
+        fields::max_output_tokens(n).map_err(e)?;
     }
-    validate::fallbacks(&m.name, &m.fallbacks).map_err(e)?;
+    fields::fallbacks(&m.name, &m.fallbacks).map_err(e)?;
     for fb in &m.fallbacks {
         // A fallback may name a declared model or one a credential of the file serves.
         let declared = f
@@ -376,12 +378,12 @@ fn policy(
         .parse()
         .map_err(|err: WindowParseError| e(err.to_string()))?;
     let mode: Mode = p.mode.parse().map_err(e)?;
-    let limit = validate::policy_limit(metric, p.limit, validate::Range::Operator).map_err(e)?;
+    let limit = crate::quota::policy_limit(metric, p.limit, validate::Range::Operator).map_err(e)?;
     if let Some(a) = &p.alerts {
-        validate::alert_thresholds("alerts.at", &a.at).map_err(e)?;
-        validate::webhook("alerts.webhook", &a.webhook).map_err(e)?;
+        Thresholds::parse("alerts.at", &a.at).map_err(e)?;
+        Webhook::parse("alerts.webhook", &a.webhook).map_err(e)?;
         if let Some(secret) = &a.secret {
-            validate::alert_secret("alerts.secret", secret).map_err(e)?;
+            crate::alerts::settings::secret("alerts.secret", secret).map_err(e)?;
         }
     }
     if p.target != "*" {

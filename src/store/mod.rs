@@ -203,9 +203,6 @@ impl<'q> SqlBuilder<'q> {
     }
 }
 
-/// Connections in a gateway's Postgres pool unless `database_max_connections` says otherwise.
-pub const DEFAULT_POSTGRES_CONNECTIONS: u32 = 16;
-
 /// How long the start waits for a first connection the pool cannot open at once.
 const START_PATIENCE: Duration = Duration::from_secs(15);
 
@@ -334,9 +331,10 @@ impl Store {
     }
 
     /// Connects to `url` without applying migrations: the gateway's start takes the start lock
-    /// first and migrates under it. A Postgres pool of [`DEFAULT_POSTGRES_CONNECTIONS`].
+    /// first and migrates under it. A Postgres pool of
+    /// [`crate::config::DEFAULT_POSTGRES_CONNECTIONS`].
     pub async fn open(url: &str) -> StoreResult<Store> {
-        Store::open_with(url, DEFAULT_POSTGRES_CONNECTIONS).await
+        Store::open_with(url, crate::config::DEFAULT_POSTGRES_CONNECTIONS).await
     }
 
     /// [`Store::open`] with a Postgres pool of at most `postgres_connections` (the setting
@@ -565,19 +563,26 @@ impl Store {
     }
 
     /// The pool, for the aggregates' implementations in this module: SQL lives in `store/` only
-    /// (the `sql_stays_in_the_store` test checks it). Never from a serving thread: a connection
-    /// the pool opens there would be driven by that thread's runtime, which ends with its last
-    /// request, while the pool keeps the connection ([`Store::at_home`]).
+    /// (the `sql_stays_in_the_store` test checks it). Only on the store's home runtime: a
+    /// connection the pool opened on a serving thread would be driven by that thread's runtime,
+    /// which ends with its last request, while the pool keeps the connection
+    /// ([`Store::at_home`]).
     fn pool(&self) -> &AnyPool {
         debug_assert!(
-            !crate::thread_role::on_serving_thread(),
-            "the store was used on a serving thread: go through Store::at_home"
+            !self.away_from_home(),
+            "the store was used away from its runtime (a serving thread?): go through Store::at_home"
         );
         &self.pool
     }
 
+    /// Whether the caller runs on a runtime other than the one the store was opened on (a
+    /// serving thread's); outside any runtime it is not away.
+    fn away_from_home(&self) -> bool {
+        tokio::runtime::Handle::try_current().is_ok_and(|here| here.id() != self.home.id())
+    }
+
     /// Runs `work` on a clone of this store, on the runtime the store was opened on (the main
-    /// one) when called from a serving thread, in place otherwise. The database's connections are
+    /// one) when called from another (a serving thread's), in place otherwise. The database's connections are
     /// thus all opened and driven by the main runtime, which outlives every request; the hop
     /// between threads is paid only where the request path misses its caches (a key seen for the
     /// first time, a counter not yet loaded), by readiness probes and by the admin API.
@@ -587,7 +592,7 @@ impl Store {
         Work: Future<Output = StoreResult<T>> + Send + 'static,
     {
         let work = work(self.clone());
-        if !crate::thread_role::on_serving_thread() {
+        if !self.away_from_home() {
             return work.await;
         }
         match self.home.spawn(work).await {

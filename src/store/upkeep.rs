@@ -7,10 +7,6 @@ use super::{Backend, Store, StoreResult};
 /// Rows deleted per statement: short statements that never hold the flushes up for long.
 const BATCH: i64 = 5_000;
 
-/// A breaker bucket is kept for two windows of the breaker (the window read is the last
-/// 60 s): a gateway whose clock runs a little behind still finds what it reads.
-const BUCKETS_KEPT_SECS: i64 = 2 * crate::breaker::WINDOW_SECS;
-
 /// How long a quota counter's row outlives the longest its window can be (a DST day is 25 h,
 /// a month 31 days and an hour): a gateway still holding the ended counter, or whose clock is
 /// behind, never finds it gone while the window may still be running.
@@ -22,10 +18,10 @@ const WINDOW_LONGEST: &str = "CASE time_window WHEN 'minute' THEN 60 WHEN 'day' 
      WHEN 'week' THEN 608400 WHEN 'month' THEN 2682000 ELSE 86400 END";
 
 impl Store {
-    /// Deletes the breaker buckets older than [`BUCKETS_KEPT_SECS`] and the quota counters of
-    /// windows that ended more than an hour ago, at `now_s` (Unix seconds), batch by batch.
-    /// Returns how many rows of each went.
-    pub async fn delete_ended_counts(&self, now_s: i64) -> StoreResult<(u64, u64)> {
+    /// Deletes the breaker buckets older than `buckets_kept_secs` (how long the breaker needs
+    /// them: `breaker::BUCKETS_KEPT_SECS`) and the quota counters of windows that ended more than
+    /// an hour ago, at `now_s` (Unix seconds), batch by batch. Returns how many rows of each went.
+    pub async fn delete_ended_counts(&self, now_s: i64, buckets_kept_secs: i64) -> StoreResult<(u64, u64)> {
         let row = match self.backend() {
             Backend::Postgres => "ctid",
             Backend::Sqlite => "rowid",
@@ -41,7 +37,7 @@ impl Store {
         );
         let mut gone = (0, 0);
         for (sql, before, count) in [
-            (&buckets, now_s - BUCKETS_KEPT_SECS, &mut gone.0),
+            (&buckets, now_s - buckets_kept_secs, &mut gone.0),
             (&counters, now_s - COUNTER_GRACE_SECS, &mut gone.1),
         ] {
             loop {
@@ -86,6 +82,7 @@ mod tests {
         let url = format!("sqlite:{}", dir.path().join("upkeep.db").display());
         let store = Store::connect(&url).await.unwrap();
         let now = 1_800_000_000;
+        let buckets_kept = 120;
         // (window, started this long before now, deleted)
         let table = [
             ("minute", 60 + 3_600, false),
@@ -109,12 +106,15 @@ mod tests {
                     total: 1,
                     failed: 0,
                 };
-                ((1, now - BUCKETS_KEPT_SECS - 1 + i), n)
+                ((1, now - buckets_kept - 1 + i), n)
             })
             .collect();
         store.add_breaker_buckets(&buckets).await.unwrap();
 
-        assert_eq!(store.delete_ended_counts(now).await.unwrap(), (1, 5));
+        assert_eq!(
+            store.delete_ended_counts(now, buckets_kept).await.unwrap(),
+            (1, 5)
+        );
         for (w, ago, deleted) in table {
             let (row, _) = counter(w, now - ago);
             let kept = store.usage_counter(&row).await.unwrap().is_some();
@@ -133,6 +133,9 @@ mod tests {
             vec![(1, 0, 2, 0)],
             "the two buckets within the kept time stay"
         );
-        assert_eq!(store.delete_ended_counts(now).await.unwrap(), (0, 0));
+        assert_eq!(
+            store.delete_ended_counts(now, buckets_kept).await.unwrap(),
+            (0, 0)
+        );
     }
 }

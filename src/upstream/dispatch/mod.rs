@@ -463,7 +463,7 @@ impl Run<'_> {
         let missed = self.deadline.missed();
         time_out(self.up, cred, upstream_model, &missed, &mut attempt);
         self.push(attempt);
-        self.last = Some(Dispatched::GatewayFailed(self.deadline.error()));
+        self.last = Some(Dispatched::GatewayFailed(ApiError::from(&self.deadline)));
         Step::Failed(NextStep::Stop)
     }
 
