@@ -5,7 +5,6 @@
 use std::sync::Arc;
 
 use axum::http::{HeaderValue, header};
-use axum::response::Response;
 use chrono::{DateTime, Utc};
 
 use crate::error::{MAX_SDK_WAIT_SECS, SHOULD_RETRY};
@@ -57,12 +56,7 @@ impl Routed {
         }
     }
 
-    /// `resp` with the routing headers.
-    pub(super) fn on(&self, mut resp: Response) -> Response {
-        self.insert(resp.headers_mut());
-        resp
-    }
-
+    /// Adds the routing headers to `h`.
     pub(super) fn insert(&self, h: &mut axum::http::HeaderMap) {
         if let Some(v) = self.model.as_deref().and_then(|m| HeaderValue::from_str(m).ok()) {
             h.insert(AIGW_MODEL, v);

@@ -254,8 +254,8 @@ impl Completion {
     }
 
     /// What answering a ban needs, taken before `finish` consumes the completion.
-    pub fn ban_context(&self) -> super::BanContext {
-        super::BanContext {
+    pub fn ban_context(&self) -> super::after::BanContext {
+        super::after::BanContext {
             state: self.state.clone(),
             key_id: self.caller.key_id,
             locale: self.locale,

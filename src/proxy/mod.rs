@@ -1,45 +1,42 @@
 //! The `/v1` proxy. [`handle`] is the whole request path, in the order of DESIGN.md §1.
 
+mod after;
 mod answer_headers;
 pub mod authenticated;
 pub mod body;
 pub mod completion;
 mod envelope;
 mod my_quota;
+mod respond;
 mod spans;
 pub mod stream;
 
 use std::net::SocketAddr;
-
-use axum::body::Body;
-use axum::extract::{ConnectInfo, Request, State};
-use axum::http::{HeaderValue, StatusCode, header};
-use axum::response::{IntoResponse, Response};
-use serde_json::json;
-
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 
-use crate::breaker::Refusal;
+use axum::extract::{ConnectInfo, Request, State};
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+
+use crate::caller::Caller;
 use crate::config::Locale;
 use crate::deadline::Deadline;
-use crate::error::{ApiError, ERROR_SOURCE, QuotaRefusal};
-use crate::provider::adapter::{self, Endpoint, UsageReport};
-use crate::provider::sse::SseTap;
-use crate::provider::usage;
-use crate::quota::engine::{QuotaDecision, display_value};
+use crate::error::{ApiError, QuotaRefusal};
+use crate::provider::adapter::{self, Endpoint};
+use crate::quota::engine::{QuotaDecision, Standing, display_value};
+use crate::quota::policy::Labels;
 use crate::quota::window::format_reset_at;
-use crate::quota::{self, Metric};
 use crate::request_id::RequestId;
 use crate::state::AppState;
 use crate::tags::{self, Tags};
-use crate::translate::stream::StreamTranslator;
-use crate::translate::{self, Translation};
-use crate::upstream::dispatch::{self, Answer, Complete, Dispatched};
-use answer_headers::{Routed, tell_the_wait};
+use crate::upstream::dispatch;
+use after::{End, Told};
+use answer_headers::Routed;
 use authenticated::Authenticated;
-use completion::{Completion, Outcome, Source};
+use completion::Completion;
 
 crate::state::route_table! {
     /// The proxy's routes.
@@ -81,8 +78,10 @@ async fn messages(
     envelope::in_anthropic_envelope(handle(state.0, Endpoint::Messages, peer.0, caller, req).await).await
 }
 
-/// The request path: authenticate, read and check the body, route, dispatch, respond, and
-/// account for the request after it completes.
+/// The request path: authenticate, read and check the body, route, dispatch, respond (the
+/// numbered steps of [`steps`]), then the after-work, once however the steps ended
+/// ([`after::finish`]): the request's end recorded (metrics, span, log row, breaker, usage),
+/// and the routing and quota headers its answer tells.
 pub async fn handle(
     state: AppState,
     endpoint: Endpoint,
@@ -90,6 +89,21 @@ pub async fn handle(
     caller: Authentication,
     req: Request,
 ) -> Response {
+    let mut told = Told::default();
+    let end = steps(&state, endpoint, peer, caller, req, &mut told).await;
+    after::finish(&state, endpoint, told, end)
+}
+
+/// The steps of [`handle`], in order; each refusal ends them, and `told` learns the quota
+/// decision and the route as they are known.
+async fn steps(
+    state: &AppState,
+    endpoint: Endpoint,
+    peer: SocketAddr,
+    caller: Authentication,
+    req: Request,
+    told: &mut Told,
+) -> End {
     // The caller's trace, continued (when traces are exported).
     let trace = state.tracer.request(req.headers());
     // 1. Authenticate (the extractor): key → member → department → workspace (cached), the
@@ -98,38 +112,19 @@ pub async fn handle(
     //    attempted for an expired one.
     let caller = match caller {
         Ok(Authenticated(c)) => c,
-        Err(e) => {
-            metrics::counter!("aigw_requests_total", "endpoint" => endpoint.name(), "status" => e.status().as_str().to_owned(),
-                "code" => e.code(), "source" => "gateway")
-            .increment(1);
-            spans::refused(&state, trace.as_ref(), endpoint, None, &e);
-            return e.into_response();
-        }
+        Err(error) => return End::Unauthenticated { error, trace },
     };
     // 2. Breaker gate: an open or banned key is refused before anything else, neither counted
     //    nor logged.
-    let locale = locale_of(&state, req.headers());
+    let locale = locale_of(state, req.headers());
     let admission = match state.breakers.gate(caller.key_id, state.clock.now()) {
         Ok(admission) => admission,
         Err(refusal) => {
-            let e = breaker_error(&refusal, locale);
-            spans::refused(&state, trace.as_ref(), endpoint, Some(&caller), &e);
-            return e.into_response();
+            let error = after::breaker_error(&refusal, locale);
+            return End::Gated { caller, error, trace };
         }
     };
-    let request_id = req
-        .extensions()
-        .get::<RequestId>()
-        .map(|r| r.encode(&mut [0; 36]).to_owned())
-        .unwrap_or_default();
-    let client = state.client_ip(peer, req.headers());
-    let mut completion = Completion::start(
-        state.clone(),
-        caller.clone(),
-        endpoint,
-        request_id,
-        client.to_string(),
-    );
+    let mut completion = start(state, endpoint, peer, &req, &caller);
     completion.locale = locale;
     completion.trace = trace;
     completion.admission = admission;
@@ -146,7 +141,7 @@ pub async fn handle(
     );
     let mut body = match read.await {
         Ok(b) => b,
-        Err(e) => return refuse(completion, e),
+        Err(e) => return End::Refused(completion, e),
     };
     completion.requested(&body.model, body.stream);
 
@@ -155,69 +150,31 @@ pub async fn handle(
     //     is refused before any quota or upstream work, like a model outside its allow-list.
     let (tags, end_user) = match labels(&parts.headers, &body, endpoint) {
         Ok(l) => l,
-        Err(e) => return refuse(completion, e),
+        Err(e) => return End::Refused(completion, e),
     };
     completion.labelled(&tags, end_user.as_deref());
     if let Err(e) = tags_allowed(&tags, &caller) {
-        return refuse(completion, e);
+        return End::Refused(completion, e);
     }
 
     // 4. Model allow-list (the key's and its member's): before any quota or upstream work.
     if let Err(by) = caller.models.check(&body.model) {
-        return refuse(
-            completion,
-            ApiError::ModelNotAllowed {
-                model: body.model,
-                by,
-            },
-        );
+        let model = body.model;
+        return End::Refused(completion, ApiError::ModelNotAllowed { model, by });
     }
 
     // 5. Quota pre-check: every policy on the key, member, department and workspace, and on
     //    the request's tag values and end user (their subject ids, made on first sight under
     //    the workspace's caps).
-    let labels = match state
-        .labels
-        .resolve(
-            &state.store,
-            state.label_caps(),
-            state.labels_brought_by(caller.key_id),
-            caller.workspace_id,
-            &tags,
-            end_user.as_deref(),
-            state.clock.now_ms(),
-        )
-        .await
-    {
-        Ok(l) => l,
-        Err(e) => return refuse(completion, e),
-    };
-    let routes = state.routes.load();
-    let workspace = routes.workspaces.get(&caller.workspace_id);
-    let tz = state.timezone_of(caller.workspace_id);
     let now = state.clock.now();
-    let quota = match state
-        .quota
-        .check_request(&state.store, &state.policies.load(), &caller, &labels, now, tz)
-        .await
-    {
-        Ok(q) => Arc::new(q),
-        Err(e) => return refuse(completion, ApiError::from(e)),
+    let (quota, refusal) = match check_quota(state, &caller, &tags, end_user.as_deref(), now).await {
+        Ok(checked) => checked,
+        Err(e) => return End::Refused(completion, e),
     };
     completion.quota_checked(quota.clone());
-    count_quota_refusals(&quota);
-    let untouched = |_: Metric| 0;
-    if let Some(s) = quota.refusal() {
-        let err = ApiError::QuotaExceeded(Box::new(QuotaRefusal {
-            subject: s.rule.subject.as_str(),
-            metric: s.rule.metric.as_str(),
-            window: s.rule.window.to_string(),
-            limit: display_value(s.rule.metric, s.rule.limit),
-            used: display_value(s.rule.metric, s.used),
-            reset_at: s.reset_at.as_ref().map(format_reset_at),
-            subject_name: labels.name_of(s.rule.subject, s.key.subject_id),
-        }));
-        return with_quota(refuse(completion, err), &quota, untouched, now);
+    told.quota = Some((quota, now));
+    if let Some(e) = refusal {
+        return End::Refused(completion, e);
     }
 
     // 6. Concurrency cap (the key's and its member's `max_in_flight`, on this gateway): the
@@ -228,21 +185,19 @@ pub async fn handle(
     {
         Ok(place) => completion.hold_in_flight(place),
         Err(over) => {
-            let err = ApiError::ConcurrencyLimit {
-                by: over.by,
-                limit: over.limit,
-            };
-            return with_quota(refuse(completion, err), &quota, untouched, now);
+            let (by, limit) = (over.by, over.limit);
+            return End::Refused(completion, ApiError::ConcurrencyLimit { by, limit });
         }
     }
 
     // 7. Route: the model and its fallback chain in the caller's workspace, without the models
     //    the caller may not call.
+    let routes = state.routes.load();
+    let workspace = routes.workspaces.get(&caller.workspace_id);
     let mut chain = workspace.map(|ws| ws.chain(&body.model)).unwrap_or_default();
     chain.retain(|m| caller.models.allows(&m.name));
     if chain.is_empty() {
-        let resp = refuse(completion, ApiError::ModelNotFound { model: body.model });
-        return with_quota(resp, &quota, untouched, now);
+        return End::Refused(completion, ApiError::ModelNotFound { model: body.model });
     }
 
     // 8. Dispatch within the deadline (the whole answer, or a stream's first byte); failures are
@@ -264,173 +219,73 @@ pub async fn handle(
     )
     .await;
     // What routed the request, told on every answer from here on (DESIGN.md §10, §11).
-    let route = Routed::after_dispatch(completion.attempts(), &chain, endpoint);
+    told.route = Some(Routed::after_dispatch(completion.attempts(), &chain, endpoint));
 
     // 9. Respond; accounting runs when the response (or stream) is complete.
-    match dispatched {
-        Dispatched::Served {
-            answer,
-            credential,
-            model,
-            upstream_latency,
-            slot,
-        } => {
-            let translation = Translation::of(endpoint, credential.provider);
-            completion.served_by(model, credential.clone(), upstream_latency);
-            // The credential's in-flight slot is freed when the request completes.
-            completion.hold(slot);
-            let Complete {
-                status,
-                content_type,
-                body: mut bytes,
-                usage: (native, usage_block),
-            } = match answer {
-                Answer::Stream(response) => {
-                    let status = response.status().as_u16();
-                    // The tap reads the upstream's own events (usage, errors); a translated stream
-                    // is rewritten after it, in the client's format.
-                    let upstream_endpoint = translation.map_or(endpoint, Translation::upstream_endpoint);
-                    let mut tap = SseTap::new(
-                        upstream_endpoint,
-                        strip_usage && translation.is_none(),
-                        state.settings.max_usage_tokens,
-                    )
-                    .masking(credential.mask.clone());
-                    if translation.is_some() {
-                        // An event too large to translate is not held either.
-                        tap = tap.dropping_oversized();
-                    }
-                    let mut stream = stream::ProxyStream::new(response, tap, completion, body.len, deadline);
-                    if let Some(t) = translation {
-                        stream = stream.translating(StreamTranslator::new(t, !strip_usage, &body.model));
-                    }
-                    // What the upstream has already sent leaves with the head, in one write.
-                    let first = futures::StreamExt::next(&mut stream).await;
-                    if let Some((completion, e)) = stream.failed_before_the_head() {
-                        return with_quota(route.on(refuse(completion, e)), &quota, untouched, now);
-                    }
-                    let body = futures::StreamExt::chain(futures::stream::iter(first), stream);
-                    let mut resp = Response::new(Body::from_stream(body));
-                    *resp.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::OK);
-                    let h = resp.headers_mut();
-                    h.insert(
-                        header::CONTENT_TYPE,
-                        HeaderValue::from_static("text/event-stream"),
-                    );
-                    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-                    route.insert(h);
-                    // Headers leave before the body: only this request itself is known.
-                    let one_request = |m: Metric| i64::from(m == Metric::Requests);
-                    return with_quota(resp, &quota, one_request, now);
-                }
-                Answer::Complete(complete) => complete,
-            };
-            // The upstream's usage is counted only if valid; else the gateway's estimate is.
-            let ceiling = state.settings.max_usage_tokens;
-            let reported = match usage_block {
-                Some(block) => UsageReport::read(native, &block, ceiling),
-                None => UsageReport::Missing,
-            };
-            let ttfb = Some(completion.started().elapsed());
-            let outcome = match &reported {
-                UsageReport::Valid(u) => Outcome::ok(status, Some(*u), ttfb),
-                _ => {
-                    let answer = usage::answer_tokens(endpoint, &bytes);
-                    let estimate = usage::estimate(body.len, answer, &reported, ceiling);
-                    if translation.is_some() {
-                        // The gateway wrote this answer: it tells the client what it counts.
-                        bytes = translate::with_usage(endpoint, &bytes, estimate);
-                    }
-                    Outcome::estimated(status, estimate, reported.invalid_reason(), ttfb)
-                }
-            };
-            let mut outcome = outcome;
-            if completion.traced() {
-                outcome.finish_reasons = spans::finish_reasons(endpoint, &bytes);
-            }
-            let usage = outcome.usage.unwrap_or_default();
-            let credits = completion.credits(usage);
-            let ban = completion.ban_context();
-            if completion.finish(outcome) {
-                return route.on(ban.answer());
-            }
-            let used_here = |m: Metric| quota::engine::amount(m, usage, credits);
-            let mut resp = Response::new(Body::from(bytes));
-            *resp.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::OK);
-            let content_type = match translation {
-                Some(_) => None,
-                None => content_type,
-            };
-            resp.headers_mut().insert(
-                header::CONTENT_TYPE,
-                content_type.unwrap_or(HeaderValue::from_static("application/json")),
-            );
-            route.insert(resp.headers_mut());
-            with_quota(resp, &quota, used_here, now)
-        }
-        Dispatched::UpstreamFailed(error) => {
-            // After every candidate failed, the last upstream error goes back as is.
-            let explanation = format!("Upstream: {}", completion.attempts_summary());
-            // Classified and logged in the provider's own shape; rendered in the client's.
-            let code = upstream_code(&error.body);
-            let ban = completion.ban_context();
-            if completion.finish(Outcome::failed(error.status, code, Source::Upstream, explanation)) {
-                return route.on(ban.answer());
-            }
-            let lock_until = error.lock_until;
-            let translation = Translation::of(endpoint, error.provider);
-            let body = match translation {
-                Some(t) => translate::error_body(t, error.status, &error.body),
-                None => error.body,
-            };
-            let mut resp = Response::new(Body::from(body));
-            *resp.status_mut() = StatusCode::from_u16(error.status).unwrap_or(StatusCode::BAD_GATEWAY);
-            resp.headers_mut().extend(error.headers);
-            if translation.is_some() {
-                resp.headers_mut()
-                    .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
-            }
-            route.insert(resp.headers_mut());
-            resp.headers_mut()
-                .insert(ERROR_SOURCE, HeaderValue::from_static("upstream"));
-            tell_the_wait(resp.headers_mut(), lock_until, now);
-            with_quota(resp, &quota, untouched, now)
-        }
-        Dispatched::GatewayFailed(e) => with_quota(route.on(refuse(completion, e)), &quota, untouched, now),
-    }
-}
-
-/// Adds the quota headers of `decision` to a response.
-fn with_quota(
-    mut resp: Response,
-    decision: &QuotaDecision,
-    extra: impl Fn(Metric) -> i64,
-    now: DateTime<Utc>,
-) -> Response {
-    if !decision.standings.is_empty() {
-        quota::headers::quota_headers(resp.headers_mut(), decision, extra, now);
-    }
-    resp
-}
-
-/// Answers a gateway refusal and logs it.
-fn refuse(completion: Completion, e: ApiError) -> Response {
-    let summary = completion.attempts_summary();
-    let explanation = if summary.is_empty() {
-        format!("Gateway: {e}")
-    } else {
-        format!("Gateway: {e} [{summary}]")
+    let asked = respond::Asked {
+        state,
+        endpoint,
+        body: &body,
+        strip_usage,
+        deadline,
+        now,
     };
-    let ban = completion.ban_context();
-    if completion.finish(Outcome::failed(
-        e.status().as_u16(),
-        e.code(),
-        Source::Gateway,
-        explanation,
-    )) {
-        return ban.answer();
-    }
-    e.into_response()
+    respond::dispatched(&asked, completion, dispatched).await
+}
+
+/// Starts the completion of an admitted request.
+fn start(
+    state: &AppState,
+    endpoint: Endpoint,
+    peer: SocketAddr,
+    req: &Request,
+    caller: &Arc<Caller>,
+) -> Completion {
+    let request_id = req
+        .extensions()
+        .get::<RequestId>()
+        .map(|r| r.encode(&mut [0; 36]).to_owned())
+        .unwrap_or_default();
+    let client = state.client_ip(peer, req.headers()).to_string();
+    Completion::start(state.clone(), caller.clone(), endpoint, request_id, client)
+}
+
+/// Step 5: the request's quota decision (its refusals counted), and the refusal of the
+/// enforced quota it exhausted, if any.
+async fn check_quota(
+    state: &AppState,
+    caller: &Caller,
+    tags: &Tags,
+    end_user: Option<&str>,
+    now: DateTime<Utc>,
+) -> Result<(Arc<QuotaDecision>, Option<ApiError>), ApiError> {
+    let (caps, brought_by) = (state.label_caps(), state.labels_brought_by(caller.key_id));
+    let (ws, now_ms) = (caller.workspace_id, state.clock.now_ms());
+    let labels = state
+        .labels
+        .resolve(&state.store, caps, brought_by, ws, tags, end_user, now_ms)
+        .await?;
+    let tz = state.timezone_of(caller.workspace_id);
+    let quota = state
+        .quota
+        .check_request(&state.store, &state.policies.load(), caller, &labels, now, tz)
+        .await?;
+    count_quota_refusals(&quota);
+    let refusal = quota.refusal().map(|s| quota_refused(s, &labels));
+    Ok((Arc::new(quota), refusal))
+}
+
+/// The refusal of the enforced quota `s` exhausted, its subject named as `labels` name it.
+fn quota_refused(s: &Standing, labels: &Labels) -> ApiError {
+    ApiError::QuotaExceeded(Box::new(QuotaRefusal {
+        subject: s.rule.subject.as_str(),
+        metric: s.rule.metric.as_str(),
+        window: s.rule.window.to_string(),
+        limit: display_value(s.rule.metric, s.rule.limit),
+        used: display_value(s.rule.metric, s.used),
+        reset_at: s.reset_at.as_ref().map(format_reset_at),
+        subject_name: labels.name_of(s.rule.subject, s.key.subject_id),
+    }))
 }
 
 /// The request's tags and end user (the rules in [`crate::tags`]).
@@ -502,52 +357,6 @@ fn locale_of(state: &AppState, headers: &axum::http::HeaderMap) -> Locale {
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.trim_start().to_ascii_lowercase().starts_with("zh"));
     if zh { Locale::Zh } else { state.settings.locale }
-}
-
-/// The refusal of an open or banned breaker.
-fn breaker_error(refusal: &Refusal, locale: Locale) -> ApiError {
-    match refusal {
-        Refusal::Open {
-            retry_after,
-            blocked_until,
-        } => ApiError::CircuitOpen {
-            message: refusal.message(locale),
-            retry_after: *retry_after,
-            blocked_until: blocked_until.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
-        },
-        Refusal::Banned { .. } => ApiError::KeyBanned {
-            message: refusal.message(locale),
-        },
-    }
-}
-
-/// What is needed to answer the request that banned its key.
-pub struct BanContext {
-    state: AppState,
-    key_id: i64,
-    locale: Locale,
-}
-
-impl BanContext {
-    /// The ban's first wording, told to the request whose outcome banned the key.
-    fn answer(self) -> Response {
-        self.state.breakers.announce(self.key_id);
-        breaker_error(&Refusal::Banned { first: true }, self.locale).into_response()
-    }
-}
-
-/// The upstream error's own code, for the log (`error.code`, else `error.type`).
-fn upstream_code(body: &[u8]) -> String {
-    let v: serde_json::Value = serde_json::from_slice(body).unwrap_or_default();
-    let e = if v.is_array() { &v[0]["error"] } else { &v["error"] };
-    e.get("code")
-        .and_then(|c| {
-            c.as_str()
-                .map(str::to_owned)
-                .or_else(|| c.as_u64().map(|n| n.to_string()))
-        })
-        .or_else(|| e.get("type").and_then(|t| t.as_str()).map(str::to_owned))
-        .unwrap_or_else(|| "upstream_error".to_owned())
 }
 
 /// Counts in `aigw_quota_refusals_total` the quota that refuses the request (enforced) and each
