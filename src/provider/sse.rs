@@ -427,6 +427,19 @@ impl SseTap {
     }
 }
 
+/// The complete events of `buf`, each without its separator, in order; bytes after the last
+/// separator are not an event. The one SSE framer: the tap frames the upstream's bytes with it,
+/// and the translator the whole events the tap hands over.
+pub fn events(buf: &[u8]) -> impl Iterator<Item = &[u8]> {
+    let mut at = 0;
+    std::iter::from_fn(move || {
+        let (end, sep) = event_end(&buf[at..])?;
+        let event = &buf[at..at + end];
+        at += end + sep;
+        Some(event)
+    })
+}
+
 /// The end of the first complete event in `buf`: (index of the separator, its length), the
 /// separator being a blank line (`\n\n` or `\r\n\r\n`).
 fn event_end(buf: &[u8]) -> Option<(usize, usize)> {

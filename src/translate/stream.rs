@@ -1,8 +1,9 @@
 //! Event streams in the client's format: Anthropic's events as OpenAI chunks, and OpenAI's chunks
 //! as Anthropic's events. The usage and error tap reads the upstream's own events first (so usage
-//! is counted from the provider's own report), ends the stream at its terminator and hands the
-//! translator whole events only, none over its bound (it drops those: `SseTap::dropping_oversized`);
-//! the translator writes the client's events. Once it has written the client's end (`[DONE]`,
+//! is counted from the provider's own report), frames them (`provider::sse`, the one SSE framer),
+//! ends the stream at its terminator and hands the translator whole events only, none over its
+//! bound (it drops those: `SseTap::dropping_oversized`). The translator keeps no bytes back and
+//! has no bound of its own: it writes the client's events for each event it is handed. Once it has written the client's end (`[DONE]`,
 //! `message_stop`, or a final error event) it writes nothing more.
 
 use bytes::BytesMut;
@@ -14,16 +15,10 @@ use super::messages_to_chat::stop_of;
 use crate::provider::adapter::Endpoint;
 use crate::usage::Usage;
 
-/// Most bytes of an event the translator keeps back waiting for its end: the tap's bound (the
-/// tap hands over whole events, so this holds only what an untrusted caller left unfinished).
-pub const MAX_EVENT_BYTES: usize = crate::provider::sse::MAX_EVENT_BYTES;
-
 /// Translates one stream.
 #[derive(Debug)]
 pub struct StreamTranslator {
     direction: Direction,
-    /// Bytes of an event whose end has not come (at most [`MAX_EVENT_BYTES`]).
-    pending: BytesMut,
 }
 
 #[derive(Debug)]
@@ -62,10 +57,7 @@ impl StreamTranslator {
                 done: false,
             }),
         };
-        StreamTranslator {
-            direction,
-            pending: BytesMut::new(),
-        }
+        StreamTranslator { direction }
     }
 
     /// The usage the client is told while the upstream's is not valid (absurd: past
@@ -86,39 +78,12 @@ impl StreamTranslator {
         }
     }
 
-    /// Translates the complete events of `bytes` (and of what was kept back) into `out`.
-    pub fn feed(&mut self, bytes: &[u8], out: &mut BytesMut) {
-        let buf = if self.pending.is_empty() {
-            // What the tap hands over: whole events, framed in place.
-            let at = self.events(bytes, out);
-            &bytes[at..]
-        } else {
-            let mut kept = std::mem::take(&mut self.pending);
-            kept.extend_from_slice(bytes);
-            let at = self.events(&kept, out);
-            let _ = kept.split_to(at);
-            self.pending = kept;
-            &[]
-        };
-        if self.pending.len() + buf.len() > MAX_EVENT_BYTES {
-            tracing::warn!(
-                bytes = self.pending.len() + buf.len(),
-                "an unfinished upstream event over the bound is not translated"
-            );
-            self.pending = BytesMut::new();
-        } else {
-            self.pending.extend_from_slice(buf);
+    /// Translates the events of `events` into `out`: whole events, as the tap hands them over
+    /// (`SseTap::feed`); bytes after the last separator are not an event and are not read.
+    pub fn feed(&mut self, events: &[u8], out: &mut BytesMut) {
+        for event in crate::provider::sse::events(events) {
+            self.event(event, out);
         }
-    }
-
-    /// Translates each complete event of `buf`; returns where the unfinished rest starts.
-    fn events(&mut self, buf: &[u8], out: &mut BytesMut) -> usize {
-        let mut at = 0;
-        while let Some((end, sep)) = event_end(&buf[at..]) {
-            self.event(&buf[at..at + end], out);
-            at += end + sep;
-        }
-        at
     }
 
     fn event(&mut self, event: &[u8], out: &mut BytesMut) {
@@ -142,19 +107,6 @@ impl StreamTranslator {
             Direction::ToMessages(s) => s.event(&data, out),
         }
     }
-}
-
-/// The end of the first complete event: (where its separator starts, its length).
-fn event_end(buf: &[u8]) -> Option<(usize, usize)> {
-    for i in memchr::memchr_iter(b'\n', buf) {
-        if buf.get(i + 1) == Some(&b'\n') {
-            return Some((i, 2));
-        }
-        if i >= 1 && buf[i - 1] == b'\r' && buf[i + 1..].starts_with(b"\r\n") {
-            return Some((i - 1, 4));
-        }
-    }
-    None
 }
 
 /// Anthropic's events → OpenAI chunks.
@@ -498,13 +450,29 @@ impl ToMessages {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::provider::sse::SseTap;
 
+    /// `input` in two chunks cut at `cut`, framed by the tap as on the request path, then
+    /// translated.
     fn run(t: Translation, include_usage: bool, input: &str, cut: usize) -> String {
+        let mut tap = SseTap::new(t.upstream_endpoint(), false, u64::MAX).dropping_oversized();
+        let mut tr = StreamTranslator::new(t, include_usage, "m");
+        let (mut tapped, mut out) = (BytesMut::new(), BytesMut::new());
+        let cut = cut.min(input.len());
+        for chunk in [&input.as_bytes()[..cut], &input.as_bytes()[cut..]] {
+            tap.feed(chunk, &mut tapped);
+            tr.feed(&tapped.split(), &mut out);
+        }
+        tap.finish(&mut tapped);
+        tr.feed(&tapped.split(), &mut out);
+        String::from_utf8(out.to_vec()).unwrap()
+    }
+
+    /// Whole events handed straight to the translator.
+    fn translate(t: Translation, include_usage: bool, events: &str) -> String {
         let mut tr = StreamTranslator::new(t, include_usage, "m");
         let mut out = BytesMut::new();
-        let cut = cut.min(input.len());
-        tr.feed(&input.as_bytes()[..cut], &mut out);
-        tr.feed(&input.as_bytes()[cut..], &mut out);
+        tr.feed(events.as_bytes(), &mut out);
         String::from_utf8(out.to_vec()).unwrap()
     }
 
@@ -746,22 +714,15 @@ mod tests {
         );
     }
 
-    /// An unfinished event is kept back within the bound only; nothing is held beyond it.
+    /// An event split across chunks is framed by the tap and translated whole; bytes after the
+    /// last separator handed to the translator are not an event, and nothing is kept of them.
     #[test]
-    fn an_unfinished_event_is_held_within_the_bound() {
-        let mut tr = StreamTranslator::new(Translation::MessagesToChat, false, "m");
-        let mut out = BytesMut::new();
-        tr.feed(
-            b"data: {\"id\":\"x\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"a",
-            &mut out,
-        );
-        tr.feed(b"b\"}}]}\n\n", &mut out);
-        assert!(String::from_utf8_lossy(&out).contains("\"text\":\"ab\""));
-        assert!(tr.pending.is_empty());
-        for _ in 0..3 {
-            tr.feed(&vec![b'z'; MAX_EVENT_BYTES / 2 + 1], &mut out);
-            assert!(tr.pending.len() <= MAX_EVENT_BYTES);
-        }
+    fn an_event_split_across_chunks_is_translated_whole() {
+        let event = "data: {\"id\":\"x\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"ab\"}}]}\n\n";
+        let out = run(Translation::MessagesToChat, false, event, 60);
+        assert!(out.contains("\"text\":\"ab\""), "{out}");
+        let unfinished = &event[..60];
+        assert_eq!(translate(Translation::MessagesToChat, false, unfinished), "");
     }
 
     /// The client's end is the end: a second message after it (a new start, more usage, another
@@ -769,27 +730,17 @@ mod tests {
     #[test]
     fn nothing_follows_the_clients_end() {
         let twice = format!("{}{}", anthropic_stream(), anthropic_stream());
-        let out = run(Translation::ChatToMessages, true, &twice, 77);
+        let out = translate(Translation::ChatToMessages, true, &twice);
         assert_eq!(out.matches("[DONE]").count(), 1, "{out}");
         assert_eq!(out.matches("\"role\":\"assistant\"").count(), 1, "{out}");
         assert_eq!(out.matches("\"usage\"").count(), 1, "{out}");
 
         let chunks = "data: {\"id\":\"x\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"a\"}}]}\n\ndata: [DONE]\n\n";
-        let out = run(
-            Translation::MessagesToChat,
-            false,
-            &format!("{chunks}{chunks}"),
-            10,
-        );
+        let out = translate(Translation::MessagesToChat, false, &format!("{chunks}{chunks}"));
         assert_eq!(out.matches("event: message_start").count(), 1, "{out}");
         assert_eq!(out.matches("event: message_stop").count(), 1, "{out}");
         let error = "data: {\"error\":{\"message\":\"boom\"}}\n\n";
-        let out = run(
-            Translation::MessagesToChat,
-            false,
-            &format!("{error}{chunks}"),
-            10,
-        );
+        let out = translate(Translation::MessagesToChat, false, &format!("{error}{chunks}"));
         assert!(
             out.starts_with("event: error\n") && !out.contains("message_start"),
             "{out}"
