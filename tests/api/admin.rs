@@ -5,7 +5,7 @@ use serde_json::{Value, json};
 
 use crate::both_backends;
 use crate::helpers::{Setup, TestApp, TestDb, spawn_app};
-use crate::proxy::{KEY, resources};
+use crate::proxy::{KEY, fixture};
 
 async fn login(app: &TestApp, email: &str, password: &str) -> reqwest::Response {
     app.client
@@ -29,11 +29,17 @@ both_backends!(sign_in_and_my_quota, bad_tokens_and_sign_ins_are_refused);
 
 async fn sign_in_and_my_quota(db: TestDb) {
     let mock = MockUpstream::start().await.unwrap();
-    let text = resources(&mock).replace(
-        "role = \"member\"",
-        "role = \"member\"\npassword = \"ada-password-1\"",
-    ) + "\n[[policy]]\nworkspace = \"acme\"\nsubject = \"member\"\ntarget = \"ada@acme.test\"\nmetric = \"requests\"\nwindow = \"day\"\nlimit = 10\n"
-        + "\n[[policy]]\nworkspace = \"acme\"\nsubject = \"apikey\"\ntarget = \"ada@acme.test/ci\"\nmetric = \"total_tokens\"\nwindow = \"month\"\nlimit = 1000\n";
+    let text: String = fixture(&mock)
+        .set("member", "ada@acme.test", "password", "ada-password-1")
+        .policy("acme", "member", "ada@acme.test", ("requests", "day"), 10.0)
+        .policy(
+            "acme",
+            "apikey",
+            "ada@acme.test/ci",
+            ("total_tokens", "month"),
+            1000.0,
+        )
+        .into();
     let app = spawn_app(&db, Setup::resources(text)).await;
     let r = login(&app, "ada@acme.test", "ada-password-1").await;
     assert_eq!(r.status(), 200);

@@ -7,40 +7,17 @@ use aigw::mock_upstream::{MockUpstream, Script};
 use serde_json::{Value, json};
 
 use crate::both_backends;
-use crate::helpers::{Setup, TestApp, TestDb, spawn_app};
+use crate::helpers::{ResourcesBuilder, Setup, TestApp, TestDb, spawn_app};
 use crate::proxy::KEY;
 
 /// One upstream serving one model without fallbacks, room for every held request, and an owner
 /// who reads the key's breaker through the admin API.
 fn resources(mock: &MockUpstream) -> String {
-    format!(
-        r#"
-[[workspace]]
-name = "acme"
-[[member]]
-workspace = "acme"
-email = "ada@acme.test"
-role = "member"
-[[member]]
-workspace = "acme"
-email = "boss@acme.test"
-role = "owner"
-password = "boss-password-1"
-[[api_key]]
-member = "ada@acme.test"
-name = "ci"
-key = "{KEY}"
-[[upstream]]
-workspace = "acme"
-name = "lone"
-provider = "openai-compatible"
-base_url = "{}"
-api_key = "cred-lone"
-models = ["gpt-4o-mini"]
-max_in_flight = 1000
-"#,
-        mock.base_url()
-    )
+    ResourcesBuilder::acme(KEY)
+        .member_with_password("acme", "boss@acme.test", "owner", "boss-password-1")
+        .upstream("acme", "lone", &mock.base_url(), "cred-lone", &["gpt-4o-mini"])
+        .with("max_in_flight", 1000)
+        .into()
 }
 
 fn good() -> Value {

@@ -11,41 +11,23 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::both_backends;
-use crate::helpers::{Setup, TestApp, TestDb, spawn_app};
+use crate::helpers::{ResourcesBuilder, Setup, TestApp, TestDb, spawn_app};
 use crate::proxy::KEY;
 
 /// One OpenAI-compatible credential for `m1` and one Anthropic credential for `claude`: a parked
 /// credential leaves its model nothing to fail over to.
 fn resources(mock: &MockUpstream) -> String {
-    let url = mock.base_url();
-    format!(
-        r#"
-[[workspace]]
-name = "acme"
-[[member]]
-workspace = "acme"
-email = "ada@acme.test"
-role = "member"
-[[api_key]]
-member = "ada@acme.test"
-name = "ci"
-key = "{KEY}"
-[[upstream]]
-workspace = "acme"
-name = "solo"
-provider = "openai-compatible"
-base_url = "{url}"
-api_key = "cred-solo"
-models = ["m1"]
-[[upstream]]
-workspace = "acme"
-name = "claude"
-provider = "anthropic"
-base_url = "{url}"
-api_key = "cred-claude"
-models = ["claude-sonnet"]
-"#
-    )
+    let url = &mock.base_url();
+    ResourcesBuilder::acme(KEY)
+        .upstream("acme", "solo", url, "cred-solo", &["m1"])
+        .provider_upstream(
+            "acme",
+            ("claude", "anthropic"),
+            url,
+            "cred-claude",
+            &["claude-sonnet"],
+        )
+        .into()
 }
 
 /// A gateway whose deadlines are `settings`' (seconds), on a fresh mock.
@@ -408,27 +390,7 @@ async fn lingering_upstream() -> String {
 /// idle deadline ends it without an error event, and nothing is parked.
 async fn a_whole_stream_on_a_lingering_connection_ends_cleanly(db: TestDb) {
     let url = lingering_upstream().await;
-    let text = format!(
-        r#"
-[[workspace]]
-name = "acme"
-[[member]]
-workspace = "acme"
-email = "ada@acme.test"
-role = "member"
-[[api_key]]
-member = "ada@acme.test"
-name = "ci"
-key = "{KEY}"
-[[upstream]]
-workspace = "acme"
-name = "lingering"
-provider = "openai-compatible"
-base_url = "{url}"
-api_key = "cred-lingering"
-models = ["m1"]
-"#
-    );
+    let text = ResourcesBuilder::acme(KEY).upstream("acme", "lingering", &url, "cred-lingering", &["m1"]);
     let setup = Setup {
         settings: Box::new(|s| s.stream_idle_timeout_secs = 1),
         ..Setup::resources(text)

@@ -8,40 +8,30 @@ use aigw::mock_upstream::{MockUpstream, Script};
 use serde_json::{Value, json};
 
 use crate::both_backends;
-use crate::helpers::{Setup, TestApp, TestDb, spawn_app};
+use crate::helpers::{ResourcesBuilder, Setup, TestApp, TestDb, aliased, spawn_app, spawn_on_mock};
 use crate::translate::{chunks, header};
 
 const KEY: &str = "sk-aigw-GoogleTestKey0123456789abcdefghi";
 
 fn resources(mock: &MockUpstream) -> String {
-    let base = mock.google_base_url();
-    format!(
-        r#"
-[[workspace]]
-name = "acme"
-[[member]]
-workspace = "acme"
-email = "ada@acme.test"
-role = "member"
-[[api_key]]
-member = "ada@acme.test"
-name = "ci"
-key = "{KEY}"
-[[upstream]]
-workspace = "acme"
-name = "gemini-direct"
-provider = "google"
-base_url = "{base}"
-api_key = "cred-google"
-models = [{{ name = "flash", upstream = "gemini-2.5-flash" }}]
-"#
-    )
+    fixture(mock).into()
+}
+
+/// [`resources`] as a builder.
+fn fixture(mock: &MockUpstream) -> ResourcesBuilder {
+    ResourcesBuilder::acme(KEY)
+        .provider_upstream(
+            "acme",
+            ("gemini-direct", "google"),
+            &mock.google_base_url(),
+            "cred-google",
+            &[],
+        )
+        .with("models", vec![aliased("flash", "gemini-2.5-flash")])
 }
 
 async fn start(db: &TestDb) -> (TestApp, MockUpstream) {
-    let mock = MockUpstream::start().await.unwrap();
-    let app = spawn_app(db, Setup::resources(resources(&mock))).await;
-    (app, mock)
+    spawn_on_mock(db, resources).await
 }
 
 /// Google's own per-day free-tier 429: a `QuotaFailure` naming a per-day quota, and a
@@ -62,8 +52,8 @@ both_backends!(
 async fn the_connection_test_pings_generate_content_and_clears_the_day(db: TestDb) {
     use aigw::store::{UpstreamStore, WorkspaceStore};
     let mock = MockUpstream::start().await.unwrap();
-    let admin = "\n[[member]]\nworkspace = \"acme\"\nemail = \"boss@acme.test\"\nrole = \"admin\"\npassword = \"boss-password-1\"\n";
-    let app = spawn_app(&db, Setup::resources(resources(&mock) + admin)).await;
+    let text = fixture(&mock).member_with_password("acme", "boss@acme.test", "admin", "boss-password-1");
+    let app = spawn_app(&db, Setup::resources(text)).await;
     mock.script(
         Script::any()
             .times(1)

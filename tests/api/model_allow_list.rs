@@ -7,23 +7,38 @@ use aigw::mock_upstream::{MockUpstream, Script};
 use serde_json::{Value, json};
 
 use crate::both_backends;
-use crate::helpers::{Setup, TestApp, TestDb, spawn_app};
-use crate::proxy::{KEY, resources};
+use crate::helpers::{ResourcesBuilder, Setup, TestApp, TestDb, spawn_app, spawn_on_mock};
+use crate::proxy::{KEY, fixture, resources};
 
 /// A second key of ada's, and an owner of acme who signs in.
 pub const OTHER: &str = "sk-aigw-GuardrailsOtherKey0123456789abcd";
 pub const OWNER: &str = "boss@acme.test";
 pub const OWNER_PASSWORD: &str = "boss-password";
 
-/// The proxy suite's workspace with an owner, a second key of ada's, and `extra` appended.
+/// The proxy suite's workspace with an owner and a second key of ada's.
+pub fn owned(mock: &MockUpstream) -> ResourcesBuilder {
+    fixture(mock)
+        .member_with_password("acme", OWNER, "owner", OWNER_PASSWORD)
+        .api_key("ada@acme.test", "other", OTHER)
+}
+
+/// [`owned`] with `extra` appended.
 pub async fn start(db: &TestDb, extra: &str) -> (TestApp, MockUpstream) {
-    let mock = MockUpstream::start().await.unwrap();
-    let text = format!(
-        "{}\n[[member]]\nworkspace = \"acme\"\nemail = \"{OWNER}\"\nrole = \"owner\"\npassword = \"{OWNER_PASSWORD}\"\n\
-         [[api_key]]\nmember = \"ada@acme.test\"\nname = \"other\"\nkey = \"{OTHER}\"\n{extra}",
-        resources(&mock)
-    );
-    let app = spawn_app(db, Setup::resources(text)).await;
+    spawn_on_mock(db, |mock| String::from(owned(mock)) + extra).await
+}
+
+/// [`start`] where `extra` declares the `ci` key again (with its guardrails): the proxy suite's
+/// own declaration is dropped so the key is declared once.
+async fn start_replacing_ci(db: &TestDb, extra: &str) -> (TestApp, MockUpstream) {
+    let (app, mock) = spawn_on_mock(db, |mock| {
+        let base = String::from(owned(mock).without("api_key", "ci"));
+        assert!(
+            !base.contains(KEY),
+            "the proxy suite's key declaration was dropped"
+        );
+        base + extra
+    })
+    .await;
     (app, mock)
 }
 
@@ -150,26 +165,6 @@ async fn a_key_calls_only_the_models_its_list_allows(db: TestDb) {
             .all(|l| l.status == 403 && l.source.as_deref() == Some("gateway"))
     );
     app.stop().await;
-}
-
-/// [`start`] where `extra` declares the `ci` key again (with its guardrails): the proxy suite's
-/// own declaration is dropped so the key is declared once.
-async fn start_replacing_ci(db: &TestDb, extra: &str) -> (TestApp, MockUpstream) {
-    let mock = MockUpstream::start().await.unwrap();
-    let base = resources(&mock).replace(
-        &format!("[[api_key]]\nmember = \"ada@acme.test\"\nname = \"ci\"\nkey = \"{KEY}\"\n"),
-        "",
-    );
-    assert!(
-        !base.contains(KEY),
-        "the proxy suite's key declaration was dropped"
-    );
-    let text = format!(
-        "{base}\n[[member]]\nworkspace = \"acme\"\nemail = \"{OWNER}\"\nrole = \"owner\"\npassword = \"{OWNER_PASSWORD}\"\n\
-         [[api_key]]\nmember = \"ada@acme.test\"\nname = \"other\"\nkey = \"{OTHER}\"\n{extra}"
-    );
-    let app = spawn_app(db, Setup::resources(text)).await;
-    (app, mock)
 }
 
 async fn key_and_member_lists_both_apply(db: TestDb) {

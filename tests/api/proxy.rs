@@ -8,7 +8,7 @@ use futures::StreamExt;
 use serde_json::{Value, json};
 
 use crate::both_backends;
-use crate::helpers::{Setup, TestApp, TestDb, spawn_app};
+use crate::helpers::{ResourcesBuilder, Setup, TestApp, TestDb, aliased, price, spawn_app, spawn_on_mock};
 use aigw::store::{UpstreamStore, WorkspaceStore};
 
 pub const KEY: &str = "sk-aigw-ProxyTestKey0123456789abcdefghij";
@@ -16,58 +16,40 @@ pub const KEY: &str = "sk-aigw-ProxyTestKey0123456789abcdefghij";
 /// A workspace with one key, two OpenAI-compatible credentials and one Anthropic credential,
 /// all on `mock`.
 pub fn resources(mock: &MockUpstream) -> String {
-    let url = mock.base_url();
-    format!(
-        r#"
-[[workspace]]
-name = "acme"
-[[member]]
-workspace = "acme"
-email = "ada@acme.test"
-role = "member"
-[[api_key]]
-member = "ada@acme.test"
-name = "ci"
-key = "{KEY}"
-[[upstream]]
-workspace = "acme"
-name = "primary"
-provider = "openai-compatible"
-base_url = "{url}"
-api_key = "cred-primary"
-models = ["gpt-4o-mini", "text-embedding-3-small", {{ name = "fast", upstream = "fast-upstream" }}]
-priority = 0
-[[upstream]]
-workspace = "acme"
-name = "backup"
-provider = "openai"
-base_url = "{url}"
-api_key = "cred-backup"
-models = ["gpt-4o-mini"]
-priority = 1
-[[upstream]]
-workspace = "acme"
-name = "claude"
-provider = "anthropic"
-base_url = "{url}"
-api_key = "cred-claude"
-models = ["claude-sonnet"]
-[[model]]
-workspace = "acme"
-name = "gpt-4o-mini"
-fallbacks = ["fast"]
-price = {{ prompt = 1.0, completion = 2.0 }}
-[[model]]
-workspace = "acme"
-name = "fast"
-"#
-    )
+    fixture(mock).into()
+}
+
+/// [`resources`] as a builder, for the suites that extend it.
+pub fn fixture(mock: &MockUpstream) -> ResourcesBuilder {
+    let url = &mock.base_url();
+    ResourcesBuilder::acme(KEY)
+        .upstream("acme", "primary", url, "cred-primary", &[])
+        .with(
+            "models",
+            vec![
+                "gpt-4o-mini".into(),
+                "text-embedding-3-small".into(),
+                aliased("fast", "fast-upstream"),
+            ],
+        )
+        .with("priority", 0)
+        .provider_upstream("acme", ("backup", "openai"), url, "cred-backup", &["gpt-4o-mini"])
+        .with("priority", 1)
+        .provider_upstream(
+            "acme",
+            ("claude", "anthropic"),
+            url,
+            "cred-claude",
+            &["claude-sonnet"],
+        )
+        .model("acme", "gpt-4o-mini")
+        .with("fallbacks", vec!["fast"])
+        .with("price", price(1.0, 2.0))
+        .model("acme", "fast")
 }
 
 async fn start(db: &TestDb) -> (TestApp, MockUpstream) {
-    let mock = MockUpstream::start().await.unwrap();
-    let app = spawn_app(db, Setup::resources(resources(&mock))).await;
-    (app, mock)
+    spawn_on_mock(db, resources).await
 }
 
 fn chat(stream: bool) -> Value {

@@ -5,8 +5,8 @@ use chrono::DateTime;
 use serde_json::{Value, json};
 
 use crate::both_backends;
-use crate::helpers::{Setup, TestApp, TestDb, spawn_app};
-use crate::proxy::{KEY, resources};
+use crate::helpers::{ResourcesBuilder, Setup, TestApp, TestDb, spawn_app, spawn_on_mock};
+use crate::proxy::{KEY, fixture, resources};
 
 fn chat(stream: bool) -> Value {
     // The mock counts 4 prompt words and answers 5: 9 tokens a request.
@@ -14,15 +14,14 @@ fn chat(stream: bool) -> Value {
 }
 
 fn policy(subject: &str, target: &str, metric: &str, window: &str, limit: f64, mode: &str) -> String {
-    format!(
-        "\n[[policy]]\nworkspace = \"acme\"\nsubject = \"{subject}\"\ntarget = \"{target}\"\nmetric = \"{metric}\"\nwindow = \"{window}\"\nlimit = {limit}\nmode = \"{mode}\"\n"
-    )
+    ResourcesBuilder::new()
+        .policy("acme", subject, target, (metric, window), limit)
+        .with("mode", mode)
+        .into()
 }
 
 async fn start(db: &TestDb, policies: &str) -> (TestApp, MockUpstream) {
-    let mock = MockUpstream::start().await.unwrap();
-    let app = spawn_app(db, Setup::resources(resources(&mock) + policies)).await;
-    (app, mock)
+    spawn_on_mock(db, |mock| resources(mock) + policies).await
 }
 
 fn header(r: &reqwest::Response, name: &str) -> Option<String> {
@@ -368,7 +367,7 @@ async fn flush(app: &TestApp) {
 async fn counter_outlives_flushes_when_the_workspace_zone_differs(db: TestDb) {
     const LIMIT: i64 = 20;
     let mock = MockUpstream::start().await.unwrap();
-    let text = resources(&mock).replacen("name = \"acme\"\n", "name = \"acme\"\ntimezone = \"UTC\"\n", 1)
+    let text = String::from(fixture(&mock).set("workspace", "acme", "timezone", "UTC"))
         + &policy("ws", "acme", "requests", "day", LIMIT as f64, "enforce");
     let setup = Setup {
         // Only the explicit flushes below run while the test does, so it does not hang on timing.
@@ -566,37 +565,22 @@ async fn token_quotas_are_named_tokens_as_in_the_seed(db: TestDb) {
 /// The usage before a guardrail existed: acme's `research` department with ada and her key, an
 /// owner who signs in, and one upstream; no policy yet.
 fn seed_resources(mock: &MockUpstream, extra: &str) -> String {
-    format!(
-        r#"
-[[workspace]]
-name = "acme"
-[[department]]
-workspace = "acme"
-name = "research"
-[[member]]
-workspace = "acme"
-email = "owner@acme.test"
-role = "owner"
-password = "owner-password-1"
-[[member]]
-workspace = "acme"
-department = "research"
-email = "ada@acme.test"
-role = "member"
-[[api_key]]
-member = "ada@acme.test"
-name = "ci"
-key = "{KEY}"
-[[upstream]]
-workspace = "acme"
-name = "primary"
-provider = "openai-compatible"
-base_url = "{}"
-api_key = "cred-primary"
-models = ["gpt-4o-mini"]
-{extra}"#,
-        mock.base_url()
-    )
+    String::from(
+        ResourcesBuilder::new()
+            .workspace("acme")
+            .department("acme", "research")
+            .member_with_password("acme", "owner@acme.test", "owner", "owner-password-1")
+            .member("acme", "ada@acme.test", "member")
+            .with("department", "research")
+            .api_key("ada@acme.test", "ci", KEY)
+            .upstream(
+                "acme",
+                "primary",
+                &mock.base_url(),
+                "cred-primary",
+                &["gpt-4o-mini"],
+            ),
+    ) + extra
 }
 
 /// `GET /v1/quota` of the key: (subject, metric, window) → (used, remaining).

@@ -314,11 +314,7 @@ async fn start_with(
     settings: impl FnOnce(&mut aigw::Settings) + Send + 'static,
 ) -> (TestApp, aigw::mock_upstream::MockUpstream) {
     let mock = aigw::mock_upstream::MockUpstream::start().await.unwrap();
-    let text = format!(
-        "{}\n[[member]]\nworkspace = \"acme\"\nemail = \"{OWNER}\"\nrole = \"owner\"\npassword = \"{OWNER_PASSWORD}\"\n\
-         [[api_key]]\nmember = \"ada@acme.test\"\nname = \"other\"\nkey = \"{OTHER}\"\n{extra}",
-        crate::proxy::resources(&mock)
-    );
+    let text = String::from(crate::model_allow_list::owned(&mock)) + extra;
     let setup = crate::helpers::Setup {
         settings: Box::new(settings),
         ..crate::helpers::Setup::resources(text)

@@ -6,56 +6,37 @@ use aigw::mock_upstream::{MockUpstream, Script};
 use serde_json::{Value, json};
 
 use crate::both_backends;
-use crate::helpers::{Setup, TestApp, TestDb, spawn_app};
+use crate::helpers::{ResourcesBuilder, TestApp, TestDb, aliased, price, spawn_on_mock};
 
 pub(crate) const KEY: &str = "sk-aigw-TranslateTestKey0123456789abcdef";
 
 /// `gpt-4o` on an OpenAI credential, falling back to `claude-sonnet` on an Anthropic one;
 /// `gpt-4o-mini` on the OpenAI credential alone.
 pub(crate) fn resources(mock: &MockUpstream) -> String {
-    let url = mock.base_url();
-    format!(
-        r#"
-[[workspace]]
-name = "acme"
-[[member]]
-workspace = "acme"
-email = "ada@acme.test"
-role = "member"
-[[api_key]]
-member = "ada@acme.test"
-name = "ci"
-key = "{KEY}"
-[[upstream]]
-workspace = "acme"
-name = "oai"
-provider = "openai"
-base_url = "{url}"
-api_key = "cred-oai"
-models = ["gpt-4o", "gpt-4o-mini"]
-[[upstream]]
-workspace = "acme"
-name = "claude"
-provider = "anthropic"
-base_url = "{url}"
-api_key = "cred-claude"
-models = [{{ name = "claude-sonnet", upstream = "claude-sonnet-4-5" }}]
-[[model]]
-workspace = "acme"
-name = "gpt-4o"
-fallbacks = ["claude-sonnet"]
-[[model]]
-workspace = "acme"
-name = "claude-sonnet"
-price = {{ prompt = 3.0, completion = 15.0 }}
-"#
-    )
+    fixture(mock).into()
+}
+
+/// [`resources`] as a builder, for the suites that extend it.
+pub(crate) fn fixture(mock: &MockUpstream) -> ResourcesBuilder {
+    let url = &mock.base_url();
+    ResourcesBuilder::acme(KEY)
+        .provider_upstream(
+            "acme",
+            ("oai", "openai"),
+            url,
+            "cred-oai",
+            &["gpt-4o", "gpt-4o-mini"],
+        )
+        .provider_upstream("acme", ("claude", "anthropic"), url, "cred-claude", &[])
+        .with("models", vec![aliased("claude-sonnet", "claude-sonnet-4-5")])
+        .model("acme", "gpt-4o")
+        .with("fallbacks", vec!["claude-sonnet"])
+        .model("acme", "claude-sonnet")
+        .with("price", price(3.0, 15.0))
 }
 
 pub(crate) async fn start(db: &TestDb) -> (TestApp, MockUpstream) {
-    let mock = MockUpstream::start().await.unwrap();
-    let app = spawn_app(db, Setup::resources(resources(&mock))).await;
-    (app, mock)
+    spawn_on_mock(db, resources).await
 }
 
 pub(crate) fn header<'a>(r: &'a reqwest::Response, name: &str) -> &'a str {

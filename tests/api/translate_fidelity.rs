@@ -228,15 +228,10 @@ async fn errors_have_one_shape_per_endpoint(db: TestDb) {
 /// and the log says the gateway chose it; a request naming one gets its own.
 async fn a_chat_request_without_a_bound_gets_the_models_own_output_limit(db: TestDb) {
     let mock = aigw::mock_upstream::MockUpstream::start().await.unwrap();
-    let resources = crate::translate::resources(&mock)
-        .replace(
-            "name = \"claude-sonnet\"\nprice",
-            "name = \"claude-sonnet\"\nmax_output_tokens = 20000\nprice",
-        )
-        .replace(
-            "role = \"member\"",
-            "role = \"member\"\n[[member]]\nworkspace = \"acme\"\nemail = \"boss@acme.test\"\nrole = \"admin\"\npassword = \"boss-password-1\"",
-        );
+    let resources: String = crate::translate::fixture(&mock)
+        .set("model", "claude-sonnet", "max_output_tokens", 20000)
+        .member_with_password("acme", "boss@acme.test", "admin", "boss-password-1")
+        .into();
     let app = spawn_app(&db, Setup::resources(resources)).await;
     let ask = |max: Option<u64>| {
         let mut b = json!({"model": "claude-sonnet", "messages": [{"role": "user", "content": "write a long story"}]});

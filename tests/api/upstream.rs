@@ -5,56 +5,26 @@ use aigw::mock_upstream::{MockUpstream, Script};
 use serde_json::{Value, json};
 
 use crate::both_backends;
-use crate::helpers::{ResourcesBuilder, Setup, TestApp, TestDb, spawn_app};
+use crate::helpers::{ResourcesBuilder, Setup, TestApp, TestDb, spawn_app, spawn_on_mock};
 use crate::proxy::KEY;
 
 /// Two credentials serving `m1` (no fallback), and `m2` with a fallback `m3` on the same pair.
 fn pool(mock: &MockUpstream) -> String {
-    let url = mock.base_url();
-    format!(
-        r#"
-[[workspace]]
-name = "acme"
-[[member]]
-workspace = "acme"
-email = "ada@acme.test"
-role = "member"
-[[api_key]]
-member = "ada@acme.test"
-name = "ci"
-key = "{KEY}"
-[[upstream]]
-workspace = "acme"
-name = "one"
-provider = "openai-compatible"
-base_url = "{url}"
-api_key = "cred-one"
-models = ["m1", "m2", "m3"]
-priority = 0
-[[upstream]]
-workspace = "acme"
-name = "two"
-provider = "openai-compatible"
-base_url = "{url}"
-api_key = "cred-two"
-models = ["m1", "m2"]
-priority = 1
-[[model]]
-workspace = "acme"
-name = "m2"
-fallbacks = ["m3"]
-"#
-    )
+    let url = &mock.base_url();
+    ResourcesBuilder::acme(KEY)
+        .upstream("acme", "one", url, "cred-one", &["m1", "m2", "m3"])
+        .with("priority", 0)
+        .upstream("acme", "two", url, "cred-two", &["m1", "m2"])
+        .with("priority", 1)
+        .model("acme", "m2")
+        .with("fallbacks", vec!["m3"])
+        .into()
 }
 
-pub(crate) fn chat(model: &str) -> Value {
-    json!({"model": model, "messages": [{"role": "user", "content": "hi"}]})
-}
+pub(crate) use crate::helpers::chat;
 
 async fn start(db: &TestDb) -> (TestApp, MockUpstream) {
-    let mock = MockUpstream::start().await.unwrap();
-    let app = spawn_app(db, Setup::resources(pool(&mock))).await;
-    (app, mock)
+    spawn_on_mock(db, pool).await
 }
 
 both_backends!(
@@ -403,8 +373,9 @@ both_backends!(a_new_secret_resets_the_backoff_on_every_gateway);
 /// its account holds), on every gateway of the database, not only the one that took the edit.
 async fn a_new_secret_resets_the_backoff_on_every_gateway(db: TestDb) {
     let mock = MockUpstream::start().await.unwrap();
-    let admin = "\n[[member]]\nworkspace = \"acme\"\nemail = \"boss@acme.test\"\nrole = \"admin\"\npassword = \"boss-password-1\"\n";
-    let text = pool_of(&[("solo", &mock.base_url(), "cred-solo", r#"["m1"]"#, "")]) + admin;
+    let admin =
+        ResourcesBuilder::new().member_with_password("acme", "boss@acme.test", "admin", "boss-password-1");
+    let text = pool_of(&[("solo", &mock.base_url(), "cred-solo", r#"["m1"]"#, "")]) + &String::from(admin);
     let a = spawn_app(&db, Setup::resources(text.clone())).await;
     let b = spawn_app(&db, Setup::resources(text)).await;
     let solo = credential_id(&a, "solo").await;
@@ -497,13 +468,7 @@ const OTHER_KEY: &str = "sk-aigw-OtherPoolKey0123456789abcdefghij";
 /// A workspace with the two keys and the given `[[upstream]]` blocks, each written as
 /// (name, base URL, secret, models, extra TOML lines).
 pub(crate) fn pool_of(upstreams: &[(&str, &str, &str, &str, &str)]) -> String {
-    let mut text = String::from(
-        ResourcesBuilder::new()
-            .workspace("acme")
-            .member("acme", "ada@acme.test", "member")
-            .api_key("ada@acme.test", "ci", KEY)
-            .api_key("ada@acme.test", "other", OTHER_KEY),
-    );
+    let mut text = String::from(ResourcesBuilder::acme(KEY).api_key("ada@acme.test", "other", OTHER_KEY));
     for (i, (name, url, secret, models, extra)) in upstreams.iter().enumerate() {
         text.push_str(&format!(
             "[[upstream]]\nworkspace = \"acme\"\nname = \"{name}\"\nprovider = \"openai-compatible\"\n\
@@ -843,9 +808,10 @@ async fn a_full_pool_waits_briefly_for_a_slot_then_answers_busy(db: TestDb) {
 const BOB_KEY: &str = "sk-aigw-BobPoolKey0123456789abcdefghijkl";
 
 fn with_bob(text: String) -> String {
-    text + &format!(
-        "[[member]]\nworkspace = \"acme\"\nemail = \"bob@acme.test\"\nrole = \"member\"\n\
-         [[api_key]]\nmember = \"bob@acme.test\"\nname = \"ci\"\nkey = \"{BOB_KEY}\"\n"
+    text + &String::from(
+        ResourcesBuilder::new()
+            .member("acme", "bob@acme.test", "member")
+            .api_key("bob@acme.test", "ci", BOB_KEY),
     )
 }
 
