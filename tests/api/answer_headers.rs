@@ -141,7 +141,11 @@ async fn a_busy_credential_is_no_attempt() {
     let text = pool_of(&[
         ("one", &url, "cred-one", r#"["m1", "m3"]"#, "max_in_flight = 1"),
         ("two", &url, "cred-two", r#"["m2"]"#, ""),
-    ]) + "[[model]]\nworkspace = \"acme\"\nname = \"m1\"\nfallbacks = [\"m2\"]\n";
+    ]) + &String::from(
+        ResourcesBuilder::new()
+            .model("acme", "m1")
+            .with("fallbacks", vec!["m2"]),
+    );
     let setup = Setup {
         settings: Box::new(|s| s.slot_wait_ms = 20),
         ..Setup::resources(text)
@@ -181,16 +185,13 @@ async fn a_busy_credential_is_no_attempt() {
 async fn the_answer_that_bans_a_key_names_its_routing() {
     let db = TestDb::sqlite();
     let mock = MockUpstream::start().await.unwrap();
-    let text = String::from(
-        ResourcesBuilder::new()
-            .workspace("acme")
-            .member("acme", "ada@acme.test", "member")
-            .api_key("ada@acme.test", "ci", KEY),
-    ) + &format!(
-        "[[upstream]]\nworkspace = \"acme\"\nname = \"claude\"\nprovider = \"anthropic\"\n\
-         base_url = \"{}\"\napi_key = \"cred-claude\"\nmodels = [\"claude-sonnet\"]\n",
-        mock.base_url()
-    );
+    let text = String::from(ResourcesBuilder::acme(KEY).provider_upstream(
+        "acme",
+        ("claude", "anthropic"),
+        &mock.base_url(),
+        "cred-claude",
+        &["claude-sonnet"],
+    ));
     let app = spawn_app(&db, Setup::resources(text)).await;
     let bad = json!({"model": "claude-sonnet", "messages": "not a list"});
     assert_eq!(

@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 
 use crate::both_backends;
 use crate::helpers::{ResourcesBuilder, Setup, TestApp, TestDb, spawn_app, spawn_on_mock};
-use crate::proxy::{KEY, fixture, resources};
+use crate::proxy::{KEY, fixture};
 
 /// A second key of ada's, and an owner of acme who signs in.
 pub const OTHER: &str = "sk-aigw-GuardrailsOtherKey0123456789abcd";
@@ -307,15 +307,18 @@ async fn the_admin_api_sets_and_clears_allow_lists(db: TestDb) {
 }
 
 async fn the_resources_file_sets_both_guardrails(db: TestDb) {
-    let declared = |models: &str, cap: u32| {
-        format!(
-            "[[member]]\nworkspace = \"acme\"\nemail = \"carol@acme.test\"\nrole = \"member\"\n\
-             allowed_models = [{models}]\nmax_in_flight = {cap}\n\
-             [[api_key]]\nmember = \"carol@acme.test\"\nname = \"svc\"\nkey = \"{CAROL}\"\n\
-             allowed_models = [\"gpt-4o-mini\", \"claude-*\"]\nmax_in_flight = 3\n"
+    let declared = |models: &[&str], cap: i64| {
+        String::from(
+            ResourcesBuilder::new()
+                .member("acme", "carol@acme.test", "member")
+                .with("allowed_models", models.to_vec())
+                .with("max_in_flight", cap)
+                .api_key("carol@acme.test", "svc", CAROL)
+                .with("allowed_models", vec!["gpt-4o-mini", "claude-*"])
+                .with("max_in_flight", 3),
         )
     };
-    let (app, _mock) = start(&db, &declared("\"gpt-*\", \"claude-sonnet\"", 5)).await;
+    let (app, _mock) = start(&db, &declared(&["gpt-*", "claude-sonnet"], 5)).await;
     let token = app.login(OWNER, OWNER_PASSWORD).await;
     let read = |path: &'static str| {
         let (app, token) = (&app, &token);
@@ -347,11 +350,8 @@ async fn the_resources_file_sets_both_guardrails(db: TestDb) {
 
     // Edited in the file: applied at the next start, in place.
     let mock = MockUpstream::start().await.unwrap();
-    let edited = format!(
-        "{}\n[[member]]\nworkspace = \"acme\"\nemail = \"{OWNER}\"\nrole = \"owner\"\npassword = \"{OWNER_PASSWORD}\"\n{}",
-        resources(&mock),
-        declared("\"claude-sonnet\"", 7)
-    );
+    let edited = String::from(fixture(&mock).member_with_password("acme", OWNER, "owner", OWNER_PASSWORD))
+        + &declared(&["claude-sonnet"], 7);
     let app = spawn_app(&db, Setup::resources(edited)).await;
     assert_eq!(listed(&app, CAROL).await, ["claude-sonnet"]);
     assert_not_allowed(

@@ -20,7 +20,7 @@ use sha2::{Digest, Sha256};
 
 use crate::both_backends;
 use crate::helpers::{Setup, TestApp, TestDb, spawn_app};
-use crate::proxy::resources;
+use crate::proxy::fixture;
 
 const CLIENT_ID: &str = "aigw-console";
 const CLIENT_SECRET: &str = "s3cret&=";
@@ -250,10 +250,9 @@ async fn start(db: &TestDb, provider: &Provider, sso_only: bool) -> TestApp {
                 s.sso_only_workspaces = vec!["acme".into()];
             }
         }),
-        ..Setup::resources(format!(
-            "{}\n[[department]]\nworkspace = \"acme\"\nname = \"search\"\n",
-            resources(&aigw::mock_upstream::MockUpstream::start().await.unwrap())
-        ))
+        ..Setup::resources(
+            fixture(&aigw::mock_upstream::MockUpstream::start().await.unwrap()).department("acme", "search"),
+        )
     };
     let app = spawn_app(db, setup).await;
     provider.with(|st| st.clock = Some(app.clock.clone()));
@@ -617,12 +616,10 @@ async fn identities_match_emails_whatever_their_case(db: TestDb) {
     // The resources file names carol, first seen through the provider, with capitals, and a
     // key of hers: the same member, who now holds the key.
     let mock = aigw::mock_upstream::MockUpstream::start().await.unwrap();
-    let file = format!(
-        "{}\n[[department]]\nworkspace = \"acme\"\nname = \"search\"\n\
-         [[member]]\nworkspace = \"acme\"\nemail = \"Carol@ACME.test\"\nrole = \"member\"\n\
-         [[api_key]]\nmember = \"CAROL@acme.TEST\"\nname = \"file\"\n",
-        resources(&mock)
-    );
+    let file = fixture(&mock)
+        .department("acme", "search")
+        .member("acme", "Carol@ACME.test", "member")
+        .table("api_key", &[("member", "CAROL@acme.TEST"), ("name", "file")]);
     let app = spawn_app(&db, Setup::resources(file)).await;
     let [carol] = member_ids(&app, "carol@acme.test").await[..] else {
         panic!("one carol");

@@ -23,6 +23,13 @@ fn pool(mock: &MockUpstream) -> String {
 
 pub(crate) use crate::helpers::chat;
 
+/// `boss@acme.test`, an admin of acme who signs in.
+fn admin_boss() -> String {
+    ResourcesBuilder::new()
+        .member_with_password("acme", "boss@acme.test", "admin", "boss-password-1")
+        .into()
+}
+
 async fn start(db: &TestDb) -> (TestApp, MockUpstream) {
     spawn_on_mock(db, pool).await
 }
@@ -231,8 +238,7 @@ both_backends!(admins_see_locks_and_a_connection_test_clears_them);
 async fn admins_see_locks_and_a_connection_test_clears_them(db: TestDb) {
     use aigw::store::{UpstreamStore, WorkspaceStore};
     let mock = MockUpstream::start().await.unwrap();
-    let admin = "\n[[member]]\nworkspace = \"acme\"\nemail = \"boss@acme.test\"\nrole = \"admin\"\npassword = \"boss-password-1\"\n";
-    let app = spawn_app(&db, Setup::resources(pool(&mock) + admin)).await;
+    let app = spawn_app(&db, Setup::resources(pool(&mock) + &admin_boss())).await;
     mock.script(
         Script::any()
             .header("retry-after", "120")
@@ -373,9 +379,7 @@ both_backends!(a_new_secret_resets_the_backoff_on_every_gateway);
 /// its account holds), on every gateway of the database, not only the one that took the edit.
 async fn a_new_secret_resets_the_backoff_on_every_gateway(db: TestDb) {
     let mock = MockUpstream::start().await.unwrap();
-    let admin =
-        ResourcesBuilder::new().member_with_password("acme", "boss@acme.test", "admin", "boss-password-1");
-    let text = pool_of(&[("solo", &mock.base_url(), "cred-solo", r#"["m1"]"#, "")]) + &String::from(admin);
+    let text = pool_of(&[("solo", &mock.base_url(), "cred-solo", r#"["m1"]"#, "")]) + &admin_boss();
     let a = spawn_app(&db, Setup::resources(text.clone())).await;
     let b = spawn_app(&db, Setup::resources(text)).await;
     let solo = credential_id(&a, "solo").await;
@@ -841,8 +845,13 @@ async fn an_ambiguous_429_closes_the_quota_group_for_the_request(db: TestDb) {
             group,
         ),
         ("three", &url, "cred-three", r#"["m1", "m4", "m7"]"#, ""),
-    ]) + "[[model]]\nworkspace = \"acme\"\nname = \"m2\"\nfallbacks = [\"m3\", \"m4\"]\n\
-          [[model]]\nworkspace = \"acme\"\nname = \"m6\"\nfallbacks = [\"m7\"]\n";
+    ]) + &String::from(
+        ResourcesBuilder::new()
+            .model("acme", "m2")
+            .with("fallbacks", vec!["m3", "m4"])
+            .model("acme", "m6")
+            .with("fallbacks", vec!["m7"]),
+    );
     let app = spawn_app(&db, Setup::resources(text)).await;
     mock.script(Script::any().credential("cred-one").error(429, ambiguous_429()));
     // groot ADR 0008: the walk skips every other route of the shared quota, and still moves to a

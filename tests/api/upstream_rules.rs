@@ -283,7 +283,11 @@ async fn a_group_rest_closes_every_model_the_shared_quota_covers(db: TestDb) {
     let text = pool_of(&[
         ("one", &url, "cred-one", models, group),
         ("two", &url, "cred-two", models, group),
-    ]) + "[[model]]\nworkspace = \"acme\"\nname = \"a:free\"\nfallbacks = [\"p1\"]\n";
+    ]) + &String::from(
+        ResourcesBuilder::new()
+            .model("acme", "a:free")
+            .with("fallbacks", vec!["p1"]),
+    );
     let app = spawn_app(&db, Setup::resources(text)).await;
     mock.script(
         Script::any()
