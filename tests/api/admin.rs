@@ -7,15 +7,6 @@ use crate::both_backends;
 use crate::helpers::{Setup, TestApp, TestDb, spawn_app};
 use crate::proxy::{KEY, fixture};
 
-async fn login(app: &TestApp, email: &str, password: &str) -> reqwest::Response {
-    app.client
-        .post(format!("{}/admin/v1/auth/login", app.address))
-        .json(&json!({"email": email, "password": password}))
-        .send()
-        .await
-        .unwrap()
-}
-
 async fn get_with(app: &TestApp, path: &str, token: &str) -> reqwest::Response {
     app.client
         .get(format!("{}{path}", app.address))
@@ -41,7 +32,7 @@ async fn sign_in_and_my_quota(db: TestDb) {
         )
         .into();
     let app = spawn_app(&db, Setup::resources(text)).await;
-    let r = login(&app, "ada@acme.test", "ada-password-1").await;
+    let r = app.sign_in("ada@acme.test", "ada-password-1").await;
     assert_eq!(r.status(), 200);
     let body: Value = r.json().await.unwrap();
     let token = body["token"].as_str().unwrap().to_owned();
@@ -75,7 +66,7 @@ async fn sign_in_and_my_quota(db: TestDb) {
 
 async fn bad_tokens_and_sign_ins_are_refused(db: TestDb) {
     let app = spawn_app(&db, Setup::default()).await;
-    let r = login(&app, "owner@example.test", "owner-password").await;
+    let r = app.sign_in("owner@example.test", "owner-password").await;
     let token = r.json::<Value>().await.unwrap()["token"]
         .as_str()
         .unwrap()
@@ -133,13 +124,13 @@ async fn bad_tokens_and_sign_ins_are_refused(db: TestDb) {
     );
 
     // Bad sign-ins: wrong password, unknown email, unknown fields; then slowed.
-    let r = login(&app, "owner@example.test", "wrong").await;
+    let r = app.sign_in("owner@example.test", "wrong").await;
     assert_eq!(r.status(), 401);
     assert_eq!(
         r.json::<Value>().await.unwrap()["error"]["code"],
         "invalid_credentials"
     );
-    assert_eq!(login(&app, "nobody@example.test", "x").await.status(), 401);
+    assert_eq!(app.sign_in("nobody@example.test", "x").await.status(), 401);
     let r = app
         .client
         .post(format!("{}/admin/v1/auth/login", app.address))
@@ -150,7 +141,7 @@ async fn bad_tokens_and_sign_ins_are_refused(db: TestDb) {
     assert_eq!(r.status(), 400);
     let mut throttled = false;
     for _ in 0..15 {
-        if login(&app, "owner@example.test", "wrong").await.status() == 429 {
+        if app.sign_in("owner@example.test", "wrong").await.status() == 429 {
             throttled = true;
             break;
         }

@@ -4,12 +4,10 @@
 //! upstream error whose lock is more than a minute away says `x-should-retry: false` with the
 //! real wait.
 
-use std::time::Duration;
-
 use aigw::mock_upstream::{MockUpstream, Script};
 use serde_json::{Value, json};
 
-use crate::helpers::{ResourcesBuilder, Setup, TestApp, TestDb, spawn_app};
+use crate::helpers::{ResourcesBuilder, Setup, TestDb, spawn_app};
 use crate::proxy::KEY;
 use crate::upstream::{chat, pool_of};
 
@@ -17,22 +15,6 @@ use crate::upstream::{chat, pool_of};
 fn routed(r: &reqwest::Response) -> (Option<&str>, Option<&str>, Option<&str>) {
     let h = |name: &str| r.headers().get(name).and_then(|v| v.to_str().ok());
     (h("x-aigw-attempts"), h("x-aigw-model"), h("x-aigw-provider"))
-}
-
-/// Waits (5 s at most) until credential `name` has `n` requests in flight.
-async fn until_in_flight(app: &TestApp, name: &str, n: usize) {
-    use aigw::store::{UpstreamStore, WorkspaceStore};
-    let store = &app.state.store;
-    let ws = store.workspace_by_name("acme").await.unwrap().unwrap();
-    let id = store.upstream_by_name(ws.id, name).await.unwrap().unwrap().id;
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    while app.state.admission.in_flight(id) != n {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "{name}: never {n} in flight"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
 }
 
 /// A 502 after requests were sent (unreachable, an invalid answer) names the model and provider
@@ -162,7 +144,7 @@ async fn a_busy_credential_is_no_attempt() {
     let stream = json!({"model": "m3", "stream": true, "messages": [{"role": "user", "content": "hi"}]});
     let held = app.post_json("/v1/chat/completions", KEY, &stream).await;
     assert_eq!(held.status(), 200);
-    until_in_flight(&app, "one", 1).await;
+    app.until_in_flight(app.credential_id("one").await, 1).await;
 
     let r = app.post_json("/v1/chat/completions", KEY, &chat("m1")).await;
     assert_eq!(r.status(), 200);

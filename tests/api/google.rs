@@ -50,7 +50,6 @@ both_backends!(
 );
 
 async fn the_connection_test_pings_generate_content_and_clears_the_day(db: TestDb) {
-    use aigw::store::{UpstreamStore, WorkspaceStore};
     let mock = MockUpstream::start().await.unwrap();
     let text = fixture(&mock).member_with_password("acme", "boss@acme.test", "admin", "boss-password-1");
     let app = spawn_app(&db, Setup::resources(text)).await;
@@ -64,30 +63,13 @@ async fn the_connection_test_pings_generate_content_and_clears_the_day(db: TestD
         app.post_json("/v1/chat/completions", KEY, &chat).await.status(),
         429
     );
-    let ws = app.state.store.workspace_by_name("acme").await.unwrap().unwrap();
-    let up = app
-        .state
-        .store
-        .upstream_by_name(ws.id, "gemini-direct")
-        .await
-        .unwrap()
-        .unwrap();
-    let login: Value = app
-        .client
-        .post(format!("{}/admin/v1/auth/login", app.address))
-        .json(&json!({"email": "boss@acme.test", "password": "boss-password-1"}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let token = login["token"].as_str().unwrap();
-    let url = format!("{}/admin/v1/upstreams/{}", app.address, up.id);
+    let up = app.credential_id("gemini-direct").await;
+    let token = app.login("boss@acme.test", "boss-password-1").await;
+    let url = format!("{}/admin/v1/upstreams/{}", app.address, up);
     let body: Value = app
         .client
         .get(&url)
-        .bearer_auth(token)
+        .bearer_auth(&token)
         .send()
         .await
         .unwrap()
@@ -98,7 +80,7 @@ async fn the_connection_test_pings_generate_content_and_clears_the_day(db: TestD
     let r = app
         .client
         .post(format!("{url}/test"))
-        .bearer_auth(token)
+        .bearer_auth(&token)
         .send()
         .await
         .unwrap();

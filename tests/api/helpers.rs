@@ -321,18 +321,43 @@ impl TestApp {
             .expect("request")
     }
 
-    /// Signs in to the admin API and returns the token.
-    pub async fn login(&self, email: &str, password: &str) -> String {
-        let r = self
-            .client
+    /// `POST /admin/v1/auth/login`: the answer, whatever it is.
+    pub async fn sign_in(&self, email: &str, password: &str) -> reqwest::Response {
+        self.client
             .post(format!("{}/admin/v1/auth/login", self.address))
             .json(&serde_json::json!({"email": email, "password": password}))
             .send()
             .await
-            .expect("request");
+            .expect("request")
+    }
+
+    /// Signs in to the admin API and returns the token.
+    pub async fn login(&self, email: &str, password: &str) -> String {
+        let r = self.sign_in(email, password).await;
         assert_eq!(r.status(), 200, "sign-in of {email}");
         let body: serde_json::Value = r.json().await.expect("json");
         body["token"].as_str().expect("token").to_owned()
+    }
+
+    /// The id of acme's upstream credential `name`.
+    pub async fn credential_id(&self, name: &str) -> i64 {
+        use aigw::store::{UpstreamStore, WorkspaceStore};
+        let store = &self.state.store;
+        let ws = store.workspace_by_name("acme").await.unwrap().expect("acme");
+        let credential = store.upstream_by_name(ws.id, name).await.unwrap();
+        credential.unwrap_or_else(|| panic!("no credential {name}")).id
+    }
+
+    /// Waits (10 s at most) until `credential` has `n` requests in flight.
+    pub async fn until_in_flight(&self, credential: i64, n: usize) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while self.state.admission.in_flight(credential) != n {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "credential {credential} never had {n} requests in flight"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
     }
 
     /// Shares what this gateway did and learns what others did, at once: the pending writes, the

@@ -13,7 +13,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use crate::both_backends;
 use crate::helpers::{Setup, TestDb, spawn_app};
@@ -182,17 +182,7 @@ both_backends!(what_schemathesis_found_stays_fixed);
 /// overflowing the default `from` of the usage query (a panic in debug builds).
 async fn what_schemathesis_found_stays_fixed(db: TestDb) {
     let app = spawn_app(&db, Setup::default()).await;
-    let login: Value = app
-        .client
-        .post(format!("{}/admin/v1/auth/login", app.address))
-        .json(&json!({"email": "owner@example.test", "password": "owner-password"}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let token = login["token"].as_str().unwrap();
+    let token = &app.login("owner@example.test", "owner-password").await;
     let me: Value = app
         .client
         .get(format!("{}/admin/v1/me", app.address))

@@ -9,7 +9,6 @@ use serde_json::{Value, json};
 
 use crate::both_backends;
 use crate::helpers::{ResourcesBuilder, Setup, TestApp, TestDb, aliased, price, spawn_app, spawn_on_mock};
-use aigw::store::{UpstreamStore, WorkspaceStore};
 
 pub const KEY: &str = "sk-aigw-ProxyTestKey0123456789abcdefghij";
 
@@ -623,15 +622,7 @@ async fn a_request_unanswered_past_the_shutdown_grace_is_logged(db: TestDb) {
         .json(&chat(false))
         .send();
     let waiting = tokio::spawn(request);
-    let ws = app.state.store.workspace_by_name("acme").await.unwrap().unwrap();
-    let primary = app
-        .state
-        .store
-        .upstream_by_name(ws.id, "primary")
-        .await
-        .unwrap()
-        .unwrap()
-        .id;
+    let primary = app.credential_id("primary").await;
     let asked = Instant::now();
     while app.state.admission.in_flight(primary) == 0 {
         assert!(

@@ -338,22 +338,6 @@ async fn two_gateways_share_one_quota_on_postgres() {
     );
 }
 
-/// Waits (10 s at most) until the gateway has `n` requests at upstream credential `name`.
-async fn until_in_flight(app: &TestApp, name: &str, n: usize) {
-    use aigw::store::{UpstreamStore, WorkspaceStore};
-    let store = &app.state.store;
-    let ws = store.workspace_by_name("acme").await.unwrap().unwrap();
-    let credential = store.upstream_by_name(ws.id, name).await.unwrap().unwrap().id;
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while app.state.admission.in_flight(credential) != n {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "{name} never had {n} requests in flight"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
-}
-
 /// Flushes the quota counters now, as the flush task does every interval.
 async fn flush(app: &TestApp) {
     let s = &app.state;
@@ -398,7 +382,7 @@ async fn counter_outlives_flushes_when_the_workspace_zone_differs(db: TestDb) {
                 .unwrap()
         })
     };
-    until_in_flight(&app, "primary", 1).await;
+    app.until_in_flight(app.credential_id("primary").await, 1).await;
     // Flush intervals pass while it is in flight; the workspace's day has not ended.
     for _ in 0..3 {
         flush(&app).await;

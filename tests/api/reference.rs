@@ -5,7 +5,6 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use aigw::mock_upstream::{MockUpstream, Script};
-use aigw::store::{UpstreamStore, WorkspaceStore};
 use serde_json::{Value, json};
 
 use crate::both_backends;
@@ -132,14 +131,7 @@ fn matches(pattern: &str, name: &str) -> bool {
 async fn metrics_and_headers_after_a_scenario_are_the_references(db: TestDb) {
     let mock = MockUpstream::start().await.unwrap();
     let app = spawn_app(&db, Setup::resources(resources(&mock))).await;
-    let store = &app.state.store;
-    let ws = store.workspace_by_name("acme").await.unwrap().unwrap();
-    let primary = store
-        .upstream_by_name(ws.id, "primary")
-        .await
-        .unwrap()
-        .unwrap()
-        .id;
+    let primary = app.credential_id("primary").await;
     let mut headers = BTreeMap::new();
 
     // 1. A slow request holds a slot on `primary` while the gateway is scraped.

@@ -475,13 +475,7 @@ async fn sso_refuses_forged_sign_ins_and_follows_key_rotation(db: TestDb) {
 async fn sso_only_workspaces_refuse_passwords(db: TestDb) {
     let provider = Provider::start().await;
     let app = start(&db, &provider, true).await;
-    let r = app
-        .client
-        .post(format!("{}/admin/v1/auth/login", app.address))
-        .json(&json!({"email": OWNER, "password": OWNER_PASSWORD}))
-        .send()
-        .await
-        .unwrap();
+    let r = app.sign_in(OWNER, OWNER_PASSWORD).await;
     assert_eq!(r.status(), 403);
     let body: Value = r.json().await.unwrap();
     assert!(
@@ -492,13 +486,7 @@ async fn sso_only_workspaces_refuse_passwords(db: TestDb) {
         "{body}"
     );
     // A wrong password still says only that.
-    let r = app
-        .client
-        .post(format!("{}/admin/v1/auth/login", app.address))
-        .json(&json!({"email": OWNER, "password": "wrong"}))
-        .send()
-        .await
-        .unwrap();
+    let r = app.sign_in(OWNER, "wrong").await;
     assert_eq!(r.status(), 401);
     provider.with(|st| st.user = (OWNER.into(), vec!["aigw-admins".into()]));
     let token = sso(&app, |u| u, true).await.unwrap();
@@ -539,14 +527,7 @@ async fn member_ids(app: &TestApp, email: &str) -> Vec<i64> {
 }
 
 async fn login_status(app: &TestApp, email: &str, password: &str) -> u16 {
-    app.client
-        .post(format!("{}/admin/v1/auth/login", app.address))
-        .json(&json!({"email": email, "password": password}))
-        .send()
-        .await
-        .unwrap()
-        .status()
-        .as_u16()
+    app.sign_in(email, password).await.status().as_u16()
 }
 
 /// An email names one identity whatever its case, at the provider's sign-in and the password's:

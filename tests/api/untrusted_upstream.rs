@@ -281,34 +281,16 @@ async fn a_status_outside_http_is_a_502(db: TestDb) {
 }
 
 async fn the_connection_test_masks_the_key(db: TestDb) {
-    use aigw::store::{UpstreamStore, WorkspaceStore};
     let (app, mock) = start(&db).await;
     mock.script(Script::any().credential(SECRET_ONE).error(
         401,
         json!({"error": {"message": format!("Incorrect API key provided: {SECRET_ONE}"), "code": "invalid_api_key"}}),
     ));
-    let ws = app.state.store.workspace_by_name("acme").await.unwrap().unwrap();
-    let one = app
-        .state
-        .store
-        .upstream_by_name(ws.id, "one")
-        .await
-        .unwrap()
-        .unwrap();
-    let login: Value = app
-        .client
-        .post(format!("{}/admin/v1/auth/login", app.address))
-        .json(&json!({"email": "boss@acme.test", "password": "boss-password-1"}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let token = login["token"].as_str().unwrap().to_owned();
+    let one = app.credential_id("one").await;
+    let token = app.login("boss@acme.test", "boss-password-1").await;
     let r = app
         .client
-        .post(format!("{}/admin/v1/upstreams/{}/test", app.address, one.id))
+        .post(format!("{}/admin/v1/upstreams/{}/test", app.address, one))
         .bearer_auth(&token)
         .send()
         .await

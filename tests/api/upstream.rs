@@ -236,7 +236,6 @@ async fn spend_cap_holds_the_credential_for_every_model(db: TestDb) {
 both_backends!(admins_see_locks_and_a_connection_test_clears_them);
 
 async fn admins_see_locks_and_a_connection_test_clears_them(db: TestDb) {
-    use aigw::store::{UpstreamStore, WorkspaceStore};
     let mock = MockUpstream::start().await.unwrap();
     let app = spawn_app(&db, Setup::resources(pool(&mock) + &admin_boss())).await;
     mock.script(
@@ -250,26 +249,9 @@ async fn admins_see_locks_and_a_connection_test_clears_them(db: TestDb) {
             .status(),
         429
     );
-    let ws = app.state.store.workspace_by_name("acme").await.unwrap().unwrap();
-    let one = app
-        .state
-        .store
-        .upstream_by_name(ws.id, "one")
-        .await
-        .unwrap()
-        .unwrap();
-    let login: Value = app
-        .client
-        .post(format!("{}/admin/v1/auth/login", app.address))
-        .json(&json!({"email": "boss@acme.test", "password": "boss-password-1"}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let token = login["token"].as_str().unwrap().to_owned();
-    let url = format!("{}/admin/v1/upstreams/{}", app.address, one.id);
+    let one = app.credential_id("one").await;
+    let token = app.login("boss@acme.test", "boss-password-1").await;
+    let url = format!("{}/admin/v1/upstreams/{}", app.address, one);
     let r = app.client.get(&url).bearer_auth(&token).send().await.unwrap();
     assert_eq!(r.status(), 200);
     let text = r.text().await.unwrap();
@@ -318,7 +300,7 @@ async fn admins_see_locks_and_a_connection_test_clears_them(db: TestDb) {
         .unwrap();
     assert_eq!(r.status(), 404);
     assert_eq!(
-        app.get(&format!("/admin/v1/upstreams/{}", one.id)).await.status(),
+        app.get(&format!("/admin/v1/upstreams/{}", one)).await.status(),
         401
     );
     app.stop().await;
@@ -382,7 +364,7 @@ async fn a_new_secret_resets_the_backoff_on_every_gateway(db: TestDb) {
     let text = pool_of(&[("solo", &mock.base_url(), "cred-solo", r#"["m1"]"#, "")]) + &admin_boss();
     let a = spawn_app(&db, Setup::resources(text.clone())).await;
     let b = spawn_app(&db, Setup::resources(text)).await;
-    let solo = credential_id(&a, "solo").await;
+    let solo = a.credential_id("solo").await;
     let token: Value = a
         .client
         .post(format!("{}/admin/v1/auth/login", a.address))
@@ -480,30 +462,6 @@ pub(crate) fn pool_of(upstreams: &[(&str, &str, &str, &str, &str)]) -> String {
         ));
     }
     text
-}
-
-async fn credential_id(app: &TestApp, name: &str) -> i64 {
-    use aigw::store::{UpstreamStore, WorkspaceStore};
-    let ws = app.state.store.workspace_by_name("acme").await.unwrap().unwrap();
-    app.state
-        .store
-        .upstream_by_name(ws.id, name)
-        .await
-        .unwrap()
-        .unwrap()
-        .id
-}
-
-/// Waits (10 s at most) until `credential` has `n` requests in flight.
-async fn until_in_flight(app: &TestApp, credential: i64, n: usize) {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while app.state.admission.in_flight(credential) != n {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "credential {credential} never had {n} requests in flight"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
 }
 
 pub(crate) fn credentials_called(mock: &MockUpstream) -> Vec<String> {
@@ -711,7 +669,7 @@ async fn a_credential_without_a_free_slot_is_skipped_until_the_stream_ends(db: T
         ("two", &url, "cred-two", r#"["m1"]"#, "max_in_flight = 1"),
     ]);
     let app = spawn_app(&db, Setup::resources(text)).await;
-    let one = credential_id(&app, "one").await;
+    let one = app.credential_id("one").await;
     mock.script(
         Script::any()
             .credential("cred-one")
@@ -732,7 +690,7 @@ async fn a_credential_without_a_free_slot_is_skipped_until_the_stream_ends(db: T
     );
     // The client goes away mid-stream: the slot is freed with the stream.
     drop(slow);
-    until_in_flight(&app, one, 0).await;
+    app.until_in_flight(one, 0).await;
     let r = app.post_json("/v1/chat/completions", KEY, &chat("m1")).await;
     assert_eq!(r.status(), 200);
     assert_eq!(mock.calls()[2].credential.as_deref(), Some("cred-one"));
@@ -752,7 +710,7 @@ async fn a_full_pool_waits_briefly_for_a_slot_then_answers_busy(db: TestDb) {
         ..Setup::resources(text)
     };
     let app = spawn_app(&db, setup).await;
-    let solo = credential_id(&app, "solo").await;
+    let solo = app.credential_id("solo").await;
     let slow = |ms| Script {
         delay_ms: Some(ms),
         ..Script::any().times(1)
@@ -772,7 +730,7 @@ async fn a_full_pool_waits_briefly_for_a_slot_then_answers_busy(db: TestDb) {
     // A slot that frees within the wait serves the waiting request.
     mock.script(slow(100));
     let first = send(&app);
-    until_in_flight(&app, solo, 1).await;
+    app.until_in_flight(solo, 1).await;
     let r = app.post_json("/v1/chat/completions", KEY, &chat("m1")).await;
     assert_eq!(r.status(), 200, "waited for the slot");
     assert_eq!(first.await.unwrap().status(), 200);
@@ -780,7 +738,7 @@ async fn a_full_pool_waits_briefly_for_a_slot_then_answers_busy(db: TestDb) {
     // A slot that stays taken: "credential busy", a 2 s backoff, and a parked pool's answer.
     mock.script(slow(1500));
     let first = send(&app);
-    until_in_flight(&app, solo, 1).await;
+    app.until_in_flight(solo, 1).await;
     let r = app.post_json("/v1/chat/completions", KEY, &chat("m1")).await;
     assert_eq!(r.status(), 429);
     assert_eq!(r.headers()["retry-after"], "2");
@@ -1118,7 +1076,7 @@ async fn a_lock_reaches_the_other_gateway_through_the_poll() {
     assert_eq!(mock.call_count(), 2, "both credentials tried and parked");
     a.sync().await;
     // `b` is not synced: its own poll must bring the locks (every 50 ms here; 10 s at most).
-    let ids = [credential_id(&b, "one").await, credential_id(&b, "two").await];
+    let ids = [b.credential_id("one").await, b.credential_id("two").await];
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     while ids
         .iter()
