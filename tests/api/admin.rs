@@ -4,17 +4,8 @@ use aigw::mock_upstream::MockUpstream;
 use serde_json::{Value, json};
 
 use crate::both_backends;
-use crate::helpers::{Setup, TestApp, TestDb, spawn_app};
+use crate::helpers::{Setup, TestDb, spawn_app};
 use crate::proxy::{KEY, fixture};
-
-async fn get_with(app: &TestApp, path: &str, token: &str) -> reqwest::Response {
-    app.client
-        .get(format!("{}{path}", app.address))
-        .bearer_auth(token)
-        .send()
-        .await
-        .unwrap()
-}
 
 both_backends!(sign_in_and_my_quota, bad_tokens_and_sign_ins_are_refused);
 
@@ -37,7 +28,7 @@ async fn sign_in_and_my_quota(db: TestDb) {
     let body: Value = r.json().await.unwrap();
     let token = body["token"].as_str().unwrap().to_owned();
     assert_eq!(token.split('.').count(), 3, "a JWT");
-    let me: Value = get_with(&app, "/admin/v1/me", &token).await.json().await.unwrap();
+    let me: Value = app.get_as("/admin/v1/me", &token).await.json().await.unwrap();
     assert_eq!(me["email"], "ada@acme.test");
     assert_eq!(me["role"], "member");
 
@@ -46,7 +37,7 @@ async fn sign_in_and_my_quota(db: TestDb) {
         app.post_json("/v1/chat/completions", KEY, &chat).await.status(),
         200
     );
-    let r = get_with(&app, "/admin/v1/me/quota", &token).await;
+    let r = app.get_as("/admin/v1/me/quota", &token).await;
     assert_eq!(r.status(), 200);
     let body: Value = r.json().await.unwrap();
     assert_eq!(body["timezone"], "Asia/Shanghai");
@@ -71,7 +62,7 @@ async fn bad_tokens_and_sign_ins_are_refused(db: TestDb) {
         .as_str()
         .unwrap()
         .to_owned();
-    assert_eq!(get_with(&app, "/admin/v1/me", &token).await.status(), 200);
+    assert_eq!(app.get_as("/admin/v1/me", &token).await.status(), 200);
 
     // Tampered, wrong algorithm (none), wrong audience, wrong secret, expired.
     let mut parts: Vec<String> = token.split('.').map(str::to_owned).collect();
@@ -109,7 +100,7 @@ async fn bad_tokens_and_sign_ins_are_refused(db: TestDb) {
         ("HS512", hs512),
         ("garbage", "not.a.jwt".to_owned()),
     ] {
-        let r = get_with(&app, "/admin/v1/me/quota", &bad).await;
+        let r = app.get_as("/admin/v1/me/quota", &bad).await;
         assert_eq!(r.status(), 401, "{what}");
         let v: Value = r.json().await.unwrap();
         assert_eq!(v["error"]["code"], "invalid_token", "{what}");
@@ -117,11 +108,7 @@ async fn bad_tokens_and_sign_ins_are_refused(db: TestDb) {
     assert_eq!(app.get("/admin/v1/me").await.status(), 401, "no token");
     // Expired: the gateway's clock moves past the hour.
     app.clock.advance(chrono::Duration::minutes(61));
-    assert_eq!(
-        get_with(&app, "/admin/v1/me", &token).await.status(),
-        401,
-        "expired"
-    );
+    assert_eq!(app.get_as("/admin/v1/me", &token).await.status(), 401, "expired");
 
     // Bad sign-ins: wrong password, unknown email, unknown fields; then slowed.
     let r = app.sign_in("owner@example.test", "wrong").await;

@@ -318,13 +318,7 @@ async fn admins_see_breaker_state_and_history(db: TestDb) {
     let eve = app.login("eve@other.test", "eve-password-1").await;
     let r = app.client.get(&url).bearer_auth(&eve).send().await.unwrap();
     assert_eq!(r.status(), 404, "another workspace's key does not exist for them");
-    let r = app
-        .client
-        .get(format!("{}/admin/v1/keys/999999/breaker", app.address))
-        .bearer_auth(&owner)
-        .send()
-        .await
-        .unwrap();
+    let r = app.get_as("/admin/v1/keys/999999/breaker", &owner).await;
     assert_eq!(r.status(), 404);
     app.stop().await;
 }

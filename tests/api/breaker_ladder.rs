@@ -76,12 +76,8 @@ async fn breaker(app: &TestApp) -> Value {
     let key_id = app.logs("acme", 1).await[0].key_id;
     let token = app.login("boss@acme.test", "boss-password-1").await;
     let r = app
-        .client
-        .get(format!("{}/admin/v1/keys/{key_id}/breaker", app.address))
-        .bearer_auth(token)
-        .send()
-        .await
-        .unwrap();
+        .get_as(&format!("/admin/v1/keys/{key_id}/breaker"), &token)
+        .await;
     assert_eq!(r.status(), 200);
     r.json().await.unwrap()
 }

@@ -542,16 +542,7 @@ async fn alert_settings_are_checked_and_the_secret_never_comes_back(db: TestDb) 
     .await;
     assert_eq!(status, 404, "a member does not see the workspace's policy");
     for path in ["/admin/v1/policies", "/admin/v1/audit"] {
-        let text = app
-            .client
-            .get(format!("{}{path}", app.address))
-            .bearer_auth(&owner)
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let text = app.get_as(path, &owner).await.text().await.unwrap();
         assert!(!text.contains(SECRET), "{path} shows the secret");
     }
     // The history: bad filters and pages are 4xx, a member may not read it.

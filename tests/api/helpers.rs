@@ -310,6 +310,16 @@ impl TestApp {
             .expect("request")
     }
 
+    /// `GET {address}{path}` with `token` (a gateway key or an admin token) as the bearer.
+    pub async fn get_as(&self, path: &str, token: &str) -> reqwest::Response {
+        self.client
+            .get(format!("{}{path}", self.address))
+            .bearer_auth(token)
+            .send()
+            .await
+            .expect("request")
+    }
+
     /// `POST {address}{path}` with a JSON body and a gateway key.
     pub async fn post_json(&self, path: &str, key: &str, body: &serde_json::Value) -> reqwest::Response {
         self.client

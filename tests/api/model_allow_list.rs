@@ -56,13 +56,7 @@ async fn call(app: &TestApp, key: &str, path: &str, body: &Value) -> (u16, Value
 
 /// The ids `GET /v1/models` lists for `key`.
 async fn listed(app: &TestApp, key: &str) -> Vec<String> {
-    let r = app
-        .client
-        .get(format!("{}/v1/models", app.address))
-        .bearer_auth(key)
-        .send()
-        .await
-        .unwrap();
+    let r = app.get_as("/v1/models", key).await;
     assert_eq!(r.status(), 200);
     let body: Value = r.json().await.unwrap();
     body["data"]

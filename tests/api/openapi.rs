@@ -183,16 +183,7 @@ both_backends!(what_schemathesis_found_stays_fixed);
 async fn what_schemathesis_found_stays_fixed(db: TestDb) {
     let app = spawn_app(&db, Setup::default()).await;
     let token = &app.login("owner@example.test", "owner-password").await;
-    let me: Value = app
-        .client
-        .get(format!("{}/admin/v1/me", app.address))
-        .bearer_auth(token)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let me: Value = app.get_as("/admin/v1/me", token).await.json().await.unwrap();
     for body in ["[null, null]", " [\"member\"]", "\"x\"", "1"] {
         let r = app
             .client
@@ -208,12 +199,8 @@ async fn what_schemathesis_found_stays_fixed(db: TestDb) {
         assert_eq!(e["error"]["code"], "invalid_request_error", "{body}");
     }
     let r = app
-        .client
-        .get(format!("{}/admin/v1/usage?to={}", app.address, i64::MIN))
-        .bearer_auth(token)
-        .send()
-        .await
-        .unwrap();
+        .get_as(&format!("/admin/v1/usage?to={}", i64::MIN), token)
+        .await;
     assert_eq!(r.status(), 422);
     let e: Value = r.json().await.unwrap();
     assert_eq!(e["error"]["param"], "from");

@@ -733,16 +733,7 @@ async fn a_deleted_key_stops_working_at_once(db: TestDb) {
         200
     );
     let owner = app.login("owner@example.test", "owner-password").await;
-    let keys: Value = app
-        .client
-        .get(format!("{}/admin/v1/keys", app.address))
-        .bearer_auth(&owner)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let keys: Value = app.get_as("/admin/v1/keys", &owner).await.json().await.unwrap();
     let id = keys["data"]
         .as_array()
         .unwrap()
@@ -760,13 +751,7 @@ async fn a_deleted_key_stops_working_at_once(db: TestDb) {
     assert_eq!(r.status(), 204);
     let r = app.post_json("/v1/chat/completions", KEY, &chat(false)).await;
     assert_eq!(r.status(), 401, "the deleted key is refused on the next request");
-    let r = app
-        .client
-        .get(format!("{}/admin/v1/workspace", app.address))
-        .bearer_auth(&owner)
-        .send()
-        .await
-        .unwrap();
+    let r = app.get_as("/admin/v1/workspace", &owner).await;
     assert_eq!(r.status(), 200, "the rest of the workspace stays");
     app.stop().await;
 }

@@ -246,13 +246,7 @@ async fn quota_endpoint_lists_every_quota(db: TestDb) {
         + &policy("ws", "*", "credits", "total", 2.5, "enforce");
     let (app, _mock) = start(&db, &policies).await;
     app.post_json("/v1/chat/completions", KEY, &chat(false)).await;
-    let r = app
-        .client
-        .get(format!("{}/v1/quota", app.address))
-        .bearer_auth(KEY)
-        .send()
-        .await
-        .unwrap();
+    let r = app.get_as("/v1/quota", KEY).await;
     assert_eq!(r.status(), 200);
     let body: Value = r.json().await.unwrap();
     let rows = body["data"].as_array().unwrap();
@@ -520,13 +514,7 @@ async fn token_quotas_are_named_tokens_as_in_the_seed(db: TestDb) {
         "{:?}",
         header(&r, "ratelimit-policy")
     );
-    let r = app
-        .client
-        .get(format!("{}/v1/quota", app.address))
-        .bearer_auth(KEY)
-        .send()
-        .await
-        .unwrap();
+    let r = app.get_as("/v1/quota", KEY).await;
     let body: Value = r.json().await.unwrap();
     let row = &body["data"][0];
     assert_eq!(row["metric"], "tokens", "{body}");
@@ -569,13 +557,7 @@ fn seed_resources(mock: &MockUpstream, extra: &str) -> String {
 
 /// `GET /v1/quota` of the key: (subject, metric, window) → (used, remaining).
 async fn quota_of(app: &TestApp) -> std::collections::BTreeMap<(String, String, String), (i64, i64)> {
-    let r = app
-        .client
-        .get(format!("{}/v1/quota", app.address))
-        .bearer_auth(KEY)
-        .send()
-        .await
-        .unwrap();
+    let r = app.get_as("/v1/quota", KEY).await;
     let body: Value = r.json().await.unwrap();
     body["data"]
         .as_array()

@@ -413,13 +413,7 @@ async fn example_file_applies(db: TestDb) {
 
 /// `GET path` as the bootstrap owner (the owner of the file's workspace).
 async fn admin_get(app: &TestApp, token: &str, path: &str) -> serde_json::Value {
-    let r = app
-        .client
-        .get(format!("{}/admin/v1/{path}", app.address))
-        .bearer_auth(token)
-        .send()
-        .await
-        .unwrap();
+    let r = app.get_as(&format!("/admin/v1/{path}"), token).await;
     assert_eq!(r.status(), 200, "GET {path}");
     r.json().await.unwrap()
 }

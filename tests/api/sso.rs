@@ -321,28 +321,13 @@ async fn sso(app: &TestApp, mangle: impl Fn(String) -> String, with_cookie: bool
 }
 
 async fn me(app: &TestApp, token: &str) -> (u16, Value) {
-    let r = app
-        .client
-        .get(format!("{}/admin/v1/me", app.address))
-        .bearer_auth(token)
-        .send()
-        .await
-        .unwrap();
+    let r = app.get_as("/admin/v1/me", token).await;
     (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
 }
 
 async fn audit_actions(app: &TestApp) -> Vec<String> {
     let token = app.login(OWNER, OWNER_PASSWORD).await;
-    let r: Value = app
-        .client
-        .get(format!("{}/admin/v1/audit", app.address))
-        .bearer_auth(token)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let r: Value = app.get_as("/admin/v1/audit", &token).await.json().await.unwrap();
     let rows = r
         .get("data")
         .unwrap_or(&r)
@@ -508,12 +493,8 @@ both_backends!(
 async fn member_ids(app: &TestApp, email: &str) -> Vec<i64> {
     let token = app.login(OWNER, OWNER_PASSWORD).await;
     let r: Value = app
-        .client
-        .get(format!("{}/admin/v1/members", app.address))
-        .bearer_auth(token)
-        .send()
+        .get_as("/admin/v1/members", &token)
         .await
-        .unwrap()
         .json()
         .await
         .unwrap();
@@ -606,16 +587,7 @@ async fn identities_match_emails_whatever_their_case(db: TestDb) {
         panic!("one carol");
     };
     let owner = app.login(OWNER, OWNER_PASSWORD).await;
-    let keys: Value = app
-        .client
-        .get(format!("{}/admin/v1/keys", app.address))
-        .bearer_auth(owner)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let keys: Value = app.get_as("/admin/v1/keys", &owner).await.json().await.unwrap();
     let file_key = keys["data"]
         .as_array()
         .unwrap()

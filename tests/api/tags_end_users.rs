@@ -130,12 +130,8 @@ async fn tags_and_end_users_are_logged_filtered_and_exported(db: TestDb) {
     assert_eq!((status, &bad["error"]["param"]), (422, &json!("tag")), "{bad}");
 
     let csv = app
-        .client
-        .get(format!("{}/admin/v1/logs/export?tag=team=ads", app.address))
-        .bearer_auth(&token)
-        .send()
+        .get_as("/admin/v1/logs/export?tag=team=ads", &token)
         .await
-        .unwrap()
         .text()
         .await
         .unwrap();

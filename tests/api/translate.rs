@@ -483,13 +483,7 @@ async fn an_openai_model_answers_messages(db: TestDb) {
 
 async fn models_lists_every_reachable_model(db: TestDb) {
     let (app, _mock) = start(&db).await;
-    let r = app
-        .client
-        .get(format!("{}/v1/models", app.address))
-        .bearer_auth(KEY)
-        .send()
-        .await
-        .unwrap();
+    let r = app.get_as("/v1/models", KEY).await;
     let v: Value = r.json().await.unwrap();
     let ids: Vec<&str> = v["data"]
         .as_array()

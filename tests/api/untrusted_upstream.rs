@@ -309,16 +309,7 @@ async fn the_connection_test_masks_the_key(db: TestDb) {
             .contains("Incorrect API key provided: ***"),
         "{body}"
     );
-    let audit = app
-        .client
-        .get(format!("{}/admin/v1/audit", app.address))
-        .bearer_auth(&token)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let audit = app.get_as("/admin/v1/audit", &token).await.text().await.unwrap();
     assert!(
         audit.contains("Incorrect API key provided: ***"),
         "the test is audited: {audit}"

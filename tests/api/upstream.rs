@@ -291,13 +291,7 @@ async fn admins_see_locks_and_a_connection_test_clears_them(db: TestDb) {
         200
     );
     // Unknown ids and unauthenticated calls are refused.
-    let r = app
-        .client
-        .get(format!("{}/admin/v1/upstreams/99999", app.address))
-        .bearer_auth(&token)
-        .send()
-        .await
-        .unwrap();
+    let r = app.get_as("/admin/v1/upstreams/99999", &token).await;
     assert_eq!(r.status(), 404);
     assert_eq!(
         app.get(&format!("/admin/v1/upstreams/{}", one)).await.status(),

@@ -127,13 +127,7 @@ async fn owner_token(app: &TestApp) -> String {
 /// `GET /admin/v1/usage?by=…` as the owner: (status, body).
 async fn usage_report(app: &TestApp, by: &str) -> (u16, Value) {
     let token = owner_token(app).await;
-    let r = app
-        .client
-        .get(format!("{}/admin/v1/usage?by={by}", app.address))
-        .bearer_auth(token)
-        .send()
-        .await
-        .unwrap();
+    let r = app.get_as(&format!("/admin/v1/usage?by={by}"), &token).await;
     let status = r.status().as_u16();
     (status, r.json().await.unwrap_or(Value::Null))
 }
