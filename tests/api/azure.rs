@@ -122,14 +122,7 @@ async fn a_stream_from_azure_is_passed_on_with_its_usage(db: TestDb) {
     );
     let call = &mock.calls()[0];
     assert_eq!(call.body["stream_options"]["include_usage"], true);
-    let (prompt, completion) = call.usage.unwrap();
-    let log = &app.logs("acme", 1).await[0];
-    assert_eq!(log.stream, 1);
-    assert_eq!(
-        (log.prompt_tokens, log.completion_tokens),
-        (prompt as i64, completion as i64)
-    );
-    assert_eq!(log.usage_estimated, 0);
+    app.assert_stream_logged(call.usage.unwrap()).await;
 }
 
 async fn embeddings_reach_their_deployment(db: TestDb) {

@@ -140,14 +140,7 @@ async fn a_converse_stream_becomes_openai_chunks_with_its_usage(db: TestDb) {
     );
     let call = &mock.calls()[0];
     assert_eq!(call.path, format!("/model/{CLAUDE}/converse-stream"));
-    let (prompt, completion) = call.usage.unwrap();
-    let log = &app.logs("acme", 1).await[0];
-    assert_eq!(log.stream, 1);
-    assert_eq!(
-        (log.prompt_tokens, log.completion_tokens),
-        (prompt as i64, completion as i64)
-    );
-    assert_eq!(log.usage_estimated, 0);
+    app.assert_stream_logged(call.usage.unwrap()).await;
 }
 
 async fn tools_images_and_stop_sequences_reach_converse(db: TestDb) {

@@ -265,14 +265,7 @@ async fn an_anthropic_stream_that_stalls_ends_with_its_error_event(db: TestDb) {
     });
     let body = json!({"model": "claude-sonnet", "max_tokens": 64, "stream": true,
                       "messages": [{"role": "user", "content": "hi there"}]});
-    let r = app
-        .client
-        .post(format!("{}/v1/messages", app.address))
-        .header("x-api-key", KEY)
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let r = app.post_messages(KEY, None, &body).await;
     assert_eq!(r.status(), 200);
     let text = within(Duration::from_secs(5), "a stalled stream", r.text())
         .await

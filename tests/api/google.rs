@@ -194,13 +194,7 @@ async fn a_stream_is_translated_with_its_usage(db: TestDb) {
     let (prompt, completion) = call.usage.unwrap();
     let usage = events.iter().find(|e| e["usage"].is_object()).expect(&text);
     assert_eq!(usage["usage"]["completion_tokens"], completion);
-    let log = &app.logs("acme", 1).await[0];
-    assert_eq!(log.stream, 1);
-    assert_eq!(
-        (log.prompt_tokens, log.completion_tokens),
-        (prompt as i64, completion as i64)
-    );
-    assert_eq!(log.usage_estimated, 0);
+    app.assert_stream_logged((prompt, completion)).await;
 }
 
 async fn messages_reach_google_through_chat(db: TestDb) {

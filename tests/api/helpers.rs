@@ -341,6 +341,24 @@ impl TestApp {
             .expect("request")
     }
 
+    /// `POST {address}/v1/messages` as Anthropic's clients send it: the key in `x-api-key`, and
+    /// `anthropic-version` when `version` is given.
+    pub async fn post_messages(
+        &self,
+        key: &str,
+        version: Option<&str>,
+        body: &serde_json::Value,
+    ) -> reqwest::Response {
+        let mut request = self
+            .client
+            .post(format!("{}/v1/messages", self.address))
+            .header("x-api-key", key);
+        if let Some(version) = version {
+            request = request.header("anthropic-version", version);
+        }
+        request.json(body).send().await.expect("request")
+    }
+
     /// Signs in to the admin API and returns the token.
     pub async fn login(&self, email: &str, password: &str) -> String {
         let r = self.sign_in(email, password).await;
@@ -409,6 +427,18 @@ impl TestApp {
             }
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         }
+    }
+
+    /// The one request log of acme is a stream that counted the upstream's own report of
+    /// `(prompt, completion)` tokens, not an estimate.
+    pub async fn assert_stream_logged(&self, (prompt, completion): (u64, u64)) {
+        let log = &self.logs("acme", 1).await[0];
+        assert_eq!(log.stream, 1);
+        assert_eq!(
+            (log.prompt_tokens, log.completion_tokens),
+            (prompt as i64, completion as i64)
+        );
+        assert_eq!(log.usage_estimated, 0);
     }
 
     /// Stops the gateway gracefully and waits until it has drained.

@@ -124,16 +124,13 @@ async fn a_key_calls_only_the_models_its_list_allows(db: TestDb) {
 
     // The exact name, on the Anthropic endpoint, streamed.
     let r = app
-        .client
-        .post(format!("{}/v1/messages", app.address))
-        .header("x-api-key", KEY)
-        .json(
+        .post_messages(
+            KEY,
+            None,
             &json!({"model": "claude-sonnet", "max_tokens": 16, "stream": true,
                       "messages": [{"role": "user", "content": "hi"}]}),
         )
-        .send()
-        .await
-        .unwrap();
+        .await;
     assert_eq!(r.status(), 200);
     assert!(r.text().await.unwrap().contains("message_stop"));
     // The quota counted the two served requests only: it is used up now.

@@ -196,28 +196,13 @@ async fn embeddings_and_models(db: TestDb) {
 async fn anthropic_messages_streamed_and_not(db: TestDb) {
     let (app, mock) = start(&db).await;
     let body = json!({"model": "claude-sonnet", "max_tokens": 64, "messages": [{"role": "user", "content": "hi there"}]});
-    let r = app
-        .client
-        .post(format!("{}/v1/messages", app.address))
-        .header("x-api-key", KEY)
-        .header("anthropic-version", "2023-06-01")
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let r = app.post_messages(KEY, Some("2023-06-01"), &body).await;
     assert_eq!(r.status(), 200);
     let v: Value = r.json().await.unwrap();
     assert_eq!(v["type"], "message");
     let mut streamed = body.clone();
     streamed["stream"] = json!(true);
-    let r = app
-        .client
-        .post(format!("{}/v1/messages", app.address))
-        .header("x-api-key", KEY)
-        .json(&streamed)
-        .send()
-        .await
-        .unwrap();
+    let r = app.post_messages(KEY, None, &streamed).await;
     let text = read_stream(r).await;
     assert!(text.contains("event: message_stop"));
     let calls = mock.calls();

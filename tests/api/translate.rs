@@ -400,15 +400,7 @@ async fn an_openai_model_answers_messages(db: TestDb) {
     let (app, mock) = start(&db).await;
     let body = json!({"model": "gpt-4o", "max_tokens": 64, "system": "Be brief.",
         "messages": [{"role": "user", "content": "say hello to me"}]});
-    let r = app
-        .client
-        .post(format!("{}/v1/messages", app.address))
-        .header("x-api-key", KEY)
-        .header("anthropic-version", "2023-06-01")
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let r = app.post_messages(KEY, Some("2023-06-01"), &body).await;
     assert_eq!(r.status(), 200);
     assert_eq!(header(&r, "x-aigw-provider"), "openai");
     let v: Value = r.json().await.unwrap();
@@ -430,14 +422,7 @@ async fn an_openai_model_answers_messages(db: TestDb) {
 
     let mut streamed = body.clone();
     streamed["stream"] = json!(true);
-    let r = app
-        .client
-        .post(format!("{}/v1/messages", app.address))
-        .header("x-api-key", KEY)
-        .json(&streamed)
-        .send()
-        .await
-        .unwrap();
+    let r = app.post_messages(KEY, None, &streamed).await;
     assert_eq!(r.status(), 200);
     let text = r.text().await.unwrap();
     assert!(text.starts_with("event: message_start\n"), "{text}");
@@ -464,14 +449,7 @@ async fn an_openai_model_answers_messages(db: TestDb) {
     ));
     let mut mini = body.clone();
     mini["model"] = json!("gpt-4o-mini");
-    let r = app
-        .client
-        .post(format!("{}/v1/messages", app.address))
-        .header("x-api-key", KEY)
-        .json(&mini)
-        .send()
-        .await
-        .unwrap();
+    let r = app.post_messages(KEY, None, &mini).await;
     assert_eq!(r.status(), 400);
     let v: Value = r.json().await.unwrap();
     assert_eq!(
