@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 
 use crate::both_backends;
 use crate::helpers::{ResourcesBuilder, Setup, TestApp, TestDb, aliased, spawn_on_mock, try_spawn_app};
-use crate::translate::{chunks, header};
+use crate::translate::{chunks, delta_text, header};
 
 const KEY: &str = "sk-aigw-AzureTestKey0123456789abcdefghij";
 
@@ -110,11 +110,7 @@ async fn a_stream_from_azure_is_passed_on_with_its_usage(db: TestDb) {
     assert_eq!(events[0]["choices"], json!([]));
     assert!(events[0]["prompt_filter_results"].is_array());
     assert_eq!(events.last().unwrap(), &json!("[DONE]"));
-    let content: String = events
-        .iter()
-        .filter_map(|e| e["choices"][0]["delta"]["content"].as_str())
-        .collect();
-    assert_eq!(content, "Hello from the mock upstream ");
+    assert_eq!(delta_text(&events), "Hello from the mock upstream ");
     // The client asked for no usage chunk: the gateway asked for it and took it out again.
     assert!(
         events.iter().all(|e| e.get("usage").is_none_or(Value::is_null)),

@@ -11,7 +11,7 @@ use crate::both_backends;
 use crate::helpers::{
     ResourcesBuilder, Setup, TestApp, TestDb, aliased, spawn_app, spawn_on_mock, try_spawn_app,
 };
-use crate::translate::{attempts, chunks, header};
+use crate::translate::{attempts, chunks, delta_text, header};
 
 const KEY: &str = "sk-aigw-BedrockTestKey0123456789abcdefgh";
 /// The model id, as Bedrock names Claude 3.5 Sonnet (its `:` is percent-encoded on the wire).
@@ -123,11 +123,7 @@ async fn a_converse_stream_becomes_openai_chunks_with_its_usage(db: TestDb) {
     let text = r.text().await.unwrap();
     let events = chunks(&text);
     assert_eq!(events[0]["choices"][0]["delta"]["role"], "assistant");
-    let content: String = events
-        .iter()
-        .filter_map(|e| e["choices"][0]["delta"]["content"].as_str())
-        .collect();
-    assert_eq!(content, "Hello from the mock upstream ");
+    assert_eq!(delta_text(&events), "Hello from the mock upstream ");
     assert!(
         events.iter().any(|e| e["choices"][0]["finish_reason"] == "stop"),
         "{text}"

@@ -7,16 +7,18 @@ use crate::both_backends;
 use crate::helpers::{ResourcesBuilder, Setup, TestApp, TestDb, spawn_app};
 use crate::proxy::{KEY, resources};
 
-fn good() -> Value {
+/// A request the upstream answers.
+pub(crate) fn good() -> Value {
     json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]})
 }
 
 /// A request the gateway refuses with 400 (a failure that never reaches the upstream).
-fn bad() -> Value {
+pub(crate) fn bad() -> Value {
     json!({"model": "gpt-4o-mini", "messages": "not a list"})
 }
 
-async fn send(app: &TestApp, n: usize, body: &Value) -> Vec<u16> {
+/// The statuses of `n` requests of `body` with the proxy suite's key, one after the other.
+pub(crate) async fn send(app: &TestApp, n: usize, body: &Value) -> Vec<u16> {
     let mut out = Vec::with_capacity(n);
     for _ in 0..n {
         out.push(

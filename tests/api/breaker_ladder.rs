@@ -7,6 +7,7 @@ use aigw::mock_upstream::{MockUpstream, Script};
 use serde_json::{Value, json};
 
 use crate::both_backends;
+use crate::breaker::{bad, good, send};
 use crate::helpers::{ResourcesBuilder, Setup, TestApp, TestDb, spawn_app};
 use crate::proxy::KEY;
 
@@ -18,24 +19,6 @@ fn resources(mock: &MockUpstream) -> String {
         .upstream("acme", "lone", &mock.base_url(), "cred-lone", &["gpt-4o-mini"])
         .with("max_in_flight", 1000)
         .into()
-}
-
-fn good() -> Value {
-    json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]})
-}
-
-/// Refused by the gateway with 400: a failure that never reaches the upstream.
-fn bad() -> Value {
-    json!({"model": "gpt-4o-mini", "messages": "not a list"})
-}
-
-async fn send(app: &TestApp, n: usize, body: &Value) -> Vec<u16> {
-    let mut out = Vec::with_capacity(n);
-    for _ in 0..n {
-        let r = app.post_json("/v1/chat/completions", KEY, body).await;
-        out.push(r.status().as_u16());
-    }
-    out
 }
 
 /// `n` requests held at the upstream until [`MockUpstream::release`], then answered 400 (an

@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 
 use crate::both_backends;
 use crate::helpers::{ResourcesBuilder, Setup, TestApp, TestDb, aliased, spawn_app, spawn_on_mock};
-use crate::translate::{chunks, header};
+use crate::translate::{chunks, delta_text, header};
 
 const KEY: &str = "sk-aigw-GoogleTestKey0123456789abcdefghi";
 
@@ -180,11 +180,7 @@ async fn a_stream_is_translated_with_its_usage(db: TestDb) {
     let text = r.text().await.unwrap();
     let events = chunks(&text);
     assert_eq!(events.last().unwrap(), &json!("[DONE]"));
-    let content: String = events
-        .iter()
-        .filter_map(|e| e["choices"][0]["delta"]["content"].as_str())
-        .collect();
-    assert_eq!(content, "Hello from the mock upstream ");
+    assert_eq!(delta_text(&events), "Hello from the mock upstream ");
     assert!(
         events.iter().any(|e| e["choices"][0]["finish_reason"] == "stop"),
         "{text}"

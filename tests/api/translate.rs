@@ -54,6 +54,14 @@ pub(crate) fn chunks(text: &str) -> Vec<Value> {
         .collect()
 }
 
+/// The text of a chat stream's `chunks`, its deltas' content in order.
+pub(crate) fn delta_text(events: &[Value]) -> String {
+    events
+        .iter()
+        .filter_map(|e| e["choices"][0]["delta"]["content"].as_str())
+        .collect()
+}
+
 /// The attempts of a log record.
 pub(crate) fn attempts(log: &aigw::request_log::LogRecord) -> Vec<Value> {
     serde_json::from_str(&log.attempts_detail).unwrap()
