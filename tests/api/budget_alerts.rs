@@ -444,15 +444,7 @@ async fn alert_settings_are_checked_and_the_secret_never_comes_back(db: TestDb) 
     }
     // A member sets no webhook.
     let ada_token = {
-        let (status, v) = call(&app, Method::GET, "/admin/v1/members", &owner, None).await;
-        assert_eq!(status, 200);
-        let ada = v["data"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|m| m["email"] == "ada@acme.test")
-            .unwrap()["id"]
-            .clone();
+        let ada = app.member_id(&owner, "ada@acme.test").await;
         let (_, v) = call(
             &app,
             Method::POST,

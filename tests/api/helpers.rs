@@ -388,6 +388,23 @@ impl TestApp {
         }
     }
 
+    /// The id of the member with `email`, as `token` (an admin token) lists the members.
+    pub async fn member_id(&self, token: &str, email: &str) -> i64 {
+        let members: serde_json::Value = self
+            .get_as("/admin/v1/members", token)
+            .await
+            .json()
+            .await
+            .expect("the members");
+        members["data"]
+            .as_array()
+            .expect("a list of members")
+            .iter()
+            .find(|m| m["email"] == email)
+            .and_then(|m| m["id"].as_i64())
+            .unwrap_or_else(|| panic!("no member {email}"))
+    }
+
     /// Shares what this gateway did and learns what others did, at once: the pending writes, the
     /// queued request logs and the counters go to the store, and the configuration, locks and
     /// trips are reloaded from it ([`AppState::sync`]). Call it on the gateway that acted, then

@@ -161,7 +161,7 @@ async fn a_key_calls_only_the_models_its_list_allows(db: TestDb) {
 async fn key_and_member_lists_both_apply(db: TestDb) {
     let (app, mock) = start(&db, "").await;
     let token = app.login(OWNER, OWNER_PASSWORD).await;
-    let ada = member_id(&app, &token, "ada@acme.test").await;
+    let ada = app.member_id(&token, "ada@acme.test").await;
     let key = key_id(&app, &token, "ci").await;
     patch(
         &app,
@@ -403,16 +403,4 @@ pub async fn key_id(app: &TestApp, token: &str, name: &str) -> i64 {
         .find(|k| k["name"] == name && k["member_email"] == "ada@acme.test")
         .and_then(|k| k["id"].as_i64())
         .expect("the key")
-}
-
-/// The id of the member with `email`.
-pub async fn member_id(app: &TestApp, token: &str, email: &str) -> i64 {
-    let (_, members) = admin(app, token, reqwest::Method::GET, "/admin/v1/members", None).await;
-    members["data"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|m| m["email"] == email)
-        .and_then(|m| m["id"].as_i64())
-        .expect("the member")
 }

@@ -650,14 +650,7 @@ async fn a_policy_created_mid_window_counts_the_usage_already_recorded(db: TestD
     let (_, minute) = create("ws", None, "total_tokens", "minute", 1000).await;
     assert_eq!(minute["used"], 9, "only the current minute's: {minute}");
     assert_eq!(minute["counted_before"]["since"], "2026-12-01T14:00:00+08:00");
-    let (_, members) = admin(reqwest::Method::GET, "/admin/v1/members", None).await;
-    let ada = members["data"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|m| m["email"] == "ada@acme.test")
-        .unwrap()["id"]
-        .as_i64();
+    let ada = Some(app.member_id(&token, "ada@acme.test").await);
     let (_, week) = create("member", ada, "prompt_tokens", "week", 1000).await;
     assert_eq!(
         week["used"], 16,
