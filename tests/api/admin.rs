@@ -4,43 +4,31 @@ use aigw::mock_upstream::MockUpstream;
 use serde_json::{Value, json};
 
 use crate::both_backends;
-use crate::helpers::{Setup, TestApp, TestDb, spawn_app};
-use crate::proxy::{KEY, resources};
-
-async fn login(app: &TestApp, email: &str, password: &str) -> reqwest::Response {
-    app.client
-        .post(format!("{}/admin/v1/auth/login", app.address))
-        .json(&json!({"email": email, "password": password}))
-        .send()
-        .await
-        .unwrap()
-}
-
-async fn get_with(app: &TestApp, path: &str, token: &str) -> reqwest::Response {
-    app.client
-        .get(format!("{}{path}", app.address))
-        .bearer_auth(token)
-        .send()
-        .await
-        .unwrap()
-}
+use crate::helpers::{Setup, TestDb, spawn_app};
+use crate::proxy::{KEY, fixture};
 
 both_backends!(sign_in_and_my_quota, bad_tokens_and_sign_ins_are_refused);
 
 async fn sign_in_and_my_quota(db: TestDb) {
     let mock = MockUpstream::start().await.unwrap();
-    let text = resources(&mock).replace(
-        "role = \"member\"",
-        "role = \"member\"\npassword = \"ada-password-1\"",
-    ) + "\n[[policy]]\nworkspace = \"acme\"\nsubject = \"member\"\ntarget = \"ada@acme.test\"\nmetric = \"requests\"\nwindow = \"day\"\nlimit = 10\n"
-        + "\n[[policy]]\nworkspace = \"acme\"\nsubject = \"apikey\"\ntarget = \"ada@acme.test/ci\"\nmetric = \"total_tokens\"\nwindow = \"month\"\nlimit = 1000\n";
+    let text: String = fixture(&mock)
+        .set("member", "ada@acme.test", "password", "ada-password-1")
+        .policy("acme", "member", "ada@acme.test", ("requests", "day"), 10.0)
+        .policy(
+            "acme",
+            "apikey",
+            "ada@acme.test/ci",
+            ("total_tokens", "month"),
+            1000.0,
+        )
+        .into();
     let app = spawn_app(&db, Setup::resources(text)).await;
-    let r = login(&app, "ada@acme.test", "ada-password-1").await;
+    let r = app.sign_in("ada@acme.test", "ada-password-1").await;
     assert_eq!(r.status(), 200);
     let body: Value = r.json().await.unwrap();
     let token = body["token"].as_str().unwrap().to_owned();
     assert_eq!(token.split('.').count(), 3, "a JWT");
-    let me: Value = get_with(&app, "/admin/v1/me", &token).await.json().await.unwrap();
+    let me: Value = app.get_as("/admin/v1/me", &token).await.json().await.unwrap();
     assert_eq!(me["email"], "ada@acme.test");
     assert_eq!(me["role"], "member");
 
@@ -49,7 +37,7 @@ async fn sign_in_and_my_quota(db: TestDb) {
         app.post_json("/v1/chat/completions", KEY, &chat).await.status(),
         200
     );
-    let r = get_with(&app, "/admin/v1/me/quota", &token).await;
+    let r = app.get_as("/admin/v1/me/quota", &token).await;
     assert_eq!(r.status(), 200);
     let body: Value = r.json().await.unwrap();
     assert_eq!(body["timezone"], "Asia/Shanghai");
@@ -69,12 +57,12 @@ async fn sign_in_and_my_quota(db: TestDb) {
 
 async fn bad_tokens_and_sign_ins_are_refused(db: TestDb) {
     let app = spawn_app(&db, Setup::default()).await;
-    let r = login(&app, "owner@example.test", "owner-password").await;
+    let r = app.sign_in("owner@example.test", "owner-password").await;
     let token = r.json::<Value>().await.unwrap()["token"]
         .as_str()
         .unwrap()
         .to_owned();
-    assert_eq!(get_with(&app, "/admin/v1/me", &token).await.status(), 200);
+    assert_eq!(app.get_as("/admin/v1/me", &token).await.status(), 200);
 
     // Tampered, wrong algorithm (none), wrong audience, wrong secret, expired.
     let mut parts: Vec<String> = token.split('.').map(str::to_owned).collect();
@@ -112,7 +100,7 @@ async fn bad_tokens_and_sign_ins_are_refused(db: TestDb) {
         ("HS512", hs512),
         ("garbage", "not.a.jwt".to_owned()),
     ] {
-        let r = get_with(&app, "/admin/v1/me/quota", &bad).await;
+        let r = app.get_as("/admin/v1/me/quota", &bad).await;
         assert_eq!(r.status(), 401, "{what}");
         let v: Value = r.json().await.unwrap();
         assert_eq!(v["error"]["code"], "invalid_token", "{what}");
@@ -120,20 +108,16 @@ async fn bad_tokens_and_sign_ins_are_refused(db: TestDb) {
     assert_eq!(app.get("/admin/v1/me").await.status(), 401, "no token");
     // Expired: the gateway's clock moves past the hour.
     app.clock.advance(chrono::Duration::minutes(61));
-    assert_eq!(
-        get_with(&app, "/admin/v1/me", &token).await.status(),
-        401,
-        "expired"
-    );
+    assert_eq!(app.get_as("/admin/v1/me", &token).await.status(), 401, "expired");
 
     // Bad sign-ins: wrong password, unknown email, unknown fields; then slowed.
-    let r = login(&app, "owner@example.test", "wrong").await;
+    let r = app.sign_in("owner@example.test", "wrong").await;
     assert_eq!(r.status(), 401);
     assert_eq!(
         r.json::<Value>().await.unwrap()["error"]["code"],
         "invalid_credentials"
     );
-    assert_eq!(login(&app, "nobody@example.test", "x").await.status(), 401);
+    assert_eq!(app.sign_in("nobody@example.test", "x").await.status(), 401);
     let r = app
         .client
         .post(format!("{}/admin/v1/auth/login", app.address))
@@ -144,7 +128,7 @@ async fn bad_tokens_and_sign_ins_are_refused(db: TestDb) {
     assert_eq!(r.status(), 400);
     let mut throttled = false;
     for _ in 0..15 {
-        if login(&app, "owner@example.test", "wrong").await.status() == 429 {
+        if app.sign_in("owner@example.test", "wrong").await.status() == 429 {
             throttled = true;
             break;
         }

@@ -4,12 +4,10 @@
 //! upstream error whose lock is more than a minute away says `x-should-retry: false` with the
 //! real wait.
 
-use std::time::Duration;
-
 use aigw::mock_upstream::{MockUpstream, Script};
 use serde_json::{Value, json};
 
-use crate::helpers::{ResourcesBuilder, Setup, TestApp, TestDb, spawn_app};
+use crate::helpers::{ResourcesBuilder, Setup, TestDb, spawn_app};
 use crate::proxy::KEY;
 use crate::upstream::{chat, pool_of};
 
@@ -17,22 +15,6 @@ use crate::upstream::{chat, pool_of};
 fn routed(r: &reqwest::Response) -> (Option<&str>, Option<&str>, Option<&str>) {
     let h = |name: &str| r.headers().get(name).and_then(|v| v.to_str().ok());
     (h("x-aigw-attempts"), h("x-aigw-model"), h("x-aigw-provider"))
-}
-
-/// Waits (5 s at most) until credential `name` has `n` requests in flight.
-async fn until_in_flight(app: &TestApp, name: &str, n: usize) {
-    use aigw::store::{UpstreamStore, WorkspaceStore};
-    let store = &app.state.store;
-    let ws = store.workspace_by_name("acme").await.unwrap().unwrap();
-    let id = store.upstream_by_name(ws.id, name).await.unwrap().unwrap().id;
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    while app.state.admission.in_flight(id) != n {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "{name}: never {n} in flight"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
 }
 
 /// A 502 after requests were sent (unreachable, an invalid answer) names the model and provider
@@ -141,7 +123,11 @@ async fn a_busy_credential_is_no_attempt() {
     let text = pool_of(&[
         ("one", &url, "cred-one", r#"["m1", "m3"]"#, "max_in_flight = 1"),
         ("two", &url, "cred-two", r#"["m2"]"#, ""),
-    ]) + "[[model]]\nworkspace = \"acme\"\nname = \"m1\"\nfallbacks = [\"m2\"]\n";
+    ]) + &String::from(
+        ResourcesBuilder::new()
+            .model("acme", "m1")
+            .with("fallbacks", vec!["m2"]),
+    );
     let setup = Setup {
         settings: Box::new(|s| s.slot_wait_ms = 20),
         ..Setup::resources(text)
@@ -158,7 +144,7 @@ async fn a_busy_credential_is_no_attempt() {
     let stream = json!({"model": "m3", "stream": true, "messages": [{"role": "user", "content": "hi"}]});
     let held = app.post_json("/v1/chat/completions", KEY, &stream).await;
     assert_eq!(held.status(), 200);
-    until_in_flight(&app, "one", 1).await;
+    app.until_in_flight(app.credential_id("one").await, 1).await;
 
     let r = app.post_json("/v1/chat/completions", KEY, &chat("m1")).await;
     assert_eq!(r.status(), 200);
@@ -181,16 +167,13 @@ async fn a_busy_credential_is_no_attempt() {
 async fn the_answer_that_bans_a_key_names_its_routing() {
     let db = TestDb::sqlite();
     let mock = MockUpstream::start().await.unwrap();
-    let text = String::from(
-        ResourcesBuilder::new()
-            .workspace("acme")
-            .member("acme", "ada@acme.test", "member")
-            .api_key("ada@acme.test", "ci", KEY),
-    ) + &format!(
-        "[[upstream]]\nworkspace = \"acme\"\nname = \"claude\"\nprovider = \"anthropic\"\n\
-         base_url = \"{}\"\napi_key = \"cred-claude\"\nmodels = [\"claude-sonnet\"]\n",
-        mock.base_url()
-    );
+    let text = String::from(ResourcesBuilder::acme(KEY).provider_upstream(
+        "acme",
+        ("claude", "anthropic"),
+        &mock.base_url(),
+        "cred-claude",
+        &["claude-sonnet"],
+    ));
     let app = spawn_app(&db, Setup::resources(text)).await;
     let bad = json!({"model": "claude-sonnet", "messages": "not a list"});
     assert_eq!(

@@ -7,8 +7,8 @@ use aigw::mock_upstream::{MockUpstream, Script};
 use serde_json::{Value, json};
 
 use crate::both_backends;
-use crate::helpers::{Setup, TestApp, TestDb, spawn_app, try_spawn_app};
-use crate::translate::{chunks, header};
+use crate::helpers::{ResourcesBuilder, Setup, TestApp, TestDb, aliased, spawn_on_mock, try_spawn_app};
+use crate::translate::{chunks, delta_text, header};
 
 const KEY: &str = "sk-aigw-AzureTestKey0123456789abcdefghij";
 
@@ -17,57 +17,38 @@ const KEY: &str = "sk-aigw-AzureTestKey0123456789abcdefghij";
 /// to `gpt-4o`, and `gpt-4o-v1` on a second Azure credential speaking the v1 API.
 fn resources(mock: &MockUpstream) -> String {
     let endpoint = mock.azure_endpoint();
-    let url = mock.base_url();
-    format!(
-        r#"
-[[workspace]]
-name = "acme"
-[[member]]
-workspace = "acme"
-email = "ada@acme.test"
-role = "member"
-[[api_key]]
-member = "ada@acme.test"
-name = "ci"
-key = "{KEY}"
-[[upstream]]
-workspace = "acme"
-name = "azure-east"
-provider = "azure"
-base_url = "{endpoint}"
-api_version = "2024-10-21"
-api_key = "cred-azure"
-models = [{{ name = "gpt-4o", upstream = "gpt4o-prod" }}, {{ name = "embed", upstream = "emb-small" }}]
-[[upstream]]
-workspace = "acme"
-name = "azure-v1"
-provider = "azure"
-base_url = "{endpoint}/openai/v1"
-api_key = "cred-azure-v1"
-models = [{{ name = "gpt-4o-v1", upstream = "gpt4o-global" }}]
-[[upstream]]
-workspace = "acme"
-name = "claude"
-provider = "anthropic"
-base_url = "{url}"
-api_key = "cred-claude"
-models = [{{ name = "claude-sonnet", upstream = "claude-sonnet-4-5" }}]
-[[model]]
-workspace = "acme"
-name = "gpt-4o"
-fallbacks = ["claude-sonnet"]
-[[model]]
-workspace = "acme"
-name = "claude-sonnet"
-fallbacks = ["gpt-4o"]
-"#
-    )
+    ResourcesBuilder::acme(KEY)
+        .provider_upstream("acme", ("azure-east", "azure"), &endpoint, "cred-azure", &[])
+        .with("api_version", "2024-10-21")
+        .with(
+            "models",
+            vec![aliased("gpt-4o", "gpt4o-prod"), aliased("embed", "emb-small")],
+        )
+        .provider_upstream(
+            "acme",
+            ("azure-v1", "azure"),
+            &format!("{endpoint}/openai/v1"),
+            "cred-azure-v1",
+            &[],
+        )
+        .with("models", vec![aliased("gpt-4o-v1", "gpt4o-global")])
+        .provider_upstream(
+            "acme",
+            ("claude", "anthropic"),
+            &mock.base_url(),
+            "cred-claude",
+            &[],
+        )
+        .with("models", vec![aliased("claude-sonnet", "claude-sonnet-4-5")])
+        .model("acme", "gpt-4o")
+        .with("fallbacks", vec!["claude-sonnet"])
+        .model("acme", "claude-sonnet")
+        .with("fallbacks", vec!["gpt-4o"])
+        .into()
 }
 
 async fn start(db: &TestDb) -> (TestApp, MockUpstream) {
-    let mock = MockUpstream::start().await.unwrap();
-    let app = spawn_app(db, Setup::resources(resources(&mock))).await;
-    (app, mock)
+    spawn_on_mock(db, resources).await
 }
 
 fn chat(model: &str) -> Value {
@@ -129,11 +110,7 @@ async fn a_stream_from_azure_is_passed_on_with_its_usage(db: TestDb) {
     assert_eq!(events[0]["choices"], json!([]));
     assert!(events[0]["prompt_filter_results"].is_array());
     assert_eq!(events.last().unwrap(), &json!("[DONE]"));
-    let content: String = events
-        .iter()
-        .filter_map(|e| e["choices"][0]["delta"]["content"].as_str())
-        .collect();
-    assert_eq!(content, "Hello from the mock upstream ");
+    assert_eq!(delta_text(&events), "Hello from the mock upstream ");
     // The client asked for no usage chunk: the gateway asked for it and took it out again.
     assert!(
         events.iter().all(|e| e.get("usage").is_none_or(Value::is_null)),
@@ -141,14 +118,7 @@ async fn a_stream_from_azure_is_passed_on_with_its_usage(db: TestDb) {
     );
     let call = &mock.calls()[0];
     assert_eq!(call.body["stream_options"]["include_usage"], true);
-    let (prompt, completion) = call.usage.unwrap();
-    let log = &app.logs("acme", 1).await[0];
-    assert_eq!(log.stream, 1);
-    assert_eq!(
-        (log.prompt_tokens, log.completion_tokens),
-        (prompt as i64, completion as i64)
-    );
-    assert_eq!(log.usage_estimated, 0);
+    app.assert_stream_logged(call.usage.unwrap()).await;
 }
 
 async fn embeddings_reach_their_deployment(db: TestDb) {

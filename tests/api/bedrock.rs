@@ -8,8 +8,10 @@ use aigw::mock_upstream::{MockUpstream, Script};
 use serde_json::{Value, json};
 
 use crate::both_backends;
-use crate::helpers::{Setup, TestApp, TestDb, spawn_app, try_spawn_app};
-use crate::translate::{attempts, chunks, header};
+use crate::helpers::{
+    ResourcesBuilder, Setup, TestApp, TestDb, aliased, spawn_app, spawn_on_mock, try_spawn_app,
+};
+use crate::translate::{attempts, chunks, delta_text, header};
 
 const KEY: &str = "sk-aigw-BedrockTestKey0123456789abcdefgh";
 /// The model id, as Bedrock names Claude 3.5 Sonnet (its `:` is percent-encoded on the wire).
@@ -19,54 +21,40 @@ const ACCESS_KEY_ID: &str = "AKIAMOCKBEDROCK00001";
 /// `claude-bedrock` on a bedrock credential (us-east-1, temporary credentials), falling back to
 /// `gpt-4o-mini` on an OpenAI credential.
 fn resources(mock: &MockUpstream) -> String {
-    let endpoint = mock.bedrock_endpoint();
-    let url = mock.base_url();
-    format!(
-        r#"
-[[workspace]]
-name = "acme"
-[[member]]
-workspace = "acme"
-email = "ada@acme.test"
-role = "member"
-[[member]]
-workspace = "acme"
-email = "root@acme.test"
-role = "owner"
-password = "owner-password-1"
-[[api_key]]
-member = "ada@acme.test"
-name = "ci"
-key = "{KEY}"
-[[upstream]]
-workspace = "acme"
-name = "bedrock-east"
-provider = "bedrock"
-base_url = "{endpoint}"
-region = "us-east-1"
-access_key_id = "{ACCESS_KEY_ID}"
-secret_access_key = "mock/Secret+Key0123456789abcdefghijklmn"
-session_token = "FwoGZXIvYXdzEMockSessionToken"
-models = [{{ name = "claude-bedrock", upstream = "{CLAUDE}" }}]
-[[upstream]]
-workspace = "acme"
-name = "openai"
-provider = "openai"
-base_url = "{url}"
-api_key = "cred-openai"
-models = ["gpt-4o-mini"]
-[[model]]
-workspace = "acme"
-name = "claude-bedrock"
-fallbacks = ["gpt-4o-mini"]
-"#
-    )
+    fixture(mock).into()
+}
+
+/// [`resources`] as a builder.
+fn fixture(mock: &MockUpstream) -> ResourcesBuilder {
+    ResourcesBuilder::acme(KEY)
+        .member_with_password("acme", "root@acme.test", "owner", "owner-password-1")
+        .table(
+            "upstream",
+            &[
+                ("workspace", "acme"),
+                ("name", "bedrock-east"),
+                ("provider", "bedrock"),
+                ("base_url", &mock.bedrock_endpoint()),
+                ("region", "us-east-1"),
+                ("access_key_id", ACCESS_KEY_ID),
+                ("secret_access_key", "mock/Secret+Key0123456789abcdefghijklmn"),
+                ("session_token", "FwoGZXIvYXdzEMockSessionToken"),
+            ],
+        )
+        .with("models", vec![aliased("claude-bedrock", CLAUDE)])
+        .provider_upstream(
+            "acme",
+            ("openai", "openai"),
+            &mock.base_url(),
+            "cred-openai",
+            &["gpt-4o-mini"],
+        )
+        .model("acme", "claude-bedrock")
+        .with("fallbacks", vec!["gpt-4o-mini"])
 }
 
 async fn start(db: &TestDb) -> (TestApp, MockUpstream) {
-    let mock = MockUpstream::start().await.unwrap();
-    let app = spawn_app(db, Setup::resources(resources(&mock))).await;
-    (app, mock)
+    spawn_on_mock(db, resources).await
 }
 
 fn chat(model: &str) -> Value {
@@ -135,11 +123,7 @@ async fn a_converse_stream_becomes_openai_chunks_with_its_usage(db: TestDb) {
     let text = r.text().await.unwrap();
     let events = chunks(&text);
     assert_eq!(events[0]["choices"][0]["delta"]["role"], "assistant");
-    let content: String = events
-        .iter()
-        .filter_map(|e| e["choices"][0]["delta"]["content"].as_str())
-        .collect();
-    assert_eq!(content, "Hello from the mock upstream ");
+    assert_eq!(delta_text(&events), "Hello from the mock upstream ");
     assert!(
         events.iter().any(|e| e["choices"][0]["finish_reason"] == "stop"),
         "{text}"
@@ -152,14 +136,7 @@ async fn a_converse_stream_becomes_openai_chunks_with_its_usage(db: TestDb) {
     );
     let call = &mock.calls()[0];
     assert_eq!(call.path, format!("/model/{CLAUDE}/converse-stream"));
-    let (prompt, completion) = call.usage.unwrap();
-    let log = &app.logs("acme", 1).await[0];
-    assert_eq!(log.stream, 1);
-    assert_eq!(
-        (log.prompt_tokens, log.completion_tokens),
-        (prompt as i64, completion as i64)
-    );
-    assert_eq!(log.usage_estimated, 0);
+    app.assert_stream_logged(call.usage.unwrap()).await;
 }
 
 async fn tools_images_and_stop_sequences_reach_converse(db: TestDb) {
@@ -321,7 +298,7 @@ async fn throttling_parks_the_model_for_a_minute(db: TestDb) {
 async fn a_validation_error_is_the_requests_fault(db: TestDb) {
     let mock = MockUpstream::start().await.unwrap();
     // Without the fallback, the error goes back to the client, in OpenAI's shape.
-    let text = resources(&mock).replace("fallbacks = [\"gpt-4o-mini\"]", "");
+    let text = fixture(&mock).unset("model", "claude-bedrock", "fallbacks");
     let app = spawn_app(&db, Setup::resources(text)).await;
     mock.script(
         Script::any()

@@ -7,16 +7,18 @@ use crate::both_backends;
 use crate::helpers::{ResourcesBuilder, Setup, TestApp, TestDb, spawn_app};
 use crate::proxy::{KEY, resources};
 
-fn good() -> Value {
+/// A request the upstream answers.
+pub(crate) fn good() -> Value {
     json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]})
 }
 
 /// A request the gateway refuses with 400 (a failure that never reaches the upstream).
-fn bad() -> Value {
+pub(crate) fn bad() -> Value {
     json!({"model": "gpt-4o-mini", "messages": "not a list"})
 }
 
-async fn send(app: &TestApp, n: usize, body: &Value) -> Vec<u16> {
+/// The statuses of `n` requests of `body` with the proxy suite's key, one after the other.
+pub(crate) async fn send(app: &TestApp, n: usize, body: &Value) -> Vec<u16> {
     let mut out = Vec::with_capacity(n);
     for _ in 0..n {
         out.push(
@@ -318,13 +320,7 @@ async fn admins_see_breaker_state_and_history(db: TestDb) {
     let eve = app.login("eve@other.test", "eve-password-1").await;
     let r = app.client.get(&url).bearer_auth(&eve).send().await.unwrap();
     assert_eq!(r.status(), 404, "another workspace's key does not exist for them");
-    let r = app
-        .client
-        .get(format!("{}/admin/v1/keys/999999/breaker", app.address))
-        .bearer_auth(&owner)
-        .send()
-        .await
-        .unwrap();
+    let r = app.get_as("/admin/v1/keys/999999/breaker", &owner).await;
     assert_eq!(r.status(), 404);
     app.stop().await;
 }

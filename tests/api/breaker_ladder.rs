@@ -7,58 +7,18 @@ use aigw::mock_upstream::{MockUpstream, Script};
 use serde_json::{Value, json};
 
 use crate::both_backends;
-use crate::helpers::{Setup, TestApp, TestDb, spawn_app};
+use crate::breaker::{bad, good, send};
+use crate::helpers::{ResourcesBuilder, Setup, TestApp, TestDb, spawn_app};
 use crate::proxy::KEY;
 
 /// One upstream serving one model without fallbacks, room for every held request, and an owner
 /// who reads the key's breaker through the admin API.
 fn resources(mock: &MockUpstream) -> String {
-    format!(
-        r#"
-[[workspace]]
-name = "acme"
-[[member]]
-workspace = "acme"
-email = "ada@acme.test"
-role = "member"
-[[member]]
-workspace = "acme"
-email = "boss@acme.test"
-role = "owner"
-password = "boss-password-1"
-[[api_key]]
-member = "ada@acme.test"
-name = "ci"
-key = "{KEY}"
-[[upstream]]
-workspace = "acme"
-name = "lone"
-provider = "openai-compatible"
-base_url = "{}"
-api_key = "cred-lone"
-models = ["gpt-4o-mini"]
-max_in_flight = 1000
-"#,
-        mock.base_url()
-    )
-}
-
-fn good() -> Value {
-    json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]})
-}
-
-/// Refused by the gateway with 400: a failure that never reaches the upstream.
-fn bad() -> Value {
-    json!({"model": "gpt-4o-mini", "messages": "not a list"})
-}
-
-async fn send(app: &TestApp, n: usize, body: &Value) -> Vec<u16> {
-    let mut out = Vec::with_capacity(n);
-    for _ in 0..n {
-        let r = app.post_json("/v1/chat/completions", KEY, body).await;
-        out.push(r.status().as_u16());
-    }
-    out
+    ResourcesBuilder::acme(KEY)
+        .member_with_password("acme", "boss@acme.test", "owner", "boss-password-1")
+        .upstream("acme", "lone", &mock.base_url(), "cred-lone", &["gpt-4o-mini"])
+        .with("max_in_flight", 1000)
+        .into()
 }
 
 /// `n` requests held at the upstream until [`MockUpstream::release`], then answered 400 (an
@@ -99,12 +59,8 @@ async fn breaker(app: &TestApp) -> Value {
     let key_id = app.logs("acme", 1).await[0].key_id;
     let token = app.login("boss@acme.test", "boss-password-1").await;
     let r = app
-        .client
-        .get(format!("{}/admin/v1/keys/{key_id}/breaker", app.address))
-        .bearer_auth(token)
-        .send()
-        .await
-        .unwrap();
+        .get_as(&format!("/admin/v1/keys/{key_id}/breaker"), &token)
+        .await;
     assert_eq!(r.status(), 200);
     r.json().await.unwrap()
 }

@@ -444,15 +444,7 @@ async fn alert_settings_are_checked_and_the_secret_never_comes_back(db: TestDb) 
     }
     // A member sets no webhook.
     let ada_token = {
-        let (status, v) = call(&app, Method::GET, "/admin/v1/members", &owner, None).await;
-        assert_eq!(status, 200);
-        let ada = v["data"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|m| m["email"] == "ada@acme.test")
-            .unwrap()["id"]
-            .clone();
+        let ada = app.member_id(&owner, "ada@acme.test").await;
         let (_, v) = call(
             &app,
             Method::POST,
@@ -542,16 +534,7 @@ async fn alert_settings_are_checked_and_the_secret_never_comes_back(db: TestDb) 
     .await;
     assert_eq!(status, 404, "a member does not see the workspace's policy");
     for path in ["/admin/v1/policies", "/admin/v1/audit"] {
-        let text = app
-            .client
-            .get(format!("{}{path}", app.address))
-            .bearer_auth(&owner)
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let text = app.get_as(path, &owner).await.text().await.unwrap();
         assert!(!text.contains(SECRET), "{path} shows the secret");
     }
     // The history: bad filters and pages are 4xx, a member may not read it.

@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 
 use crate::both_backends;
 use crate::helpers::{TestApp, TestDb};
-use crate::model_allow_list::{OTHER, OWNER, OWNER_PASSWORD, admin, key_id, member_id, patch, start};
+use crate::model_allow_list::{OTHER, OWNER, OWNER_PASSWORD, admin, key_id, patch, start};
 use crate::proxy::KEY;
 
 fn chat(stream: bool) -> Value {
@@ -173,7 +173,7 @@ async fn assert_over_cap_now(app: &TestApp) {
 async fn a_members_cap_spans_their_keys(db: TestDb) {
     let (app, mock) = start(&db, "").await;
     let token = app.login(OWNER, OWNER_PASSWORD).await;
-    let ada = member_id(&app, &token, "ada@acme.test").await;
+    let ada = app.member_id(&token, "ada@acme.test").await;
     let set = patch(
         &app,
         &token,
@@ -226,7 +226,7 @@ async fn the_admin_api_checks_the_new_fields(db: TestDb) {
     let (app, _mock) = start(&db, "").await;
     let token = app.login(OWNER, OWNER_PASSWORD).await;
     let key = key_id(&app, &token, "ci").await;
-    let ada = member_id(&app, &token, "ada@acme.test").await;
+    let ada = app.member_id(&token, "ada@acme.test").await;
     let key_path = format!("/admin/v1/keys/{key}");
     let member_path = format!("/admin/v1/members/{ada}");
     // (path, body, status, code, param)

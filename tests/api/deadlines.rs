@@ -11,41 +11,23 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::both_backends;
-use crate::helpers::{Setup, TestApp, TestDb, spawn_app};
+use crate::helpers::{ResourcesBuilder, Setup, TestApp, TestDb, spawn_app};
 use crate::proxy::KEY;
 
 /// One OpenAI-compatible credential for `m1` and one Anthropic credential for `claude`: a parked
 /// credential leaves its model nothing to fail over to.
 fn resources(mock: &MockUpstream) -> String {
-    let url = mock.base_url();
-    format!(
-        r#"
-[[workspace]]
-name = "acme"
-[[member]]
-workspace = "acme"
-email = "ada@acme.test"
-role = "member"
-[[api_key]]
-member = "ada@acme.test"
-name = "ci"
-key = "{KEY}"
-[[upstream]]
-workspace = "acme"
-name = "solo"
-provider = "openai-compatible"
-base_url = "{url}"
-api_key = "cred-solo"
-models = ["m1"]
-[[upstream]]
-workspace = "acme"
-name = "claude"
-provider = "anthropic"
-base_url = "{url}"
-api_key = "cred-claude"
-models = ["claude-sonnet"]
-"#
-    )
+    let url = &mock.base_url();
+    ResourcesBuilder::acme(KEY)
+        .upstream("acme", "solo", url, "cred-solo", &["m1"])
+        .provider_upstream(
+            "acme",
+            ("claude", "anthropic"),
+            url,
+            "cred-claude",
+            &["claude-sonnet"],
+        )
+        .into()
 }
 
 /// A gateway whose deadlines are `settings`' (seconds), on a fresh mock.
@@ -283,14 +265,7 @@ async fn an_anthropic_stream_that_stalls_ends_with_its_error_event(db: TestDb) {
     });
     let body = json!({"model": "claude-sonnet", "max_tokens": 64, "stream": true,
                       "messages": [{"role": "user", "content": "hi there"}]});
-    let r = app
-        .client
-        .post(format!("{}/v1/messages", app.address))
-        .header("x-api-key", KEY)
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let r = app.post_messages(KEY, None, &body).await;
     assert_eq!(r.status(), 200);
     let text = within(Duration::from_secs(5), "a stalled stream", r.text())
         .await
@@ -408,27 +383,7 @@ async fn lingering_upstream() -> String {
 /// idle deadline ends it without an error event, and nothing is parked.
 async fn a_whole_stream_on_a_lingering_connection_ends_cleanly(db: TestDb) {
     let url = lingering_upstream().await;
-    let text = format!(
-        r#"
-[[workspace]]
-name = "acme"
-[[member]]
-workspace = "acme"
-email = "ada@acme.test"
-role = "member"
-[[api_key]]
-member = "ada@acme.test"
-name = "ci"
-key = "{KEY}"
-[[upstream]]
-workspace = "acme"
-name = "lingering"
-provider = "openai-compatible"
-base_url = "{url}"
-api_key = "cred-lingering"
-models = ["m1"]
-"#
-    );
+    let text = ResourcesBuilder::acme(KEY).upstream("acme", "lingering", &url, "cred-lingering", &["m1"]);
     let setup = Setup {
         settings: Box::new(|s| s.stream_idle_timeout_secs = 1),
         ..Setup::resources(text)

@@ -138,16 +138,7 @@ async fn behind_a_trusted_proxy_the_forwarded_client_is_logged_throttled_and_aud
     )
     .await;
     assert_eq!(r.status(), 201);
-    let audit: Value = app
-        .client
-        .get(format!("{}/admin/v1/audit", app.address))
-        .bearer_auth(&token)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let audit: Value = app.get_as("/admin/v1/audit", &token).await.json().await.unwrap();
     let entry = &audit["data"][0];
     assert_eq!(entry["target_kind"], "api_key");
     assert_eq!(entry["client_ip"], "203.0.113.62");

@@ -3,7 +3,7 @@
 use aigw::store::{MemberStore, Role, WorkspaceStore};
 
 use crate::both_backends;
-use crate::helpers::{Setup, TestDb, spawn_app};
+use crate::helpers::{ResourcesBuilder, Setup, TestDb, spawn_app};
 
 both_backends!(
     health_and_readiness,
@@ -37,18 +37,11 @@ async fn unknown_route_is_a_gateway_error(db: TestDb) {
 }
 
 async fn data_survive_a_restart(db: TestDb) {
-    let resources = r#"
-[[workspace]]
-name = "acme"
-[[department]]
-workspace = "acme"
-name = "research"
-[[member]]
-workspace = "acme"
-department = "research"
-email = "ada@acme.test"
-role = "admin"
-"#;
+    let resources = ResourcesBuilder::new()
+        .workspace("acme")
+        .department("acme", "research")
+        .member("acme", "ada@acme.test", "admin")
+        .with("department", "research");
     let app = spawn_app(&db, Setup::resources(resources)).await;
     app.stop().await;
     // Second start without the file: everything is still there.

@@ -8,40 +8,30 @@ use aigw::mock_upstream::{MockUpstream, Script};
 use serde_json::{Value, json};
 
 use crate::both_backends;
-use crate::helpers::{Setup, TestApp, TestDb, spawn_app};
-use crate::translate::{chunks, header};
+use crate::helpers::{ResourcesBuilder, Setup, TestApp, TestDb, aliased, spawn_app, spawn_on_mock};
+use crate::translate::{chunks, delta_text, header};
 
 const KEY: &str = "sk-aigw-GoogleTestKey0123456789abcdefghi";
 
 fn resources(mock: &MockUpstream) -> String {
-    let base = mock.google_base_url();
-    format!(
-        r#"
-[[workspace]]
-name = "acme"
-[[member]]
-workspace = "acme"
-email = "ada@acme.test"
-role = "member"
-[[api_key]]
-member = "ada@acme.test"
-name = "ci"
-key = "{KEY}"
-[[upstream]]
-workspace = "acme"
-name = "gemini-direct"
-provider = "google"
-base_url = "{base}"
-api_key = "cred-google"
-models = [{{ name = "flash", upstream = "gemini-2.5-flash" }}]
-"#
-    )
+    fixture(mock).into()
+}
+
+/// [`resources`] as a builder.
+fn fixture(mock: &MockUpstream) -> ResourcesBuilder {
+    ResourcesBuilder::acme(KEY)
+        .provider_upstream(
+            "acme",
+            ("gemini-direct", "google"),
+            &mock.google_base_url(),
+            "cred-google",
+            &[],
+        )
+        .with("models", vec![aliased("flash", "gemini-2.5-flash")])
 }
 
 async fn start(db: &TestDb) -> (TestApp, MockUpstream) {
-    let mock = MockUpstream::start().await.unwrap();
-    let app = spawn_app(db, Setup::resources(resources(&mock))).await;
-    (app, mock)
+    spawn_on_mock(db, resources).await
 }
 
 /// Google's own per-day free-tier 429: a `QuotaFailure` naming a per-day quota, and a
@@ -60,10 +50,9 @@ both_backends!(
 );
 
 async fn the_connection_test_pings_generate_content_and_clears_the_day(db: TestDb) {
-    use aigw::store::{UpstreamStore, WorkspaceStore};
     let mock = MockUpstream::start().await.unwrap();
-    let admin = "\n[[member]]\nworkspace = \"acme\"\nemail = \"boss@acme.test\"\nrole = \"admin\"\npassword = \"boss-password-1\"\n";
-    let app = spawn_app(&db, Setup::resources(resources(&mock) + admin)).await;
+    let text = fixture(&mock).member_with_password("acme", "boss@acme.test", "admin", "boss-password-1");
+    let app = spawn_app(&db, Setup::resources(text)).await;
     mock.script(
         Script::any()
             .times(1)
@@ -74,30 +63,13 @@ async fn the_connection_test_pings_generate_content_and_clears_the_day(db: TestD
         app.post_json("/v1/chat/completions", KEY, &chat).await.status(),
         429
     );
-    let ws = app.state.store.workspace_by_name("acme").await.unwrap().unwrap();
-    let up = app
-        .state
-        .store
-        .upstream_by_name(ws.id, "gemini-direct")
-        .await
-        .unwrap()
-        .unwrap();
-    let login: Value = app
-        .client
-        .post(format!("{}/admin/v1/auth/login", app.address))
-        .json(&json!({"email": "boss@acme.test", "password": "boss-password-1"}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let token = login["token"].as_str().unwrap();
-    let url = format!("{}/admin/v1/upstreams/{}", app.address, up.id);
+    let up = app.credential_id("gemini-direct").await;
+    let token = app.login("boss@acme.test", "boss-password-1").await;
+    let url = format!("{}/admin/v1/upstreams/{}", app.address, up);
     let body: Value = app
         .client
         .get(&url)
-        .bearer_auth(token)
+        .bearer_auth(&token)
         .send()
         .await
         .unwrap()
@@ -108,7 +80,7 @@ async fn the_connection_test_pings_generate_content_and_clears_the_day(db: TestD
     let r = app
         .client
         .post(format!("{url}/test"))
-        .bearer_auth(token)
+        .bearer_auth(&token)
         .send()
         .await
         .unwrap();
@@ -208,11 +180,7 @@ async fn a_stream_is_translated_with_its_usage(db: TestDb) {
     let text = r.text().await.unwrap();
     let events = chunks(&text);
     assert_eq!(events.last().unwrap(), &json!("[DONE]"));
-    let content: String = events
-        .iter()
-        .filter_map(|e| e["choices"][0]["delta"]["content"].as_str())
-        .collect();
-    assert_eq!(content, "Hello from the mock upstream ");
+    assert_eq!(delta_text(&events), "Hello from the mock upstream ");
     assert!(
         events.iter().any(|e| e["choices"][0]["finish_reason"] == "stop"),
         "{text}"
@@ -222,13 +190,7 @@ async fn a_stream_is_translated_with_its_usage(db: TestDb) {
     let (prompt, completion) = call.usage.unwrap();
     let usage = events.iter().find(|e| e["usage"].is_object()).expect(&text);
     assert_eq!(usage["usage"]["completion_tokens"], completion);
-    let log = &app.logs("acme", 1).await[0];
-    assert_eq!(log.stream, 1);
-    assert_eq!(
-        (log.prompt_tokens, log.completion_tokens),
-        (prompt as i64, completion as i64)
-    );
-    assert_eq!(log.usage_estimated, 0);
+    app.assert_stream_logged((prompt, completion)).await;
 }
 
 async fn messages_reach_google_through_chat(db: TestDb) {

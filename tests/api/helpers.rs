@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
+use aigw::mock_upstream::MockUpstream;
 use aigw::state::AppState;
 use aigw::{BuildOptions, Clock, Gateway, Settings};
 use chrono::{DateTime, Utc};
@@ -309,6 +310,16 @@ impl TestApp {
             .expect("request")
     }
 
+    /// `GET {address}{path}` with `token` (a gateway key or an admin token) as the bearer.
+    pub async fn get_as(&self, path: &str, token: &str) -> reqwest::Response {
+        self.client
+            .get(format!("{}{path}", self.address))
+            .bearer_auth(token)
+            .send()
+            .await
+            .expect("request")
+    }
+
     /// `POST {address}{path}` with a JSON body and a gateway key.
     pub async fn post_json(&self, path: &str, key: &str, body: &serde_json::Value) -> reqwest::Response {
         self.client
@@ -320,18 +331,78 @@ impl TestApp {
             .expect("request")
     }
 
-    /// Signs in to the admin API and returns the token.
-    pub async fn login(&self, email: &str, password: &str) -> String {
-        let r = self
-            .client
+    /// `POST /admin/v1/auth/login`: the answer, whatever it is.
+    pub async fn sign_in(&self, email: &str, password: &str) -> reqwest::Response {
+        self.client
             .post(format!("{}/admin/v1/auth/login", self.address))
             .json(&serde_json::json!({"email": email, "password": password}))
             .send()
             .await
-            .expect("request");
+            .expect("request")
+    }
+
+    /// `POST {address}/v1/messages` as Anthropic's clients send it: the key in `x-api-key`, and
+    /// `anthropic-version` when `version` is given.
+    pub async fn post_messages(
+        &self,
+        key: &str,
+        version: Option<&str>,
+        body: &serde_json::Value,
+    ) -> reqwest::Response {
+        let mut request = self
+            .client
+            .post(format!("{}/v1/messages", self.address))
+            .header("x-api-key", key);
+        if let Some(version) = version {
+            request = request.header("anthropic-version", version);
+        }
+        request.json(body).send().await.expect("request")
+    }
+
+    /// Signs in to the admin API and returns the token.
+    pub async fn login(&self, email: &str, password: &str) -> String {
+        let r = self.sign_in(email, password).await;
         assert_eq!(r.status(), 200, "sign-in of {email}");
         let body: serde_json::Value = r.json().await.expect("json");
         body["token"].as_str().expect("token").to_owned()
+    }
+
+    /// The id of acme's upstream credential `name`.
+    pub async fn credential_id(&self, name: &str) -> i64 {
+        use aigw::store::{UpstreamStore, WorkspaceStore};
+        let store = &self.state.store;
+        let ws = store.workspace_by_name("acme").await.unwrap().expect("acme");
+        let credential = store.upstream_by_name(ws.id, name).await.unwrap();
+        credential.unwrap_or_else(|| panic!("no credential {name}")).id
+    }
+
+    /// Waits (10 s at most) until `credential` has `n` requests in flight.
+    pub async fn until_in_flight(&self, credential: i64, n: usize) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while self.state.admission.in_flight(credential) != n {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "credential {credential} never had {n} requests in flight"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    }
+
+    /// The id of the member with `email`, as `token` (an admin token) lists the members.
+    pub async fn member_id(&self, token: &str, email: &str) -> i64 {
+        let members: serde_json::Value = self
+            .get_as("/admin/v1/members", token)
+            .await
+            .json()
+            .await
+            .expect("the members");
+        members["data"]
+            .as_array()
+            .expect("a list of members")
+            .iter()
+            .find(|m| m["email"] == email)
+            .and_then(|m| m["id"].as_i64())
+            .unwrap_or_else(|| panic!("no member {email}"))
     }
 
     /// Shares what this gateway did and learns what others did, at once: the pending writes, the
@@ -373,6 +444,18 @@ impl TestApp {
             }
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         }
+    }
+
+    /// The one request log of acme is a stream that counted the upstream's own report of
+    /// `(prompt, completion)` tokens, not an estimate.
+    pub async fn assert_stream_logged(&self, (prompt, completion): (u64, u64)) {
+        let log = &self.logs("acme", 1).await[0];
+        assert_eq!(log.stream, 1);
+        assert_eq!(
+            (log.prompt_tokens, log.completion_tokens),
+            (prompt as i64, completion as i64)
+        );
+        assert_eq!(log.usage_estimated, 0);
     }
 
     /// Stops the gateway gracefully and waits until it has drained.
@@ -466,6 +549,66 @@ impl ResourcesBuilder {
         self
     }
 
+    /// The base most suites extend: workspace `acme`, its plain member `ada@acme.test` and her
+    /// key `ci` with the plaintext `key`.
+    pub fn acme(key: &str) -> ResourcesBuilder {
+        ResourcesBuilder::new()
+            .workspace("acme")
+            .member("acme", "ada@acme.test", "member")
+            .api_key("ada@acme.test", "ci", key)
+    }
+
+    /// The texts of `self` and then of `more`, as one file.
+    pub fn and(mut self, more: ResourcesBuilder) -> ResourcesBuilder {
+        self.tables.extend(more.tables);
+        self
+    }
+
+    /// Adds `key = value` to the `[[kind]]` entry called `name` (its `name`, or a member's
+    /// `email`): how a suite changes one entry of a shared fixture.
+    pub fn set(
+        mut self,
+        kind: &str,
+        name: &str,
+        key: &str,
+        value: impl Into<toml::Value>,
+    ) -> ResourcesBuilder {
+        let table = self.entry(kind, name);
+        table.insert(key.to_owned(), value.into());
+        self
+    }
+
+    /// Drops `key` from the `[[kind]]` entry called `name`.
+    pub fn unset(mut self, kind: &str, name: &str, key: &str) -> ResourcesBuilder {
+        let table = self.entry(kind, name);
+        table.remove(key).expect("the field to drop");
+        self
+    }
+
+    /// Drops the `[[kind]]` entry called `name`.
+    pub fn without(mut self, kind: &str, name: &str) -> ResourcesBuilder {
+        let before = self.tables.len();
+        self.tables
+            .retain(|(k, t)| !(*k == kind && ResourcesBuilder::is_called(t, name)));
+        assert_eq!(self.tables.len() + 1, before, "one [[{kind}]] called {name}");
+        self
+    }
+
+    fn is_called(table: &toml::Table, name: &str) -> bool {
+        ["name", "email"]
+            .iter()
+            .any(|field| table.get(*field).and_then(toml::Value::as_str) == Some(name))
+    }
+
+    fn entry(&mut self, kind: &str, name: &str) -> &mut toml::Table {
+        let mut found = self
+            .tables
+            .iter_mut()
+            .filter(|(k, t)| *k == kind && ResourcesBuilder::is_called(t, name));
+        let table = found.next().map(|(_, t)| t);
+        table.unwrap_or_else(|| panic!("no [[{kind}]] called {name}"))
+    }
+
     /// A workspace.
     pub fn workspace(self, name: &str) -> ResourcesBuilder {
         self.table("workspace", &[("name", name)])
@@ -518,6 +661,29 @@ impl ResourcesBuilder {
         .with("models", models.to_vec())
     }
 
+    /// An upstream credential of `provider` (`azure`, `anthropic`, ...) serving `models`.
+    pub fn provider_upstream(
+        self,
+        workspace: &str,
+        (name, provider): (&str, &str),
+        base_url: &str,
+        secret: &str,
+        models: &[&str],
+    ) -> ResourcesBuilder {
+        self.upstream(workspace, name, base_url, secret, models)
+            .with("provider", provider)
+    }
+
+    /// A department of `workspace`.
+    pub fn department(self, workspace: &str, name: &str) -> ResourcesBuilder {
+        self.table("department", &[("workspace", workspace), ("name", name)])
+    }
+
+    /// A model entry (`fallbacks`, `price` and the rest through [`ResourcesBuilder::with`]).
+    pub fn model(self, workspace: &str, name: &str) -> ResourcesBuilder {
+        self.table("model", &[("workspace", workspace), ("name", name)])
+    }
+
     /// A quota policy in `enforce` mode (`mode` through [`ResourcesBuilder::with`]).
     pub fn policy(
         self,
@@ -546,8 +712,48 @@ impl From<ResourcesBuilder> for String {
         let mut text = String::new();
         for (kind, table) in b.tables {
             text.push_str(&format!("\n[[{kind}]]\n"));
-            text.push_str(&toml::to_string(&table).expect("a TOML table"));
+            // Each field on its own line with an inline value, so a nested table (a model alias,
+            // a price) stays inside its entry instead of opening a section of its own.
+            for (key, value) in table {
+                text.push_str(&format!("{key} = {value}\n"));
+            }
         }
         text
     }
+}
+
+/// A served model under its own name that the upstream calls `upstream`
+/// (`{ name = "...", upstream = "..." }` in `models`).
+#[allow(dead_code, reason = "each suite uses the entries it needs")]
+pub fn aliased(name: &str, upstream: &str) -> toml::Value {
+    let mut table = toml::Table::new();
+    table.insert("name".to_owned(), name.into());
+    table.insert("upstream".to_owned(), upstream.into());
+    toml::Value::Table(table)
+}
+
+/// A model's price in currency units per million tokens (`{ prompt = .., completion = .. }`).
+#[allow(dead_code, reason = "each suite uses the entries it needs")]
+pub fn price(prompt: f64, completion: f64) -> toml::Value {
+    let mut table = toml::Table::new();
+    table.insert("prompt".to_owned(), prompt.into());
+    table.insert("completion".to_owned(), completion.into());
+    toml::Value::Table(table)
+}
+
+/// A gateway on `db` with the resources `resources` writes around a fresh mock upstream.
+#[allow(dead_code, reason = "each suite uses the entries it needs")]
+pub async fn spawn_on_mock(
+    db: &TestDb,
+    resources: impl FnOnce(&MockUpstream) -> String,
+) -> (TestApp, MockUpstream) {
+    let mock = MockUpstream::start().await.expect("mock upstream");
+    let app = spawn_app(db, Setup::resources(resources(&mock))).await;
+    (app, mock)
+}
+
+/// A chat completion request of `model` saying "hi".
+#[allow(dead_code, reason = "each suite uses the entries it needs")]
+pub fn chat(model: &str) -> serde_json::Value {
+    serde_json::json!({"model": model, "messages": [{"role": "user", "content": "hi"}]})
 }

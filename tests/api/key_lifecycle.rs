@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 use crate::both_backends;
 use crate::helpers::{Setup, TestApp, TestDb, spawn_app, try_spawn_app};
 use crate::model_allow_list::{OWNER, OWNER_PASSWORD, admin, key_id, patch, start};
-use crate::proxy::{KEY, resources};
+use crate::proxy::{KEY, fixture, resources};
 
 /// A member who signs in and owns no key of the suite.
 const BOB: &str = "bob@acme.test";
@@ -48,13 +48,10 @@ async fn key_json(app: &TestApp, token: &str, id: i64) -> Value {
 /// `[[api_key]]` ada's `ci` (the suite's key) with `expires_at`, replacing the suite's own
 /// declaration of it.
 fn ci_expiring(mock: &aigw::mock_upstream::MockUpstream, expires_at: &str) -> String {
-    let declared = format!("[[api_key]]\nmember = \"ada@acme.test\"\nname = \"ci\"\nkey = \"{KEY}\"\n");
-    let base = resources(mock);
-    assert!(base.contains(&declared));
-    base.replace(&declared, &format!("{declared}expires_at = \"{expires_at}\"\n"))
-        + &format!(
-            "[[member]]\nworkspace = \"acme\"\nemail = \"{OWNER}\"\nrole = \"owner\"\npassword = \"{OWNER_PASSWORD}\"\n"
-        )
+    fixture(mock)
+        .set("api_key", "ci", "expires_at", expires_at)
+        .member_with_password("acme", OWNER, "owner", OWNER_PASSWORD)
+        .into()
 }
 
 both_backends!(

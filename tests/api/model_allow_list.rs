@@ -7,23 +7,38 @@ use aigw::mock_upstream::{MockUpstream, Script};
 use serde_json::{Value, json};
 
 use crate::both_backends;
-use crate::helpers::{Setup, TestApp, TestDb, spawn_app};
-use crate::proxy::{KEY, resources};
+use crate::helpers::{ResourcesBuilder, Setup, TestApp, TestDb, spawn_app, spawn_on_mock};
+use crate::proxy::{KEY, fixture};
 
 /// A second key of ada's, and an owner of acme who signs in.
 pub const OTHER: &str = "sk-aigw-GuardrailsOtherKey0123456789abcd";
 pub const OWNER: &str = "boss@acme.test";
 pub const OWNER_PASSWORD: &str = "boss-password";
 
-/// The proxy suite's workspace with an owner, a second key of ada's, and `extra` appended.
+/// The proxy suite's workspace with an owner and a second key of ada's.
+pub fn owned(mock: &MockUpstream) -> ResourcesBuilder {
+    fixture(mock)
+        .member_with_password("acme", OWNER, "owner", OWNER_PASSWORD)
+        .api_key("ada@acme.test", "other", OTHER)
+}
+
+/// [`owned`] with `extra` appended.
 pub async fn start(db: &TestDb, extra: &str) -> (TestApp, MockUpstream) {
-    let mock = MockUpstream::start().await.unwrap();
-    let text = format!(
-        "{}\n[[member]]\nworkspace = \"acme\"\nemail = \"{OWNER}\"\nrole = \"owner\"\npassword = \"{OWNER_PASSWORD}\"\n\
-         [[api_key]]\nmember = \"ada@acme.test\"\nname = \"other\"\nkey = \"{OTHER}\"\n{extra}",
-        resources(&mock)
-    );
-    let app = spawn_app(db, Setup::resources(text)).await;
+    spawn_on_mock(db, |mock| String::from(owned(mock)) + extra).await
+}
+
+/// [`start`] where `extra` declares the `ci` key again (with its guardrails): the proxy suite's
+/// own declaration is dropped so the key is declared once.
+async fn start_replacing_ci(db: &TestDb, extra: &str) -> (TestApp, MockUpstream) {
+    let (app, mock) = spawn_on_mock(db, |mock| {
+        let base = String::from(owned(mock).without("api_key", "ci"));
+        assert!(
+            !base.contains(KEY),
+            "the proxy suite's key declaration was dropped"
+        );
+        base + extra
+    })
+    .await;
     (app, mock)
 }
 
@@ -41,13 +56,7 @@ async fn call(app: &TestApp, key: &str, path: &str, body: &Value) -> (u16, Value
 
 /// The ids `GET /v1/models` lists for `key`.
 async fn listed(app: &TestApp, key: &str) -> Vec<String> {
-    let r = app
-        .client
-        .get(format!("{}/v1/models", app.address))
-        .bearer_auth(key)
-        .send()
-        .await
-        .unwrap();
+    let r = app.get_as("/v1/models", key).await;
     assert_eq!(r.status(), 200);
     let body: Value = r.json().await.unwrap();
     body["data"]
@@ -115,16 +124,13 @@ async fn a_key_calls_only_the_models_its_list_allows(db: TestDb) {
 
     // The exact name, on the Anthropic endpoint, streamed.
     let r = app
-        .client
-        .post(format!("{}/v1/messages", app.address))
-        .header("x-api-key", KEY)
-        .json(
+        .post_messages(
+            KEY,
+            None,
             &json!({"model": "claude-sonnet", "max_tokens": 16, "stream": true,
                       "messages": [{"role": "user", "content": "hi"}]}),
         )
-        .send()
-        .await
-        .unwrap();
+        .await;
     assert_eq!(r.status(), 200);
     assert!(r.text().await.unwrap().contains("message_stop"));
     // The quota counted the two served requests only: it is used up now.
@@ -152,30 +158,10 @@ async fn a_key_calls_only_the_models_its_list_allows(db: TestDb) {
     app.stop().await;
 }
 
-/// [`start`] where `extra` declares the `ci` key again (with its guardrails): the proxy suite's
-/// own declaration is dropped so the key is declared once.
-async fn start_replacing_ci(db: &TestDb, extra: &str) -> (TestApp, MockUpstream) {
-    let mock = MockUpstream::start().await.unwrap();
-    let base = resources(&mock).replace(
-        &format!("[[api_key]]\nmember = \"ada@acme.test\"\nname = \"ci\"\nkey = \"{KEY}\"\n"),
-        "",
-    );
-    assert!(
-        !base.contains(KEY),
-        "the proxy suite's key declaration was dropped"
-    );
-    let text = format!(
-        "{base}\n[[member]]\nworkspace = \"acme\"\nemail = \"{OWNER}\"\nrole = \"owner\"\npassword = \"{OWNER_PASSWORD}\"\n\
-         [[api_key]]\nmember = \"ada@acme.test\"\nname = \"other\"\nkey = \"{OTHER}\"\n{extra}"
-    );
-    let app = spawn_app(db, Setup::resources(text)).await;
-    (app, mock)
-}
-
 async fn key_and_member_lists_both_apply(db: TestDb) {
     let (app, mock) = start(&db, "").await;
     let token = app.login(OWNER, OWNER_PASSWORD).await;
-    let ada = member_id(&app, &token, "ada@acme.test").await;
+    let ada = app.member_id(&token, "ada@acme.test").await;
     let key = key_id(&app, &token, "ci").await;
     patch(
         &app,
@@ -312,15 +298,18 @@ async fn the_admin_api_sets_and_clears_allow_lists(db: TestDb) {
 }
 
 async fn the_resources_file_sets_both_guardrails(db: TestDb) {
-    let declared = |models: &str, cap: u32| {
-        format!(
-            "[[member]]\nworkspace = \"acme\"\nemail = \"carol@acme.test\"\nrole = \"member\"\n\
-             allowed_models = [{models}]\nmax_in_flight = {cap}\n\
-             [[api_key]]\nmember = \"carol@acme.test\"\nname = \"svc\"\nkey = \"{CAROL}\"\n\
-             allowed_models = [\"gpt-4o-mini\", \"claude-*\"]\nmax_in_flight = 3\n"
+    let declared = |models: &[&str], cap: i64| {
+        String::from(
+            ResourcesBuilder::new()
+                .member("acme", "carol@acme.test", "member")
+                .with("allowed_models", models.to_vec())
+                .with("max_in_flight", cap)
+                .api_key("carol@acme.test", "svc", CAROL)
+                .with("allowed_models", vec!["gpt-4o-mini", "claude-*"])
+                .with("max_in_flight", 3),
         )
     };
-    let (app, _mock) = start(&db, &declared("\"gpt-*\", \"claude-sonnet\"", 5)).await;
+    let (app, _mock) = start(&db, &declared(&["gpt-*", "claude-sonnet"], 5)).await;
     let token = app.login(OWNER, OWNER_PASSWORD).await;
     let read = |path: &'static str| {
         let (app, token) = (&app, &token);
@@ -352,11 +341,8 @@ async fn the_resources_file_sets_both_guardrails(db: TestDb) {
 
     // Edited in the file: applied at the next start, in place.
     let mock = MockUpstream::start().await.unwrap();
-    let edited = format!(
-        "{}\n[[member]]\nworkspace = \"acme\"\nemail = \"{OWNER}\"\nrole = \"owner\"\npassword = \"{OWNER_PASSWORD}\"\n{}",
-        resources(&mock),
-        declared("\"claude-sonnet\"", 7)
-    );
+    let edited = String::from(fixture(&mock).member_with_password("acme", OWNER, "owner", OWNER_PASSWORD))
+        + &declared(&["claude-sonnet"], 7);
     let app = spawn_app(&db, Setup::resources(edited)).await;
     assert_eq!(listed(&app, CAROL).await, ["claude-sonnet"]);
     assert_not_allowed(
@@ -417,16 +403,4 @@ pub async fn key_id(app: &TestApp, token: &str, name: &str) -> i64 {
         .find(|k| k["name"] == name && k["member_email"] == "ada@acme.test")
         .and_then(|k| k["id"].as_i64())
         .expect("the key")
-}
-
-/// The id of the member with `email`.
-pub async fn member_id(app: &TestApp, token: &str, email: &str) -> i64 {
-    let (_, members) = admin(app, token, reqwest::Method::GET, "/admin/v1/members", None).await;
-    members["data"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|m| m["email"] == email)
-        .and_then(|m| m["id"].as_i64())
-        .expect("the member")
 }

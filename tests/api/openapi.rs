@@ -13,7 +13,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use crate::both_backends;
 use crate::helpers::{Setup, TestDb, spawn_app};
@@ -182,27 +182,8 @@ both_backends!(what_schemathesis_found_stays_fixed);
 /// overflowing the default `from` of the usage query (a panic in debug builds).
 async fn what_schemathesis_found_stays_fixed(db: TestDb) {
     let app = spawn_app(&db, Setup::default()).await;
-    let login: Value = app
-        .client
-        .post(format!("{}/admin/v1/auth/login", app.address))
-        .json(&json!({"email": "owner@example.test", "password": "owner-password"}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let token = login["token"].as_str().unwrap();
-    let me: Value = app
-        .client
-        .get(format!("{}/admin/v1/me", app.address))
-        .bearer_auth(token)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let token = &app.login("owner@example.test", "owner-password").await;
+    let me: Value = app.get_as("/admin/v1/me", token).await.json().await.unwrap();
     for body in ["[null, null]", " [\"member\"]", "\"x\"", "1"] {
         let r = app
             .client
@@ -218,12 +199,8 @@ async fn what_schemathesis_found_stays_fixed(db: TestDb) {
         assert_eq!(e["error"]["code"], "invalid_request_error", "{body}");
     }
     let r = app
-        .client
-        .get(format!("{}/admin/v1/usage?to={}", app.address, i64::MIN))
-        .bearer_auth(token)
-        .send()
-        .await
-        .unwrap();
+        .get_as(&format!("/admin/v1/usage?to={}", i64::MIN), token)
+        .await;
     assert_eq!(r.status(), 422);
     let e: Value = r.json().await.unwrap();
     assert_eq!(e["error"]["param"], "from");

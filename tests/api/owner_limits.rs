@@ -7,39 +7,23 @@ use reqwest::Method;
 use serde_json::{Value, json};
 
 use crate::both_backends;
-use crate::helpers::{Setup, TestApp, TestDb, spawn_app};
+use crate::helpers::{ResourcesBuilder, Setup, TestApp, TestDb, chat, spawn_app};
 use crate::model_allow_list::admin;
 
 fn resources(mock: &MockUpstream) -> String {
-    format!(
-        r#"
-[[workspace]]
-name = "acme"
-[[member]]
-workspace = "acme"
-email = "boss@acme.test"
-role = "owner"
-password = "boss-password-1"
-[[member]]
-workspace = "acme"
-email = "ada@acme.test"
-role = "member"
-password = "ada-password-1"
-[[upstream]]
-workspace = "acme"
-name = "primary"
-provider = "openai-compatible"
-base_url = "{}"
-api_key = "cred-primary"
-models = ["gpt-4o-mini", "gpt-4o"]
-max_in_flight = 100
-"#,
-        mock.base_url()
-    )
-}
-
-fn chat(model: &str) -> Value {
-    json!({"model": model, "messages": [{"role": "user", "content": "hi"}]})
+    ResourcesBuilder::new()
+        .workspace("acme")
+        .member_with_password("acme", "boss@acme.test", "owner", "boss-password-1")
+        .member_with_password("acme", "ada@acme.test", "member", "ada-password-1")
+        .upstream(
+            "acme",
+            "primary",
+            &mock.base_url(),
+            "cred-primary",
+            &["gpt-4o-mini", "gpt-4o"],
+        )
+        .with("max_in_flight", 100)
+        .into()
 }
 
 /// Status and error code of one call of `model` with `key`.

@@ -8,66 +8,47 @@ use futures::StreamExt;
 use serde_json::{Value, json};
 
 use crate::both_backends;
-use crate::helpers::{Setup, TestApp, TestDb, spawn_app};
-use aigw::store::{UpstreamStore, WorkspaceStore};
+use crate::helpers::{ResourcesBuilder, Setup, TestApp, TestDb, aliased, price, spawn_app, spawn_on_mock};
 
 pub const KEY: &str = "sk-aigw-ProxyTestKey0123456789abcdefghij";
 
 /// A workspace with one key, two OpenAI-compatible credentials and one Anthropic credential,
 /// all on `mock`.
 pub fn resources(mock: &MockUpstream) -> String {
-    let url = mock.base_url();
-    format!(
-        r#"
-[[workspace]]
-name = "acme"
-[[member]]
-workspace = "acme"
-email = "ada@acme.test"
-role = "member"
-[[api_key]]
-member = "ada@acme.test"
-name = "ci"
-key = "{KEY}"
-[[upstream]]
-workspace = "acme"
-name = "primary"
-provider = "openai-compatible"
-base_url = "{url}"
-api_key = "cred-primary"
-models = ["gpt-4o-mini", "text-embedding-3-small", {{ name = "fast", upstream = "fast-upstream" }}]
-priority = 0
-[[upstream]]
-workspace = "acme"
-name = "backup"
-provider = "openai"
-base_url = "{url}"
-api_key = "cred-backup"
-models = ["gpt-4o-mini"]
-priority = 1
-[[upstream]]
-workspace = "acme"
-name = "claude"
-provider = "anthropic"
-base_url = "{url}"
-api_key = "cred-claude"
-models = ["claude-sonnet"]
-[[model]]
-workspace = "acme"
-name = "gpt-4o-mini"
-fallbacks = ["fast"]
-price = {{ prompt = 1.0, completion = 2.0 }}
-[[model]]
-workspace = "acme"
-name = "fast"
-"#
-    )
+    fixture(mock).into()
+}
+
+/// [`resources`] as a builder, for the suites that extend it.
+pub fn fixture(mock: &MockUpstream) -> ResourcesBuilder {
+    let url = &mock.base_url();
+    ResourcesBuilder::acme(KEY)
+        .upstream("acme", "primary", url, "cred-primary", &[])
+        .with(
+            "models",
+            vec![
+                "gpt-4o-mini".into(),
+                "text-embedding-3-small".into(),
+                aliased("fast", "fast-upstream"),
+            ],
+        )
+        .with("priority", 0)
+        .provider_upstream("acme", ("backup", "openai"), url, "cred-backup", &["gpt-4o-mini"])
+        .with("priority", 1)
+        .provider_upstream(
+            "acme",
+            ("claude", "anthropic"),
+            url,
+            "cred-claude",
+            &["claude-sonnet"],
+        )
+        .model("acme", "gpt-4o-mini")
+        .with("fallbacks", vec!["fast"])
+        .with("price", price(1.0, 2.0))
+        .model("acme", "fast")
 }
 
 async fn start(db: &TestDb) -> (TestApp, MockUpstream) {
-    let mock = MockUpstream::start().await.unwrap();
-    let app = spawn_app(db, Setup::resources(resources(&mock))).await;
-    (app, mock)
+    spawn_on_mock(db, resources).await
 }
 
 fn chat(stream: bool) -> Value {
@@ -215,28 +196,13 @@ async fn embeddings_and_models(db: TestDb) {
 async fn anthropic_messages_streamed_and_not(db: TestDb) {
     let (app, mock) = start(&db).await;
     let body = json!({"model": "claude-sonnet", "max_tokens": 64, "messages": [{"role": "user", "content": "hi there"}]});
-    let r = app
-        .client
-        .post(format!("{}/v1/messages", app.address))
-        .header("x-api-key", KEY)
-        .header("anthropic-version", "2023-06-01")
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let r = app.post_messages(KEY, Some("2023-06-01"), &body).await;
     assert_eq!(r.status(), 200);
     let v: Value = r.json().await.unwrap();
     assert_eq!(v["type"], "message");
     let mut streamed = body.clone();
     streamed["stream"] = json!(true);
-    let r = app
-        .client
-        .post(format!("{}/v1/messages", app.address))
-        .header("x-api-key", KEY)
-        .json(&streamed)
-        .send()
-        .await
-        .unwrap();
+    let r = app.post_messages(KEY, None, &streamed).await;
     let text = read_stream(r).await;
     assert!(text.contains("event: message_stop"));
     let calls = mock.calls();
@@ -641,15 +607,7 @@ async fn a_request_unanswered_past_the_shutdown_grace_is_logged(db: TestDb) {
         .json(&chat(false))
         .send();
     let waiting = tokio::spawn(request);
-    let ws = app.state.store.workspace_by_name("acme").await.unwrap().unwrap();
-    let primary = app
-        .state
-        .store
-        .upstream_by_name(ws.id, "primary")
-        .await
-        .unwrap()
-        .unwrap()
-        .id;
+    let primary = app.credential_id("primary").await;
     let asked = Instant::now();
     while app.state.admission.in_flight(primary) == 0 {
         assert!(
@@ -760,16 +718,7 @@ async fn a_deleted_key_stops_working_at_once(db: TestDb) {
         200
     );
     let owner = app.login("owner@example.test", "owner-password").await;
-    let keys: Value = app
-        .client
-        .get(format!("{}/admin/v1/keys", app.address))
-        .bearer_auth(&owner)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let keys: Value = app.get_as("/admin/v1/keys", &owner).await.json().await.unwrap();
     let id = keys["data"]
         .as_array()
         .unwrap()
@@ -787,13 +736,7 @@ async fn a_deleted_key_stops_working_at_once(db: TestDb) {
     assert_eq!(r.status(), 204);
     let r = app.post_json("/v1/chat/completions", KEY, &chat(false)).await;
     assert_eq!(r.status(), 401, "the deleted key is refused on the next request");
-    let r = app
-        .client
-        .get(format!("{}/admin/v1/workspace", app.address))
-        .bearer_auth(&owner)
-        .send()
-        .await
-        .unwrap();
+    let r = app.get_as("/admin/v1/workspace", &owner).await;
     assert_eq!(r.status(), 200, "the rest of the workspace stays");
     app.stop().await;
 }

@@ -5,8 +5,8 @@ use chrono::DateTime;
 use serde_json::{Value, json};
 
 use crate::both_backends;
-use crate::helpers::{Setup, TestApp, TestDb, spawn_app};
-use crate::proxy::{KEY, resources};
+use crate::helpers::{ResourcesBuilder, Setup, TestApp, TestDb, spawn_app, spawn_on_mock};
+use crate::proxy::{KEY, fixture, resources};
 
 fn chat(stream: bool) -> Value {
     // The mock counts 4 prompt words and answers 5: 9 tokens a request.
@@ -14,15 +14,14 @@ fn chat(stream: bool) -> Value {
 }
 
 fn policy(subject: &str, target: &str, metric: &str, window: &str, limit: f64, mode: &str) -> String {
-    format!(
-        "\n[[policy]]\nworkspace = \"acme\"\nsubject = \"{subject}\"\ntarget = \"{target}\"\nmetric = \"{metric}\"\nwindow = \"{window}\"\nlimit = {limit}\nmode = \"{mode}\"\n"
-    )
+    ResourcesBuilder::new()
+        .policy("acme", subject, target, (metric, window), limit)
+        .with("mode", mode)
+        .into()
 }
 
 async fn start(db: &TestDb, policies: &str) -> (TestApp, MockUpstream) {
-    let mock = MockUpstream::start().await.unwrap();
-    let app = spawn_app(db, Setup::resources(resources(&mock) + policies)).await;
-    (app, mock)
+    spawn_on_mock(db, |mock| resources(mock) + policies).await
 }
 
 fn header(r: &reqwest::Response, name: &str) -> Option<String> {
@@ -247,13 +246,7 @@ async fn quota_endpoint_lists_every_quota(db: TestDb) {
         + &policy("ws", "*", "credits", "total", 2.5, "enforce");
     let (app, _mock) = start(&db, &policies).await;
     app.post_json("/v1/chat/completions", KEY, &chat(false)).await;
-    let r = app
-        .client
-        .get(format!("{}/v1/quota", app.address))
-        .bearer_auth(KEY)
-        .send()
-        .await
-        .unwrap();
+    let r = app.get_as("/v1/quota", KEY).await;
     assert_eq!(r.status(), 200);
     let body: Value = r.json().await.unwrap();
     let rows = body["data"].as_array().unwrap();
@@ -339,22 +332,6 @@ async fn two_gateways_share_one_quota_on_postgres() {
     );
 }
 
-/// Waits (10 s at most) until the gateway has `n` requests at upstream credential `name`.
-async fn until_in_flight(app: &TestApp, name: &str, n: usize) {
-    use aigw::store::{UpstreamStore, WorkspaceStore};
-    let store = &app.state.store;
-    let ws = store.workspace_by_name("acme").await.unwrap().unwrap();
-    let credential = store.upstream_by_name(ws.id, name).await.unwrap().unwrap().id;
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while app.state.admission.in_flight(credential) != n {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "{name} never had {n} requests in flight"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
-}
-
 /// Flushes the quota counters now, as the flush task does every interval.
 async fn flush(app: &TestApp) {
     let s = &app.state;
@@ -368,7 +345,7 @@ async fn flush(app: &TestApp) {
 async fn counter_outlives_flushes_when_the_workspace_zone_differs(db: TestDb) {
     const LIMIT: i64 = 20;
     let mock = MockUpstream::start().await.unwrap();
-    let text = resources(&mock).replacen("name = \"acme\"\n", "name = \"acme\"\ntimezone = \"UTC\"\n", 1)
+    let text = String::from(fixture(&mock).set("workspace", "acme", "timezone", "UTC"))
         + &policy("ws", "acme", "requests", "day", LIMIT as f64, "enforce");
     let setup = Setup {
         // Only the explicit flushes below run while the test does, so it does not hang on timing.
@@ -399,7 +376,7 @@ async fn counter_outlives_flushes_when_the_workspace_zone_differs(db: TestDb) {
                 .unwrap()
         })
     };
-    until_in_flight(&app, "primary", 1).await;
+    app.until_in_flight(app.credential_id("primary").await, 1).await;
     // Flush intervals pass while it is in flight; the workspace's day has not ended.
     for _ in 0..3 {
         flush(&app).await;
@@ -537,13 +514,7 @@ async fn token_quotas_are_named_tokens_as_in_the_seed(db: TestDb) {
         "{:?}",
         header(&r, "ratelimit-policy")
     );
-    let r = app
-        .client
-        .get(format!("{}/v1/quota", app.address))
-        .bearer_auth(KEY)
-        .send()
-        .await
-        .unwrap();
+    let r = app.get_as("/v1/quota", KEY).await;
     let body: Value = r.json().await.unwrap();
     let row = &body["data"][0];
     assert_eq!(row["metric"], "tokens", "{body}");
@@ -566,48 +537,27 @@ async fn token_quotas_are_named_tokens_as_in_the_seed(db: TestDb) {
 /// The usage before a guardrail existed: acme's `research` department with ada and her key, an
 /// owner who signs in, and one upstream; no policy yet.
 fn seed_resources(mock: &MockUpstream, extra: &str) -> String {
-    format!(
-        r#"
-[[workspace]]
-name = "acme"
-[[department]]
-workspace = "acme"
-name = "research"
-[[member]]
-workspace = "acme"
-email = "owner@acme.test"
-role = "owner"
-password = "owner-password-1"
-[[member]]
-workspace = "acme"
-department = "research"
-email = "ada@acme.test"
-role = "member"
-[[api_key]]
-member = "ada@acme.test"
-name = "ci"
-key = "{KEY}"
-[[upstream]]
-workspace = "acme"
-name = "primary"
-provider = "openai-compatible"
-base_url = "{}"
-api_key = "cred-primary"
-models = ["gpt-4o-mini"]
-{extra}"#,
-        mock.base_url()
-    )
+    String::from(
+        ResourcesBuilder::new()
+            .workspace("acme")
+            .department("acme", "research")
+            .member_with_password("acme", "owner@acme.test", "owner", "owner-password-1")
+            .member("acme", "ada@acme.test", "member")
+            .with("department", "research")
+            .api_key("ada@acme.test", "ci", KEY)
+            .upstream(
+                "acme",
+                "primary",
+                &mock.base_url(),
+                "cred-primary",
+                &["gpt-4o-mini"],
+            ),
+    ) + extra
 }
 
 /// `GET /v1/quota` of the key: (subject, metric, window) → (used, remaining).
 async fn quota_of(app: &TestApp) -> std::collections::BTreeMap<(String, String, String), (i64, i64)> {
-    let r = app
-        .client
-        .get(format!("{}/v1/quota", app.address))
-        .bearer_auth(KEY)
-        .send()
-        .await
-        .unwrap();
+    let r = app.get_as("/v1/quota", KEY).await;
     let body: Value = r.json().await.unwrap();
     body["data"]
         .as_array()
@@ -700,14 +650,7 @@ async fn a_policy_created_mid_window_counts_the_usage_already_recorded(db: TestD
     let (_, minute) = create("ws", None, "total_tokens", "minute", 1000).await;
     assert_eq!(minute["used"], 9, "only the current minute's: {minute}");
     assert_eq!(minute["counted_before"]["since"], "2026-12-01T14:00:00+08:00");
-    let (_, members) = admin(reqwest::Method::GET, "/admin/v1/members", None).await;
-    let ada = members["data"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|m| m["email"] == "ada@acme.test")
-        .unwrap()["id"]
-        .as_i64();
+    let ada = Some(app.member_id(&token, "ada@acme.test").await);
     let (_, week) = create("member", ada, "prompt_tokens", "week", 1000).await;
     assert_eq!(
         week["used"], 16,

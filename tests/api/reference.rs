@@ -5,11 +5,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use aigw::mock_upstream::{MockUpstream, Script};
-use aigw::store::{UpstreamStore, WorkspaceStore};
 use serde_json::{Value, json};
 
 use crate::both_backends;
-use crate::helpers::{Setup, TestApp, TestDb, spawn_app};
+use crate::helpers::{ResourcesBuilder, Setup, TestApp, TestDb, spawn_app};
 
 both_backends!(metrics_and_headers_after_a_scenario_are_the_references);
 
@@ -17,60 +16,19 @@ const KEY: &str = "sk-aigw-ReferenceKey0123456789abcdefghij";
 const OTHER_KEY: &str = "sk-aigw-ReferenceOther0123456789abcdefgh";
 
 fn resources(mock: &MockUpstream) -> String {
-    let url = mock.base_url();
-    format!(
-        r#"
-[[workspace]]
-name = "acme"
-[[member]]
-workspace = "acme"
-email = "ada@acme.test"
-role = "member"
-[[api_key]]
-member = "ada@acme.test"
-name = "ci"
-key = "{KEY}"
-[[api_key]]
-member = "ada@acme.test"
-name = "other"
-key = "{OTHER_KEY}"
-[[upstream]]
-workspace = "acme"
-name = "primary"
-provider = "openai-compatible"
-base_url = "{url}"
-api_key = "cred-primary"
-models = ["gpt-4o-mini"]
-priority = 0
-[[upstream]]
-workspace = "acme"
-name = "backup"
-provider = "openai-compatible"
-base_url = "{url}"
-api_key = "cred-backup"
-models = ["gpt-4o-mini"]
-priority = 1
-[[model]]
-workspace = "acme"
-name = "gpt-4o-mini"
-[[policy]]
-workspace = "acme"
-subject = "apikey"
-target = "ada@acme.test/ci"
-metric = "requests"
-window = "day"
-limit = 3
-mode = "enforce"
-[[policy]]
-workspace = "acme"
-subject = "member"
-target = "*"
-metric = "requests"
-window = "day"
-limit = 1
-mode = "shadow"
-"#
-    )
+    let url = &mock.base_url();
+    ResourcesBuilder::acme(KEY)
+        .api_key("ada@acme.test", "other", OTHER_KEY)
+        .upstream("acme", "primary", url, "cred-primary", &["gpt-4o-mini"])
+        .with("priority", 0)
+        .upstream("acme", "backup", url, "cred-backup", &["gpt-4o-mini"])
+        .with("priority", 1)
+        .model("acme", "gpt-4o-mini")
+        .policy("acme", "apikey", "ada@acme.test/ci", ("requests", "day"), 3.0)
+        .with("mode", "enforce")
+        .policy("acme", "member", "*", ("requests", "day"), 1.0)
+        .with("mode", "shadow")
+        .into()
 }
 
 fn chat() -> Value {
@@ -173,14 +131,7 @@ fn matches(pattern: &str, name: &str) -> bool {
 async fn metrics_and_headers_after_a_scenario_are_the_references(db: TestDb) {
     let mock = MockUpstream::start().await.unwrap();
     let app = spawn_app(&db, Setup::resources(resources(&mock))).await;
-    let store = &app.state.store;
-    let ws = store.workspace_by_name("acme").await.unwrap().unwrap();
-    let primary = store
-        .upstream_by_name(ws.id, "primary")
-        .await
-        .unwrap()
-        .unwrap()
-        .id;
+    let primary = app.credential_id("primary").await;
     let mut headers = BTreeMap::new();
 
     // 1. A slow request holds a slot on `primary` while the gateway is scraped.

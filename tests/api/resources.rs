@@ -413,13 +413,7 @@ async fn example_file_applies(db: TestDb) {
 
 /// `GET path` as the bootstrap owner (the owner of the file's workspace).
 async fn admin_get(app: &TestApp, token: &str, path: &str) -> serde_json::Value {
-    let r = app
-        .client
-        .get(format!("{}/admin/v1/{path}", app.address))
-        .bearer_auth(token)
-        .send()
-        .await
-        .unwrap();
+    let r = app.get_as(&format!("/admin/v1/{path}"), token).await;
     assert_eq!(r.status(), 200, "GET {path}");
     r.json().await.unwrap()
 }
@@ -430,18 +424,7 @@ async fn what_the_file_declares_is_marked_managed_in_the_admin_api(db: TestDb) {
     set_secret_env();
     let text = full_file("http://127.0.0.1:9/v1");
     let app = spawn_app(&db, Setup::resources(text.clone())).await;
-    let r = app
-        .client
-        .post(format!("{}/admin/v1/auth/login", app.address))
-        .json(&serde_json::json!({"email": "owner@example.test", "password": "owner-password"}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
-    let token = r.json::<serde_json::Value>().await.unwrap()["token"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let token = app.login("owner@example.test", "owner-password").await;
     let created = app
         .client
         .post(format!("{}/admin/v1/departments", app.address))
@@ -508,17 +491,7 @@ async fn what_the_file_declares_is_marked_managed_in_the_admin_api(db: TestDb) {
 
     // Started without the file, nothing will undo an edit: nothing is marked.
     let app = spawn_app(&db, Setup::default()).await;
-    let r = app
-        .client
-        .post(format!("{}/admin/v1/auth/login", app.address))
-        .json(&serde_json::json!({"email": "owner@example.test", "password": "owner-password"}))
-        .send()
-        .await
-        .unwrap();
-    let token = r.json::<serde_json::Value>().await.unwrap()["token"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let token = app.login("owner@example.test", "owner-password").await;
     assert_eq!(admin_get(&app, &token, "workspace").await["managed_by"], none);
     let members = admin_get(&app, &token, "members").await;
     assert!(

@@ -20,7 +20,7 @@ use sha2::{Digest, Sha256};
 
 use crate::both_backends;
 use crate::helpers::{Setup, TestApp, TestDb, spawn_app};
-use crate::proxy::resources;
+use crate::proxy::fixture;
 
 const CLIENT_ID: &str = "aigw-console";
 const CLIENT_SECRET: &str = "s3cret&=";
@@ -250,10 +250,9 @@ async fn start(db: &TestDb, provider: &Provider, sso_only: bool) -> TestApp {
                 s.sso_only_workspaces = vec!["acme".into()];
             }
         }),
-        ..Setup::resources(format!(
-            "{}\n[[department]]\nworkspace = \"acme\"\nname = \"search\"\n",
-            resources(&aigw::mock_upstream::MockUpstream::start().await.unwrap())
-        ))
+        ..Setup::resources(
+            fixture(&aigw::mock_upstream::MockUpstream::start().await.unwrap()).department("acme", "search"),
+        )
     };
     let app = spawn_app(db, setup).await;
     provider.with(|st| st.clock = Some(app.clock.clone()));
@@ -322,28 +321,13 @@ async fn sso(app: &TestApp, mangle: impl Fn(String) -> String, with_cookie: bool
 }
 
 async fn me(app: &TestApp, token: &str) -> (u16, Value) {
-    let r = app
-        .client
-        .get(format!("{}/admin/v1/me", app.address))
-        .bearer_auth(token)
-        .send()
-        .await
-        .unwrap();
+    let r = app.get_as("/admin/v1/me", token).await;
     (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
 }
 
 async fn audit_actions(app: &TestApp) -> Vec<String> {
     let token = app.login(OWNER, OWNER_PASSWORD).await;
-    let r: Value = app
-        .client
-        .get(format!("{}/admin/v1/audit", app.address))
-        .bearer_auth(token)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let r: Value = app.get_as("/admin/v1/audit", &token).await.json().await.unwrap();
     let rows = r
         .get("data")
         .unwrap_or(&r)
@@ -476,13 +460,7 @@ async fn sso_refuses_forged_sign_ins_and_follows_key_rotation(db: TestDb) {
 async fn sso_only_workspaces_refuse_passwords(db: TestDb) {
     let provider = Provider::start().await;
     let app = start(&db, &provider, true).await;
-    let r = app
-        .client
-        .post(format!("{}/admin/v1/auth/login", app.address))
-        .json(&json!({"email": OWNER, "password": OWNER_PASSWORD}))
-        .send()
-        .await
-        .unwrap();
+    let r = app.sign_in(OWNER, OWNER_PASSWORD).await;
     assert_eq!(r.status(), 403);
     let body: Value = r.json().await.unwrap();
     assert!(
@@ -493,13 +471,7 @@ async fn sso_only_workspaces_refuse_passwords(db: TestDb) {
         "{body}"
     );
     // A wrong password still says only that.
-    let r = app
-        .client
-        .post(format!("{}/admin/v1/auth/login", app.address))
-        .json(&json!({"email": OWNER, "password": "wrong"}))
-        .send()
-        .await
-        .unwrap();
+    let r = app.sign_in(OWNER, "wrong").await;
     assert_eq!(r.status(), 401);
     provider.with(|st| st.user = (OWNER.into(), vec!["aigw-admins".into()]));
     let token = sso(&app, |u| u, true).await.unwrap();
@@ -521,12 +493,8 @@ both_backends!(
 async fn member_ids(app: &TestApp, email: &str) -> Vec<i64> {
     let token = app.login(OWNER, OWNER_PASSWORD).await;
     let r: Value = app
-        .client
-        .get(format!("{}/admin/v1/members", app.address))
-        .bearer_auth(token)
-        .send()
+        .get_as("/admin/v1/members", &token)
         .await
-        .unwrap()
         .json()
         .await
         .unwrap();
@@ -540,14 +508,7 @@ async fn member_ids(app: &TestApp, email: &str) -> Vec<i64> {
 }
 
 async fn login_status(app: &TestApp, email: &str, password: &str) -> u16 {
-    app.client
-        .post(format!("{}/admin/v1/auth/login", app.address))
-        .json(&json!({"email": email, "password": password}))
-        .send()
-        .await
-        .unwrap()
-        .status()
-        .as_u16()
+    app.sign_in(email, password).await.status().as_u16()
 }
 
 /// An email names one identity whatever its case, at the provider's sign-in and the password's:
@@ -617,27 +578,16 @@ async fn identities_match_emails_whatever_their_case(db: TestDb) {
     // The resources file names carol, first seen through the provider, with capitals, and a
     // key of hers: the same member, who now holds the key.
     let mock = aigw::mock_upstream::MockUpstream::start().await.unwrap();
-    let file = format!(
-        "{}\n[[department]]\nworkspace = \"acme\"\nname = \"search\"\n\
-         [[member]]\nworkspace = \"acme\"\nemail = \"Carol@ACME.test\"\nrole = \"member\"\n\
-         [[api_key]]\nmember = \"CAROL@acme.TEST\"\nname = \"file\"\n",
-        resources(&mock)
-    );
+    let file = fixture(&mock)
+        .department("acme", "search")
+        .member("acme", "Carol@ACME.test", "member")
+        .table("api_key", &[("member", "CAROL@acme.TEST"), ("name", "file")]);
     let app = spawn_app(&db, Setup::resources(file)).await;
     let [carol] = member_ids(&app, "carol@acme.test").await[..] else {
         panic!("one carol");
     };
     let owner = app.login(OWNER, OWNER_PASSWORD).await;
-    let keys: Value = app
-        .client
-        .get(format!("{}/admin/v1/keys", app.address))
-        .bearer_auth(owner)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let keys: Value = app.get_as("/admin/v1/keys", &owner).await.json().await.unwrap();
     let file_key = keys["data"]
         .as_array()
         .unwrap()

@@ -107,13 +107,7 @@ async fn known_keys_serve_through_an_outage_and_nothing_counted_is_lost() {
     assert_eq!(body["error"]["code"], "store_unavailable");
 
     let t = Instant::now();
-    let r = app
-        .client
-        .post(format!("{}/admin/v1/auth/login", app.address))
-        .json(&json!({"email": "owner@example.test", "password": "owner-password"}))
-        .send()
-        .await
-        .unwrap();
+    let r = app.sign_in("owner@example.test", "owner-password").await;
     assert_eq!(r.status(), 503, "sign-in needs the store");
     assert!(t.elapsed() <= Duration::from_millis(1500), "sign-in failed fast");
     let body: Value = r.json().await.unwrap();

@@ -6,7 +6,7 @@
 use serde_json::{Value, json};
 
 use crate::both_backends;
-use crate::helpers::{TestApp, TestDb};
+use crate::helpers::{ResourcesBuilder, TestApp, TestDb};
 use crate::model_allow_list::{OTHER, OWNER, OWNER_PASSWORD, admin, key_id, patch, start};
 use crate::proxy::KEY;
 
@@ -130,12 +130,8 @@ async fn tags_and_end_users_are_logged_filtered_and_exported(db: TestDb) {
     assert_eq!((status, &bad["error"]["param"]), (422, &json!("tag")), "{bad}");
 
     let csv = app
-        .client
-        .get(format!("{}/admin/v1/logs/export?tag=team=ads", app.address))
-        .bearer_auth(&token)
-        .send()
+        .get_as("/admin/v1/logs/export?tag=team=ads", &token)
         .await
-        .unwrap()
         .text()
         .await
         .unwrap();
@@ -279,11 +275,7 @@ async fn a_key_sends_only_its_allowed_tags(db: TestDb) {
     assert_eq!((status, &v["error"]["tag"]), (403, &json!("env=x")));
     app.stop().await;
 
-    let declared = format!(
-        "[[member]]\nworkspace = \"acme\"\nemail = \"carol@acme.test\"\nrole = \"member\"\n\
-         [[api_key]]\nmember = \"carol@acme.test\"\nname = \"svc\"\nkey = \"{CAROL}\"\n\
-         allowed_tags = [\"team=search\"]\n"
-    );
+    let declared = carol_tagged();
     let (app, _mock) = start(&db, &declared).await;
     let (status, v) = call(&app, CAROL, &[("x-aigw-tags", "team=ads")], &chat(None)).await;
     assert_eq!((status, &v["error"]["code"]), (403, &json!("tag_not_allowed")));
@@ -307,6 +299,15 @@ async fn a_key_sends_only_its_allowed_tags(db: TestDb) {
 /// carol's key, declared with a tag allow-list in the resources file.
 const CAROL: &str = "sk-aigw-CarolTaggedKey0123456789abcdefgh";
 
+/// carol, a plain member of acme, and her key `svc` ([`CAROL`]) that may send `team=search` only.
+fn carol_tagged() -> String {
+    ResourcesBuilder::new()
+        .member("acme", "carol@acme.test", "member")
+        .api_key("carol@acme.test", "svc", CAROL)
+        .with("allowed_tags", vec!["team=search"])
+        .into()
+}
+
 /// [`start`]'s workspace and `extra`, with `settings` adjusted.
 async fn start_with(
     db: &TestDb,
@@ -314,11 +315,7 @@ async fn start_with(
     settings: impl FnOnce(&mut aigw::Settings) + Send + 'static,
 ) -> (TestApp, aigw::mock_upstream::MockUpstream) {
     let mock = aigw::mock_upstream::MockUpstream::start().await.unwrap();
-    let text = format!(
-        "{}\n[[member]]\nworkspace = \"acme\"\nemail = \"{OWNER}\"\nrole = \"owner\"\npassword = \"{OWNER_PASSWORD}\"\n\
-         [[api_key]]\nmember = \"ada@acme.test\"\nname = \"other\"\nkey = \"{OTHER}\"\n{extra}",
-        crate::proxy::resources(&mock)
-    );
+    let text = String::from(crate::model_allow_list::owned(&mock)) + extra;
     let setup = crate::helpers::Setup {
         settings: Box::new(settings),
         ..crate::helpers::Setup::resources(text)
@@ -754,11 +751,7 @@ fn standings(body: &Value) -> Vec<(String, Value, i64, i64, i64)> {
 }
 
 async fn the_quota_endpoint_lists_the_quotas_of_the_tags_and_end_user_sent(db: TestDb) {
-    let carol = format!(
-        "[[member]]\nworkspace = \"acme\"\nemail = \"carol@acme.test\"\nrole = \"member\"\n\
-         [[api_key]]\nmember = \"carol@acme.test\"\nname = \"svc\"\nkey = \"{CAROL}\"\n\
-         allowed_tags = [\"team=search\"]\n"
-    );
+    let carol = carol_tagged();
     let policies = [
         policy("apikey", "ada@acme.test/ci", 10),
         policy("tag", "team=search", 3),

@@ -6,56 +6,37 @@ use aigw::mock_upstream::{MockUpstream, Script};
 use serde_json::{Value, json};
 
 use crate::both_backends;
-use crate::helpers::{Setup, TestApp, TestDb, spawn_app};
+use crate::helpers::{ResourcesBuilder, TestApp, TestDb, aliased, price, spawn_on_mock};
 
 pub(crate) const KEY: &str = "sk-aigw-TranslateTestKey0123456789abcdef";
 
 /// `gpt-4o` on an OpenAI credential, falling back to `claude-sonnet` on an Anthropic one;
 /// `gpt-4o-mini` on the OpenAI credential alone.
 pub(crate) fn resources(mock: &MockUpstream) -> String {
-    let url = mock.base_url();
-    format!(
-        r#"
-[[workspace]]
-name = "acme"
-[[member]]
-workspace = "acme"
-email = "ada@acme.test"
-role = "member"
-[[api_key]]
-member = "ada@acme.test"
-name = "ci"
-key = "{KEY}"
-[[upstream]]
-workspace = "acme"
-name = "oai"
-provider = "openai"
-base_url = "{url}"
-api_key = "cred-oai"
-models = ["gpt-4o", "gpt-4o-mini"]
-[[upstream]]
-workspace = "acme"
-name = "claude"
-provider = "anthropic"
-base_url = "{url}"
-api_key = "cred-claude"
-models = [{{ name = "claude-sonnet", upstream = "claude-sonnet-4-5" }}]
-[[model]]
-workspace = "acme"
-name = "gpt-4o"
-fallbacks = ["claude-sonnet"]
-[[model]]
-workspace = "acme"
-name = "claude-sonnet"
-price = {{ prompt = 3.0, completion = 15.0 }}
-"#
-    )
+    fixture(mock).into()
+}
+
+/// [`resources`] as a builder, for the suites that extend it.
+pub(crate) fn fixture(mock: &MockUpstream) -> ResourcesBuilder {
+    let url = &mock.base_url();
+    ResourcesBuilder::acme(KEY)
+        .provider_upstream(
+            "acme",
+            ("oai", "openai"),
+            url,
+            "cred-oai",
+            &["gpt-4o", "gpt-4o-mini"],
+        )
+        .provider_upstream("acme", ("claude", "anthropic"), url, "cred-claude", &[])
+        .with("models", vec![aliased("claude-sonnet", "claude-sonnet-4-5")])
+        .model("acme", "gpt-4o")
+        .with("fallbacks", vec!["claude-sonnet"])
+        .model("acme", "claude-sonnet")
+        .with("price", price(3.0, 15.0))
 }
 
 pub(crate) async fn start(db: &TestDb) -> (TestApp, MockUpstream) {
-    let mock = MockUpstream::start().await.unwrap();
-    let app = spawn_app(db, Setup::resources(resources(&mock))).await;
-    (app, mock)
+    spawn_on_mock(db, resources).await
 }
 
 pub(crate) fn header<'a>(r: &'a reqwest::Response, name: &str) -> &'a str {
@@ -70,6 +51,14 @@ pub(crate) fn chunks(text: &str) -> Vec<Value> {
     text.split("\n\n")
         .filter_map(|e| e.lines().find_map(|l| l.strip_prefix("data: ")))
         .map(|d| serde_json::from_str(d).unwrap_or_else(|_| json!(d)))
+        .collect()
+}
+
+/// The text of a chat stream's `chunks`, its deltas' content in order.
+pub(crate) fn delta_text(events: &[Value]) -> String {
+    events
+        .iter()
+        .filter_map(|e| e["choices"][0]["delta"]["content"].as_str())
         .collect()
 }
 
@@ -419,15 +408,7 @@ async fn an_openai_model_answers_messages(db: TestDb) {
     let (app, mock) = start(&db).await;
     let body = json!({"model": "gpt-4o", "max_tokens": 64, "system": "Be brief.",
         "messages": [{"role": "user", "content": "say hello to me"}]});
-    let r = app
-        .client
-        .post(format!("{}/v1/messages", app.address))
-        .header("x-api-key", KEY)
-        .header("anthropic-version", "2023-06-01")
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let r = app.post_messages(KEY, Some("2023-06-01"), &body).await;
     assert_eq!(r.status(), 200);
     assert_eq!(header(&r, "x-aigw-provider"), "openai");
     let v: Value = r.json().await.unwrap();
@@ -449,14 +430,7 @@ async fn an_openai_model_answers_messages(db: TestDb) {
 
     let mut streamed = body.clone();
     streamed["stream"] = json!(true);
-    let r = app
-        .client
-        .post(format!("{}/v1/messages", app.address))
-        .header("x-api-key", KEY)
-        .json(&streamed)
-        .send()
-        .await
-        .unwrap();
+    let r = app.post_messages(KEY, None, &streamed).await;
     assert_eq!(r.status(), 200);
     let text = r.text().await.unwrap();
     assert!(text.starts_with("event: message_start\n"), "{text}");
@@ -483,14 +457,7 @@ async fn an_openai_model_answers_messages(db: TestDb) {
     ));
     let mut mini = body.clone();
     mini["model"] = json!("gpt-4o-mini");
-    let r = app
-        .client
-        .post(format!("{}/v1/messages", app.address))
-        .header("x-api-key", KEY)
-        .json(&mini)
-        .send()
-        .await
-        .unwrap();
+    let r = app.post_messages(KEY, None, &mini).await;
     assert_eq!(r.status(), 400);
     let v: Value = r.json().await.unwrap();
     assert_eq!(
@@ -502,13 +469,7 @@ async fn an_openai_model_answers_messages(db: TestDb) {
 
 async fn models_lists_every_reachable_model(db: TestDb) {
     let (app, _mock) = start(&db).await;
-    let r = app
-        .client
-        .get(format!("{}/v1/models", app.address))
-        .bearer_auth(KEY)
-        .send()
-        .await
-        .unwrap();
+    let r = app.get_as("/v1/models", KEY).await;
     let v: Value = r.json().await.unwrap();
     let ids: Vec<&str> = v["data"]
         .as_array()

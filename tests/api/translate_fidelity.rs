@@ -19,14 +19,7 @@ both_backends!(
 
 /// Posts `body` to `/v1/messages` with Anthropic's headers.
 async fn post_messages(app: &crate::helpers::TestApp, body: &Value) -> reqwest::Response {
-    app.client
-        .post(format!("{}/v1/messages", app.address))
-        .header("x-api-key", KEY)
-        .header("anthropic-version", "2023-06-01")
-        .json(body)
-        .send()
-        .await
-        .unwrap()
+    app.post_messages(KEY, Some("2023-06-01"), body).await
 }
 
 /// A chain [gpt-4o: 503, claude-sonnet: cannot express `n: 2`] answers the 503: the refusal is
@@ -166,13 +159,8 @@ async fn errors_have_one_shape_per_endpoint(db: TestDb) {
         assert!(v["error"]["message"].is_string(), "{v}");
     }
     let r = app
-        .client
-        .post(format!("{}/v1/messages", app.address))
-        .header("x-api-key", "sk-aigw-0000000000000000000000000000nope")
-        .json(&ask("gpt-4o"))
-        .send()
-        .await
-        .unwrap();
+        .post_messages("sk-aigw-0000000000000000000000000000nope", None, &ask("gpt-4o"))
+        .await;
     assert_eq!(r.status(), 401);
     let v: Value = r.json().await.unwrap();
     assert_eq!(
@@ -228,15 +216,10 @@ async fn errors_have_one_shape_per_endpoint(db: TestDb) {
 /// and the log says the gateway chose it; a request naming one gets its own.
 async fn a_chat_request_without_a_bound_gets_the_models_own_output_limit(db: TestDb) {
     let mock = aigw::mock_upstream::MockUpstream::start().await.unwrap();
-    let resources = crate::translate::resources(&mock)
-        .replace(
-            "name = \"claude-sonnet\"\nprice",
-            "name = \"claude-sonnet\"\nmax_output_tokens = 20000\nprice",
-        )
-        .replace(
-            "role = \"member\"",
-            "role = \"member\"\n[[member]]\nworkspace = \"acme\"\nemail = \"boss@acme.test\"\nrole = \"admin\"\npassword = \"boss-password-1\"",
-        );
+    let resources: String = crate::translate::fixture(&mock)
+        .set("model", "claude-sonnet", "max_output_tokens", 20000)
+        .member_with_password("acme", "boss@acme.test", "admin", "boss-password-1")
+        .into();
     let app = spawn_app(&db, Setup::resources(resources)).await;
     let ask = |max: Option<u64>| {
         let mut b = json!({"model": "claude-sonnet", "messages": [{"role": "user", "content": "write a long story"}]});

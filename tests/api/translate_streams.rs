@@ -337,14 +337,11 @@ async fn the_client_is_told_the_usage_that_is_counted(db: TestDb) {
     );
 
     // Messages on GPT, not streamed, then streamed.
-    let r = app
-        .client
-        .post(format!("{}/v1/messages", app.address))
-        .header("x-api-key", KEY)
-        .json(&json!({"model": "gpt-4o-mini", "max_tokens": 32, "messages": [{"role": "user", "content": "hi"}]}))
-        .send()
-        .await
-        .unwrap();
+    let r = app.post_messages(
+        KEY,
+        None,
+        &json!({"model": "gpt-4o-mini", "max_tokens": 32, "messages": [{"role": "user", "content": "hi"}]}),
+    ).await;
     let v: Value = r.json().await.unwrap();
     let log = &app.logs("acme", 1).await[0];
     assert_eq!(log.usage_estimated, 1);

@@ -6,7 +6,7 @@ use aigw::mock_upstream::{MockUpstream, Script};
 use serde_json::{Value, json};
 
 use crate::both_backends;
-use crate::helpers::{Setup, TestApp, TestDb, spawn_app};
+use crate::helpers::{ResourcesBuilder, TestApp, TestDb, chat, spawn_on_mock};
 use crate::proxy::KEY;
 
 /// The key of credential `one` (OpenAI's project-key shape).
@@ -16,52 +16,18 @@ const SECRET_TWO: &str = "sk-proj-Bb1Cc2Dd3Ee4Ff5Gg6Hh7Ii8Jj9Kk0Ll1Mm2Nn3Oo4Pp5Q
 
 /// `one` serves `m1` (first) and `solo` (alone); `two` serves `m1` (second). `boss` is an admin.
 fn resources(mock: &MockUpstream) -> String {
-    let url = mock.base_url();
-    format!(
-        r#"
-[[workspace]]
-name = "acme"
-[[member]]
-workspace = "acme"
-email = "ada@acme.test"
-role = "member"
-[[member]]
-workspace = "acme"
-email = "boss@acme.test"
-role = "admin"
-password = "boss-password-1"
-[[api_key]]
-member = "ada@acme.test"
-name = "ci"
-key = "{KEY}"
-[[upstream]]
-workspace = "acme"
-name = "one"
-provider = "openai-compatible"
-base_url = "{url}"
-api_key = "{SECRET_ONE}"
-models = ["m1", "solo"]
-priority = 0
-[[upstream]]
-workspace = "acme"
-name = "two"
-provider = "openai-compatible"
-base_url = "{url}"
-api_key = "{SECRET_TWO}"
-models = ["m1"]
-priority = 1
-"#
-    )
+    let url = &mock.base_url();
+    ResourcesBuilder::acme(KEY)
+        .member_with_password("acme", "boss@acme.test", "admin", "boss-password-1")
+        .upstream("acme", "one", url, SECRET_ONE, &["m1", "solo"])
+        .with("priority", 0)
+        .upstream("acme", "two", url, SECRET_TWO, &["m1"])
+        .with("priority", 1)
+        .into()
 }
 
 async fn start(db: &TestDb) -> (TestApp, MockUpstream) {
-    let mock = MockUpstream::start().await.unwrap();
-    let app = spawn_app(db, Setup::resources(resources(&mock))).await;
-    (app, mock)
-}
-
-fn chat(model: &str) -> Value {
-    json!({"model": model, "messages": [{"role": "user", "content": "hi"}]})
+    spawn_on_mock(db, resources).await
 }
 
 /// Every spelling of `SECRET_ONE` that must not come out: whole, its first 12 characters, and
@@ -315,34 +281,16 @@ async fn a_status_outside_http_is_a_502(db: TestDb) {
 }
 
 async fn the_connection_test_masks_the_key(db: TestDb) {
-    use aigw::store::{UpstreamStore, WorkspaceStore};
     let (app, mock) = start(&db).await;
     mock.script(Script::any().credential(SECRET_ONE).error(
         401,
         json!({"error": {"message": format!("Incorrect API key provided: {SECRET_ONE}"), "code": "invalid_api_key"}}),
     ));
-    let ws = app.state.store.workspace_by_name("acme").await.unwrap().unwrap();
-    let one = app
-        .state
-        .store
-        .upstream_by_name(ws.id, "one")
-        .await
-        .unwrap()
-        .unwrap();
-    let login: Value = app
-        .client
-        .post(format!("{}/admin/v1/auth/login", app.address))
-        .json(&json!({"email": "boss@acme.test", "password": "boss-password-1"}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let token = login["token"].as_str().unwrap().to_owned();
+    let one = app.credential_id("one").await;
+    let token = app.login("boss@acme.test", "boss-password-1").await;
     let r = app
         .client
-        .post(format!("{}/admin/v1/upstreams/{}/test", app.address, one.id))
+        .post(format!("{}/admin/v1/upstreams/{}/test", app.address, one))
         .bearer_auth(&token)
         .send()
         .await
@@ -361,16 +309,7 @@ async fn the_connection_test_masks_the_key(db: TestDb) {
             .contains("Incorrect API key provided: ***"),
         "{body}"
     );
-    let audit = app
-        .client
-        .get(format!("{}/admin/v1/audit", app.address))
-        .bearer_auth(&token)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let audit = app.get_as("/admin/v1/audit", &token).await.text().await.unwrap();
     assert!(
         audit.contains("Incorrect API key provided: ***"),
         "the test is audited: {audit}"

@@ -5,56 +5,33 @@ use aigw::mock_upstream::{MockUpstream, Script};
 use serde_json::{Value, json};
 
 use crate::both_backends;
-use crate::helpers::{ResourcesBuilder, Setup, TestApp, TestDb, spawn_app};
+use crate::helpers::{ResourcesBuilder, Setup, TestApp, TestDb, spawn_app, spawn_on_mock};
 use crate::proxy::KEY;
 
 /// Two credentials serving `m1` (no fallback), and `m2` with a fallback `m3` on the same pair.
 fn pool(mock: &MockUpstream) -> String {
-    let url = mock.base_url();
-    format!(
-        r#"
-[[workspace]]
-name = "acme"
-[[member]]
-workspace = "acme"
-email = "ada@acme.test"
-role = "member"
-[[api_key]]
-member = "ada@acme.test"
-name = "ci"
-key = "{KEY}"
-[[upstream]]
-workspace = "acme"
-name = "one"
-provider = "openai-compatible"
-base_url = "{url}"
-api_key = "cred-one"
-models = ["m1", "m2", "m3"]
-priority = 0
-[[upstream]]
-workspace = "acme"
-name = "two"
-provider = "openai-compatible"
-base_url = "{url}"
-api_key = "cred-two"
-models = ["m1", "m2"]
-priority = 1
-[[model]]
-workspace = "acme"
-name = "m2"
-fallbacks = ["m3"]
-"#
-    )
+    let url = &mock.base_url();
+    ResourcesBuilder::acme(KEY)
+        .upstream("acme", "one", url, "cred-one", &["m1", "m2", "m3"])
+        .with("priority", 0)
+        .upstream("acme", "two", url, "cred-two", &["m1", "m2"])
+        .with("priority", 1)
+        .model("acme", "m2")
+        .with("fallbacks", vec!["m3"])
+        .into()
 }
 
-pub(crate) fn chat(model: &str) -> Value {
-    json!({"model": model, "messages": [{"role": "user", "content": "hi"}]})
+pub(crate) use crate::helpers::chat;
+
+/// `boss@acme.test`, an admin of acme who signs in.
+fn admin_boss() -> String {
+    ResourcesBuilder::new()
+        .member_with_password("acme", "boss@acme.test", "admin", "boss-password-1")
+        .into()
 }
 
 async fn start(db: &TestDb) -> (TestApp, MockUpstream) {
-    let mock = MockUpstream::start().await.unwrap();
-    let app = spawn_app(db, Setup::resources(pool(&mock))).await;
-    (app, mock)
+    spawn_on_mock(db, pool).await
 }
 
 both_backends!(
@@ -259,10 +236,8 @@ async fn spend_cap_holds_the_credential_for_every_model(db: TestDb) {
 both_backends!(admins_see_locks_and_a_connection_test_clears_them);
 
 async fn admins_see_locks_and_a_connection_test_clears_them(db: TestDb) {
-    use aigw::store::{UpstreamStore, WorkspaceStore};
     let mock = MockUpstream::start().await.unwrap();
-    let admin = "\n[[member]]\nworkspace = \"acme\"\nemail = \"boss@acme.test\"\nrole = \"admin\"\npassword = \"boss-password-1\"\n";
-    let app = spawn_app(&db, Setup::resources(pool(&mock) + admin)).await;
+    let app = spawn_app(&db, Setup::resources(pool(&mock) + &admin_boss())).await;
     mock.script(
         Script::any()
             .header("retry-after", "120")
@@ -274,26 +249,9 @@ async fn admins_see_locks_and_a_connection_test_clears_them(db: TestDb) {
             .status(),
         429
     );
-    let ws = app.state.store.workspace_by_name("acme").await.unwrap().unwrap();
-    let one = app
-        .state
-        .store
-        .upstream_by_name(ws.id, "one")
-        .await
-        .unwrap()
-        .unwrap();
-    let login: Value = app
-        .client
-        .post(format!("{}/admin/v1/auth/login", app.address))
-        .json(&json!({"email": "boss@acme.test", "password": "boss-password-1"}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let token = login["token"].as_str().unwrap().to_owned();
-    let url = format!("{}/admin/v1/upstreams/{}", app.address, one.id);
+    let one = app.credential_id("one").await;
+    let token = app.login("boss@acme.test", "boss-password-1").await;
+    let url = format!("{}/admin/v1/upstreams/{}", app.address, one);
     let r = app.client.get(&url).bearer_auth(&token).send().await.unwrap();
     assert_eq!(r.status(), 200);
     let text = r.text().await.unwrap();
@@ -333,16 +291,10 @@ async fn admins_see_locks_and_a_connection_test_clears_them(db: TestDb) {
         200
     );
     // Unknown ids and unauthenticated calls are refused.
-    let r = app
-        .client
-        .get(format!("{}/admin/v1/upstreams/99999", app.address))
-        .bearer_auth(&token)
-        .send()
-        .await
-        .unwrap();
+    let r = app.get_as("/admin/v1/upstreams/99999", &token).await;
     assert_eq!(r.status(), 404);
     assert_eq!(
-        app.get(&format!("/admin/v1/upstreams/{}", one.id)).await.status(),
+        app.get(&format!("/admin/v1/upstreams/{}", one)).await.status(),
         401
     );
     app.stop().await;
@@ -403,11 +355,10 @@ both_backends!(a_new_secret_resets_the_backoff_on_every_gateway);
 /// its account holds), on every gateway of the database, not only the one that took the edit.
 async fn a_new_secret_resets_the_backoff_on_every_gateway(db: TestDb) {
     let mock = MockUpstream::start().await.unwrap();
-    let admin = "\n[[member]]\nworkspace = \"acme\"\nemail = \"boss@acme.test\"\nrole = \"admin\"\npassword = \"boss-password-1\"\n";
-    let text = pool_of(&[("solo", &mock.base_url(), "cred-solo", r#"["m1"]"#, "")]) + admin;
+    let text = pool_of(&[("solo", &mock.base_url(), "cred-solo", r#"["m1"]"#, "")]) + &admin_boss();
     let a = spawn_app(&db, Setup::resources(text.clone())).await;
     let b = spawn_app(&db, Setup::resources(text)).await;
-    let solo = credential_id(&a, "solo").await;
+    let solo = a.credential_id("solo").await;
     let token: Value = a
         .client
         .post(format!("{}/admin/v1/auth/login", a.address))
@@ -497,13 +448,7 @@ const OTHER_KEY: &str = "sk-aigw-OtherPoolKey0123456789abcdefghij";
 /// A workspace with the two keys and the given `[[upstream]]` blocks, each written as
 /// (name, base URL, secret, models, extra TOML lines).
 pub(crate) fn pool_of(upstreams: &[(&str, &str, &str, &str, &str)]) -> String {
-    let mut text = String::from(
-        ResourcesBuilder::new()
-            .workspace("acme")
-            .member("acme", "ada@acme.test", "member")
-            .api_key("ada@acme.test", "ci", KEY)
-            .api_key("ada@acme.test", "other", OTHER_KEY),
-    );
+    let mut text = String::from(ResourcesBuilder::acme(KEY).api_key("ada@acme.test", "other", OTHER_KEY));
     for (i, (name, url, secret, models, extra)) in upstreams.iter().enumerate() {
         text.push_str(&format!(
             "[[upstream]]\nworkspace = \"acme\"\nname = \"{name}\"\nprovider = \"openai-compatible\"\n\
@@ -511,30 +456,6 @@ pub(crate) fn pool_of(upstreams: &[(&str, &str, &str, &str, &str)]) -> String {
         ));
     }
     text
-}
-
-async fn credential_id(app: &TestApp, name: &str) -> i64 {
-    use aigw::store::{UpstreamStore, WorkspaceStore};
-    let ws = app.state.store.workspace_by_name("acme").await.unwrap().unwrap();
-    app.state
-        .store
-        .upstream_by_name(ws.id, name)
-        .await
-        .unwrap()
-        .unwrap()
-        .id
-}
-
-/// Waits (10 s at most) until `credential` has `n` requests in flight.
-async fn until_in_flight(app: &TestApp, credential: i64, n: usize) {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while app.state.admission.in_flight(credential) != n {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "credential {credential} never had {n} requests in flight"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
 }
 
 pub(crate) fn credentials_called(mock: &MockUpstream) -> Vec<String> {
@@ -742,7 +663,7 @@ async fn a_credential_without_a_free_slot_is_skipped_until_the_stream_ends(db: T
         ("two", &url, "cred-two", r#"["m1"]"#, "max_in_flight = 1"),
     ]);
     let app = spawn_app(&db, Setup::resources(text)).await;
-    let one = credential_id(&app, "one").await;
+    let one = app.credential_id("one").await;
     mock.script(
         Script::any()
             .credential("cred-one")
@@ -763,7 +684,7 @@ async fn a_credential_without_a_free_slot_is_skipped_until_the_stream_ends(db: T
     );
     // The client goes away mid-stream: the slot is freed with the stream.
     drop(slow);
-    until_in_flight(&app, one, 0).await;
+    app.until_in_flight(one, 0).await;
     let r = app.post_json("/v1/chat/completions", KEY, &chat("m1")).await;
     assert_eq!(r.status(), 200);
     assert_eq!(mock.calls()[2].credential.as_deref(), Some("cred-one"));
@@ -783,7 +704,7 @@ async fn a_full_pool_waits_briefly_for_a_slot_then_answers_busy(db: TestDb) {
         ..Setup::resources(text)
     };
     let app = spawn_app(&db, setup).await;
-    let solo = credential_id(&app, "solo").await;
+    let solo = app.credential_id("solo").await;
     let slow = |ms| Script {
         delay_ms: Some(ms),
         ..Script::any().times(1)
@@ -803,7 +724,7 @@ async fn a_full_pool_waits_briefly_for_a_slot_then_answers_busy(db: TestDb) {
     // A slot that frees within the wait serves the waiting request.
     mock.script(slow(100));
     let first = send(&app);
-    until_in_flight(&app, solo, 1).await;
+    app.until_in_flight(solo, 1).await;
     let r = app.post_json("/v1/chat/completions", KEY, &chat("m1")).await;
     assert_eq!(r.status(), 200, "waited for the slot");
     assert_eq!(first.await.unwrap().status(), 200);
@@ -811,7 +732,7 @@ async fn a_full_pool_waits_briefly_for_a_slot_then_answers_busy(db: TestDb) {
     // A slot that stays taken: "credential busy", a 2 s backoff, and a parked pool's answer.
     mock.script(slow(1500));
     let first = send(&app);
-    until_in_flight(&app, solo, 1).await;
+    app.until_in_flight(solo, 1).await;
     let r = app.post_json("/v1/chat/completions", KEY, &chat("m1")).await;
     assert_eq!(r.status(), 429);
     assert_eq!(r.headers()["retry-after"], "2");
@@ -843,9 +764,10 @@ async fn a_full_pool_waits_briefly_for_a_slot_then_answers_busy(db: TestDb) {
 const BOB_KEY: &str = "sk-aigw-BobPoolKey0123456789abcdefghijkl";
 
 fn with_bob(text: String) -> String {
-    text + &format!(
-        "[[member]]\nworkspace = \"acme\"\nemail = \"bob@acme.test\"\nrole = \"member\"\n\
-         [[api_key]]\nmember = \"bob@acme.test\"\nname = \"ci\"\nkey = \"{BOB_KEY}\"\n"
+    text + &String::from(
+        ResourcesBuilder::new()
+            .member("acme", "bob@acme.test", "member")
+            .api_key("bob@acme.test", "ci", BOB_KEY),
     )
 }
 
@@ -875,8 +797,13 @@ async fn an_ambiguous_429_closes_the_quota_group_for_the_request(db: TestDb) {
             group,
         ),
         ("three", &url, "cred-three", r#"["m1", "m4", "m7"]"#, ""),
-    ]) + "[[model]]\nworkspace = \"acme\"\nname = \"m2\"\nfallbacks = [\"m3\", \"m4\"]\n\
-          [[model]]\nworkspace = \"acme\"\nname = \"m6\"\nfallbacks = [\"m7\"]\n";
+    ]) + &String::from(
+        ResourcesBuilder::new()
+            .model("acme", "m2")
+            .with("fallbacks", vec!["m3", "m4"])
+            .model("acme", "m6")
+            .with("fallbacks", vec!["m7"]),
+    );
     let app = spawn_app(&db, Setup::resources(text)).await;
     mock.script(Script::any().credential("cred-one").error(429, ambiguous_429()));
     // groot ADR 0008: the walk skips every other route of the shared quota, and still moves to a
@@ -1143,7 +1070,7 @@ async fn a_lock_reaches_the_other_gateway_through_the_poll() {
     assert_eq!(mock.call_count(), 2, "both credentials tried and parked");
     a.sync().await;
     // `b` is not synced: its own poll must bring the locks (every 50 ms here; 10 s at most).
-    let ids = [credential_id(&b, "one").await, credential_id(&b, "two").await];
+    let ids = [b.credential_id("one").await, b.credential_id("two").await];
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     while ids
         .iter()

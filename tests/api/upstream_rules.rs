@@ -7,63 +7,30 @@ use chrono::Duration;
 use serde_json::{Value, json};
 
 use crate::both_backends;
-use crate::helpers::{Setup, TestApp, TestDb, spawn_app};
+use crate::helpers::{ResourcesBuilder, Setup, TestApp, TestDb, chat, spawn_app, spawn_on_mock};
 use crate::proxy::KEY;
 use crate::upstream::pool_of;
 
-/// One workspace and key, then the given `[[upstream]]` blocks.
-fn resources(upstreams: &str) -> String {
-    format!(
-        r#"
-[[workspace]]
-name = "acme"
-[[member]]
-workspace = "acme"
-email = "ada@acme.test"
-role = "member"
-[[api_key]]
-member = "ada@acme.test"
-name = "ci"
-key = "{KEY}"
-{upstreams}
-"#
-    )
+/// One workspace and key, then the given `[[upstream]]` entries.
+fn resources(upstreams: ResourcesBuilder) -> String {
+    ResourcesBuilder::acme(KEY).and(upstreams).into()
 }
 
 /// Two OpenAI-compatible credentials: `one` (first choice) serves `m1` and `m3`, `two` serves
 /// `m1` only.
 fn pair(mock: &MockUpstream) -> String {
-    let url = mock.base_url();
-    resources(&format!(
-        r#"
-[[upstream]]
-workspace = "acme"
-name = "one"
-provider = "openai-compatible"
-base_url = "{url}"
-api_key = "cred-one"
-models = ["m1", "m3"]
-priority = 0
-[[upstream]]
-workspace = "acme"
-name = "two"
-provider = "openai-compatible"
-base_url = "{url}"
-api_key = "cred-two"
-models = ["m1"]
-priority = 1
-"#
-    ))
-}
-
-fn chat(model: &str) -> Value {
-    json!({"model": model, "messages": [{"role": "user", "content": "hi"}]})
+    let url = &mock.base_url();
+    resources(
+        ResourcesBuilder::new()
+            .upstream("acme", "one", url, "cred-one", &["m1", "m3"])
+            .with("priority", 0)
+            .upstream("acme", "two", url, "cred-two", &["m1"])
+            .with("priority", 1),
+    )
 }
 
 async fn start(db: &TestDb) -> (TestApp, MockUpstream) {
-    let mock = MockUpstream::start().await.unwrap();
-    let app = spawn_app(db, Setup::resources(pair(&mock))).await;
-    (app, mock)
+    spawn_on_mock(db, pair).await
 }
 
 /// Sends a chat request for `model` and returns its status and body.
@@ -251,25 +218,16 @@ async fn kiro_monthly_limit_holds_the_credential_thirty_days_then_longer(db: Tes
 async fn openrouter_free_daily_is_an_openrouter_429_and_covers_openrouter_free(db: TestDb) {
     let mock = MockUpstream::start().await.unwrap();
     let url = mock.base_url();
-    let upstreams = format!(
-        r#"
-[[upstream]]
-workspace = "acme"
-name = "router"
-provider = "openrouter"
-base_url = "{url}"
-api_key = "cred-router"
-models = ["a:free", "openrouter/free", "paid"]
-[[upstream]]
-workspace = "acme"
-name = "relay"
-provider = "openai-compatible"
-base_url = "{url}"
-api_key = "cred-relay"
-models = ["c:free", "d:free"]
-"#
-    );
-    let app = spawn_app(&db, Setup::resources(resources(&upstreams))).await;
+    let upstreams = ResourcesBuilder::new()
+        .provider_upstream(
+            "acme",
+            ("router", "openrouter"),
+            &url,
+            "cred-router",
+            &["a:free", "openrouter/free", "paid"],
+        )
+        .upstream("acme", "relay", &url, "cred-relay", &["c:free", "d:free"]);
+    let app = spawn_app(&db, Setup::resources(resources(upstreams))).await;
     let daily = json!({"error": {"message": "Rate limit exceeded: free-models-per-day. Add 10 credits to unlock 1000 free model requests per day", "code": 429}});
     mock.script(
         Script::any()
@@ -325,7 +283,11 @@ async fn a_group_rest_closes_every_model_the_shared_quota_covers(db: TestDb) {
     let text = pool_of(&[
         ("one", &url, "cred-one", models, group),
         ("two", &url, "cred-two", models, group),
-    ]) + "[[model]]\nworkspace = \"acme\"\nname = \"a:free\"\nfallbacks = [\"p1\"]\n";
+    ]) + &String::from(
+        ResourcesBuilder::new()
+            .model("acme", "a:free")
+            .with("fallbacks", vec!["p1"]),
+    );
     let app = spawn_app(&db, Setup::resources(text)).await;
     mock.script(
         Script::any()
@@ -385,14 +347,18 @@ both_backends!(a_group_rest_lasts_as_long_as_the_provider_named);
 async fn a_group_rest_lasts_as_long_as_the_provider_named(db: TestDb) {
     let mock = MockUpstream::start().await.unwrap();
     let url = mock.base_url();
-    let router = |name: &str| {
-        format!(
-            "[[upstream]]\nworkspace = \"acme\"\nname = \"{name}\"\nprovider = \"openrouter\"\n\
-             base_url = \"{url}\"\napi_key = \"cred-{name}\"\nmodels = [\"a:free\", \"b:free\"]\n\
-             quota_group = \"acct\"\n"
-        )
+    let router = |upstreams: ResourcesBuilder, name: &str| {
+        upstreams
+            .provider_upstream(
+                "acme",
+                (name, "openrouter"),
+                &url,
+                &format!("cred-{name}"),
+                &["a:free", "b:free"],
+            )
+            .with("quota_group", "acct")
     };
-    let text = resources(&(router("one") + &router("two")));
+    let text = resources(router(router(ResourcesBuilder::new(), "one"), "two"));
     let app = spawn_app(&db, Setup::resources(text)).await;
     let daily = json!({"error": {"message": "Rate limit exceeded: free-models-per-day. Add 10 credits to unlock 1000 free model requests per day",
         "code": 429, "metadata": {"headers": {"X-RateLimit-Limit": "50", "X-RateLimit-Remaining": "0",

@@ -9,33 +9,22 @@ use aigw::request_log::LogRecord;
 use serde_json::{Value, json};
 
 use crate::both_backends;
-use crate::helpers::{Setup, TestApp, TestDb, logged_warnings, spawn_app};
-use crate::proxy::{KEY, resources};
+use crate::helpers::{ResourcesBuilder, Setup, TestApp, TestDb, logged_warnings, price, spawn_app};
+use crate::proxy::{KEY, fixture};
 
 const BOB_KEY: &str = "sk-aigw-UsageTestKeyBob0123456789abcdefg";
 
 /// The proxy suite's workspace, plus bob (another member with his own key), an owner who signs
 /// in, and `extra` (policies, model changes).
 fn workspace(mock: &MockUpstream, extra: &str) -> String {
-    resources(mock)
-        + &format!(
-            r#"
-[[member]]
-workspace = "acme"
-email = "bob@acme.test"
-role = "member"
-[[api_key]]
-member = "bob@acme.test"
-name = "app"
-key = "{BOB_KEY}"
-[[member]]
-workspace = "acme"
-email = "owner@acme.test"
-role = "owner"
-password = "owner-password-1"
-"#
-        )
-        + extra
+    String::from(with_bob_and_owner(fixture(mock))) + extra
+}
+
+/// `file` with bob, his key and the owner of [`workspace`].
+fn with_bob_and_owner(file: ResourcesBuilder) -> ResourcesBuilder {
+    file.member("acme", "bob@acme.test", "member")
+        .api_key("bob@acme.test", "app", BOB_KEY)
+        .member_with_password("acme", "owner@acme.test", "owner", "owner-password-1")
 }
 
 fn policy(subject: &str, target: &str, metric: &str, window: &str, limit: &str, mode: &str) -> String {
@@ -138,13 +127,7 @@ async fn owner_token(app: &TestApp) -> String {
 /// `GET /admin/v1/usage?by=…` as the owner: (status, body).
 async fn usage_report(app: &TestApp, by: &str) -> (u16, Value) {
     let token = owner_token(app).await;
-    let r = app
-        .client
-        .get(format!("{}/admin/v1/usage?by={by}", app.address))
-        .bearer_auth(token)
-        .send()
-        .await
-        .unwrap();
+    let r = app.get_as(&format!("/admin/v1/usage?by={by}"), &token).await;
     let status = r.status().as_u16();
     (status, r.json().await.unwrap_or(Value::Null))
 }
@@ -521,10 +504,8 @@ async fn counters_saturate_instead_of_overflowing(db: TestDb) {
     // and the sum of two must too (in memory, in the flush's SQL, in the usage report).
     let policies = policy("member", "*", "credits", "month", "9e12", "shadow")
         + &policy("ws", "acme", "requests", "day", "1000", "enforce");
-    let text = workspace(&mock, &policies).replace(
-        "price = { prompt = 1.0, completion = 2.0 }",
-        "price = { prompt = 9e12, completion = 9e12 }",
-    );
+    let priced = fixture(&mock).set("model", "gpt-4o-mini", "price", price(9e12, 9e12));
+    let text = String::from(with_bob_and_owner(priced)) + &policies;
     let app = spawn_app(&db, Setup::resources(text.clone())).await;
     mock.script(Script {
         prompt_tokens: Some(99_999_000),

@@ -244,14 +244,7 @@ async fn every_route_for_every_role(db: TestDb) {
     // A budget alert on ada's requests whose receiver is down, for the alert routes: it fires at
     // her first request and stays pending.
     let owner = admin.login("owner@acme.test").await;
-    let members = admin.ok(Method::GET, "/admin/v1/members", &owner, None).await;
-    let ada = members["data"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|m| m["email"] == "ada@acme.test")
-        .unwrap()["id"]
-        .clone();
+    let ada = app.member_id(&owner, "ada@acme.test").await;
     let alerting = json!({"subject": "member", "target_id": ada, "metric": "requests", "window": "day",
         "limit": 100, "alerts": {"at": [1], "webhook": "http://127.0.0.1:9/nobody-listens"}});
     admin

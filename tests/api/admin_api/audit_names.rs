@@ -9,14 +9,7 @@ async fn the_audit_log_names_its_targets(db: TestDb) {
     let app = spawn_app(&db, Setup::resources(resources(&mock))).await;
     let admin = Admin { app: &app };
     let owner = admin.login("owner@acme.test").await;
-    let members = admin.ok(Method::GET, "/admin/v1/members", &owner, None).await;
-    let bob = members["data"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|m| m["email"] == "bob@acme.test")
-        .unwrap()["id"]
-        .clone();
+    let bob = app.member_id(&owner, "bob@acme.test").await;
     let key = admin
         .ok(
             Method::POST,

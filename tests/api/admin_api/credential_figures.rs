@@ -14,46 +14,24 @@ both_backends!(
 
 /// acme with ada's key and two credentials on `mock`, tried in order.
 fn two_credentials(mock: &MockUpstream) -> String {
-    let url = mock.base_url();
-    format!(
-        r#"
-[[workspace]]
-name = "acme"
-[[member]]
-workspace = "acme"
-email = "owner@acme.test"
-role = "owner"
-password = "pw-owner@acme.test"
-[[member]]
-workspace = "acme"
-email = "ada@acme.test"
-role = "member"
-password = "pw-ada@acme.test"
-[[api_key]]
-member = "ada@acme.test"
-name = "ci"
-key = "{KEY}"
-[[upstream]]
-workspace = "acme"
-name = "primary"
-provider = "openai-compatible"
-base_url = "{url}"
-api_key = "cred-primary-0123456789"
-models = ["gpt-4o-mini"]
-priority = 0
-[[upstream]]
-workspace = "acme"
-name = "backup"
-provider = "openai-compatible"
-base_url = "{url}"
-api_key = "cred-backup-0123456789"
-models = ["gpt-4o-mini"]
-priority = 1
-[[model]]
-workspace = "acme"
-name = "gpt-4o-mini"
-"#
-    )
+    let url = &mock.base_url();
+    ResourcesBuilder::new()
+        .workspace("acme")
+        .member_with_password("acme", "owner@acme.test", "owner", "pw-owner@acme.test")
+        .member_with_password("acme", "ada@acme.test", "member", "pw-ada@acme.test")
+        .api_key("ada@acme.test", "ci", KEY)
+        .upstream(
+            "acme",
+            "primary",
+            url,
+            "cred-primary-0123456789",
+            &["gpt-4o-mini"],
+        )
+        .with("priority", 0)
+        .upstream("acme", "backup", url, "cred-backup-0123456789", &["gpt-4o-mini"])
+        .with("priority", 1)
+        .model("acme", "gpt-4o-mini")
+        .into()
 }
 
 fn chat() -> Value {

@@ -13,15 +13,7 @@ async fn a_guardrail_change_is_enforced_on_the_next_request_and_audited(db: Test
     let app = spawn_app(&db, Setup::resources(resources(&mock))).await;
     let admin = Admin { app: &app };
     let owner = admin.login("owner@acme.test").await;
-    let members = admin.ok(Method::GET, "/admin/v1/members", &owner, None).await;
-    let ada = members["data"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|m| m["email"] == "ada@acme.test")
-        .unwrap()["id"]
-        .as_i64()
-        .unwrap();
+    let ada = app.member_id(&owner, "ada@acme.test").await;
     let body =
         json!({"subject": "member", "target_id": ada, "metric": "requests", "window": "day", "limit": 1});
     let policy = admin

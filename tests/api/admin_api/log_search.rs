@@ -77,15 +77,8 @@ async fn logs_find_failures_and_one_request_by_its_id(db: TestDb) {
         .await;
     assert_eq!(ids(&mine), [ok_id]);
     let csv = app
-        .client
-        .get(format!(
-            "{}/admin/v1/logs/export?request_id={failed_id}",
-            app.address
-        ))
-        .bearer_auth(&owner)
-        .send()
+        .get_as(&format!("/admin/v1/logs/export?request_id={failed_id}"), &owner)
         .await
-        .unwrap()
         .text()
         .await
         .unwrap();

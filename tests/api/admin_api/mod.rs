@@ -8,7 +8,7 @@ use reqwest::Method;
 use serde_json::{Value, json};
 
 use crate::both_backends;
-use crate::helpers::{Setup, TestApp, TestDb, spawn_app};
+use crate::helpers::{ResourcesBuilder, Setup, TestApp, TestDb, price, spawn_app};
 use crate::proxy::KEY;
 
 mod access;
@@ -32,53 +32,27 @@ const UPSTREAM_SECRET: &str = "sk-upstream-secret-4f9a0c2e7d";
 /// acme with one member of each role (ada is a plain member with a key), and a second workspace
 /// whose ids must never be reachable from acme.
 fn resources(mock: &MockUpstream) -> String {
-    let url = mock.base_url();
-    let member = |email: &str, ws: &str, role: &str| {
-        format!(
-            "[[member]]\nworkspace = \"{ws}\"\nemail = \"{email}\"\nrole = \"{role}\"\npassword = \"pw-{email}\"\n"
-        )
+    let url = &mock.base_url();
+    let member = |file: ResourcesBuilder, email: &str, ws: &str, role: &str| {
+        file.member_with_password(ws, email, role, &format!("pw-{email}"))
     };
-    let mut text = String::from("[[workspace]]\nname = \"acme\"\n[[workspace]]\nname = \"other\"\n");
-    text += "[[department]]\nworkspace = \"acme\"\nname = \"research\"\n";
-    text += &member("owner@acme.test", "acme", "owner");
-    text += &member("admin@acme.test", "acme", "admin");
-    text += &member("ada@acme.test", "acme", "member");
-    text += &member("bob@acme.test", "acme", "member");
-    text += &member("boss@other.test", "other", "owner");
-    text += &format!(
-        r#"
-[[api_key]]
-member = "ada@acme.test"
-name = "ci"
-key = "{KEY}"
-[[api_key]]
-member = "boss@other.test"
-name = "ops"
-key = "{OTHER_KEY}"
-[[upstream]]
-workspace = "acme"
-name = "primary"
-provider = "openai-compatible"
-base_url = "{url}"
-api_key = "cred-primary"
-models = ["gpt-4o-mini"]
-[[upstream]]
-workspace = "other"
-name = "theirs"
-provider = "openai-compatible"
-base_url = "{url}"
-api_key = "cred-theirs"
-models = ["gpt-4o-mini"]
-[[model]]
-workspace = "acme"
-name = "gpt-4o-mini"
-price = {{ prompt = 1.0, completion = 2.0 }}
-[[model]]
-workspace = "other"
-name = "gpt-4o-mini"
-"#
-    );
-    text
+    let mut file = ResourcesBuilder::new()
+        .workspace("acme")
+        .workspace("other")
+        .department("acme", "research");
+    file = member(file, "owner@acme.test", "acme", "owner");
+    file = member(file, "admin@acme.test", "acme", "admin");
+    file = member(file, "ada@acme.test", "acme", "member");
+    file = member(file, "bob@acme.test", "acme", "member");
+    file = member(file, "boss@other.test", "other", "owner");
+    file.api_key("ada@acme.test", "ci", KEY)
+        .api_key("boss@other.test", "ops", OTHER_KEY)
+        .upstream("acme", "primary", url, "cred-primary", &["gpt-4o-mini"])
+        .upstream("other", "theirs", url, "cred-theirs", &["gpt-4o-mini"])
+        .model("acme", "gpt-4o-mini")
+        .with("price", price(1.0, 2.0))
+        .model("other", "gpt-4o-mini")
+        .into()
 }
 
 /// An admin API client for one test gateway.

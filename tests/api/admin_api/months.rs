@@ -265,13 +265,7 @@ async fn the_csv_export_streams_every_page(db: TestDb) {
     }
     let admin = Admin { app: &app };
     let owner = admin.login("owner@acme.test").await;
-    let r = app
-        .client
-        .get(format!("{}/admin/v1/logs/export", app.address))
-        .bearer_auth(&owner)
-        .send()
-        .await
-        .unwrap();
+    let r = app.get_as("/admin/v1/logs/export", &owner).await;
     assert_eq!(r.status(), 200);
     assert!(r.headers().get("content-length").is_none(), "{:?}", r.headers());
     assert_eq!(r.headers()["transfer-encoding"], "chunked");

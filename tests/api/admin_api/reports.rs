@@ -291,12 +291,8 @@ async fn logs_usage_and_csv_export(db: TestDb) {
     );
 
     let r = app
-        .client
-        .get(format!("{}/admin/v1/logs/export?model=gpt-4o-mini", app.address))
-        .bearer_auth(&owner)
-        .send()
-        .await
-        .unwrap();
+        .get_as("/admin/v1/logs/export?model=gpt-4o-mini", &owner)
+        .await;
     assert_eq!(r.status(), 200);
     assert!(
         r.headers()["content-type"]
@@ -341,13 +337,7 @@ async fn logs_usage_and_csv_export(db: TestDb) {
         );
     }
     app.logs("acme", 7).await;
-    let r = app
-        .client
-        .get(format!("{}/admin/v1/logs/export?status=404", app.address))
-        .bearer_auth(&owner)
-        .send()
-        .await
-        .unwrap();
+    let r = app.get_as("/admin/v1/logs/export?status=404", &owner).await;
     assert_eq!(r.status(), 200);
     let csv = r.text().await.unwrap();
     for cell in [",'=1+2,", ",'\t=1+2,", ",\"'\r=1+2\",", ",'@SUM(A1),"] {
