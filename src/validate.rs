@@ -125,7 +125,7 @@ pub fn expires_at(field: &str, value: &str) -> Result<i64, String> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     #[test]
@@ -162,10 +162,10 @@ mod tests {
     }
 
     /// A case's expected answer: the value, or part of the message.
-    type Want<T> = Result<T, &'static str>;
+    pub(crate) type Want<T> = Result<T, &'static str>;
 
     /// Runs each case of a table: `Ok(stored)` or `Err(part of the message)`.
-    fn table<T: PartialEq + std::fmt::Debug>(
+    pub(crate) fn table<T: PartialEq + std::fmt::Debug>(
         rule: impl Fn(&str) -> Result<T, String>,
         cases: &[(&str, Result<T, &str>)],
     ) {

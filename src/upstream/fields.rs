@@ -106,23 +106,7 @@ pub fn fallbacks(model: &str, fallbacks: &[String]) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// A case's expected answer: the value, or part of the message.
-    type Want<T> = Result<T, &'static str>;
-
-    /// Runs each case of a table: `Ok(stored)` or `Err(part of the message)`.
-    fn table<T: PartialEq + std::fmt::Debug>(
-        rule: impl Fn(&str) -> Result<T, String>,
-        cases: &[(&str, Result<T, &str>)],
-    ) {
-        for (input, want) in cases {
-            match (rule(input), want) {
-                (Ok(got), Ok(w)) => assert_eq!(&got, w, "{input:?}"),
-                (Err(got), Err(w)) => assert!(got.contains(w), "{input:?}: {got}"),
-                (got, w) => panic!("{input:?}: got {got:?}, want {w:?}"),
-            }
-        }
-    }
+    use crate::validate::tests::{Want, table};
 
     #[test]
     fn base_urls() {
