@@ -15,9 +15,9 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::auth::keys::KeyResolver;
-use crate::clock::Clock;
 use crate::config::Settings;
-use crate::crypto::MasterKey;
+use crate::kernel::clock::Clock;
+use crate::kernel::crypto::MasterKey;
 use crate::quota::engine::{Policies, QuotaCounters};
 use crate::request_log;
 use crate::resources;
@@ -123,7 +123,9 @@ impl Gateway {
         } else {
             0
         };
-        crate::client_conn::raise_open_file_limit(settings.max_client_connections.saturating_add(admin_cap));
+        crate::edge::client_conn::raise_open_file_limit(
+            settings.max_client_connections.saturating_add(admin_cap),
+        );
         let listener = TcpListener::bind(settings.listen)
             .await
             .map_err(|source| StartError::Listen {
@@ -174,7 +176,7 @@ impl Gateway {
         };
         let start_lock = store.start_lock().await?;
         store.migrate().await?;
-        let mut managed = crate::managed::Managed::default();
+        let mut managed = crate::kernel::managed::Managed::default();
         if let Some(prepared) = &prepared {
             let mut summary = prepared.apply(&store, &master_key, clock.now_ms()).await?;
             startup::count_recorded(&store, &settings, &summary.new_policies, clock.now()).await?;
@@ -231,8 +233,9 @@ impl Gateway {
         breakers.load(&store).await?;
         let locks = crate::upstream::pool::locks::Locks::default();
         locks.load(&store, clock.now_ms(), true).await?;
-        let connections = crate::client_conn::ConnectionSlots::new(settings.max_client_connections);
-        let admin_connections = crate::client_conn::ConnectionSlots::new(settings.max_admin_connections);
+        let connections = crate::edge::client_conn::ConnectionSlots::new(settings.max_client_connections);
+        let admin_connections =
+            crate::edge::client_conn::ConnectionSlots::new(settings.max_admin_connections);
         let mut quota = QuotaCounters::new(settings.store_outage_counters);
         if let Some(url) = &settings.redis_url {
             let timeout = Duration::from_millis(settings.redis_timeout_ms);
@@ -241,9 +244,9 @@ impl Gateway {
                 .map_err(StartError::Config)?;
             quota = quota.with_shared(Arc::new(shared));
         }
-        let tracer =
-            crate::otel::Tracer::start(&settings, &tasks, shutdown.clone()).map_err(StartError::Config)?;
-        let oidc = crate::oidc::Oidc::from_settings(&settings).map_err(StartError::Config)?;
+        let tracer = crate::observability::otel::Tracer::start(&settings, &tasks, shutdown.clone())
+            .map_err(StartError::Config)?;
+        let oidc = crate::auth::oidc::Oidc::from_settings(&settings).map_err(StartError::Config)?;
         let state = AppState(Arc::new(Inner {
             settings,
             store,
@@ -255,7 +258,7 @@ impl Gateway {
             quota,
             alerts,
             keys: KeyResolver::new(),
-            in_flight: crate::in_flight::InFlight::default(),
+            in_flight: crate::kernel::in_flight::InFlight::default(),
             labels: Default::default(),
             sessions,
             breakers,
@@ -264,7 +267,7 @@ impl Gateway {
             corroboration: Default::default(),
             logs,
             http,
-            metrics: crate::telemetry::metrics_handle(),
+            metrics: crate::observability::telemetry::metrics_handle(),
             shutdown,
             grace_over: CancellationToken::new(),
             tasks,
@@ -323,10 +326,10 @@ impl Gateway {
             }
             stop_admin.cancel();
         };
-        let limits = crate::client_conn::ClientLimits::new(&state.settings);
+        let limits = crate::edge::client_conn::ClientLimits::new(&state.settings);
         let (main_surface, admin) = match self.admin_listener {
             Some(listener) => {
-                let serving = crate::serving::serve_light(
+                let serving = crate::edge::serving::serve_light(
                     listener,
                     router(state.clone(), Surface::Admin),
                     limits.clone(),
@@ -337,7 +340,7 @@ impl Gateway {
             }
             None => (Surface::Everything, None),
         };
-        let result = crate::serving::serve(
+        let result = crate::edge::serving::serve(
             self.listener,
             router(state.clone(), main_surface),
             &state.http,

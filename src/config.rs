@@ -573,7 +573,7 @@ fn line_of(text: &str, offset: usize) -> usize {
 
 /// A file key that is no setting: the nearest setting when it looks like a slip.
 fn unknown_setting(key: &str) -> String {
-    match crate::suggest::nearest(key, SETTINGS.iter().map(|s| s.key)) {
+    match crate::kernel::suggest::nearest(key, SETTINGS.iter().map(|s| s.key)) {
         Some(near) => format!("unknown field `{key}` (did you mean `{near}`?)"),
         None => format!(
             "unknown field `{key}` (no such setting; `aigw serve --help` and README.md, \
@@ -590,7 +590,7 @@ pub fn nearest_variable(name: &str) -> Option<&'static str> {
         .chain(OTHER_VARIABLES.iter().copied());
     // Compared without the common prefix, which would make every name look near.
     let word = name.strip_prefix("AIGW_")?;
-    let near = crate::suggest::nearest(word, known.clone().filter_map(|k| k.strip_prefix("AIGW_")))?;
+    let near = crate::kernel::suggest::nearest(word, known.clone().filter_map(|k| k.strip_prefix("AIGW_")))?;
     known.into_iter().find(|k| k.strip_prefix("AIGW_") == Some(near))
 }
 

@@ -143,7 +143,7 @@ pub enum ApiError {
         /// The model asked for.
         model: String,
         /// Whose list refused it.
-        by: crate::caller::Guarded,
+        by: crate::kernel::caller::Guarded,
     },
     /// A tag outside the key's `allowed_tags` (issue 25 item 6). Logged, and counted toward the
     /// key's breaker like `model_not_allowed`.
@@ -177,7 +177,7 @@ pub enum ApiError {
     )]
     ConcurrencyLimit {
         /// Whose cap.
-        by: crate::caller::Guarded,
+        by: crate::kernel::caller::Guarded,
         /// The cap.
         limit: u32,
     },
@@ -467,8 +467,8 @@ impl ApiError {
                 over, tag_key, limit, ..
             } => {
                 error["param"] = json!(match over {
-                    crate::store::OverCap::EndUsers => crate::tags::END_USER_HEADER,
-                    _ => crate::tags::TAGS_HEADER,
+                    crate::store::OverCap::EndUsers => crate::kernel::tags::END_USER_HEADER,
+                    _ => crate::kernel::tags::TAGS_HEADER,
                 });
                 error["limit"] = json!(limit);
                 if let Some(k) = tag_key {
@@ -476,7 +476,7 @@ impl ApiError {
                 }
             }
             ApiError::TagNotAllowed { tag } => {
-                error["param"] = json!(crate::tags::TAGS_HEADER);
+                error["param"] = json!(crate::kernel::tags::TAGS_HEADER);
                 error["tag"] = json!(tag);
             }
             ApiError::ConcurrencyLimit { by, limit } => {
@@ -590,11 +590,11 @@ impl ApiError {
 
     /// [`Self::http1_response`] carrying `request_id` as its `x-request-id` (DESIGN.md §7: every
     /// response carries one, protocol refusals included).
-    pub fn http1_response_with_id(&self, request_id: crate::request_id::RequestId) -> Vec<u8> {
+    pub fn http1_response_with_id(&self, request_id: crate::kernel::request_id::RequestId) -> Vec<u8> {
         self.http1_answer(Some(request_id))
     }
 
-    fn http1_answer(&self, request_id: Option<crate::request_id::RequestId>) -> Vec<u8> {
+    fn http1_answer(&self, request_id: Option<crate::kernel::request_id::RequestId>) -> Vec<u8> {
         use std::io::Write;
         let body = self.body().to_string();
         let status = self.status();
@@ -700,10 +700,10 @@ mod tests {
             ApiError::StoreUnavailable,
             ApiError::ModelNotAllowed {
                 model: text(),
-                by: crate::caller::Guarded::Key,
+                by: crate::kernel::caller::Guarded::Key,
             },
             ApiError::ConcurrencyLimit {
-                by: crate::caller::Guarded::Member,
+                by: crate::kernel::caller::Guarded::Member,
                 limit: 2,
             },
             ApiError::KeyExpired { expired_at: text() },

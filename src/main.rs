@@ -168,7 +168,7 @@ fn no_huge_pages() {
 async fn serve(config: Option<PathBuf>, resources: Option<PathBuf>) -> Result<(), String> {
     let settings =
         aigw::Settings::load(config.as_deref(), |k| std::env::var(k).ok()).map_err(|e| e.to_string())?;
-    aigw::telemetry::init_logs(settings.log_format);
+    aigw::observability::telemetry::init_logs(settings.log_format);
     let unknown =
         aigw::config::unknown_variables(std::env::vars_os().filter_map(|(k, _)| k.into_string().ok()));
     if !unknown.is_empty() {

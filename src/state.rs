@@ -12,9 +12,9 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::auth::keys::KeyResolver;
-use crate::clock::Clock;
 use crate::config::{Secret, Settings};
-use crate::crypto::MasterKey;
+use crate::kernel::clock::Clock;
+use crate::kernel::crypto::MasterKey;
 use crate::quota::engine::{Policies, QuotaCounters};
 use crate::request_log::LogSink;
 use crate::store::Store;
@@ -60,7 +60,7 @@ pub struct Inner {
     /// The subject ids of tag values and end users this gateway has seen.
     pub labels: crate::quota::labels::LabelIds,
     /// Requests in flight per capped key and member (per process: a cap holds per replica).
-    pub in_flight: crate::in_flight::InFlight,
+    pub in_flight: crate::kernel::in_flight::InFlight,
     /// Queue of request logs for the batch writer.
     pub logs: LogSink,
     /// The HTTP client to upstreams (no retries of its own, no redirects); each serving thread
@@ -84,15 +84,15 @@ pub struct Inner {
     /// The main runtime, where background tasks run (requests run on the serving threads').
     pub runtime: tokio::runtime::Handle,
     /// Open client connections, counted against `max_client_connections`.
-    pub connections: crate::client_conn::ConnectionSlots,
+    pub connections: crate::edge::client_conn::ConnectionSlots,
     /// Open connections on `admin_listen`, counted against `max_admin_connections`.
-    pub admin_connections: crate::client_conn::ConnectionSlots,
+    pub admin_connections: crate::edge::client_conn::ConnectionSlots,
     /// The entities the resources file applied at start declares (marked in the admin API).
-    pub managed: crate::managed::Managed,
+    pub managed: crate::kernel::managed::Managed,
     /// OpenTelemetry traces: off unless `otel_endpoint` is set.
-    pub tracer: crate::otel::Tracer,
+    pub tracer: crate::observability::otel::Tracer,
     /// The identity provider of the console's single sign-on, if `oidc_issuer` is set.
-    pub oidc: Option<crate::oidc::Oidc>,
+    pub oidc: Option<crate::auth::oidc::Oidc>,
 }
 
 impl AppState {
@@ -163,9 +163,9 @@ impl std::ops::Deref for AppState {
 
 impl AppState {
     /// The client's address: the connection's, or behind a trusted proxy the one it forwarded
-    /// (`trusted_proxies`, [`crate::forwarded`]).
+    /// (`trusted_proxies`, [`crate::edge::forwarded`]).
     pub fn client_ip(&self, peer: SocketAddr, headers: &axum::http::HeaderMap) -> std::net::IpAddr {
-        crate::forwarded::client_ip(peer.ip(), headers, &self.settings.trusted_proxies)
+        crate::edge::forwarded::client_ip(peer.ip(), headers, &self.settings.trusted_proxies)
     }
 
     /// Starts the counters of policy `row`, about to be saved, from the usage already recorded

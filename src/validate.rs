@@ -1,10 +1,11 @@
 //! The generic rules of fields that both the admin API and the resources file accept: a name,
-//! an email address, a password, a time zone, a model allow-list, an in-flight cap, an instant.
+//! an email address, a password, a time zone, an instant.
 //! Each returns the value as it is stored, or the message a person reads; the admin API puts
 //! that message in its 422 naming the field, the resources file after the entry and its line.
 //! The configuration's `bootstrap_email` uses [`email`] too. A rule of one domain lives with it:
 //! a policy's limit in `quota`, an alert's settings in `alerts::settings`, an upstream
-//! credential's and a model's fields in `upstream::fields`.
+//! credential's and a model's fields in `upstream::fields`, a key's or member's model allow-list and
+//! in-flight cap in `auth::keys`.
 
 use chrono_tz::Tz;
 
@@ -63,52 +64,8 @@ pub enum Range {
     /// limit up to what is stored.
     Console,
     /// Up to what is stored: a count limit up to `i64::MAX`, credits up to
-    /// [`crate::credits::MAX_STORED_CREDITS`].
+    /// [`crate::kernel::credits::MAX_STORED_CREDITS`].
     Operator,
-}
-
-/// The most entries a model allow-list may have.
-pub const MAX_ALLOWED_MODELS: usize = 100;
-
-/// A model allow-list (of a key or a member): 1 to 100 entries, each a model [`name`] or a
-/// prefix followed by one trailing `*` (`gpt-4o*`, `claude-*`; `*` alone allows every model),
-/// none listed twice. An empty list is refused: it would allow nothing (`null` allows every
-/// model).
-pub fn allowed_models(field: &str, list: &[String]) -> Result<Vec<String>, String> {
-    if list.is_empty() {
-        return Err(format!(
-            "{field} must list at least one model or pattern; null (or leaving it out) allows every model"
-        ));
-    }
-    if list.len() > MAX_ALLOWED_MODELS {
-        return Err(format!(
-            "{field} may list at most {MAX_ALLOWED_MODELS} models or patterns"
-        ));
-    }
-    let mut out: Vec<String> = Vec::with_capacity(list.len());
-    for entry in list {
-        let v = name(field, entry)?;
-        if v.trim_end_matches('*').contains('*') || v.ends_with("**") {
-            return Err(format!(
-                "{field}: {v:?} is not a model name or a pattern: a * may only end it (e.g. \"gpt-4o*\")"
-            ));
-        }
-        if out.contains(&v) {
-            return Err(format!("{field}: {v:?} is listed twice"));
-        }
-        out.push(v);
-    }
-    Ok(out)
-}
-
-/// A key's or member's cap on requests in flight: 1 to a million, or none.
-pub fn max_in_flight(field: &str, value: Option<i64>) -> Result<Option<i64>, String> {
-    if value.is_some_and(|v| !(1..=1_000_000).contains(&v)) {
-        return Err(format!(
-            "{field} must be between 1 and 1000000, or null for no cap"
-        ));
-    }
-    Ok(value)
 }
 
 /// A key's `expires_at`: an RFC 3339 instant with its offset (`2027-01-01T00:00:00+08:00`), as
@@ -129,28 +86,7 @@ pub(crate) mod tests {
     use super::*;
 
     #[test]
-    fn model_allow_lists() {
-        let list = |l: &[&str]| l.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
-        let cases: &[(&[&str], Want<&[&str]>)] = &[
-            (&["gpt-4o-mini", "claude-*"], Ok(&["gpt-4o-mini", "claude-*"])),
-            (&[" gpt-4o* "], Ok(&["gpt-4o*"])),
-            (&["*"], Ok(&["*"])),
-            (&[], Err("at least one")),
-            (&["gpt-*-mini"], Err("a * may only end it")),
-            (&["gpt**"], Err("a * may only end it")),
-            (&["a", "a"], Err("listed twice")),
-            (&[""], Err("1 to 100 characters")),
-        ];
-        for (input, want) in cases {
-            match (allowed_models("allowed_models", &list(input)), want) {
-                (Ok(got), Ok(w)) => assert_eq!(got, list(w), "{input:?}"),
-                (Err(got), Err(w)) => assert!(got.contains(w), "{input:?}: {got}"),
-                (got, w) => panic!("{input:?}: got {got:?}, want {w:?}"),
-            }
-        }
-        assert!(allowed_models("m", &vec!["x".to_owned(); 101]).is_err());
-        assert_eq!(max_in_flight("max_in_flight", Some(1)), Ok(Some(1)));
-        assert_eq!(max_in_flight("max_in_flight", None), Ok(None));
+    fn instants() {
         assert_eq!(expires_at("expires_at", "1970-01-01T08:00:01+08:00"), Ok(1000));
         assert!(expires_at("expires_at", "2027-01-01").is_err(), "no offset");
         assert!(
@@ -158,7 +94,6 @@ pub(crate) mod tests {
                 .unwrap_err()
                 .contains("RFC 3339")
         );
-        assert!(max_in_flight("max_in_flight", Some(0)).is_err());
     }
 
     /// A case's expected answer: the value, or part of the message.

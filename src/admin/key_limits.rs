@@ -74,7 +74,7 @@ fn within_list(
     covers: fn(&str, &str) -> bool,
 ) -> AdminResult<Option<String>> {
     let decode = |stored: Option<&str>| {
-        crate::caller::decode_model_list(stored).map_err(|e| {
+        crate::kernel::caller::decode_model_list(stored).map_err(|e| {
             tracing::error!(error = %e, field, "unreadable stored allow-list");
             ApiError::Internal
         })
@@ -100,8 +100,8 @@ fn within_list(
 /// Whether model allow-list entry `limit` allows everything entry `entry` does.
 fn model_covers(limit: &str, entry: &str) -> bool {
     match entry.strip_suffix('*') {
-        Some(prefix) => limit.ends_with('*') && crate::caller::pattern_matches(limit, prefix),
-        None => crate::caller::pattern_matches(limit, entry),
+        Some(prefix) => limit.ends_with('*') && crate::kernel::caller::pattern_matches(limit, prefix),
+        None => crate::kernel::caller::pattern_matches(limit, entry),
     }
 }
 

@@ -16,9 +16,9 @@ use super::{
     double_option, no_content, page_of, rfc3339, store_error,
 };
 use crate::breaker;
-use crate::crypto;
 use crate::error::ApiError;
-use crate::managed::Kind;
+use crate::kernel::crypto;
+use crate::kernel::managed::Kind;
 use crate::state::AppState;
 use crate::store::{AdminStore, ApiKeyRow, KeyGuardrails, KeyStore, MemberRow, Table};
 use crate::validate;
@@ -63,7 +63,7 @@ fn key_json(state: &AppState, k: &ApiKeyRow, members: &[MemberRow]) -> Value {
 
 /// A stored model allow-list as the API shows it: the list, or null for every model.
 pub(super) fn stored_models(stored: Option<&str>) -> Value {
-    match crate::caller::decode_model_list(stored) {
+    match crate::kernel::caller::decode_model_list(stored) {
         Ok(list) => json!(list),
         Err(e) => {
             tracing::error!(error = %e, "unreadable model allow-list");
@@ -85,14 +85,17 @@ pub(super) fn guardrails(
         Some(Some(list)) => {
             let list = checked(
                 "allowed_models",
-                validate::allowed_models("allowed_models", &list),
+                crate::auth::keys::allowed_models("allowed_models", &list),
             )?;
-            crate::caller::encode_model_list(Some(&list))
+            crate::kernel::caller::encode_model_list(Some(&list))
         }
     };
     let cap = match max_in_flight {
         None => before.1,
-        Some(cap) => checked("max_in_flight", validate::max_in_flight("max_in_flight", cap))?,
+        Some(cap) => checked(
+            "max_in_flight",
+            crate::auth::keys::max_in_flight("max_in_flight", cap),
+        )?,
     };
     Ok((allowed, cap))
 }
@@ -104,8 +107,11 @@ fn tag_list(wanted: Option<Option<Vec<String>>>, before: Option<String>) -> Admi
         None => before,
         Some(None) => None,
         Some(Some(list)) => {
-            let list = checked("allowed_tags", crate::tags::allowed_tags("allowed_tags", &list))?;
-            crate::caller::encode_model_list(Some(&list))
+            let list = checked(
+                "allowed_tags",
+                crate::kernel::tags::allowed_tags("allowed_tags", &list),
+            )?;
+            crate::kernel::caller::encode_model_list(Some(&list))
         }
     })
 }

@@ -11,15 +11,15 @@ use serde_json::{Value, json};
 
 use super::session::Actor;
 use super::{AdminResult, Params, PathText, store_error};
-use crate::credits::micros_to_credits;
 use crate::error::ApiError;
+use crate::kernel::credits::micros_to_credits;
 use crate::request_log::{LogFilter, LogPage, LogRecord};
 use crate::state::AppState;
 use crate::store::{
     AdminStore, ApiKeyRow, Department, MemberRow, ModelRow, RequestLogStore, Table, UsageGrouping, UsageRow,
 };
 
-use crate::tags;
+use crate::kernel::tags;
 
 /// The filter as the actor may use it: always their workspace; a member always their own logs.
 fn scoped(actor: &Actor, mut f: LogFilter) -> AdminResult<LogFilter> {

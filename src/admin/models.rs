@@ -12,9 +12,9 @@ use super::{
     AdminResult, Body, Id, audit, checked, config_changed, created, double_option, name_field, no_content,
     store_error,
 };
-use crate::credits::micros_to_credits;
 use crate::error::ApiError;
-use crate::managed::Kind;
+use crate::kernel::credits::micros_to_credits;
+use crate::kernel::managed::Kind;
 use crate::state::AppState;
 use crate::store::{AdminStore, ModelRow, ModelStore, Table, UpstreamRow};
 use crate::upstream::fields;

@@ -18,7 +18,7 @@ use super::{
     AdminResult, Body, Id, Page, Params, audit, config_changed, created, no_content, page_of, store_error,
 };
 use crate::error::ApiError;
-use crate::managed::Kind;
+use crate::kernel::managed::Kind;
 use crate::quota::engine::{PolicyRule, display_value};
 use crate::quota::window::{Window, format_reset_at};
 use crate::quota::{Metric, Mode, SubjectKind};

@@ -7,11 +7,11 @@ use std::collections::HashMap;
 
 use super::{AdminResult, store_error};
 use crate::error::ApiError;
+use crate::kernel::tags;
 use crate::quota::SubjectKind;
 use crate::quota::engine::PolicyRule;
 use crate::state::AppState;
 use crate::store::{EndUserRow, LabelStore, PolicyRow, Table, TagValueRow};
-use crate::tags;
 
 /// The tag values and end users of one workspace that its policies (or their counters) name.
 #[derive(Default)]

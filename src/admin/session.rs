@@ -80,7 +80,7 @@ impl Actor {
             .and_then(|v| v.strip_prefix("Bearer "))
             .map(str::trim)
             .ok_or(ApiError::InvalidToken)?;
-        if token.starts_with(crate::crypto::SERVICE_TOKEN_PREFIX) {
+        if token.starts_with(crate::kernel::crypto::SERVICE_TOKEN_PREFIX) {
             return Actor::with_service_token(state, token, client_ip).await;
         }
         let claims = state
@@ -108,13 +108,13 @@ impl Actor {
         client_ip: std::net::IpAddr,
     ) -> Result<Actor, ApiError> {
         use crate::store::{MemberStore, TokenStore};
-        if !crate::crypto::is_service_token_shape(token) {
+        if !crate::kernel::crypto::is_service_token_shape(token) {
             return Err(ApiError::InvalidToken);
         }
         let now = state.clock.now_ms();
         let row = state
             .store
-            .service_token_by_hash(&crate::crypto::hash_api_key(token))
+            .service_token_by_hash(&crate::kernel::crypto::hash_api_key(token))
             .await
             .map_err(ApiError::from)?
             .filter(|t| t.revoked_at.is_none() && t.expires_at.is_none_or(|e| now < e))

@@ -1,4 +1,4 @@
-//! Single sign-on for the console (OpenID Connect, [`crate::oidc`]): the redirect to the identity
+//! Single sign-on for the console (OpenID Connect, [`crate::auth::oidc`]): the redirect to the identity
 //! provider, its return, and what the groups it names give — a workspace, a role, a department.
 //! The first sign-in creates the member (just in time); later ones bring their role in step with
 //! the groups; a member in no mapped group is refused and their open sessions are revoked. Each
@@ -14,9 +14,9 @@ use serde_json::json;
 
 use super::session::Actor;
 use super::{AdminResult, audit, store_error};
+use crate::auth::oidc::{Identity, OidcError, PENDING_TTL_SECS, Pending, constant_time_eq};
 use crate::config::sso::SsoGroup;
 use crate::error::ApiError;
-use crate::oidc::{Identity, OidcError, PENDING_TTL_SECS, Pending, constant_time_eq};
 use crate::state::AppState;
 use crate::store::{AdminStore, DepartmentStore, MemberRow, MemberStore, NewMember, Role, WorkspaceStore};
 

@@ -11,9 +11,9 @@ use super::{
     AdminResult, Body, Id, Page, Params, audit, checked, config_changed, created, delete_policies,
     double_option, name_field, no_content, page_of, store_error,
 };
-use crate::crypto;
 use crate::error::ApiError;
-use crate::managed::Kind;
+use crate::kernel::crypto;
+use crate::kernel::managed::Kind;
 use crate::state::AppState;
 use crate::store::{
     AdminStore, Department, DepartmentStore, MemberRow, MemberStore, NewMember, Role, Table, WorkspaceStore,

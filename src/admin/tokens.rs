@@ -13,8 +13,8 @@ use serde_json::{Value, json};
 
 use super::session::Actor;
 use super::{AdminResult, Body, Id, audit, checked, created, no_content, rfc3339, store_error};
-use crate::crypto;
 use crate::error::ApiError;
+use crate::kernel::crypto;
 use crate::state::AppState;
 use crate::store::{AdminStore, MemberRow, NewServiceToken, Role, ServiceTokenRow, Table, TokenStore};
 use crate::validate;

@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 
 use super::session::Actor;
 use super::{AdminResult, rfc3339, store_error};
-use crate::credits::micros_to_credits;
+use crate::kernel::credits::micros_to_credits;
 use crate::state::AppState;
 use crate::store::{
     AdminStore, CredentialFigureStore, CredentialFigures, HOUR_MS, Table, UpstreamRow, hour_of, time_parked,

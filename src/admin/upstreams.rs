@@ -14,7 +14,7 @@ use super::{
     no_content, page_of, rfc3339, store_error,
 };
 use crate::error::ApiError;
-use crate::managed::Kind;
+use crate::kernel::managed::Kind;
 use crate::provider::Credential;
 use crate::provider::Provider;
 use crate::provider::adapter::{self, Endpoint};

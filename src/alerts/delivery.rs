@@ -19,8 +19,8 @@ use sha2::Sha256;
 
 use super::destination::{REFUSED, Undeliverable, domain};
 use super::{AlertRules, Alerts};
-use crate::clock::Clock;
-use crate::crypto::MasterKey;
+use crate::kernel::clock::Clock;
+use crate::kernel::crypto::MasterKey;
 use crate::store::{AlertAttempt, AlertEventRow, AlertStore, Store};
 
 /// How long a delivery keeps trying after the alert fired.

@@ -185,7 +185,7 @@ impl AppState {
     /// Writes one kind of count and reads back the others' totals; a failed flush keeps its
     /// counts for the next.
     async fn flush(&self, counts: Counts) {
-        use crate::telemetry::timed_flush;
+        use crate::observability::telemetry::timed_flush;
         match counts {
             Counts::Quota => {
                 // Labels first seen during an outage: stored, their counters moved to the

@@ -9,7 +9,7 @@ use axum::response::{IntoResponse, Response};
 
 use crate::config::Secret;
 use crate::error::ApiError;
-use crate::request_id::{REQUEST_ID, RequestId};
+use crate::kernel::request_id::{REQUEST_ID, RequestId};
 use crate::state::{AppState, route_table};
 
 route_table! {
@@ -124,7 +124,7 @@ fn bearer_is(headers: &axum::http::HeaderMap, token: &Secret) -> bool {
 /// request.
 fn state_gauges(state: &AppState) -> String {
     let now = state.clock.now();
-    let mut e = crate::telemetry::Exposition::default();
+    let mut e = crate::observability::telemetry::Exposition::default();
     let mut one = |name: &'static str, value: usize| {
         e.family(name).sample(name, &[], value);
     };

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use super::StartError;
 use crate::config::{Secret, Settings};
-use crate::crypto::{self, MasterKey};
+use crate::kernel::crypto::{self, MasterKey};
 use crate::store::{MemberStore, NewMember, Store, WorkspaceStore};
 
 /// The folders the start writes into exist: the SQLite file's, and `data_dir` when set. Checked

@@ -15,9 +15,9 @@ use axum::http::HeaderMap;
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 use quick_cache::sync::Cache;
 
-use crate::caller::{Caller, InFlightCaps, ModelAccess, decode_cap, decode_model_list};
-use crate::crypto;
 use crate::error::ApiError;
+use crate::kernel::caller::{Caller, InFlightCaps, ModelAccess, decode_cap, decode_model_list};
+use crate::kernel::crypto;
 use crate::store::{KeyStore, Store, StoreError};
 
 /// How long a cached answer is trusted before the store is asked again (configuration changes
@@ -269,9 +269,79 @@ pub fn presented_key(headers: &HeaderMap) -> Option<&str> {
         .map(str::trim)
 }
 
+/// The most entries a model allow-list may have.
+pub const MAX_ALLOWED_MODELS: usize = 100;
+
+/// A model allow-list (of a key or a member): 1 to 100 entries, each a model [`name`](crate::validate::name) or a
+/// prefix followed by one trailing `*` (`gpt-4o*`, `claude-*`; `*` alone allows every model),
+/// none listed twice. An empty list is refused: it would allow nothing (`null` allows every
+/// model).
+pub fn allowed_models(field: &str, list: &[String]) -> Result<Vec<String>, String> {
+    if list.is_empty() {
+        return Err(format!(
+            "{field} must list at least one model or pattern; null (or leaving it out) allows every model"
+        ));
+    }
+    if list.len() > MAX_ALLOWED_MODELS {
+        return Err(format!(
+            "{field} may list at most {MAX_ALLOWED_MODELS} models or patterns"
+        ));
+    }
+    let mut out: Vec<String> = Vec::with_capacity(list.len());
+    for entry in list {
+        let v = crate::validate::name(field, entry)?;
+        if v.trim_end_matches('*').contains('*') || v.ends_with("**") {
+            return Err(format!(
+                "{field}: {v:?} is not a model name or a pattern: a * may only end it (e.g. \"gpt-4o*\")"
+            ));
+        }
+        if out.contains(&v) {
+            return Err(format!("{field}: {v:?} is listed twice"));
+        }
+        out.push(v);
+    }
+    Ok(out)
+}
+
+/// A key's or member's cap on requests in flight: 1 to a million, or none.
+pub fn max_in_flight(field: &str, value: Option<i64>) -> Result<Option<i64>, String> {
+    if value.is_some_and(|v| !(1..=1_000_000).contains(&v)) {
+        return Err(format!(
+            "{field} must be between 1 and 1000000, or null for no cap"
+        ));
+    }
+    Ok(value)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn model_allow_lists() {
+        let list = |l: &[&str]| l.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+        let cases: &[(&[&str], Result<&[&str], &str>)] = &[
+            (&["gpt-4o-mini", "claude-*"], Ok(&["gpt-4o-mini", "claude-*"])),
+            (&[" gpt-4o* "], Ok(&["gpt-4o*"])),
+            (&["*"], Ok(&["*"])),
+            (&[], Err("at least one")),
+            (&["gpt-*-mini"], Err("a * may only end it")),
+            (&["gpt**"], Err("a * may only end it")),
+            (&["a", "a"], Err("listed twice")),
+            (&[""], Err("1 to 100 characters")),
+        ];
+        for (input, want) in cases {
+            match (allowed_models("allowed_models", &list(input)), want) {
+                (Ok(got), Ok(w)) => assert_eq!(got, list(w), "{input:?}"),
+                (Err(got), Err(w)) => assert!(got.contains(w), "{input:?}: {got}"),
+                (got, w) => panic!("{input:?}: got {got:?}, want {w:?}"),
+            }
+        }
+        assert!(allowed_models("m", &vec!["x".to_owned(); 101]).is_err());
+        assert_eq!(max_in_flight("max_in_flight", Some(1)), Ok(Some(1)));
+        assert_eq!(max_in_flight("max_in_flight", None), Ok(None));
+        assert!(max_in_flight("max_in_flight", Some(0)).is_err());
+    }
 
     #[test]
     fn key_headers() {

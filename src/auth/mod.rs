@@ -2,4 +2,5 @@
 //! (`session`). The axum extractors that read them live with their handlers.
 
 pub mod keys;
+pub mod oidc;
 pub mod session;

@@ -20,8 +20,9 @@ pub const AUDIENCE: &str = "aigw-admin";
 pub const TOKEN_TTL: Duration = Duration::from_secs(3600);
 /// An argon2 hash of a random password, verified when the email is unknown so that an unknown
 /// email costs the same time as a wrong password.
-pub static DUMMY_HASH: std::sync::LazyLock<String> =
-    std::sync::LazyLock::new(|| crate::crypto::hash_password(&crate::crypto::generate_password()));
+pub static DUMMY_HASH: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    crate::kernel::crypto::hash_password(&crate::kernel::crypto::generate_password())
+});
 
 /// The claims of an admin token.
 #[derive(Debug, Serialize, Deserialize)]

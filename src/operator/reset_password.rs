@@ -32,7 +32,7 @@ pub async fn reset_password(
             crate::validate::password("the new password", &p)?;
             (p, false)
         }
-        NewPassword::Generate => (crate::crypto::generate_password(), true),
+        NewPassword::Generate => (crate::kernel::crypto::generate_password(), true),
     };
     let name = database_name(settings);
     let store = open_existing(settings)
@@ -57,7 +57,7 @@ pub async fn reset_password(
             .await
             .map_err(|e| e.to_string())?
             .ok_or_else(|| format!("no member has the email {email:?} in the database {name}"))?;
-        let hash = crate::crypto::hash_password(&password);
+        let hash = crate::kernel::crypto::hash_password(&password);
         store
             .set_member_password(member.id, &hash)
             .await

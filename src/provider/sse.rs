@@ -559,7 +559,7 @@ fn error_message(data: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::usage::Usage;
+    use crate::kernel::usage::Usage;
 
     const CEILING: u64 = 100_000_000;
 

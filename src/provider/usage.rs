@@ -12,7 +12,7 @@
 use serde_json::{Map, Value};
 
 use super::adapter::Endpoint;
-use crate::usage::Usage;
+use crate::kernel::usage::Usage;
 
 /// What an answer said about its usage.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

@@ -9,15 +9,15 @@ use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, Utc};
 
 use crate::breaker::Refusal;
-use crate::caller::Caller;
 use crate::config::Locale;
 use crate::error::ApiError;
-use crate::otel::RequestTrace;
+use crate::kernel::caller::Caller;
+use crate::kernel::usage::Usage;
+use crate::observability::otel::RequestTrace;
 use crate::provider::adapter::Endpoint;
 use crate::quota::engine::{self, QuotaDecision};
 use crate::quota::{self, Metric};
 use crate::state::AppState;
-use crate::usage::Usage;
 
 use super::answer_headers::Routed;
 use super::completion::{Completion, Outcome, Source};

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use axum::extract::{ConnectInfo, FromRequestParts};
 use axum::http::request::Parts;
 
-use crate::caller::Caller;
 use crate::error::ApiError;
+use crate::kernel::caller::Caller;
 use crate::state::AppState;
 
 /// The caller of a `/v1` route, authenticated by the API key the request presents (the proxy's

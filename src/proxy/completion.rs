@@ -8,9 +8,10 @@ use std::time::{Duration, Instant};
 
 use metrics::{Counter, Histogram};
 
-use crate::caller::Caller;
 use crate::deadline::Missed;
-use crate::in_flight::InFlightGuard;
+use crate::kernel::caller::Caller;
+use crate::kernel::in_flight::InFlightGuard;
+use crate::kernel::usage::Usage;
 use crate::provider::Credential;
 use crate::provider::adapter::Endpoint;
 use crate::quota::engine::QuotaDecision;
@@ -20,7 +21,6 @@ use crate::translate::Translation;
 use crate::upstream::dispatch::{self, Attempt, AttemptLog};
 use crate::upstream::pool::admission::Slot;
 use crate::upstream::pool::routes::ModelRoute;
-use crate::usage::Usage;
 
 /// Who produced an error.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -133,7 +133,7 @@ impl RequestMetrics {
         static HANDLES: OnceLock<RequestMetrics> = OnceLock::new();
         HANDLES.get_or_init(|| {
             // Handles taken before the recorder is installed would record nowhere.
-            crate::telemetry::metrics_handle();
+            crate::observability::telemetry::metrics_handle();
             RequestMetrics {
                 ok: Endpoint::ALL.map(|e| {
                     metrics::counter!("aigw_requests_total", "endpoint" => e.name(), "status" => "200",
@@ -170,7 +170,7 @@ pub struct Completion {
     /// Language of the gateway's own messages for this request.
     pub locale: crate::config::Locale,
     /// The request's trace, when traces are exported.
-    pub trace: Option<crate::otel::RequestTrace>,
+    pub trace: Option<crate::observability::otel::RequestTrace>,
     /// How the breaker let the request through: the window its outcome belongs to.
     pub admission: crate::breaker::Admission,
     /// Whether its end was recorded (else dropping it records one: the request was abandoned).
@@ -222,7 +222,7 @@ impl Completion {
     pub fn traced(&self) -> bool {
         self.trace
             .as_ref()
-            .is_some_and(crate::otel::RequestTrace::sampled)
+            .is_some_and(crate::observability::otel::RequestTrace::sampled)
     }
 
     /// When the request started.
@@ -248,7 +248,7 @@ impl Completion {
     }
 
     /// Notes the request's tags and end user.
-    pub fn labelled(&mut self, tags: &crate::tags::Tags, end_user: Option<&str>) {
+    pub fn labelled(&mut self, tags: &crate::kernel::tags::Tags, end_user: Option<&str>) {
         self.record.tags = tags.stored();
         self.record.end_user = end_user.map(str::to_owned);
     }

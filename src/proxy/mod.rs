@@ -21,17 +21,18 @@ use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
-use crate::caller::Caller;
 use crate::config::Locale;
 use crate::deadline::Deadline;
 use crate::error::{ApiError, QuotaRefusal};
+use crate::kernel::caller::Caller;
+use crate::kernel::request_id::RequestId;
+use crate::kernel::tags::{self, Tags};
 use crate::provider::adapter::{self, Endpoint};
 use crate::quota::engine::{QuotaDecision, Standing, display_value};
 use crate::quota::policy::Labels;
 use crate::quota::window::format_reset_at;
-use crate::request_id::RequestId;
+use crate::quota::{Mode, SubjectKind};
 use crate::state::AppState;
-use crate::tags::{self, Tags};
 use crate::upstream::dispatch;
 use after::{End, Told};
 use answer_headers::Routed;
@@ -288,7 +289,7 @@ fn quota_refused(s: &Standing, labels: &Labels) -> ApiError {
     }))
 }
 
-/// The request's tags and end user (the rules in [`crate::tags`]).
+/// The request's tags and end user (the rules in [`crate::kernel::tags`]).
 fn labels(
     headers: &axum::http::HeaderMap,
     body: &body::ProxyBody,
@@ -323,7 +324,7 @@ fn header_labels(
 }
 
 /// `tags` within the key's `allowed_tags` (any, when it has none).
-fn tags_allowed(tags: &Tags, caller: &crate::caller::Caller) -> Result<(), ApiError> {
+fn tags_allowed(tags: &Tags, caller: &crate::kernel::caller::Caller) -> Result<(), ApiError> {
     match tags.first_not_allowed(caller.allowed_tags.as_deref()) {
         Some(tag) => Err(ApiError::TagNotAllowed { tag }),
         None => Ok(()),
@@ -362,15 +363,39 @@ fn locale_of(state: &AppState, headers: &axum::http::HeaderMap) -> Locale {
 /// Counts in `aigw_quota_refusals_total` the quota that refuses the request (enforced) and each
 /// shadow quota that would have.
 fn count_quota_refusals(decision: &QuotaDecision) {
-    use crate::quota::Mode;
     for s in decision.standings.iter().filter(|s| s.exhausted()) {
         if s.rule.mode == Mode::Shadow {
-            crate::telemetry::quota_refusals(s.rule.subject, Mode::Shadow).increment(1);
+            quota_refusals(s.rule.subject, Mode::Shadow).increment(1);
         }
     }
     if let Some(s) = decision.refusal() {
-        crate::telemetry::quota_refusals(s.rule.subject, Mode::Enforce).increment(1);
+        quota_refusals(s.rule.subject, Mode::Enforce).increment(1);
     }
+}
+
+/// The `aigw_quota_refusals_total` counter of a subject kind and mode, registered once: a
+/// refused request increments a handle, with no registry lookup.
+fn quota_refusals(subject: SubjectKind, mode: Mode) -> &'static metrics::Counter {
+    const SUBJECTS: [SubjectKind; 6] = [
+        SubjectKind::Apikey,
+        SubjectKind::Member,
+        SubjectKind::Dept,
+        SubjectKind::Ws,
+        SubjectKind::Tag,
+        SubjectKind::EndUser,
+    ];
+    const MODES: [Mode; 2] = [Mode::Enforce, Mode::Shadow];
+    static HANDLES: std::sync::OnceLock<[[metrics::Counter; 2]; 6]> = std::sync::OnceLock::new();
+    let handles = HANDLES.get_or_init(|| {
+        SUBJECTS.map(|s| {
+            MODES.map(|m| {
+                metrics::counter!("aigw_quota_refusals_total", "subject" => s.as_str(), "mode" => m.as_str())
+            })
+        })
+    });
+    let s = SUBJECTS.iter().position(|k| *k == subject).unwrap_or(0);
+    let m = MODES.iter().position(|k| *k == mode).unwrap_or(0);
+    &handles[s][m]
 }
 
 /// `GET /v1/models`: the models the caller's workspace offers that the caller may call.

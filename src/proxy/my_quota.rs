@@ -6,8 +6,8 @@ use serde_json::json;
 
 use super::authenticated::Authenticated;
 use super::{header_labels, tags_allowed};
-use crate::caller::Caller;
 use crate::error::ApiError;
+use crate::kernel::caller::Caller;
 use crate::quota;
 use crate::state::AppState;
 

@@ -2,9 +2,9 @@
 //! attributes): ids, models, tokens, statuses and decisions — never a secret, a prompt or an
 //! answer.
 
-use crate::caller::Caller;
 use crate::error::ApiError;
-use crate::otel::{RequestTrace, SpanRecord};
+use crate::kernel::caller::Caller;
+use crate::observability::otel::{RequestTrace, SpanRecord};
 use crate::provider::Provider;
 use crate::provider::adapter::Endpoint;
 use crate::quota::engine::QuotaDecision;

@@ -15,10 +15,10 @@ use chrono_tz::Tz;
 pub use super::policy::{Labels, Policies, PolicyRule};
 use super::window::{self, Window};
 use super::{Metric, Mode, SubjectKind};
-use crate::caller::Caller;
 use crate::config::OutageCounters;
+use crate::kernel::caller::Caller;
+use crate::kernel::usage::Usage;
 use crate::store::{Store, StoreResult, UsageCounterRow, UsageStore};
-use crate::usage::Usage;
 
 mod counter_map;
 mod flush;
@@ -592,7 +592,7 @@ impl QuotaCounters {
 /// Rounds micro-credits to credits for people and headers; other metrics as they are.
 pub fn display_value(metric: Metric, v: i64) -> serde_json::Value {
     if metric == Metric::Credits {
-        serde_json::json!(crate::credits::micros_to_credits(v))
+        serde_json::json!(crate::kernel::credits::micros_to_credits(v))
     } else {
         serde_json::json!(v)
     }

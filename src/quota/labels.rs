@@ -15,8 +15,8 @@ use std::sync::Mutex;
 
 use super::policy::Labels;
 use crate::error::ApiError;
+use crate::kernel::tags::Tags;
 use crate::store::{LabelCaps, Store};
-use crate::tags::Tags;
 
 /// Tag values and end users this gateway has seen, by workspace, with their ids. Bounded by the
 /// caps: no more entries than the store has rows.

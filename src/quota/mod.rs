@@ -10,7 +10,7 @@ pub mod window;
 
 use serde::{Deserialize, Serialize};
 
-use crate::credits::{MAX_STORED_CREDITS, MAX_STORED_CREDITS_TEXT, credits_to_micros};
+use crate::kernel::credits::{MAX_STORED_CREDITS, MAX_STORED_CREDITS_TEXT, credits_to_micros};
 use crate::validate::Range;
 
 /// Whose usage a policy limits.

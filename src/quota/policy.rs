@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use super::window::Window;
 use super::{Metric, Mode, SubjectKind};
-use crate::caller::Caller;
+use crate::kernel::caller::Caller;
 use crate::store::{LabelStore, PolicyRow, PolicyStore, Store, StoreResult};
 
 /// The tag values and end user of one request as quota subjects (issue 25 item 6).

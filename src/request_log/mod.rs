@@ -19,7 +19,7 @@ use futures::stream::FuturesUnordered;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
-use crate::clock::Clock;
+use crate::kernel::clock::Clock;
 use crate::store::{AlertStore, Backend, DAY_MS, PRUNE_BATCH, RequestLogStore, Store, StoreResult, day_of};
 pub use crate::store::{LogFilter, LogPage, LogRecord};
 
@@ -301,7 +301,7 @@ async fn write_with_retry(
     let bytes: usize = batch.iter().map(queued_bytes).sum();
     let mut wait = Duration::from_millis(100);
     for attempt in 1.. {
-        match crate::telemetry::timed_flush("request_logs", store.insert_logs(batch)).await {
+        match crate::observability::telemetry::timed_flush("request_logs", store.insert_logs(batch)).await {
             Ok(()) => break,
             Err(e) => {
                 if !store.note_failure(&e) {

@@ -8,9 +8,9 @@ use super::spec::{
 };
 use super::{ApplySummary, ResourcesError};
 use crate::alerts::settings::{Thresholds, Webhook};
-use crate::credits::credits_to_micros;
-use crate::crypto::{self, MasterKey};
-use crate::managed::{Kind, Managed};
+use crate::kernel::credits::credits_to_micros;
+use crate::kernel::crypto::{self, MasterKey};
+use crate::kernel::managed::{Kind, Managed};
 use crate::provider::Provider;
 use crate::quota::window::Window;
 use crate::quota::{Metric, Mode, SubjectKind};
@@ -279,7 +279,7 @@ fn declared_models(list: &Option<Vec<String>>) -> Option<String> {
     let trimmed: Option<Vec<String>> = list
         .as_ref()
         .map(|l| l.iter().map(|m| m.trim().to_owned()).collect());
-    crate::caller::encode_model_list(trimmed.as_deref())
+    crate::kernel::caller::encode_model_list(trimmed.as_deref())
 }
 
 async fn upstream(

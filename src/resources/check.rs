@@ -11,7 +11,7 @@ use super::spec::{
 };
 use super::{Ctx, ResourcesError};
 use crate::alerts::settings::{Thresholds, Webhook};
-use crate::crypto;
+use crate::kernel::crypto;
 use crate::provider::Provider;
 use crate::quota::window::{Window, WindowParseError};
 use crate::quota::{Metric, Mode, SubjectKind};
@@ -227,7 +227,7 @@ fn api_key(ctx: &Ctx<'_>, known: &mut Known<'_>, i: usize, k: &ApiKeySpec) -> Re
     }
     guardrails(&k.allowed_models, k.max_in_flight).map_err(e)?;
     if let Some(list) = &k.allowed_tags {
-        crate::tags::allowed_tags("allowed_tags", list).map_err(e)?;
+        crate::kernel::tags::allowed_tags("allowed_tags", list).map_err(e)?;
     }
     // A past time is accepted: the file is applied at every start, and a key that expired since
     // must not stop the gateway from starting.
@@ -243,9 +243,9 @@ fn api_key(ctx: &Ctx<'_>, known: &mut Known<'_>, i: usize, k: &ApiKeySpec) -> Re
 /// A key's or member's guardrails beside quotas: the model allow-list and the concurrency cap.
 fn guardrails(allowed_models: &Option<Vec<String>>, max_in_flight: Option<i64>) -> Result<(), String> {
     if let Some(list) = allowed_models {
-        validate::allowed_models("allowed_models", list)?;
+        crate::auth::keys::allowed_models("allowed_models", list)?;
     }
-    validate::max_in_flight("max_in_flight", max_in_flight)?;
+    crate::auth::keys::max_in_flight("max_in_flight", max_in_flight)?;
     Ok(())
 }
 
@@ -406,7 +406,7 @@ fn policy(
             // A tag value or end user is made when the policy is applied.
             SubjectKind::Tag => {
                 let valid = p.target.split_once('=').is_some_and(|(k, v)| {
-                    crate::tags::valid_key(k) && (v == "*" || crate::tags::valid_value(v))
+                    crate::kernel::tags::valid_key(k) && (v == "*" || crate::kernel::tags::valid_value(v))
                 });
                 if !valid {
                     return Err(e(format!(
@@ -417,7 +417,10 @@ fn policy(
                 true
             }
             SubjectKind::EndUser => {
-                if !matches!(crate::tags::end_user(Some(p.target.as_bytes()), &[]), Ok(Some(_))) {
+                if !matches!(
+                    crate::kernel::tags::end_user(Some(p.target.as_bytes()), &[]),
+                    Ok(Some(_))
+                ) {
                     return Err(e(format!(
                         "end_user target {:?} must be 1 to 256 printable characters, or \"*\"",
                         p.target

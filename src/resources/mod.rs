@@ -16,8 +16,8 @@ mod spec;
 
 use std::path::Path;
 
-use crate::crypto::MasterKey;
-use crate::managed::Managed;
+use crate::kernel::crypto::MasterKey;
+use crate::kernel::managed::Managed;
 use crate::store::{Store, StoreError};
 use spec::ResourcesFile;
 

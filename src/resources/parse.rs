@@ -56,7 +56,7 @@ pub(super) fn parse(ctx: &Ctx<'_>) -> Result<ResourcesFile, ResourcesError> {
         if TABLES.contains(&name.as_str()) {
             continue;
         }
-        let said = match crate::suggest::nearest(name, TABLES) {
+        let said = match crate::kernel::suggest::nearest(name, TABLES) {
             Some(near) => format!("unknown field `{name}` (did you mean `{near}`?)"),
             None => format!(
                 "unknown field `{name}` (the tables are {})",
@@ -111,7 +111,7 @@ fn entries<T: DeserializeOwned>(
         match T::deserialize(toml::Value::Table(fields)) {
             Ok(spec) => out.push(spec),
             Err(e) => {
-                let message = crate::suggest::unknown_field(e.to_string().trim(), 12, FIELDS_DOC);
+                let message = crate::kernel::suggest::unknown_field(e.to_string().trim(), 12, FIELDS_DOC);
                 // serde names the field a wrong value was in as "…\nin `field`".
                 let (message, field) = match message.rsplit_once("\nin `") {
                     Some((m, f)) => (m.to_owned(), f.strip_suffix('`').map(str::to_owned)),

@@ -136,7 +136,7 @@ pub(super) async fn add(
             values,
         );
         // Tag values are bounded by the workspace's caps (max_tag_keys × max_tag_values).
-        let tags = crate::tags::Tags::from_stored(r.tags.as_deref());
+        let tags = crate::kernel::tags::Tags::from_stored(r.tags.as_deref());
         let tag_rows = tags
             .iter()
             .map(|(k, v)| (false, hour, format!("tag:{k}"), v.to_owned()));
@@ -464,7 +464,7 @@ pub(super) async fn report_by_tag(
     };
     // `,k=` found in `,tags,`; the value runs from after it to the next comma. Only a valid tag
     // key (a-z 0-9 _ . -, nothing SQL reads as syntax) is written into the statement.
-    if !crate::tags::valid_key(key) {
+    if !crate::kernel::tags::valid_key(key) {
         return Ok(Vec::new());
     }
     let needle = format!("',{key}='");

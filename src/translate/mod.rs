@@ -18,10 +18,10 @@ use bytes::Bytes;
 use serde_json::{Map, Value, json};
 
 use crate::error::ApiError;
+use crate::kernel::usage::Usage;
 use crate::provider::Credential;
 use crate::provider::Provider;
 use crate::provider::adapter::{self, Endpoint, Fields, Outgoing};
-use crate::usage::Usage;
 
 /// A translation between the endpoint the client called and the one its credential speaks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -12,8 +12,8 @@ use serde_json::{Value, json};
 use super::Translation;
 use super::chat_to_messages::{finish_reason, usage as chat_usage};
 use super::messages_to_chat::stop_of;
+use crate::kernel::usage::Usage;
 use crate::provider::adapter::Endpoint;
-use crate::usage::Usage;
 
 /// Translates one stream.
 #[derive(Debug)]

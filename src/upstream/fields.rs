@@ -3,7 +3,7 @@
 //! model's price, output limit and fallbacks. Each returns the value as it is stored, or the
 //! message a person reads.
 
-use crate::credits::{MAX_STORED_CREDITS, MAX_STORED_CREDITS_TEXT, credits_to_micros};
+use crate::kernel::credits::{MAX_STORED_CREDITS, MAX_STORED_CREDITS_TEXT, credits_to_micros};
 use crate::validate::{self, Range};
 
 /// An upstream's base URL: `http://` or `https://`, at most 2000 bytes, no whitespace or control

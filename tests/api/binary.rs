@@ -221,7 +221,7 @@ fn secrets_never_reach_output_or_database() {
         .expect("generated key printed once")
         .trim()
         .to_owned();
-    assert!(aigw::crypto::is_api_key_shape(&generated));
+    assert!(aigw::kernel::crypto::is_api_key_shape(&generated));
     for text in [&out, &err] {
         assert!(!text.contains(secret), "upstream secret in output");
         assert!(!text.contains("owner-pw-123456"), "password in output");

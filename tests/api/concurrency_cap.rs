@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use aigw::caller::Guarded;
+use aigw::kernel::caller::Guarded;
 use aigw::mock_upstream::{MockUpstream, Script};
 use futures::StreamExt;
 use serde_json::{Value, json};

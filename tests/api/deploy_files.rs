@@ -1,12 +1,12 @@
 //! The files of `deploy/` against what the gateway really is: the alert rules and the Grafana
-//! dashboard name only metrics `/metrics` exports (`aigw::telemetry::FAMILIES`, which
+//! dashboard name only metrics `/metrics` exports (`aigw::observability::telemetry::FAMILIES`, which
 //! `reference.rs` holds against a running gateway's scrape) with their labels, the dashboard
 //! shows every family, and every `AIGW_*` variable the image, the compose file and the systemd
 //! unit set is one aigw reads.
 
 use std::collections::BTreeSet;
 
-use aigw::telemetry::{FAMILIES, Family, Kind};
+use aigw::observability::telemetry::{FAMILIES, Family, Kind};
 
 fn read(path: &str) -> String {
     std::fs::read_to_string(format!("{}/{path}", env!("CARGO_MANIFEST_DIR")))

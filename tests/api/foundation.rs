@@ -77,7 +77,7 @@ async fn bootstrap_owner_from_settings(db: TestDb) {
         .expect("owner created");
     assert_eq!(owner.role(), Role::Owner);
     let hash = owner.password_hash.clone().expect("password set");
-    assert!(aigw::crypto::verify_password("owner-password", &hash));
+    assert!(aigw::kernel::crypto::verify_password("owner-password", &hash));
     assert_eq!(app.state.store.count_owners().await.unwrap(), 1);
     app.stop().await;
     // A second start does not create another owner or change the password.

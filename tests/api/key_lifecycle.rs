@@ -362,7 +362,7 @@ async fn a_key_unknown_a_second_ago_works_once_created_elsewhere(db: TestDb) {
 
     sqlx::any::install_default_drivers();
     let mut other = sqlx::AnyConnection::connect(&db.url).await.unwrap();
-    let hash = aigw::crypto::hash_api_key(&later);
+    let hash = aigw::kernel::crypto::hash_api_key(&later);
     sqlx::query(&format!(
         "INSERT INTO api_keys (workspace_id, member_id, name, key_hash, prefix, created_at) \
          SELECT workspace_id, member_id, 'later', '{hash}', prefix, created_at FROM api_keys \

@@ -336,7 +336,12 @@ async fn the_resources_file_sets_both_guardrails(db: TestDb) {
     let key_id = svc["id"].as_i64().unwrap();
     let ok = call(&app, CAROL, "/v1/chat/completions", &chat("gpt-4o-mini", false)).await;
     assert_eq!(ok.0, 200, "{}", ok.1);
-    assert_eq!(app.state.in_flight.count(aigw::caller::Guarded::Key, key_id), 0);
+    assert_eq!(
+        app.state
+            .in_flight
+            .count(aigw::kernel::caller::Guarded::Key, key_id),
+        0
+    );
     app.stop().await;
 
     // Edited in the file: applied at the next start, in place.

@@ -244,9 +244,12 @@ async fn metrics_and_headers_after_a_scenario_are_the_references(db: TestDb) {
     // Every family of the reference, each with its help and type, and nothing else.
     let last = Scrape::of(&app).await;
     let families: BTreeSet<&str> = last.kind.keys().map(String::as_str).collect();
-    let expected: BTreeSet<&str> = aigw::telemetry::FAMILIES.iter().map(|f| f.name).collect();
+    let expected: BTreeSet<&str> = aigw::observability::telemetry::FAMILIES
+        .iter()
+        .map(|f| f.name)
+        .collect();
     assert_eq!(families, expected, "{}", last.text);
-    for f in aigw::telemetry::FAMILIES {
+    for f in aigw::observability::telemetry::FAMILIES {
         assert_eq!(last.kind[f.name], f.kind.as_str(), "{}", f.name);
         assert_eq!(last.help[f.name], f.help, "{}", f.name);
     }

@@ -138,7 +138,7 @@ async fn full_file_applies_and_reapplies_unchanged(db: TestDb) {
     );
     assert_eq!(credits.time_window, "5minutes");
     let key = s
-        .identity_by_hash(&aigw::crypto::hash_api_key(KEY))
+        .identity_by_hash(&aigw::kernel::crypto::hash_api_key(KEY))
         .await
         .unwrap()
         .unwrap();

@@ -7,8 +7,8 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use aigw::clock::Clock;
 use aigw::config::sso::SsoGroup;
+use aigw::kernel::clock::Clock;
 use axum::extract::{Form, Query};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::IntoResponse;

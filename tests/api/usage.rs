@@ -526,7 +526,7 @@ async fn counters_saturate_instead_of_overflowing(db: TestDb) {
     assert_eq!(report["data"][0]["requests"], 2);
     assert_eq!(
         report["data"][0]["credits"],
-        aigw::credits::micros_to_credits(i64::MAX)
+        aigw::kernel::credits::micros_to_credits(i64::MAX)
     );
     app.stop().await;
     let stored = stored_counters(&db).await;

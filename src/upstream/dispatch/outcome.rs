@@ -51,7 +51,7 @@ pub struct Attempt {
     pub max_tokens_chosen: Option<u64>,
     /// Its span, when the request is traced and this attempt sent a request.
     #[serde(skip)]
-    pub span: Option<crate::otel::AttemptSpan>,
+    pub span: Option<crate::observability::otel::AttemptSpan>,
     /// Whether a request went upstream: false for the gateway's own "credential busy" (no slot
     /// came free, nothing was sent). `x-aigw-attempts` counts only requests sent.
     #[serde(skip)]
@@ -66,7 +66,7 @@ pub struct AttemptLog<'a> {
     /// `attempts`: what a request abandoned meanwhile was waiting for.
     pub under_way: &'a mut Option<(Arc<Credential>, Arc<ModelRoute>)>,
     /// The request's trace, when traces are exported.
-    pub trace: Option<&'a crate::otel::RequestTrace>,
+    pub trace: Option<&'a crate::observability::otel::RequestTrace>,
 }
 
 fn provider_name<S: serde::Serializer>(p: &Provider, s: S) -> Result<S::Ok, S::Error> {

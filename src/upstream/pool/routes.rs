@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use axum::http::{HeaderValue, Uri};
 
-use crate::crypto::MasterKey;
+use crate::kernel::crypto::MasterKey;
 use crate::store::{ModelRow, ModelStore, Store, StoreResult, UpstreamRow, UpstreamStore, WorkspaceStore};
 
 use crate::provider::adapter::Endpoint;

@@ -3,7 +3,7 @@
 //! own. A request — its client connection, its handler, its upstream connection — never changes
 //! thread, so it pays for no cross-thread wake-up; background work (log writer, flushes, config
 //! watch) stays on the main runtime. What happens on a client connection — its bounds, the cap,
-//! the refusals — is `crate::client_conn`'s, which does not depend on this layout.
+//! the refusals — is `crate::edge::client_conn`'s, which does not depend on this layout.
 
 use std::future::Future;
 use std::io;
@@ -16,8 +16,8 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::client_conn::{self, Acceptor, ClientLimits, ConnectionSlots, Slot};
-use crate::idle_poll;
+use crate::edge::client_conn::{self, Acceptor, ClientLimits, ConnectionSlots, Slot};
+use crate::edge::idle_poll;
 use crate::transport::http::{self, Client};
 
 /// A connection accepted by the main runtime, with its slot under the connection cap, on its way

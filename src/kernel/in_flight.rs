@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use crate::caller::{Guarded, InFlightCaps};
+use crate::kernel::caller::{Guarded, InFlightCaps};
 
 /// The counts of every capped key and member with requests in flight.
 #[derive(Clone, Debug, Default)]

@@ -136,7 +136,7 @@ impl Acceptor {
 
     fn refuse(&self, tcp: TcpStream, permit: OwnedSemaphorePermit) {
         // Rendered per connection: every response carries a request id of its own (DESIGN.md §7).
-        let id = crate::request_id::RequestId(uuid::Uuid::now_v7());
+        let id = crate::kernel::request_id::RequestId(uuid::Uuid::now_v7());
         let error = crate::error::ApiError::TooManyConnections {
             limit: self.slots.max(),
         };

@@ -1,6 +1,6 @@
 //! Client connections, whichever runtime layout serves them: [`serve_connection`] serves one
 //! accepted connection (HTTP/1 or HTTP/2 without TLS) with the router until it ends, and
-//! [`Acceptor`] takes connections under the cap. `crate::serving` (one accept loop, a serving
+//! [`Acceptor`] takes connections under the cap. `crate::edge::serving` (one accept loop, a serving
 //! thread per core) calls both; a multi-threaded runtime would call them the same way:
 //!
 //! ```text
@@ -96,7 +96,7 @@ impl ClientLimits {
     /// its own (DESIGN.md §7: every response carries one; no request log row is written, as no
     /// request reached the router).
     fn parser_refusal(&self, refusal: ParserRefusal) -> Bytes {
-        let id = crate::request_id::RequestId(uuid::Uuid::now_v7());
+        let id = crate::kernel::request_id::RequestId(uuid::Uuid::now_v7());
         tracing::debug!(request_id = %id.0, ?refusal, "request refused by the HTTP parser");
         Bytes::from(refusal.error(self.0.max_header_bytes).http1_response_with_id(id))
     }

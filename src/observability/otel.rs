@@ -77,7 +77,7 @@ impl Tracer {
             return Ok(Tracer(None));
         };
         // Metric handles taken before the recorder is installed would record nowhere.
-        crate::telemetry::metrics_handle();
+        crate::observability::telemetry::metrics_handle();
         let headers = parse_headers(settings.otel_headers.as_ref())?;
         let mut exporter = opentelemetry_otlp::SpanExporter::builder()
             .with_http()

@@ -9,7 +9,6 @@
 use std::fmt::Write;
 use std::sync::OnceLock;
 
-use metrics::Counter;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tracing_subscriber::EnvFilter;
 
@@ -315,32 +314,6 @@ fn describe_and_register() {
             metrics::counter!("aigw_quota_refusals_total", "subject" => subject, "mode" => mode).increment(0);
         }
     }
-}
-
-/// The `aigw_quota_refusals_total` counter of a subject kind and mode, registered once: a
-/// refused request increments a handle, with no registry lookup.
-pub fn quota_refusals(subject: crate::quota::SubjectKind, mode: crate::quota::Mode) -> &'static Counter {
-    use crate::quota::{Mode, SubjectKind};
-    const SUBJECTS: [SubjectKind; 6] = [
-        SubjectKind::Apikey,
-        SubjectKind::Member,
-        SubjectKind::Dept,
-        SubjectKind::Ws,
-        SubjectKind::Tag,
-        SubjectKind::EndUser,
-    ];
-    const MODES: [Mode; 2] = [Mode::Enforce, Mode::Shadow];
-    static HANDLES: OnceLock<[[Counter; 2]; 6]> = OnceLock::new();
-    let handles = HANDLES.get_or_init(|| {
-        SUBJECTS.map(|s| {
-            MODES.map(|m| {
-                metrics::counter!("aigw_quota_refusals_total", "subject" => s.as_str(), "mode" => m.as_str())
-            })
-        })
-    });
-    let s = SUBJECTS.iter().position(|k| *k == subject).unwrap_or(0);
-    let m = MODES.iter().position(|k| *k == mode).unwrap_or(0);
-    &handles[s][m]
 }
 
 /// Times one flush to the database and counts it when it fails: `kind` is one of
