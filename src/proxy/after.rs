@@ -103,7 +103,7 @@ pub(super) fn finish(state: &AppState, endpoint: Endpoint, told: Told, end: End)
             response,
             used,
         } => {
-            let ban = completion.ban_context();
+            let ban = BanContext::of(&completion);
             if completion.finish(outcome) {
                 // The ban's first wording replaces the answer; it tells the route, not the quota.
                 let mut resp = ban.answer();
@@ -135,7 +135,7 @@ fn refuse(completion: Completion, e: ApiError) -> Response {
     } else {
         format!("Gateway: {e} [{summary}]")
     };
-    let ban = completion.ban_context();
+    let ban = BanContext::of(&completion);
     if completion.finish(Outcome::failed(
         e.status().as_u16(),
         e.code(),
@@ -165,13 +165,23 @@ pub(super) fn breaker_error(refusal: &Refusal, locale: Locale) -> ApiError {
 }
 
 /// What is needed to answer the request that banned its key.
-pub struct BanContext {
-    pub(super) state: AppState,
-    pub(super) key_id: i64,
-    pub(super) locale: Locale,
+struct BanContext {
+    state: AppState,
+    key_id: i64,
+    locale: Locale,
 }
 
 impl BanContext {
+    /// What answering a ban needs, taken before `finish` consumes the completion.
+    fn of(completion: &Completion) -> BanContext {
+        let (state, key_id) = completion.state_and_key();
+        BanContext {
+            state: state.clone(),
+            key_id,
+            locale: completion.locale,
+        }
+    }
+
     /// The ban's first wording, told to the request whose outcome banned the key.
     fn answer(self) -> Response {
         self.state.breakers.announce(self.key_id);

@@ -253,13 +253,9 @@ impl Completion {
         self.record.end_user = end_user.map(str::to_owned);
     }
 
-    /// What answering a ban needs, taken before `finish` consumes the completion.
-    pub fn ban_context(&self) -> super::after::BanContext {
-        super::after::BanContext {
-            state: self.state.clone(),
-            key_id: self.caller.key_id,
-            locale: self.locale,
-        }
+    /// The gateway's shared state, and the key the request came with.
+    pub fn state_and_key(&self) -> (&AppState, i64) {
+        (&self.state, self.caller.key_id)
     }
 
     /// Notes the quota check; usage is added to its counters when the request completes.
