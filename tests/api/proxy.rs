@@ -587,15 +587,20 @@ async fn a_request_its_client_abandons_before_the_answer_is_logged(db: TestDb) {
     app.stop().await;
 }
 
+/// A gateway whose stop gives running requests no grace (`shutdown_grace_secs = 0`).
+async fn spawn_without_grace(db: &TestDb, mock: &MockUpstream) -> TestApp {
+    let setup = Setup {
+        settings: Box::new(|s| s.shutdown_grace_secs = 0),
+        ..Setup::resources(resources(mock))
+    };
+    spawn_app(db, setup).await
+}
+
 /// A stop whose grace ends while a request still waits for its upstream: the connection is
 /// closed without an answer, and the request is logged as `gateway_stopped`.
 async fn a_request_unanswered_past_the_shutdown_grace_is_logged(db: TestDb) {
     let mock = MockUpstream::start().await.unwrap();
-    let setup = Setup {
-        settings: Box::new(|s| s.shutdown_grace_secs = 0),
-        ..Setup::resources(resources(&mock))
-    };
-    let app = spawn_app(&db, setup).await;
+    let app = spawn_without_grace(&db, &mock).await;
     mock.script(Script {
         delay_ms: Some(20_000),
         ..Script::any().times(1)
@@ -651,11 +656,7 @@ async fn a_request_unanswered_past_the_shutdown_grace_is_logged(db: TestDb) {
 /// upstream's end, and what was delivered is logged as `gateway_stopped`.
 async fn a_stream_running_past_the_shutdown_grace_is_cut_and_logged(db: TestDb) {
     let mock = MockUpstream::start().await.unwrap();
-    let setup = Setup {
-        settings: Box::new(|s| s.shutdown_grace_secs = 0),
-        ..Setup::resources(resources(&mock))
-    };
-    let app = spawn_app(&db, setup).await;
+    let app = spawn_without_grace(&db, &mock).await;
     // 200 words 100 ms apart: 20 s of stream.
     mock.script(Script::any().chunk_delay(100).words(200));
     let r = app.post_json("/v1/chat/completions", KEY, &chat(true)).await;
