@@ -11,12 +11,16 @@ streams; Postgres restarted mid-load; Postgres down under load; Postgres down un
 small request-log queue; two replicas against one quota;
 three replicas started at the same instant on a fresh database; a workspace time zone other than
 the gateway's with a quota filled to one below its limit; a burst of failures of one key on two
-replicas; Postgres down while a known key brings new end users and tags.
+replicas; Postgres down while a known key brings new end users and tags; two replicas sharing
+one quota through Redis, and Redis killed, killed and restarted empty, flushed (`FLUSHALL`) and
+slowed (a relay that delays its answers past `redis_timeout_ms`) under their load.
 
 Postgres: a cluster of its own (`initdb` into a temporary folder, a free port on 127.0.0.1, run as
 the `postgres` user when this script runs as root), one database per fault, removed at the end,
-also after a failure or Ctrl-C. It never touches a server the machine already runs. Traffic goes
-to 127.0.0.1 only; every load is bounded in time and in count. Python 3.11 standard library only.
+also after a failure or Ctrl-C. Redis likewise: a `redis-server` of each Redis fault (a free port,
+no persistence) behind a relay of this script. It never touches a server the machine already
+runs. Traffic goes to 127.0.0.1 only; every load is bounded in time and in count. Python 3.11
+standard library only.
 """
 
 import argparse
@@ -1218,8 +1222,216 @@ def fault_pg_new_labels(run):
     return row
 
 
+
+# ---------------------------------------------------------------------------------------------
+# Redis: the quota counters' shared word (issue 44, docs/scaling.md).
+
+
+class Redis:
+    """A redis-server of this run only (a free port on 127.0.0.1, no persistence), reached through
+    a relay that can be made slow: `slow` seconds are added before each answer is passed on."""
+
+    def __init__(self, run, name):
+        self.run, self.name = run, name
+        self.port = free_port()
+        self.dir = os.path.join(run.base, name)
+        os.makedirs(self.dir, exist_ok=True)
+        self.slow = 0.0
+        self.relay = socket.socket()
+        self.relay.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.relay.bind(("127.0.0.1", 0))
+        self.relay.listen(64)
+        self.relay_port = self.relay.getsockname()[1]
+        self.url = f"redis://127.0.0.1:{self.relay_port}/"
+        threading.Thread(target=self._accept, daemon=True).start()
+        self.proc = None
+        self.start()
+
+    def start(self):
+        binary = shutil.which("redis-server") or "/usr/bin/redis-server"
+        if not os.access(binary, os.X_OK):
+            raise Failure("redis-server is not installed (apt-get install redis-server)")
+        self.proc = self.run.procs.spawn(
+            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+             "--dir", self.dir], {"PATH": os.environ.get("PATH", "")}, os.path.join(self.dir, "redis.log"))
+        wait_until(f"{self.name} to answer", lambda: self.command("PING") == b"+PONG", 20)
+
+    def kill(self):
+        self.proc.kill()
+        self.proc.wait(timeout=10)
+
+    def command(self, *words):
+        """One command, straight to the server (not through the relay): its first answer line."""
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=2) as s:
+                s.sendall(f"*{len(words)}\r\n".encode() + b"".join(
+                    f"${len(w)}\r\n{w}\r\n".encode() for w in words))
+                return s.makefile("rb").readline().rstrip(b"\r\n")
+        except OSError:
+            return None
+
+    def _accept(self):
+        while True:
+            try:
+                client, _ = self.relay.accept()
+            except OSError:
+                return
+            try:
+                server = socket.create_connection(("127.0.0.1", self.port), timeout=5)
+            except OSError:
+                client.close()
+                continue
+            server.settimeout(None)
+            for src, dst, delayed in ((client, server, False), (server, client, True)):
+                threading.Thread(target=self._pipe, args=(src, dst, delayed), daemon=True).start()
+
+    def _pipe(self, src, dst, delayed):
+        try:
+            while data := src.recv(65536):
+                if delayed and self.slow:
+                    time.sleep(self.slow)
+                dst.sendall(data)
+        except OSError:
+            pass
+        for s in (src, dst):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+
+# A healthy Redis's round trip at most, as the gateways bound it (the default redis_timeout_ms).
+REDIS_ROUND_TRIP = 0.05
+
+
+def redis_replicas(run, name, fault=None, fault_after=0.3):
+    """Two gateways sharing one Redis and one database, both loaded, against one requests/day
+    policy; `fault(redis)` runs once `fault_after` of the limit has been sent and returns what it
+    did in words. The bound: with Redis throughout, the limit plus the requests in flight
+    (docs/quotas.md); with a fault, the bound without Redis (in flight plus two flush cycles of
+    both gateways' traffic), since the gateways count alone while Redis is away. Nothing fails,
+    nothing stored is lost, and each gateway says once that Redis went and once that it came back."""
+    limit = run.n(400, 2000)
+    row = Row(name)
+    slug = re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")
+    db = run.pg.create_db(f"chaos_{slug}"[:60])
+    redis = Redis(run, f"redis-{slug}")
+    res = run.write_resources(slug, resources(run.mock.port, requests_per_day=limit))
+    gws = [Gateway(run, f"{slug}-{i}", db, res, env={"AIGW_REDIS_URL": redis.url}) for i in (1, 2)]
+    per = 4
+    loads = [Load(g.port, threads=per, limit=limit * 2, gateway=i).start() for i, g in enumerate(gws)]
+    did = ""
+    if fault:
+        wait_until("the load to reach the fault", lambda: sum(len(ld.outcomes) for ld in loads) >= limit * fault_after,
+                   120, every=0.01)
+        did = fault(redis, gws)
+    for ld in loads:
+        ld.join(180)
+    cycle = max(FLUSH_MS / 1000 + sum(c.get(k, 0) for k in ("quota", "own_limits", "breakers"))
+                for c in (g.flush_ceilings() for g in gws))
+    cycle = max(cycle, CYCLE)
+    outcomes = loads[0].outcomes + loads[1].outcomes
+    outputs = [g.output() for g in gws]
+    codes_ = [gw.terminate() for gw in gws]
+    admitted = [o for o in outcomes if o.delivered]
+    refused = [o for o in outcomes if o.status == 429]
+    failed = len(outcomes) - len(admitted) - len(refused)
+    stored_req, stored_tok = run.pg.stored_usage(db, HOT_KEY)
+    logs = run.pg.logged(db, HOT_KEY)
+    in_flight = per * 2
+    crossed = sorted(o.ended for o in admitted)[min(limit, len(admitted)) - 1] if admitted else 0
+    together = sum(rate_before(ld.outcomes, crossed) for ld in loads)
+    if fault:
+        bound = limit + in_flight + math.ceil(together * 2 * cycle)
+        how = f"{in_flight} in flight + 2 flush cycles ({cycle * 1000:.0f} ms each) of both gateways' {together:.0f}/s"
+    else:
+        # A request is in flight from its check until its usage is in Redis: the clients' own
+        # requests, and those completed whose usage the writer is sending (one round trip,
+        # within the default redis_timeout_ms on a healthy Redis).
+        bound = limit + in_flight + math.ceil(together * REDIS_ROUND_TRIP)
+        how = (f"{in_flight} in flight + those completing within one {REDIS_ROUND_TRIP * 1000:.0f} ms write "
+               f"at {together:.0f}/s")
+    row.requests, row.failed = len(outcomes), failed
+    row.delivered = usage_text(len(admitted), sum(o.tokens for o in admitted))
+    row.stored, row.logs = usage_text(stored_req, stored_tok), str(logs)
+    row.bound = (f"{did + '; ' if did else ''}admitted {len(admitted)} ≤ {bound} = limit {limit} + {how}; "
+                 f"{len(refused)} refused 429; stored = admitted")
+    row.check(len(admitted) <= bound, f"admitted {len(admitted)} over the bound {bound}")
+    # An emptied Redis is reseeded from each gateway's own total, which may hold usage another
+    # gateway then adds again: a counter reads a little high for a moment, never low.
+    low = limit - (in_flight if fault else 0)
+    row.check(len(admitted) >= low, f"admitted {len(admitted)} below {low}")
+    row.check(failed == 0, f"{failed} failed: {codes(outcomes)}")
+    row.check(stored_req == len(admitted), "stored requests differ from admitted")
+    row.check(logs == len(admitted), "logs differ from admitted")
+    row.check(codes_ == [0, 0], f"exit statuses {codes_}")
+    if fault and did.startswith(("killed", "slowed")):
+        # Once per outage: a loaded machine may add an outage of its own (a check that waited
+        # past redis_timeout_ms for the CPU), but a Redis that comes and goes with every write
+        # (a slow one, before writes stopped counting as its return) says so dozens of times.
+        for g, out in zip(gws, outputs):
+            went, back = out.count("redis unreachable"), out.count("redis reachable again")
+            row.check(1 <= went <= 3, f"{g.name} said {went} times that Redis went away (1 to 3 expected)")
+            if "restarted" in did or "slowed" in did:
+                # Each outage ended, but for one the load's last requests may have just begun.
+                row.check(max(1, went - 1) <= back <= went,
+                          f"{g.name} said {back} times that Redis came back after {went} outages")
+            else:
+                row.check(back == 0, f"{g.name} said Redis came back {back} times; it never did")
+    return row
+
+
+def fault_redis_shared(run):
+    """Two replicas sharing one quota through Redis, no fault: the limit plus what is in flight."""
+    return redis_replicas(run, "two replicas, one quota, Redis")
+
+
+def fault_redis_killed(run):
+    """Redis killed (SIGKILL) under load and not restarted: the gateways count alone."""
+    def kill(redis, gws):
+        redis.kill()
+        return "killed Redis mid-load"
+    return redis_replicas(run, "Redis killed under load", kill)
+
+
+def fault_redis_restarted(run):
+    """Redis killed under load and restarted empty a second later: counters reseeded, none lost."""
+    def restart(redis, gws):
+        redis.kill()
+        time.sleep(1)
+        redis.start()
+        wait_until("the gateways to use Redis again",
+                   lambda: all(metric_value(g, "aigw_redis_up") == 1 for g in gws), 30)
+        return "killed Redis mid-load, restarted it empty 1 s later"
+    return redis_replicas(run, "Redis killed and restarted under load", restart)
+
+
+def fault_redis_flushed(run):
+    """FLUSHALL under load: the counters come back at their next write, never lower than the truth."""
+    def flush(redis, gws):
+        answer = redis.command("FLUSHALL")
+        if answer != b"+OK":
+            raise Failure(f"FLUSHALL answered {answer!r}")
+        return "FLUSHALL mid-load"
+    return redis_replicas(run, "Redis flushed under load", flush)
+
+
+def fault_redis_slow(run):
+    """Redis answering 200 ms late (past redis_timeout_ms) for two seconds under load."""
+    def slow(redis, gws):
+        redis.slow = 0.2
+        wait_until("the gateways to count alone", lambda: all(metric_value(g, "aigw_redis_up") == 0 for g in gws), 30)
+        time.sleep(run.t(1, 3))
+        redis.slow = 0.0
+        wait_until("the gateways to use Redis again",
+                   lambda: all(metric_value(g, "aigw_redis_up") == 1 for g in gws), 30)
+        return "slowed Redis by 200 ms a reply, then restored it"
+    return redis_replicas(run, "Redis slowed under load", slow)
+
+
 FAULTS = [fault_kill9, fault_sigterm, fault_pg_restart, fault_pg_down, fault_log_queue, fault_two_replicas,
-          fault_simultaneous_start, fault_timezones, fault_breaker_burst, fault_pg_new_labels]
+          fault_simultaneous_start, fault_timezones, fault_breaker_burst, fault_pg_new_labels, fault_redis_shared,
+          fault_redis_killed, fault_redis_restarted, fault_redis_flushed, fault_redis_slow]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -19,7 +19,8 @@
 //!   from it is set to this gateway's own total (the store's as last read plus its own unwritten
 //!   usage, a lower bound of the truth) instead of being incremented from 0.
 //! - Redis away or slower than `redis_timeout_ms`: checks use this gateway's own counters (the
-//!   bound without Redis) and do not wait on Redis again until the writer's probe finds it back;
+//!   bound without Redis) and do not wait on Redis again until the writer's probe (a `PING`
+//!   answered within `redis_timeout_ms`, whatever the writes do) finds it back;
 //!   the change is logged once each way and shown by `/readyz` and `aigw_redis_up`.
 //! - The store stays the system of record: the flush writes each gateway's deltas as before.
 
@@ -218,7 +219,12 @@ impl SharedCounters {
             match self.write(*n, items).await {
                 Ok(()) => {
                     batch = None;
-                    self.came_back();
+                    // A write may wait longer than a check may: only a ping within the checks'
+                    // bound says Redis is back, so a Redis slower than `redis_timeout_ms` stays
+                    // away instead of coming and going with every write.
+                    if !self.is_up() && self.ping().await.is_ok() {
+                        self.came_back();
+                    }
                 }
                 Err(e) => {
                     self.went_down(&e);

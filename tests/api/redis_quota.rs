@@ -7,10 +7,13 @@
 //! ever written to.
 
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use aigw::mock_upstream::MockUpstream;
 use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::both_backends;
 use crate::helpers::{Setup, TestApp, TestDb, spawn_app};
@@ -119,6 +122,56 @@ impl Drop for RedisServer {
     }
 }
 
+/// A relay in front of a Redis that can be made slow: each reply waits `delay_ms` before it is
+/// passed on (what a congested network or an overloaded server looks like to the gateway).
+struct SlowRelay {
+    port: u16,
+    delay_ms: Arc<AtomicU64>,
+}
+
+impl SlowRelay {
+    async fn start(to: u16) -> SlowRelay {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let delay_ms = Arc::new(AtomicU64::new(0));
+        let delay = delay_ms.clone();
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let Ok(server) = tokio::net::TcpStream::connect(("127.0.0.1", to)).await else {
+                    continue;
+                };
+                let (mut from_client, mut to_client) = client.into_split();
+                let (mut from_server, mut to_server) = server.into_split();
+                tokio::spawn(async move {
+                    let _ = tokio::io::copy(&mut from_client, &mut to_server).await;
+                });
+                let delay = delay.clone();
+                tokio::spawn(async move {
+                    let mut buf = vec![0; 64 * 1024];
+                    while let Ok(n @ 1..) = from_server.read(&mut buf).await {
+                        let ms = delay.load(Ordering::Relaxed);
+                        if ms > 0 {
+                            tokio::time::sleep(Duration::from_millis(ms)).await;
+                        }
+                        if to_client.write_all(&buf[..n]).await.is_err() {
+                            break;
+                        }
+                    }
+                });
+            }
+        });
+        SlowRelay { port, delay_ms }
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    fn set_delay(&self, ms: u64) {
+        self.delay_ms.store(ms, Ordering::Relaxed);
+    }
+}
+
 fn chat() -> Value {
     json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "say hello to me"}]})
 }
@@ -182,6 +235,7 @@ async fn until_counted(redis: &RedisServer, n: i64) -> i64 {
 both_backends!(
     two_gateways_admit_one_limit,
     redis_away_serves_alone_and_resyncs_once,
+    a_slow_redis_stays_away_until_it_answers_in_time,
 );
 
 /// Requests one after another, alternating between two gateways: with Redis exactly the limit
@@ -251,4 +305,38 @@ async fn redis_away_serves_alone_and_resyncs_once(db: TestDb) {
         6,
         "reseeded from the gateway's counters"
     );
+}
+
+/// Redis answering slower than `redis_timeout_ms` (100 ms here) but faster than a write's bound:
+/// the gateway counts alone from the first late answer and stays so, although its writes still
+/// get through (they may wait longer), until a ping is answered in time again.
+async fn a_slow_redis_stays_away_until_it_answers_in_time(db: TestDb) {
+    let Some(redis) = RedisServer::start() else { return };
+    let relay = SlowRelay::start(redis.port).await;
+    let mock = MockUpstream::start().await.unwrap();
+    let a = gateway(&db, &mock, 100, Some(relay.url())).await;
+    for _ in 0..2 {
+        let r = a.post_json("/v1/chat/completions", KEY, &chat()).await;
+        assert_eq!(r.status(), 200);
+    }
+    assert_eq!(until_counted(&redis, 2).await, 2);
+
+    relay.set_delay(300);
+    for _ in 0..3 {
+        let r = a.post_json("/v1/chat/completions", KEY, &chat()).await;
+        assert_eq!(r.status(), 200, "served from the gateway's own counters");
+    }
+    until_readyz_says(&a, "redis unreachable").await;
+    // The writes of those requests get through, late.
+    assert_eq!(until_counted(&redis, 5).await, 5, "counted once");
+    let (_, body) = readyz(&a).await;
+    assert!(
+        body.contains("redis unreachable"),
+        "a late write does not bring Redis back: {body}"
+    );
+    assert_eq!(redis_up_metric(&a).await.as_deref(), Some("0"));
+
+    relay.set_delay(0);
+    until_readyz_says(&a, "redis up").await;
+    assert_eq!(redis_up_metric(&a).await.as_deref(), Some("1"));
 }
