@@ -310,38 +310,22 @@ impl SseTap {
             out.extend_from_slice(event);
             return;
         }
-        let error = NEEDLES.finish_error.find(data).is_some() || data.starts_with(b"{\"error\"");
+        let found = self.scan(data);
+        let error = found.finish_error || data.starts_with(b"{\"error\"");
         if error {
             self.set_error(data);
         }
         // An error event may echo the key: it is passed on masked.
         let masked = self.masked(error, event);
         let event: &[u8] = &masked;
-        if let Some(i) = NEEDLES.content.find(data)
-            && NEEDLES.empty_content.find(&data[i..]).is_none()
-        {
+        if found.content {
             self.content_chunks += 1;
         }
-        for i in NEEDLES.finish_reason.find_iter(data) {
-            let rest = &data[i + FINISH_REASON.len()..];
-            if let Some(end) = memchr::memchr(b'"', rest) {
-                self.finish_reason(std::str::from_utf8(&rest[..end]).unwrap_or_default());
-            }
-        }
-        // `"usage":` followed by an object (the usage chunk, perhaps) or by null.
-        let (mut usage_object, mut usage_null) = (false, false);
-        for i in NEEDLES.usage.find_iter(data) {
-            let after = data[i + USAGE.len()..].trim_ascii_start();
-            usage_object |= after.starts_with(b"{");
-            usage_null |= after.starts_with(b"null");
-        }
+        let (usage_object, usage_null) = (found.usage_object, found.usage_null);
         let mut usage_chunk = false;
         if usage_object && let Ok(chunk) = serde_json::from_slice::<UsageChunk>(data) {
-            if let Some(u) = chunk
-                .usage
-                .and_then(|u| serde_json::from_str::<Value>(u.get()).ok())
-            {
-                let read = UsageReport::read(Endpoint::ChatCompletions, &u, self.ceiling);
+            if let Some(u) = &chunk.usage {
+                let read = UsageReport::read(Endpoint::ChatCompletions, u, self.ceiling);
                 self.usage.merge(read);
             }
             usage_chunk = chunk.choices.is_some_and(|c| {
@@ -358,6 +342,31 @@ impl SseTap {
             }
         }
         out.extend_from_slice(event);
+    }
+
+    /// Reads an OpenAI-format event's data for the fields the tap needs: three searches (each
+    /// field begins with a quote, and a quote inside a JSON string is escaped, so a field name
+    /// echoed in content, `\"usage\":`, is not taken for the field). Notes the finish reasons
+    /// on the way; `"finish_reason":"error"` is an error in the middle of the stream.
+    fn scan(&mut self, data: &[u8]) -> Found {
+        let mut found = Found::default();
+        for i in NEEDLES.content.find_iter(data) {
+            found.content |= data.get(i + CONTENT.len()).is_some_and(|&c| c != b'"');
+        }
+        for i in NEEDLES.finish_reason.find_iter(data) {
+            let value = &data[i + FINISH_REASON.len()..];
+            if let Some(end) = memchr::memchr(b'"', value) {
+                let reason = &value[..end];
+                found.finish_error |= reason == b"error";
+                self.finish_reason(std::str::from_utf8(reason).unwrap_or_default());
+            }
+        }
+        for i in NEEDLES.usage.find_iter(data) {
+            let after = data[i + USAGE.len()..].trim_ascii_start();
+            found.usage_object |= after.starts_with(b"{");
+            found.usage_null |= after.starts_with(b"null");
+        }
+        found
     }
 
     /// Notes a finish reason (at most [`MAX_FINISH_REASONS`], each at most 64 bytes).
@@ -471,25 +480,34 @@ fn continued_event_end(before: &[u8], chunk: &[u8]) -> Option<usize> {
     event_end(chunk).map(|(at, sep)| at + sep)
 }
 
-/// The substrings an OpenAI-format event is searched for, each searcher built once.
+/// What [`SseTap::scan`] finds in an OpenAI-format event.
+#[derive(Default)]
+struct Found {
+    /// A choice ended with `"finish_reason":"error"`: an error in the middle of the stream.
+    finish_error: bool,
+    /// A `"content":"…"` that is not empty.
+    content: bool,
+    /// `"usage":` followed by an object (the usage chunk, perhaps) or by `null`.
+    usage_object: bool,
+    usage_null: bool,
+}
+
+/// The fields an OpenAI-format event is searched for, each searcher built once.
 struct Needles {
-    finish_error: Finder<'static>,
-    finish_reason: Finder<'static>,
     content: Finder<'static>,
-    empty_content: Finder<'static>,
+    finish_reason: Finder<'static>,
     usage: Finder<'static>,
     usage_null: Finder<'static>,
 }
 
 static NEEDLES: LazyLock<Needles> = LazyLock::new(|| Needles {
-    finish_error: Finder::new(b"\"finish_reason\":\"error\""),
+    content: Finder::new(CONTENT),
     finish_reason: Finder::new(FINISH_REASON),
-    content: Finder::new(b"\"content\":\""),
-    empty_content: Finder::new(b"\"content\":\"\""),
     usage: Finder::new(USAGE),
     usage_null: Finder::new(USAGE_NULL),
 });
 
+const CONTENT: &[u8] = b"\"content\":\"";
 const USAGE: &[u8] = b"\"usage\":";
 const FINISH_REASON: &[u8] = b"\"finish_reason\":\"";
 /// Most finish reasons a stream's trace keeps (one per choice, usually one).
@@ -499,8 +517,7 @@ const USAGE_NULL: &[u8] = b"\"usage\":null";
 /// The two fields of a chunk that tell whether it is the usage chunk.
 #[derive(Deserialize)]
 struct UsageChunk<'a> {
-    #[serde(borrow)]
-    usage: Option<&'a RawValue>,
+    usage: Option<Value>,
     #[serde(borrow)]
     choices: Option<&'a RawValue>,
 }
@@ -562,6 +579,66 @@ mod tests {
     use crate::kernel::usage::Usage;
 
     const CEILING: u64 = 100_000_000;
+
+    /// The one pass over an event finds each field the tap reads by its quote, and nothing
+    /// echoed inside a string (where every quote is escaped).
+    #[test]
+    fn one_pass_finds_each_field_once() {
+        // data, then: content, finish error, usage object, usage null, finish reasons
+        type Case<'a> = (&'a str, (bool, bool, bool, bool), &'a [&'a str]);
+        let cases: &[Case] = &[
+            (
+                r#"{"choices":[{"delta":{"content":"Hi"},"finish_reason":null}]}"#,
+                (true, false, false, false),
+                &[],
+            ),
+            (
+                r#"{"choices":[{"delta":{"content":""},"finish_reason":"stop"}]}"#,
+                (false, false, false, false),
+                &["stop"],
+            ),
+            (
+                r#"{"choices":[{"delta":{},"finish_reason":"error"}]}"#,
+                (false, true, false, false),
+                &["error"],
+            ),
+            (
+                r#"{"choices":[{"delta":{},"finish_reason":"errors"}]}"#,
+                (false, false, false, false),
+                &["errors"],
+            ),
+            (
+                r#"{"choices":[],"usage":{"prompt_tokens":1}}"#,
+                (false, false, true, false),
+                &[],
+            ),
+            (
+                r#"{"choices":[{"delta":{"content":"x"}}],"usage": null}"#,
+                (true, false, false, true),
+                &[],
+            ),
+            (
+                r#"{"choices":[{"delta":{"content":"say \"usage\":{ and \"finish_reason\":\"error\""}}]}"#,
+                (true, false, false, false),
+                &[],
+            ),
+            (
+                r#"{"choices":[{"finish_reason":"stop"},{"finish_reason":"length"}]}"#,
+                (false, false, false, false),
+                &["stop", "length"],
+            ),
+        ];
+        for (data, (content, error, object, null), reasons) in cases {
+            let mut tap = SseTap::new(Endpoint::ChatCompletions, false, CEILING);
+            let f = tap.scan(data.as_bytes());
+            assert_eq!(
+                (f.content, f.finish_error, f.usage_object, f.usage_null),
+                (*content, *error, *object, *null),
+                "{data}"
+            );
+            assert_eq!(tap.finish_reasons, *reasons, "{data}");
+        }
+    }
 
     #[test]
     fn data_of_takes_the_first_data_line() {
