@@ -31,7 +31,7 @@ pub use tenancy::*;
 pub use tokens::*;
 pub use usage::*;
 pub use usage_recorded::{RecordedUsage, RecordedUsageStore};
-pub use usage_rollup::{DAY_MS, HOUR_MS, day_of, hour_of};
+pub use usage_rollup::{DAY_MS, HOUR_MS, RollupSums, day_of, hour_of};
 
 use sqlx::any::{AnyConnectOptions, AnyPoolOptions};
 use sqlx::{AnyPool, ConnectOptions};
@@ -203,6 +203,9 @@ impl<'q> SqlBuilder<'q> {
     }
 }
 
+/// `rollup_interval_ms` unless set ([`Store::with_rollup_interval`]).
+pub const DEFAULT_ROLLUP_INTERVAL_MS: i64 = 60_000;
+
 /// How long the start waits for a first connection the pool cannot open at once.
 const START_PATIENCE: Duration = Duration::from_secs(15);
 
@@ -220,6 +223,10 @@ pub struct Store {
     health: Arc<Health>,
     /// The keys' last-used stamps this gateway wrote (`request_logs::LastUsedStamps`).
     last_used: Arc<LastUsedStamps>,
+    /// The clock and `rollup_interval_ms` that place the rollups' horizon
+    /// ([`Store::rollup_horizon`]).
+    rollup_clock: crate::kernel::clock::Clock,
+    rollup_interval_ms: i64,
     /// The runtime the store was opened on, which drives its connections ([`Store::at_home`]).
     home: tokio::runtime::Handle,
 }
@@ -330,6 +337,26 @@ impl Store {
         Ok(store)
     }
 
+    /// This store, with the gateway's clock and `rollup_interval_ms`: every gateway writes the
+    /// usage rollups' sums at least that often, so the reports read the rollups only before
+    /// [`Store::rollup_horizon`].
+    pub fn with_rollup_interval(mut self, clock: crate::kernel::clock::Clock, interval_ms: i64) -> Store {
+        self.rollup_clock = clock;
+        self.rollup_interval_ms = interval_ms.max(1);
+        self
+    }
+
+    /// The instant before which the usage rollups hold every stored log: two rollup intervals
+    /// ago. A log's sums reach the rollups at the latest one interval after the log (its
+    /// gateway writes them every interval, `request_log::start_writer`); the second interval is
+    /// the margin for the request's own time (a log is stamped when its request started) and
+    /// the write itself. Hours and days that end after it are read from the logs.
+    pub fn rollup_horizon(&self) -> i64 {
+        self.rollup_clock
+            .now_ms()
+            .saturating_sub(self.rollup_interval_ms.saturating_mul(2))
+    }
+
     /// Connects to `url` without applying migrations: the gateway's start takes the start lock
     /// first and migrates under it. A Postgres pool of
     /// [`crate::config::DEFAULT_POSTGRES_CONNECTIONS`].
@@ -416,6 +443,8 @@ impl Store {
             sqlite_file,
             health: Arc::new(Health::new(target, probe)),
             last_used: Arc::default(),
+            rollup_clock: crate::kernel::clock::Clock::System,
+            rollup_interval_ms: DEFAULT_ROLLUP_INTERVAL_MS,
             home: tokio::runtime::Handle::current(),
         })
     }
