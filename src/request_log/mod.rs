@@ -213,7 +213,10 @@ pub fn start_writer(
     stop: CancellationToken,
     tasks: &tokio_util::task::TaskTracker,
 ) -> LogSink {
-    let WriterIntervals { flush: flush_interval, rollup: rollup_interval } = intervals;
+    let WriterIntervals {
+        flush: flush_interval,
+        rollup: rollup_interval,
+    } = intervals;
     let (tx, mut rx) = mpsc::unbounded_channel::<LogRecord>();
     let (flush_tx, mut flush_rx) = mpsc::unbounded_channel::<oneshot::Sender<()>>();
     let depth = Arc::new(AtomicI64::new(0));
@@ -324,7 +327,8 @@ async fn write_rollups(store: &Store, rollups: &mut RollupSums, attempts: u32) {
     }
     let mut wait = Duration::from_millis(100);
     for attempt in 1..=attempts {
-        match crate::observability::telemetry::timed_flush("usage_rollups", store.add_rollups(rollups)).await {
+        match crate::observability::telemetry::timed_flush("usage_rollups", store.add_rollups(rollups)).await
+        {
             Ok(()) => {
                 *rollups = RollupSums::default();
                 return;
@@ -355,7 +359,12 @@ struct Written {
     queue: Arc<LogQueue>,
 }
 
-async fn write_batch(store: &Store, mut batch: Vec<LogRecord>, depth: &Written, stop: &CancellationToken) -> RollupSums {
+async fn write_batch(
+    store: &Store,
+    mut batch: Vec<LogRecord>,
+    depth: &Written,
+    stop: &CancellationToken,
+) -> RollupSums {
     write_with_retry(store, &mut batch, depth, stop).await
 }
 

@@ -250,8 +250,12 @@ mod tests {
         let url = format!("sqlite:{}", dir.path().join("recorded.db").display());
         // Two minutes after the last log: its day is read from the logs, the days before it
         // from the rollup.
-        let clock = crate::kernel::clock::Clock::Manual(std::sync::Arc::new((DEC_1 + 2 * H + 181_000).into()));
-        let store = Store::connect(&url).await.unwrap().with_rollup_interval(clock, 60_000);
+        let clock =
+            crate::kernel::clock::Clock::Manual(std::sync::Arc::new((DEC_1 + 2 * H + 181_000).into()));
+        let store = Store::connect(&url)
+            .await
+            .unwrap()
+            .with_rollup_interval(clock, 60_000);
         #[rustfmt::skip]
         let logs: Vec<LogRecord> = [
             (DEC_1 - 14 * H, 7, true, 100),     // 10:00Z the day before: outside a Shanghai day

@@ -3,7 +3,9 @@
 //! equal, the CSV export streams page after page, and log pages follow the requests' time.
 
 use aigw::request_log::LogRecord;
-use aigw::store::{AdminStore, HOUR_MS, RequestLogStore, RollupSums, UsageGrouping, UsageRow, WorkspaceStore};
+use aigw::store::{
+    AdminStore, HOUR_MS, RequestLogStore, RollupSums, UsageGrouping, UsageRow, WorkspaceStore,
+};
 
 use super::*;
 

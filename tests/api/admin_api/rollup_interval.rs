@@ -25,7 +25,11 @@ fn key(i: usize) -> String {
 fn many_keys(mock: &MockUpstream) -> String {
     let mut file = ResourcesBuilder::new();
     for i in 0..KEYS {
-        let member = if i % 2 == 0 { "ada@acme.test" } else { "bob@acme.test" };
+        let member = if i % 2 == 0 {
+            "ada@acme.test"
+        } else {
+            "bob@acme.test"
+        };
         file = file.api_key(member, &format!("rollup-{i}"), &key(i));
     }
     resources(mock) + "\n" + &String::from(file)
@@ -177,7 +181,11 @@ async fn the_report_equals_the_logs_before_and_after_the_rollups_are_written(db:
     app.clock.advance(chrono::Duration::minutes(2));
     app.sync().await;
     assert_eq!(rollup_totals(&db).await, totals_of(&logs));
-    assert_eq!(reports(&admin, &owner, range).await, want, "read from the rollups");
+    assert_eq!(
+        reports(&admin, &owner, range).await,
+        want,
+        "read from the rollups"
+    );
     app.stop().await;
 }
 
@@ -215,7 +223,10 @@ async fn a_failed_rollup_write_keeps_the_sums_for_the_next() {
     switch.restore();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     while app.get("/readyz").await.status() != 200 {
-        assert!(std::time::Instant::now() < deadline, "the database never came back");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the database never came back"
+        );
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
     serve(&app, 1).await;
