@@ -277,6 +277,15 @@ pub fn start_writer(
                 if !full {
                     break;
                 }
+                // A backlog can last longer than the interval: the sums are due all the same
+                // (the reports count on them two intervals on), after the batches in flight.
+                if clock.now_ms() >= rollups_due {
+                    while let Some(sums) = writing.next().await {
+                        rollups.merge(sums);
+                    }
+                    write_rollups(&store, &mut rollups, 1).await;
+                    rollups_due = clock.now_ms().saturating_add(rollup_ms);
+                }
             }
             while let Some(sums) = writing.next().await {
                 rollups.merge(sums);
