@@ -9,6 +9,10 @@
 //! and its share of the usage report's rollups, which are the sums of the stored logs
 //! (`store::usage_rollup`); quota counters, breaker windows and own-limit counts are kept apart
 //! from the logs and lose nothing.
+//!
+//! The rollups' sums of the stored logs are held by the writer and written once per
+//! `rollup_interval_ms` ([`start_writer`]): a failed write keeps them for the next, a graceful
+//! stop writes them, a kill loses them (at most one interval's; the logs are complete).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
