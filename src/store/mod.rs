@@ -203,9 +203,6 @@ impl<'q> SqlBuilder<'q> {
     }
 }
 
-/// `rollup_interval_ms` unless set ([`Store::with_rollup_interval`]).
-pub const DEFAULT_ROLLUP_INTERVAL_MS: i64 = 60_000;
-
 /// How long the start waits for a first connection the pool cannot open at once.
 const START_PATIENCE: Duration = Duration::from_secs(15);
 
@@ -223,10 +220,8 @@ pub struct Store {
     health: Arc<Health>,
     /// The keys' last-used stamps this gateway wrote (`request_logs::LastUsedStamps`).
     last_used: Arc<LastUsedStamps>,
-    /// The clock and `rollup_interval_ms` that place the rollups' horizon
-    /// ([`Store::rollup_horizon`]).
-    rollup_clock: crate::kernel::clock::Clock,
-    rollup_interval_ms: i64,
+    /// What places the rollups' horizon ([`Store::rollup_horizon`]).
+    rollup_timing: usage_rollup::RollupTiming,
     /// The runtime the store was opened on, which drives its connections ([`Store::at_home`]).
     home: tokio::runtime::Handle,
 }
@@ -337,26 +332,6 @@ impl Store {
         Ok(store)
     }
 
-    /// This store, with the gateway's clock and `rollup_interval_ms`: every gateway writes the
-    /// usage rollups' sums at least that often, so the reports read the rollups only before
-    /// [`Store::rollup_horizon`].
-    pub fn with_rollup_interval(mut self, clock: crate::kernel::clock::Clock, interval_ms: i64) -> Store {
-        self.rollup_clock = clock;
-        self.rollup_interval_ms = interval_ms.max(1);
-        self
-    }
-
-    /// The instant before which the usage rollups hold every stored log: two rollup intervals
-    /// ago. A log's sums reach the rollups at the latest one interval after the log (its
-    /// gateway writes them every interval, `request_log::start_writer`); the second interval is
-    /// the margin for the request's own time (a log is stamped when its request started) and
-    /// the write itself. Hours and days that end after it are read from the logs.
-    pub fn rollup_horizon(&self) -> i64 {
-        self.rollup_clock
-            .now_ms()
-            .saturating_sub(self.rollup_interval_ms.saturating_mul(2))
-    }
-
     /// Connects to `url` without applying migrations: the gateway's start takes the start lock
     /// first and migrates under it. A Postgres pool of
     /// [`crate::config::DEFAULT_POSTGRES_CONNECTIONS`].
@@ -443,8 +418,7 @@ impl Store {
             sqlite_file,
             health: Arc::new(Health::new(target, probe)),
             last_used: Arc::default(),
-            rollup_clock: crate::kernel::clock::Clock::System,
-            rollup_interval_ms: DEFAULT_ROLLUP_INTERVAL_MS,
+            rollup_timing: usage_rollup::RollupTiming::default(),
             home: tokio::runtime::Handle::current(),
         })
     }

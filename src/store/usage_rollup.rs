@@ -24,9 +24,52 @@
 
 use std::collections::BTreeMap;
 
+use crate::kernel::clock::Clock;
+
 use super::{
     Backend, LogRecord, STATEMENT_ROWS, SqlBuilder, Store, StoreResult, UsageGrouping, UsageRow, statements,
 };
+
+/// The clock and `rollup_interval_ms` that place the rollups' horizon
+/// ([`Store::rollup_horizon`]).
+#[derive(Clone, Debug)]
+pub(super) struct RollupTiming {
+    clock: Clock,
+    interval_ms: i64,
+}
+
+impl Default for RollupTiming {
+    /// The system clock and the setting's default.
+    fn default() -> Self {
+        RollupTiming {
+            clock: Clock::System,
+            interval_ms: 60_000,
+        }
+    }
+}
+
+impl Store {
+    /// This store, with the gateway's clock and `rollup_interval_ms`: every gateway writes the
+    /// usage rollups' sums at least that often, so the reports read the rollups only before
+    /// [`Store::rollup_horizon`].
+    pub fn with_rollup_interval(mut self, clock: Clock, interval_ms: i64) -> Store {
+        self.rollup_timing = RollupTiming {
+            clock,
+            interval_ms: interval_ms.max(1),
+        };
+        self
+    }
+
+    /// The instant before which the usage rollups hold every stored log: two rollup intervals
+    /// ago. A log's sums reach the rollups at the latest one interval after the log (its
+    /// gateway writes them every interval, `request_log::start_writer`); the second interval is
+    /// the margin for the request's own time (a log is stamped when its request started) and
+    /// the write itself. Hours and days that end after it are read from the logs.
+    pub fn rollup_horizon(&self) -> i64 {
+        let RollupTiming { clock, interval_ms } = &self.rollup_timing;
+        clock.now_ms().saturating_sub(interval_ms.saturating_mul(2))
+    }
+}
 
 /// An hour, in ms.
 pub const HOUR_MS: i64 = 3_600_000;
