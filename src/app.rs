@@ -173,7 +173,11 @@ impl Gateway {
         let store = match opened {
             Some(store) => store,
             None => Store::open_with(&settings.database_url, settings.database_max_connections).await?,
-        };
+        }
+        .with_rollup_interval(
+            clock.clone(),
+            i64::try_from(settings.rollup_interval_ms).unwrap_or(i64::MAX),
+        );
         let start_lock = store.start_lock().await?;
         store.migrate().await?;
         let mut managed = crate::kernel::managed::Managed::default();
@@ -209,7 +213,11 @@ impl Gateway {
         pending_writes.close();
         let logs = request_log::start_writer(
             store.clone(),
-            Duration::from_millis(settings.flush_interval_ms),
+            clock.clone(),
+            request_log::WriterIntervals {
+                flush: Duration::from_millis(settings.flush_interval_ms),
+                rollup: Duration::from_millis(settings.rollup_interval_ms),
+            },
             usize::try_from(settings.max_log_queue_bytes).unwrap_or(usize::MAX),
             shutdown.clone(),
             &tasks,

@@ -377,6 +377,13 @@ settings! {
     max_log_queue_bytes: u64 = 128 * 1024 * 1024, "AIGW_MAX_LOG_QUEUE_BYTES", check |v| {
         if *v >= 65_536 { Ok(()) } else { Err("must be at least 65536 (64 KiB)".into()) }
     };
+    /// How often each gateway writes the usage rollups' sums of the logs it stored, in
+    /// milliseconds: a rollup row is written once per interval rather than with every batch of
+    /// logs. The usage reports read the logs for the last two intervals (docs/performance.md,
+    /// "Known cost: CPU per request at many keys").
+    rollup_interval_ms: u64 = 60_000, "AIGW_ROLLUP_INTERVAL_MS", check |v| {
+        if (1_000..=3_600_000).contains(v) { Ok(()) } else { Err("must be 1000..=3600000".into()) }
+    };
     /// Where generated secrets (`aigw.keys`) are kept; default: beside the SQLite file, else `.`.
     data_dir: PathBuf = PathBuf::new(), "AIGW_DATA_DIR";
     /// Log line format.
@@ -806,7 +813,11 @@ mod tests {
         .unwrap();
         let err = Settings::load(
             Some(&path),
-            env(&[("AIGW_MAX_BODY_BYTES", "abc"), ("AIGW_FLUSH_INTERVAL_MS", "1")]),
+            env(&[
+                ("AIGW_MAX_BODY_BYTES", "abc"),
+                ("AIGW_FLUSH_INTERVAL_MS", "1"),
+                ("AIGW_ROLLUP_INTERVAL_MS", "999"),
+            ]),
         )
         .unwrap_err()
         .0;
@@ -817,6 +828,7 @@ mod tests {
             "line 4 (locale)",
             "max_body_bytes (AIGW_MAX_BODY_BYTES): \"abc\" is not a whole number",
             "flush_interval_ms (AIGW_FLUSH_INTERVAL_MS): must be 10..=60000",
+            "rollup_interval_ms (AIGW_ROLLUP_INTERVAL_MS): must be 1000..=3600000",
         ];
         for needle in expected {
             assert!(err.contains(needle), "{needle:?} not in:\n{err}");

@@ -320,6 +320,7 @@ mod tests {
     #[test]
     fn model_allow_lists() {
         let list = |l: &[&str]| l.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+        // (the list given, the list kept or the error's words)
         type Case<'a> = (&'a [&'a str], Result<&'a [&'a str], &'a str>);
         let cases: &[Case] = &[
             (&["gpt-4o-mini", "claude-*"], Ok(&["gpt-4o-mini", "claude-*"])),

@@ -255,7 +255,7 @@ pub fn family_of(name: &str) -> Option<&'static Family> {
 }
 
 /// The `kind` label values of the store flush families.
-pub const FLUSH_KINDS: [&str; 4] = ["quota", "own_limits", "breakers", "request_logs"];
+pub const FLUSH_KINDS: [&str; 5] = ["quota", "own_limits", "breakers", "request_logs", "usage_rollups"];
 
 /// The process-wide Prometheus recorder (installed on first use).
 pub fn metrics_handle() -> PrometheusHandle {

@@ -9,6 +9,10 @@
 //! and its share of the usage report's rollups, which are the sums of the stored logs
 //! (`store::usage_rollup`); quota counters, breaker windows and own-limit counts are kept apart
 //! from the logs and lose nothing.
+//!
+//! The rollups' sums of the stored logs are held by the writer and written once per
+//! `rollup_interval_ms` ([`start_writer`]): a failed write keeps them for the next, a graceful
+//! stop writes them, a kill loses them (at most one interval's; the logs are complete).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
@@ -20,7 +24,9 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use crate::kernel::clock::Clock;
-use crate::store::{AlertStore, Backend, DAY_MS, PRUNE_BATCH, RequestLogStore, Store, StoreResult, day_of};
+use crate::store::{
+    AlertStore, Backend, DAY_MS, PRUNE_BATCH, RequestLogStore, RollupSums, Store, StoreResult, day_of,
+};
 pub use crate::store::{LogFilter, LogPage, LogRecord};
 
 /// Most rows one flush collects. On SQLite, where one writer takes its turn at the file's lock,
@@ -199,13 +205,22 @@ impl LogSink {
 /// everything queued, so a busy gateway writes a few large batches a second (and is woken as
 /// often, not once per request) and an idle one nothing; at `stop` it writes what is left.
 /// The queue holds at most `max_queue_bytes` ([`LogQueue`]).
+///
+/// The usage rollups' sums of the stored logs are kept in memory ([`RollupSums`]) and written
+/// once every `rollup_interval` by `clock` ([`write_rollups`]), and at `stop`: a rollup row is
+/// written once per interval, however many batches added to it.
 pub fn start_writer(
     store: Store,
-    flush_interval: Duration,
+    clock: Clock,
+    intervals: WriterIntervals,
     max_queue_bytes: usize,
     stop: CancellationToken,
     tasks: &tokio_util::task::TaskTracker,
 ) -> LogSink {
+    let WriterIntervals {
+        flush: flush_interval,
+        rollup: rollup_interval,
+    } = intervals;
     let (tx, mut rx) = mpsc::unbounded_channel::<LogRecord>();
     let (flush_tx, mut flush_rx) = mpsc::unbounded_channel::<oneshot::Sender<()>>();
     let depth = Arc::new(AtomicI64::new(0));
@@ -216,19 +231,25 @@ pub fn start_writer(
     };
     tasks.spawn(async move {
         let (max, writers) = (flush_max(store.backend()), writers(store.backend()));
+        let rollup_ms = i64::try_from(rollup_interval.as_millis()).unwrap_or(i64::MAX);
         let mut batch = Vec::new();
+        let mut rollups = RollupSums::default();
+        let mut rollups_due = clock.now_ms().saturating_add(rollup_ms);
         loop {
             // Callers of `flush` to answer once this round is written.
             let mut waiting = Vec::new();
+            // Sums waiting are written when their interval ends, even if no log comes.
+            let until_due = u64::try_from(rollups_due.saturating_sub(clock.now_ms())).unwrap_or(0);
             tokio::select! {
                 r = rx.recv() => match r {
                     Some(first) => batch.push(first),
                     None => break,
                 },
                 Some(done) = flush_rx.recv() => waiting.push(done),
+                () = tokio::time::sleep(Duration::from_millis(until_due)), if !rollups.is_empty() => {},
                 () = stop.cancelled() => break,
             }
-            if waiting.is_empty() {
+            if waiting.is_empty() && !batch.is_empty() {
                 // The rest of the interval's records are taken when it ends, not one by one: a
                 // waiting receiver would be woken by every request, from the request's thread.
                 tokio::select! {
@@ -253,25 +274,44 @@ pub fn start_writer(
                 let full = batch.len() >= max;
                 writing.push(write_batch(&store, std::mem::take(&mut batch), &d, &stop));
                 if writing.len() >= writers {
-                    writing.next().await;
+                    if let Some(sums) = writing.next().await {
+                        rollups.merge(sums);
+                    }
                 }
                 if !full {
                     break;
                 }
+                // A backlog can last longer than the interval: the sums are due all the same
+                // (the reports count on them two intervals on), after the batches in flight.
+                if clock.now_ms() >= rollups_due {
+                    while let Some(sums) = writing.next().await {
+                        rollups.merge(sums);
+                    }
+                    write_rollups(&store, &mut rollups, 1).await;
+                    rollups_due = clock.now_ms().saturating_add(rollup_ms);
+                }
             }
-            while writing.next().await.is_some() {}
+            while let Some(sums) = writing.next().await {
+                rollups.merge(sums);
+            }
+            if clock.now_ms() >= rollups_due {
+                write_rollups(&store, &mut rollups, 1).await;
+                rollups_due = clock.now_ms().saturating_add(rollup_ms);
+            }
             for done in waiting {
                 let _ = done.send(());
             }
         }
-        // Shutdown: the server has stopped taking requests; write what is still queued.
+        // Shutdown: the server has stopped taking requests; write what is still queued, then
+        // the rollups' sums.
         rx.close();
         while let Some(r) = rx.recv().await {
             batch.push(r);
         }
         if !batch.is_empty() {
-            write_with_retry(&store, &mut batch, &d, &CancellationToken::new()).await;
+            rollups.merge(write_with_retry(&store, &mut batch, &d, &CancellationToken::new()).await);
         }
+        write_rollups(&store, &mut rollups, 5).await;
     });
     LogSink {
         tx,
@@ -281,28 +321,84 @@ pub fn start_writer(
     }
 }
 
+/// How often the writer writes: the logs (`flush_interval_ms`) and the rollups' sums
+/// (`rollup_interval_ms`).
+#[derive(Clone, Copy, Debug)]
+pub struct WriterIntervals {
+    /// The wait between a first record and its batch's write.
+    pub flush: Duration,
+    /// The longest the rollups' sums of stored logs are held before they are written.
+    pub rollup: Duration,
+}
+
+/// Writes the rollups' sums in one transaction, in up to `attempts` tries (a pause between two),
+/// and empties them; when every try failed (the database away), they are kept, and the logs
+/// stored meanwhile add to them, for the next write. Given up on only at a stop, said once.
+async fn write_rollups(store: &Store, rollups: &mut RollupSums, attempts: u32) {
+    if rollups.is_empty() {
+        return;
+    }
+    let mut wait = Duration::from_millis(100);
+    for attempt in 1..=attempts {
+        match crate::observability::telemetry::timed_flush("usage_rollups", store.add_rollups(rollups)).await
+        {
+            Ok(()) => {
+                *rollups = RollupSums::default();
+                return;
+            }
+            Err(e) => {
+                if !store.note_failure(&e) {
+                    tracing::warn!(error = %e, rows = rollups.rows(), attempt, "usage rollup write failed; kept for the next one");
+                }
+                if attempt < attempts {
+                    tokio::time::sleep(wait).await;
+                    wait = (wait * 2).min(Duration::from_secs(5));
+                }
+            }
+        }
+    }
+    if attempts > 1 {
+        tracing::error!(
+            rows = rollups.rows(),
+            "the usage rollups' sums could not be written at the stop; the logs are stored, and \
+             the usage report of their hours and days is short of them"
+        );
+    }
+}
+
 /// What the writer gives back as records leave the queue.
 struct Written {
     depth: Arc<AtomicI64>,
     queue: Arc<LogQueue>,
 }
 
-async fn write_batch(store: &Store, mut batch: Vec<LogRecord>, depth: &Written, stop: &CancellationToken) {
-    write_with_retry(store, &mut batch, depth, stop).await;
+async fn write_batch(
+    store: &Store,
+    mut batch: Vec<LogRecord>,
+    depth: &Written,
+    stop: &CancellationToken,
+) -> RollupSums {
+    write_with_retry(store, &mut batch, depth, stop).await
 }
 
+/// Writes `batch`, retrying while the gateway runs; the rollups' sums of what was stored (none
+/// when it was given up at a stop).
 async fn write_with_retry(
     store: &Store,
     batch: &mut Vec<LogRecord>,
     written: &Written,
     stop: &CancellationToken,
-) {
+) -> RollupSums {
     // Counted before the write: the store may change what it was given (the ids).
     let bytes: usize = batch.iter().map(queued_bytes).sum();
     let mut wait = Duration::from_millis(100);
+    let mut sums = RollupSums::default();
     for attempt in 1.. {
         match crate::observability::telemetry::timed_flush("request_logs", store.insert_logs(batch)).await {
-            Ok(()) => break,
+            Ok(()) => {
+                sums.add(batch);
+                break;
+            }
             Err(e) => {
                 if !store.note_failure(&e) {
                     tracing::warn!(error = %e, rows = batch.len(), attempt, "request log write failed; retrying");
@@ -328,6 +424,7 @@ async fn write_with_retry(
     written.depth.fetch_sub(batch.len() as i64, Ordering::Relaxed);
     written.queue.release(bytes);
     batch.clear();
+    sums
 }
 
 /// Starts the retention task: prunes at start and every hour, in batches of [`PRUNE_BATCH`]

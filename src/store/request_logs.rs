@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{Backend, HOUR_MS, STATEMENT_ROWS, SqlBuilder, Store, StoreResult, statements};
+use super::{Backend, HOUR_MS, RollupSums, STATEMENT_ROWS, SqlBuilder, Store, StoreResult, statements};
 
 /// One request, as logged.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, sqlx::FromRow)]
@@ -138,9 +138,14 @@ pub struct LogPage {
 )]
 pub trait RequestLogStore {
     /// Inserts a batch of records in one transaction: all of them or none (a retry never writes a
-    /// row twice), with one commit for the whole flush. Also advances the keys' "last used", in
-    /// the same transaction.
+    /// row twice), with one commit for the whole flush. Also advances the keys' "last used" and
+    /// adds to the credentials' hourly figures, in the same transaction. The usage rollups are
+    /// not written here: the caller sums the stored batches ([`RollupSums`]) and writes them
+    /// with [`RequestLogStore::add_rollups`].
     async fn insert_logs(&self, records: &[LogRecord]) -> StoreResult<()>;
+    /// Adds `sums` (of logs stored before) to the usage rollups, in one transaction: all of them
+    /// or none, so that sums kept after a failure are written once.
+    async fn add_rollups(&self, sums: &RollupSums) -> StoreResult<()>;
     /// The log of one request in a workspace.
     async fn log_by_request_id(&self, workspace_id: i64, request_id: &str) -> StoreResult<Option<LogRecord>>;
     /// Logs matching `f`, newest first (by `ts`, then `id`), one page.
@@ -298,12 +303,22 @@ impl RequestLogStore for Store {
             .execute(&mut *tx)
             .await?;
         }
-        // The rollup's rows are the ones every gateway's batches share (a few per hour): locked
-        // last, so they are held only until the commit that follows.
-        super::usage_rollup::add(self, &mut tx, records).await?;
+        // The credentials' rollup rows are the ones every gateway's batches share (a few per
+        // hour): locked last, so they are held only until the commit that follows. The usage
+        // rollups are written apart, once per interval ([`RequestLogStore::add_rollups`]).
         super::credential_figures::add(self, &mut tx, records).await?;
         tx.commit().await?;
         self.last_used.written(&due);
+        Ok(())
+    }
+
+    async fn add_rollups(&self, sums: &RollupSums) -> StoreResult<()> {
+        if sums.is_empty() {
+            return Ok(());
+        }
+        let mut tx = self.pool().begin().await?;
+        sums.write(self, &mut tx).await?;
+        tx.commit().await?;
         Ok(())
     }
 

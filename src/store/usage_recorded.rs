@@ -5,9 +5,10 @@
 //! member, key, department and model group) for the whole UTC days of the range, and from the
 //! logs for the part of its first day before them. The model group tells a request an upstream
 //! served (`served:`) from one that was refused or failed, as the counters count only the
-//! first: a refused request is no request, and its tokens and credits are 0. The current day's
-//! rollup row already holds everything logged so far, so a range that ends in the future reads
-//! the logs only before its first whole day (at most a day's worth, or its own few minutes).
+//! first: a refused request is no request, and its tokens and credits are 0. A day is read from
+//! the rollup once it ended before the rollups' horizon (`Store::rollup_horizon`, two
+//! `rollup_interval_ms` ago); the current day, and the first minutes of the next, from the logs
+//! (at most a day's worth, or the range's own few minutes).
 
 use super::{Backend, NARROW_STATEMENT_ROWS, SqlBuilder, Store, StoreResult, UsageCounterRow, statements};
 use crate::store::usage_rollup::DAY_MS;
@@ -79,12 +80,18 @@ impl RecordedUsageStore for Store {
             return Ok(Vec::new());
         };
         let (from, to) = q.range;
-        // The whole UTC days of the range start at `first`; the logs cover [from, first).
+        // The whole UTC days of the range start at `first`; those that end before the rollups'
+        // horizon (`cut`) are read from the rollup, the logs cover [from, first) and, when the
+        // horizon falls inside the range, [cut, to).
         let mut first = from.div_euclid(DAY_MS).saturating_mul(DAY_MS);
         if first < from {
             first = first.saturating_add(DAY_MS);
         }
-        let edge = (from, first.min(to));
+        let cut = self.rollup_horizon().div_euclid(DAY_MS).saturating_mul(DAY_MS);
+        let mut edges = vec![(from, first.min(to))];
+        if cut < to {
+            edges.push((cut.max(first), to));
+        }
         let sum = match self.backend() {
             Backend::Sqlite => "CAST(TOTAL(amount) AS INTEGER)",
             Backend::Postgres => "CAST(LEAST(COALESCE(SUM(amount), 0), 9223372036854775807) AS BIGINT)",
@@ -102,6 +109,8 @@ impl RecordedUsageStore for Store {
             .bind(first)
             .push(" AND day_start < ")
             .bind(to)
+            .push(" AND day_start < ")
+            .bind(cut)
             .push(" AND model_group LIKE 'served:%'");
         match (q.subject, q.target) {
             ("apikey", Some(t)) => b.push(" AND key_id = ").bind(t),
@@ -112,48 +121,50 @@ impl RecordedUsageStore for Store {
         if let Some(d) = q.department {
             b.push(" AND dept_group = ").bind(d.to_string());
         }
-        b.push(&format!(
-            " UNION ALL
+        for edge in edges {
+            b.push(&format!(
+                " UNION ALL
                SELECT {logged} AS subject_id, {logged_amount} AS amount FROM request_logs WHERE "
-        ));
-        // Each a plain range of an index: (member_id, ts), (key_id, ts) or (workspace_id, ts).
-        match (q.subject, q.target) {
-            ("member", Some(m)) => {
-                b.push("member_id = ")
-                    .bind(m)
-                    .push(" AND (member_id, ts) >= (")
-                    .bind(m)
-                    .push(", ")
-                    .bind(edge.0)
-                    .push(") AND (member_id, ts) < (")
-                    .bind(m)
-                    .push(", ")
-                    .bind(edge.1)
-                    .push(")");
-            }
-            ("apikey", Some(k)) => {
-                b.push("key_id = ")
-                    .bind(k)
-                    .push(" AND ts >= ")
-                    .bind(edge.0)
-                    .push(" AND ts < ")
-                    .bind(edge.1);
-            }
-            (subject, target) => {
-                b.push("workspace_id = ")
-                    .bind(q.workspace_id)
-                    .push(" AND ts >= ")
-                    .bind(edge.0)
-                    .push(" AND ts < ")
-                    .bind(edge.1);
-                if let ("dept", Some(t)) = (subject, target) {
-                    b.push(" AND department_id = ").bind(t);
+            ));
+            // Each a plain range of an index: (member_id, ts), (key_id, ts) or (workspace_id, ts).
+            match (q.subject, q.target) {
+                ("member", Some(m)) => {
+                    b.push("member_id = ")
+                        .bind(m)
+                        .push(" AND (member_id, ts) >= (")
+                        .bind(m)
+                        .push(", ")
+                        .bind(edge.0)
+                        .push(") AND (member_id, ts) < (")
+                        .bind(m)
+                        .push(", ")
+                        .bind(edge.1)
+                        .push(")");
+                }
+                ("apikey", Some(k)) => {
+                    b.push("key_id = ")
+                        .bind(k)
+                        .push(" AND ts >= ")
+                        .bind(edge.0)
+                        .push(" AND ts < ")
+                        .bind(edge.1);
+                }
+                (subject, target) => {
+                    b.push("workspace_id = ")
+                        .bind(q.workspace_id)
+                        .push(" AND ts >= ")
+                        .bind(edge.0)
+                        .push(" AND ts < ")
+                        .bind(edge.1);
+                    if let ("dept", Some(t)) = (subject, target) {
+                        b.push(" AND department_id = ").bind(t);
+                    }
                 }
             }
-        }
-        b.push(" AND model_served IS NOT NULL");
-        if let Some(d) = q.department {
-            b.push(" AND department_id = ").bind(d);
+            b.push(" AND model_served IS NOT NULL");
+            if let Some(d) = q.department {
+                b.push(" AND department_id = ").bind(d);
+            }
         }
         b.push(") recorded GROUP BY subject_id");
         let (sql, args) = b.finish();
@@ -203,7 +214,7 @@ impl RecordedUsageStore for Store {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::{LogRecord, RequestLogStore};
+    use crate::store::{LogRecord, RequestLogStore, RollupSums};
 
     const H: i64 = 3_600_000;
     /// 2026-12-01T00:00:00Z.
@@ -237,14 +248,21 @@ mod tests {
     async fn recorded_usage_is_the_served_usage_of_the_logs_in_the_range() {
         let dir = tempfile::tempdir().unwrap();
         let url = format!("sqlite:{}", dir.path().join("recorded.db").display());
-        let store = Store::connect(&url).await.unwrap();
+        // Two minutes after the last log: its day is read from the logs, the days before it
+        // from the rollup.
+        let clock =
+            crate::kernel::clock::Clock::Manual(std::sync::Arc::new((DEC_1 + 2 * H + 181_000).into()));
+        let store = Store::connect(&url)
+            .await
+            .unwrap()
+            .with_rollup_interval(clock, 60_000);
         #[rustfmt::skip]
         let logs: Vec<LogRecord> = [
             (DEC_1 - 14 * H, 7, true, 100),     // 10:00Z the day before: outside a Shanghai day
             (DEC_1 - 6 * H, 7, true, 20),       // 18:00Z: the Shanghai day's first UTC day, from the logs
             (DEC_1 - 5 * H, 8, true, 40),
             (DEC_1 - 5 * H, 7, false, 0),       // refused: no request, no tokens
-            (DEC_1 + 2 * H, 7, true, 9),        // the current UTC day, from its rollup row
+            (DEC_1 + 2 * H, 7, true, 9),        // the current UTC day, from the logs
             (DEC_1 + 2 * H + 30_000, 8, true, 5),
             (DEC_1 + 2 * H + 61_000, 7, true, 3), // the next minute
         ]
@@ -253,6 +271,7 @@ mod tests {
         .map(|(i, (ts, m, served, t))| log(i, *ts, *m, *served, *t))
         .collect();
         store.insert_logs(&logs).await.unwrap();
+        store.add_rollups(&RollupSums::of(&logs)).await.unwrap();
         let shanghai_day = (DEC_1 - 8 * H, DEC_1 + 16 * H);
         let minute = (DEC_1 + 2 * H, DEC_1 + 2 * H + 60_000);
         let total = (0, i64::MAX);

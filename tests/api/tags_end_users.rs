@@ -623,8 +623,10 @@ async fn usage_is_reported_by_the_values_of_a_tag(db: TestDb) {
     assert_eq!(report("by=tag&tag_key=team").await, want);
     assert_eq!(report("by=tag&tag_key=feature").await, [("a".to_owned(), 2)]);
     assert_eq!(report("by=tag&tag_key=region").await, []);
-    // … and, hours later, the hourly rollup: the same figures.
+    // … and, hours later (the writer has written its rollup sums since), the hourly rollup:
+    // the same figures.
     app.clock.advance(chrono::Duration::hours(3));
+    app.sync().await;
     assert_eq!(report("by=tag&tag_key=team").await, want);
     let token = app.login(OWNER, OWNER_PASSWORD).await;
     for bad in ["by=tag", "by=tag&tag_key=Team", "by=day&tag_key=team"] {

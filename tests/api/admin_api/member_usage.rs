@@ -6,7 +6,9 @@
 //! after the backfills of migrations 0017 and 0019 from the logs already stored.
 
 use aigw::request_log::LogRecord;
-use aigw::store::{AdminStore, DAY_MS, HOUR_MS, MemberStore, RequestLogStore, UsageGrouping, UsageRow};
+use aigw::store::{
+    AdminStore, DAY_MS, HOUR_MS, MemberStore, RequestLogStore, RollupSums, UsageGrouping, UsageRow,
+};
 
 use super::months::{acme, expected};
 use super::*;
@@ -142,6 +144,7 @@ async fn a_members_usage_reads_their_rollup_and_equals_their_logs(db: TestDb) {
     for n in [1, 9, 90, 300, 500] {
         let (batch, tail) = rest.split_at(n);
         store.insert_logs(batch).await.unwrap();
+        store.add_rollups(&RollupSums::of(batch)).await.unwrap();
         rest = tail;
     }
     let day = now - now.rem_euclid(DAY_MS);
@@ -262,6 +265,7 @@ async fn the_migrations_fill_the_members_rollups_from_the_logs(db: TestDb) {
     let now = app.clock.now_ms();
     let logs = days_of_logs(ws, ada, now);
     store.insert_logs(&logs).await.unwrap();
+    store.add_rollups(&RollupSums::of(&logs)).await.unwrap();
     let day = now - now.rem_euclid(DAY_MS);
     let range = (day - 5 * DAY_MS - HOUR_MS, day - DAY_MS + 7 * HOUR_MS);
     let pool = sqlx::AnyPool::connect(&db.direct_url).await.unwrap();

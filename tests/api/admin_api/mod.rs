@@ -23,6 +23,7 @@ mod member_usage;
 mod months;
 mod pages;
 mod reports;
+mod rollup_interval;
 mod tokens;
 mod window_end;
 

@@ -1,9 +1,11 @@
 //! Months of logs (issue 24 §3): the usage reports read rollups (hourly, and daily by key and
-//! member) written with the logs and stay equal to the sums of the logs, retention deletes in bounded batches and keeps them
+//! member) summed from the stored logs and stay equal to the sums of the logs, retention deletes in bounded batches and keeps them
 //! equal, the CSV export streams page after page, and log pages follow the requests' time.
 
 use aigw::request_log::LogRecord;
-use aigw::store::{AdminStore, HOUR_MS, RequestLogStore, UsageGrouping, UsageRow, WorkspaceStore};
+use aigw::store::{
+    AdminStore, HOUR_MS, RequestLogStore, RollupSums, UsageGrouping, UsageRow, WorkspaceStore,
+};
 
 use super::*;
 
@@ -175,6 +177,7 @@ async fn usage_from_the_rollup_equals_the_sums_of_the_logs(db: TestDb) {
     for n in [1, 7, 50, 142, 200] {
         let (batch, tail) = rest.split_at(n);
         store.insert_logs(batch).await.unwrap();
+        store.add_rollups(&RollupSums::of(batch)).await.unwrap();
         rest = tail;
     }
     let hour = now - now.rem_euclid(HOUR_MS);
