@@ -7,4 +7,5 @@ pub mod classify;
 pub mod corroboration;
 pub mod locks;
 pub mod routes;
+pub mod shared;
 pub mod worded_reset;
