@@ -18,8 +18,8 @@ use crate::kernel::crypto::MasterKey;
 use crate::quota::engine::{Policies, QuotaCounters};
 use crate::request_log::LogSink;
 use crate::store::Store;
-use crate::upstream::pool::shared::Share;
 use crate::upstream::pool::routes::Routes;
+use crate::upstream::pool::shared::Share;
 
 /// Everything a handler may need. Built only by [`Gateway::build`].
 #[derive(Clone)]

@@ -51,9 +51,11 @@ pub(super) fn start_config_watch(state: AppState, mut epoch: i64) {
 /// made at start, if Redis answered then; when it is lost, the subscriber reconnects with a
 /// doubling wait and, once back, reads the backoff levels again (it may have missed some).
 pub(super) fn start_shared_locks(state: AppState, first: Option<redis::aio::PubSubStream>) {
-    use futures::StreamExt;
     use crate::upstream::pool::shared::SharedLocks;
-    let Some(shared) = state.shared_locks.clone() else { return };
+    use futures::StreamExt;
+    let Some(shared) = state.shared_locks.clone() else {
+        return;
+    };
     let (s, writer) = (state.clone(), shared.clone());
     state.tasks.spawn(async move {
         writer.run_writer(&s.locks, s.shutdown.clone()).await;

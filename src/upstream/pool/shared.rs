@@ -127,7 +127,11 @@ pub fn decode(payload: &[u8], now_ms: i64) -> Option<(&str, Notice)> {
             let rule = f.next()?;
             let target = f.next()?;
             let rule_ok = !rule.is_empty() && rule.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
-            if !rule_ok || target.is_empty() || until_ms <= 0 || until_ms > now_ms.saturating_add(MAX_AHEAD_MS) {
+            if !rule_ok
+                || target.is_empty()
+                || until_ms <= 0
+                || until_ms > now_ms.saturating_add(MAX_AHEAD_MS)
+            {
                 return None;
             }
             let target = match target {
@@ -286,8 +290,13 @@ impl SharedLocks {
     pub fn note_subscribed(&self, now: bool, why: &str) {
         let was = self.subscribed.swap(now, Ordering::Relaxed);
         match (was, now) {
-            (false, true) => tracing::info!(channel = CHANNEL, "redis subscriber connected: locks of other gateways heard at once"),
-            (true, false) => tracing::warn!(error = %why, channel = CHANNEL, "redis subscriber lost: locks of other gateways come by the store poll until it reconnects"),
+            (false, true) => tracing::info!(
+                channel = CHANNEL,
+                "redis subscriber connected: locks of other gateways heard at once"
+            ),
+            (true, false) => {
+                tracing::warn!(error = %why, channel = CHANNEL, "redis subscriber lost: locks of other gateways come by the store poll until it reconnects")
+            }
             _ => {}
         }
     }
@@ -301,7 +310,11 @@ impl SharedLocks {
                 target: target.clone(),
                 entry: entry.clone(),
             };
-            pipe.publish(CHANNEL, encode(&self.origin, &notice)).ignore();
+            let message = encode(&self.origin, &notice);
+            // A target too long to be heard is left to the store poll.
+            if message.len() <= MAX_MESSAGE {
+                pipe.publish(CHANNEL, message).ignore();
+            }
         }
         if let Some(credential) = banned {
             pipe.publish(CHANNEL, encode(&self.origin, &Notice::Banned { credential }))
@@ -329,10 +342,7 @@ impl SharedLocks {
     /// Deletes the credential's level from Redis (a success, a new secret, a passed connection
     /// test) and publishes 0.
     async fn reset_backoff(&self, credential: i64) {
-        let reset = Notice::Backoff {
-            credential,
-            level: 0,
-        };
+        let reset = Notice::Backoff { credential, level: 0 };
         let mut pipe = redis::pipe();
         pipe.atomic()
             .hdel(BACKOFF_KEY, credential)
@@ -347,7 +357,8 @@ impl SharedLocks {
     /// Every level in [`BACKOFF_KEY`] (fields that are not a credential and a level are skipped).
     pub async fn backoff_levels(&self) -> Result<Vec<(i64, u32)>, String> {
         let mut conn = self.conn.clone();
-        let cmd = redis::cmd("HGETALL").arg(BACKOFF_KEY).clone();
+        let mut cmd = redis::cmd("HGETALL");
+        cmd.arg(BACKOFF_KEY);
         let read = cmd.query_async::<std::collections::HashMap<String, String>>(&mut conn);
         match tokio::time::timeout(self.timeout, read).await {
             Ok(Ok(fields)) => Ok(fields
@@ -359,10 +370,13 @@ impl SharedLocks {
         }
     }
 
-    /// Raises this gateway's backoff levels to Redis's (at start and at each reconnection).
+    /// Raises this gateway's backoff levels to Redis's (at start and at each reconnection); a
+    /// level read never lowers one (a 0 read is no success heard).
     pub async fn load_backoff(&self, locks: &Locks) -> Result<(), String> {
         for (credential, level) in self.backoff_levels().await? {
-            locks.learn_backoff(credential, level.max(1));
+            if level > 0 {
+                locks.learn_backoff(credential, level);
+            }
         }
         Ok(())
     }
@@ -412,7 +426,11 @@ impl SharedLocks {
     }
 
     /// Notes how an exchange went; logs a change once per outage.
-    fn note<T>(&self, sent: Result<redis::RedisResult<T>, tokio::time::error::Elapsed>, what: &str) -> Option<T> {
+    fn note<T>(
+        &self,
+        sent: Result<redis::RedisResult<T>, tokio::time::error::Elapsed>,
+        what: &str,
+    ) -> Option<T> {
         let failed = match sent {
             Ok(Ok(v)) => {
                 if !self.up.swap(true, Ordering::Relaxed) {
@@ -450,7 +468,12 @@ mod tests {
     #[test]
     fn every_notice_reads_back_as_written() {
         let notices = [
-            lock(7, LockTarget::Model("openai/gpt-4o mini:free".into()), NOW + 2000, "backoff"),
+            lock(
+                7,
+                LockTarget::Model("openai/gpt-4o mini:free".into()),
+                NOW + 2000,
+                "backoff",
+            ),
             lock(7, LockTarget::AllFree, NOW + 1, "free_daily_cap"),
             lock(8, LockTarget::Credential, NOW + 30 * 86_400_000, "monthly_hold"),
             Notice::Banned { credential: 9 },
@@ -500,19 +523,28 @@ mod tests {
         let shared = SharedLocks::connect("redis://127.0.0.1:1/", Duration::from_millis(50)).expect("a url");
         let locks = Locks::default();
         let other = |n: &Notice| encode("other", n);
-        shared.hear(&locks, other(&lock(1, LockTarget::Model("m".into()), NOW + 5000, "backoff")).as_bytes(), NOW);
-        shared.hear(&locks, other(&lock(1, LockTarget::Model("m".into()), NOW + 1000, "backoff")).as_bytes(), NOW);
-        assert_eq!(locks.parked_until(1, "m", NOW), Some(NOW + 5000), "never shortened");
+        shared.hear(
+            &locks,
+            other(&lock(1, LockTarget::Model("m".into()), NOW + 5000, "backoff")).as_bytes(),
+            NOW,
+        );
+        shared.hear(
+            &locks,
+            other(&lock(1, LockTarget::Model("m".into()), NOW + 1000, "backoff")).as_bytes(),
+            NOW,
+        );
+        assert_eq!(
+            locks.parked_until(1, "m", NOW),
+            Some(NOW + 5000),
+            "never shortened"
+        );
         let own = encode(&shared.origin, &lock(2, LockTarget::Credential, NOW + 5000, "x"));
         shared.hear(&locks, own.as_bytes(), NOW);
         assert_eq!(locks.parked_until(2, "m", NOW), None, "its own message");
         shared.hear(&locks, other(&Notice::Banned { credential: 3 }).as_bytes(), NOW);
         assert!(locks.is_banned(3));
         for level in [3, 2] {
-            let n = Notice::Backoff {
-                credential: 4,
-                level,
-            };
+            let n = Notice::Backoff { credential: 4, level };
             shared.hear(&locks, other(&n).as_bytes(), NOW);
         }
         assert_eq!(locks.backoff_level(4), 3, "a level is only raised");
