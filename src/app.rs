@@ -252,6 +252,30 @@ impl Gateway {
                 .map_err(StartError::Config)?;
             quota = quota.with_shared(Arc::new(shared));
         }
+        // Locks shared at once (issue 44): subscribed before the gateway serves, so no park
+        // published after its start is missed; the levels read so a restart keeps them.
+        let (shared_locks, subscription) = match &settings.redis_url {
+            Some(url) => {
+                let timeout = Duration::from_millis(settings.redis_timeout_ms);
+                let shared = crate::upstream::pool::shared::SharedLocks::connect(url.expose(), timeout)
+                    .map_err(StartError::Config)?;
+                let subscription = match shared.subscribe().await {
+                    Ok(stream) => {
+                        shared.note_subscribed(true, "");
+                        if let Err(e) = shared.load_backoff(&locks).await {
+                            tracing::warn!(error = %e, "reading the backoff levels from redis failed");
+                        }
+                        Some(stream)
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "redis subscriber not connected: locks of other gateways come by the store poll until it connects");
+                        None
+                    }
+                };
+                (Some(Arc::new(shared)), subscription)
+            }
+            None => (None, None),
+        };
         let tracer = crate::observability::otel::Tracer::start(&settings, &tasks, shutdown.clone())
             .map_err(StartError::Config)?;
         let oidc = crate::auth::oidc::Oidc::from_settings(&settings).map_err(StartError::Config)?;
@@ -271,6 +295,7 @@ impl Gateway {
             sessions,
             breakers,
             locks,
+            shared_locks,
             admission: Default::default(),
             corroboration: Default::default(),
             logs,
@@ -292,6 +317,7 @@ impl Gateway {
         background::start_counter_flushes(state.clone());
         background::start_store_upkeep(state.clone());
         background::start_alert_delivery(state.clone());
+        background::start_shared_locks(state.clone(), subscription);
         if let Some(shared) = state.quota.shared() {
             state.tasks.spawn(shared.clone().run(state.shutdown.clone()));
         }

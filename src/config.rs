@@ -416,8 +416,9 @@ settings! {
     max_usage_tokens: u64 = DEFAULT_MAX_USAGE_TOKENS, "AIGW_MAX_USAGE_TOKENS", check |v| {
         if (1..=MAX_USAGE_TOKENS_LIMIT).contains(v) { Ok(()) } else { Err("must be 1..=1000000000000".into()) }
     };
-    /// Where quota counters are shared across gateways in real time, `redis://` or `rediss://`
-    /// (issue 44, docs/scaling.md). Unset: each gateway learns the others' usage at its flush.
+    /// Where quota counters, credential locks and backoff levels are shared across gateways in
+    /// real time, `redis://` or `rediss://` (issue 44, docs/scaling.md). Unset: each gateway
+    /// learns the others' usage at its flush and their locks at its store poll.
     redis_url: Option<Secret> = None, "AIGW_REDIS_URL", check values::redis_url_form;
     /// Longest a Redis round trip may take, in ms; past it the gateway counts alone until it answers.
     redis_timeout_ms: u64 = 50, "AIGW_REDIS_TIMEOUT_MS", check values::redis_timeout;

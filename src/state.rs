@@ -19,6 +19,7 @@ use crate::quota::engine::{Policies, QuotaCounters};
 use crate::request_log::LogSink;
 use crate::store::Store;
 use crate::upstream::pool::routes::Routes;
+use crate::upstream::pool::shared::Share;
 
 /// Everything a handler may need. Built only by [`Gateway::build`].
 #[derive(Clone)]
@@ -46,6 +47,9 @@ pub struct Inner {
     pub alerts: crate::alerts::Alerts,
     /// Learned locks on upstream credentials.
     pub locks: crate::upstream::pool::locks::Locks,
+    /// Locks, rests, banned marks and backoff levels shared with the other gateways at once
+    /// through Redis, when `redis_url` is set.
+    pub shared_locks: Option<Arc<crate::upstream::pool::shared::SharedLocks>>,
     /// Upstream credentials' own-limit usage and in-flight slots: decided in memory, the counts
     /// shared through the store at each flush, the slots per process.
     pub admission: crate::upstream::pool::admission::Admission,
@@ -129,6 +133,9 @@ impl crate::upstream::dispatch::PersistLocks for AppState {
         )>,
         banned: Option<i64>,
     ) {
+        if let Some(shared) = &self.shared_locks {
+            shared.share(Share::Parks(rows.clone(), banned));
+        }
         let state = self.clone();
         self.spawn_background(async move {
             state
@@ -151,6 +158,15 @@ impl crate::upstream::dispatch::PersistLocks for AppState {
                 })
                 .await;
         });
+    }
+
+    fn share_backoff(&self, credential: i64, level: u32) {
+        if let Some(shared) = &self.shared_locks {
+            shared.share(match level {
+                0 => Share::Reset(credential),
+                _ => Share::Bumped(credential, level),
+            });
+        }
     }
 }
 

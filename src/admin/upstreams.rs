@@ -454,6 +454,10 @@ pub async fn test(State(state): State<AppState>, actor: Actor, Id(id): Id) -> Ad
     let outcome = match result {
         Ok(Ok(r)) if r.status().is_success() => {
             state.locks.clear(up.id);
+            // The level belongs to the account (kRouter rule 5): reset it for every gateway.
+            if let Some(shared) = &state.shared_locks {
+                shared.share(crate::upstream::pool::shared::Share::Reset(up.id));
+            }
             crate::upstream::pool::locks::clear(&state.store, up.id)
                 .await
                 .map_err(store_error)?;

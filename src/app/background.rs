@@ -46,6 +46,61 @@ pub(super) fn start_config_watch(state: AppState, mut epoch: i64) {
     });
 }
 
+/// With `redis_url`: the writer of what this gateway shares through Redis, and the subscriber
+/// that applies what the others publish (`upstream::pool::shared`). `first` is the subscription
+/// made at start, if Redis answered then; when it is lost, the subscriber reconnects with a
+/// doubling wait and, once back, reads the backoff levels again (it may have missed some).
+pub(super) fn start_shared_locks(state: AppState, first: Option<redis::aio::PubSubStream>) {
+    use crate::upstream::pool::shared::SharedLocks;
+    use futures::StreamExt;
+    let Some(shared) = state.shared_locks.clone() else {
+        return;
+    };
+    let (s, writer) = (state.clone(), shared.clone());
+    state.tasks.spawn(async move {
+        writer.run_writer(&s.locks, s.shutdown.clone()).await;
+    });
+    let s = state.clone();
+    state.tasks.spawn(async move {
+        let mut next = first;
+        let mut failures = 0;
+        loop {
+            let mut stream = match next.take() {
+                Some(stream) => stream,
+                None => match shared.subscribe().await {
+                    Ok(stream) => {
+                        failures = 0;
+                        shared.note_subscribed(true, "");
+                        if let Err(e) = shared.load_backoff(&s.locks).await {
+                            tracing::warn!(error = %e, "reading the backoff levels from redis failed");
+                        }
+                        stream
+                    }
+                    Err(e) => {
+                        shared.note_subscribed(false, &e);
+                        let wait = SharedLocks::reconnect_wait(failures);
+                        failures = failures.saturating_add(1);
+                        tokio::select! {
+                            () = tokio::time::sleep(wait) => continue,
+                            () = s.shutdown.cancelled() => return,
+                        }
+                    }
+                },
+            };
+            loop {
+                tokio::select! {
+                    message = stream.next() => match message {
+                        Some(m) => shared.hear(&s.locks, m.get_payload_bytes(), s.clock.now_ms()),
+                        None => break,
+                    },
+                    () = s.shutdown.cancelled() => return,
+                }
+            }
+            shared.note_subscribed(false, "connection closed");
+        }
+    });
+}
+
 /// The counts a gateway shares with the others through the store, each flushed by its own task.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Counts {
@@ -246,9 +301,13 @@ impl AppState {
                     self.store.log_failure(&e, "lock reload failed");
                 }
                 // kRouter: an edited secret clears its per-model locks and backoff level on every
-                // gateway, this one included (the backoff level is kept in memory only).
+                // gateway, this one included, and in Redis (every gateway deletes the level there:
+                // the same deletion, whichever comes first).
                 for id in routes.secrets_replaced_since(&self.routes.load()) {
                     self.locks.secret_replaced(id);
+                    if let Some(shared) = &self.shared_locks {
+                        shared.share(crate::upstream::pool::shared::Share::Reset(id));
+                    }
                 }
                 // Trips, blocks and bans written by another gateway.
                 if let Err(e) = self.breakers.load(&self.store).await {

@@ -20,7 +20,7 @@ use crate::helpers::{Setup, TestApp, TestDb, spawn_app};
 use crate::proxy::{KEY, resources};
 
 /// A `redis-server` of this test's own, killed when dropped.
-struct RedisServer {
+pub(crate) struct RedisServer {
     port: u16,
     child: Option<Child>,
 }
@@ -28,7 +28,7 @@ struct RedisServer {
 impl RedisServer {
     /// Starts one on a free port, without persistence; `None` (the test is skipped) where
     /// `redis-server` is not installed.
-    fn start() -> Option<RedisServer> {
+    pub(crate) fn start() -> Option<RedisServer> {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .ok()?
             .local_addr()
@@ -65,12 +65,12 @@ impl RedisServer {
         Some(())
     }
 
-    fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("redis://127.0.0.1:{}/", self.port)
     }
 
     /// Kills it (its data is gone: no persistence).
-    fn kill(&mut self) {
+    pub(crate) fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
             let _ = c.wait();

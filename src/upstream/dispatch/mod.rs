@@ -414,7 +414,9 @@ impl Run<'_> {
                     max_tokens_chosen,
                     ..Attempt::of(cred, model)
                 });
-                self.up.locks.success(cred.id);
+                if self.up.locks.success(cred.id) {
+                    self.up.persist.share_backoff(cred.id, 0);
+                }
                 return Step::Served(Dispatched::Served {
                     answer,
                     credential: cred.clone(),

@@ -20,6 +20,10 @@ pub trait PersistLocks: Sync {
     /// Hands the record of what a failure parked, with the provider's words, to a background
     /// write (the credential's card and figures read it).
     fn record_parks(&self, events: Vec<ParkEvent>);
+    /// Shares the credential's backoff level, just raised to `level` (0: reset by a success),
+    /// with the other gateways, off the request path (kRouter rule 5: "the backoff level belongs
+    /// to the account"); nothing without `redis_url`.
+    fn share_backoff(&self, credential: i64, level: u32);
 }
 
 /// A deadline passed while `cred` kept the gateway waiting for `upstream_model` (no response
@@ -151,7 +155,8 @@ pub(super) fn write(
     class: &Classification,
 ) -> (Option<DateTime<Utc>>, Written) {
     if class.bump_backoff {
-        up.locks.bump_backoff(cred.id);
+        let level = up.locks.bump_backoff(cred.id);
+        up.persist.share_backoff(cred.id, level);
     }
     if class.count_kiro_hold {
         up.locks.count_kiro_hold(cred.id);

@@ -126,14 +126,25 @@ impl Locks {
             .unwrap_or(0)
     }
 
-    /// One more backoff failure in a row.
-    pub fn bump_backoff(&self, credential: i64) {
-        *self
-            .backoff
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .entry(credential)
-            .or_default() += 1;
+    /// One more backoff failure in a row; returns the new level.
+    pub fn bump_backoff(&self, credential: i64) -> u32 {
+        let mut levels = self.backoff.lock().unwrap_or_else(|p| p.into_inner());
+        let level = levels.entry(credential).or_default();
+        *level = level.saturating_add(1);
+        *level
+    }
+
+    /// A level another gateway reached or reset (kRouter rule 5: "the backoff level belongs to
+    /// the account"): 0 resets it (a success there), any other level raises this gateway's to it
+    /// and never lowers it.
+    pub fn learn_backoff(&self, credential: i64, level: u32) {
+        let mut levels = self.backoff.lock().unwrap_or_else(|p| p.into_inner());
+        if level == 0 {
+            levels.remove(&credential);
+        } else {
+            let own = levels.entry(credential).or_default();
+            *own = (*own).max(level);
+        }
     }
 
     /// The credential's Kiro monthly holds since its last success.
@@ -154,20 +165,23 @@ impl Locks {
     }
 
     /// A success: the backoff level and the Kiro monthly holds go back to zero (kRouter rule 5:
-    /// "longer if it happens again before a success").
-    pub fn success(&self, credential: i64) {
-        self.reset_backoff(credential);
+    /// "longer if it happens again before a success"). Returns whether there was a level to
+    /// reset (only then do the other gateways need telling).
+    pub fn success(&self, credential: i64) -> bool {
+        let had_level = self.reset_backoff(credential);
         self.kiro_holds
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(&credential);
+        had_level
     }
 
-    fn reset_backoff(&self, credential: i64) {
+    fn reset_backoff(&self, credential: i64) -> bool {
         self.backoff
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .remove(&credential);
+            .remove(&credential)
+            .is_some_and(|l| l > 0)
     }
 
     /// Parks `target` on each of `credentials` until `until_ms`, extending, never shortening.
@@ -263,7 +277,7 @@ impl Locks {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(&credential);
-        self.success(credential);
+        let _ = self.success(credential);
     }
 
     /// Merges the store's running locks and banned marks (other gateways, restarts); with
