@@ -168,6 +168,20 @@ impl crate::upstream::dispatch::PersistLocks for AppState {
             });
         }
     }
+
+    fn witness(
+        &self,
+        witness: crate::upstream::pool::corroboration::Witness,
+        rest: Option<crate::upstream::pool::corroboration::GroupRest>,
+    ) {
+        if let Some(shared) = &self.shared_locks {
+            shared.share(Share::Witnessed(witness, rest));
+        }
+    }
+
+    fn counts_across_gateways(&self) -> bool {
+        self.shared_locks.is_some()
+    }
 }
 
 impl std::ops::Deref for AppState {

@@ -58,7 +58,8 @@ pub(super) fn start_shared_locks(state: AppState, first: Option<redis::aio::PubS
     };
     let (s, writer) = (state.clone(), shared.clone());
     state.tasks.spawn(async move {
-        writer.run_writer(&s.locks, s.shutdown.clone()).await;
+        let rest = |r| crate::upstream::dispatch::rest_group(s.upstreams(), r);
+        writer.run_writer(&s.locks, &rest, s.shutdown.clone()).await;
     });
     let s = state.clone();
     state.tasks.spawn(async move {

@@ -27,7 +27,7 @@ use self::exchange::{Unread, read_answer, read_error};
 pub(crate) use self::exchange::{outgoing, request};
 pub use self::outcome::{Answer, Attempt, AttemptLog, Complete, Dispatched, UpstreamError, provider_words};
 use self::park::{GroupClosure, park, rfc3339};
-pub use self::park::{PersistLocks, time_out};
+pub use self::park::{PersistLocks, rest_group, time_out};
 pub use self::retry::SINGLE_CANDIDATE_RETRY;
 use self::retry::{Held, leaves_credential_usable};
 use crate::config::Settings;

@@ -10,6 +10,7 @@ use crate::deadline::Missed;
 use crate::provider::Credential;
 use crate::store::{ParkEvent, WHOLE_CREDENTIAL_TARGET};
 use crate::upstream::pool::classify::{self, Classification, LockModels, Sharing, UpstreamFailure};
+use crate::upstream::pool::corroboration::{GroupRest, Witness};
 use crate::upstream::pool::locks::{LockEntry, LockTarget};
 
 /// Persists what a failure parked (extend-only) and a ban, off the request path, so that every
@@ -24,6 +25,14 @@ pub trait PersistLocks: Sync {
     /// with the other gateways, off the request path (kRouter rule 5: "the backoff level belongs
     /// to the account"); nothing without `redis_url`.
     fn share_backoff(&self, credential: i64, level: u32);
+    /// Counts an ambiguous failure across gateways, off the request path; when that
+    /// corroborates it, the group rests with `rest` ([`rest_group`]). `rest` is `None` when this
+    /// gateway's own traffic corroborated it (the group already rests). Nothing without
+    /// `redis_url` (groot ADR 0008; `corroboration.rs`).
+    fn witness(&self, witness: Witness, rest: Option<GroupRest>);
+    /// Whether ambiguous failures are counted across gateways (`redis_url` is set): without it
+    /// no witness is even built.
+    fn counts_across_gateways(&self) -> bool;
 }
 
 /// A deadline passed while `cred` kept the gateway waiting for `upstream_model` (no response
@@ -112,7 +121,7 @@ pub(super) fn park(
     class: &Classification,
     said: Option<&str>,
 ) -> Option<DateTime<Utc>> {
-    let (until, rows) = write(up, quota_groups, member_id, cred, upstream_model, class);
+    let (until, rows) = write(up, quota_groups, member_id, cred, upstream_model, class, said);
     persist(up, rows, class.banned.then_some(cred.id), class.rule.name(), said);
     until
 }
@@ -145,7 +154,8 @@ pub(super) fn persist(up: Upstreams<'_>, rows: Written, banned: Option<i64>, rul
 }
 
 /// [`park`] in this gateway's memory only: returns the lock's end and the rows it wrote, for
-/// the caller to persist.
+/// the caller to persist. An ambiguous failure on a quota group is also handed to the count
+/// across gateways, with the rest it would bring (`said`: the provider's words).
 pub(super) fn write(
     up: Upstreams<'_>,
     quota_groups: Option<&HashMap<String, Vec<i64>>>,
@@ -153,6 +163,7 @@ pub(super) fn write(
     cred: &Credential,
     upstream_model: &str,
     class: &Classification,
+    said: Option<&str>,
 ) -> (Option<DateTime<Utc>>, Written) {
     if class.bump_backoff {
         let level = up.locks.bump_backoff(cred.id);
@@ -173,18 +184,40 @@ pub(super) fn write(
                 .cloned()
                 .unwrap_or_else(|| vec![cred.id])
         };
+        let until = lock.until.timestamp_millis();
+        let rule = class.rule.name();
         let rest = match (lock.sharing, &closure) {
             // groot ADR 0008: an account-level failure rests the shared quota on the group.
             (Sharing::Account, Some(c)) => Some(c),
             // groot ADR 0008: corroboration — an ambiguous 429 rests the group only once 3 such
-            // failures from 2 different members fell within 30 s; else its route alone.
-            (Sharing::AccountIfCorroborated, Some(c))
-                if up
+            // failures from 2 different members fell within 30 s; else its route alone. This
+            // gateway's own failures corroborate at once; with Redis, every gateway's are
+            // counted too, off the request path, and rest the group when they corroborate.
+            (Sharing::AccountIfCorroborated, Some(c)) => {
+                let now_ms = up.clock.now_ms();
+                let here = up
                     .corroboration
-                    .observe(cred.workspace_id, &c.group, up.clock.now_ms(), member_id) =>
-            {
-                tracing::info!(credential = %cred.name, quota_group = %c.group, "ambiguous 429 corroborated; the quota group rests");
-                Some(c)
+                    .observe(cred.workspace_id, &c.group, now_ms, member_id);
+                if up.persist.counts_across_gateways() {
+                    let witness = Witness {
+                        workspace_id: cred.workspace_id,
+                        group: c.group.clone(),
+                        at_ms: now_ms,
+                        member_id,
+                    };
+                    let shared_rest = (!here).then(|| GroupRest {
+                        credentials: group(&c.group),
+                        targets: targets_of(c.models, upstream_model),
+                        until_ms: until,
+                        rule,
+                        said: said.map(str::to_owned),
+                    });
+                    up.persist.witness(witness, shared_rest);
+                }
+                if here {
+                    tracing::info!(credential = %cred.name, quota_group = %c.group, "ambiguous 429 corroborated; the quota group rests");
+                }
+                here.then_some(c)
             }
             _ => None,
         };
@@ -192,22 +225,38 @@ pub(super) fn write(
             Some(c) => (group(&c.group), c.models),
             None => (vec![cred.id], lock.models),
         };
-        let until = lock.until.timestamp_millis();
-        let rule = class.rule.name();
-        let mut targets = vec![match models {
-            LockModels::One => LockTarget::Model(upstream_model.to_owned()),
-            LockModels::AllFree => LockTarget::AllFree,
-            LockModels::All => LockTarget::Credential,
-        }];
-        if models == LockModels::AllFree && !classify::is_free_model(upstream_model) {
-            targets.push(LockTarget::Model(upstream_model.to_owned()));
-        }
+        let targets = targets_of(models, upstream_model);
         for t in &targets {
             rows.extend(up.locks.park(&credentials, t, until, rule));
         }
         tracing::info!(credential = %cred.name, model = upstream_model, rule, until = %lock.until, "upstream credential parked");
     }
     (class.lock.as_ref().map(|l| l.until), rows)
+}
+
+/// What a lock of `models` parks on a credential after a failure of `upstream_model`.
+fn targets_of(models: LockModels, upstream_model: &str) -> Vec<LockTarget> {
+    let mut targets = vec![match models {
+        LockModels::One => LockTarget::Model(upstream_model.to_owned()),
+        LockModels::AllFree => LockTarget::AllFree,
+        LockModels::All => LockTarget::Credential,
+    }];
+    if models == LockModels::AllFree && !classify::is_free_model(upstream_model) {
+        targets.push(LockTarget::Model(upstream_model.to_owned()));
+    }
+    targets
+}
+
+/// Rests a quota group whose ambiguous failures corroborated across gateways, as [`park`]
+/// would have when the failure was seen: extend-only, persisted and recorded off the request
+/// path (and so published to the other gateways).
+pub fn rest_group(up: Upstreams<'_>, rest: GroupRest) {
+    let rows: Written = rest
+        .targets
+        .iter()
+        .flat_map(|t| up.locks.park(&rest.credentials, t, rest.until_ms, rest.rule))
+        .collect();
+    persist(up, rows, None, rest.rule, rest.said.as_deref());
 }
 
 /// Locks written in memory, to persist: (credential, target, entry).

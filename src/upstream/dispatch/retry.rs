@@ -51,7 +51,7 @@ impl Held {
         said: Option<String>,
     ) -> Option<DateTime<Utc>> {
         // A plain server error rests this route alone: no quota group is consulted.
-        let (until, rows) = write(up, None, 0, cred, upstream_model, class);
+        let (until, rows) = write(up, None, 0, cred, upstream_model, class, said.as_deref());
         self.written.extend(rows);
         self.said = Some((class.rule.name(), said));
         until

@@ -5,11 +5,28 @@
 //! API keys: one person with two keys is one witness.
 //!
 //! The classifier stays pure; this is the memory it needs. [`Witnesses`] is the rule on one
-//! group (pure, table-tested); [`Corroboration`] keeps one per quota group, in this process only
-//! (each replica corroborates from its own traffic; the group rest it then writes is shared).
+//! group (pure, table-tested); [`Corroboration`] keeps one per quota group for this process's
+//! own traffic: a gateway whose own failures corroborate rests the group at once.
+//!
+//! Across gateways (issue 44, with `redis_url`): behind a load balancer each gateway sees only
+//! part of the failures, so each is also recorded in Redis, off the request path (the writer of
+//! [`super::shared`]), in the sorted set [`shared_key`] `aigw:corroboration:<workspace id>:<group>`
+//! scored by the failure's time and valued `<member id>:<unique>`. [`SHARED_OBSERVE`] adds it,
+//! drops what fell out of the 30 s window and answers, in the same round trip, whether the
+//! group's failures across all gateways now corroborate (the set is then cleared, as
+//! [`Witnesses::observe`] starts over); the gateway that recorded the corroborating failure then
+//! rests the group as the local rule would ([`GroupRest`], worked out when the failure was seen),
+//! and that rest reaches the others as every rest does. A rest by the local rule clears the set.
+//! Redis away: the local rule alone, as without it.
+//!
+//! Clocks: the scores are each gateway's own clock (the injected `Clock`). Gateways' clocks are
+//! assumed within a second of each other; a difference only widens or narrows the 30 s window by
+//! that much.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
+
+use super::locks::LockTarget;
 
 /// groot ADR 0008: failures older than this corroborate nothing.
 pub const WINDOW_MS: i64 = 30_000;
@@ -18,7 +35,7 @@ pub const FAILURES: usize = 3;
 /// groot ADR 0008: … from at least this many different members ("2 users").
 pub const MEMBERS: usize = 2;
 /// Most failures remembered per group; only the most recent matter.
-const KEPT: usize = 32;
+pub const KEPT: usize = 32;
 
 /// The recent ambiguous failures of one quota group: (Unix ms, member id).
 #[derive(Debug, Default)]
@@ -71,6 +88,79 @@ impl Corroboration {
             .or_default()
             .observe(at_ms, member_id)
     }
+}
+
+/// The prefix of a quota group's sorted set of ambiguous failures in Redis.
+pub const SHARED_KEY_PREFIX: &str = "aigw:corroboration:";
+
+/// How long Redis keeps a group's failures after the last one (real time; the window itself is
+/// applied to the scores): twice the window, so a quiet group leaves nothing behind.
+pub const SHARED_EXPIRY_MS: i64 = 2 * WINDOW_MS;
+
+/// The sorted set of `group`'s ambiguous failures in workspace `workspace_id` (group names are
+/// unique per workspace only).
+pub fn shared_key(workspace_id: i64, group: &str) -> String {
+    format!("{SHARED_KEY_PREFIX}{workspace_id}:{group}")
+}
+
+/// groot ADR 0008 across gateways, in one round trip. KEYS[1]: the group's set ([`shared_key`]).
+/// ARGV: the failure's time (Unix ms, the recording gateway's clock), its value (`<member
+/// id>:<unique>`), `1` when the recording gateway's own traffic already corroborated it and
+/// rested the group (the count only starts over), the oldest time still in the window (the
+/// failure's less [`WINDOW_MS`]), [`FAILURES`], [`MEMBERS`], [`KEPT`], [`SHARED_EXPIRY_MS`]. Returns 1 when the failures within the window before it
+/// (across every gateway) corroborate, and then clears the set, as [`Witnesses::observe`] does.
+pub const SHARED_OBSERVE: &str = r"
+if ARGV[3] == '1' then
+  redis.call('DEL', KEYS[1])
+  return 0
+end
+redis.call('ZADD', KEYS[1], ARGV[1], ARGV[2])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. ARGV[4])
+redis.call('ZREMRANGEBYRANK', KEYS[1], 0, -(tonumber(ARGV[7]) + 1))
+local seen = redis.call('ZRANGE', KEYS[1], 0, -1)
+local members, distinct = {}, 0
+for _, v in ipairs(seen) do
+  local m = string.match(v, '^[^:]*')
+  if not members[m] then
+    members[m] = true
+    distinct = distinct + 1
+  end
+end
+if #seen >= tonumber(ARGV[5]) and distinct >= tonumber(ARGV[6]) then
+  redis.call('DEL', KEYS[1])
+  return 1
+end
+redis.call('PEXPIRE', KEYS[1], ARGV[8])
+return 0
+";
+
+/// An ambiguous failure a gateway saw on a quota group, to count across gateways.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Witness {
+    /// The group's workspace.
+    pub workspace_id: i64,
+    /// The quota group.
+    pub group: String,
+    /// When it was seen, Unix ms (the gateway's clock).
+    pub at_ms: i64,
+    /// The caller's member.
+    pub member_id: i64,
+}
+
+/// The rest a corroboration across gateways brings, worked out when the failure was seen: what
+/// the local rule would have parked then.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GroupRest {
+    /// Every credential of the quota group.
+    pub credentials: Vec<i64>,
+    /// What is parked on each.
+    pub targets: Vec<LockTarget>,
+    /// The rest's end, Unix ms.
+    pub until_ms: i64,
+    /// The classification rule that parked.
+    pub rule: &'static str,
+    /// The provider's words, for the credentials' cards.
+    pub said: Option<String>,
 }
 
 #[cfg(test)]
@@ -136,6 +226,16 @@ mod tests {
         assert!(
             !w.observe(3_000, 2),
             "the earlier failures are covered by the rest"
+        );
+    }
+
+    #[test]
+    fn a_groups_set_in_redis_is_named_by_its_workspace_and_name() {
+        assert_eq!(shared_key(3, "acct"), "aigw:corroboration:3:acct");
+        assert_ne!(
+            shared_key(1, "a"),
+            shared_key(2, "a"),
+            "same name, another workspace"
         );
     }
 

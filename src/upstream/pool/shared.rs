@@ -18,6 +18,9 @@
 //! - Redis is not trusted to be well-formed: a message longer than [`MAX_MESSAGE`] bytes, or one
 //!   that does not parse, or whose lock ends more than five years away, is ignored and counted;
 //!   the first one is logged (the store poll still brings what it meant).
+//! - groot ADR 0008 across gateways: each ambiguous failure is also counted in Redis by the
+//!   same writer ([`Share::Witnessed`], `corroboration.rs` says how); a corroboration it answers
+//!   rests the group through the caller's hand, and that rest is then published as any park.
 //! - Redis away: nothing on the request path waits on it. Publications fail in the background
 //!   (logged once per outage), the subscriber reconnects with a doubling wait, and meanwhile the
 //!   store poll still brings every lock, as without Redis.
@@ -27,6 +30,7 @@ use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig, PubSubStream};
 
+use super::corroboration::{self, GroupRest, Witness};
 use super::locks::{LockEntry, LockTarget, Locks};
 use crate::store::{ALL_FREE_TARGET, WHOLE_CREDENTIAL_TARGET};
 
@@ -193,6 +197,10 @@ pub enum Share {
     Bumped(i64, u32),
     /// The credential's level went back to 0.
     Reset(i64),
+    /// An ambiguous failure, counted across gateways; the group rests with `.1` if that
+    /// corroborates it. `None`: this gateway's own traffic corroborated it and rested the group,
+    /// so the count across gateways only starts over.
+    Witnessed(Witness, Option<GroupRest>),
 }
 
 /// This gateway's side of the shared locks: a connection to publish and write levels, the
@@ -218,6 +226,10 @@ pub struct SharedLocks {
     malformed: AtomicU64,
     /// [`BUMP`], sent by its digest.
     bump: redis::Script,
+    /// [`corroboration::SHARED_OBSERVE`], sent by its digest.
+    observe: redis::Script,
+    /// Makes each failure this gateway records a value of its own in a group's set.
+    witnessed: AtomicU64,
 }
 
 impl SharedLocks {
@@ -243,6 +255,8 @@ impl SharedLocks {
             up: AtomicBool::new(true),
             malformed: AtomicU64::new(0),
             bump: redis::Script::new(BUMP),
+            observe: redis::Script::new(corroboration::SHARED_OBSERVE),
+            witnessed: AtomicU64::new(0),
         })
     }
 
@@ -254,8 +268,15 @@ impl SharedLocks {
     }
 
     /// The writer: sends each queued change in order until `shutdown`, then what is left.
-    /// `locks` learns the account's level a bump returns.
-    pub async fn run_writer(&self, locks: &Locks, shutdown: tokio_util::sync::CancellationToken) {
+    /// `locks` learns the account's level a bump returns; `rest` rests a quota group whose
+    /// ambiguous failures corroborate across gateways (as the local rule's rest: in memory,
+    /// persisted, published).
+    pub async fn run_writer(
+        &self,
+        locks: &Locks,
+        rest: &(dyn Fn(GroupRest) + Sync),
+        shutdown: tokio_util::sync::CancellationToken,
+    ) {
         let taken = self.queued.lock().unwrap_or_else(|p| p.into_inner()).take();
         let Some(mut queued) = taken else { return };
         loop {
@@ -264,15 +285,15 @@ impl SharedLocks {
                 () = shutdown.cancelled() => None,
             };
             let Some(change) = change else { break };
-            self.write(change, locks).await;
+            self.write(change, locks, rest).await;
         }
         queued.close();
         while let Ok(change) = queued.try_recv() {
-            self.write(change, locks).await;
+            self.write(change, locks, rest).await;
         }
     }
 
-    async fn write(&self, change: Share, locks: &Locks) {
+    async fn write(&self, change: Share, locks: &Locks, rest: &(dyn Fn(GroupRest) + Sync)) {
         match change {
             Share::Parks(rows, banned) => self.publish_parks(&rows, banned).await,
             Share::Bumped(credential, own) => {
@@ -283,7 +304,35 @@ impl SharedLocks {
                 }
             }
             Share::Reset(credential) => self.reset_backoff(credential).await,
+            Share::Witnessed(witness, group_rest) => {
+                let rested_here = group_rest.is_none();
+                let corroborated = self.observe(&witness, rested_here).await;
+                if let (Some(true), Some(r)) = (corroborated, group_rest) {
+                    tracing::info!(quota_group = %witness.group, "ambiguous 429 corroborated across gateways; the quota group rests");
+                    rest(r);
+                }
+            }
         }
+    }
+
+    /// Counts `witness` in its group's set ([`corroboration::SHARED_OBSERVE`]), or only clears
+    /// the set when the group `rested_here`; whether the group's failures across every gateway
+    /// now corroborate, if Redis answered.
+    async fn observe(&self, witness: &Witness, rested_here: bool) -> Option<bool> {
+        let n = self.witnessed.fetch_add(1, Ordering::Relaxed);
+        let mut inv = self.observe.prepare_invoke();
+        inv.key(corroboration::shared_key(witness.workspace_id, &witness.group))
+            .arg(witness.at_ms)
+            .arg(format!("{}:{}:{n}", witness.member_id, self.origin))
+            .arg(if rested_here { 1 } else { 0 })
+            .arg(witness.at_ms - corroboration::WINDOW_MS)
+            .arg(corroboration::FAILURES)
+            .arg(corroboration::MEMBERS)
+            .arg(corroboration::KEPT)
+            .arg(corroboration::SHARED_EXPIRY_MS);
+        let mut conn = self.conn.clone();
+        let sent = tokio::time::timeout(self.timeout, inv.invoke_async::<i64>(&mut conn)).await;
+        self.note(sent, "counting an ambiguous 429").map(|v| v == 1)
     }
 
     /// Notes the subscriber connected (`true`) or lost; logs a change once per outage.
