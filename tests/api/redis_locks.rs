@@ -29,7 +29,12 @@ fn pair(mock: &MockUpstream) -> String {
 
 /// A gateway on `db` with `resources`, Redis at `redis` (none: without), whose store poll of
 /// other gateways' locks runs every `poll`.
-async fn gateway(db: &TestDb, resources: String, redis: Option<String>, poll: Duration) -> TestApp {
+pub(crate) async fn gateway(
+    db: &TestDb,
+    resources: String,
+    redis: Option<String>,
+    poll: Duration,
+) -> TestApp {
     let setup = Setup {
         config_poll: Some(poll),
         settings: Box::new(move |s| {
@@ -42,10 +47,10 @@ async fn gateway(db: &TestDb, resources: String, redis: Option<String>, poll: Du
 }
 
 /// The poll of a gateway that must learn nothing from the store during a test.
-const NEVER: Duration = Duration::from_secs(3600);
+pub(crate) const NEVER: Duration = Duration::from_secs(3600);
 
 /// Waits (10 s at most) until `app` holds a running lock on each of `credentials`.
-async fn until_parked(app: &TestApp, credentials: &[i64]) {
+pub(crate) async fn until_parked(app: &TestApp, credentials: &[i64]) {
     let deadline = Instant::now() + Duration::from_secs(10);
     while credentials
         .iter()

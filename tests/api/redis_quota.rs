@@ -94,6 +94,27 @@ impl RedisServer {
         assert!(ok, "kill {sig} {pid}");
     }
 
+    /// Every ambiguous failure the quota groups' sets hold (`aigw:corroboration:*`).
+    pub(crate) async fn witnesses(&self) -> usize {
+        let client = redis::Client::open(self.url()).expect("url");
+        let mut c = client.get_multiplexed_async_connection().await.expect("connect");
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg("aigw:corroboration:*")
+            .query_async(&mut c)
+            .await
+            .expect("keys");
+        let mut total = 0;
+        for k in keys {
+            let n: usize = redis::cmd("ZCARD")
+                .arg(&k)
+                .query_async(&mut c)
+                .await
+                .expect("zcard");
+            total += n;
+        }
+        total
+    }
+
     /// Every quota counter this Redis holds, summed.
     async fn counted(&self) -> i64 {
         let client = redis::Client::open(self.url()).expect("url");

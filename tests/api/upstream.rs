@@ -761,9 +761,9 @@ async fn a_full_pool_waits_briefly_for_a_slot_then_answers_busy(db: TestDb) {
 }
 
 /// A second member, Bob, with one key: corroboration counts members, not keys.
-const BOB_KEY: &str = "sk-aigw-BobPoolKey0123456789abcdefghijkl";
+pub(crate) const BOB_KEY: &str = "sk-aigw-BobPoolKey0123456789abcdefghijkl";
 
-fn with_bob(text: String) -> String {
+pub(crate) fn with_bob(text: String) -> String {
     text + &String::from(
         ResourcesBuilder::new()
             .member("acme", "bob@acme.test", "member")
@@ -772,7 +772,7 @@ fn with_bob(text: String) -> String {
 }
 
 /// No rate-limit headers, no provider marker, no error_type: groot's "ambiguous" 429.
-fn ambiguous_429() -> Value {
+pub(crate) fn ambiguous_429() -> Value {
     json!({"error": {"message": "Too Many Requests", "code": 429}})
 }
 
