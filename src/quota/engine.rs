@@ -505,6 +505,7 @@ impl QuotaCounters {
 
     /// Adds a completed request's usage to every counter of `decision` (each counter once).
     pub fn record(&self, decision: &QuotaDecision, usage: Usage, credits: i64) {
+        let mut shared_added = false;
         let mut map = self.counters.lock().unwrap_or_else(|p| p.into_inner());
         for (i, s) in decision.standings.iter().enumerate() {
             let c = map.entry(&s.key, s.window_end);
@@ -520,6 +521,7 @@ impl QuotaCounters {
                 && let Some(shared) = &self.shared
             {
                 shared.add(&s.key, added, c.used(), s.window_secs);
+                shared_added = true;
             }
             if !c.watchers.iter().any(|(policy, _)| *policy == s.rule.id) {
                 c.watchers.push((s.rule.id, Vec::new()));
@@ -527,6 +529,11 @@ impl QuotaCounters {
             if added != 0 {
                 map.queue(&s.key);
             }
+        }
+        drop(map);
+        // One write for the request's counters, not one per counter.
+        if shared_added && let Some(shared) = &self.shared {
+            shared.send();
         }
     }
 

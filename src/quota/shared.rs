@@ -163,7 +163,9 @@ impl SharedCounters {
     }
 
     /// Queues `add` of counter `key` for Redis; `seed` is this gateway's own total of it, usage
-    /// just added included; `window_secs` the length of its window (none for `total`).
+    /// just added included; `window_secs` the length of its window (none for `total`). The
+    /// writer is woken by [`SharedCounters::send`] once a request's counters are all queued, so
+    /// that they go in one write.
     ///
     /// Redis keeps a counter for a window and a margin after each write: written during its
     /// window, it outlives the window's end by at least the margin, whatever the difference
@@ -177,6 +179,10 @@ impl SharedCounters {
             u.seed = u.seed.max(seed);
             u.ttl = u.ttl.max(ttl);
         }
+    }
+
+    /// Wakes the writer for what [`SharedCounters::add`] queued.
+    pub(super) fn send(&self) {
         self.wake.notify_one();
     }
 
