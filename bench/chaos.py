@@ -566,8 +566,12 @@ def summary(outcomes):
 
 
 def rate_before(outcomes, t, window=1.0):
-    """Delivered requests per second in the `window` seconds before `t`."""
-    return sum(1 for o in outcomes if o.delivered and t - window <= o.ended <= t) / window
+    """Delivered requests per second in the `window` seconds before `t`, or since the first
+    request started when that is later (a short load that reaches its limit within the window
+    would otherwise read as slower than it was)."""
+    first = min((o.started for o in outcomes), default=t)
+    span = max(min(window, t - first), 0.05)
+    return sum(1 for o in outcomes if o.delivered and t - span <= o.ended <= t) / span
 
 
 def rate(outcomes):
