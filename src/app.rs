@@ -259,14 +259,8 @@ impl Gateway {
                 let timeout = Duration::from_millis(settings.redis_timeout_ms);
                 let shared = crate::upstream::pool::shared::SharedLocks::connect(url.expose(), timeout)
                     .map_err(StartError::Config)?;
-                let subscription = match shared.subscribe().await {
-                    Ok(stream) => {
-                        shared.note_subscribed(true, "");
-                        if let Err(e) = shared.load_backoff(&locks).await {
-                            tracing::warn!(error = %e, "reading the backoff levels from redis failed");
-                        }
-                        Some(stream)
-                    }
+                let subscription = match shared.resubscribe(&locks).await {
+                    Ok(stream) => Some(stream),
                     Err(e) => {
                         tracing::warn!(error = %e, "redis subscriber not connected: locks of other gateways come by the store poll until it connects");
                         None

@@ -68,13 +68,9 @@ pub(super) fn start_shared_locks(state: AppState, first: Option<redis::aio::PubS
         loop {
             let mut stream = match next.take() {
                 Some(stream) => stream,
-                None => match shared.subscribe().await {
+                None => match shared.resubscribe(&s.locks).await {
                     Ok(stream) => {
                         failures = 0;
-                        shared.note_subscribed(true, "");
-                        if let Err(e) = shared.load_backoff(&s.locks).await {
-                            tracing::warn!(error = %e, "reading the backoff levels from redis failed");
-                        }
                         stream
                     }
                     Err(e) => {

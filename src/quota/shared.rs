@@ -150,15 +150,13 @@ impl SharedCounters {
             cmd.arg(redis_key(&s.key));
         }
         let mut conn = self.conn.clone();
-        let read = tokio::time::timeout(self.timeout, cmd.query_async::<Vec<Option<i64>>>(&mut conn)).await;
-        match read {
-            Ok(Ok(totals)) => {
+        match bounded(self.timeout, cmd.query_async::<Vec<Option<i64>>>(&mut conn)).await {
+            Ok(totals) => {
                 for (s, total) in standings.iter_mut().zip(totals) {
                     s.used = s.used.max(total.unwrap_or(0));
                 }
             }
-            Ok(Err(e)) => self.went_down(&e.to_string()),
-            Err(_) => self.went_down("timed out"),
+            Err(why) => self.went_down(&why),
         }
     }
 
@@ -270,21 +268,17 @@ impl SharedCounters {
             inv.key(redis_key(k)).arg(u.add).arg(u.seed).arg(u.ttl);
         }
         let mut conn = self.conn.clone();
-        match tokio::time::timeout(write_timeout(self.timeout), inv.invoke_async::<i64>(&mut conn)).await {
-            Ok(Ok(_)) => Ok(()),
-            Ok(Err(e)) => Err(e.to_string()),
-            Err(_) => Err("timed out".to_owned()),
-        }
+        bounded(write_timeout(self.timeout), inv.invoke_async::<i64>(&mut conn))
+            .await
+            .map(|_| ())
     }
 
     async fn ping(&self) -> Result<(), String> {
         let mut conn = self.conn.clone();
         let ping = redis::cmd("PING");
-        match tokio::time::timeout(self.timeout, ping.query_async::<String>(&mut conn)).await {
-            Ok(Ok(_)) => Ok(()),
-            Ok(Err(e)) => Err(e.to_string()),
-            Err(_) => Err("timed out".to_owned()),
-        }
+        bounded(self.timeout, ping.query_async::<String>(&mut conn))
+            .await
+            .map(|_| ())
     }
 
     /// Notes Redis away; logs it once per outage.
@@ -299,6 +293,19 @@ impl SharedCounters {
         if !self.up.swap(true, Ordering::Relaxed) {
             tracing::info!("redis reachable again: quota counters shared");
         }
+    }
+}
+
+/// `call` to Redis, waited on `timeout` at most: its answer, or why there is none (Redis's
+/// error, or "timed out"). Every Redis call of the gateway goes through it.
+pub(crate) async fn bounded<T>(
+    timeout: Duration,
+    call: impl std::future::Future<Output = redis::RedisResult<T>>,
+) -> Result<T, String> {
+    match tokio::time::timeout(timeout, call).await {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err("timed out".to_owned()),
     }
 }
 

@@ -17,8 +17,9 @@
 //! of the logs of its hour or day, and the retention task prunes an hour or a day once all its
 //! logs are gone), but for the sums a gateway held when it was killed without a graceful stop
 //! (at most its last interval's), and for a request whose log was written more than an interval
-//! after it started (a long stream), counted in the rollups up to an interval late. Keys and members are rolled up by day because an hourly row per key is about as many
-//! rows as the logs with thousands of keys (measured in docs/performance.md, "Months of logs").
+//! after it started (a long stream), counted in the rollups up to an interval late. Keys and
+//! members are rolled up by day because an hourly row per key is about as many rows as the logs
+//! with thousands of keys (measured in docs/performance.md, "Months of logs").
 //! A member's own usage by day in a workspace whose days start at a half hour from UTC reads the
 //! member's logs.
 

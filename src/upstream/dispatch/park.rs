@@ -225,10 +225,13 @@ pub(super) fn write(
             Some(c) => (group(&c.group), c.models),
             None => (vec![cred.id], lock.models),
         };
-        let targets = targets_of(models, upstream_model);
-        for t in &targets {
-            rows.extend(up.locks.park(&credentials, t, until, rule));
-        }
+        rows.extend(park_targets(
+            up,
+            &credentials,
+            &targets_of(models, upstream_model),
+            until,
+            rule,
+        ));
         tracing::info!(credential = %cred.name, model = upstream_model, rule, until = %lock.until, "upstream credential parked");
     }
     (class.lock.as_ref().map(|l| l.until), rows)
@@ -251,12 +254,22 @@ fn targets_of(models: LockModels, upstream_model: &str) -> Vec<LockTarget> {
 /// would have when the failure was seen: extend-only, persisted and recorded off the request
 /// path (and so published to the other gateways).
 pub fn rest_group(up: Upstreams<'_>, rest: GroupRest) {
-    let rows: Written = rest
-        .targets
-        .iter()
-        .flat_map(|t| up.locks.park(&rest.credentials, t, rest.until_ms, rest.rule))
-        .collect();
+    let rows = park_targets(up, &rest.credentials, &rest.targets, rest.until_ms, rest.rule);
     persist(up, rows, None, rest.rule, rest.said.as_deref());
+}
+
+/// Parks each of `targets` on each of `credentials` in memory (extend-only): the rows written.
+fn park_targets(
+    up: Upstreams<'_>,
+    credentials: &[i64],
+    targets: &[LockTarget],
+    until: i64,
+    rule: &str,
+) -> Written {
+    targets
+        .iter()
+        .flat_map(|t| up.locks.park(credentials, t, until, rule))
+        .collect()
 }
 
 /// Locks written in memory, to persist: (credential, target, entry).

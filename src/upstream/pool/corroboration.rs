@@ -107,8 +107,9 @@ pub fn shared_key(workspace_id: i64, group: &str) -> String {
 /// ARGV: the failure's time (Unix ms, the recording gateway's clock), its value (`<member
 /// id>:<unique>`), `1` when the recording gateway's own traffic already corroborated it and
 /// rested the group (the count only starts over), the oldest time still in the window (the
-/// failure's less [`WINDOW_MS`]), [`FAILURES`], [`MEMBERS`], [`KEPT`], [`SHARED_EXPIRY_MS`]. Returns 1 when the failures within the window before it
-/// (across every gateway) corroborate, and then clears the set, as [`Witnesses::observe`] does.
+/// failure's less [`WINDOW_MS`]), [`FAILURES`], [`MEMBERS`], [`KEPT`], [`SHARED_EXPIRY_MS`].
+/// Returns 1 when the failures within the window before it (across every gateway) corroborate,
+/// and then clears the set, as [`Witnesses::observe`] does.
 pub const SHARED_OBSERVE: &str = r"
 if ARGV[3] == '1' then
   redis.call('DEL', KEYS[1])

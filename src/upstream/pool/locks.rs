@@ -30,7 +30,8 @@ impl LockTarget {
         }
     }
 
-    fn from_db(s: &str) -> LockTarget {
+    /// As stored, or as another gateway published it.
+    pub fn from_db(s: &str) -> LockTarget {
         match s {
             WHOLE_CREDENTIAL_TARGET => LockTarget::Credential,
             ALL_FREE_TARGET => LockTarget::AllFree,

@@ -32,7 +32,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig, PubSubStream};
 
 use super::corroboration::{self, GroupRest, Witness};
 use super::locks::{LockEntry, LockTarget, Locks};
-use crate::store::{ALL_FREE_TARGET, WHOLE_CREDENTIAL_TARGET};
+use crate::quota::shared::bounded;
 
 /// The channel parks are published on.
 pub const CHANNEL: &str = "aigw:locks";
@@ -138,14 +138,9 @@ pub fn decode(payload: &[u8], now_ms: i64) -> Option<(&str, Notice)> {
             {
                 return None;
             }
-            let target = match target {
-                WHOLE_CREDENTIAL_TARGET => LockTarget::Credential,
-                ALL_FREE_TARGET => LockTarget::AllFree,
-                m => LockTarget::Model(m.to_owned()),
-            };
             Notice::Lock {
                 credential,
-                target,
+                target: LockTarget::from_db(target),
                 entry: LockEntry {
                     until_ms,
                     rule: rule.to_owned(),
@@ -331,7 +326,7 @@ impl SharedLocks {
             .arg(corroboration::KEPT)
             .arg(corroboration::SHARED_EXPIRY_MS);
         let mut conn = self.conn.clone();
-        let sent = tokio::time::timeout(self.timeout, inv.invoke_async::<i64>(&mut conn)).await;
+        let sent = bounded(self.timeout, inv.invoke_async::<i64>(&mut conn)).await;
         self.note(sent, "counting an ambiguous 429").map(|v| v == 1)
     }
 
@@ -370,7 +365,7 @@ impl SharedLocks {
                 .ignore();
         }
         let mut conn = self.conn.clone();
-        let sent = tokio::time::timeout(self.timeout, pipe.query_async::<()>(&mut conn)).await;
+        let sent = bounded(self.timeout, pipe.query_async::<()>(&mut conn)).await;
         self.note(sent, "publishing a park");
     }
 
@@ -384,7 +379,7 @@ impl SharedLocks {
             .arg(CHANNEL)
             .arg(&self.origin);
         let mut conn = self.conn.clone();
-        let sent = tokio::time::timeout(self.timeout, inv.invoke_async::<u32>(&mut conn)).await;
+        let sent = bounded(self.timeout, inv.invoke_async::<u32>(&mut conn)).await;
         self.note(sent, "sharing a backoff level")
     }
 
@@ -399,7 +394,7 @@ impl SharedLocks {
             .publish(CHANNEL, encode(&self.origin, &reset))
             .ignore();
         let mut conn = self.conn.clone();
-        let sent = tokio::time::timeout(self.timeout, pipe.query_async::<()>(&mut conn)).await;
+        let sent = bounded(self.timeout, pipe.query_async::<()>(&mut conn)).await;
         self.note(sent, "resetting a backoff level");
     }
 
@@ -409,14 +404,11 @@ impl SharedLocks {
         let mut cmd = redis::cmd("HGETALL");
         cmd.arg(BACKOFF_KEY);
         let read = cmd.query_async::<std::collections::HashMap<String, String>>(&mut conn);
-        match tokio::time::timeout(self.timeout, read).await {
-            Ok(Ok(fields)) => Ok(fields
-                .into_iter()
-                .filter_map(|(c, l)| Some((c.parse().ok().filter(|c: &i64| *c > 0)?, l.parse().ok()?)))
-                .collect()),
-            Ok(Err(e)) => Err(e.to_string()),
-            Err(_) => Err("timed out".to_owned()),
-        }
+        let fields = bounded(self.timeout, read).await?;
+        Ok(fields
+            .into_iter()
+            .filter_map(|(c, l)| Some((c.parse().ok().filter(|c: &i64| *c > 0)?, l.parse().ok()?)))
+            .collect())
     }
 
     /// Raises this gateway's backoff levels to Redis's (at start and at each reconnection); a
@@ -430,6 +422,18 @@ impl SharedLocks {
         Ok(())
     }
 
+    /// Subscribes ([`SharedLocks::subscribe`]) and, once subscribed, notes it and raises this
+    /// gateway's backoff levels to Redis's (it may have missed some while not subscribed): at
+    /// start and at each reconnection.
+    pub async fn resubscribe(&self, locks: &Locks) -> Result<PubSubStream, String> {
+        let stream = self.subscribe().await?;
+        self.note_subscribed(true, "");
+        if let Err(e) = self.load_backoff(locks).await {
+            tracing::warn!(error = %e, "reading the backoff levels from redis failed");
+        }
+        Ok(stream)
+    }
+
     /// A subscriber connection to [`CHANNEL`], subscribed.
     pub async fn subscribe(&self) -> Result<PubSubStream, String> {
         let subscribed = async {
@@ -437,11 +441,7 @@ impl SharedLocks {
             pubsub.subscribe(CHANNEL).await?;
             Ok::<_, redis::RedisError>(pubsub.into_on_message())
         };
-        match tokio::time::timeout(self.timeout, subscribed).await {
-            Ok(Ok(stream)) => Ok(stream),
-            Ok(Err(e)) => Err(e.to_string()),
-            Err(_) => Err("timed out".to_owned()),
-        }
+        bounded(self.timeout, subscribed).await
     }
 
     /// Applies one message heard on [`CHANNEL`], unless it is this gateway's own or malformed.
@@ -475,20 +475,15 @@ impl SharedLocks {
     }
 
     /// Notes how an exchange went; logs a change once per outage.
-    fn note<T>(
-        &self,
-        sent: Result<redis::RedisResult<T>, tokio::time::error::Elapsed>,
-        what: &str,
-    ) -> Option<T> {
+    fn note<T>(&self, sent: Result<T, String>, what: &str) -> Option<T> {
         let failed = match sent {
-            Ok(Ok(v)) => {
+            Ok(v) => {
                 if !self.up.swap(true, Ordering::Relaxed) {
                     tracing::info!("redis reachable again: credential locks published at once");
                 }
                 return Some(v);
             }
-            Ok(Err(e)) => e.to_string(),
-            Err(_) => "timed out".to_owned(),
+            Err(why) => why,
         };
         if self.up.swap(false, Ordering::Relaxed) {
             tracing::warn!(error = %failed, "redis unreachable {what}: the other gateways learn of locks by the store poll until it returns");
