@@ -143,6 +143,12 @@ static SQLITE_MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("migrations/s
 #[derive(Clone, Debug)]
 pub struct Store {
     pool: AnyPool,
+    /// The request logs' writes ([`RequestLogStore::insert_logs`]): on a SQLite file, a pool of
+    /// its own with one connection, so each of its few statements is prepared once for the
+    /// gateway's life instead of once on each of the pool's connections in turn (a 100-row
+    /// insert's preparation costs as much as writing hundreds of rows); SQLite has one writer
+    /// at a time anyway. Elsewhere the main pool.
+    log_pool: AnyPool,
     backend: Backend,
     /// The SQLite database file (none for Postgres or an in-memory database).
     sqlite_file: Option<PathBuf>,
@@ -306,7 +312,7 @@ impl Store {
             .log_slow_statements(tracing::log::LevelFilter::Warn, Duration::from_secs(1));
         // The health probe's own connection (store/health.rs): the pool's may all be busy.
         let probe = (backend == Backend::Postgres).then(|| options.clone());
-        let pool = AnyPoolOptions::new()
+        let pool_options = AnyPoolOptions::new()
             .after_connect(move |conn, _meta| {
                 Box::pin(async move {
                     if backend == Backend::Sqlite {
@@ -331,19 +337,24 @@ impl Store {
             .acquire_timeout(match backend {
                 Backend::Sqlite => Duration::from_secs(10),
                 Backend::Postgres => Duration::from_millis(750),
-            })
-            .connect_with(options)
-            .await?;
+            });
+        let pool = pool_options.clone().connect_with(options.clone()).await?;
         if backend == Backend::Sqlite {
             // WAL is a property of the file: set once, kept by every later connection.
             sqlx::query("PRAGMA journal_mode=WAL").execute(&pool).await?;
         }
+        // An in-memory database is one per connection of the pool that opened it: it keeps one.
+        let log_pool = match &sqlite_file {
+            Some(_) => pool_options.max_connections(1).connect_with(options).await?,
+            None => pool.clone(),
+        };
         let target = match &sqlite_file {
             Some(file) => file.display().to_string(),
             None => database_host(&url),
         };
         Ok(Store {
             pool,
+            log_pool,
             backend,
             sqlite_file,
             health: Arc::new(Health::new(target, probe)),
@@ -500,6 +511,12 @@ impl Store {
     /// connection the pool opened on a serving thread would be driven by that thread's runtime,
     /// which ends with its last request, while the pool keeps the connection
     /// ([`Store::at_home`]).
+    /// The pool of the request logs' writes ([`Store::log_pool`](Store)).
+    fn log_pool(&self) -> &AnyPool {
+        debug_assert!(!self.away_from_home(), "the store was used away from its runtime");
+        &self.log_pool
+    }
+
     fn pool(&self) -> &AnyPool {
         debug_assert!(
             !self.away_from_home(),
@@ -577,6 +594,7 @@ impl Store {
     /// Closes every connection (graceful shutdown).
     pub async fn close(&self) {
         self.optimize().await;
+        self.log_pool.close().await;
         self.pool.close().await;
     }
 }

@@ -217,7 +217,7 @@ impl LastUsedStamps {
 
 impl RequestLogStore for Store {
     async fn insert_logs(&self, records: &[LogRecord]) -> StoreResult<()> {
-        let mut tx = self.pool().begin().await?;
+        let mut tx = self.log_pool().begin().await?;
         // Statements of a few fixed sizes, each prepared once ([`STATEMENT_ROWS`]).
         for chunk in statements(records, STATEMENT_ROWS) {
             let mut b = SqlBuilder::new(self, &format!("INSERT INTO request_logs ({COLUMNS}) VALUES "));
@@ -316,7 +316,7 @@ impl RequestLogStore for Store {
         if sums.is_empty() {
             return Ok(());
         }
-        let mut tx = self.pool().begin().await?;
+        let mut tx = self.log_pool().begin().await?;
         sums.write(self, &mut tx).await?;
         tx.commit().await?;
         Ok(())

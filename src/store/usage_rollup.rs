@@ -122,12 +122,37 @@ const MEMBER: Rollup = Rollup {
     unit_ms: DAY_MS,
 };
 
-/// `served:` and the model that served, or `asked:` and the model asked for (the usage by model
-/// tells the two apart; see [`UsageGrouping::Model`]).
-fn model_group(r: &LogRecord) -> String {
-    match &r.model_served {
-        Some(m) => format!("served:{m}"),
-        None => format!("asked:{}", r.model_requested.as_deref().unwrap_or("")),
+/// What places a log in the rollups' rows: every log with the same lands in the same rows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct RowsOf<'a> {
+    workspace_id: i64,
+    member_id: i64,
+    key_id: i64,
+    department_id: Option<i64>,
+    /// Whether the model served, and it, or else the model asked for (the usage by model tells
+    /// the two apart, `served:` and `asked:`; see [`UsageGrouping::Model`]).
+    model: (bool, &'a str),
+    hour: i64,
+    day: i64,
+    /// The stored tags (`k=v,…`).
+    tags: Option<&'a str>,
+}
+
+impl<'a> RowsOf<'a> {
+    fn of(r: &'a LogRecord) -> RowsOf<'a> {
+        RowsOf {
+            workspace_id: r.workspace_id,
+            member_id: r.member_id,
+            key_id: r.key_id,
+            department_id: r.department_id,
+            model: match &r.model_served {
+                Some(m) => (true, m),
+                None => (false, r.model_requested.as_deref().unwrap_or("")),
+            },
+            hour: hour_of(r.ts),
+            day: day_of(r.ts),
+            tags: r.tags.as_deref(),
+        }
     }
 }
 
@@ -139,7 +164,7 @@ const MEMBER_HOURLY: Rollup = Rollup {
 };
 
 /// A member's rollup row's key: workspace, member, day, key, department group (its id, `''`
-/// without one), model group ([`model_group`]).
+/// without one), model group (`served:` or `asked:` and the model, [`RowsOf`]).
 type MemberKey = (i64, i64, i64, i64, String, String);
 
 /// A value of a rollup row's key, bound as its column's type.
@@ -182,47 +207,60 @@ impl RollupSums {
         sums
     }
 
-    /// Adds `records` (stored logs) to the sums.
+    /// Adds `records` (stored logs) to the sums. Records that land in the same rows are summed
+    /// first, keyed by what they borrow: a batch of a few keys' requests builds each row's key
+    /// (its strings) once per group instead of once per record.
     pub fn add(&mut self, records: &[LogRecord]) {
+        let mut groups: rustc_hash::FxHashMap<RowsOf<'_>, Sums> = rustc_hash::FxHashMap::default();
         for r in records {
             let values = [1, r.prompt_tokens, r.completion_tokens, r.total_tokens, r.credits];
-            let dept = r.department_id.map(|d| d.to_string()).unwrap_or_default();
-            let hour = hour_of(r.ts);
-            let day = day_of(r.ts);
-            let model = model_group(r);
-            let member = (
-                r.workspace_id,
-                r.member_id,
-                day,
-                r.key_id,
-                dept.clone(),
-                model.clone(),
-            );
-            add_to(self.members.entry(member).or_default(), values);
+            add_to(groups.entry(RowsOf::of(r)).or_default(), values);
+        }
+        for (rows, values) in groups {
+            self.add_rows(&rows, values);
+        }
+    }
+
+    /// Adds `values` to each row of `of`.
+    fn add_rows(&mut self, of: &RowsOf<'_>, values: Sums) {
+        let dept = of.department_id.map(|d| d.to_string()).unwrap_or_default();
+        let model = match of.model {
+            (true, m) => format!("served:{m}"),
+            (false, m) => format!("asked:{m}"),
+        };
+        let member = (
+            of.workspace_id,
+            of.member_id,
+            of.day,
+            of.key_id,
+            dept.clone(),
+            model.clone(),
+        );
+        add_to(self.members.entry(member).or_default(), values);
+        add_to(
+            self.member_hours
+                .entry((of.workspace_id, of.member_id, of.hour))
+                .or_default(),
+            values,
+        );
+        // Tag values are bounded by the workspace's caps (max_tag_keys × max_tag_values).
+        let tags = crate::kernel::tags::Tags::from_stored(of.tags);
+        let tag_rows = tags
+            .iter()
+            .map(|(k, v)| (false, of.hour, format!("tag:{k}"), v.to_owned()));
+        let rows = [
+            (false, of.hour, "model".to_owned(), model),
+            (false, of.hour, "dept".to_owned(), dept),
+            (true, of.day, "key".to_owned(), of.key_id.to_string()),
+            (true, of.day, "member".to_owned(), of.member_id.to_string()),
+        ];
+        for (by_day, start, dimension, group) in rows.into_iter().chain(tag_rows) {
+            let sums = if by_day { &mut self.daily } else { &mut self.hourly };
             add_to(
-                self.member_hours
-                    .entry((r.workspace_id, r.member_id, hour))
+                sums.entry((of.workspace_id, start, dimension, group))
                     .or_default(),
                 values,
             );
-            // Tag values are bounded by the workspace's caps (max_tag_keys × max_tag_values).
-            let tags = crate::kernel::tags::Tags::from_stored(r.tags.as_deref());
-            let tag_rows = tags
-                .iter()
-                .map(|(k, v)| (false, hour, format!("tag:{k}"), v.to_owned()));
-            let rows = [
-                (false, hour, "model".to_owned(), model),
-                (false, hour, "dept".to_owned(), dept),
-                (true, day, "key".to_owned(), r.key_id.to_string()),
-                (true, day, "member".to_owned(), r.member_id.to_string()),
-            ];
-            for (by_day, start, dimension, group) in rows.into_iter().chain(tag_rows) {
-                let sums = if by_day { &mut self.daily } else { &mut self.hourly };
-                add_to(
-                    sums.entry((r.workspace_id, start, dimension, group)).or_default(),
-                    values,
-                );
-            }
         }
     }
 
