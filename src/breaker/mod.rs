@@ -292,40 +292,6 @@ impl Breakers {
         self.redis.get()
     }
 
-    /// Redis's standing of a key after a write of this gateway: adopted as a row of the store
-    /// (trips only rise, a block only extends). A ban the script made here was told to no
-    /// request: the next refusal here gets the first wording.
-    pub fn learn(&self, s: &shared::Standing) {
-        let mut keys = self.keys.lock().unwrap_or_else(|p| p.into_inner());
-        adopt(&mut keys, s.key_id, s.trips, s.blocked_until, s.banned);
-        if let Some(t) = &s.tripped {
-            if t.banned
-                && let Some(k) = keys.get_mut(&s.key_id)
-            {
-                k.announced = false;
-            }
-            let step = if t.banned {
-                "ban".to_owned()
-            } else {
-                t.trip.to_string()
-            };
-            metrics::counter!("aigw_breaker_trips_total", "step" => step).increment(1);
-        }
-    }
-
-    /// Applies a breaker notice heard on the locks channel; false if `payload` is no breaker
-    /// notice (it is the locks'). Another gateway's trip applies here at once.
-    pub fn hear(&self, payload: &[u8]) -> bool {
-        if !shared::is_notice(payload) {
-            return false;
-        }
-        if let Some((key_id, trips, blocked_until, banned)) = self.redis().and_then(|r| r.heard(payload)) {
-            let mut keys = self.keys.lock().unwrap_or_else(|p| p.into_inner());
-            adopt(&mut keys, key_id, trips, blocked_until, banned);
-        }
-        true
-    }
-
     /// What the console shows of a key's breaker: lifetime trips, blocked until (Unix ms, if the
     /// block is still running at `now_ms`), banned.
     pub fn standing(&self, key_id: i64, now_ms: i64) -> (u32, Option<i64>, bool) {

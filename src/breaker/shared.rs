@@ -37,7 +37,7 @@ use std::time::Duration;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use tokio_util::sync::CancellationToken;
 
-use super::{LADDER_SECS, MIN_REQUESTS, Trip, WINDOW_SECS};
+use super::{Breakers, LADDER_SECS, MIN_REQUESTS, Trip, WINDOW_SECS, adopt};
 use crate::quota::shared::bounded;
 
 /// Most keys one write carries (one script holds Redis for its run).
@@ -386,11 +386,49 @@ impl SharedBreakers {
         }
     }
 
-    /// A notice heard on the channel: `(key, trips, blocked_until, banned)` if it is a breaker
-    /// notice of another gateway, well-formed; `None` also for this gateway's own.
-    pub fn heard(&self, payload: &[u8]) -> Option<(i64, u32, Option<i64>, bool)> {
+    /// A notice heard on the channel, if it is a well-formed breaker notice of another gateway
+    /// (`None` also for this gateway's own).
+    pub fn heard(&self, payload: &[u8]) -> Option<Notice> {
         let (origin, notice) = decode(payload)?;
         (origin != self.origin).then_some(notice)
+    }
+}
+
+impl Breakers {
+    /// Redis's standing of a key after a write of this gateway: adopted as a row of the store
+    /// (trips only rise, a block only extends). A ban the script made here was told to no
+    /// request: the next refusal here gets the first wording.
+    pub fn learn(&self, s: &Standing) {
+        let mut keys = self.keys.lock().unwrap_or_else(|p| p.into_inner());
+        let was_banned = keys.get(&s.key_id).is_some_and(|k| k.banned);
+        adopt(&mut keys, s.key_id, s.trips, s.blocked_until, s.banned);
+        if let Some(t) = &s.tripped {
+            if t.banned
+                && !was_banned
+                && let Some(k) = keys.get_mut(&s.key_id)
+            {
+                k.announced = false;
+            }
+            let step = if t.banned {
+                "ban".to_owned()
+            } else {
+                t.trip.to_string()
+            };
+            metrics::counter!("aigw_breaker_trips_total", "step" => step).increment(1);
+        }
+    }
+
+    /// Applies a breaker notice heard on the locks channel; false if `payload` is no breaker
+    /// notice (it is the locks'). Another gateway's trip applies here at once.
+    pub fn hear(&self, payload: &[u8]) -> bool {
+        if !is_notice(payload) {
+            return false;
+        }
+        if let Some(n) = self.redis().and_then(|r| r.heard(payload)) {
+            let mut keys = self.keys.lock().unwrap_or_else(|p| p.into_inner());
+            adopt(&mut keys, n.key_id, n.trips, n.blocked_until, n.banned);
+        }
+        true
     }
 }
 
@@ -439,8 +477,21 @@ fn standings(items: &[(i64, Queued)], answer: &[i64], now_ms: i64) -> Vec<Standi
         .collect()
 }
 
+/// What a breaker notice tells: another gateway tripped a key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Notice {
+    /// The key.
+    pub key_id: i64,
+    /// Its lifetime trips.
+    pub trips: u32,
+    /// Blocked until, Unix ms.
+    pub blocked_until: Option<i64>,
+    /// Banned for good.
+    pub banned: bool,
+}
+
 /// Reads a breaker notice: `<origin> breaker <key> <trips> <blocked_until ms|0> <0|1>`.
-pub fn decode(payload: &[u8]) -> Option<(&str, (i64, u32, Option<i64>, bool))> {
+pub fn decode(payload: &[u8]) -> Option<(&str, Notice)> {
     let text = std::str::from_utf8(payload).ok().filter(|t| t.len() <= 256)?;
     let mut f = text.split(' ');
     let origin = f.next().filter(|o| !o.is_empty())?;
@@ -458,7 +509,13 @@ pub fn decode(payload: &[u8]) -> Option<(&str, (i64, u32, Option<i64>, bool))> {
     if f.next().is_some() {
         return None;
     }
-    Some((origin, (key, trips, (until > 0).then_some(until), banned)))
+    let notice = Notice {
+        key_id: key,
+        trips,
+        blocked_until: (until > 0).then_some(until),
+        banned,
+    };
+    Some((origin, notice))
 }
 
 /// Whether a message on the channel is a breaker notice (well-formed or not): the breaker's, not
@@ -477,12 +534,18 @@ mod tests {
     #[test]
     fn notices_read_back_and_malformed_ones_are_refused() {
         // (message, what it tells)
-        let cases: &[(&[u8], Option<(i64, u32, Option<i64>, bool)>)] = &[
+        let n = |key_id, trips, blocked_until, banned| Notice {
+            key_id,
+            trips,
+            blocked_until,
+            banned,
+        };
+        let cases: &[(&[u8], Option<Notice>)] = &[
             (
                 b"gw breaker 7 1 1764554430000 0",
-                Some((7, 1, Some(1_764_554_430_000), false)),
+                Some(n(7, 1, Some(1_764_554_430_000), false)),
             ),
-            (b"gw breaker 7 5 0 1", Some((7, 5, None, true))),
+            (b"gw breaker 7 5 0 1", Some(n(7, 5, None, true))),
             (b"gw breaker 0 1 0 0", None),
             (b"gw breaker 7 -1 0 0", None),
             (b"gw breaker 7 1 -5 0", None),
