@@ -122,6 +122,7 @@ both_backends!(
     a_burst_in_flight_on_both_gateways_trips_once_per_step,
     a_ban_reaches_the_other_gateway_at_once,
     redis_away_the_store_shared_window_still_trips,
+    an_emptied_redis_takes_the_trip_count_back_from_the_gateways,
 );
 
 /// 60 failures on A, 50 on B: neither gateway alone has 100 requests, the two together trip the
@@ -268,6 +269,51 @@ async fn redis_away_the_store_shared_window_still_trips(db: TestDb) {
     let trips = recorded(&[&b, &a], key_id).await;
     assert_eq!(trips.len(), 1, "{trips:?}");
     assert_open(&a, 30).await;
+    a.stop().await;
+    b.stop().await;
+}
+
+/// Waits (20 s at most) until `app` takes Redis for up and has written all it queued.
+async fn until_redis_up(app: &TestApp) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let shared = app.state.breakers.redis().expect("redis_url is set");
+    while !(shared.is_up() && shared.settled()) {
+        assert!(Instant::now() < deadline, "redis never came back");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Redis restarted empty after the key's first trip: the next trip, made on the two gateways'
+/// combined window, is the second step (2 min), the trip count taken back from the gateways,
+/// never counted from 0.
+async fn an_emptied_redis_takes_the_trip_count_back_from_the_gateways(db: TestDb) {
+    let Some(mut redis) = RedisServer::start() else {
+        return;
+    };
+    let mock = MockUpstream::start().await.unwrap();
+    let a = gateway(&db, &mock, redis.url()).await;
+    let b = gateway(&db, &mock, redis.url()).await;
+    assert!(send(&a, 100, &bad()).await.iter().all(|s| *s == 400));
+    let key_id = a.logs("acme", 1).await[0].key_id;
+    until_trips(&b, key_id, 1).await;
+    advance(&[&a, &b], 30);
+    redis.restart();
+    assert_eq!(trips_in(&redis, key_id).await, 0, "Redis lost everything");
+    // One failure on each: the writers find Redis again (or lose these to the outage).
+    for app in [&a, &b] {
+        assert_eq!(send(app, 1, &bad()).await, [400]);
+        until_redis_up(app).await;
+    }
+    burst(&[(&a, 90), (&b, 90)], &mock).await;
+    for app in [&a, &b] {
+        until_trips(app, key_id, 2).await;
+        until_settled(app).await;
+    }
+    assert_eq!(trips_in(&redis, key_id).await, 2);
+    assert_open(&a, 120).await;
+    assert_open(&b, 120).await;
+    let trips = recorded(&[&a, &b], key_id).await;
+    assert_eq!(trips.len(), 2, "{trips:?}");
     a.stop().await;
     b.stop().await;
 }
