@@ -239,6 +239,15 @@ impl Gateway {
         let sessions = crate::auth::session::Sessions::new(jwt_secret.expose());
         let breakers = crate::breaker::Breakers::default();
         breakers.load(&store).await?;
+        if let Some(url) = &settings.redis_url {
+            // The breaker's window and standings shared at once (issue 44); its trips are
+            // published on the locks' channel, whose subscriber hears them.
+            let timeout = Duration::from_millis(settings.redis_timeout_ms);
+            let channel = crate::upstream::pool::shared::CHANNEL;
+            let shared = crate::breaker::shared::SharedBreakers::connect(url.expose(), timeout, channel)
+                .map_err(StartError::Config)?;
+            breakers.share_through(Arc::new(shared));
+        }
         let locks = crate::upstream::pool::locks::Locks::default();
         locks.load(&store, clock.now_ms(), true).await?;
         let connections = crate::edge::client_conn::ConnectionSlots::new(settings.max_client_connections);
@@ -312,6 +321,7 @@ impl Gateway {
         background::start_store_upkeep(state.clone());
         background::start_alert_delivery(state.clone());
         background::start_shared_locks(state.clone(), subscription);
+        background::start_shared_breakers(state.clone());
         if let Some(shared) = state.quota.shared() {
             state.tasks.spawn(shared.clone().run(state.shutdown.clone()));
         }

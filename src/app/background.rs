@@ -87,6 +87,8 @@ pub(super) fn start_shared_locks(state: AppState, first: Option<redis::aio::PubS
             loop {
                 tokio::select! {
                     message = stream.next() => match message {
+                        // A breaker notice is the breaker's; anything else the locks'.
+                        Some(m) if s.breakers.hear(m.get_payload_bytes()) => {}
                         Some(m) => shared.hear(&s.locks, m.get_payload_bytes(), s.clock.now_ms()),
                         None => break,
                     },
@@ -95,6 +97,39 @@ pub(super) fn start_shared_locks(state: AppState, first: Option<redis::aio::PubS
             }
             shared.note_subscribed(false, "connection closed");
         }
+    });
+}
+
+/// With `redis_url`: the writer of the breaker's outcomes and trips to Redis
+/// (`breaker::shared`). A trip Redis's script made in this gateway's write is adopted here and
+/// persisted as a trip decided here is; the others hear it on the locks' channel.
+pub(super) fn start_shared_breakers(state: AppState) {
+    let Some(shared) = state.breakers.redis().cloned() else {
+        return;
+    };
+    let s = state.clone();
+    state.tasks.spawn(async move {
+        let now_ms = || s.clock.now_ms();
+        let learn = |standing: crate::breaker::shared::Standing| {
+            s.breakers.learn(&standing);
+            let Some(t) = standing.tripped else { return };
+            tracing::warn!(
+                key = standing.key_id,
+                trip = t.trip,
+                banned = t.banned,
+                "API key breaker tripped across gateways"
+            );
+            let (state, key) = (s.clone(), standing.key_id);
+            s.spawn_background(async move {
+                state
+                    .store
+                    .write_until_done("persisting a breaker trip", &state.shutdown, || {
+                        crate::breaker::persist(&state.store, key, &t)
+                    })
+                    .await;
+            });
+        };
+        shared.run(&now_ms, &learn, s.shutdown.clone()).await;
     });
 }
 

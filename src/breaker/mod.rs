@@ -16,10 +16,16 @@
 //! the key's first failure here or when it learns that another gateway shared failures of it
 //! (each flush looks for keys with failures shared in the last seconds, [`DISCOVERY_SECS`]).
 //! With 100,000 keys that mostly succeed, that is no row a request instead of one.
+//!
+//! With `redis_url`, the same outcomes also go to Redis after completion, where every gateway's
+//! window is judged at once and a trip is made once across them ([`shared`]); the store path
+//! keeps running beside it, and is what judges keys while Redis is away.
+
+pub mod shared;
 
 use std::collections::HashMap;
-use std::sync::Mutex;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use chrono::{DateTime, Utc};
 use smallvec::SmallVec;
@@ -250,6 +256,8 @@ pub struct Breakers {
     swept: std::sync::atomic::AtomicI64,
     /// The second of the last look for failures the other gateways shared.
     looked: std::sync::atomic::AtomicI64,
+    /// The window and standings shared through Redis, when `redis_url` is set.
+    redis: OnceLock<Arc<shared::SharedBreakers>>,
 }
 
 /// How often a flush forgets the keys with nothing in their window, in seconds.
@@ -268,29 +276,20 @@ impl Breakers {
             banned,
         } in rows
         {
-            // A ban loaded from the store was told to its client before (restart, replica).
-            let k = keys.entry(key_id).or_insert_with(|| KeyBreaker {
-                announced: banned == 1,
-                ..KeyBreaker::default()
-            });
             let trips = u32::try_from(trips).unwrap_or(u32::MAX);
-            if trips > k.trips {
-                // Another gateway tripped the key: the window starts empty here too.
-                k.clear_window();
-            }
-            if trips >= k.trips {
-                k.trips = trips;
-                k.blocked_until = blocked_until.max(k.blocked_until);
-                // A ban learnt from the store was made, and told, elsewhere (another gateway,
-                // or before a restart): only the request that banned the key gets the first
-                // wording, so every refusal here gets the second.
-                if banned == 1 && !k.banned {
-                    k.banned = true;
-                    k.announced = true;
-                }
-            }
+            adopt(&mut keys, key_id, trips, blocked_until, banned == 1);
         }
         Ok(())
+    }
+
+    /// Shares the window and standings through Redis from now on ([`shared`]).
+    pub fn share_through(&self, redis: Arc<shared::SharedBreakers>) {
+        let _ = self.redis.set(redis);
+    }
+
+    /// The Redis side, when `redis_url` is set.
+    pub fn redis(&self) -> Option<&Arc<shared::SharedBreakers>> {
+        self.redis.get()
     }
 
     /// What the console shows of a key's breaker: lifetime trips, blocked until (Unix ms, if the
@@ -370,6 +369,15 @@ impl Breakers {
             }
         };
         drop(keys);
+        if let Some(r) = self.redis().filter(|r| r.is_up()) {
+            r.queue_outcomes(
+                key_id,
+                share.iter().map(|((_, s), n)| (*s, n.trip, n.total, n.failed)),
+            );
+            if let Some(t) = &trip {
+                r.queue_trip(key_id, t);
+            }
+        }
         self.add_pending(share);
         if let Some(t) = &trip {
             let step = if t.banned {
@@ -431,6 +439,11 @@ impl Breakers {
             }
         }
         drop(keys);
+        if let Some(r) = self.redis().filter(|r| r.is_up()) {
+            for (key, n) in &share {
+                r.queue_outcomes(key.0, [(key.1, n.trip, n.total, n.failed)]);
+            }
+        }
         self.add_pending(share);
         Ok(())
     }
@@ -548,6 +561,34 @@ impl Breakers {
     pub fn banned_keys(&self) -> usize {
         let keys = self.keys.lock().unwrap_or_else(|p| p.into_inner());
         keys.values().filter(|k| k.banned).count()
+    }
+}
+
+/// Adopts a key's standing learnt elsewhere (the store, Redis, another gateway's notice): trips
+/// only rise (a rise empties the window here too), a block only extends, a ban stays.
+fn adopt(
+    keys: &mut HashMap<i64, KeyBreaker>,
+    key_id: i64,
+    trips: u32,
+    blocked_until: Option<i64>,
+    banned: bool,
+) {
+    // A ban learnt from elsewhere was made, and told, elsewhere (another gateway, or before a
+    // restart): only the request that banned the key gets the first wording.
+    let k = keys.entry(key_id).or_insert_with(|| KeyBreaker {
+        announced: banned,
+        ..KeyBreaker::default()
+    });
+    if trips > k.trips {
+        k.clear_window();
+    }
+    if trips >= k.trips {
+        k.trips = trips;
+        k.blocked_until = blocked_until.max(k.blocked_until);
+        if banned && !k.banned {
+            k.banned = true;
+            k.announced = true;
+        }
     }
 }
 

@@ -30,6 +30,7 @@ mod openapi;
 mod owner_limits;
 mod proxy;
 mod quota;
+mod redis_breaker;
 mod redis_corroboration;
 mod redis_locks;
 mod redis_quota;

@@ -78,7 +78,7 @@ impl RedisServer {
     }
 
     /// Starts it again on the same port, empty.
-    fn restart(&mut self) {
+    pub(crate) fn restart(&mut self) {
         self.kill();
         self.launch().expect("redis-server restarts");
     }
