@@ -197,18 +197,19 @@ struct AnswerShape<'a> {
     content: Option<&'a RawValue>,
     #[serde(borrow, rename = "type")]
     kind: Option<&'a RawValue>,
-    /// Read here too, so that the body is parsed once: the usage counted comes from this.
+    /// Read here too, so that the body is parsed once: the usage counted comes from this, as
+    /// sent ([`super::usage::UsageReport::read_raw`]).
     #[serde(default)]
-    usage: Option<serde_json::Value>,
+    usage: Option<Box<RawValue>>,
 }
 
 /// Checks that a complete (not streamed) answer is what `endpoint` promises (DESIGN.md §9): one
 /// well-formed JSON object, whole, with the endpoint's defining field — `choices` (chat), `data`
 /// (embeddings) as arrays, `content` as an array or `"type":"message"` (messages). Fields beyond
 /// those are not looked at but `usage`, the answer's usage block, returned (`None` when absent or
-/// `null`) for [`super::usage::UsageReport::read`]: one parse of the body serves both. The error
+/// `null`) for [`super::usage::UsageReport::read_raw`]: one parse of the body serves both. The error
 /// says what is wrong without quoting the body.
-pub fn check_answer(endpoint: Endpoint, body: &[u8]) -> Result<Option<serde_json::Value>, String> {
+pub fn check_answer(endpoint: Endpoint, body: &[u8]) -> Result<Option<Box<RawValue>>, String> {
     let Some(&first) = body.trim_ascii_start().first() else {
         return Err("an empty body".to_owned());
     };

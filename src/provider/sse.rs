@@ -325,7 +325,7 @@ impl SseTap {
         let mut usage_chunk = false;
         if usage_object && let Ok(chunk) = serde_json::from_slice::<UsageChunk>(data) {
             if let Some(u) = &chunk.usage {
-                let read = UsageReport::read(Endpoint::ChatCompletions, u, self.ceiling);
+                let read = UsageReport::read_raw(Endpoint::ChatCompletions, u, self.ceiling);
                 self.usage.merge(read);
             }
             usage_chunk = chunk.choices.is_some_and(|c| {
@@ -517,7 +517,8 @@ const USAGE_NULL: &[u8] = b"\"usage\":null";
 /// The two fields of a chunk that tell whether it is the usage chunk.
 #[derive(Deserialize)]
 struct UsageChunk<'a> {
-    usage: Option<Value>,
+    #[serde(borrow)]
+    usage: Option<&'a RawValue>,
     #[serde(borrow)]
     choices: Option<&'a RawValue>,
 }

@@ -9,6 +9,10 @@
 //! stream cut short), logs the request as estimated, and warns about an invalid one. Every
 //! figure that leaves this module is within the ceiling, so nothing downstream can overflow.
 
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+
+use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 use super::adapter::Endpoint;
@@ -32,10 +36,34 @@ impl UsageReport {
         if usage.is_null() {
             return UsageReport::Missing;
         }
-        let read = match endpoint {
-            Endpoint::Messages => read_anthropic(usage, ceiling),
-            Endpoint::ChatCompletions | Endpoint::Embeddings => read_openai(usage, endpoint, ceiling),
-        };
+        Self::checked(endpoint, Counts::of(usage, ceiling))
+    }
+
+    /// [`UsageReport::read`] of a usage block as the upstream sent it: its fields are looked up
+    /// without building the block (no key nor nested object copied), only the counts read are
+    /// parsed. A block whose field names are escaped is read as a whole, the same.
+    pub fn read_raw(endpoint: Endpoint, usage: &RawValue, ceiling: u64) -> UsageReport {
+        match serde_json::from_str::<BTreeMap<&str, &RawValue>>(usage.get()) {
+            Ok(fields) => Self::checked(
+                endpoint,
+                Ok(Counts {
+                    fields: Fields::Raw(fields),
+                    ceiling,
+                }),
+            ),
+            Err(_) => match serde_json::from_str::<Value>(usage.get()) {
+                Ok(value) => Self::read(endpoint, &value, ceiling),
+                // A raw value is well-formed JSON: not reached.
+                Err(_) => UsageReport::Invalid("usage is not JSON".to_owned()),
+            },
+        }
+    }
+
+    fn checked(endpoint: Endpoint, counts: Result<Counts<'_>, String>) -> UsageReport {
+        let read = counts.and_then(|c| match endpoint {
+            Endpoint::Messages => read_anthropic(&c),
+            Endpoint::ChatCompletions | Endpoint::Embeddings => read_openai(&c, endpoint),
+        });
         match read {
             Ok(u) => UsageReport::Valid(u),
             Err(why) => UsageReport::Invalid(why),
@@ -166,8 +194,7 @@ fn text_bytes(v: &Value, skip: &str) -> u64 {
 }
 
 /// OpenAI's shape: `prompt_tokens`, `completion_tokens` (not for embeddings), `total_tokens`.
-fn read_openai(usage: &Value, endpoint: Endpoint, ceiling: u64) -> Result<Usage, String> {
-    let c = Counts::of(usage, ceiling)?;
+fn read_openai(c: &Counts<'_>, endpoint: Endpoint) -> Result<Usage, String> {
     let prompt = c.required("prompt_tokens")?;
     let completion = match endpoint {
         Endpoint::Embeddings => c.optional("completion_tokens")?.unwrap_or(0),
@@ -190,8 +217,7 @@ fn read_openai(usage: &Value, endpoint: Endpoint, ceiling: u64) -> Result<Usage,
 
 /// Anthropic's shape: `input_tokens`, `output_tokens`, and the cache writes and reads, which
 /// count as prompt.
-fn read_anthropic(usage: &Value, ceiling: u64) -> Result<Usage, String> {
-    let c = Counts::of(usage, ceiling)?;
+fn read_anthropic(c: &Counts<'_>) -> Result<Usage, String> {
     let input = c.required("input_tokens")?;
     let written = c.optional("cache_creation_input_tokens")?.unwrap_or(0);
     let read = c.optional("cache_read_input_tokens")?.unwrap_or(0);
@@ -206,21 +232,42 @@ fn read_anthropic(usage: &Value, ceiling: u64) -> Result<Usage, String> {
 
 /// The token counts of one usage object, each read within the ceiling.
 struct Counts<'a> {
-    fields: &'a Map<String, Value>,
+    fields: Fields<'a>,
     ceiling: u64,
+}
+
+/// A usage object's fields: parsed, or as sent.
+enum Fields<'a> {
+    Parsed(&'a Map<String, Value>),
+    Raw(BTreeMap<&'a str, &'a RawValue>),
+}
+
+impl Fields<'_> {
+    fn get(&self, field: &str) -> Option<Cow<'_, Value>> {
+        match self {
+            Fields::Parsed(fields) => fields.get(field).map(Cow::Borrowed),
+            // A raw value is well-formed JSON: it parses.
+            Fields::Raw(fields) => fields
+                .get(field)
+                .map(|raw| Cow::Owned(serde_json::from_str(raw.get()).unwrap_or(Value::Null))),
+        }
+    }
 }
 
 impl<'a> Counts<'a> {
     fn of(usage: &'a Value, ceiling: u64) -> Result<Counts<'a>, String> {
         match usage {
-            Value::Object(fields) => Ok(Counts { fields, ceiling }),
+            Value::Object(fields) => Ok(Counts {
+                fields: Fields::Parsed(fields),
+                ceiling,
+            }),
             other => Err(format!("usage is {}, not an object", describe(other))),
         }
     }
 
     /// A count that may be left out (or `null`).
     fn optional(&self, field: &str) -> Result<Option<u64>, String> {
-        match self.fields.get(field) {
+        match self.fields.get(field).as_deref() {
             None | Some(Value::Null) => Ok(None),
             Some(v) => match v.as_u64() {
                 Some(n) if n <= self.ceiling => Ok(Some(n)),
@@ -365,6 +412,7 @@ mod tests {
                 Some(w) => assert_eq!(&got, w, "{block}"),
                 None => assert!(got.invalid_reason().is_some(), "{block} read as {got:?}"),
             }
+            assert_eq!(read_as_sent(*endpoint, block), got, "{block} as sent");
         }
     }
 
@@ -399,6 +447,48 @@ mod tests {
                 Some(w) => assert_eq!(&got, w, "{block}"),
                 None => assert!(got.invalid_reason().is_some(), "{block} read as {got:?}"),
             }
+            assert_eq!(read_as_sent(m, block), got, "{block} as sent");
+        }
+    }
+
+    /// [`UsageReport::read_raw`] of `block` as an upstream would send it.
+    fn read_as_sent(endpoint: Endpoint, block: &Value) -> UsageReport {
+        let raw = serde_json::value::to_raw_value(block).unwrap();
+        UsageReport::read_raw(endpoint, &raw, CEILING)
+    }
+
+    #[test]
+    fn blocks_as_sent_read_as_parsed() {
+        let chat = Endpoint::ChatCompletions;
+        // (the block's text, what it reads as)
+        let cases: &[(&str, UsageReport)] = &[
+            (r#"{"prompt_tokens":3,"completion_tokens":4}"#, usage(3, 4)),
+            // Escaped names are read the same, through the parsed block.
+            (r#"{"prompt\u005ftokens":3,"completion_tokens":4}"#, usage(3, 4)),
+            // The last of a repeated field counts, as when parsed.
+            (
+                r#"{"prompt_tokens":9,"prompt_tokens":3,"completion_tokens":4}"#,
+                usage(3, 4),
+            ),
+            (
+                r#"{"prompt_tokens":3,"completion_tokens":4,"prompt_tokens_details":{"cached_tokens":1}}"#,
+                usage(3, 4),
+            ),
+            ("null", UsageReport::Missing),
+            (
+                "[1]",
+                UsageReport::Invalid("usage is an array, not an object".to_owned()),
+            ),
+            (
+                r#"{"prompt_tokens":"3","completion_tokens":4}"#,
+                UsageReport::Invalid("prompt_tokens is a string, not a whole number of tokens".to_owned()),
+            ),
+        ];
+        for (text, want) in cases {
+            let raw = RawValue::from_string((*text).to_owned()).unwrap();
+            assert_eq!(&UsageReport::read_raw(chat, &raw, CEILING), want, "{text}");
+            let parsed: Value = serde_json::from_str(text).unwrap();
+            assert_eq!(&UsageReport::read(chat, &parsed, CEILING), want, "{text} parsed");
         }
     }
 

@@ -124,7 +124,7 @@ fn complete(
     let endpoint = asked.endpoint;
     let ceiling = asked.state.settings.max_usage_tokens;
     let reported = match usage_block {
-        Some(block) => UsageReport::read(native, &block, ceiling),
+        Some(block) => UsageReport::read_raw(native, &block, ceiling),
         None => UsageReport::Missing,
     };
     let ttfb = Some(completion.started().elapsed());

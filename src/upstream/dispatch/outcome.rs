@@ -131,7 +131,10 @@ pub struct Complete {
     /// when the answer was checked (one parse of the body), and the endpoint whose format that
     /// is: a translated answer's (`body` is in the client's format) is checked in the provider's
     /// own words, as a translation may hide what was wrong with it.
-    pub usage: (crate::provider::adapter::Endpoint, Option<serde_json::Value>),
+    pub usage: (
+        crate::provider::adapter::Endpoint,
+        Option<Box<serde_json::value::RawValue>>,
+    ),
 }
 
 /// How dispatch ended.
