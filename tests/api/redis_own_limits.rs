@@ -48,6 +48,26 @@ async fn until_counted(app: &TestApp, credential: i64, which: usize, want: i64) 
     }
 }
 
+/// Waits (20 s at most) until `app` takes Redis for `up` or away.
+async fn until_redis(app: &TestApp, up: bool) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let shared = app.state.admission.redis().expect("redis_url is set");
+    while shared.is_up() != up {
+        assert!(Instant::now() < deadline, "Redis never taken for up = {up}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Redis's count of `credential`'s requests in `app`'s current minute.
+async fn in_redis(redis: &RedisServer, app: &TestApp, credential: i64) -> Option<i64> {
+    use aigw::upstream::pool::{admission::Count, own_shared::redis_key};
+    let now = app.clock.now_ms();
+    let key = redis_key(credential, Count::MinuteRequests, now - now.rem_euclid(60_000));
+    let client = redis::Client::open(redis.url()).expect("url");
+    let mut c = client.get_multiplexed_async_connection().await.expect("connect");
+    redis::cmd("GET").arg(key).query_async(&mut c).await.expect("get")
+}
+
 async fn status(app: &TestApp) -> u16 {
     app.post_json("/v1/chat/completions", KEY, &chat("m1"))
         .await
@@ -73,6 +93,7 @@ both_backends!(
     a_full_credential_fails_over_on_the_other_gateway_at_once,
     tokens_per_minute_counted_at_completion_reach_the_other_gateway,
     redis_away_the_store_still_shares_own_limits,
+    a_batch_a_paused_redis_ran_late_counts_once,
 );
 
 /// 4 requests/minute, 2 sent on each gateway: the next one on either is refused at once, though
@@ -182,11 +203,37 @@ async fn redis_away_the_store_still_shares_own_limits(db: TestDb) {
     assert_exhausted(&a).await;
     assert_exhausted(&b).await;
     assert_eq!(mock.call_count(), 2, "2 between both gateways through the store");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while a.state.admission.redis().is_some_and(|r| r.is_up()) {
-        assert!(Instant::now() < deadline, "Redis never taken for away");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    until_redis(&a, false).await;
+    a.stop().await;
+    b.stop().await;
+}
+
+/// Redis paused (SIGSTOP) while A writes its request: the write times out and is sent again until
+/// Redis answers; resumed, Redis runs every copy it was sent, and the request counts once.
+async fn a_batch_a_paused_redis_ran_late_counts_once(db: TestDb) {
+    let Some(redis) = RedisServer::start() else {
+        return;
+    };
+    let mock = MockUpstream::start().await.unwrap();
+    let limits = "limits = { requests_per_minute = 3 }";
+    let text = pool_of(&[("solo", &mock.base_url(), "cred-solo", r#"["m1"]"#, limits)]);
+    let a = gateway(&db, &text, redis.url()).await;
+    let b = gateway(&db, &text, redis.url()).await;
+    let solo = a.credential_id("solo").await;
+    redis.signal("-STOP");
+    assert_eq!(status(&a).await, 200, "admitted in memory, Redis paused");
+    until_redis(&a, false).await;
+    redis.signal("-CONT");
+    until_redis(&a, true).await;
+    assert_eq!(in_redis(&redis, &a, solo).await, Some(1), "counted once");
+    assert_eq!(a.state.admission.used(solo, a.clock.now_ms())[0], 1);
+    assert_eq!(status(&b).await, 200);
+    until_counted(&a, solo, 0, 2).await;
+    assert_eq!(status(&a).await, 200);
+    until_counted(&b, solo, 0, 3).await;
+    assert_exhausted(&a).await;
+    assert_exhausted(&b).await;
+    assert_eq!(mock.call_count(), 3);
     a.stop().await;
     b.stop().await;
 }
