@@ -538,6 +538,8 @@ async fn read_totals(store: &Store, now_ms: i64) -> StoreResult<Vec<(i64, Count,
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     /// 2026-12-01T02:00:00Z, a minute and not a day boundary.
@@ -765,6 +767,41 @@ mod tests {
             None,
             "not doubled here"
         );
+    }
+
+    #[tokio::test]
+    async fn redis_totals_only_make_admission_stricter() {
+        let adm = Admission::default();
+        // Connected lazily: nothing is sent, the writer is not running.
+        let redis = SharedOwnLimits::connect("redis://127.0.0.1:1/", Duration::from_millis(50), "c");
+        adm.share_through(Arc::new(redis.unwrap()));
+        count_requests(&adm, 7, 1, T0);
+        adm.count_tokens(7, 10, T0);
+        assert_eq!(adm.used(7, T0), [1, 10, 1]);
+        let tpm = (7, Count::MinuteTokens, T0);
+        // Redis answers this gateway's 10 tokens within a total of 25.
+        adm.learn_written(&[(tpm, 10, 25)]);
+        assert_eq!(adm.used(7, T0)[1], 25);
+        assert_eq!(
+            blocked(&adm, 7, &limits(None, Some(25), None), T0),
+            Some(T0 + MINUTE_MS)
+        );
+        // A lower total, or one of an ended window, never lowers the count.
+        adm.learn_written(&[(tpm, 0, 3), ((7, Count::MinuteTokens, T0 - MINUTE_MS), 0, 99)]);
+        assert_eq!(adm.used(7, T0)[1], 25);
+        // Another gateway's notice, for a credential this one has not used too.
+        let notice = format!("other own 7:rpm:{T0}:4 8:rpd:{}:9", DAY0_END - DAY_MS);
+        assert!(adm.hear(notice.as_bytes(), T0));
+        assert_eq!(adm.used(7, T0), [4, 25, 1]);
+        assert_eq!(adm.used(8, T0), [0, 0, 9]);
+        assert!(
+            adm.hear(b"other own 7:rpm:nope", T0),
+            "an own notice, malformed: dropped"
+        );
+        assert!(!adm.hear(b"other lock 7 0 x y", T0), "the locks' notice");
+        // The store's count stands when it is the larger.
+        count_requests(&adm, 7, 5, T0);
+        assert_eq!(adm.used(7, T0)[0], 6);
     }
 
     #[test]
