@@ -248,6 +248,17 @@ impl Gateway {
                 .map_err(StartError::Config)?;
             breakers.share_through(Arc::new(shared));
         }
+        let admission = crate::upstream::pool::admission::Admission::default();
+        if let Some(url) = &settings.redis_url {
+            // The credentials' own-limit counts shared at once (issue 44); the totals each write
+            // answers are published on the locks' channel, whose subscriber hears them.
+            let timeout = Duration::from_millis(settings.redis_timeout_ms);
+            let channel = crate::upstream::pool::shared::CHANNEL;
+            let shared =
+                crate::upstream::pool::own_shared::SharedOwnLimits::connect(url.expose(), timeout, channel)
+                    .map_err(StartError::Config)?;
+            admission.share_through(Arc::new(shared));
+        }
         let locks = crate::upstream::pool::locks::Locks::default();
         locks.load(&store, clock.now_ms(), true).await?;
         let connections = crate::edge::client_conn::ConnectionSlots::new(settings.max_client_connections);
@@ -299,7 +310,7 @@ impl Gateway {
             breakers,
             locks,
             shared_locks,
-            admission: Default::default(),
+            admission,
             corroboration: Default::default(),
             logs,
             http,
@@ -322,6 +333,7 @@ impl Gateway {
         background::start_alert_delivery(state.clone());
         background::start_shared_locks(state.clone(), subscription);
         background::start_shared_breakers(state.clone());
+        background::start_shared_own_limits(state.clone());
         if let Some(shared) = state.quota.shared() {
             state.tasks.spawn(shared.clone().run(state.shutdown.clone()));
         }

@@ -51,7 +51,8 @@ pub struct Inner {
     /// through Redis, when `redis_url` is set.
     pub shared_locks: Option<Arc<crate::upstream::pool::shared::SharedLocks>>,
     /// Upstream credentials' own-limit usage and in-flight slots: decided in memory, the counts
-    /// shared through the store at each flush, the slots per process.
+    /// shared through the store at each flush (and through Redis after each dispatch and
+    /// completion, when `redis_url` is set), the slots per process.
     pub admission: crate::upstream::pool::admission::Admission,
     /// Recent ambiguous 429s per quota group (groot ADR 0008 corroboration).
     pub corroboration: crate::upstream::pool::corroboration::Corroboration,

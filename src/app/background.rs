@@ -87,8 +87,10 @@ pub(super) fn start_shared_locks(state: AppState, first: Option<redis::aio::PubS
             loop {
                 tokio::select! {
                     message = stream.next() => match message {
-                        // A breaker notice is the breaker's; anything else the locks'.
+                        // A breaker notice is the breaker's, an own-limit notice admission's; anything
+                        // else the locks'.
                         Some(m) if s.breakers.hear(m.get_payload_bytes()) => {}
+                        Some(m) if s.admission.hear(m.get_payload_bytes(), s.clock.now_ms()) => {}
                         Some(m) => shared.hear(&s.locks, m.get_payload_bytes(), s.clock.now_ms()),
                         None => break,
                     },
@@ -130,6 +132,19 @@ pub(super) fn start_shared_breakers(state: AppState) {
             });
         };
         shared.run(&now_ms, &learn, s.shutdown.clone()).await;
+    });
+}
+
+/// With `redis_url`: the writer of the credentials' own-limit counts to Redis
+/// (`upstream::pool::own_shared`); the totals it answers are kept by admission, and the others
+/// hear them on the locks' channel.
+pub(super) fn start_shared_own_limits(state: AppState) {
+    let Some(shared) = state.admission.redis().cloned() else {
+        return;
+    };
+    let s = state.clone();
+    state.tasks.spawn(async move {
+        shared.run(&s.admission, s.shutdown.clone()).await;
     });
 }
 

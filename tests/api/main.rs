@@ -33,6 +33,7 @@ mod quota;
 mod redis_breaker;
 mod redis_corroboration;
 mod redis_locks;
+mod redis_own_limits;
 mod redis_quota;
 mod reference;
 mod resources;

@@ -85,7 +85,7 @@ impl RedisServer {
 
     /// Pauses (SIGSTOP) or resumes (SIGCONT) it: a Redis that does not answer, then answers
     /// everything it was sent meanwhile.
-    fn signal(&self, sig: &str) {
+    pub(crate) fn signal(&self, sig: &str) {
         let pid = self.child.as_ref().expect("running").id();
         let ok = Command::new("kill")
             .args([sig, &pid.to_string()])

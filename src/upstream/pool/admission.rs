@@ -5,8 +5,10 @@
 //! Admission is decided in memory: nothing on the request path waits on the database. Own-limit
 //! counts are shared by replicas the way quota counters are: each gateway adds what it counted
 //! to `upstream_counters` at every flush and reads back every gateway's totals, so a gateway
-//! misses at most two flush intervals of the others' traffic (docs/upstreams.md). In-flight
-//! slots stay per process. Windows are aligned in UTC: a minute
+//! misses at most two flush intervals of the others' traffic (docs/upstreams.md). With
+//! `redis_url`, the counts also go to Redis after dispatch and completion ([`super::own_shared`]),
+//! whose totals each gateway keeps as they come back: it then misses at most the others' traffic
+//! since their last write round trip. In-flight slots stay per process. Windows are aligned in UTC: a minute
 //! runs from hh:mm:00.000 to the next minute, a day from 00:00 UTC to the next 00:00 UTC,
 //! whatever the workspace's quota time zone — these limits model the provider's, not a tenant's.
 //!
@@ -16,10 +18,11 @@
 //! completes and the next one is skipped.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+use super::own_shared::SharedOwnLimits;
 use crate::provider::Credential;
 use crate::store::{OwnLimitStore, Store, StoreResult};
 
@@ -58,14 +61,24 @@ struct Shared {
     pending: i64,
     /// Taken by the flush under way, not yet in `global`.
     flushing: i64,
+    /// Every gateway's total as Redis last answered it (a write of this gateway or a notice).
+    redis: i64,
+    /// Queued for Redis here and not in an answer of it yet.
+    unsent: i64,
 }
 
 impl Shared {
-    /// The count as this gateway sees it: the global total and what it has not written yet.
-    fn used(&self) -> i64 {
+    /// This gateway's own total: the store's and what it has not written there yet.
+    fn own(&self) -> i64 {
         self.global
             .saturating_add(self.pending)
             .saturating_add(self.flushing)
+    }
+
+    /// The count as this gateway sees it: its own total, or Redis's and what Redis has not
+    /// answered yet if that is more (Redis only makes admission stricter).
+    fn used(&self) -> i64 {
+        self.own().max(self.redis.saturating_add(self.unsent))
     }
 
     fn add(&mut self, n: i64) {
@@ -75,9 +88,12 @@ impl Shared {
 
 /// The three own-limit counts, as stored in `upstream_counters.counter`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-enum Count {
+pub enum Count {
+    /// Requests of a UTC minute.
     MinuteRequests,
+    /// Tokens of a UTC minute.
     MinuteTokens,
+    /// Requests of a UTC day.
     DayRequests,
 }
 
@@ -94,6 +110,20 @@ impl Count {
 
     fn parse(s: &str) -> Option<Count> {
         Count::ALL.into_iter().find(|c| c.as_str() == s)
+    }
+
+    /// Its name in Redis's keys and notices.
+    pub fn short(self) -> &'static str {
+        match self {
+            Count::MinuteRequests => "rpm",
+            Count::MinuteTokens => "tpm",
+            Count::DayRequests => "rpd",
+        }
+    }
+
+    /// The count named `s` in Redis.
+    pub fn parse_short(s: &str) -> Option<Count> {
+        Count::ALL.into_iter().find(|c| c.short() == s)
     }
 }
 
@@ -127,6 +157,14 @@ impl OwnUsage {
         if day > self.day_start {
             self.day_start = day;
             self.day_requests = Shared::default();
+        }
+    }
+
+    /// The start of the current window of `count`.
+    fn start_of(&self, count: Count) -> i64 {
+        match count {
+            Count::DayRequests => self.day_start,
+            Count::MinuteRequests | Count::MinuteTokens => self.minute_start,
         }
     }
 
@@ -223,6 +261,8 @@ pub struct Admission {
     /// One flush at a time: a second one would see `flushing` counts as written. Holds the
     /// minute whose ended rows the last flush deleted.
     flushing: tokio::sync::Mutex<i64>,
+    /// The counts' shared word through Redis, when `redis_url` is set.
+    redis: OnceLock<Arc<SharedOwnLimits>>,
 }
 
 impl Admission {
@@ -255,6 +295,7 @@ impl Admission {
                 .try_acquire_owned()
                 .map_err(|_| Refusal::Busy(load.slots.clone()))?;
             load.usage.count_request(now_ms);
+            self.share(cred.id, &mut load.usage, REQUESTS, 1);
             Ok(Slot(permit))
         })
     }
@@ -273,6 +314,7 @@ impl Admission {
                 return Err(until_ms);
             }
             load.usage.count_request(now_ms);
+            self.share(cred.id, &mut load.usage, REQUESTS, 1);
             Ok(Slot(permit))
         })
     }
@@ -286,6 +328,7 @@ impl Admission {
                 return false;
             }
             load.usage.count_request(now_ms);
+            self.share(cred.id, &mut load.usage, REQUESTS, 1);
             true
         })
     }
@@ -300,9 +343,86 @@ impl Admission {
     pub fn count_tokens(&self, credential_id: i64, tokens: u64, now_ms: i64) {
         let mut map = self.credentials.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(load) = map.get_mut(&credential_id) {
-            load.usage
-                .count_tokens(i64::try_from(tokens).unwrap_or(i64::MAX), now_ms);
+            let tokens = i64::try_from(tokens).unwrap_or(i64::MAX);
+            load.usage.count_tokens(tokens, now_ms);
+            if tokens > 0 {
+                self.share(credential_id, &mut load.usage, &[Count::MinuteTokens], tokens);
+            }
         }
+    }
+
+    /// Shares the own-limit counts through `shared` from now on (`redis_url` set).
+    pub fn share_through(&self, shared: Arc<SharedOwnLimits>) {
+        let _ = self.redis.set(shared);
+    }
+
+    /// The counts' shared word through Redis, if any.
+    pub fn redis(&self) -> Option<&Arc<SharedOwnLimits>> {
+        self.redis.get()
+    }
+
+    /// Queues for Redis the `n` just counted on `counts` of credential `id`, while Redis answers;
+    /// they stay `unsent` until an answer of Redis holds them.
+    fn share(&self, id: i64, usage: &mut OwnUsage, counts: &[Count], n: i64) {
+        let Some(redis) = self.redis.get().filter(|r| r.is_up()) else {
+            return;
+        };
+        for &count in counts {
+            let start = usage.start_of(count);
+            if let Some(c) = usage.count_mut(count, start) {
+                c.unsent = c.unsent.saturating_add(n);
+                redis.queue((id, count, start), n, c.own());
+            }
+        }
+    }
+
+    /// Redis's answer to a write of this gateway: (counter, what the write added, the total).
+    pub fn learn_written(&self, written: &[((i64, Count, i64), i64, i64)]) {
+        let mut map = self.credentials.lock().unwrap_or_else(|p| p.into_inner());
+        for ((id, count, start), added, total) in written {
+            let Some(c) = map.get_mut(id).and_then(|l| l.usage.count_mut(*count, *start)) else {
+                continue; // its window ended meanwhile
+            };
+            c.unsent = c.unsent.saturating_sub(*added).max(0);
+            c.redis = c.redis.max(*total);
+        }
+    }
+
+    /// Applies an own-limit notice another gateway's write published on the locks channel; false
+    /// if `payload` is no own-limit notice.
+    pub fn hear(&self, payload: &[u8], now_ms: i64) -> bool {
+        if !super::own_shared::is_notice(payload) {
+            return false;
+        }
+        let Some(totals) = self.redis.get().and_then(|r| r.heard(payload)) else {
+            return true;
+        };
+        let mut map = self.credentials.lock().unwrap_or_else(|p| p.into_inner());
+        for ((id, count, start), total) in totals {
+            let load = map
+                .entry(id)
+                .or_insert_with(|| CredentialLoad::new(UNKNOWN_MAX_IN_FLIGHT));
+            load.usage.roll(now_ms);
+            if let Some(c) = load.usage.count_mut(count, start) {
+                c.redis = c.redis.max(total);
+            }
+        }
+        true
+    }
+
+    /// What this gateway counts of a credential's current windows as it last saw them: requests
+    /// and tokens of the minute, requests of the day (tests, diagnostics).
+    pub fn used(&self, credential_id: i64, now_ms: i64) -> [i64; 3] {
+        let mut map = self.credentials.lock().unwrap_or_else(|p| p.into_inner());
+        map.get_mut(&credential_id).map_or([0; 3], |load| {
+            load.usage.roll(now_ms);
+            let u = &load.usage;
+            [
+                u.minute_requests.used(),
+                u.minute_tokens.used(),
+                u.day_requests.used(),
+            ]
+        })
     }
 
     /// Writes what this gateway counted since the last flush to `upstream_counters` in one
@@ -388,6 +508,9 @@ impl Admission {
     }
 }
 
+/// The counts a dispatched request adds to.
+const REQUESTS: &[Count] = &[Count::MinuteRequests, Count::DayRequests];
+
 /// The `max_in_flight` of a load a flush made for a credential this gateway has not admitted
 /// yet: no credential has it, so the first admission sets the real slots.
 const UNKNOWN_MAX_IN_FLIGHT: i64 = i64::MIN;
@@ -415,6 +538,8 @@ async fn read_totals(store: &Store, now_ms: i64) -> StoreResult<Vec<(i64, Count,
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     /// 2026-12-01T02:00:00Z, a minute and not a day boundary.
@@ -642,6 +767,41 @@ mod tests {
             None,
             "not doubled here"
         );
+    }
+
+    #[tokio::test]
+    async fn redis_totals_only_make_admission_stricter() {
+        let adm = Admission::default();
+        // Connected lazily: nothing is sent, the writer is not running.
+        let redis = SharedOwnLimits::connect("redis://127.0.0.1:1/", Duration::from_millis(50), "c");
+        adm.share_through(Arc::new(redis.unwrap()));
+        count_requests(&adm, 7, 1, T0);
+        adm.count_tokens(7, 10, T0);
+        assert_eq!(adm.used(7, T0), [1, 10, 1]);
+        let tpm = (7, Count::MinuteTokens, T0);
+        // Redis answers this gateway's 10 tokens within a total of 25.
+        adm.learn_written(&[(tpm, 10, 25)]);
+        assert_eq!(adm.used(7, T0)[1], 25);
+        assert_eq!(
+            blocked(&adm, 7, &limits(None, Some(25), None), T0),
+            Some(T0 + MINUTE_MS)
+        );
+        // A lower total, or one of an ended window, never lowers the count.
+        adm.learn_written(&[(tpm, 0, 3), ((7, Count::MinuteTokens, T0 - MINUTE_MS), 0, 99)]);
+        assert_eq!(adm.used(7, T0)[1], 25);
+        // Another gateway's notice, for a credential this one has not used too.
+        let notice = format!("other own 7:rpm:{T0}:4 8:rpd:{}:9", DAY0_END - DAY_MS);
+        assert!(adm.hear(notice.as_bytes(), T0));
+        assert_eq!(adm.used(7, T0), [4, 25, 1]);
+        assert_eq!(adm.used(8, T0), [0, 0, 9]);
+        assert!(
+            adm.hear(b"other own 7:rpm:nope", T0),
+            "an own notice, malformed: dropped"
+        );
+        assert!(!adm.hear(b"other lock 7 0 x y", T0), "the locks' notice");
+        // The store's count stands when it is the larger.
+        count_requests(&adm, 7, 5, T0);
+        assert_eq!(adm.used(7, T0)[0], 6);
     }
 
     #[test]

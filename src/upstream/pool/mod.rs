@@ -7,6 +7,7 @@ pub mod admission;
 pub mod classify;
 pub mod corroboration;
 pub mod locks;
+pub mod own_shared;
 pub mod routes;
 pub mod shared;
 pub mod worded_reset;

@@ -1,0 +1,345 @@
+//! The upstream credentials' own-limit counts shared through Redis (issue 44, DESIGN.md §1 and
+//! §11, docs/redis.md). Optional: without `redis_url` nothing here exists and replicas share the
+//! counts through the store alone (`upstream_counters`, read at each flush).
+//!
+//! Invariants:
+//! - Nothing on the request path waits on Redis: admission decides in memory. What a gateway
+//!   counts (requests at dispatch, tokens at completion) is queued, and one writer task sends what
+//!   has queued in one script ([`APPLY`]) per round trip: `INCRBY` of
+//!   `aigw:own:<credential>:<rpm|tpm|rpd>:<window start, Unix ms>`, kept a window and
+//!   [`EXPIRY_MARGIN_SECS`] after each write.
+//! - The script returns each counter's total after the write, which the writer's gateway keeps,
+//!   and publishes them on the locks' channel (`<origin> own <credential>:<count>:<start>:<total>
+//!   …`), which every other gateway keeps too: each gateway misses at most the others' traffic
+//!   since their last write round trip (and the notice's delivery). A count is the larger of
+//!   Redis's and the store's: Redis can only make admission stricter.
+//! - Exactly once: each batch carries this gateway's sequence number; a batch that timed out is
+//!   sent again unchanged and applied only if Redis has not applied it.
+//! - An empty Redis (restart, `FLUSHALL`): a missing counter is set to this gateway's own total
+//!   (the store's as last read plus its unwritten counts), never counted from 0.
+//! - Redis away or slower than `redis_timeout_ms`: nothing is queued for it, and admission counts
+//!   through the store as without Redis, logged once each way.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use tokio_util::sync::CancellationToken;
+
+use super::admission::{Admission, Count};
+use crate::quota::shared::bounded;
+
+/// The word of an own-limit notice on the locks channel.
+pub const NOTICE: &str = "own";
+
+/// Seconds a counter outlives its window's end in Redis at least.
+const EXPIRY_MARGIN_SECS: i64 = 300;
+
+/// Most counters one write carries (one script holds Redis for its run; one notice lists them).
+const MAX_BATCH: usize = 200;
+
+/// How long the writer waits before it tries an absent Redis again.
+const RETRY: Duration = Duration::from_millis(200);
+
+/// Applies one batch of one gateway, once, and answers every counter's total. KEYS[1]: the
+/// gateway's last applied sequence number; KEYS[2..]: the counters. ARGV: the batch's number,
+/// this gateway's origin, the channel; then per counter its label in the notice, its delta, this
+/// gateway's own total (the seed of a missing counter) and the seconds it lives on. A batch
+/// already applied is not applied again, nor published; its totals are answered all the same.
+const APPLY: &str = r"
+local last = tonumber(redis.call('GET', KEYS[1]) or '0')
+local fresh = tonumber(ARGV[1]) > last
+if fresh then redis.call('SET', KEYS[1], ARGV[1], 'EX', 86400) end
+local out = {}
+local notice = ARGV[2] .. ' own'
+for i = 2, #KEYS do
+  local a = 4 + (i - 2) * 4
+  if fresh then
+    if redis.call('EXISTS', KEYS[i]) == 1 then
+      redis.pcall('INCRBY', KEYS[i], ARGV[a + 1])
+    elseif tonumber(ARGV[a + 2]) >= tonumber(ARGV[a + 1]) then
+      redis.call('SET', KEYS[i], ARGV[a + 2])
+    else
+      redis.call('SET', KEYS[i], ARGV[a + 1])
+    end
+    redis.call('EXPIRE', KEYS[i], ARGV[a + 3])
+  end
+  local total = redis.call('GET', KEYS[i]) or '0'
+  table.insert(out, tonumber(total))
+  notice = notice .. ' ' .. ARGV[a] .. ':' .. total
+end
+if fresh then redis.call('PUBLISH', ARGV[3], notice) end
+return out
+";
+
+/// One counter: credential, count, window start (Unix ms).
+pub type Counter = (i64, Count, i64);
+
+/// A counter's counts not yet in Redis.
+#[derive(Clone, Copy, Debug, Default)]
+struct Queued {
+    /// Added here since the last write.
+    add: i64,
+    /// This gateway's own total of the counter (the seed of a missing one).
+    seed: i64,
+}
+
+/// This gateway's side of the shared own-limit counts: the connection, whether Redis answers,
+/// and what is queued for the writer.
+pub struct SharedOwnLimits {
+    /// Reconnects by itself; every call is also bounded.
+    conn: ConnectionManager,
+    /// Longest a round trip may take (`redis_timeout_ms`).
+    timeout: Duration,
+    /// Whether the last exchange succeeded: counts are queued only while it did.
+    up: AtomicBool,
+    /// What is queued, per counter.
+    queued: Mutex<BTreeMap<Counter, Queued>>,
+    /// Wakes the writer.
+    wake: tokio::sync::Notify,
+    /// This gateway's sequence key (one per process).
+    writer_key: String,
+    /// This process's id in its notices (its own are skipped).
+    origin: String,
+    /// The channel notices go on (the locks' channel: one subscriber per gateway hears all).
+    channel: String,
+    /// [`APPLY`], sent by its digest.
+    script: redis::Script,
+}
+
+/// A counter's key in Redis.
+pub fn redis_key(credential_id: i64, count: Count, start_ms: i64) -> String {
+    format!("aigw:own:{credential_id}:{}:{start_ms}", count.short())
+}
+
+impl SharedOwnLimits {
+    /// A client of the Redis at `url`, connected lazily; its notices go on `channel`.
+    pub fn connect(url: &str, timeout: Duration, channel: &str) -> Result<SharedOwnLimits, String> {
+        let client = redis::Client::open(url).map_err(|e| format!("redis_url (AIGW_REDIS_URL): {e}"))?;
+        let write = timeout.max(Duration::from_millis(500));
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(write))
+            .set_response_timeout(Some(write))
+            .set_number_of_retries(1);
+        let conn = ConnectionManager::new_lazy_with_config(client, config)
+            .map_err(|e| format!("redis_url (AIGW_REDIS_URL): {e}"))?;
+        let origin = uuid::Uuid::now_v7().simple().to_string();
+        Ok(SharedOwnLimits {
+            conn,
+            timeout,
+            up: AtomicBool::new(true),
+            queued: Mutex::default(),
+            wake: tokio::sync::Notify::new(),
+            writer_key: format!("aigw:own:writer:{origin}"),
+            origin,
+            channel: channel.to_owned(),
+            script: redis::Script::new(APPLY),
+        })
+    }
+
+    /// Whether Redis answered the last exchange: while it does, counts are queued for it.
+    pub fn is_up(&self) -> bool {
+        self.up.load(Ordering::Relaxed)
+    }
+
+    /// Queues `add` of `counter`; `seed` is this gateway's own total of it, `add` included.
+    pub(super) fn queue(&self, counter: Counter, add: i64, seed: i64) {
+        let mut queued = self.queued.lock().unwrap_or_else(|p| p.into_inner());
+        let q = queued.entry(counter).or_default();
+        q.add = q.add.saturating_add(add);
+        q.seed = q.seed.max(seed);
+        drop(queued);
+        self.wake.notify_one();
+    }
+
+    /// Takes up to [`MAX_BATCH`] queued counters.
+    fn take_batch(&self) -> Vec<(Counter, Queued)> {
+        let mut queued = self.queued.lock().unwrap_or_else(|p| p.into_inner());
+        let mut out = Vec::new();
+        while out.len() < MAX_BATCH {
+            match queued.pop_first() {
+                Some(cq) => out.push(cq),
+                None => break,
+            }
+        }
+        out
+    }
+
+    /// The writer: sends what has queued, one batch per round trip, until `shutdown`; `admission`
+    /// keeps the totals Redis answers. A batch that failed is sent again unchanged (the script
+    /// applies it once) while Redis is taken for away.
+    pub async fn run(&self, admission: &Admission, shutdown: CancellationToken) {
+        let mut seq: u64 = 0;
+        let mut batch: Option<(u64, Vec<(Counter, Queued)>)> = None;
+        loop {
+            if batch.is_none() {
+                let taken = self.take_batch();
+                if !taken.is_empty() {
+                    seq += 1;
+                    batch = Some((seq, taken));
+                } else if shutdown.is_cancelled() {
+                    return;
+                } else if !self.is_up() {
+                    if self.ping().await.is_ok() {
+                        self.came_back();
+                        continue;
+                    }
+                    tokio::select! {
+                        () = tokio::time::sleep(RETRY) => {},
+                        () = shutdown.cancelled() => {},
+                    }
+                    continue;
+                } else {
+                    tokio::select! {
+                        () = self.wake.notified() => {},
+                        () = shutdown.cancelled() => {},
+                    }
+                    continue;
+                }
+            }
+            let Some((n, items)) = &batch else { continue };
+            match self.write(*n, items).await {
+                Ok(totals) => {
+                    let learnt: Vec<(Counter, i64, i64)> = items
+                        .iter()
+                        .zip(totals)
+                        .map(|((c, q), total)| (*c, q.add, total))
+                        .collect();
+                    admission.learn_written(&learnt);
+                    batch = None;
+                    if !self.is_up() && self.ping().await.is_ok() {
+                        self.came_back();
+                    }
+                }
+                Err(e) => {
+                    self.went_down(&e);
+                    if shutdown.is_cancelled() {
+                        return;
+                    }
+                    tokio::select! {
+                        () = tokio::time::sleep(RETRY) => {},
+                        () = shutdown.cancelled() => {},
+                    }
+                }
+            }
+        }
+    }
+
+    /// Runs [`APPLY`] on one batch; every counter's total, in the batch's order.
+    async fn write(&self, seq: u64, items: &[(Counter, Queued)]) -> Result<Vec<i64>, String> {
+        let mut inv = self.script.prepare_invoke();
+        inv.key(&self.writer_key)
+            .arg(seq)
+            .arg(&self.origin)
+            .arg(&self.channel);
+        for ((id, count, start), q) in items {
+            let window_secs = if *count == Count::DayRequests { 86_400 } else { 60 };
+            inv.key(redis_key(*id, *count, *start))
+                .arg(format!("{id}:{}:{start}", count.short()))
+                .arg(q.add)
+                .arg(q.seed)
+                .arg(window_secs + EXPIRY_MARGIN_SECS);
+        }
+        let mut conn = self.conn.clone();
+        let timeout = self.timeout.max(Duration::from_millis(500));
+        let totals = bounded(timeout, inv.invoke_async::<Vec<i64>>(&mut conn)).await?;
+        if totals.len() != items.len() {
+            return Err("unexpected answer from the own-limit script".to_owned());
+        }
+        Ok(totals)
+    }
+
+    async fn ping(&self) -> Result<(), String> {
+        let mut conn = self.conn.clone();
+        let ping = redis::cmd("PING");
+        bounded(self.timeout, ping.query_async::<String>(&mut conn))
+            .await
+            .map(|_| ())
+    }
+
+    /// Notes Redis away; logs it once per outage.
+    fn went_down(&self, why: &str) {
+        if self.up.swap(false, Ordering::Relaxed) {
+            tracing::warn!(error = %why, "redis unreachable: upstream own limits shared through the store until it returns");
+        }
+    }
+
+    /// Notes Redis back; logs it once per outage.
+    fn came_back(&self) {
+        if !self.up.swap(true, Ordering::Relaxed) {
+            tracing::info!("redis reachable again: upstream own limits shared through it");
+        }
+    }
+
+    /// The totals of a notice heard on the channel, if it is a well-formed own-limit notice of
+    /// another gateway (`None` also for this gateway's own).
+    pub fn heard(&self, payload: &[u8]) -> Option<Vec<(Counter, i64)>> {
+        let (origin, totals) = decode(payload)?;
+        (origin != self.origin).then_some(totals)
+    }
+}
+
+/// Whether `payload` is an own-limit notice (well-formed or not: no other reader wants it).
+pub fn is_notice(payload: &[u8]) -> bool {
+    payload
+        .split(|b| *b == b' ')
+        .nth(1)
+        .is_some_and(|w| w == NOTICE.as_bytes())
+}
+
+/// `<origin> own <credential>:<count>:<start>:<total> …`: the origin and the totals; `None` if
+/// any part is malformed.
+fn decode(payload: &[u8]) -> Option<(&str, Vec<(Counter, i64)>)> {
+    let text = std::str::from_utf8(payload).ok()?;
+    let mut f = text.split(' ');
+    let origin = f.next().filter(|o| !o.is_empty())?;
+    if f.next()? != NOTICE {
+        return None;
+    }
+    f.map(|item| {
+        let mut p = item.split(':');
+        let id = p.next()?.parse::<i64>().ok()?;
+        let count = Count::parse_short(p.next()?)?;
+        let start = p.next()?.parse::<i64>().ok()?;
+        let total = p.next()?.parse::<i64>().ok().filter(|t| *t >= 0)?;
+        p.next().is_none().then_some(((id, count, start), total))
+    })
+    .collect::<Option<Vec<_>>>()
+    .map(|totals| (origin, totals))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_and_notices() {
+        assert_eq!(
+            redis_key(7, Count::MinuteTokens, 1_796_090_400_000),
+            "aigw:own:7:tpm:1796090400000"
+        );
+        let n = b"abc own 7:rpm:60000:3 7:rpd:0:12";
+        assert!(is_notice(n));
+        assert_eq!(
+            decode(n),
+            Some((
+                "abc",
+                vec![
+                    ((7, Count::MinuteRequests, 60_000), 3),
+                    ((7, Count::DayRequests, 0), 12)
+                ]
+            ))
+        );
+        for bad in [
+            &b"abc own 7:rpm:60000"[..],
+            b"abc own 7:xyz:0:1",
+            b"abc own 7:rpm:0:-1",
+            b" own 7:rpm:0:1",
+        ] {
+            assert_eq!(decode(bad), None, "{}", String::from_utf8_lossy(bad));
+        }
+        assert!(!is_notice(b"abc breaker 7 1 0 0"));
+    }
+}
