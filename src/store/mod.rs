@@ -513,18 +513,19 @@ impl Store {
     /// connection the pool opened on a serving thread would be driven by that thread's runtime,
     /// which ends with its last request, while the pool keeps the connection
     /// ([`Store::at_home`]).
-    /// The pool of the request logs' writes ([`Store::log_pool`](Store)).
-    fn log_pool(&self) -> &AnyPool {
-        debug_assert!(!self.away_from_home(), "the store was used away from its runtime");
-        &self.log_pool
-    }
-
     fn pool(&self) -> &AnyPool {
         debug_assert!(
             !self.away_from_home(),
             "the store was used away from its runtime (a serving thread?): go through Store::at_home"
         );
         &self.pool
+    }
+
+    /// The pool of the request logs' writes (the field `log_pool`), under the same rule as
+    /// [`Store::pool`].
+    fn log_pool(&self) -> &AnyPool {
+        debug_assert!(!self.away_from_home(), "the store was used away from its runtime");
+        &self.log_pool
     }
 
     /// Whether the caller runs on a runtime other than the one the store was opened on (a
