@@ -250,7 +250,41 @@ impl WindowBounds {
 ///
 /// The result contains `at` for every instant a clock can produce. Only within a day of the
 /// ends of chrono's range (years ±262 000) is `end` clamped to chrono's last instant.
+///
+/// Each thread keeps the last few windows it computed ([`RECENT`]): the windows of a kind and
+/// zone partition time, so a window found there that contains `at` is the one that would be
+/// computed, and a request's policies (and the next requests') mostly share a few of them.
 pub fn bounds(window: Window, at: DateTime<Utc>, tz: Tz) -> Option<WindowBounds> {
+    if window == Window::Total {
+        return None;
+    }
+    RECENT.with_borrow_mut(|(next, recent)| {
+        let known = recent
+            .iter()
+            .flatten()
+            .find(|(w, z, b)| *w == window && *z == tz && b.contains(at));
+        if let Some((_, _, b)) = known {
+            return Some(*b);
+        }
+        let b = computed_bounds(window, at, tz)?;
+        if b.contains(at) {
+            recent[*next] = Some((window, tz, b));
+            *next = (*next + 1) % recent.len();
+        }
+        Some(b)
+    })
+}
+
+/// Windows remembered by kind and zone, and the slot the next one replaces.
+type Recent = (usize, [Option<(Window, Tz, WindowBounds)>; 8]);
+
+thread_local! {
+    /// The windows [`bounds`] computed last on this thread, replaced in turn.
+    static RECENT: std::cell::RefCell<Recent> = const { std::cell::RefCell::new((0, [None; 8])) };
+}
+
+/// [`bounds`] computed.
+fn computed_bounds(window: Window, at: DateTime<Utc>, tz: Tz) -> Option<WindowBounds> {
     match window {
         Window::Total => None,
         Window::Day => Some(calendar_bounds(at, tz, Period::Day)),
@@ -665,6 +699,45 @@ mod tests {
         // Total never has bounds, in any zone.
         BoundsCase { name: "total ny", window: "total", tz: NY, at: "2026-03-08T03:00:00-04:00", expect: None },
     ];
+
+    /// Instants in any order, across DST changes and years, in zones with and without DST and
+    /// at half-hour offsets: the windows remembered are the windows computed.
+    #[test]
+    fn remembered_windows_are_the_computed_ones() {
+        let zones = [
+            DEFAULT_TZ,
+            chrono_tz::America::New_York,
+            chrono_tz::Europe::London,
+            chrono_tz::Asia::Kolkata,
+            chrono_tz::Australia::Lord_Howe,
+        ];
+        let windows = [
+            Window::Minute,
+            Window::Minutes(5),
+            Window::Minutes(90),
+            Window::Day,
+            Window::Week,
+            Window::Month,
+        ];
+        let mut seed: u64 = 0x2545_f491_4f6c_dd1d;
+        let start = utc("2024-01-01T00:00:00Z").timestamp_millis();
+        for i in 0..20_000_i64 {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            // Mostly near the previous instants (hits), sometimes anywhere in three years.
+            let spread = if i % 7 == 0 {
+                3 * 366 * 86_400_000
+            } else {
+                3 * 86_400_000
+            };
+            let at_ms = start + (seed % spread) as i64;
+            let at = DateTime::from_timestamp_millis(at_ms).unwrap();
+            let w = windows[(seed >> 40) as usize % windows.len()];
+            let tz = zones[(seed >> 50) as usize % zones.len()];
+            assert_eq!(bounds(w, at, tz), computed_bounds(w, at, tz), "{w} {tz} {at}");
+        }
+    }
 
     #[test]
     fn bounds_table() {
