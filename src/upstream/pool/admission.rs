@@ -235,6 +235,10 @@ struct CredentialLoad {
     usage: OwnUsage,
     max_in_flight: i64,
     slots: Arc<Semaphore>,
+    /// Whether the credential had an own limit when it was last admitted to: only then are its
+    /// counts shared through Redis (a credential without one has nothing to hold across
+    /// gateways; the store still counts it).
+    limited: bool,
 }
 
 impl CredentialLoad {
@@ -243,6 +247,7 @@ impl CredentialLoad {
             usage: OwnUsage::default(),
             max_in_flight,
             slots: Arc::new(Semaphore::new(permits(max_in_flight))),
+            limited: false,
         }
     }
 }
@@ -278,6 +283,7 @@ impl Admission {
             load.max_in_flight = cred.max_in_flight;
             load.slots = Arc::new(Semaphore::new(permits(cred.max_in_flight)));
         }
+        load.limited = OwnLimits::of(cred) != OwnLimits::default();
         f(load)
     }
 
@@ -295,7 +301,7 @@ impl Admission {
                 .try_acquire_owned()
                 .map_err(|_| Refusal::Busy(load.slots.clone()))?;
             load.usage.count_request(now_ms);
-            self.share(cred.id, &mut load.usage, REQUESTS, 1);
+            self.share(cred.id, load, REQUESTS, 1);
             Ok(Slot(permit))
         })
     }
@@ -314,7 +320,7 @@ impl Admission {
                 return Err(until_ms);
             }
             load.usage.count_request(now_ms);
-            self.share(cred.id, &mut load.usage, REQUESTS, 1);
+            self.share(cred.id, load, REQUESTS, 1);
             Ok(Slot(permit))
         })
     }
@@ -328,7 +334,7 @@ impl Admission {
                 return false;
             }
             load.usage.count_request(now_ms);
-            self.share(cred.id, &mut load.usage, REQUESTS, 1);
+            self.share(cred.id, load, REQUESTS, 1);
             true
         })
     }
@@ -346,7 +352,7 @@ impl Admission {
             let tokens = i64::try_from(tokens).unwrap_or(i64::MAX);
             load.usage.count_tokens(tokens, now_ms);
             if tokens > 0 {
-                self.share(credential_id, &mut load.usage, &[Count::MinuteTokens], tokens);
+                self.share(credential_id, load, &[Count::MinuteTokens], tokens);
             }
         }
     }
@@ -361,12 +367,14 @@ impl Admission {
         self.redis.get()
     }
 
-    /// Queues for Redis the `n` just counted on `counts` of credential `id`, while Redis answers;
-    /// they stay `unsent` until an answer of Redis holds them.
-    fn share(&self, id: i64, usage: &mut OwnUsage, counts: &[Count], n: i64) {
-        let Some(redis) = self.redis.get().filter(|r| r.is_up()) else {
+    /// Queues for Redis the `n` just counted on `counts` of credential `id`, while Redis answers
+    /// and the credential has an own limit; they stay `unsent` until an answer of Redis holds
+    /// them.
+    fn share(&self, id: i64, load: &mut CredentialLoad, counts: &[Count], n: i64) {
+        let Some(redis) = self.redis.get().filter(|r| load.limited && r.is_up()) else {
             return;
         };
+        let usage = &mut load.usage;
         for &count in counts {
             let start = usage.start_of(count);
             if let Some(c) = usage.count_mut(count, start) {
