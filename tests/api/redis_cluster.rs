@@ -162,8 +162,9 @@ impl RedisCluster {
     }
 }
 
-impl Drop for RedisCluster {
-    fn drop(&mut self) {
+impl RedisCluster {
+    /// Kills every node (their data is gone: no persistence).
+    fn kill(&mut self) {
         for c in &mut self.children {
             let _ = c.kill();
             let _ = c.wait();
@@ -171,9 +172,16 @@ impl Drop for RedisCluster {
     }
 }
 
+impl Drop for RedisCluster {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
 both_backends!(
     two_gateways_on_a_cluster_admit_one_limit,
     a_park_reaches_the_other_gateway_through_a_cluster,
+    a_cluster_away_leaves_each_gateway_counting_alone,
 );
 
 /// One gateway given the seed list, the other one node's URL (one that does not hold the quota
@@ -229,4 +237,26 @@ async fn a_park_reaches_the_other_gateway_through_a_cluster(db: TestDb) {
     assert_eq!(mock.call_count(), 2, "nothing sent upstream by the other gateway");
     a.stop().await;
     b.stop().await;
+}
+
+/// The cluster gone: requests are still served, counted by the gateway alone, and `/readyz` and
+/// `aigw_redis_up` say Redis is away, as with one server.
+async fn a_cluster_away_leaves_each_gateway_counting_alone(db: TestDb) {
+    let Some(mut cluster) = RedisCluster::start().await else {
+        return;
+    };
+    let mock = MockUpstream::start().await.unwrap();
+    let a = crate::redis_quota::gateway(&db, &mock, 100, Some(cluster.seeds())).await;
+    until_readyz_says(&a, "redis up").await;
+    let r = a.post_json("/v1/chat/completions", KEY, &chat()).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(cluster.until_counted(1).await, 1);
+
+    cluster.kill();
+    for _ in 0..2 {
+        let r = a.post_json("/v1/chat/completions", KEY, &chat()).await;
+        assert_eq!(r.status(), 200, "served from the gateway's own counters");
+    }
+    until_readyz_says(&a, "redis unreachable").await;
+    assert_eq!(redis_up_metric(&a).await.as_deref(), Some("0"));
 }
