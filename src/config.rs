@@ -417,7 +417,8 @@ settings! {
         if (1..=MAX_USAGE_TOKENS_LIMIT).contains(v) { Ok(()) } else { Err("must be 1..=1000000000000".into()) }
     };
     /// Where quota counters, credential locks and backoff levels are shared across gateways in
-    /// real time, `redis://` or `rediss://` (issue 44, docs/scaling.md). Unset: each gateway
+    /// real time, `redis://` or `rediss://`, one server or a Redis Cluster (one node's URL, or the
+    /// seed nodes' separated by commas) (issue 44, docs/redis.md). Unset: each gateway
     /// learns the others' usage at its flush and their locks at its store poll.
     redis_url: Option<Secret> = None, "AIGW_REDIS_URL", check values::redis_url_form;
     /// Longest a Redis round trip may take, in ms; past it the gateway counts alone until it answers.

@@ -7,13 +7,13 @@
 //!   (a key's, from its first failure: the store path's economy) are queued after completion, and
 //!   one writer task sends what has queued in one script ([`APPLY`]) per round trip.
 //! - LyRouter seed 003, "Error-rate circuit breaker", across every gateway: the script adds each
-//!   key's per-second counts to its current window in Redis (`aigw:breaker:<key>:window`, fields
+//!   key's per-second counts to its current window in Redis (`aigw:{breaker}:<key>:window`, fields
 //!   `<second>:t`, `<second>:f` and `trip`, expiring [`super::BUCKETS_KEPT_SECS`] after its last
 //!   write) and judges the 60 s window of all gateways: at least 100 requests, more than 90 %
 //!   failed, trips the key.
 //! - A trip happens once (a burst never walks a key up the ladder): every outcome and every trip a
 //!   gateway decided itself carries the trips the key had when it was admitted, and the script
-//!   applies it only if that is still the key's trip count in Redis (`aigw:breaker:<key>`, field
+//!   applies it only if that is still the key's trip count in Redis (`aigw:{breaker}:<key>`, field
 //!   `trips`): a compare-and-set run atomically by Redis. Outcomes of an earlier window are
 //!   dropped; a second gateway's trip of the same step is refused and it adopts Redis's standing.
 //! - A trip sets the key's standing in Redis (`blocked_until` or `banned`), is published on the
@@ -34,10 +34,10 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use tokio_util::sync::CancellationToken;
 
 use super::{Breakers, LADDER_SECS, MIN_REQUESTS, Trip, WINDOW_SECS, adopt};
+use crate::kernel::redis_link::RedisLink;
 use crate::quota::shared::bounded;
 
 /// Most keys one write carries (one script holds Redis for its run).
@@ -166,8 +166,8 @@ pub struct Standing {
 /// This gateway's side of the shared breaker: the connection, whether Redis answers, and the
 /// outcomes and trips queued for the writer.
 pub struct SharedBreakers {
-    /// Reconnects by itself; every call is also bounded.
-    conn: ConnectionManager,
+    /// One server's or a cluster's; every call is also bounded.
+    conn: RedisLink,
     /// Longest a round trip may take (`redis_timeout_ms`).
     timeout: Duration,
     /// Whether the last exchange succeeded: outcomes are queued only while it did.
@@ -188,27 +188,21 @@ pub struct SharedBreakers {
     script: redis::Script,
 }
 
-/// A key's standing hash in Redis.
+/// A key's standing hash in Redis. Every breaker key is under the hash tag `{breaker}`: on a
+/// cluster the writer's script names keys of one slot.
 pub fn standing_key(key_id: i64) -> String {
-    format!("aigw:breaker:{key_id}")
+    format!("aigw:{{breaker}}:{key_id}")
 }
 
 /// A key's window hash in Redis.
 pub fn window_key(key_id: i64) -> String {
-    format!("aigw:breaker:{key_id}:window")
+    format!("aigw:{{breaker}}:{key_id}:window")
 }
 
 impl SharedBreakers {
     /// A client of the Redis at `url`, connected lazily; its trips are published on `channel`.
     pub fn connect(url: &str, timeout: Duration, channel: &str) -> Result<SharedBreakers, String> {
-        let client = redis::Client::open(url).map_err(|e| format!("redis_url (AIGW_REDIS_URL): {e}"))?;
-        let write = timeout.max(Duration::from_millis(500));
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(write))
-            .set_response_timeout(Some(write))
-            .set_number_of_retries(1);
-        let conn = ConnectionManager::new_lazy_with_config(client, config)
-            .map_err(|e| format!("redis_url (AIGW_REDIS_URL): {e}"))?;
+        let conn = RedisLink::new(url, timeout.max(Duration::from_millis(500)))?;
         let origin = uuid::Uuid::now_v7().simple().to_string();
         Ok(SharedBreakers {
             conn,
@@ -217,7 +211,7 @@ impl SharedBreakers {
             queued: Mutex::default(),
             wake: tokio::sync::Notify::new(),
             writing: AtomicBool::new(false),
-            writer_key: format!("aigw:breaker:writer:{origin}"),
+            writer_key: format!("aigw:{{breaker}}:writer:{origin}"),
             origin,
             channel: channel.to_owned(),
             script: redis::Script::new(APPLY),

@@ -187,14 +187,22 @@ fn parse_networks<'a>(
         .collect()
 }
 
-/// `redis_url`: a Redis URL the client understands, plain or over TLS.
+/// `redis_url`: a Redis URL the client understands, plain or over TLS, or a cluster's seed nodes'
+/// URLs separated by commas.
 pub(super) fn redis_url_form(v: &Option<super::Secret>) -> Result<(), String> {
-    match v {
-        Some(u) if !(u.expose().starts_with("redis://") || u.expose().starts_with("rediss://")) => {
-            Err("must start with redis:// or rediss://".into())
-        }
-        _ => Ok(()),
+    let Some(u) = v else { return Ok(()) };
+    let seeds: Vec<&str> = u.expose().split(',').map(str::trim).collect();
+    if seeds
+        .iter()
+        .any(|s| !(s.starts_with("redis://") || s.starts_with("rediss://")))
+    {
+        return Err(
+            "must start with redis:// or rediss:// (a cluster's seed nodes: such URLs separated \
+             by commas)"
+                .into(),
+        );
     }
+    Ok(())
 }
 
 /// `redis_timeout_ms`: tens of milliseconds is the intent; up to 10 s is allowed.
@@ -211,12 +219,16 @@ mod tests {
     use super::*;
 
     #[test]
-    fn redis_url_takes_plain_and_tls_urls_only() {
+    fn redis_url_takes_plain_and_tls_urls_and_seed_lists_only() {
         let cases = [
             (None, true),
             (Some("redis://127.0.0.1:6379/0"), true),
             (Some("redis://:secret@cache.internal:6380/2"), true),
             (Some("rediss://cache.example:6380/"), true),
+            (Some("redis://h1:7000,redis://h2:7001"), true),
+            (Some("rediss://h1:7000, rediss://h2:7001/"), true),
+            (Some("redis://h1:7000,h2:7001"), false),
+            (Some("redis://h1:7000,"), false),
             (Some("http://127.0.0.1:6379"), false),
             (Some("127.0.0.1:6379"), false),
         ];

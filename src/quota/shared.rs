@@ -28,11 +28,11 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use rustc_hash::FxHashMap;
 use tokio_util::sync::CancellationToken;
 
 use super::engine::{CounterKey, Standing};
+use crate::kernel::redis_link::RedisLink;
 
 /// Seconds a counter outlives its window's end in Redis at least: past the latest reset a refusal
 /// announces (1 to 2 minutes after the end, DESIGN.md §4).
@@ -80,8 +80,8 @@ struct Unwritten {
 /// The shared counters of one gateway: the connection, whether Redis answers, and what this
 /// gateway counted that Redis has not got yet.
 pub struct SharedCounters {
-    /// Reconnects by itself; every call is also bounded by `timeout`.
-    conn: ConnectionManager,
+    /// One server's or a cluster's; every call is also bounded by `timeout`.
+    conn: RedisLink,
     /// Longest a round trip may take (`redis_timeout_ms`).
     timeout: Duration,
     /// Whether the last exchange with Redis succeeded: checks read Redis only while it is.
@@ -96,10 +96,11 @@ pub struct SharedCounters {
     script: redis::Script,
 }
 
-/// The Redis key of a counter.
+/// The Redis key of a counter. Every quota key is under the hash tag `{quota}`: on a cluster the
+/// writer's script and the check's `MGET` name keys of one slot.
 fn redis_key(k: &CounterKey) -> String {
     format!(
-        "aigw:quota:{}:{}:{}:{}:{}",
+        "aigw:{{quota}}:{}:{}:{}:{}:{}",
         k.subject.as_str(),
         k.subject_id,
         k.metric.as_str(),
@@ -109,23 +110,17 @@ fn redis_key(k: &CounterKey) -> String {
 }
 
 impl SharedCounters {
-    /// A client of the Redis at `url` (connected lazily, so an absent Redis does not stop the
-    /// start); probes it once before returning, to log and show its state from the start.
+    /// A client of the Redis at `url` (connected in the background, so an absent Redis does not
+    /// stop the start); probes it once before returning, to log and show its state from the start.
     pub async fn connect(url: &str, timeout: Duration) -> Result<SharedCounters, String> {
-        let client = redis::Client::open(url).map_err(|e| format!("redis_url (AIGW_REDIS_URL): {e}"))?;
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(timeout.max(Duration::from_millis(500))))
-            .set_response_timeout(Some(write_timeout(timeout)))
-            .set_number_of_retries(1);
-        let conn = ConnectionManager::new_lazy_with_config(client, config)
-            .map_err(|e| format!("redis_url (AIGW_REDIS_URL): {e}"))?;
+        let conn = RedisLink::new(url, write_timeout(timeout))?;
         let shared = SharedCounters {
             conn,
             timeout,
             up: AtomicBool::new(true),
             unwritten: Mutex::default(),
             wake: tokio::sync::Notify::new(),
-            writer_key: format!("aigw:writer:{}", uuid::Uuid::now_v7()),
+            writer_key: format!("aigw:{{quota}}:writer:{}", uuid::Uuid::now_v7()),
             script: redis::Script::new(APPLY),
         };
         if let Err(e) = shared.ping().await {
@@ -330,7 +325,7 @@ mod tests {
                 Metric::Requests,
                 Window::Total,
                 0,
-                "aigw:quota:apikey:7:requests:total:0",
+                "aigw:{quota}:apikey:7:requests:total:0",
             ),
             (
                 SubjectKind::Member,
@@ -338,7 +333,7 @@ mod tests {
                 Metric::TotalTokens,
                 Window::Day,
                 1_764_000_000,
-                "aigw:quota:member:3:total_tokens:day:1764000000",
+                "aigw:{quota}:member:3:total_tokens:day:1764000000",
             ),
         ];
         for (subject, subject_id, metric, window, start, want) in cases {

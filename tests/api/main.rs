@@ -31,6 +31,7 @@ mod owner_limits;
 mod proxy;
 mod quota;
 mod redis_breaker;
+mod redis_cluster;
 mod redis_corroboration;
 mod redis_locks;
 mod redis_own_limits;

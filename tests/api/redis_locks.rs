@@ -17,7 +17,7 @@ use crate::redis_quota::RedisServer;
 use crate::upstream::pool_of;
 
 /// Two credentials serving `m1`.
-fn pair(mock: &MockUpstream) -> String {
+pub(crate) fn pair(mock: &MockUpstream) -> String {
     let url = &mock.base_url();
     ResourcesBuilder::acme(KEY)
         .upstream("acme", "one", url, "cred-one", &["m1"])
@@ -62,7 +62,7 @@ pub(crate) async fn until_parked(app: &TestApp, credentials: &[i64]) {
 }
 
 /// Parks both credentials of [`pair`] for 300 s through `a` (two upstream calls).
-async fn park_both(a: &TestApp, mock: &MockUpstream) {
+pub(crate) async fn park_both(a: &TestApp, mock: &MockUpstream) {
     let limited = json!({"error": {"message": "slow down"}});
     mock.script(Script::any().header("retry-after", "300").error(429, limited));
     let r = a.post_json("/v1/chat/completions", KEY, &chat("m1")).await;

@@ -117,20 +117,26 @@ impl RedisServer {
 
     /// Every quota counter this Redis holds, summed.
     async fn counted(&self) -> i64 {
-        let client = redis::Client::open(self.url()).expect("url");
-        let mut c = client.get_multiplexed_async_connection().await.expect("connect");
-        let keys: Vec<String> = redis::cmd("KEYS")
-            .arg("aigw:quota:*")
-            .query_async(&mut c)
-            .await
-            .expect("keys");
-        let mut total = 0;
-        for k in keys {
-            let v: i64 = redis::cmd("GET").arg(&k).query_async(&mut c).await.expect("get");
-            total += v;
-        }
-        total
+        quota_total(&self.url()).await
     }
+}
+
+/// Every quota counter the Redis server (or cluster node) at `url` holds, summed; the writers'
+/// sequence numbers, under the same hash tag, left out.
+pub(crate) async fn quota_total(url: &str) -> i64 {
+    let client = redis::Client::open(url).expect("url");
+    let mut c = client.get_multiplexed_async_connection().await.expect("connect");
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("aigw:{quota}:*")
+        .query_async(&mut c)
+        .await
+        .expect("keys");
+    let mut total = 0;
+    for k in keys.iter().filter(|k| !k.starts_with("aigw:{quota}:writer:")) {
+        let v: i64 = redis::cmd("GET").arg(k).query_async(&mut c).await.expect("get");
+        total += v;
+    }
+    total
 }
 
 impl Drop for RedisServer {
@@ -193,7 +199,7 @@ impl SlowRelay {
     }
 }
 
-fn chat() -> Value {
+pub(crate) fn chat() -> Value {
     json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "say hello to me"}]})
 }
 
@@ -205,7 +211,7 @@ fn requests_per_minute(limit: u32) -> String {
 
 /// A gateway on `db` sharing its counters through `redis` (none: on its own), whose own flush
 /// to the store is a minute away, so what it knows of the other gateway comes from Redis alone.
-async fn gateway(db: &TestDb, mock: &MockUpstream, limit: u32, redis: Option<String>) -> TestApp {
+pub(crate) async fn gateway(db: &TestDb, mock: &MockUpstream, limit: u32, redis: Option<String>) -> TestApp {
     let mut setup = Setup::resources(resources(mock) + &requests_per_minute(limit));
     setup.settings = Box::new(move |s| {
         s.flush_interval_ms = 60_000;
@@ -220,7 +226,7 @@ async fn readyz(app: &TestApp) -> (u16, String) {
     (r.status().as_u16(), r.text().await.unwrap_or_default())
 }
 
-async fn redis_up_metric(app: &TestApp) -> Option<String> {
+pub(crate) async fn redis_up_metric(app: &TestApp) -> Option<String> {
     let text = app.get("/metrics").await.text().await.unwrap_or_default();
     text.lines()
         .find(|l| l.starts_with("aigw_redis_up "))
@@ -229,7 +235,7 @@ async fn redis_up_metric(app: &TestApp) -> Option<String> {
 
 /// Polls `/readyz` until its detail contains `word` (the gateway's probe runs in the
 /// background), for 10 s at most.
-async fn until_readyz_says(app: &TestApp, word: &str) {
+pub(crate) async fn until_readyz_says(app: &TestApp, word: &str) {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let (_, body) = readyz(app).await;

@@ -6,7 +6,7 @@
 //! - Nothing on the request path waits on Redis: admission decides in memory. What a gateway
 //!   counts (requests at dispatch, tokens at completion) is queued, and one writer task sends what
 //!   has queued in one script ([`APPLY`]) per round trip: `INCRBY` of
-//!   `aigw:own:<credential>:<rpm|tpm|rpd>:<window start, Unix ms>`, kept a window and
+//!   `aigw:{own}:<credential>:<rpm|tpm|rpd>:<window start, Unix ms>`, kept a window and
 //!   [`EXPIRY_MARGIN_SECS`] after each write.
 //! - The script returns each counter's total after the write, which the writer's gateway keeps,
 //!   and publishes them on the locks' channel (`<origin> own <credential>:<count>:<start>:<total>
@@ -25,10 +25,10 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use tokio_util::sync::CancellationToken;
 
 use super::admission::{Admission, Count};
+use crate::kernel::redis_link::RedisLink;
 use crate::quota::shared::bounded;
 
 /// The word of an own-limit notice on the locks channel.
@@ -89,8 +89,8 @@ struct Queued {
 /// This gateway's side of the shared own-limit counts: the connection, whether Redis answers,
 /// and what is queued for the writer.
 pub struct SharedOwnLimits {
-    /// Reconnects by itself; every call is also bounded.
-    conn: ConnectionManager,
+    /// One server's or a cluster's; every call is also bounded.
+    conn: RedisLink,
     /// Longest a round trip may take (`redis_timeout_ms`).
     timeout: Duration,
     /// Whether the last exchange succeeded: counts are queued only while it did.
@@ -109,22 +109,16 @@ pub struct SharedOwnLimits {
     script: redis::Script,
 }
 
-/// A counter's key in Redis.
+/// A counter's key in Redis. Every own-limit key is under the hash tag `{own}`: on a cluster the
+/// writer's script names keys of one slot.
 pub fn redis_key(credential_id: i64, count: Count, start_ms: i64) -> String {
-    format!("aigw:own:{credential_id}:{}:{start_ms}", count.short())
+    format!("aigw:{{own}}:{credential_id}:{}:{start_ms}", count.short())
 }
 
 impl SharedOwnLimits {
     /// A client of the Redis at `url`, connected lazily; its notices go on `channel`.
     pub fn connect(url: &str, timeout: Duration, channel: &str) -> Result<SharedOwnLimits, String> {
-        let client = redis::Client::open(url).map_err(|e| format!("redis_url (AIGW_REDIS_URL): {e}"))?;
-        let write = timeout.max(Duration::from_millis(500));
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(write))
-            .set_response_timeout(Some(write))
-            .set_number_of_retries(1);
-        let conn = ConnectionManager::new_lazy_with_config(client, config)
-            .map_err(|e| format!("redis_url (AIGW_REDIS_URL): {e}"))?;
+        let conn = RedisLink::new(url, timeout.max(Duration::from_millis(500)))?;
         let origin = uuid::Uuid::now_v7().simple().to_string();
         Ok(SharedOwnLimits {
             conn,
@@ -132,7 +126,7 @@ impl SharedOwnLimits {
             up: AtomicBool::new(true),
             queued: Mutex::default(),
             wake: tokio::sync::Notify::new(),
-            writer_key: format!("aigw:own:writer:{origin}"),
+            writer_key: format!("aigw:{{own}}:writer:{origin}"),
             origin,
             channel: channel.to_owned(),
             script: redis::Script::new(APPLY),
@@ -318,7 +312,7 @@ mod tests {
     fn keys_and_notices() {
         assert_eq!(
             redis_key(7, Count::MinuteTokens, 1_796_090_400_000),
-            "aigw:own:7:tpm:1796090400000"
+            "aigw:{own}:7:tpm:1796090400000"
         );
         let n = b"abc own 7:rpm:60000:3 7:rpd:0:12";
         assert!(is_notice(n));

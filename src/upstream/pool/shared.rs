@@ -25,13 +25,14 @@
 //!   (logged once per outage), the subscriber reconnects with a doubling wait, and meanwhile the
 //!   store poll still brings every lock, as without Redis.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig, PubSubStream};
+use redis::aio::PubSubStream;
 
 use super::corroboration::{self, GroupRest, Witness};
 use super::locks::{LockEntry, LockTarget, Locks};
+use crate::kernel::redis_link::RedisLink;
 use crate::quota::shared::bounded;
 
 /// The channel parks are published on.
@@ -207,10 +208,11 @@ pub struct SharedLocks {
     queued: std::sync::Mutex<Option<tokio::sync::mpsc::Receiver<Share>>>,
     /// Whether the subscriber is connected (its loss is logged once per outage).
     subscribed: AtomicBool,
-    /// Opens the subscriber connection (a pub/sub connection takes no other command).
-    client: redis::Client,
-    /// Publications and the backoff hash; reconnects by itself.
-    conn: ConnectionManager,
+    /// The subscriber's tries so far: each connects to the next seed (a pub/sub connection takes
+    /// no other command; on a cluster every node hears every publication).
+    subscriptions: AtomicUsize,
+    /// Publications and the backoff hash, one server's or a cluster's.
+    conn: RedisLink,
     /// Longest a round trip may take (`redis_timeout_ms`, at least 500 ms: off the request path).
     timeout: Duration,
     /// This process's id in its messages (its own are skipped).
@@ -230,20 +232,14 @@ pub struct SharedLocks {
 impl SharedLocks {
     /// A client of the Redis at `url`, connected lazily (an absent Redis does not stop the start).
     pub fn connect(url: &str, timeout: Duration) -> Result<SharedLocks, String> {
-        let client = redis::Client::open(url).map_err(|e| format!("redis_url (AIGW_REDIS_URL): {e}"))?;
         let timeout = timeout.max(Duration::from_millis(500));
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(timeout))
-            .set_response_timeout(Some(timeout))
-            .set_number_of_retries(1);
-        let conn = ConnectionManager::new_lazy_with_config(client.clone(), config)
-            .map_err(|e| format!("redis_url (AIGW_REDIS_URL): {e}"))?;
+        let conn = RedisLink::new(url, timeout)?;
         let (queue, queued) = tokio::sync::mpsc::channel(MAX_QUEUED);
         Ok(SharedLocks {
             queue,
             queued: std::sync::Mutex::new(Some(queued)),
             subscribed: AtomicBool::new(false),
-            client,
+            subscriptions: AtomicUsize::new(0),
             conn,
             timeout,
             origin: uuid::Uuid::now_v7().simple().to_string(),
@@ -434,10 +430,11 @@ impl SharedLocks {
         Ok(stream)
     }
 
-    /// A subscriber connection to [`CHANNEL`], subscribed.
+    /// A subscriber connection to [`CHANNEL`], subscribed, on the next seed by turns.
     pub async fn subscribe(&self) -> Result<PubSubStream, String> {
+        let seed = self.conn.seed(self.subscriptions.fetch_add(1, Ordering::Relaxed));
         let subscribed = async {
-            let mut pubsub = self.client.get_async_pubsub().await?;
+            let mut pubsub = seed.get_async_pubsub().await?;
             pubsub.subscribe(CHANNEL).await?;
             Ok::<_, redis::RedisError>(pubsub.into_on_message())
         };

@@ -1,0 +1,268 @@
+//! One link to the Redis of `redis_url` (issue 44, DESIGN.md §11, docs/redis.md): a single server
+//! (Redis or Valkey) or a Redis Cluster, behind one type every Redis user of the gateway holds,
+//! so that none of them branches on which it is.
+//!
+//! Invariants:
+//! - `redis_url` is one URL or a cluster's seed nodes, comma-separated ([`seeds`]). Several seeds
+//!   are a cluster. One seed is asked at the first contact (`INFO cluster`): a node with
+//!   `cluster_enabled:1` is taken as the cluster's seed, anything else is a single server, used
+//!   exactly as before (one reconnecting `ConnectionManager`).
+//! - The link is made in the background from its creation: an absent Redis does not stop the
+//!   gateway. A contact that fails leaves the link unmade, and the next call tries again, one
+//!   contact at a time. Every call is bounded by its caller (`quota::shared::bounded`), the
+//!   contact itself by four of the link's timeouts.
+//! - On a cluster, commands are routed by their keys' hash slots. Every script and multi-key
+//!   command of the gateway names keys of one slot (its users put their keys under one hash tag:
+//!   `aigw:{quota}:…`, `aigw:{breaker}:…`, `aigw:{own}:…`), so no call is refused as `CROSSSLOT`.
+//! - Pub/sub needs no cluster routing: a classic `PUBLISH` reaches every node of a cluster, so the
+//!   subscriber listens on one seed ([`RedisLink::seed`]), another at each reconnection.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::{ClusterClient, ClusterClientBuilder};
+use redis::cluster_async::ClusterConnection;
+use redis::{Cmd, Pipeline, RedisFuture, RedisResult, Value};
+
+/// The seed URLs of `redis_url`: one server's, or a cluster's seed nodes separated by commas.
+pub fn seeds(url: &str) -> Vec<&str> {
+    url.split(',').map(str::trim).filter(|s| !s.is_empty()).collect()
+}
+
+/// The connection once made.
+#[derive(Clone)]
+enum Made {
+    /// One server: reconnects by itself.
+    Single(ConnectionManager),
+    /// A cluster: a connection per node, routed by hash slot; follows the cluster's changes.
+    Cluster(ClusterConnection),
+}
+
+/// A link to the Redis of `redis_url`, made in the background; cheap to clone (clones share it).
+#[derive(Clone)]
+pub struct RedisLink {
+    /// One client per seed URL (parsed at construction).
+    seeds: Arc<[redis::Client]>,
+    /// The seed URLs, as written (a cluster client is built from them).
+    urls: Arc<[String]>,
+    /// Longest a connection attempt and a reply may take.
+    timeout: Duration,
+    /// The connection, once made, and the contact that makes it.
+    contact: Arc<Contact>,
+}
+
+/// The making of the connection: one contact at a time, whatever the number of callers waiting.
+#[derive(Default)]
+struct Contact {
+    /// The connection, once made.
+    made: OnceLock<Made>,
+    /// Whether a contact is under way.
+    under_way: AtomicBool,
+    /// Why the last contact failed.
+    failed: Mutex<String>,
+    /// Wakes the callers waiting for a contact when it ends.
+    done: tokio::sync::Notify,
+}
+
+impl RedisLink {
+    /// A link to `url` (see [`seeds`]) whose connections and replies wait `timeout` at most,
+    /// contacted in the background. Fails on a URL the client cannot read.
+    pub fn new(url: &str, timeout: Duration) -> Result<RedisLink, String> {
+        let urls: Vec<String> = seeds(url).into_iter().map(str::to_owned).collect();
+        let clients = urls
+            .iter()
+            .map(|u| redis::Client::open(u.as_str()))
+            .collect::<RedisResult<Vec<_>>>()
+            .map_err(|e| format!("redis_url (AIGW_REDIS_URL): {e}"))?;
+        if clients.is_empty() {
+            return Err("redis_url (AIGW_REDIS_URL): no URL given".to_owned());
+        }
+        if urls.len() > 1 {
+            // Seeds that cannot make one cluster (passwords or TLS that differ) are refused now.
+            cluster_client(&urls, timeout).map_err(|e| format!("redis_url (AIGW_REDIS_URL): {e}"))?;
+        }
+        let link = RedisLink {
+            seeds: clients.into(),
+            urls: urls.into(),
+            timeout,
+            contact: Arc::default(),
+        };
+        // The first contact starts now, in the background: the first request need not wait for
+        // it (within a runtime; a failed one is tried again at the next use).
+        if tokio::runtime::Handle::try_current().is_ok() {
+            link.contact.under_way.store(true, Ordering::Release);
+            link.start_contact();
+        }
+        Ok(link)
+    }
+
+    /// The client of one seed, by turns: the subscriber's `n`-th connection attempt uses the
+    /// `n`-th seed, so a seed that went away is left for the next.
+    pub fn seed(&self, n: usize) -> &redis::Client {
+        &self.seeds[n % self.seeds.len()]
+    }
+
+    /// The connection, made now if it is not yet. The contact runs in a task of its own, one at a
+    /// time: a caller that stops waiting (its bound) does not cancel it, so a slow first contact
+    /// (a cluster's nodes and slots) still ends and serves the next call, and callers arriving
+    /// during a contact wait for it instead of piling up contacts of their own.
+    async fn made(&self) -> RedisResult<Made> {
+        let c = &self.contact;
+        if let Some(made) = c.made.get() {
+            return Ok(made.clone());
+        }
+        // Registered before the checks below: the end of a contact under way wakes it.
+        let done = c.done.notified();
+        if let Some(made) = c.made.get() {
+            return Ok(made.clone());
+        }
+        if !c.under_way.swap(true, Ordering::AcqRel) {
+            self.start_contact();
+        }
+        done.await;
+        match c.made.get() {
+            Some(made) => Ok(made.clone()),
+            None => {
+                let why = c.failed.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                Err(std::io::Error::other(why).into())
+            }
+        }
+    }
+
+    /// Starts a contact, [`Contact::under_way`] set by the caller; bounded by four timeouts.
+    fn start_contact(&self) {
+        let link = self.clone();
+        tokio::spawn(async move {
+            let c = &link.contact;
+            match tokio::time::timeout(link.timeout.saturating_mul(4), link.make()).await {
+                Ok(Ok(made)) => {
+                    let _ = c.made.set(made);
+                }
+                Ok(Err(e)) => *c.failed.lock().unwrap_or_else(|p| p.into_inner()) = e.to_string(),
+                Err(_) => *c.failed.lock().unwrap_or_else(|p| p.into_inner()) = "timed out".to_owned(),
+            }
+            c.under_way.store(false, Ordering::Release);
+            c.done.notify_waiters();
+        });
+    }
+
+    async fn make(&self) -> RedisResult<Made> {
+        if self.seeds.len() > 1 || self.is_cluster_node().await? {
+            let client = cluster_client(&self.urls, self.timeout)?;
+            return Ok(Made::Cluster(client.get_async_connection().await?));
+        }
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(self.timeout))
+            .set_response_timeout(Some(self.timeout))
+            .set_number_of_retries(1);
+        let manager = ConnectionManager::new_with_config(self.seeds[0].clone(), config).await?;
+        Ok(Made::Single(manager))
+    }
+
+    /// Whether the one seed is a node of a cluster (`INFO cluster` says `cluster_enabled:1`; a
+    /// server that does not know the section is a single server).
+    async fn is_cluster_node(&self) -> RedisResult<bool> {
+        let config = redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(self.timeout))
+            .set_response_timeout(Some(self.timeout));
+        let mut conn = self.seeds[0]
+            .get_multiplexed_async_connection_with_config(&config)
+            .await?;
+        let info: String = redis::cmd("INFO").arg("cluster").query_async(&mut conn).await?;
+        Ok(cluster_enabled(&info))
+    }
+}
+
+/// A client of the cluster whose seeds are `urls` (nothing contacted yet).
+fn cluster_client(urls: &[String], timeout: Duration) -> RedisResult<ClusterClient> {
+    ClusterClientBuilder::new(urls.iter().map(String::as_str))
+        .connection_timeout(timeout)
+        .response_timeout(timeout)
+        .retries(1)
+        .build()
+}
+
+/// Whether an `INFO cluster` answer says the server is a cluster node.
+fn cluster_enabled(info: &str) -> bool {
+    info.lines().any(|l| l.trim() == "cluster_enabled:1")
+}
+
+impl ConnectionLike for RedisLink {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        Box::pin(async move {
+            match self.made().await? {
+                Made::Single(mut c) => c.req_packed_command(cmd).await,
+                Made::Cluster(mut c) => c.req_packed_command(cmd).await,
+            }
+        })
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        Box::pin(async move {
+            match self.made().await? {
+                Made::Single(mut c) => c.req_packed_commands(pipeline, offset, count).await,
+                Made::Cluster(mut c) => c.req_packed_commands(pipeline, offset, count).await,
+            }
+        })
+    }
+
+    fn get_db(&self) -> i64 {
+        match self.contact.made.get() {
+            Some(Made::Single(c)) => c.get_db(),
+            Some(Made::Cluster(_)) | None => 0,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seeds_are_split_on_commas() {
+        let cases: &[(&str, &[&str])] = &[
+            ("redis://127.0.0.1:6379/0", &["redis://127.0.0.1:6379/0"]),
+            (
+                "redis://h1:7000, redis://h2:7001,",
+                &["redis://h1:7000", "redis://h2:7001"],
+            ),
+            ("", &[]),
+        ];
+        for (url, want) in cases {
+            assert_eq!(seeds(url), *want, "{url:?}");
+        }
+    }
+
+    #[test]
+    fn a_cluster_node_is_told_by_its_info() {
+        let node = "# Cluster\r\ncluster_enabled:1\r\n";
+        let single = "# Cluster\r\ncluster_enabled:0\r\n";
+        assert!(cluster_enabled(node));
+        assert!(!cluster_enabled(single));
+        assert!(!cluster_enabled(""), "a server without the section");
+    }
+
+    #[test]
+    fn a_link_reads_its_seeds_and_refuses_unreadable_urls() {
+        let link = RedisLink::new(
+            "redis://127.0.0.1:1/,redis://127.0.0.1:2/",
+            Duration::from_millis(50),
+        );
+        let link = link.expect("two seeds");
+        assert_eq!(
+            link.seed(3).get_connection_info().addr().to_string(),
+            "127.0.0.1:2"
+        );
+        assert!(RedisLink::new("", Duration::from_millis(50)).is_err());
+        assert!(RedisLink::new("http://127.0.0.1:6379", Duration::from_millis(50)).is_err());
+        let two_passwords = "redis://:a@127.0.0.1:1/,redis://:b@127.0.0.1:2/";
+        assert!(RedisLink::new(two_passwords, Duration::from_millis(50)).is_err());
+    }
+}
