@@ -239,24 +239,29 @@ impl Gateway {
         let sessions = crate::auth::session::Sessions::new(jwt_secret.expose());
         let breakers = crate::breaker::Breakers::default();
         breakers.load(&store).await?;
-        if let Some(url) = &settings.redis_url {
-            // The breaker's window and standings shared at once (issue 44); its trips are
-            // published on the locks' channel, whose subscriber hears them.
-            let timeout = Duration::from_millis(settings.redis_timeout_ms);
-            let channel = crate::upstream::pool::shared::CHANNEL;
-            let shared = crate::breaker::shared::SharedBreakers::connect(url.expose(), timeout, channel)
-                .map_err(StartError::Config)?;
+        // With Redis (issue 44), one link for every user of it: one word on whether it answers.
+        let redis = match &settings.redis_url {
+            Some(url) => Some(
+                crate::kernel::redis_link::RedisLink::new(
+                    url.expose(),
+                    Duration::from_millis(settings.redis_timeout_ms),
+                )
+                .map_err(StartError::Config)?,
+            ),
+            None => None,
+        };
+        let channel = crate::upstream::pool::shared::CHANNEL;
+        if let Some(link) = &redis {
+            // The breaker's window and standings shared at once; its trips are published on the
+            // locks' channel, whose subscriber hears them.
+            let shared = crate::breaker::shared::SharedBreakers::connect(link, channel);
             breakers.share_through(Arc::new(shared));
         }
         let admission = crate::upstream::pool::admission::Admission::default();
-        if let Some(url) = &settings.redis_url {
-            // The credentials' own-limit counts shared at once (issue 44); the totals each write
-            // answers are published on the locks' channel, whose subscriber hears them.
-            let timeout = Duration::from_millis(settings.redis_timeout_ms);
-            let channel = crate::upstream::pool::shared::CHANNEL;
-            let shared =
-                crate::upstream::pool::own_shared::SharedOwnLimits::connect(url.expose(), timeout, channel)
-                    .map_err(StartError::Config)?;
+        if let Some(link) = &redis {
+            // The credentials' own-limit counts shared at once; the totals each write answers
+            // are published on the locks' channel, whose subscriber hears them.
+            let shared = crate::upstream::pool::own_shared::SharedOwnLimits::connect(link, channel);
             admission.share_through(Arc::new(shared));
         }
         let locks = crate::upstream::pool::locks::Locks::default();
@@ -265,20 +270,15 @@ impl Gateway {
         let admin_connections =
             crate::edge::client_conn::ConnectionSlots::new(settings.max_admin_connections);
         let mut quota = QuotaCounters::new(settings.store_outage_counters);
-        if let Some(url) = &settings.redis_url {
-            let timeout = Duration::from_millis(settings.redis_timeout_ms);
-            let shared = crate::quota::shared::SharedCounters::connect(url.expose(), timeout)
-                .await
-                .map_err(StartError::Config)?;
+        if let Some(link) = &redis {
+            let shared = crate::quota::shared::SharedCounters::connect(link).await;
             quota = quota.with_shared(Arc::new(shared));
         }
-        // Locks shared at once (issue 44): subscribed before the gateway serves, so no park
-        // published after its start is missed; the levels read so a restart keeps them.
-        let (shared_locks, subscription) = match &settings.redis_url {
-            Some(url) => {
-                let timeout = Duration::from_millis(settings.redis_timeout_ms);
-                let shared = crate::upstream::pool::shared::SharedLocks::connect(url.expose(), timeout)
-                    .map_err(StartError::Config)?;
+        // Locks shared at once: subscribed before the gateway serves, so no park published after
+        // its start is missed; the levels read so a restart keeps them.
+        let (shared_locks, subscription) = match &redis {
+            Some(link) => {
+                let shared = crate::upstream::pool::shared::SharedLocks::connect(link);
                 let subscription = match shared.resubscribe(&locks).await {
                     Ok(stream) => Some(stream),
                     Err(e) => {

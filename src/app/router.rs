@@ -73,8 +73,8 @@ async fn healthz() -> &'static str {
 async fn readyz(State(state): State<AppState>) -> Response {
     let ready = state.store.at_home(|s| async move { Ok(s.ready().await) });
     if ready.await.unwrap_or(false) {
-        // With Redis (issue 44), whether the quota counters are shared right now: a gateway
-        // counting alone still serves, so it stays ready.
+        // With Redis (issue 44), whether it answers right now (one word for quotas, breakers,
+        // own limits and locks): a gateway counting alone still serves, so it stays ready.
         let detail = match state.quota.shared() {
             None => "ready",
             Some(s) if s.is_up() => "ready; redis up",

@@ -21,8 +21,8 @@
 //!   returned to the writer; every gateway applies what it hears as it applies the store's rows
 //!   (trips only rise, a block only extends). The gateway whose script tripped the key persists
 //!   the trip; the store stays the record, and its rows still reach every gateway at its reload.
-//! - Exactly once: each batch carries this gateway's sequence number; a batch that timed out is
-//!   sent again unchanged, and applied only if Redis has not applied it.
+//! - Exactly once: the writer is the gateway's one Redis writer ([`crate::kernel::redis_writer`]),
+//!   whose batches carry a sequence number that [`APPLY`] applies once.
 //! - An empty Redis (restart, `FLUSHALL`): a key's trip count is set back to the largest the
 //!   gateways' batches carry (never lowered), and its window starts empty: at most one window of
 //!   outcomes is lost.
@@ -32,19 +32,15 @@
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
 use super::{Breakers, LADDER_SECS, MIN_REQUESTS, Trip, WINDOW_SECS, adopt};
-use crate::kernel::redis_link::RedisLink;
-use crate::quota::shared::bounded;
+use crate::kernel::redis_link::{RedisLink, bounded};
+use crate::kernel::redis_writer::{self, Batches};
 
 /// Most keys one write carries (one script holds Redis for its run).
 const MAX_BATCH_KEYS: usize = 500;
-
-/// How long the writer waits before it tries an absent Redis again.
-const RETRY: Duration = Duration::from_millis(200);
 
 /// The word of a breaker notice on the locks channel.
 pub const NOTICE: &str = "breaker";
@@ -166,12 +162,8 @@ pub struct Standing {
 /// This gateway's side of the shared breaker: the connection, whether Redis answers, and the
 /// outcomes and trips queued for the writer.
 pub struct SharedBreakers {
-    /// One server's or a cluster's; every call is also bounded.
+    /// The gateway's link (one server's or a cluster's): outcomes are queued only while it is up.
     conn: RedisLink,
-    /// Longest a round trip may take (`redis_timeout_ms`).
-    timeout: Duration,
-    /// Whether the last exchange succeeded: outcomes are queued only while it did.
-    up: AtomicBool,
     /// What is queued, per key.
     queued: Mutex<BTreeMap<i64, Queued>>,
     /// Wakes the writer.
@@ -200,14 +192,11 @@ pub fn window_key(key_id: i64) -> String {
 }
 
 impl SharedBreakers {
-    /// A client of the Redis at `url`, connected lazily; its trips are published on `channel`.
-    pub fn connect(url: &str, timeout: Duration, channel: &str) -> Result<SharedBreakers, String> {
-        let conn = RedisLink::new(url, timeout.max(Duration::from_millis(500)))?;
+    /// The breakers shared through `link`; their trips are published on `channel`.
+    pub fn connect(link: &RedisLink, channel: &str) -> SharedBreakers {
         let origin = uuid::Uuid::now_v7().simple().to_string();
-        Ok(SharedBreakers {
-            conn,
-            timeout,
-            up: AtomicBool::new(true),
+        SharedBreakers {
+            conn: link.clone(),
             queued: Mutex::default(),
             wake: tokio::sync::Notify::new(),
             writing: AtomicBool::new(false),
@@ -215,12 +204,12 @@ impl SharedBreakers {
             origin,
             channel: channel.to_owned(),
             script: redis::Script::new(APPLY),
-        })
+        }
     }
 
-    /// Whether Redis answered the last exchange: while it does, trips are decided there.
+    /// Whether Redis answers: while it does, trips are decided there.
     pub fn is_up(&self) -> bool {
-        self.up.load(Ordering::Relaxed)
+        self.conn.is_up()
     }
 
     /// Whether everything queued so far has been applied by Redis and adopted here.
@@ -259,9 +248,43 @@ impl SharedBreakers {
         self.wake.notify_one();
     }
 
+    /// The writer ([`redis_writer::run`]) until `shutdown`; `learn` gets each key's standing as
+    /// Redis answered it.
+    pub async fn run(
+        &self,
+        now_ms: &(dyn Fn() -> i64 + Sync),
+        learn: &(dyn Fn(Standing) + Sync),
+        shutdown: CancellationToken,
+    ) {
+        let writer = Writer {
+            shared: self,
+            now_ms,
+            learn,
+        };
+        redis_writer::run(&self.conn, &writer, &self.wake, shutdown).await;
+    }
+
+    /// A notice heard on the channel, if it is a well-formed breaker notice of another gateway
+    /// (`None` also for this gateway's own).
+    pub fn heard(&self, payload: &[u8]) -> Option<Notice> {
+        let (origin, notice) = decode(payload)?;
+        (origin != self.origin).then_some(notice)
+    }
+}
+
+/// The breaker's writer: its queue, the clock of its trips and where Redis's standings go.
+struct Writer<'a> {
+    shared: &'a SharedBreakers,
+    now_ms: &'a (dyn Fn() -> i64 + Sync),
+    learn: &'a (dyn Fn(Standing) + Sync),
+}
+
+impl Batches for Writer<'_> {
+    type Item = (i64, Queued);
+
     /// Takes up to [`MAX_BATCH_KEYS`] keys' queued outcomes and trips.
-    fn take_batch(&self) -> Vec<(i64, Queued)> {
-        let mut queued = self.queued.lock().unwrap_or_else(|p| p.into_inner());
+    fn take(&self) -> Vec<(i64, Queued)> {
+        let mut queued = self.shared.queued.lock().unwrap_or_else(|p| p.into_inner());
         let mut out = Vec::new();
         while out.len() < MAX_BATCH_KEYS {
             match queued.pop_first() {
@@ -269,76 +292,22 @@ impl SharedBreakers {
                 None => break,
             }
         }
+        if !out.is_empty() {
+            self.shared.writing.store(true, Ordering::Relaxed);
+        }
         out
     }
 
-    /// The writer: sends what has queued, one batch per round trip, until `shutdown`; `learn`
-    /// gets each key's standing as Redis answered it. A batch that failed is sent again unchanged
-    /// (the script applies it once), while Redis is taken for away.
-    pub async fn run(
-        &self,
-        now_ms: &(dyn Fn() -> i64 + Sync),
-        learn: &(dyn Fn(Standing) + Sync),
-        shutdown: CancellationToken,
-    ) {
-        let mut seq: u64 = 0;
-        let mut batch: Option<(u64, Vec<(i64, Queued)>)> = None;
-        loop {
-            if batch.is_none() {
-                let taken = self.take_batch();
-                if !taken.is_empty() {
-                    seq += 1;
-                    self.writing.store(true, Ordering::Relaxed);
-                    batch = Some((seq, taken));
-                } else if shutdown.is_cancelled() {
-                    return;
-                } else if !self.is_up() {
-                    if self.ping().await.is_ok() {
-                        self.came_back();
-                        continue;
-                    }
-                    tokio::select! {
-                        () = tokio::time::sleep(RETRY) => {},
-                        () = shutdown.cancelled() => {},
-                    }
-                    continue;
-                } else {
-                    tokio::select! {
-                        () = self.wake.notified() => {},
-                        () = shutdown.cancelled() => {},
-                    }
-                    continue;
-                }
-            }
-            let Some((n, items)) = &batch else { continue };
-            match self.write(*n, items, now_ms()).await {
-                Ok(standings) => {
-                    batch = None;
-                    standings.into_iter().for_each(learn);
-                    self.writing.store(false, Ordering::Relaxed);
-                }
-                Err(e) => {
-                    self.went_down(&e);
-                    if shutdown.is_cancelled() {
-                        return;
-                    }
-                    tokio::select! {
-                        () = tokio::time::sleep(RETRY) => {},
-                        () = shutdown.cancelled() => {},
-                    }
-                }
-            }
-        }
-    }
-
-    /// Runs [`APPLY`] on one batch; the keys' standings as Redis answered them.
-    async fn write(&self, seq: u64, items: &[(i64, Queued)], now_ms: i64) -> Result<Vec<Standing>, String> {
-        let mut inv = self.script.prepare_invoke();
-        inv.key(&self.writer_key)
+    /// Runs [`APPLY`] on one batch; each key's standing as Redis answered it goes to `learn`.
+    async fn write(&self, seq: u64, items: &[(i64, Queued)]) -> Result<(), String> {
+        let s = self.shared;
+        let now_ms = (self.now_ms)();
+        let mut inv = s.script.prepare_invoke();
+        inv.key(&s.writer_key)
             .arg(seq)
             .arg(now_ms)
-            .arg(&self.channel)
-            .arg(&self.origin)
+            .arg(&s.channel)
+            .arg(&s.origin)
             .arg(WINDOW_SECS)
             .arg(super::BUCKETS_KEPT_SECS)
             .arg(MIN_REQUESTS);
@@ -352,39 +321,18 @@ impl SharedBreakers {
                 inv.arg(kind).arg(trip).arg(at).arg(total).arg(failed);
             }
         }
-        let mut conn = self.conn.clone();
-        let timeout = self.timeout.max(Duration::from_millis(500));
-        let answer = bounded(timeout, inv.invoke_async::<Vec<i64>>(&mut conn)).await?;
-        Ok(standings(items, &answer, now_ms))
+        let mut conn = s.conn.clone();
+        let answer = bounded(conn.write_timeout(), inv.invoke_async::<Vec<i64>>(&mut conn)).await?;
+        standings(items, &answer, now_ms).into_iter().for_each(self.learn);
+        s.writing.store(false, Ordering::Relaxed);
+        Ok(())
     }
 
-    async fn ping(&self) -> Result<(), String> {
-        let mut conn = self.conn.clone();
-        let ping = redis::cmd("PING");
-        bounded(self.timeout, ping.query_async::<String>(&mut conn))
-            .await
-            .map(|_| ())
-    }
-
-    /// Notes Redis away; logs it once per outage.
-    fn went_down(&self, why: &str) {
-        if self.up.swap(false, Ordering::Relaxed) {
-            tracing::warn!(error = %why, "redis unreachable: key breakers judged by the store-shared window until it returns");
-        }
-    }
-
-    /// Notes Redis back; logs it once per outage.
-    fn came_back(&self) {
-        if !self.up.swap(true, Ordering::Relaxed) {
-            tracing::info!("redis reachable again: key breakers shared through it");
-        }
-    }
-
-    /// A notice heard on the channel, if it is a well-formed breaker notice of another gateway
-    /// (`None` also for this gateway's own).
-    pub fn heard(&self, payload: &[u8]) -> Option<Notice> {
-        let (origin, notice) = decode(payload)?;
-        (origin != self.origin).then_some(notice)
+    fn left(&self, items: &[(i64, Queued)]) {
+        tracing::warn!(
+            keys = items.len(),
+            "stopping with breaker outcomes Redis has not got; the store has them"
+        );
     }
 }
 

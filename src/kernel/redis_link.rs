@@ -16,10 +16,17 @@
 //!   `aigw:{quota}:…`, `aigw:{breaker}:…`, `aigw:{own}:…`), so no call is refused as `CROSSSLOT`.
 //! - Pub/sub needs no cluster routing: a classic `PUBLISH` reaches every node of a cluster, so the
 //!   subscriber listens on one seed ([`RedisLink::seed`]), another at each reconnection.
+//! - One word on whether Redis answers, for every user of the link and its other connections
+//!   ([`RedisLink::is_up`]): any exchange that fails takes Redis for away, and only a `PING`
+//!   answered within the checks' bound (`redis_timeout_ms`) brings it back, so a Redis slower than
+//!   the checks stays away instead of coming and going with every write. The change is logged
+//!   once each way, and `/readyz` and `aigw_redis_up` show it.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
+
+use tokio::time::timeout as within;
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
@@ -47,10 +54,13 @@ pub struct RedisLink {
     seeds: Arc<[redis::Client]>,
     /// The seed URLs, as written (a cluster client is built from them).
     urls: Arc<[String]>,
-    /// Longest a connection attempt and a reply may take.
+    /// Longest a check's round trip may take (`redis_timeout_ms`): a read before dispatch, a
+    /// probe of a Redis taken for away.
     timeout: Duration,
     /// The connection, once made, and the contact that makes it.
     contact: Arc<Contact>,
+    /// Whether Redis answers: one word for every connection of the link.
+    up: Arc<AtomicBool>,
 }
 
 /// The making of the connection: one contact at a time, whatever the number of callers waiting.
@@ -67,8 +77,9 @@ struct Contact {
 }
 
 impl RedisLink {
-    /// A link to `url` (see [`seeds`]) whose connections and replies wait `timeout` at most,
-    /// contacted in the background. Fails on a URL the client cannot read.
+    /// A link to `url` (see [`seeds`]) whose checks wait `timeout` at most (connections, writes
+    /// and replies: [`RedisLink::write_timeout`]), contacted in the background. Fails on a URL
+    /// the client cannot read.
     pub fn new(url: &str, timeout: Duration) -> Result<RedisLink, String> {
         let urls: Vec<String> = seeds(url).into_iter().map(str::to_owned).collect();
         let clients = urls
@@ -81,21 +92,80 @@ impl RedisLink {
         }
         if urls.len() > 1 {
             // Seeds that cannot make one cluster (passwords or TLS that differ) are refused now.
-            cluster_client(&urls, timeout).map_err(|e| format!("redis_url (AIGW_REDIS_URL): {e}"))?;
+            cluster_client(&urls, write_timeout(timeout))
+                .map_err(|e| format!("redis_url (AIGW_REDIS_URL): {e}"))?;
         }
         let link = RedisLink {
             seeds: clients.into(),
             urls: urls.into(),
             timeout,
             contact: Arc::default(),
+            up: Arc::new(AtomicBool::new(true)),
         };
-        // The first contact starts now, in the background: the first request need not wait for
-        // it (within a runtime; a failed one is tried again at the next use).
-        if tokio::runtime::Handle::try_current().is_ok() {
-            link.contact.under_way.store(true, Ordering::Release);
-            link.start_contact();
-        }
+        link.contact_soon();
         Ok(link)
+    }
+
+    /// A second connection to the same Redis, sharing this link's word on whether it answers:
+    /// the checks before dispatch get one of their own, so that a read never waits behind a
+    /// write's script on the same connection.
+    pub fn another_connection(&self) -> RedisLink {
+        let link = RedisLink {
+            contact: Arc::default(),
+            ..self.clone()
+        };
+        link.contact_soon();
+        link
+    }
+
+    /// Starts the first contact now, in the background: the first request need not wait for it
+    /// (within a runtime; a failed one is tried again at the next use).
+    fn contact_soon(&self) {
+        if tokio::runtime::Handle::try_current().is_ok() {
+            self.contact.under_way.store(true, Ordering::Release);
+            self.start_contact();
+        }
+    }
+
+    /// Longest a check may wait (`redis_timeout_ms`).
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// Longest a write may wait: it carries a batch and is off the request path, so it may take
+    /// longer than a check before Redis is taken for away (500 ms at least).
+    pub fn write_timeout(&self) -> Duration {
+        write_timeout(self.timeout)
+    }
+
+    /// Whether Redis answered the link's last exchange (`aigw_redis_up`, `/readyz`): checks and
+    /// the writers' queues use it only while it does.
+    pub fn is_up(&self) -> bool {
+        self.up.load(Ordering::Relaxed)
+    }
+
+    /// Notes Redis away after an exchange failed for `why`; logs it once per outage.
+    pub fn went_down(&self, why: &str) {
+        if self.up.swap(false, Ordering::Relaxed) {
+            tracing::warn!(
+                error = %why,
+                "redis unreachable: quotas counted by this gateway alone, breakers, own limits and locks shared through the store, until it returns"
+            );
+        }
+    }
+
+    /// Asks Redis whether it is back (a `PING` within the checks' bound); notes and logs it
+    /// once when it is.
+    pub async fn probe(&self) -> bool {
+        let mut conn = self.clone();
+        let ping = redis::cmd("PING");
+        let back = bounded(self.timeout, ping.query_async::<String>(&mut conn))
+            .await
+            .is_ok();
+        if back && !self.up.swap(true, Ordering::Relaxed) {
+            tracing::info!("redis reachable again: quotas, breakers, own limits and locks shared through it");
+        }
+        back
     }
 
     /// The client of one seed, by turns: the subscriber's `n`-th connection attempt uses the
@@ -136,7 +206,7 @@ impl RedisLink {
         let link = self.clone();
         tokio::spawn(async move {
             let c = &link.contact;
-            match tokio::time::timeout(link.timeout.saturating_mul(4), link.make()).await {
+            match within(link.write_timeout().saturating_mul(4), link.make()).await {
                 Ok(Ok(made)) => {
                     let _ = c.made.set(made);
                 }
@@ -150,12 +220,12 @@ impl RedisLink {
 
     async fn make(&self) -> RedisResult<Made> {
         if self.seeds.len() > 1 || self.is_cluster_node().await? {
-            let client = cluster_client(&self.urls, self.timeout)?;
+            let client = cluster_client(&self.urls, self.write_timeout())?;
             return Ok(Made::Cluster(client.get_async_connection().await?));
         }
         let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(self.timeout))
-            .set_response_timeout(Some(self.timeout))
+            .set_connection_timeout(Some(self.write_timeout()))
+            .set_response_timeout(Some(self.write_timeout()))
             .set_number_of_retries(1);
         let manager = ConnectionManager::new_with_config(self.seeds[0].clone(), config).await?;
         Ok(Made::Single(manager))
@@ -165,8 +235,8 @@ impl RedisLink {
     /// server that does not know the section is a single server).
     async fn is_cluster_node(&self) -> RedisResult<bool> {
         let config = redis::AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(self.timeout))
-            .set_response_timeout(Some(self.timeout));
+            .set_connection_timeout(Some(self.write_timeout()))
+            .set_response_timeout(Some(self.write_timeout()));
         let mut conn = self.seeds[0]
             .get_multiplexed_async_connection_with_config(&config)
             .await?;
@@ -182,6 +252,24 @@ fn cluster_client(urls: &[String], timeout: Duration) -> RedisResult<ClusterClie
         .response_timeout(timeout)
         .retries(1)
         .build()
+}
+
+/// `call` to Redis, waited on `timeout` at most: its answer, or why there is none (Redis's
+/// error, or "timed out"). Every Redis call of the gateway goes through it.
+pub async fn bounded<T>(
+    timeout: Duration,
+    call: impl std::future::Future<Output = RedisResult<T>>,
+) -> Result<T, String> {
+    match within(timeout, call).await {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err("timed out".to_owned()),
+    }
+}
+
+/// See [`RedisLink::write_timeout`].
+fn write_timeout(timeout: Duration) -> Duration {
+    timeout.max(Duration::from_millis(500))
 }
 
 /// Whether an `INFO cluster` answer says the server is a cluster node.

@@ -11,28 +11,25 @@
 //!   script per round trip. With every gateway on one Redis, the overshoot of a quota is at most
 //!   the requests in flight across all of them, a request being in flight until its count is in
 //!   Redis (docs/quotas.md).
-//! - Exactly once: each batch carries this gateway's sequence number, and the script applies a
-//!   batch only if its number is above the last one applied for this gateway. A batch that timed
-//!   out is sent again unchanged until Redis answers, so a batch Redis ran late (a paused or slow
-//!   server) and then again is counted once; what was counted meanwhile goes in the next batch.
+//! - Exactly once: the writer is the gateway's one Redis writer ([`crate::kernel::redis_writer`]),
+//!   whose batches carry a sequence number that [`APPLY`] applies once.
 //! - An empty Redis (a restart without persistence, `FLUSHALL`) is reseeded: a counter missing
 //!   from it is set to this gateway's own total (the store's as last read plus its own unwritten
 //!   usage, a lower bound of the truth) instead of being incremented from 0.
 //! - Redis away or slower than `redis_timeout_ms`: checks use this gateway's own counters (the
-//!   bound without Redis) and do not wait on Redis again until the writer's probe (a `PING`
-//!   answered within `redis_timeout_ms`, whatever the writes do) finds it back;
-//!   the change is logged once each way and shown by `/readyz` and `aigw_redis_up`.
+//!   bound without Redis) and do not wait on Redis again until a writer's probe finds it back
+//!   ([`RedisLink::is_up`], one word for every user of Redis).
+//! - The checks read on a connection of their own, so that a read never waits behind a write.
 //! - The store stays the system of record: the flush writes each gateway's deltas as before.
 
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
 
 use rustc_hash::FxHashMap;
 use tokio_util::sync::CancellationToken;
 
 use super::engine::{CounterKey, Standing};
-use crate::kernel::redis_link::RedisLink;
+use crate::kernel::redis_link::{RedisLink, bounded};
+use crate::kernel::redis_writer::{self, Batches};
 
 /// Seconds a counter outlives its window's end in Redis at least: past the latest reset a refusal
 /// announces (1 to 2 minutes after the end, DESIGN.md §4).
@@ -40,9 +37,6 @@ const EXPIRY_MARGIN_SECS: i64 = 300;
 
 /// Most counters one write carries (one script holds Redis for its run).
 const MAX_BATCH: usize = 2000;
-
-/// How long the writer waits before it tries an absent Redis again.
-const RETRY: Duration = Duration::from_millis(200);
 
 /// Applies one batch of one gateway, once. KEYS[1]: the gateway's last applied sequence number;
 /// KEYS[2..]: the counters. ARGV[1]: this batch's number; then per counter its delta, this
@@ -80,12 +74,10 @@ struct Unwritten {
 /// The shared counters of one gateway: the connection, whether Redis answers, and what this
 /// gateway counted that Redis has not got yet.
 pub struct SharedCounters {
-    /// One server's or a cluster's; every call is also bounded by `timeout`.
+    /// The writes' link (one server's or a cluster's), shared with the gateway's other writers.
     conn: RedisLink,
-    /// Longest a round trip may take (`redis_timeout_ms`).
-    timeout: Duration,
-    /// Whether the last exchange with Redis succeeded: checks read Redis only while it is.
-    up: AtomicBool,
+    /// The checks' connection, of the same link.
+    reads: RedisLink,
     /// Usage counted here and not yet written, merged per counter.
     unwritten: Mutex<FxHashMap<CounterKey, Unwritten>>,
     /// Wakes the writer when something is queued.
@@ -110,28 +102,27 @@ fn redis_key(k: &CounterKey) -> String {
 }
 
 impl SharedCounters {
-    /// A client of the Redis at `url` (connected in the background, so an absent Redis does not
-    /// stop the start); probes it once before returning, to log and show its state from the start.
-    pub async fn connect(url: &str, timeout: Duration) -> Result<SharedCounters, String> {
-        let conn = RedisLink::new(url, write_timeout(timeout))?;
+    /// The counters shared through `link` (connected in the background, so an absent Redis does
+    /// not stop the start); probes it once before returning, to log and show its state from the
+    /// start.
+    pub async fn connect(link: &RedisLink) -> SharedCounters {
         let shared = SharedCounters {
-            conn,
-            timeout,
-            up: AtomicBool::new(true),
+            conn: link.clone(),
+            reads: link.another_connection(),
             unwritten: Mutex::default(),
             wake: tokio::sync::Notify::new(),
             writer_key: format!("aigw:{{quota}}:writer:{}", uuid::Uuid::now_v7()),
             script: redis::Script::new(APPLY),
         };
-        if let Err(e) = shared.ping().await {
-            shared.went_down(&e);
+        if !link.probe().await {
+            link.went_down("no answer to PING at start");
         }
-        Ok(shared)
+        shared
     }
 
-    /// Whether Redis answered the last exchange (`aigw_redis_up`, `/readyz`).
+    /// Whether Redis answers (`aigw_redis_up`, `/readyz`): the word of every user of the link.
     pub fn is_up(&self) -> bool {
-        self.up.load(Ordering::Relaxed)
+        self.conn.is_up()
     }
 
     /// Raises each standing's `used` to Redis's total of its counter: one `MGET`, bounded by the
@@ -144,14 +135,15 @@ impl SharedCounters {
         for s in standings.iter() {
             cmd.arg(redis_key(&s.key));
         }
-        let mut conn = self.conn.clone();
-        match bounded(self.timeout, cmd.query_async::<Vec<Option<i64>>>(&mut conn)).await {
+        let mut conn = self.reads.clone();
+        let timeout = conn.timeout();
+        match bounded(timeout, cmd.query_async::<Vec<Option<i64>>>(&mut conn)).await {
             Ok(totals) => {
                 for (s, total) in standings.iter_mut().zip(totals) {
                     s.used = s.used.max(total.unwrap_or(0));
                 }
             }
-            Err(why) => self.went_down(&why),
+            Err(why) => self.conn.went_down(&why),
         }
     }
 
@@ -179,73 +171,21 @@ impl SharedCounters {
         self.wake.notify_one();
     }
 
-    /// The writer: sends what has queued, one batch per round trip, until `shutdown` (then one
-    /// last try). A batch that failed is sent again unchanged (the script applies it once).
+    /// The writer ([`redis_writer::run`]) until `shutdown`.
     pub async fn run(self: std::sync::Arc<Self>, shutdown: CancellationToken) {
-        let mut seq: u64 = 0;
-        let mut batch: Option<(u64, Vec<(CounterKey, Unwritten)>)> = None;
-        loop {
-            let stopping = shutdown.is_cancelled();
-            if batch.is_none() {
-                let taken = self.take_batch();
-                if !taken.is_empty() {
-                    seq += 1;
-                    batch = Some((seq, taken));
-                } else if stopping {
-                    return;
-                } else if !self.is_up() {
-                    // Nothing to write: find out whether Redis is back.
-                    match self.ping().await {
-                        Ok(()) => self.came_back(),
-                        Err(_) => {
-                            tokio::select! {
-                                () = tokio::time::sleep(RETRY) => {},
-                                () = self.wake.notified() => {},
-                                () = shutdown.cancelled() => {},
-                            }
-                        }
-                    }
-                    continue;
-                } else {
-                    tokio::select! {
-                        () = self.wake.notified() => {},
-                        () = shutdown.cancelled() => {},
-                    }
-                    continue;
-                }
-            }
-            let Some((n, items)) = &batch else { continue };
-            match self.write(*n, items).await {
-                Ok(()) => {
-                    batch = None;
-                    // A write may wait longer than a check may: only a ping within the checks'
-                    // bound says Redis is back, so a Redis slower than `redis_timeout_ms` stays
-                    // away instead of coming and going with every write.
-                    if !self.is_up() && self.ping().await.is_ok() {
-                        self.came_back();
-                    }
-                }
-                Err(e) => {
-                    self.went_down(&e);
-                    if stopping {
-                        tracing::warn!(
-                            counters = items.len(),
-                            "stopping with quota usage Redis has not got; the store has it"
-                        );
-                        return;
-                    }
-                    tokio::select! {
-                        () = tokio::time::sleep(RETRY) => {},
-                        () = shutdown.cancelled() => {},
-                    }
-                }
-            }
-        }
+        redis_writer::run(&self.conn, &Writer(&self), &self.wake, shutdown).await;
     }
+}
+
+/// The quota counters' writer.
+struct Writer<'a>(&'a SharedCounters);
+
+impl Batches for Writer<'_> {
+    type Item = (CounterKey, Unwritten);
 
     /// Takes up to [`MAX_BATCH`] queued counters.
-    fn take_batch(&self) -> Vec<(CounterKey, Unwritten)> {
-        let mut map = self.unwritten.lock().unwrap_or_else(|p| p.into_inner());
+    fn take(&self) -> Vec<(CounterKey, Unwritten)> {
+        let mut map = self.0.unwritten.lock().unwrap_or_else(|p| p.into_inner());
         if map.len() <= MAX_BATCH {
             return map.drain().collect();
         }
@@ -257,57 +197,23 @@ impl SharedCounters {
 
     /// Runs [`APPLY`] on one batch.
     async fn write(&self, seq: u64, items: &[(CounterKey, Unwritten)]) -> Result<(), String> {
-        let mut inv = self.script.prepare_invoke();
-        inv.key(&self.writer_key).arg(seq);
+        let mut inv = self.0.script.prepare_invoke();
+        inv.key(&self.0.writer_key).arg(seq);
         for (k, u) in items {
             inv.key(redis_key(k)).arg(u.add).arg(u.seed).arg(u.ttl);
         }
-        let mut conn = self.conn.clone();
-        bounded(write_timeout(self.timeout), inv.invoke_async::<i64>(&mut conn))
+        let mut conn = self.0.conn.clone();
+        bounded(conn.write_timeout(), inv.invoke_async::<i64>(&mut conn))
             .await
             .map(|_| ())
     }
 
-    async fn ping(&self) -> Result<(), String> {
-        let mut conn = self.conn.clone();
-        let ping = redis::cmd("PING");
-        bounded(self.timeout, ping.query_async::<String>(&mut conn))
-            .await
-            .map(|_| ())
+    fn left(&self, items: &[(CounterKey, Unwritten)]) {
+        tracing::warn!(
+            counters = items.len(),
+            "stopping with quota usage Redis has not got; the store has it"
+        );
     }
-
-    /// Notes Redis away; logs it once per outage.
-    fn went_down(&self, why: &str) {
-        if self.up.swap(false, Ordering::Relaxed) {
-            tracing::warn!(error = %why, "redis unreachable: quotas are counted by this gateway alone until it returns");
-        }
-    }
-
-    /// Notes Redis back; logs it once per outage.
-    fn came_back(&self) {
-        if !self.up.swap(true, Ordering::Relaxed) {
-            tracing::info!("redis reachable again: quota counters shared");
-        }
-    }
-}
-
-/// `call` to Redis, waited on `timeout` at most: its answer, or why there is none (Redis's
-/// error, or "timed out"). Every Redis call of the gateway goes through it.
-pub(crate) async fn bounded<T>(
-    timeout: Duration,
-    call: impl std::future::Future<Output = redis::RedisResult<T>>,
-) -> Result<T, String> {
-    match tokio::time::timeout(timeout, call).await {
-        Ok(Ok(v)) => Ok(v),
-        Ok(Err(e)) => Err(e.to_string()),
-        Err(_) => Err("timed out".to_owned()),
-    }
-}
-
-/// A write carries up to [`MAX_BATCH`] counters and is off the request path: it may take longer
-/// than a read before Redis is taken for away.
-fn write_timeout(timeout: Duration) -> Duration {
-    timeout.max(Duration::from_millis(500))
 }
 
 #[cfg(test)]

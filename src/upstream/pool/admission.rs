@@ -781,8 +781,10 @@ mod tests {
     async fn redis_totals_only_make_admission_stricter() {
         let adm = Admission::default();
         // Connected lazily: nothing is sent, the writer is not running.
-        let redis = SharedOwnLimits::connect("redis://127.0.0.1:1/", Duration::from_millis(50), "c");
-        adm.share_through(Arc::new(redis.unwrap()));
+        let link =
+            crate::kernel::redis_link::RedisLink::new("redis://127.0.0.1:1/", Duration::from_millis(50))
+                .expect("a url");
+        adm.share_through(Arc::new(SharedOwnLimits::connect(&link, "c")));
         count_requests(&adm, 7, 1, T0);
         adm.count_tokens(7, 10, T0);
         assert_eq!(adm.used(7, T0), [1, 10, 1]);

@@ -13,8 +13,8 @@
 //!   …`), which every other gateway keeps too: each gateway misses at most the others' traffic
 //!   since their last write round trip (and the notice's delivery). A count is the larger of
 //!   Redis's and the store's: Redis can only make admission stricter.
-//! - Exactly once: each batch carries this gateway's sequence number; a batch that timed out is
-//!   sent again unchanged and applied only if Redis has not applied it.
+//! - Exactly once: the writer is the gateway's one Redis writer ([`crate::kernel::redis_writer`]),
+//!   whose batches carry a sequence number that [`APPLY`] applies once.
 //! - An empty Redis (restart, `FLUSHALL`): a missing counter is set to this gateway's own total
 //!   (the store's as last read plus its unwritten counts), never counted from 0.
 //! - Redis away or slower than `redis_timeout_ms`: nothing is queued for it, and admission counts
@@ -22,14 +22,12 @@
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
 use super::admission::{Admission, Count};
-use crate::kernel::redis_link::RedisLink;
-use crate::quota::shared::bounded;
+use crate::kernel::redis_link::{RedisLink, bounded};
+use crate::kernel::redis_writer::{self, Batches};
 
 /// The word of an own-limit notice on the locks channel.
 pub const NOTICE: &str = "own";
@@ -39,9 +37,6 @@ const EXPIRY_MARGIN_SECS: i64 = 300;
 
 /// Most counters one write carries (one script holds Redis for its run; one notice lists them).
 const MAX_BATCH: usize = 200;
-
-/// How long the writer waits before it tries an absent Redis again.
-const RETRY: Duration = Duration::from_millis(200);
 
 /// Applies one batch of one gateway, once, and answers every counter's total. KEYS[1]: the
 /// gateway's last applied sequence number; KEYS[2..]: the counters. ARGV: the batch's number,
@@ -89,12 +84,8 @@ struct Queued {
 /// This gateway's side of the shared own-limit counts: the connection, whether Redis answers,
 /// and what is queued for the writer.
 pub struct SharedOwnLimits {
-    /// One server's or a cluster's; every call is also bounded.
+    /// The gateway's link (one server's or a cluster's): counts are queued only while it is up.
     conn: RedisLink,
-    /// Longest a round trip may take (`redis_timeout_ms`).
-    timeout: Duration,
-    /// Whether the last exchange succeeded: counts are queued only while it did.
-    up: AtomicBool,
     /// What is queued, per counter.
     queued: Mutex<BTreeMap<Counter, Queued>>,
     /// Wakes the writer.
@@ -116,26 +107,23 @@ pub fn redis_key(credential_id: i64, count: Count, start_ms: i64) -> String {
 }
 
 impl SharedOwnLimits {
-    /// A client of the Redis at `url`, connected lazily; its notices go on `channel`.
-    pub fn connect(url: &str, timeout: Duration, channel: &str) -> Result<SharedOwnLimits, String> {
-        let conn = RedisLink::new(url, timeout.max(Duration::from_millis(500)))?;
+    /// The own-limit counts shared through `link`; its notices go on `channel`.
+    pub fn connect(link: &RedisLink, channel: &str) -> SharedOwnLimits {
         let origin = uuid::Uuid::now_v7().simple().to_string();
-        Ok(SharedOwnLimits {
-            conn,
-            timeout,
-            up: AtomicBool::new(true),
+        SharedOwnLimits {
+            conn: link.clone(),
             queued: Mutex::default(),
             wake: tokio::sync::Notify::new(),
             writer_key: format!("aigw:{{own}}:writer:{origin}"),
             origin,
             channel: channel.to_owned(),
             script: redis::Script::new(APPLY),
-        })
+        }
     }
 
-    /// Whether Redis answered the last exchange: while it does, counts are queued for it.
+    /// Whether Redis answers: while it does, counts are queued for it.
     pub fn is_up(&self) -> bool {
-        self.up.load(Ordering::Relaxed)
+        self.conn.is_up()
     }
 
     /// Queues `add` of `counter`; `seed` is this gateway's own total of it, `add` included.
@@ -148,9 +136,36 @@ impl SharedOwnLimits {
         self.wake.notify_one();
     }
 
+    /// The writer ([`redis_writer::run`]) until `shutdown`; `admission` keeps the totals Redis
+    /// answers.
+    pub async fn run(&self, admission: &Admission, shutdown: CancellationToken) {
+        let writer = Writer {
+            shared: self,
+            admission,
+        };
+        redis_writer::run(&self.conn, &writer, &self.wake, shutdown).await;
+    }
+
+    /// The totals of a notice heard on the channel, if it is a well-formed own-limit notice of
+    /// another gateway (`None` also for this gateway's own).
+    pub fn heard(&self, payload: &[u8]) -> Option<Vec<(Counter, i64)>> {
+        let (origin, totals) = decode(payload)?;
+        (origin != self.origin).then_some(totals)
+    }
+}
+
+/// The own limits' writer: its queue and the admission that keeps the totals.
+struct Writer<'a> {
+    shared: &'a SharedOwnLimits,
+    admission: &'a Admission,
+}
+
+impl Batches for Writer<'_> {
+    type Item = (Counter, Queued);
+
     /// Takes up to [`MAX_BATCH`] queued counters.
-    fn take_batch(&self) -> Vec<(Counter, Queued)> {
-        let mut queued = self.queued.lock().unwrap_or_else(|p| p.into_inner());
+    fn take(&self) -> Vec<(Counter, Queued)> {
+        let mut queued = self.shared.queued.lock().unwrap_or_else(|p| p.into_inner());
         let mut out = Vec::new();
         while out.len() < MAX_BATCH {
             match queued.pop_first() {
@@ -161,73 +176,11 @@ impl SharedOwnLimits {
         out
     }
 
-    /// The writer: sends what has queued, one batch per round trip, until `shutdown`; `admission`
-    /// keeps the totals Redis answers. A batch that failed is sent again unchanged (the script
-    /// applies it once) while Redis is taken for away.
-    pub async fn run(&self, admission: &Admission, shutdown: CancellationToken) {
-        let mut seq: u64 = 0;
-        let mut batch: Option<(u64, Vec<(Counter, Queued)>)> = None;
-        loop {
-            if batch.is_none() {
-                let taken = self.take_batch();
-                if !taken.is_empty() {
-                    seq += 1;
-                    batch = Some((seq, taken));
-                } else if shutdown.is_cancelled() {
-                    return;
-                } else if !self.is_up() {
-                    if self.ping().await.is_ok() {
-                        self.came_back();
-                        continue;
-                    }
-                    tokio::select! {
-                        () = tokio::time::sleep(RETRY) => {},
-                        () = shutdown.cancelled() => {},
-                    }
-                    continue;
-                } else {
-                    tokio::select! {
-                        () = self.wake.notified() => {},
-                        () = shutdown.cancelled() => {},
-                    }
-                    continue;
-                }
-            }
-            let Some((n, items)) = &batch else { continue };
-            match self.write(*n, items).await {
-                Ok(totals) => {
-                    let learnt: Vec<(Counter, i64, i64)> = items
-                        .iter()
-                        .zip(totals)
-                        .map(|((c, q), total)| (*c, q.add, total))
-                        .collect();
-                    admission.learn_written(&learnt);
-                    batch = None;
-                    if !self.is_up() && self.ping().await.is_ok() {
-                        self.came_back();
-                    }
-                }
-                Err(e) => {
-                    self.went_down(&e);
-                    if shutdown.is_cancelled() {
-                        return;
-                    }
-                    tokio::select! {
-                        () = tokio::time::sleep(RETRY) => {},
-                        () = shutdown.cancelled() => {},
-                    }
-                }
-            }
-        }
-    }
-
-    /// Runs [`APPLY`] on one batch; every counter's total, in the batch's order.
-    async fn write(&self, seq: u64, items: &[(Counter, Queued)]) -> Result<Vec<i64>, String> {
-        let mut inv = self.script.prepare_invoke();
-        inv.key(&self.writer_key)
-            .arg(seq)
-            .arg(&self.origin)
-            .arg(&self.channel);
+    /// Runs [`APPLY`] on one batch; the admission learns every counter's total.
+    async fn write(&self, seq: u64, items: &[(Counter, Queued)]) -> Result<(), String> {
+        let s = self.shared;
+        let mut inv = s.script.prepare_invoke();
+        inv.key(&s.writer_key).arg(seq).arg(&s.origin).arg(&s.channel);
         for ((id, count, start), q) in items {
             let window_secs = if *count == Count::DayRequests { 86_400 } else { 60 };
             inv.key(redis_key(*id, *count, *start))
@@ -236,42 +189,25 @@ impl SharedOwnLimits {
                 .arg(q.seed)
                 .arg(window_secs + EXPIRY_MARGIN_SECS);
         }
-        let mut conn = self.conn.clone();
-        let timeout = self.timeout.max(Duration::from_millis(500));
-        let totals = bounded(timeout, inv.invoke_async::<Vec<i64>>(&mut conn)).await?;
+        let mut conn = s.conn.clone();
+        let totals = bounded(conn.write_timeout(), inv.invoke_async::<Vec<i64>>(&mut conn)).await?;
         if totals.len() != items.len() {
             return Err("unexpected answer from the own-limit script".to_owned());
         }
-        Ok(totals)
+        let learnt: Vec<(Counter, i64, i64)> = items
+            .iter()
+            .zip(totals)
+            .map(|((c, q), total)| (*c, q.add, total))
+            .collect();
+        self.admission.learn_written(&learnt);
+        Ok(())
     }
 
-    async fn ping(&self) -> Result<(), String> {
-        let mut conn = self.conn.clone();
-        let ping = redis::cmd("PING");
-        bounded(self.timeout, ping.query_async::<String>(&mut conn))
-            .await
-            .map(|_| ())
-    }
-
-    /// Notes Redis away; logs it once per outage.
-    fn went_down(&self, why: &str) {
-        if self.up.swap(false, Ordering::Relaxed) {
-            tracing::warn!(error = %why, "redis unreachable: upstream own limits shared through the store until it returns");
-        }
-    }
-
-    /// Notes Redis back; logs it once per outage.
-    fn came_back(&self) {
-        if !self.up.swap(true, Ordering::Relaxed) {
-            tracing::info!("redis reachable again: upstream own limits shared through it");
-        }
-    }
-
-    /// The totals of a notice heard on the channel, if it is a well-formed own-limit notice of
-    /// another gateway (`None` also for this gateway's own).
-    pub fn heard(&self, payload: &[u8]) -> Option<Vec<(Counter, i64)>> {
-        let (origin, totals) = decode(payload)?;
-        (origin != self.origin).then_some(totals)
+    fn left(&self, items: &[(Counter, Queued)]) {
+        tracing::warn!(
+            counters = items.len(),
+            "stopping with upstream own-limit counts Redis has not got; the store has them"
+        );
     }
 }
 

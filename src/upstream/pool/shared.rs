@@ -32,8 +32,7 @@ use redis::aio::PubSubStream;
 
 use super::corroboration::{self, GroupRest, Witness};
 use super::locks::{LockEntry, LockTarget, Locks};
-use crate::kernel::redis_link::RedisLink;
-use crate::quota::shared::bounded;
+use crate::kernel::redis_link::{RedisLink, bounded};
 
 /// The channel parks are published on.
 pub const CHANNEL: &str = "aigw:locks";
@@ -211,14 +210,12 @@ pub struct SharedLocks {
     /// The subscriber's tries so far: each connects to the next seed (a pub/sub connection takes
     /// no other command; on a cluster every node hears every publication).
     subscriptions: AtomicUsize,
-    /// Publications and the backoff hash, one server's or a cluster's.
+    /// Publications and the backoff hash: the gateway's link, one server's or a cluster's.
     conn: RedisLink,
-    /// Longest a round trip may take (`redis_timeout_ms`, at least 500 ms: off the request path).
+    /// Longest a round trip may take (off the request path: [`RedisLink::write_timeout`]).
     timeout: Duration,
     /// This process's id in its messages (its own are skipped).
     origin: String,
-    /// Whether the last publication succeeded (its failures are logged once per outage).
-    up: AtomicBool,
     /// Messages ignored as malformed (the first is logged).
     malformed: AtomicU64,
     /// [`BUMP`], sent by its digest.
@@ -230,25 +227,23 @@ pub struct SharedLocks {
 }
 
 impl SharedLocks {
-    /// A client of the Redis at `url`, connected lazily (an absent Redis does not stop the start).
-    pub fn connect(url: &str, timeout: Duration) -> Result<SharedLocks, String> {
-        let timeout = timeout.max(Duration::from_millis(500));
-        let conn = RedisLink::new(url, timeout)?;
+    /// The locks shared through `link` (connected lazily: an absent Redis does not stop the
+    /// start).
+    pub fn connect(link: &RedisLink) -> SharedLocks {
         let (queue, queued) = tokio::sync::mpsc::channel(MAX_QUEUED);
-        Ok(SharedLocks {
+        SharedLocks {
             queue,
             queued: std::sync::Mutex::new(Some(queued)),
             subscribed: AtomicBool::new(false),
             subscriptions: AtomicUsize::new(0),
-            conn,
-            timeout,
+            conn: link.clone(),
+            timeout: link.write_timeout(),
             origin: uuid::Uuid::now_v7().simple().to_string(),
-            up: AtomicBool::new(true),
             malformed: AtomicU64::new(0),
             bump: redis::Script::new(BUMP),
             observe: redis::Script::new(corroboration::SHARED_OBSERVE),
             witnessed: AtomicU64::new(0),
-        })
+        }
     }
 
     /// Queues `change` for the writer; never waits (a full queue drops it).
@@ -471,21 +466,11 @@ impl SharedLocks {
             .min(MAX_RECONNECT_WAIT)
     }
 
-    /// Notes how an exchange went; logs a change once per outage.
+    /// Notes how an exchange went: a failure takes Redis for away, for every user of the link
+    /// (logged once per outage; a writer's probe brings it back).
     fn note<T>(&self, sent: Result<T, String>, what: &str) -> Option<T> {
-        let failed = match sent {
-            Ok(v) => {
-                if !self.up.swap(true, Ordering::Relaxed) {
-                    tracing::info!("redis reachable again: credential locks published at once");
-                }
-                return Some(v);
-            }
-            Err(why) => why,
-        };
-        if self.up.swap(false, Ordering::Relaxed) {
-            tracing::warn!(error = %failed, "redis unreachable {what}: the other gateways learn of locks by the store poll until it returns");
-        }
-        None
+        sent.map_err(|why| self.conn.went_down(&format!("{what}: {why}")))
+            .ok()
     }
 }
 
@@ -561,7 +546,8 @@ mod tests {
 
     #[tokio::test]
     async fn heard_locks_only_extend_and_own_messages_are_skipped() {
-        let shared = SharedLocks::connect("redis://127.0.0.1:1/", Duration::from_millis(50)).expect("a url");
+        let link = RedisLink::new("redis://127.0.0.1:1/", Duration::from_millis(50)).expect("a url");
+        let shared = SharedLocks::connect(&link);
         let locks = Locks::default();
         let other = |n: &Notice| encode("other", n);
         shared.hear(
