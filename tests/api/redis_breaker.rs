@@ -14,10 +14,9 @@ use serde_json::{Value, json};
 
 use crate::both_backends;
 use crate::breaker::{bad, good, send};
-use crate::helpers::{ResourcesBuilder, Setup, TestApp, TestDb, spawn_app};
+use crate::helpers::{ResourcesBuilder, TestApp, TestDb};
 use crate::proxy::KEY;
-use crate::redis_locks::NEVER;
-use crate::redis_quota::RedisServer;
+use crate::redis_quota::{RedisServer, redis_only_gateway};
 
 /// One upstream serving the model, room for every held request.
 fn resources(mock: &MockUpstream) -> String {
@@ -27,19 +26,9 @@ fn resources(mock: &MockUpstream) -> String {
         .into()
 }
 
-/// A gateway on `db` and the Redis at `redis`, whose store flush and poll teach it nothing
-/// within a test.
+/// A gateway on `db` and the Redis at `redis`, taught by Redis alone.
 async fn gateway(db: &TestDb, mock: &MockUpstream, redis: String) -> TestApp {
-    let setup = Setup {
-        config_poll: Some(NEVER),
-        settings: Box::new(move |s| {
-            s.redis_url = Some(aigw::config::Secret::new(redis));
-            s.redis_timeout_ms = 100;
-            s.flush_interval_ms = 60_000;
-        }),
-        ..Setup::resources(resources(mock))
-    };
-    spawn_app(db, setup).await
+    redis_only_gateway(db, resources(mock), redis).await
 }
 
 /// Waits (20 s at most: a loaded host) until `app` holds the key at `trips` trips or more.

@@ -13,25 +13,22 @@ use aigw::mock_upstream::MockUpstream;
 use serde_json::Value;
 
 use crate::both_backends;
-use crate::helpers::{Setup, TestApp, TestDb, chat, spawn_app};
+use crate::helpers::{TestApp, TestDb, chat};
 use crate::proxy::KEY;
-use crate::redis_locks::NEVER;
-use crate::redis_quota::RedisServer;
+use crate::redis_quota::{RedisServer, redis_only_gateway};
 use crate::upstream::{credentials_called, pool_of};
 
-/// A gateway on `db` serving `resources`, sharing through the Redis at `redis`, whose store flush
-/// and poll teach it nothing within a test.
+/// A gateway on `db` serving `resources` through the Redis at `redis`, taught by Redis alone.
 async fn gateway(db: &TestDb, resources: &str, redis: String) -> TestApp {
-    let setup = Setup {
-        config_poll: Some(NEVER),
-        settings: Box::new(move |s| {
-            s.redis_url = Some(aigw::config::Secret::new(redis));
-            s.redis_timeout_ms = 100;
-            s.flush_interval_ms = 60_000;
-        }),
-        ..Setup::resources(resources.to_owned())
-    };
-    spawn_app(db, setup).await
+    redis_only_gateway(db, resources.to_owned(), redis).await
+}
+
+/// A pool of `one` (serving m1 with its own `limits`) and `two` (m1, no limit), both on `url`.
+fn one_then_two(url: &str, limits: &str) -> String {
+    pool_of(&[
+        ("one", url, "cred-one", r#"["m1"]"#, limits),
+        ("two", url, "cred-two", r#"["m1"]"#, ""),
+    ])
 }
 
 /// Waits (20 s at most: a loaded host) until `app` counts at least `want` of `credential`'s
@@ -123,17 +120,7 @@ async fn requests_per_minute_split_across_two_gateways(db: TestDb) {
 async fn a_full_credential_fails_over_on_the_other_gateway_at_once(db: TestDb) {
     let Some(redis) = RedisServer::start() else { return };
     let mock = MockUpstream::start().await.unwrap();
-    let url = mock.base_url();
-    let text = pool_of(&[
-        (
-            "one",
-            &url,
-            "cred-one",
-            r#"["m1"]"#,
-            "limits = { requests_per_minute = 2 }",
-        ),
-        ("two", &url, "cred-two", r#"["m1"]"#, ""),
-    ]);
+    let text = one_then_two(&mock.base_url(), "limits = { requests_per_minute = 2 }");
     let a = gateway(&db, &text, redis.url()).await;
     let b = gateway(&db, &text, redis.url()).await;
     let one = a.credential_id("one").await;
@@ -151,17 +138,7 @@ async fn a_full_credential_fails_over_on_the_other_gateway_at_once(db: TestDb) {
 async fn tokens_per_minute_counted_at_completion_reach_the_other_gateway(db: TestDb) {
     let Some(redis) = RedisServer::start() else { return };
     let mock = MockUpstream::start().await.unwrap();
-    let url = mock.base_url();
-    let text = pool_of(&[
-        (
-            "one",
-            &url,
-            "cred-one",
-            r#"["m1"]"#,
-            "limits = { tokens_per_minute = 10 }",
-        ),
-        ("two", &url, "cred-two", r#"["m1"]"#, ""),
-    ]);
+    let text = one_then_two(&mock.base_url(), "limits = { tokens_per_minute = 10 }");
     let a = gateway(&db, &text, redis.url()).await;
     let b = gateway(&db, &text, redis.url()).await;
     let one = a.credential_id("one").await;

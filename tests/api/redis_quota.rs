@@ -221,6 +221,22 @@ pub(crate) async fn gateway(db: &TestDb, mock: &MockUpstream, limit: u32, redis:
     spawn_app(db, setup).await
 }
 
+/// A gateway on `db` serving `resources` through the Redis at `redis`, whose store flush (a
+/// minute away) and poll (never) teach it nothing within a test: what it learns of another
+/// gateway, Redis told it.
+pub(crate) async fn redis_only_gateway(db: &TestDb, resources: String, redis: String) -> TestApp {
+    let setup = Setup {
+        config_poll: Some(crate::redis_locks::NEVER),
+        settings: Box::new(move |s| {
+            s.redis_url = Some(aigw::config::Secret::new(redis));
+            s.redis_timeout_ms = 100;
+            s.flush_interval_ms = 60_000;
+        }),
+        ..Setup::resources(resources)
+    };
+    spawn_app(db, setup).await
+}
+
 async fn readyz(app: &TestApp) -> (u16, String) {
     let r = app.get("/readyz").await;
     (r.status().as_u16(), r.text().await.unwrap_or_default())
