@@ -89,7 +89,7 @@ pub(super) fn start_shared_locks(state: AppState, first: Option<redis::aio::PubS
                     message = stream.next() => match message {
                         // A breaker notice is the breaker's, an own-limit notice admission's; anything
                         // else the locks'.
-                        Some(m) if s.breakers.hear(m.get_payload_bytes()) => {}
+                        Some(m) if s.breakers.hear(m.get_payload_bytes(), s.clock.now_ms()) => {}
                         Some(m) if s.admission.hear(m.get_payload_bytes(), s.clock.now_ms()) => {}
                         Some(m) => shared.hear(&s.locks, m.get_payload_bytes(), s.clock.now_ms()),
                         None => break,

@@ -428,6 +428,14 @@ impl Breakers {
             .breaker_failing_after(since.max(now_s - WINDOW_SECS))
             .await?;
         self.looked.store(now_s, Ordering::Relaxed);
+        self.start_sharing(failing, now_s);
+        Ok(())
+    }
+
+    /// Starts sharing those of `failing` (keys other gateways shared failures of) that hold
+    /// outcomes here and are not shared yet: their window at `now_s` goes to the store's next
+    /// flush and to Redis, and every outcome after it.
+    pub(crate) fn start_sharing(&self, failing: impl IntoIterator<Item = i64>, now_s: i64) {
         let mut share = Vec::new();
         let mut keys = self.keys.lock().unwrap_or_else(|p| p.into_inner());
         for key in failing {
@@ -445,7 +453,6 @@ impl Breakers {
             }
         }
         self.add_pending(share);
-        Ok(())
     }
 
     /// Writes the outcomes shared since the last flush and reads back the windows of the keys

@@ -21,6 +21,12 @@
 //!   returned to the writer; every gateway applies what it hears as it applies the store's rows
 //!   (trips only rise, a block only extends). The gateway whose script tripped the key persists
 //!   the trip; the store stays the record, and its rows still reach every gateway at its reload.
+//! - Every gateway's outcomes of a failing key reach the window, successes included: a batch that
+//!   adds failures to a key's window (and does not trip it) is published
+//!   (`<origin> breaker <key> failing`), and a gateway that hears it and holds outcomes of the key
+//!   it does not share yet starts sharing them, its whole window first ([`super::Breakers::hear`]),
+//!   as the store path's discovery does at each flush. So a gateway whose requests of the key all
+//!   succeed is counted within a notice's delivery and one write round trip.
 //! - Exactly once: the writer is the gateway's one Redis writer ([`crate::kernel::redis_writer`]),
 //!   whose batches carry a sequence number that [`APPLY`] applies once.
 //! - An empty Redis (restart, `FLUSHALL`): a key's trip count is set back to the largest the
@@ -53,6 +59,7 @@ pub const NOTICE: &str = "breaker";
 /// admission, the second (an outcome) or the instant in ms (a trip), requests, failures.
 /// Returns per key: trips, blocked until (ms, 0 none), banned, tripped (0 no, 1 the gateway's
 /// trip accepted, 2 tripped by the script), requests and failures of the window that tripped.
+/// A key whose window got failures and did not trip is published as failing.
 const APPLY: &str = r"
 local last = tonumber(redis.call('GET', KEYS[1]) or '0')
 if tonumber(ARGV[1]) <= last then return {} end
@@ -75,7 +82,7 @@ for k = 1, (#KEYS - 1) / 2 do
     redis.call('HSET', st, 'trips', rt)
   end
   if tonumber(redis.call('HGET', win, 'trip') or '-1') ~= rt then redis.call('DEL', win) end
-  local tripped, total, failed, newest = 0, 0, 0, nil
+  local tripped, total, failed, newest, failing = 0, 0, 0, nil, false
   local function trip(at, why)
     rt = rt + 1
     redis.call('DEL', win)
@@ -100,6 +107,7 @@ for k = 1, (#KEYS - 1) / 2 do
       else
         redis.call('HINCRBY', win, at .. ':t', nt)
         redis.call('HINCRBY', win, at .. ':f', nf)
+        if tonumber(nf) > 0 then failing = true end
         redis.call('HSET', win, 'trip', rt)
         redis.call('EXPIRE', win, kept)
         if newest == nil or at > newest then newest = at end
@@ -124,6 +132,9 @@ for k = 1, (#KEYS - 1) / 2 do
       total, failed = wt, wf
       trip(now_ms, 2)
     end
+  end
+  if failing and tripped == 0 then
+    redis.call('PUBLISH', ARGV[3], ARGV[4] .. ' breaker ' .. key .. ' failing')
   end
   table.insert(out, rt)
   table.insert(out, until_ms)
@@ -266,7 +277,7 @@ impl SharedBreakers {
 
     /// A notice heard on the channel, if it is a well-formed breaker notice of another gateway
     /// (`None` also for this gateway's own).
-    pub fn heard(&self, payload: &[u8]) -> Option<Notice> {
+    pub fn heard(&self, payload: &[u8]) -> Option<Heard> {
         let (origin, notice) = decode(payload)?;
         (origin != self.origin).then_some(notice)
     }
@@ -360,15 +371,21 @@ impl Breakers {
         }
     }
 
-    /// Applies a breaker notice heard on the locks channel; false if `payload` is no breaker
-    /// notice (it is the locks'). Another gateway's trip applies here at once.
-    pub fn hear(&self, payload: &[u8]) -> bool {
+    /// Applies a breaker notice heard on the locks channel at `now_ms`; false if `payload` is no
+    /// breaker notice (it is the locks'). Another gateway's trip applies here at once; a key
+    /// another gateway reports failing is shared from now on, if this gateway holds outcomes of
+    /// it ([`Breakers::start_sharing`]).
+    pub fn hear(&self, payload: &[u8], now_ms: i64) -> bool {
         if !is_notice(payload) {
             return false;
         }
-        if let Some(n) = self.redis().and_then(|r| r.heard(payload)) {
-            let mut keys = self.keys.lock().unwrap_or_else(|p| p.into_inner());
-            adopt(&mut keys, n.key_id, n.trips, n.blocked_until, n.banned);
+        match self.redis().and_then(|r| r.heard(payload)) {
+            Some(Heard::Trip(n)) => {
+                let mut keys = self.keys.lock().unwrap_or_else(|p| p.into_inner());
+                adopt(&mut keys, n.key_id, n.trips, n.blocked_until, n.banned);
+            }
+            Some(Heard::Failing(key)) => self.start_sharing([key], now_ms.div_euclid(1000)),
+            None => {}
         }
         true
     }
@@ -432,8 +449,18 @@ pub struct Notice {
     pub banned: bool,
 }
 
-/// Reads a breaker notice: `<origin> breaker <key> <trips> <blocked_until ms|0> <0|1>`.
-pub fn decode(payload: &[u8]) -> Option<(&str, Notice)> {
+/// What a breaker notice tells.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Heard {
+    /// Another gateway tripped a key.
+    Trip(Notice),
+    /// A key's window got failures: every gateway holding outcomes of it shares them.
+    Failing(i64),
+}
+
+/// Reads a breaker notice: `<origin> breaker <key> <trips> <blocked_until ms|0> <0|1>` (a trip)
+/// or `<origin> breaker <key> failing`.
+pub fn decode(payload: &[u8]) -> Option<(&str, Heard)> {
     let text = std::str::from_utf8(payload).ok().filter(|t| t.len() <= 256)?;
     let mut f = text.split(' ');
     let origin = f.next().filter(|o| !o.is_empty())?;
@@ -441,7 +468,10 @@ pub fn decode(payload: &[u8]) -> Option<(&str, Notice)> {
         return None;
     }
     let key = f.next()?.parse::<i64>().ok().filter(|k| *k > 0)?;
-    let trips = f.next()?.parse::<u32>().ok()?;
+    let trips = match f.next()? {
+        "failing" => return f.next().is_none().then_some((origin, Heard::Failing(key))),
+        trips => trips.parse::<u32>().ok()?,
+    };
     let until = f.next()?.parse::<i64>().ok().filter(|u| *u >= 0)?;
     let banned = match f.next()? {
         "0" => false,
@@ -457,7 +487,7 @@ pub fn decode(payload: &[u8]) -> Option<(&str, Notice)> {
         blocked_until: (until > 0).then_some(until),
         banned,
     };
-    Some((origin, notice))
+    Some((origin, Heard::Trip(notice)))
 }
 
 /// Whether a message on the channel is a breaker notice (well-formed or not): the breaker's, not
@@ -476,13 +506,15 @@ mod tests {
     #[test]
     fn notices_read_back_and_malformed_ones_are_refused() {
         // (message, what it tells)
-        let n = |key_id, trips, blocked_until, banned| Notice {
-            key_id,
-            trips,
-            blocked_until,
-            banned,
+        let n = |key_id, trips, blocked_until, banned| {
+            Heard::Trip(Notice {
+                key_id,
+                trips,
+                blocked_until,
+                banned,
+            })
         };
-        let cases: &[(&[u8], Option<Notice>)] = &[
+        let cases: &[(&[u8], Option<Heard>)] = &[
             (
                 b"gw breaker 7 1 1764554430000 0",
                 Some(n(7, 1, Some(1_764_554_430_000), false)),
@@ -495,6 +527,10 @@ mod tests {
             (b"gw breaker 7 1 0 0 extra", None),
             (b"gw lock 7 1 0 0", None),
             (b"gw breaker \xff", None),
+            (b"gw breaker 7 failing", Some(Heard::Failing(7))),
+            (b"gw breaker 0 failing", None),
+            (b"gw breaker 7 failing 1", None),
+            (b"gw breaker 7 failed", None),
         ];
         for (message, want) in cases {
             assert_eq!(decode(message).map(|(_, n)| n), *want, "{message:?}");

@@ -112,6 +112,7 @@ both_backends!(
     a_ban_reaches_the_other_gateway_at_once,
     redis_away_the_store_shared_window_still_trips,
     an_emptied_redis_takes_the_trip_count_back_from_the_gateways,
+    successes_on_a_gateway_without_failures_count_against_the_others,
 );
 
 /// 60 failures on A, 50 on B: neither gateway alone has 100 requests, the two together trip the
@@ -305,4 +306,51 @@ async fn an_emptied_redis_takes_the_trip_count_back_from_the_gateways(db: TestDb
     assert_eq!(trips.len(), 2, "{trips:?}");
     a.stop().await;
     b.stop().await;
+}
+
+/// Requests of the key's window in Redis (every gateway's, as the script judges it).
+async fn window_in(redis: &RedisServer, key_id: i64) -> i64 {
+    let client = redis::Client::open(redis.url()).expect("url");
+    let mut c = client.get_multiplexed_async_connection().await.expect("connect");
+    let fields: std::collections::HashMap<String, String> = redis::cmd("HGETALL")
+        .arg(aigw::breaker::shared::window_key(key_id))
+        .query_async(&mut c)
+        .await
+        .expect("hgetall");
+    fields
+        .iter()
+        .filter(|(f, _)| f.ends_with(":t"))
+        .map(|(_, v)| v.parse::<i64>().unwrap_or(0))
+        .sum()
+}
+
+/// B's 50 successes, A's 60 failures, C's 50: 110 of 160 failed (69 %), no trip. B never failed,
+/// so it shares its window when it hears that A's failures reached Redis; without that, Redis
+/// would judge 110 failures of 110 requests and trip the key.
+async fn successes_on_a_gateway_without_failures_count_against_the_others(db: TestDb) {
+    let Some(redis) = RedisServer::start() else { return };
+    let mock = MockUpstream::start().await.unwrap();
+    let a = gateway(&db, &mock, redis.url()).await;
+    let b = gateway(&db, &mock, redis.url()).await;
+    let c = gateway(&db, &mock, redis.url()).await;
+    assert!(send(&b, 50, &good()).await.iter().all(|s| *s == 200));
+    assert!(send(&a, 60, &bad()).await.iter().all(|s| *s == 400));
+    let key_id = a.logs("acme", 1).await[0].key_id;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while window_in(&redis, key_id).await < 110 {
+        assert!(Instant::now() < deadline, "B's successes never reached Redis");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(send(&c, 50, &bad()).await.iter().all(|s| *s == 400));
+    for app in [&a, &b, &c] {
+        until_settled(app).await;
+    }
+    assert_eq!(window_in(&redis, key_id).await, 160);
+    assert_eq!(trips_in(&redis, key_id).await, 0);
+    for app in [&a, &b, &c] {
+        assert_eq!(send(app, 1, &good()).await, [200]);
+    }
+    for app in [a, b, c] {
+        app.stop().await;
+    }
 }
