@@ -22,7 +22,7 @@
 //!   the checks stays away instead of coming and going with every write. The change is logged
 //!   once each way, and `/readyz` and `aigw_redis_up` show it.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -61,6 +61,22 @@ pub struct RedisLink {
     contact: Arc<Contact>,
     /// Whether Redis answers: one word for every connection of the link.
     up: Arc<AtomicBool>,
+    /// This link's number in the process (shared by its other connections): names its
+    /// connection on each serving thread ([`RedisLink::on_this_thread`]).
+    id: u64,
+}
+
+/// Links made so far in the process: the next link's [`RedisLink::id`].
+static LINKS: AtomicU64 = AtomicU64::new(0);
+
+/// Links a serving thread keeps a connection of at most (one a gateway: more only in a test
+/// process running several gateways, whose threads outlive none of them).
+const THREAD_LINKS: usize = 4;
+
+thread_local! {
+    /// The connections made on this thread, by link.
+    static THREAD_CONNECTIONS: std::cell::RefCell<Vec<(u64, RedisLink)>> =
+        const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// The making of the connection: one contact at a time, whatever the number of callers waiting.
@@ -101,6 +117,7 @@ impl RedisLink {
             timeout,
             contact: Arc::default(),
             up: Arc::new(AtomicBool::new(true)),
+            id: LINKS.fetch_add(1, Ordering::Relaxed),
         };
         link.contact_soon();
         Ok(link)
@@ -116,6 +133,38 @@ impl RedisLink {
         };
         link.contact_soon();
         link
+    }
+
+    /// The link's connection on the calling thread, if it runs a single-threaded runtime (a
+    /// serving thread: edge::serving) and the connection is made; else this one. A request's
+    /// round trip then never leaves its thread: on a connection of the main runtime, each one
+    /// paid two cross-thread wake-ups, more than Redis's own answer. The thread's connection is
+    /// made in the background at its first use (and again after a failed contact), meanwhile
+    /// this one serves.
+    pub fn on_this_thread(&self) -> RedisLink {
+        let single = tokio::runtime::Handle::try_current()
+            .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::CurrentThread);
+        if !single {
+            return self.clone();
+        }
+        THREAD_CONNECTIONS.with(|held| {
+            let mut held = held.borrow_mut();
+            match held.iter().find(|(id, _)| *id == self.id) {
+                Some((_, own)) if own.contact.made.get().is_some() => return own.clone(),
+                Some((_, own)) => {
+                    if !own.contact.under_way.swap(true, Ordering::AcqRel) {
+                        own.start_contact();
+                    }
+                }
+                None => {
+                    if held.len() >= THREAD_LINKS {
+                        held.remove(0);
+                    }
+                    held.push((self.id, self.another_connection()));
+                }
+            }
+            self.clone()
+        })
     }
 
     /// Starts the first contact now, in the background: the first request need not wait for it

@@ -19,7 +19,9 @@
 //! - Redis away or slower than `redis_timeout_ms`: checks use this gateway's own counters (the
 //!   bound without Redis) and do not wait on Redis again until a writer's probe finds it back
 //!   ([`RedisLink::is_up`], one word for every user of Redis).
-//! - The checks read on a connection of their own, so that a read never waits behind a write.
+//! - The checks read on connections of their own, so that a read never waits behind a write: one
+//!   per serving thread, so that a request's round trip never leaves its thread
+//!   ([`RedisLink::on_this_thread`]).
 //! - The store stays the system of record: the flush writes each gateway's deltas as before.
 
 use std::sync::Mutex;
@@ -135,7 +137,7 @@ impl SharedCounters {
         for s in standings.iter() {
             cmd.arg(redis_key(&s.key));
         }
-        let mut conn = self.reads.clone();
+        let mut conn = self.reads.on_this_thread();
         let timeout = conn.timeout();
         match bounded(timeout, cmd.query_async::<Vec<Option<i64>>>(&mut conn)).await {
             Ok(totals) => {
