@@ -57,9 +57,41 @@ fn parse_entry(entry: &str) -> Option<IpAddr> {
     None
 }
 
+/// An address as its `Display` writes it (`203.0.113.7`, `2001:db8::1`); an IPv4 one, the
+/// common case on every request, without `fmt` (a tenth of its instructions).
+pub fn ip_text(ip: IpAddr) -> String {
+    let IpAddr::V4(v4) = ip else {
+        return ip.to_string();
+    };
+    let mut out = String::with_capacity(15);
+    for (i, octet) in v4.octets().into_iter().enumerate() {
+        if i > 0 {
+            out.push('.');
+        }
+        out.push_str(itoa::Buffer::new().format(octet));
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ip_text_is_display() {
+        for ip in [
+            "0.0.0.0",
+            "127.0.0.1",
+            "203.0.113.7",
+            "255.255.255.255",
+            "10.20.0.100",
+            "::1",
+            "2001:db8::1",
+        ] {
+            let ip: IpAddr = ip.parse().unwrap();
+            assert_eq!(ip_text(ip), ip.to_string());
+        }
+    }
 
     fn nets(list: &[&str]) -> Vec<IpNet> {
         list.iter().map(|n| n.parse().unwrap()).collect()

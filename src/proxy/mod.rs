@@ -247,7 +247,7 @@ fn start(
         .get::<RequestId>()
         .map(|r| r.encode(&mut [0; 36]).to_owned())
         .unwrap_or_default();
-    let client = state.client_ip(peer, req.headers()).to_string();
+    let client = crate::edge::forwarded::ip_text(state.client_ip(peer, req.headers()));
     Completion::start(state.clone(), caller.clone(), endpoint, request_id, client)
 }
 

@@ -157,22 +157,13 @@ fn standing_of(
     bounds: Option<window::WindowBounds>,
     tz: Tz,
 ) -> Standing {
-    // "<subject>:<id>" spreads the reset per subject; written on the stack (hot path).
-    let mut buf = [0u8; 48];
-    let len = {
-        let mut w = &mut buf[..];
-        let _ = std::io::Write::write_fmt(
-            &mut w,
-            format_args!("{}:{}", rule.subject.as_str(), key.subject_id),
-        );
-        48 - w.len()
-    };
-    let subject_key = std::str::from_utf8(&buf[..len]).unwrap_or_default();
+    // "<subject>:<id>" spreads the reset per subject.
+    let reset_at = bounds.map(|b| window::subject_reset_at(b.end, rule.subject, key.subject_id, tz));
     Standing {
         rule: rule.clone(),
         key,
         used,
-        reset_at: bounds.map(|b| window::reset_at(b.end, subject_key, tz)),
+        reset_at,
         window_secs: bounds.map(|b| (b.end - b.start).num_seconds()),
         window_end: bounds.map(|b| b.end),
     }

@@ -3,6 +3,8 @@
 
 use std::collections::HashMap;
 
+use rustc_hash::FxHashMap;
+
 use super::window::Window;
 use super::{Metric, Mode, SubjectKind};
 use crate::kernel::caller::Caller;
@@ -57,7 +59,8 @@ pub struct PolicyRule {
 /// policies or ten thousand.
 #[derive(Debug, Default)]
 pub struct Policies {
-    by_workspace: HashMap<i64, WorkspacePolicies>,
+    /// Looked up on every request, as `named` is: Fx hashing (keys are ids, not client text).
+    by_workspace: FxHashMap<i64, WorkspacePolicies>,
 }
 
 /// One workspace's policies, each with its place in the load order (the order they apply in).
@@ -66,7 +69,7 @@ struct WorkspacePolicies {
     /// Policies for each subject of their kind (`target = "*"`).
     each: Vec<(usize, PolicyRule)>,
     /// Policies naming one subject, by its kind and id.
-    named: HashMap<(SubjectKind, i64), Vec<(usize, PolicyRule)>>,
+    named: FxHashMap<(SubjectKind, i64), Vec<(usize, PolicyRule)>>,
     /// Tag policies on each value of one tag key (`target = "team=*"`), by the key.
     each_value_of: HashMap<String, Vec<(usize, PolicyRule)>>,
 }

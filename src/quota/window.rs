@@ -60,6 +60,8 @@ use chrono::{LocalResult, Offset, TimeDelta, TimeZone, Utc};
 use chrono_tz::Tz;
 use serde::{Deserialize, Serialize};
 
+use super::SubjectKind;
+
 /// The zone windows are aligned in when a workspace configures none (DESIGN.md §4, §8).
 pub const DEFAULT_TZ: Tz = chrono_tz::Asia::Shanghai;
 
@@ -320,6 +322,52 @@ pub fn reset_at(bounds_end: DateTime<Utc>, subject_key: &str, tz: Tz) -> DateTim
     reset.with_timezone(&tz).fixed_offset()
 }
 
+/// [`reset_at`] of the subject `id` of kind `subject` (its key `<subject>:<id>`), remembered on
+/// this thread: a subject's reset is the same on every request of its window.
+pub fn subject_reset_at(
+    bounds_end: DateTime<Utc>,
+    subject: SubjectKind,
+    id: i64,
+    tz: Tz,
+) -> DateTime<FixedOffset> {
+    RESETS.with_borrow_mut(|(next, recent)| {
+        let known = recent
+            .iter()
+            .flatten()
+            .find(|(e, s, i, z, _)| *e == bounds_end && *s == subject && *i == id && *z == tz);
+        if let Some((.., r)) = known {
+            return *r;
+        }
+        // "<subject>:<id>" written on the stack without `fmt`.
+        let (kind, mut digits) = (subject.as_str(), itoa::Buffer::new());
+        let digits = digits.format(id);
+        let mut key = [0u8; 48];
+        let len = kind.len() + 1 + digits.len();
+        key[..kind.len()].copy_from_slice(kind.as_bytes());
+        key[kind.len()] = b':';
+        key[kind.len() + 1..len].copy_from_slice(digits.as_bytes());
+        let r = reset_at(
+            bounds_end,
+            std::str::from_utf8(&key[..len]).unwrap_or_default(),
+            tz,
+        );
+        recent[*next] = Some((bounds_end, subject, id, tz, r));
+        *next = (*next + 1) % recent.len();
+        r
+    })
+}
+
+/// Resets remembered by window end, subject and zone, and the slot the next one replaces.
+type Resets = (
+    usize,
+    [Option<(DateTime<Utc>, SubjectKind, i64, Tz, DateTime<FixedOffset>)>; 8],
+);
+
+thread_local! {
+    /// The resets [`subject_reset_at`] computed last on this thread, replaced in turn.
+    static RESETS: std::cell::RefCell<Resets> = const { std::cell::RefCell::new((0, [None; 8])) };
+}
+
 /// [`reset_at`] for the window of kind `window` containing `at`; `None` for
 /// [`Window::Total`] (the refusal body's `reset_at` is `null` and the `-reset` header absent).
 pub fn reset_at_for(
@@ -543,6 +591,34 @@ fn whole_second(at: DateTime<Utc>) -> DateTime<Utc> {
 mod tests {
     use super::*;
     use chrono_tz::{America, Asia, Europe, Pacific};
+
+    #[test]
+    fn a_subjects_remembered_reset_is_its_keys() {
+        let end = Utc.with_ymd_and_hms(2026, 12, 7, 0, 0, 0).unwrap();
+        let kinds = [
+            SubjectKind::Apikey,
+            SubjectKind::EndUser,
+            SubjectKind::Tag,
+            SubjectKind::Ws,
+        ];
+        // Twice round more subjects than are remembered: computed, then found or recomputed.
+        for _ in 0..2 {
+            for (n, kind) in kinds.into_iter().enumerate() {
+                for id in [0, 7, 42, i64::MAX, i64::MIN] {
+                    for tz in [chrono_tz::UTC, Asia::Shanghai] {
+                        let end = end + TimeDelta::minutes(n as i64);
+                        let want = reset_at(end, &format!("{}:{id}", kind.as_str()), tz);
+                        assert_eq!(subject_reset_at(end, kind, id, tz), want, "{kind:?} {id} {tz}");
+                        assert_eq!(
+                            subject_reset_at(end, kind, id, tz),
+                            want,
+                            "{kind:?} {id} {tz}, again"
+                        );
+                    }
+                }
+            }
+        }
+    }
 
     fn utc(s: &str) -> DateTime<Utc> {
         DateTime::parse_from_rfc3339(s)
