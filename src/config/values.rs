@@ -187,18 +187,18 @@ fn parse_networks<'a>(
         .collect()
 }
 
-/// `redis_url`: a Redis URL the client understands, plain or over TLS, or a cluster's seed nodes'
-/// URLs separated by commas.
+/// `redis_url`: a Redis URL the client understands, plain or over TLS, a cluster's seed nodes'
+/// URLs separated by commas, or the sentinels of a primary (`redis+sentinel://`).
 pub(super) fn redis_url_form(v: &Option<super::Secret>) -> Result<(), String> {
     let Some(u) = v else { return Ok(()) };
     let seeds: Vec<&str> = u.expose().split(',').map(str::trim).collect();
-    if seeds
-        .iter()
-        .any(|s| !(s.starts_with("redis://") || s.starts_with("rediss://")))
-    {
+    let direct = |s: &&str| s.starts_with("redis://") || s.starts_with("rediss://");
+    let sentinel = |s: &&str| s.starts_with("redis+sentinel://") || s.starts_with("rediss+sentinel://");
+    if !(seeds.iter().all(direct) || seeds.iter().all(sentinel)) {
         return Err(
             "must start with redis:// or rediss:// (a cluster's seed nodes: such URLs separated \
-             by commas)"
+             by commas), or redis+sentinel:// or rediss+sentinel:// naming the primary \
+             (redis+sentinel://host:26379/<primary>, several sentinels separated by commas)"
                 .into(),
         );
     }
@@ -219,7 +219,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn redis_url_takes_plain_and_tls_urls_and_seed_lists_only() {
+    fn redis_url_takes_plain_and_tls_urls_seed_lists_and_sentinels_only() {
         let cases = [
             (None, true),
             (Some("redis://127.0.0.1:6379/0"), true),
@@ -231,6 +231,10 @@ mod tests {
             (Some("redis://h1:7000,"), false),
             (Some("http://127.0.0.1:6379"), false),
             (Some("127.0.0.1:6379"), false),
+            (Some("redis+sentinel://10.0.0.1:26379/main"), true),
+            (Some("redis+sentinel://s1/main, redis+sentinel://s2/main"), true),
+            (Some("rediss+sentinel://:pw@s1:26379/main/2"), true),
+            (Some("redis+sentinel://s1/main,redis://h2:7001"), false),
         ];
         for (url, ok) in cases {
             let v = url.map(super::super::Secret::new);

@@ -14,6 +14,10 @@
 //! - On a cluster, commands are routed by their keys' hash slots. Every script and multi-key
 //!   command of the gateway names keys of one slot (its users put their keys under one hash tag:
 //!   `aigw:{quota}:…`, `aigw:{breaker}:…`, `aigw:{own}:…`), so no call is refused as `CROSSSLOT`.
+//! - Or the sentinels of a primary (`redis+sentinel://` or `rediss+sentinel://`, [`Sentinels`]):
+//!   the connection is made to the primary the sentinels name, and made anew, asking them again,
+//!   when the one made fails (closed, timed out, or demoted to a replica: `READONLY`), so a
+//!   failover is followed from the next call after it.
 //! - Pub/sub needs no cluster routing: a classic `PUBLISH` reaches every node of a cluster, so the
 //!   subscriber listens on one seed ([`RedisLink::seed`]), another at each reconnection.
 //! - One word on whether Redis answers, for every user of the link and its other connections
@@ -23,15 +27,17 @@
 //!   once each way, and `/readyz` and `aigw_redis_up` show it.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::time::timeout as within;
 
+use redis::aio::MultiplexedConnection;
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
-use redis::{Cmd, Pipeline, RedisFuture, RedisResult, Value};
+use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
+use redis::{Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, RedisResult, ServerErrorKind, Value};
 
 /// The seed URLs of `redis_url`: one server's, or a cluster's seed nodes separated by commas.
 pub fn seeds(url: &str) -> Vec<&str> {
@@ -45,6 +51,101 @@ enum Made {
     Single(ConnectionManager),
     /// A cluster: a connection per node, routed by hash slot; follows the cluster's changes.
     Cluster(ClusterConnection),
+    /// The primary the sentinels named: made anew when it fails ([`lost`]).
+    Sentinel(MultiplexedConnection),
+}
+
+/// `redis_url`'s sentinels: `redis+sentinel://[[user]:password@]host[:port]/<primary>[/<db>]`,
+/// comma-separated for several (each naming the same primary; `rediss+sentinel://` for TLS to
+/// the sentinels and the servers). The user and password are the servers'; the sentinels are
+/// asked without.
+pub struct Sentinels {
+    /// Asks the sentinels for the primary (one question at a time).
+    client: tokio::sync::Mutex<SentinelClient>,
+}
+
+impl Sentinels {
+    /// The sentinels of `urls`, if they are `redis+sentinel://` URLs (`Ok(None)` if none is); an
+    /// error for a mix, a URL without a primary's name, or two primaries' names.
+    fn of(urls: &[String]) -> Result<Option<Sentinels>, String> {
+        let read: Vec<Option<(redis::ConnectionInfo, String)>> =
+            urls.iter().map(|u| sentinel_url(u)).collect::<Result<_, _>>()?;
+        if read.iter().all(Option::is_none) {
+            return Ok(None);
+        }
+        let read: Vec<(redis::ConnectionInfo, String)> = read
+            .into_iter()
+            .collect::<Option<_>>()
+            .ok_or("a list of sentinels takes only redis+sentinel:// URLs")?;
+        let (first, primary) = &read[0];
+        if read.iter().any(|(_, p)| p != primary) {
+            return Err("every sentinel URL must name the same primary".to_owned());
+        }
+        let server = first.redis_settings();
+        let tls = matches!(first.addr(), redis::ConnectionAddr::TcpTls { .. });
+        let mut b = SentinelClientBuilder::new(
+            read.iter().map(|(info, _)| info.addr().clone()),
+            primary,
+            SentinelServerType::Master,
+        )
+        .map_err(|e| e.to_string())?
+        .set_client_to_redis_db(server.db());
+        if let Some(user) = server.username() {
+            b = b.set_client_to_redis_username(user);
+        }
+        if let Some(password) = server.password() {
+            b = b.set_client_to_redis_password(password);
+        }
+        if tls {
+            b = b
+                .set_client_to_redis_tls_mode(redis::TlsMode::Secure)
+                .set_client_to_sentinel_tls_mode(redis::TlsMode::Secure);
+        }
+        let client = b.build().map_err(|e| e.to_string())?;
+        Ok(Some(Sentinels {
+            client: tokio::sync::Mutex::new(client),
+        }))
+    }
+
+    /// A client of the primary the sentinels name now.
+    async fn primary(&self) -> RedisResult<redis::Client> {
+        self.client.lock().await.async_get_client().await
+    }
+}
+
+/// A sentinel URL read: the sentinel's address with the servers' user, password and database,
+/// and the primary's name; `None` for a URL of another scheme.
+fn sentinel_url(url: &str) -> Result<Option<(redis::ConnectionInfo, String)>, String> {
+    let (scheme, rest) = match url.split_once("://") {
+        Some(("redis+sentinel", rest)) => ("redis", rest),
+        Some(("rediss+sentinel", rest)) => ("rediss", rest),
+        _ => return Ok(None),
+    };
+    let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
+    let mut parts = path.split('/').filter(|p| !p.is_empty());
+    let primary = parts
+        .next()
+        .ok_or_else(|| format!("{scheme}+sentinel:// URL without the primary's name (…/<name>)"))?;
+    let db = parts.next().unwrap_or("0");
+    // The default port of a sentinel, where none is written.
+    let authority = if authority.rsplit('@').next().is_some_and(|h| !h.contains(':')) {
+        format!("{authority}:26379")
+    } else {
+        authority.to_owned()
+    };
+    let info = redis::IntoConnectionInfo::into_connection_info(format!("{scheme}://{authority}/{db}"))
+        .map_err(|e| e.to_string())?;
+    Ok(Some((info, primary.to_owned())))
+}
+
+/// Whether `e` says the connection made from the sentinels' answer is no use any more: closed,
+/// timed out, or to a server no longer the primary.
+fn lost(e: &RedisError) -> bool {
+    e.is_io_error()
+        || e.is_connection_dropped()
+        || e.is_timeout()
+        || e.is_unrecoverable_error()
+        || e.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly)
 }
 
 /// A link to the Redis of `redis_url`, made in the background; cheap to clone (clones share it).
@@ -59,6 +160,8 @@ pub struct RedisLink {
     timeout: Duration,
     /// The connection, once made, and the contact that makes it.
     contact: Arc<Contact>,
+    /// The sentinels, when `redis_url` names them.
+    sentinels: Option<Arc<Sentinels>>,
     /// Whether Redis answers: one word for every connection of the link.
     up: Arc<AtomicBool>,
     /// This link's number in the process (shared by its other connections): names its
@@ -82,8 +185,8 @@ thread_local! {
 /// The making of the connection: one contact at a time, whatever the number of callers waiting.
 #[derive(Default)]
 struct Contact {
-    /// The connection, once made.
-    made: OnceLock<Made>,
+    /// The connection, once made (forgotten when it fails, with sentinels only).
+    made: arc_swap::ArcSwapOption<Made>,
     /// Whether a contact is under way.
     under_way: AtomicBool,
     /// Why the last contact failed.
@@ -100,13 +203,19 @@ impl RedisLink {
         let urls: Vec<String> = seeds(url).into_iter().map(str::to_owned).collect();
         let clients = urls
             .iter()
-            .map(|u| redis::Client::open(u.as_str()))
+            .map(|u| match sentinel_url(u) {
+                Ok(Some((info, _))) => redis::Client::open(info),
+                _ => redis::Client::open(u.as_str()),
+            })
             .collect::<RedisResult<Vec<_>>>()
             .map_err(|e| format!("redis_url (AIGW_REDIS_URL): {e}"))?;
         if clients.is_empty() {
             return Err("redis_url (AIGW_REDIS_URL): no URL given".to_owned());
         }
-        if urls.len() > 1 {
+        let sentinels = Sentinels::of(&urls)
+            .map_err(|e| format!("redis_url (AIGW_REDIS_URL): {e}"))?
+            .map(Arc::new);
+        if urls.len() > 1 && sentinels.is_none() {
             // Seeds that cannot make one cluster (passwords or TLS that differ) are refused now.
             cluster_client(&urls, write_timeout(timeout))
                 .map_err(|e| format!("redis_url (AIGW_REDIS_URL): {e}"))?;
@@ -116,6 +225,7 @@ impl RedisLink {
             urls: urls.into(),
             timeout,
             contact: Arc::default(),
+            sentinels,
             up: Arc::new(AtomicBool::new(true)),
             id: LINKS.fetch_add(1, Ordering::Relaxed),
         };
@@ -150,7 +260,7 @@ impl RedisLink {
         THREAD_CONNECTIONS.with(|held| {
             let mut held = held.borrow_mut();
             match held.iter().find(|(id, _)| *id == self.id) {
-                Some((_, own)) if own.contact.made.get().is_some() => return own.clone(),
+                Some((_, own)) if own.contact.made.load().is_some() => return own.clone(),
                 Some((_, own)) => {
                     if !own.contact.under_way.swap(true, Ordering::AcqRel) {
                         own.start_contact();
@@ -218,31 +328,35 @@ impl RedisLink {
     }
 
     /// The client of one seed, by turns: the subscriber's `n`-th connection attempt uses the
-    /// `n`-th seed, so a seed that went away is left for the next.
-    pub fn seed(&self, n: usize) -> &redis::Client {
-        &self.seeds[n % self.seeds.len()]
+    /// `n`-th seed, so a seed that went away is left for the next. With sentinels, the primary
+    /// they name now.
+    pub async fn seed(&self, n: usize) -> RedisResult<redis::Client> {
+        match &self.sentinels {
+            Some(s) => s.primary().await,
+            None => Ok(self.seeds[n % self.seeds.len()].clone()),
+        }
     }
 
     /// The connection, made now if it is not yet. The contact runs in a task of its own, one at a
     /// time: a caller that stops waiting (its bound) does not cancel it, so a slow first contact
     /// (a cluster's nodes and slots) still ends and serves the next call, and callers arriving
     /// during a contact wait for it instead of piling up contacts of their own.
-    async fn made(&self) -> RedisResult<Made> {
+    async fn made(&self) -> RedisResult<Arc<Made>> {
         let c = &self.contact;
-        if let Some(made) = c.made.get() {
-            return Ok(made.clone());
+        if let Some(made) = c.made.load_full() {
+            return Ok(made);
         }
         // Registered before the checks below: the end of a contact under way wakes it.
         let done = c.done.notified();
-        if let Some(made) = c.made.get() {
-            return Ok(made.clone());
+        if let Some(made) = c.made.load_full() {
+            return Ok(made);
         }
         if !c.under_way.swap(true, Ordering::AcqRel) {
             self.start_contact();
         }
         done.await;
-        match c.made.get() {
-            Some(made) => Ok(made.clone()),
+        match c.made.load_full() {
+            Some(made) => Ok(made),
             None => {
                 let why = c.failed.lock().unwrap_or_else(|p| p.into_inner()).clone();
                 Err(std::io::Error::other(why).into())
@@ -256,9 +370,7 @@ impl RedisLink {
         tokio::spawn(async move {
             let c = &link.contact;
             match within(link.write_timeout().saturating_mul(4), link.make()).await {
-                Ok(Ok(made)) => {
-                    let _ = c.made.set(made);
-                }
+                Ok(Ok(made)) => c.made.store(Some(Arc::new(made))),
                 Ok(Err(e)) => *c.failed.lock().unwrap_or_else(|p| p.into_inner()) = e.to_string(),
                 Err(_) => *c.failed.lock().unwrap_or_else(|p| p.into_inner()) = "timed out".to_owned(),
             }
@@ -268,6 +380,16 @@ impl RedisLink {
     }
 
     async fn make(&self) -> RedisResult<Made> {
+        if let Some(sentinels) = &self.sentinels {
+            let config = redis::AsyncConnectionConfig::new()
+                .set_connection_timeout(Some(self.write_timeout()))
+                .set_response_timeout(Some(self.write_timeout()));
+            let primary = sentinels.primary().await?;
+            let conn = primary
+                .get_multiplexed_async_connection_with_config(&config)
+                .await?;
+            return Ok(Made::Sentinel(conn));
+        }
         if self.seeds.len() > 1 || self.is_cluster_node().await? {
             let client = cluster_client(&self.urls, self.write_timeout())?;
             return Ok(Made::Cluster(client.get_async_connection().await?));
@@ -291,6 +413,29 @@ impl RedisLink {
             .await?;
         let info: String = redis::cmd("INFO").arg("cluster").query_async(&mut conn).await?;
         Ok(cluster_enabled(&info))
+    }
+}
+
+impl RedisLink {
+    /// If `failed` says `made` (a connection to the primary the sentinels named) is lost: forgets
+    /// it (a connection made since is kept) and makes one anew, asking the sentinels again, for
+    /// the call to be sent once more. A failover kills the old primary's connections and makes
+    /// it refuse writes: the call goes to the new primary instead of failing. Sent again, a call
+    /// the old primary ran before its connection closed runs twice: the gateway's scripts apply
+    /// a batch once, and a notice heard twice changes nothing.
+    async fn remade_if_lost(
+        &self,
+        made: &Arc<Made>,
+        failed: Option<&RedisError>,
+    ) -> Option<RedisResult<MultiplexedConnection>> {
+        if !failed.is_some_and(lost) {
+            return None;
+        }
+        let _ = self.contact.made.compare_and_swap(made, None);
+        Some(self.made().await.and_then(|m| match &*m {
+            Made::Sentinel(c) => Ok(c.clone()),
+            _ => Err(std::io::Error::other("not a sentinel's primary").into()),
+        }))
     }
 }
 
@@ -329,9 +474,17 @@ fn cluster_enabled(info: &str) -> bool {
 impl ConnectionLike for RedisLink {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         Box::pin(async move {
-            match self.made().await? {
-                Made::Single(mut c) => c.req_packed_command(cmd).await,
-                Made::Cluster(mut c) => c.req_packed_command(cmd).await,
+            let made = self.made().await?;
+            match &*made {
+                Made::Single(c) => c.clone().req_packed_command(cmd).await,
+                Made::Cluster(c) => c.clone().req_packed_command(cmd).await,
+                Made::Sentinel(c) => {
+                    let answer = c.clone().req_packed_command(cmd).await;
+                    match self.remade_if_lost(&made, answer.as_ref().err()).await {
+                        Some(c) => c?.req_packed_command(cmd).await,
+                        None => answer,
+                    }
+                }
             }
         })
     }
@@ -343,16 +496,25 @@ impl ConnectionLike for RedisLink {
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
         Box::pin(async move {
-            match self.made().await? {
-                Made::Single(mut c) => c.req_packed_commands(pipeline, offset, count).await,
-                Made::Cluster(mut c) => c.req_packed_commands(pipeline, offset, count).await,
+            let made = self.made().await?;
+            match &*made {
+                Made::Single(c) => c.clone().req_packed_commands(pipeline, offset, count).await,
+                Made::Cluster(c) => c.clone().req_packed_commands(pipeline, offset, count).await,
+                Made::Sentinel(c) => {
+                    let answer = c.clone().req_packed_commands(pipeline, offset, count).await;
+                    match self.remade_if_lost(&made, answer.as_ref().err()).await {
+                        Some(c) => c?.req_packed_commands(pipeline, offset, count).await,
+                        None => answer,
+                    }
+                }
             }
         })
     }
 
     fn get_db(&self) -> i64 {
-        match self.contact.made.get() {
+        match self.contact.made.load().as_deref() {
             Some(Made::Single(c)) => c.get_db(),
+            Some(Made::Sentinel(c)) => c.get_db(),
             Some(Made::Cluster(_)) | None => 0,
         }
     }
@@ -393,13 +555,79 @@ mod tests {
             Duration::from_millis(50),
         );
         let link = link.expect("two seeds");
-        assert_eq!(
-            link.seed(3).get_connection_info().addr().to_string(),
-            "127.0.0.1:2"
+        let seed = futures::executor::block_on(link.seed(3)).expect("a seed");
+        assert_eq!(seed.get_connection_info().addr().to_string(), "127.0.0.1:2");
+        let refused = [
+            "",
+            "http://127.0.0.1:6379",
+            "redis://:a@127.0.0.1:1/,redis://:b@127.0.0.1:2/",
+            "redis+sentinel://127.0.0.1:26379",
+            "redis+sentinel://127.0.0.1:26379/a,redis+sentinel://127.0.0.1:26380/b",
+            "redis+sentinel://127.0.0.1:26379/a,redis://127.0.0.1:6379/",
+        ];
+        for url in refused {
+            assert!(RedisLink::new(url, Duration::from_millis(50)).is_err(), "{url}");
+        }
+        let sentinels = "redis+sentinel://127.0.0.1/main, redis+sentinel://127.0.0.1:26380/main";
+        assert!(RedisLink::new(sentinels, Duration::from_millis(50)).is_ok());
+    }
+
+    #[test]
+    fn sentinel_urls_name_the_sentinel_the_primary_and_the_servers_credentials() {
+        // (URL, sentinel's address, primary, db, user, password); None: not a sentinel URL.
+        type Read = (
+            &'static str,
+            &'static str,
+            i64,
+            Option<&'static str>,
+            Option<&'static str>,
         );
-        assert!(RedisLink::new("", Duration::from_millis(50)).is_err());
-        assert!(RedisLink::new("http://127.0.0.1:6379", Duration::from_millis(50)).is_err());
-        let two_passwords = "redis://:a@127.0.0.1:1/,redis://:b@127.0.0.1:2/";
-        assert!(RedisLink::new(two_passwords, Duration::from_millis(50)).is_err());
+        let cases: &[(&str, Option<Read>)] = &[
+            ("redis://127.0.0.1:6379/", None),
+            (
+                "redis+sentinel://10.0.0.1:26380/main",
+                Some(("10.0.0.1:26380", "main", 0, None, None)),
+            ),
+            (
+                "redis+sentinel://:s3cret@sentinel.internal/main/2",
+                Some(("sentinel.internal:26379", "main", 2, None, Some("s3cret"))),
+            ),
+            (
+                "rediss+sentinel://aigw:pw@10.0.0.1:26379/cache",
+                Some(("10.0.0.1:26379", "cache", 0, Some("aigw"), Some("pw"))),
+            ),
+        ];
+        for (url, want) in cases {
+            let read = sentinel_url(url).expect("readable");
+            let got = read.as_ref().map(|(info, primary)| {
+                let host = match info.addr() {
+                    redis::ConnectionAddr::Tcp(h, p) => format!("{h}:{p}"),
+                    redis::ConnectionAddr::TcpTls { host, port, .. } => format!("{host}:{port}"),
+                    other => other.to_string(),
+                };
+                let r = info.redis_settings();
+                (
+                    host,
+                    primary.clone(),
+                    r.db(),
+                    r.username().map(str::to_owned),
+                    r.password().map(str::to_owned),
+                )
+            });
+            let want = want.map(|(h, p, db, u, pw)| {
+                (
+                    h.to_owned(),
+                    p.to_owned(),
+                    db,
+                    u.map(str::to_owned),
+                    pw.map(str::to_owned),
+                )
+            });
+            assert_eq!(got, want, "{url}");
+        }
+        assert!(
+            sentinel_url("redis+sentinel://127.0.0.1:26379/").is_err(),
+            "no primary"
+        );
     }
 }

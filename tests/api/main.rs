@@ -36,6 +36,7 @@ mod redis_corroboration;
 mod redis_locks;
 mod redis_own_limits;
 mod redis_quota;
+mod redis_sentinel;
 mod reference;
 mod resources;
 mod serving;

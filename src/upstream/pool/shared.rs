@@ -427,8 +427,9 @@ impl SharedLocks {
 
     /// A subscriber connection to [`CHANNEL`], subscribed, on the next seed by turns.
     pub async fn subscribe(&self) -> Result<PubSubStream, String> {
-        let seed = self.conn.seed(self.subscriptions.fetch_add(1, Ordering::Relaxed));
+        let n = self.subscriptions.fetch_add(1, Ordering::Relaxed);
         let subscribed = async {
+            let seed = self.conn.seed(n).await?;
             let mut pubsub = seed.get_async_pubsub().await?;
             pubsub.subscribe(CHANNEL).await?;
             Ok::<_, redis::RedisError>(pubsub.into_on_message())
