@@ -12,6 +12,7 @@ pub mod crypto;
 pub mod in_flight;
 pub mod managed;
 pub mod redis_link;
+pub mod redis_sentinel;
 pub mod redis_writer;
 pub mod request_id;
 pub mod suggest;
