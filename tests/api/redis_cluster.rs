@@ -14,7 +14,7 @@ use crate::both_backends;
 use crate::helpers::TestDb;
 use crate::proxy::KEY;
 use crate::redis_locks::{NEVER, pair, park_both, until_parked};
-use crate::redis_quota::{chat, quota_total, redis_up_metric, until_readyz_says};
+use crate::redis_quota::{chat, installed, quota_total, redis_up_metric, until_readyz_says};
 
 /// A 3-primary Redis Cluster of this test's own, killed when dropped.
 struct RedisCluster {
@@ -22,20 +22,6 @@ struct RedisCluster {
     children: Vec<Child>,
     /// The nodes' cluster configuration files.
     dir: tempfile::TempDir,
-}
-
-/// The installed binary `name`, if any; CI installs Redis (.ci/run), so there a missing one
-/// fails the run instead of skipping it.
-fn installed(name: &str) -> Option<String> {
-    let found = ["/usr/bin", "/usr/local/bin"]
-        .into_iter()
-        .map(|d| format!("{d}/{name}"))
-        .find(|p| std::path::Path::new(p).exists());
-    assert!(
-        found.is_some() || std::env::var("CI").as_deref() != Ok("true"),
-        "{name} is not installed"
-    );
-    found
 }
 
 impl RedisCluster {

@@ -19,6 +19,20 @@ use crate::both_backends;
 use crate::helpers::{Setup, TestApp, TestDb, spawn_app};
 use crate::proxy::{KEY, resources};
 
+/// The installed binary `name` (Debian's `redis-server`, `redis-cli`), if any; CI installs
+/// Redis (.ci/run), so there a missing one fails the run instead of skipping the test.
+pub(crate) fn installed(name: &str) -> Option<String> {
+    let found = ["/usr/bin", "/usr/local/bin"]
+        .into_iter()
+        .map(|d| format!("{d}/{name}"))
+        .find(|p| std::path::Path::new(p).exists());
+    assert!(
+        found.is_some() || std::env::var("CI").as_deref() != Ok("true"),
+        "{name} is not installed"
+    );
+    found
+}
+
 /// A `redis-server` of this test's own, killed when dropped.
 pub(crate) struct RedisServer {
     port: u16,
@@ -40,15 +54,7 @@ impl RedisServer {
     }
 
     fn launch(&mut self) -> Option<()> {
-        let bin = ["/usr/bin/redis-server", "/usr/local/bin/redis-server"]
-            .into_iter()
-            .find(|p| std::path::Path::new(p).exists());
-        // CI installs it (.ci/run): there a missing server fails the run instead of skipping.
-        assert!(
-            bin.is_some() || std::env::var("CI").as_deref() != Ok("true"),
-            "redis-server is not installed"
-        );
-        let bin = bin?;
+        let bin = installed("redis-server")?;
         let child = Command::new(bin)
             .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no"])

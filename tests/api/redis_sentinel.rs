@@ -14,7 +14,7 @@ use aigw::mock_upstream::MockUpstream;
 use crate::both_backends;
 use crate::helpers::{TestApp, TestDb};
 use crate::proxy::KEY;
-use crate::redis_quota::{chat, gateway, quota_total, redis_up_metric};
+use crate::redis_quota::{chat, gateway, installed, quota_total, redis_up_metric};
 
 /// A primary, its replica and a sentinel watching them (the primary named `main`), killed when
 /// dropped, their folders deleted.
@@ -33,14 +33,7 @@ impl Sentinelled {
     async fn start() -> Option<Sentinelled> {
         static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
         let _one = ONE_AT_A_TIME.lock().await;
-        let bin = ["/usr/bin/redis-server", "/usr/local/bin/redis-server"]
-            .into_iter()
-            .find(|p| std::path::Path::new(p).exists());
-        assert!(
-            bin.is_some() || std::env::var("CI").as_deref() != Ok("true"),
-            "redis-server is not installed"
-        );
-        let bin = bin?;
+        let bin = installed("redis-server")?;
         let listeners: Vec<std::net::TcpListener> = (0..3)
             .map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("a free port"))
             .collect();
@@ -59,7 +52,7 @@ impl Sentinelled {
         )
         .expect("sentinel.conf");
         let spawn = |args: Vec<String>| {
-            Command::new(bin)
+            Command::new(&bin)
                 .args(args)
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
