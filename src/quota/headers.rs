@@ -148,20 +148,8 @@ pub fn quota_headers(
             h.insert(t.clone(), v);
         }
     }
-    // Tightest overall: the smallest share left, then the earliest reset.
-    let overall = tightest.iter().min_by(|(a, ra), (b, rb)| {
-        share(a, *ra)
-            .total_cmp(&share(b, *rb))
-            .then(reset_key(a).cmp(&reset_key(b)))
-    });
-    if let Some((s, remaining)) = overall {
-        let unit = |v: i64| {
-            if s.rule.metric == Metric::Credits {
-                v / 1_000_000
-            } else {
-                v
-            }
-        };
+    if let Some((s, remaining)) = overall(&tightest) {
+        let unit = |v: i64| whole(s.rule.metric, v);
         // `"<subject>-<metric>-<window>"`, the name both fields start with.
         let name = |text: &mut Values| {
             text.push("\"");
@@ -201,6 +189,21 @@ fn share(s: &Standing, remaining: i64) -> f64 {
     } else {
         remaining as f64 / s.rule.limit as f64
     }
+}
+
+/// The tightest standing overall (the RateLimit fields'): the smallest share left, then the
+/// earliest reset.
+fn overall<'a>(tightest: &'a [(&'a Standing, i64)]) -> Option<&'a (&'a Standing, i64)> {
+    tightest.iter().min_by(|(a, ra), (b, rb)| {
+        share(a, *ra)
+            .total_cmp(&share(b, *rb))
+            .then(reset_key(a).cmp(&reset_key(b)))
+    })
+}
+
+/// A metric's amount in the RateLimit fields' whole units (credits: whole credits).
+fn whole(m: Metric, v: i64) -> i64 {
+    if m == Metric::Credits { v / 1_000_000 } else { v }
 }
 
 fn reset_key(s: &Standing) -> i64 {
@@ -269,19 +272,8 @@ mod tests {
                 }
             }
         }
-        let overall = tightest.iter().min_by(|(a, ra), (b, rb)| {
-            share(a, *ra)
-                .total_cmp(&share(b, *rb))
-                .then(reset_key(a).cmp(&reset_key(b)))
-        });
-        if let Some((s, remaining)) = overall {
-            let unit = |v: i64| {
-                if s.rule.metric == Metric::Credits {
-                    v / 1_000_000
-                } else {
-                    v
-                }
-            };
+        if let Some((s, remaining)) = overall(&tightest) {
+            let unit = |v: i64| whole(s.rule.metric, v);
             let mut policy = format!(
                 "\"{}-{}-{}\"",
                 s.rule.subject.as_str(),
