@@ -260,29 +260,50 @@ pub fn bounds(window: Window, at: DateTime<Utc>, tz: Tz) -> Option<WindowBounds>
     if window == Window::Total {
         return None;
     }
-    RECENT.with_borrow_mut(|(next, recent)| {
-        let known = recent
-            .iter()
-            .flatten()
-            .find(|(w, z, b)| *w == window && *z == tz && b.contains(at));
-        if let Some((_, _, b)) = known {
+    RECENT.with_borrow_mut(|recent| {
+        if let Some((_, _, b)) = recent.find(|(w, z, b)| *w == window && *z == tz && b.contains(at)) {
             return Some(*b);
         }
         let b = computed_bounds(window, at, tz)?;
         if b.contains(at) {
-            recent[*next] = Some((window, tz, b));
-            *next = (*next + 1) % recent.len();
+            recent.keep((window, tz, b));
         }
         Some(b)
     })
 }
 
-/// Windows remembered by kind and zone, and the slot the next one replaces.
-type Recent = (usize, [Option<(Window, Tz, WindowBounds)>; 8]);
+/// The last few values a thread computed, found again by what they were computed from and
+/// replaced in turn: [`bounds`]' windows and [`subject_reset_at`]'s resets.
+struct Remembered<T: Copy> {
+    /// The slot the next value replaces.
+    next: usize,
+    slots: [Option<T>; 8],
+}
+
+impl<T: Copy> Remembered<T> {
+    const fn new() -> Self {
+        Remembered {
+            next: 0,
+            slots: [None; 8],
+        }
+    }
+
+    /// The remembered value `is` accepts, if any.
+    fn find(&self, is: impl Fn(&T) -> bool) -> Option<&T> {
+        self.slots.iter().flatten().find(|t| is(t))
+    }
+
+    /// Remembers `value` in place of the oldest.
+    fn keep(&mut self, value: T) {
+        self.slots[self.next] = Some(value);
+        self.next = (self.next + 1) % self.slots.len();
+    }
+}
 
 thread_local! {
-    /// The windows [`bounds`] computed last on this thread, replaced in turn.
-    static RECENT: std::cell::RefCell<Recent> = const { std::cell::RefCell::new((0, [None; 8])) };
+    /// The windows [`bounds`] computed last on this thread, by kind and zone.
+    static RECENT: std::cell::RefCell<Remembered<(Window, Tz, WindowBounds)>> =
+        const { std::cell::RefCell::new(Remembered::new()) };
 }
 
 /// [`bounds`] computed.
@@ -330,11 +351,8 @@ pub fn subject_reset_at(
     id: i64,
     tz: Tz,
 ) -> DateTime<FixedOffset> {
-    RESETS.with_borrow_mut(|(next, recent)| {
-        let known = recent
-            .iter()
-            .flatten()
-            .find(|(e, s, i, z, _)| *e == bounds_end && *s == subject && *i == id && *z == tz);
+    RESETS.with_borrow_mut(|recent| {
+        let known = recent.find(|(e, s, i, z, _)| *e == bounds_end && *s == subject && *i == id && *z == tz);
         if let Some((.., r)) = known {
             return *r;
         }
@@ -351,21 +369,18 @@ pub fn subject_reset_at(
             std::str::from_utf8(&key[..len]).unwrap_or_default(),
             tz,
         );
-        recent[*next] = Some((bounds_end, subject, id, tz, r));
-        *next = (*next + 1) % recent.len();
+        recent.keep((bounds_end, subject, id, tz, r));
         r
     })
 }
 
-/// Resets remembered by window end, subject and zone, and the slot the next one replaces.
-type Resets = (
-    usize,
-    [Option<(DateTime<Utc>, SubjectKind, i64, Tz, DateTime<FixedOffset>)>; 8],
-);
+/// A subject's reset: its window's end, kind, id and zone, and the reset.
+type Reset = (DateTime<Utc>, SubjectKind, i64, Tz, DateTime<FixedOffset>);
 
 thread_local! {
-    /// The resets [`subject_reset_at`] computed last on this thread, replaced in turn.
-    static RESETS: std::cell::RefCell<Resets> = const { std::cell::RefCell::new((0, [None; 8])) };
+    /// The resets [`subject_reset_at`] computed last on this thread.
+    static RESETS: std::cell::RefCell<Remembered<Reset>> =
+        const { std::cell::RefCell::new(Remembered::new()) };
 }
 
 /// [`reset_at`] for the window of kind `window` containing `at`; `None` for
