@@ -1237,28 +1237,51 @@ class Redis:
 
     def __init__(self, run, name):
         self.run, self.name = run, name
-        self.port = free_port()
         self.dir = os.path.join(run.base, name)
         os.makedirs(self.dir, exist_ok=True)
         self.slow = 0.0
+        # The relay's port first, so that the server's free port cannot be the relay's own.
         self.relay = socket.socket()
         self.relay.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.relay.bind(("127.0.0.1", 0))
         self.relay.listen(64)
         self.relay_port = self.relay.getsockname()[1]
         self.url = f"redis://127.0.0.1:{self.relay_port}/"
-        threading.Thread(target=self._accept, daemon=True).start()
         self.proc = None
-        self.start()
+        # A free port can be taken by another process before redis-server binds it: a server
+        # that exits at its first start is started again on another port (the relay follows).
+        for attempt in range(3):
+            self.port = free_port()
+            if self.start(first=True):
+                break
+        else:
+            raise Failure(f"{self.name} did not start three times: {self.log_tail()}")
+        threading.Thread(target=self._accept, daemon=True).start()
 
-    def start(self):
+    def log_tail(self):
+        try:
+            with open(os.path.join(self.dir, "redis.log"), "rb") as f:
+                return f.read()[-400:].decode(errors="replace").strip()
+        except OSError:
+            return "(no log)"
+
+    def start(self, first=False):
+        """Starts the server on its port and waits for its PONG; on a first start, False when it
+        exited (its port was taken), where a restart raises."""
         binary = shutil.which("redis-server") or "/usr/bin/redis-server"
         if not os.access(binary, os.X_OK):
             raise Failure("redis-server is not installed (apt-get install redis-server)")
         self.proc = self.run.procs.spawn(
             [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
              "--dir", self.dir], {"PATH": os.environ.get("PATH", "")}, os.path.join(self.dir, "redis.log"))
-        wait_until(f"{self.name} to answer", lambda: self.command("PING") == b"+PONG", 20)
+        proc = self.proc
+        up = wait_until(f"{self.name} to answer",
+                        lambda: "exited" if proc.poll() is not None else self.command("PING") == b"+PONG", 20)
+        if up == "exited":
+            if first:
+                return False
+            raise Failure(f"{self.name} exited at its restart: {self.log_tail()}")
+        return True
 
     def kill(self):
         self.proc.kill()

@@ -72,6 +72,9 @@ pub struct RedisLink {
     sentinels: Option<Arc<Sentinels>>,
     /// Whether Redis answers: one word for every connection of the link.
     up: Arc<AtomicBool>,
+    /// Wakes the writers waiting with nothing to send when Redis is taken for away, so that they
+    /// probe it (a gateway with no traffic learns it is back too).
+    gone: Arc<tokio::sync::Notify>,
     /// This link's number in the process (shared by its other connections): names its
     /// connection on each serving thread ([`RedisLink::on_this_thread`]).
     id: u64,
@@ -135,6 +138,7 @@ impl RedisLink {
             contact: Arc::default(),
             sentinels,
             up: Arc::new(AtomicBool::new(true)),
+            gone: Arc::default(),
             id: LINKS.fetch_add(1, Ordering::Relaxed),
         };
         link.contact_soon();
@@ -214,11 +218,18 @@ impl RedisLink {
     /// Notes Redis away after an exchange failed for `why`; logs it once per outage.
     pub fn went_down(&self, why: &str) {
         if self.up.swap(false, Ordering::Relaxed) {
+            self.gone.notify_waiters();
             tracing::warn!(
                 error = %why,
                 "redis unreachable: quotas counted by this gateway alone, breakers, own limits and locks shared through the store, until it returns"
             );
         }
+    }
+
+    /// Completes when Redis is next taken for away ([`RedisLink::went_down`]); `enable` it
+    /// before looking at [`RedisLink::is_up`] so that no change falls between the two.
+    pub fn taken_for_away(&self) -> tokio::sync::futures::Notified<'_> {
+        self.gone.notified()
     }
 
     /// Asks Redis whether it is back (a `PING` within the checks' bound); notes and logs it

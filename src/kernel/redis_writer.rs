@@ -13,7 +13,9 @@
 //! - A failed write takes Redis for away for every user of the link ([`RedisLink::went_down`]);
 //!   while it is, the writer probes it every [`RETRY`] (or at a wake) and sends again once a
 //!   probe finds it back. Writers whose users queue nothing while Redis is away find nothing to
-//!   send; the batch a writer held is sent again all the same.
+//!   send; the batch a writer held is sent again all the same. A writer with nothing to send
+//!   starts probing as soon as any user of the link finds Redis away, so that an idle gateway
+//!   learns it is back without a request.
 //! - At shutdown the writer sends what has queued, one last try each; what Redis has not got is
 //!   logged ([`Batches::left`]): the store has it.
 
@@ -61,13 +63,17 @@ pub async fn run<B: Batches>(
                 if stopping {
                     return;
                 }
-                // Nothing to send: wait for something, probing an absent Redis meanwhile.
+                // Nothing to send: wait for something, probing an absent Redis meanwhile (from
+                // the moment any user of the link finds it away, traffic or not).
+                let gone = link.taken_for_away();
+                tokio::pin!(gone);
+                gone.as_mut().enable();
                 if link.is_up() || !link.probe().await {
                     let retry = async {
                         if link.is_up() {
-                            std::future::pending().await
+                            gone.await;
                         } else {
-                            tokio::time::sleep(RETRY).await
+                            tokio::time::sleep(RETRY).await;
                         }
                     };
                     tokio::select! {
@@ -181,5 +187,44 @@ mod tests {
         );
         assert!(tries[4..].iter().all(|t| *t == (3, vec![4])), "{tries:?}");
         assert_eq!(*script.handed_back.lock().unwrap(), [4]);
+    }
+
+    /// A writer with nothing to send waits while Redis answers, and starts probing (a round of
+    /// its loop each [`RETRY`]) as soon as another user of the link finds Redis away.
+    #[tokio::test(start_paused = true)]
+    async fn an_idle_writer_probes_once_another_user_finds_redis_away() {
+        #[derive(Default)]
+        struct Idle(Mutex<u32>);
+        impl Batches for Idle {
+            type Item = u32;
+            fn take(&self) -> Vec<u32> {
+                *self.0.lock().unwrap() += 1;
+                Vec::new()
+            }
+            async fn write(&self, _: u64, _: &[u32]) -> Result<(), String> {
+                Ok(())
+            }
+            fn left(&self, _: &[u32]) {}
+        }
+        let link = RedisLink::new("redis://127.0.0.1:1/", Duration::from_millis(50)).expect("a url");
+        let idle = Idle::default();
+        let (wake, shutdown) = (tokio::sync::Notify::new(), CancellationToken::new());
+        let writer = run(&link, &idle, &wake, shutdown.clone());
+        let driver = async {
+            tokio::time::sleep(RETRY * 10).await;
+            assert_eq!(
+                *idle.0.lock().unwrap(),
+                1,
+                "no round while Redis answers and nothing queues"
+            );
+            link.another_connection().went_down("a check timed out");
+            tokio::time::sleep(RETRY * 10).await;
+            assert!(
+                *idle.0.lock().unwrap() >= 5,
+                "a round each RETRY once Redis is away"
+            );
+            shutdown.cancel();
+        };
+        tokio::join!(writer, driver);
     }
 }
