@@ -75,6 +75,9 @@ const COLUMNS: &str = "request_id, ts, workspace_id, key_id, member_id, departme
     completion_tokens, total_tokens, credits, usage_estimated, latency_ms, ttfb_ms, upstream_latency_ms, client_ip, would_refuse, \
     tags, end_user";
 
+/// The values of one row of [`COLUMNS`].
+const LOG_VALUES: usize = 29;
+
 /// Filters of the log query (DESIGN.md §7).
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -220,7 +223,12 @@ impl RequestLogStore for Store {
         let mut tx = self.log_pool().begin().await?;
         // Statements of a few fixed sizes, each prepared once ([`STATEMENT_ROWS`]).
         for chunk in statements(records, STATEMENT_ROWS) {
-            let mut b = SqlBuilder::new(self, &format!("INSERT INTO request_logs ({COLUMNS}) VALUES "));
+            let mut b = SqlBuilder::for_rows(
+                self,
+                &format!("INSERT INTO request_logs ({COLUMNS}) VALUES "),
+                chunk.len(),
+                LOG_VALUES,
+            );
             for (i, r) in chunk.iter().enumerate() {
                 b.push(if i == 0 { "(" } else { ", (" });
                 // Text is bound borrowed: the records outlive the statement.
@@ -440,5 +448,15 @@ impl RequestLogStore for Store {
             }
         }
         Ok(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_log_row_binds_one_value_per_column() {
+        assert_eq!(COLUMNS.split(',').count(), LOG_VALUES);
     }
 }

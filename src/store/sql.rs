@@ -45,6 +45,24 @@ impl<'q> SqlBuilder<'q> {
         }
     }
 
+    /// Starts with `sql` for a statement of `rows` rows of `per_row` values each, its text and
+    /// arguments sized once (a 100-row log statement otherwise grows both a dozen times).
+    pub fn for_rows(store: &Store, sql: &str, rows: usize, per_row: usize) -> Self {
+        use sqlx::Arguments;
+        let values = rows.saturating_mul(per_row);
+        // `, $1234` at most per value, `(`, `), ` per row.
+        let mut sql_text = String::with_capacity(sql.len() + values * 8 + rows * 4);
+        sql_text.push_str(sql);
+        let mut args = sqlx::any::AnyArguments::default();
+        args.reserve(values, 0);
+        SqlBuilder {
+            sql: sql_text,
+            args,
+            count: 0,
+            numbered: store.backend == Backend::Postgres,
+        }
+    }
+
     /// Appends SQL text.
     pub fn push(&mut self, sql: &str) -> &mut Self {
         self.sql.push_str(sql);
