@@ -628,6 +628,20 @@ mod tests {
                 (false, false, false, false),
                 &["stop", "length"],
             ),
+            // Colons inside strings, names that only end like a field, a space before the colon,
+            // a field cut off at the end of the data.
+            (
+                r#"{"id":"a:b","xcontent":"y","x_usage":{},"c":"\"usage\":{","finish_reason" :"stop"}"#,
+                (false, false, false, false),
+                &[],
+            ),
+            (r#"{"delta":{"content":"#, (false, false, false, false), &[]),
+            (
+                r#"{"delta":{"content":"a:b"},"usage":"#,
+                (true, false, false, false),
+                &[],
+            ),
+            (r#"{"finish_reason":"stop"#, (false, false, false, false), &[]),
         ];
         for (data, (content, error, object, null), reasons) in cases {
             let mut tap = SseTap::new(Endpoint::ChatCompletions, false, CEILING);

@@ -207,7 +207,9 @@ async fn steps(
         && endpoint == Endpoint::ChatCompletions
         && adapter::request_stream_usage(&mut body.fields);
     let deadline = Deadline::for_request(&state.settings, body.stream);
-    let dispatched = dispatch::dispatch(
+    // The two longest steps are boxed: their states are most of a request's future, which the
+    // handler chain moves several times before it runs (memcpy, docs/performance.md).
+    let dispatched = Box::pin(dispatch::dispatch(
         state.upstreams(),
         endpoint,
         &body.fields,
@@ -217,7 +219,7 @@ async fn steps(
         caller.member_id,
         deadline,
         completion.dispatch_log(),
-    )
+    ))
     .await;
     // What routed the request, told on every answer from here on (DESIGN.md §10, §11).
     told.route = Some(Routed::after_dispatch(completion.attempts(), &chain, endpoint));
@@ -231,7 +233,7 @@ async fn steps(
         deadline,
         now,
     };
-    respond::dispatched(&asked, completion, dispatched).await
+    Box::pin(respond::dispatched(&asked, completion, dispatched)).await
 }
 
 /// Starts the completion of an admitted request.

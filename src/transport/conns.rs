@@ -239,7 +239,9 @@ impl Pool {
         loop {
             let (mut lease, reused) = match self.take(&key) {
                 Some(lease) => (lease, true),
-                None => match self.connect(key.clone()).await? {
+                // Boxed: the connect's state (TLS, both handshakes) is far larger than the rest
+                // of a send, and moved with it on every request though it runs on few.
+                None => match Box::pin(self.connect(key.clone())).await? {
                     Link::Http1(lease) => (lease, false),
                     // The upstream chose HTTP/2: the request goes out as such, in absolute form.
                     Link::Http2(h2, stream) => {
@@ -338,7 +340,7 @@ impl Pool {
         if let Http2::Room(h2, stream) = self.http2_of(key) {
             return Ok(Some((h2, stream)));
         }
-        match self.connect(key.clone()).await? {
+        match Box::pin(self.connect(key.clone())).await? {
             Link::Http2(h2, stream) => Ok(Some((h2, stream))),
             Link::Http1(_closed_unused) => {
                 self.h2.lock().unwrap_or_else(|e| e.into_inner()).remove(key);
