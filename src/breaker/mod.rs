@@ -23,6 +23,7 @@
 
 pub mod shared;
 
+use rustc_hash::FxHashMap;
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -245,9 +246,9 @@ impl Refusal {
 /// Every key's breaker in this gateway.
 #[derive(Default)]
 pub struct Breakers {
-    keys: Mutex<HashMap<i64, KeyBreaker>>,
+    keys: Mutex<FxHashMap<i64, KeyBreaker>>,
     /// Outcomes not yet written to the shared window: (key, second) → counts of one window.
-    pending: Mutex<HashMap<(i64, i64), BucketCounts>>,
+    pending: Mutex<FxHashMap<(i64, i64), BucketCounts>>,
     /// Keys whose window other gateways were using at the last read, to refresh at each flush.
     shared: Mutex<std::collections::HashSet<i64>>,
     /// One flush at a time.
@@ -574,7 +575,7 @@ impl Breakers {
 /// Adopts a key's standing learnt elsewhere (the store, Redis, another gateway's notice): trips
 /// only rise (a rise empties the window here too), a block only extends, a ban stays.
 fn adopt(
-    keys: &mut HashMap<i64, KeyBreaker>,
+    keys: &mut FxHashMap<i64, KeyBreaker>,
     key_id: i64,
     trips: u32,
     blocked_until: Option<i64>,

@@ -14,7 +14,7 @@ mod outcome;
 mod park;
 mod retry;
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -85,7 +85,7 @@ pub async fn dispatch(
     body: &Fields,
     chain: &[Arc<ModelRoute>],
     headers: &HeaderMap,
-    quota_groups: Option<&HashMap<String, Vec<i64>>>,
+    quota_groups: Option<&FxHashMap<String, Vec<i64>>>,
     member_id: i64,
     deadline: Deadline,
     log: AttemptLog<'_>,
@@ -219,7 +219,7 @@ struct Run<'a> {
     /// Whether the request asked for a stream.
     stream: bool,
     headers: &'a HeaderMap,
-    quota_groups: Option<&'a HashMap<String, Vec<i64>>>,
+    quota_groups: Option<&'a FxHashMap<String, Vec<i64>>>,
     member_id: i64,
     /// The end of the request's time budget.
     deadline: Deadline,

@@ -1,9 +1,8 @@
 //! What a classified failure parks: the credential's (or its quota group's) locks, its backoff
 //! level and its ban, written in memory at once and persisted off the request path.
 
-use std::collections::HashMap;
-
 use chrono::{DateTime, Utc};
+use rustc_hash::FxHashMap;
 
 use super::{Attempt, Upstreams};
 use crate::deadline::Missed;
@@ -114,7 +113,7 @@ impl GroupClosure {
 /// a failed request for whoever sends it. Seed 000's caps already bound a wrong estimate.
 pub(super) fn park(
     up: Upstreams<'_>,
-    quota_groups: Option<&HashMap<String, Vec<i64>>>,
+    quota_groups: Option<&FxHashMap<String, Vec<i64>>>,
     member_id: i64,
     cred: &Credential,
     upstream_model: &str,
@@ -158,7 +157,7 @@ pub(super) fn persist(up: Upstreams<'_>, rows: Written, banned: Option<i64>, rul
 /// across gateways, with the rest it would bring (`said`: the provider's words).
 pub(super) fn write(
     up: Upstreams<'_>,
-    quota_groups: Option<&HashMap<String, Vec<i64>>>,
+    quota_groups: Option<&FxHashMap<String, Vec<i64>>>,
     member_id: i64,
     cred: &Credential,
     upstream_model: &str,

@@ -17,7 +17,7 @@
 //! completes. Like quotas, `used >= limit` refuses, so the request that crosses a token limit
 //! completes and the next one is skipped.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -262,7 +262,7 @@ fn permits(max_in_flight: i64) -> usize {
 /// routing snapshot so that a configuration reload neither resets the counts nor frees slots.
 #[derive(Default)]
 pub struct Admission {
-    credentials: Mutex<HashMap<i64, CredentialLoad>>,
+    credentials: Mutex<FxHashMap<i64, CredentialLoad>>,
     /// One flush at a time: a second one would see `flushing` counts as written. Holds the
     /// minute whose ended rows the last flush deleted.
     flushing: tokio::sync::Mutex<i64>,

@@ -3,6 +3,7 @@
 //! memory for the request path, persisted and shared through the store; a concurrent writer only
 //! ever extends a lock (kRouter; groot ADR 0008 "extend-only rests").
 
+use rustc_hash::FxHashMap;
 use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 
@@ -52,12 +53,12 @@ pub struct LockEntry {
 /// Every credential's locks, backoff level, Kiro monthly holds and banned mark.
 #[derive(Default)]
 pub struct Locks {
-    locks: Mutex<HashMap<(i64, LockTarget), LockEntry>>,
-    backoff: Mutex<HashMap<i64, u32>>,
+    locks: Mutex<FxHashMap<(i64, LockTarget), LockEntry>>,
+    backoff: Mutex<FxHashMap<i64, u32>>,
     /// kRouter rule 5: Kiro monthly holds since the credential's last success, a count of its
     /// own: the backoff level rises with every 429 and overload, and a Kiro hold read from it
     /// would last 30 days times any run of those.
-    kiro_holds: Mutex<HashMap<i64, u32>>,
+    kiro_holds: Mutex<FxHashMap<i64, u32>>,
     banned: Mutex<HashSet<i64>>,
 }
 

@@ -2,6 +2,7 @@
 //! secrets opened in memory. Rebuilt from the store when the configuration epoch changes and
 //! swapped in atomically; the request path only reads it.
 
+use rustc_hash::FxHashMap;
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -51,9 +52,9 @@ pub struct WorkspaceRoutes {
     /// Time zone override for quota windows.
     pub timezone: Option<chrono_tz::Tz>,
     /// Public models by name.
-    pub models: HashMap<String, Arc<ModelRoute>>,
+    pub models: FxHashMap<String, Arc<ModelRoute>>,
     /// Credentials of each quota group (groot ADR 0008: they rest together).
-    pub quota_groups: HashMap<String, Vec<i64>>,
+    pub quota_groups: FxHashMap<String, Vec<i64>>,
 }
 
 impl WorkspaceRoutes {
@@ -79,11 +80,11 @@ impl WorkspaceRoutes {
 #[derive(Debug, Default)]
 pub struct Routes {
     /// By workspace id.
-    pub workspaces: HashMap<i64, WorkspaceRoutes>,
+    pub workspaces: FxHashMap<i64, WorkspaceRoutes>,
     /// A fingerprint of every stored credential's sealed secret, enabled or not, by id. Sealing
     /// draws a fresh nonce and an unchanged secret keeps its ciphertext, so a fingerprint that
     /// differs between two snapshots means the secret was edited.
-    pub secrets: HashMap<i64, u64>,
+    pub secrets: FxHashMap<i64, u64>,
 }
 
 impl Routes {
@@ -98,8 +99,8 @@ impl Routes {
                 ws.id,
                 WorkspaceRoutes {
                     timezone: ws.timezone.as_deref().and_then(|t| t.parse().ok()),
-                    models: HashMap::new(),
-                    quota_groups: HashMap::new(),
+                    models: FxHashMap::default(),
+                    quota_groups: FxHashMap::default(),
                 },
             );
         }
@@ -304,7 +305,7 @@ mod tests {
     #[test]
     fn an_edited_secret_is_told_apart_from_new_and_unchanged_ones() {
         let snapshot = |secrets: &[(i64, &str)]| Routes {
-            workspaces: HashMap::new(),
+            workspaces: FxHashMap::default(),
             secrets: secrets.iter().map(|(id, s)| (*id, fingerprint(s))).collect(),
         };
         // (case, earlier secrets, later secrets, the credentials whose secret was edited)
