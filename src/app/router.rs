@@ -108,7 +108,7 @@ async fn metrics(State(state): State<AppState>, headers: axum::http::HeaderMap) 
 /// Whether `Authorization: Bearer …` carries `token`. The digests are compared, so the time the
 /// comparison takes says nothing about the token.
 fn bearer_is(headers: &axum::http::HeaderMap, token: &Secret) -> bool {
-    use sha2::{Digest, Sha256};
+    use ring::digest::{SHA256, digest};
     let presented = headers
         .get(axum::http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
@@ -117,7 +117,9 @@ fn bearer_is(headers: &axum::http::HeaderMap, token: &Secret) -> bool {
                 .filter(|p| p.eq_ignore_ascii_case("bearer "))
                 .map(|_| v[7..].trim())
         });
-    presented.is_some_and(|p| Sha256::digest(p.as_bytes()) == Sha256::digest(token.expose().as_bytes()))
+    presented.is_some_and(|p| {
+        digest(&SHA256, p.as_bytes()).as_ref() == digest(&SHA256, token.expose().as_bytes()).as_ref()
+    })
 }
 
 /// The gauges of this gateway's own state, read now rather than kept up to date on every

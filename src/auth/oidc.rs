@@ -13,7 +13,6 @@ use jsonwebtoken::jwk::JwkSet;
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use sha2::{Digest, Sha256};
 use tokio::sync::RwLock;
 
 use crate::config::{Secret, Settings};
@@ -168,7 +167,10 @@ impl Oidc {
             verifier: URL_SAFE_NO_PAD.encode(rand::random::<[u8; 32]>()),
             exp: now_ms / 1000 + PENDING_TTL_SECS,
         };
-        let challenge = URL_SAFE_NO_PAD.encode(Sha256::digest(pending.verifier.as_bytes()));
+        let challenge = URL_SAFE_NO_PAD.encode(ring::digest::digest(
+            &ring::digest::SHA256,
+            pending.verifier.as_bytes(),
+        ));
         let query = [
             ("response_type", "code"),
             ("client_id", &self.client_id),

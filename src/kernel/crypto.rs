@@ -6,7 +6,7 @@ use aes_gcm::{Aes256Gcm, Nonce};
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as B64;
 use rand::{Rng, RngCore};
-use sha2::{Digest, Sha256};
+use ring::digest;
 
 /// Prefix of every gateway API key.
 pub const KEY_PREFIX: &str = "sk-aigw-";
@@ -110,7 +110,10 @@ pub fn hash_api_key(key: &str) -> String {
 
 /// The SHA-256 of an API key, raw (`hash_api_key` is its hex form).
 pub fn api_key_digest(key: &str) -> [u8; 32] {
-    Sha256::digest(key.as_bytes()).into()
+    let d = digest::digest(&digest::SHA256, key.as_bytes());
+    let mut out = [0; 32];
+    out.copy_from_slice(d.as_ref());
+    out
 }
 
 /// The part of a key shown in lists.
