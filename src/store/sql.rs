@@ -50,17 +50,11 @@ impl<'q> SqlBuilder<'q> {
     pub fn for_rows(store: &Store, sql: &str, rows: usize, per_row: usize) -> Self {
         use sqlx::Arguments;
         let values = rows.saturating_mul(per_row);
+        let mut b = SqlBuilder::new(store, sql);
         // `, $1234` at most per value, `(`, `), ` per row.
-        let mut sql_text = String::with_capacity(sql.len() + values * 8 + rows * 4);
-        sql_text.push_str(sql);
-        let mut args = sqlx::any::AnyArguments::default();
-        args.reserve(values, 0);
-        SqlBuilder {
-            sql: sql_text,
-            args,
-            count: 0,
-            numbered: store.backend == Backend::Postgres,
-        }
+        b.sql.reserve(values * 8 + rows * 4);
+        b.args.reserve(values, 0);
+        b
     }
 
     /// Appends SQL text.
