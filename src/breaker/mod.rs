@@ -23,12 +23,12 @@
 
 pub mod shared;
 
-use rustc_hash::FxHashMap;
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use chrono::{DateTime, Utc};
+use rustc_hash::FxHashMap;
 use smallvec::SmallVec;
 
 use crate::config::Locale;

@@ -17,9 +17,9 @@
 //! completes. Like quotas, `used >= limit` refuses, so the request that crosses a token limit
 //! completes and the next one is skipped.
 
-use rustc_hash::FxHashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
+use rustc_hash::FxHashMap;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::own_shared::SharedOwnLimits;

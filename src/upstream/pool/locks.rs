@@ -3,9 +3,10 @@
 //! memory for the request path, persisted and shared through the store; a concurrent writer only
 //! ever extends a lock (kRouter; groot ADR 0008 "extend-only rests").
 
-use rustc_hash::FxHashMap;
 use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
+
+use rustc_hash::FxHashMap;
 
 use super::classify::is_free_model;
 use crate::store::{ALL_FREE_TARGET, LockRow, LockStore, Store, StoreResult, WHOLE_CREDENTIAL_TARGET};

@@ -2,11 +2,11 @@
 //! secrets opened in memory. Rebuilt from the store when the configuration epoch changes and
 //! swapped in atomically; the request path only reads it.
 
-use rustc_hash::FxHashMap;
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use axum::http::{HeaderValue, Uri};
+use rustc_hash::FxHashMap;
 
 use crate::kernel::crypto::MasterKey;
 use crate::store::{ModelRow, ModelStore, Store, StoreResult, UpstreamRow, UpstreamStore, WorkspaceStore};
