@@ -186,9 +186,8 @@ pub async fn my_quota(State(state): State<AppState>, actor: Actor) -> AdminResul
     let tz = state.timezone_of(member.workspace_id);
     let policies = state.policies.load();
     let now = state.clock.now();
-    let caller = |key_id: i64, key_name: &str| Caller {
+    let caller = |key_id: i64| Caller {
         key_id,
-        key_name: key_name.to_owned(),
         member_id: member.id,
         department_id: member.department_id,
         workspace_id: member.workspace_id,
@@ -199,14 +198,14 @@ pub async fn my_quota(State(state): State<AppState>, actor: Actor) -> AdminResul
     // Member, department and workspace quotas (no key: key id 0 matches no key policy).
     let d = state
         .quota
-        .check(&state.store, &policies, &caller(0, ""), now, tz)
+        .check(&state.store, &policies, &caller(0), now, tz)
         .await
         .map_err(store_error)?;
     let mut rows = rows_of(&d, None, tz);
     for k in &keys {
         let mut d = state
             .quota
-            .check(&state.store, &policies, &caller(k.id, &k.name), now, tz)
+            .check(&state.store, &policies, &caller(k.id), now, tz)
             .await
             .map_err(store_error)?;
         d.standings

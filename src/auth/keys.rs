@@ -244,7 +244,6 @@ async fn read(store: &Store, digest: KeyDigest) -> Result<Option<(Arc<Caller>, V
         },
         allowed_tags: list(&k.allowed_tags)?,
         key_id: k.key_id,
-        key_name: k.key_name,
         member_id: k.member_id,
         department_id: k.department_id,
         workspace_id: k.workspace_id,

@@ -6,10 +6,9 @@
 /// Who is calling: the key and everything above it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Caller {
-    /// Key id.
+    /// Key id. Not the key's name: nothing on the request path reads it, and a caller is cached
+    /// for every key in use (auth/keys.rs), so each field costs once per key.
     pub key_id: i64,
-    /// Key name.
-    pub key_name: String,
     /// Owning member.
     pub member_id: i64,
     /// Member's department.

@@ -270,7 +270,6 @@ mod tests {
                     for department_id in [None, Some(1), Some(2), Some(3)] {
                         let caller = Caller {
                             key_id,
-                            key_name: "k".into(),
                             member_id,
                             department_id,
                             workspace_id,
