@@ -454,7 +454,6 @@ mod tests {
             "DELETE FROM sqlite_stat1",
             "INSERT INTO sqlite_stat1 VALUES \
              ('request_logs', 'request_logs_request_id', '1000000 401 1'), \
-             ('request_logs', 'request_logs_ts', '1000000 1'), \
              ('request_logs', 'request_logs_member_ts', '1000000 401 1 1'), \
              ('request_logs', 'request_logs_key_ts', '1000000 401 1 1'), \
              ('request_logs', 'request_logs_ws_ts', '1000000 401 1 1')",
