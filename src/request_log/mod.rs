@@ -325,7 +325,8 @@ pub fn start_writer(
             batch.push(r);
         }
         if !batch.is_empty() {
-            rollups.merge(write_with_retry(&store, &mut batch, &d, &CancellationToken::new()).await);
+            rollups
+                .merge(write_batch(&store, std::mem::take(&mut batch), &d, &CancellationToken::new()).await);
         }
         write_rollups(&store, &mut rollups, 5).await;
     });
@@ -388,31 +389,28 @@ struct Written {
     queue: Arc<LogQueue>,
 }
 
-async fn write_batch(
-    store: &Store,
-    mut batch: Vec<LogRecord>,
-    depth: &Written,
-    stop: &CancellationToken,
-) -> RollupSums {
-    write_with_retry(store, &mut batch, depth, stop).await
-}
-
 /// Writes `batch`, retrying while the gateway runs; the rollups' sums of what was stored (none
 /// when it was given up at a stop).
-async fn write_with_retry(
+async fn write_batch(
     store: &Store,
-    batch: &mut Vec<LogRecord>,
+    batch: Vec<LogRecord>,
     written: &Written,
     stop: &CancellationToken,
 ) -> RollupSums {
-    // Counted before the write: the store may change what it was given (the ids).
     let bytes: usize = batch.iter().map(queued_bytes).sum();
+    // Shared with each try, which may run on a thread of its own (SQLite).
+    let batch: Arc<[LogRecord]> = batch.into();
     let mut wait = Duration::from_millis(100);
     let mut sums = RollupSums::default();
     for attempt in 1.. {
-        match crate::observability::telemetry::timed_flush("request_logs", store.insert_logs(batch)).await {
+        match crate::observability::telemetry::timed_flush(
+            "request_logs",
+            store.insert_logs(Arc::clone(&batch)),
+        )
+        .await
+        {
             Ok(()) => {
-                sums.add(batch);
+                sums.add(&batch);
                 break;
             }
             Err(e) => {
@@ -439,7 +437,6 @@ async fn write_with_retry(
     }
     written.depth.fetch_sub(batch.len() as i64, Ordering::Relaxed);
     written.queue.release(bytes);
-    batch.clear();
     sums
 }
 

@@ -81,12 +81,12 @@ const FIGURES: [&str; 8] = [
 ];
 
 /// One row's figures in [`FIGURES`]' order.
-type Figures = [i64; 8];
+pub(super) type Figures = [i64; 8];
 
 /// The figures a batch of logs adds, per (workspace, hour, credential). A request served at the
 /// first try is read from the log's own columns; only one that failed or failed over has its
 /// attempts read from `attempts_detail`.
-fn figures_of(records: &[LogRecord]) -> std::collections::BTreeMap<(i64, i64, i64), Figures> {
+pub(super) fn figures_of(records: &[LogRecord]) -> std::collections::BTreeMap<(i64, i64, i64), Figures> {
     let mut out: std::collections::BTreeMap<(i64, i64, i64), Figures> = std::collections::BTreeMap::new();
     let mut add = |ws: i64, ts: i64, credential: i64, f: Figures| {
         let row = out.entry((ws, hour_of(ts), credential)).or_default();
@@ -144,6 +144,34 @@ fn figures_of(records: &[LogRecord]) -> std::collections::BTreeMap<(i64, i64, i6
     out
 }
 
+/// The statement adding rows to `upstream_rollup`: what comes before the rows' values, and after.
+fn upsert_parts() -> (String, String) {
+    let head = format!(
+        "INSERT INTO upstream_rollup (workspace_id, hour_start, upstream_id, {}) VALUES ",
+        FIGURES.join(", ")
+    );
+    let set: Vec<String> = FIGURES
+        .iter()
+        .map(|c| {
+            format!(
+                "{c} = CASE WHEN upstream_rollup.{c} > 9223372036854775807 - excluded.{c} \
+                 THEN 9223372036854775807 ELSE upstream_rollup.{c} + excluded.{c} END"
+            )
+        })
+        .collect();
+    let tail = format!(
+        " ON CONFLICT (workspace_id, hour_start, upstream_id) DO UPDATE SET {}",
+        set.join(", ")
+    );
+    (head, tail)
+}
+
+/// The statement adding one row to `upstream_rollup`, its 11 values as `?` (SQLite).
+pub(super) fn upsert_one_sql() -> String {
+    let (head, tail) = upsert_parts();
+    format!("{head}({}){tail}", vec!["?"; 3 + FIGURES.len()].join(", "))
+}
+
 /// Adds `records` to `upstream_rollup`, in `tx`, in key order.
 pub(super) async fn add(
     store: &Store,
@@ -151,14 +179,9 @@ pub(super) async fn add(
     records: &[LogRecord],
 ) -> StoreResult<()> {
     let rows: Vec<((i64, i64, i64), Figures)> = figures_of(records).into_iter().collect();
+    let (head, tail) = upsert_parts();
     for chunk in statements(&rows, NARROW_STATEMENT_ROWS) {
-        let mut b = SqlBuilder::new(
-            store,
-            &format!(
-                "INSERT INTO upstream_rollup (workspace_id, hour_start, upstream_id, {}) VALUES ",
-                FIGURES.join(", ")
-            ),
-        );
+        let mut b = SqlBuilder::new(store, &head);
         for (i, ((ws, hour, credential), f)) in chunk.iter().enumerate() {
             b.push(if i == 0 { "(" } else { ", (" });
             b.bind(*ws).push(", ").bind(*hour).push(", ").bind(*credential);
@@ -167,19 +190,7 @@ pub(super) async fn add(
             }
             b.push(")");
         }
-        let set: Vec<String> = FIGURES
-            .iter()
-            .map(|c| {
-                format!(
-                    "{c} = CASE WHEN upstream_rollup.{c} > 9223372036854775807 - excluded.{c} \
-                     THEN 9223372036854775807 ELSE upstream_rollup.{c} + excluded.{c} END"
-                )
-            })
-            .collect();
-        b.push(&format!(
-            " ON CONFLICT (workspace_id, hour_start, upstream_id) DO UPDATE SET {}",
-            set.join(", ")
-        ));
+        b.push(&tail);
         let (sql, args) = b.finish();
         sqlx::query_with(&sql, args).execute(&mut **tx).await?;
     }

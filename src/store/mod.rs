@@ -14,6 +14,7 @@ mod locks;
 mod request_logs;
 mod rollup_sums;
 mod sql;
+mod sqlite_logs;
 mod tenancy;
 mod tokens;
 mod upkeep;
@@ -61,6 +62,9 @@ pub enum StoreError {
     /// The database answered with an error or could not be reached.
     #[error("database error: {0}")]
     Database(#[from] sqlx::Error),
+    /// SQLite answered the log writer with an error (`store::sqlite_logs`).
+    #[error("database error: {0}")]
+    Sqlite(#[from] rusqlite::Error),
     /// Migrations could not be applied.
     #[error("database migration failed: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
@@ -98,7 +102,7 @@ impl StoreError {
             self,
             StoreError::Database(
                 sqlx::Error::Database(_) | sqlx::Error::ColumnDecode { .. } | sqlx::Error::Decode(_)
-            )
+            ) | StoreError::Sqlite(_)
         )
     }
 
@@ -122,7 +126,10 @@ impl StoreError {
                 _ => false,
             },
             StoreError::Unreachable { .. } => true,
-            StoreError::Migrate(_) | StoreError::Corrupt(_) | StoreError::Newer { .. } => false,
+            StoreError::Migrate(_)
+            | StoreError::Corrupt(_)
+            | StoreError::Newer { .. }
+            | StoreError::Sqlite(_) => false,
         }
     }
 
@@ -145,12 +152,14 @@ static SQLITE_MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("migrations/s
 #[derive(Clone, Debug)]
 pub struct Store {
     pool: AnyPool,
-    /// The request logs' writes ([`RequestLogStore::insert_logs`]): on a SQLite file, a pool of
-    /// its own with one connection, so each of its few statements is prepared once for the
+    /// The usage rollups' and, on Postgres, the request logs' writes: on a SQLite file, a pool
+    /// of its own with one connection, so each of its few statements is prepared once for the
     /// gateway's life instead of once on each of the pool's connections in turn (a 100-row
     /// insert's preparation costs as much as writing hundreds of rows); SQLite has one writer
     /// at a time anyway. Elsewhere the main pool.
     log_pool: AnyPool,
+    /// The request logs' writes on a SQLite file ([`RequestLogStore::insert_logs`]).
+    sqlite_logs: Option<sqlite_logs::SqliteLogs>,
     backend: Backend,
     /// The SQLite database file (none for Postgres or an in-memory database).
     sqlite_file: Option<PathBuf>,
@@ -350,6 +359,10 @@ impl Store {
             Some(_) => pool_options.max_connections(1).connect_with(options).await?,
             None => pool.clone(),
         };
+        let sqlite_logs = match &sqlite_file {
+            Some(file) => Some(sqlite_logs::SqliteLogs::open(file)?),
+            None => None,
+        };
         let target = match &sqlite_file {
             Some(file) => file.display().to_string(),
             None => database_host(&url),
@@ -357,6 +370,7 @@ impl Store {
         Ok(Store {
             pool,
             log_pool,
+            sqlite_logs,
             backend,
             sqlite_file,
             health: Arc::new(Health::new(target, probe)),
@@ -597,6 +611,9 @@ impl Store {
     /// Closes every connection (graceful shutdown).
     pub async fn close(&self) {
         self.optimize().await;
+        if let Some(logs) = &self.sqlite_logs {
+            logs.close();
+        }
         self.log_pool.close().await;
         self.pool.close().await;
     }

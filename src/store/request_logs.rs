@@ -1,6 +1,8 @@
 //! Request logs (DESIGN.md §7): written in batches by the log writer, queried with filters and
 //! cursor pagination, pruned by the retention task.
 
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
 
 use super::{Backend, HOUR_MS, RollupSums, STATEMENT_ROWS, SqlBuilder, Store, StoreResult, statements};
@@ -70,13 +72,18 @@ pub struct LogRecord {
     pub end_user: Option<String>,
 }
 
-const COLUMNS: &str = "request_id, ts, workspace_id, key_id, member_id, department_id, endpoint, model_requested, \
+pub(super) const COLUMNS: &str = "request_id, ts, workspace_id, key_id, member_id, department_id, endpoint, model_requested, \
     model_served, upstream_id, attempts, attempts_detail, status, code, source, explanation, stream, prompt_tokens, \
     completion_tokens, total_tokens, credits, usage_estimated, latency_ms, ttfb_ms, upstream_latency_ms, client_ip, would_refuse, \
     tags, end_user";
 
 /// The values of one row of [`COLUMNS`].
-const LOG_VALUES: usize = 29;
+pub(super) const LOG_VALUES: usize = 29;
+
+/// Advances a key's last-used stamp `$1` (`$2`: the key) when it moved by a step (`$3`: the
+/// stamp less [`LAST_USED_STEP_MS`]).
+pub(super) const LAST_USED_SQL: &str = "UPDATE api_keys SET last_used_at = $1 WHERE id = $2 \
+     AND (last_used_at IS NULL OR last_used_at <= $3)";
 
 /// Filters of the log query (DESIGN.md §7).
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -145,7 +152,7 @@ pub trait RequestLogStore {
     /// adds to the credentials' hourly figures, in the same transaction. The usage rollups are
     /// not written here: the caller sums the stored batches ([`RollupSums`]) and writes them
     /// with [`RequestLogStore::add_rollups`].
-    async fn insert_logs(&self, records: &[LogRecord]) -> StoreResult<()>;
+    async fn insert_logs(&self, records: impl Into<Arc<[LogRecord]>>) -> StoreResult<()>;
     /// Adds `sums` (of logs stored before) to the usage rollups, in one transaction: all of them
     /// or none, so that sums kept after a failure are written once.
     async fn add_rollups(&self, sums: &RollupSums) -> StoreResult<()>;
@@ -219,7 +226,15 @@ impl LastUsedStamps {
 }
 
 impl RequestLogStore for Store {
-    async fn insert_logs(&self, records: &[LogRecord]) -> StoreResult<()> {
+    async fn insert_logs(&self, records: impl Into<Arc<[LogRecord]>>) -> StoreResult<()> {
+        let records: Arc<[LogRecord]> = records.into();
+        let due = self.last_used.due(&records);
+        if let Some(logs) = &self.sqlite_logs {
+            logs.insert(Arc::clone(&records), due.clone()).await?;
+            self.last_used.written(&due);
+            return Ok(());
+        }
+        let records = &records[..];
         let mut tx = self.log_pool().begin().await?;
         // Statements of a few fixed sizes, each prepared once ([`STATEMENT_ROWS`]).
         for chunk in statements(records, STATEMENT_ROWS) {
@@ -299,17 +314,13 @@ impl RequestLogStore for Store {
         // written about once a minute instead of with every batch of every gateway. In
         // ascending key order, so that two gateways' flushes lock the rows in the same order
         // (in a transaction, any other order can deadlock on Postgres).
-        let due = self.last_used.due(records);
         for &(key_id, ts) in &due {
-            sqlx::query(
-                "UPDATE api_keys SET last_used_at = $1 WHERE id = $2 \
-                 AND (last_used_at IS NULL OR last_used_at <= $3)",
-            )
-            .bind(ts)
-            .bind(key_id)
-            .bind(ts.saturating_sub(LAST_USED_STEP_MS))
-            .execute(&mut *tx)
-            .await?;
+            sqlx::query(LAST_USED_SQL)
+                .bind(ts)
+                .bind(key_id)
+                .bind(ts.saturating_sub(LAST_USED_STEP_MS))
+                .execute(&mut *tx)
+                .await?;
         }
         // The credentials' rollup rows are the ones every gateway's batches share (a few per
         // hour): locked last, so they are held only until the commit that follows. The usage

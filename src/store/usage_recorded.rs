@@ -270,7 +270,7 @@ mod tests {
         .enumerate()
         .map(|(i, (ts, m, served, t))| log(i, *ts, *m, *served, *t))
         .collect();
-        store.insert_logs(&logs).await.unwrap();
+        store.insert_logs(logs.as_slice()).await.unwrap();
         store.add_rollups(&RollupSums::of(&logs)).await.unwrap();
         let shanghai_day = (DEC_1 - 8 * H, DEC_1 + 16 * H);
         let minute = (DEC_1 + 2 * H, DEC_1 + 2 * H + 60_000);

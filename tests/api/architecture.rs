@@ -175,8 +175,9 @@ fn sql_in(literal: &str) -> Option<&'static str> {
 }
 
 /// Code that runs SQL itself rather than asking the store.
-const SQL_CALLS: [&str; 6] = [
+const SQL_CALLS: [&str; 7] = [
     "sqlx::query",
+    "rusqlite::",
     "query_as(",
     "query_as::<",
     "query_scalar(",

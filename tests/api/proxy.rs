@@ -880,18 +880,44 @@ async fn a_flush_writes_every_record_once_whatever_its_size(db: TestDb) {
     let mut expected = Vec::new();
     for (flush, n) in sizes.into_iter().enumerate() {
         let records: Vec<LogRecord> = (0..n)
-            .map(|i| LogRecord {
-                request_id: format!("flush{flush}-row{i}"),
-                ts: start_ms + expected.len() as i64 + i as i64,
-                workspace_id: 4242,
-                endpoint: "chat.completions".into(),
-                status: 200,
-                prompt_tokens: i as i64,
-                explanation: format!("row {i} of {n}"),
-                ..LogRecord::default()
+            // Every column a value of its own, so that a value bound to another column shows.
+            .map(|i| {
+                let v = |k: i64| 1000 * k + i as i64;
+                LogRecord {
+                    id: 0,
+                    request_id: format!("flush{flush}-row{i}"),
+                    ts: start_ms + expected.len() as i64 + i as i64,
+                    workspace_id: 4242,
+                    key_id: v(1),
+                    member_id: v(2),
+                    department_id: Some(v(3)),
+                    endpoint: "chat.completions".into(),
+                    model_requested: Some(format!("asked-{i}")),
+                    model_served: Some(format!("served-{i}")),
+                    upstream_id: Some(v(4)),
+                    attempts: v(5),
+                    attempts_detail: format!("[{i}]"),
+                    status: 200,
+                    code: Some(format!("code-{i}")),
+                    source: Some(format!("source-{i}")),
+                    explanation: format!("row {i} of {n}"),
+                    stream: i as i64 % 2,
+                    prompt_tokens: v(6),
+                    completion_tokens: v(7),
+                    total_tokens: v(8),
+                    credits: v(9),
+                    usage_estimated: 1 - i as i64 % 2,
+                    latency_ms: v(10),
+                    ttfb_ms: Some(v(11)),
+                    upstream_latency_ms: Some(v(12)),
+                    client_ip: Some(format!("10.0.0.{i}")),
+                    would_refuse: Some(format!("policy-{i}")),
+                    tags: Some(format!("team=t{i}")),
+                    end_user: Some(format!("user-{i}")),
+                }
             })
             .collect();
-        store.insert_logs(&records).await.unwrap();
+        store.insert_logs(records.as_slice()).await.unwrap();
         expected.extend(records);
     }
     let page = store

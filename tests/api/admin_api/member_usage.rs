@@ -264,7 +264,7 @@ async fn the_migrations_fill_the_members_rollups_from_the_logs(db: TestDb) {
         .id;
     let now = app.clock.now_ms();
     let logs = days_of_logs(ws, ada, now);
-    store.insert_logs(&logs).await.unwrap();
+    store.insert_logs(logs.as_slice()).await.unwrap();
     store.add_rollups(&RollupSums::of(&logs)).await.unwrap();
     let day = now - now.rem_euclid(DAY_MS);
     let range = (day - 5 * DAY_MS - HOUR_MS, day - DAY_MS + 7 * HOUR_MS);

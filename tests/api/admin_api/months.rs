@@ -24,7 +24,7 @@ async fn sqlite_gathers_the_planners_statistics() {
     let app = spawn_app(&db, Setup::resources(resources(&mock))).await;
     let ws = acme(&app).await;
     let logs = varied_logs(ws, app.clock.now_ms());
-    app.state.store.insert_logs(&logs).await.unwrap();
+    app.state.store.insert_logs(logs.as_slice()).await.unwrap();
     app.stop().await;
     let stats = || async {
         let pool = sqlx::AnyPool::connect(&db.direct_url).await.unwrap();
@@ -308,7 +308,7 @@ async fn log_pages_follow_the_requests_time(db: TestDb) {
             ..LogRecord::default()
         })
         .collect();
-    app.state.store.insert_logs(&logs).await.unwrap();
+    app.state.store.insert_logs(logs.as_slice()).await.unwrap();
     let admin = Admin { app: &app };
     let owner = admin.login("owner@acme.test").await;
     for (range, len) in [
