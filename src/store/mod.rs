@@ -333,6 +333,9 @@ impl Store {
                         conn.execute("PRAGMA synchronous = NORMAL").await?;
                         // Bounds the work of `PRAGMA optimize` on large tables ([`Store::optimize`]).
                         conn.execute("PRAGMA analysis_limit = 400").await?;
+                        // A multi-row upsert's statement journal in memory, not spilled to a
+                        // temporary file (bench/scale.py: 2 % of the CPU at 100,000 keys).
+                        conn.execute("PRAGMA temp_store = MEMORY").await?;
                     }
                     Ok(())
                 })
