@@ -80,6 +80,53 @@ pub(super) const COLUMNS: &str = "request_id, ts, workspace_id, key_id, member_i
 /// The values of one row of [`COLUMNS`].
 pub(super) const LOG_VALUES: usize = 29;
 
+/// One value of a log row, as both writers bind it (sqlx here, rusqlite on a SQLite file).
+#[derive(Clone, Copy, Debug)]
+pub(super) enum LogValue<'a> {
+    Int(i64),
+    OptInt(Option<i64>),
+    Text(&'a str),
+    OptText(Option<&'a str>),
+}
+
+impl LogRecord {
+    /// The row's values in the order of [`COLUMNS`]: the one list both writers bind.
+    pub(super) fn values(&self) -> [LogValue<'_>; LOG_VALUES] {
+        use LogValue::{Int, OptInt, OptText, Text};
+        [
+            Text(&self.request_id),
+            Int(self.ts),
+            Int(self.workspace_id),
+            Int(self.key_id),
+            Int(self.member_id),
+            OptInt(self.department_id),
+            Text(&self.endpoint),
+            OptText(self.model_requested.as_deref()),
+            OptText(self.model_served.as_deref()),
+            OptInt(self.upstream_id),
+            Int(self.attempts),
+            Text(&self.attempts_detail),
+            Int(self.status),
+            OptText(self.code.as_deref()),
+            OptText(self.source.as_deref()),
+            Text(&self.explanation),
+            Int(self.stream),
+            Int(self.prompt_tokens),
+            Int(self.completion_tokens),
+            Int(self.total_tokens),
+            Int(self.credits),
+            Int(self.usage_estimated),
+            Int(self.latency_ms),
+            OptInt(self.ttfb_ms),
+            OptInt(self.upstream_latency_ms),
+            OptText(self.client_ip.as_deref()),
+            OptText(self.would_refuse.as_deref()),
+            OptText(self.tags.as_deref()),
+            OptText(self.end_user.as_deref()),
+        ]
+    }
+}
+
 /// Advances a key's last-used stamp `$1` (`$2`: the key) when it moved by a step (`$3`: the
 /// stamp less [`LAST_USED_STEP_MS`]).
 pub(super) const LAST_USED_SQL: &str = "UPDATE api_keys SET last_used_at = $1 WHERE id = $2 \
@@ -247,64 +294,18 @@ impl RequestLogStore for Store {
             for (i, r) in chunk.iter().enumerate() {
                 b.push(if i == 0 { "(" } else { ", (" });
                 // Text is bound borrowed: the records outlive the statement.
-                b.bind(r.request_id.as_str())
-                    .push(", ")
-                    .bind(r.ts)
-                    .push(", ")
-                    .bind(r.workspace_id)
-                    .push(", ");
-                b.bind(r.key_id)
-                    .push(", ")
-                    .bind(r.member_id)
-                    .push(", ")
-                    .bind(r.department_id)
-                    .push(", ");
-                b.bind(r.endpoint.as_str())
-                    .push(", ")
-                    .bind(r.model_requested.as_deref())
-                    .push(", ");
-                b.bind(r.model_served.as_deref())
-                    .push(", ")
-                    .bind(r.upstream_id)
-                    .push(", ")
-                    .bind(r.attempts)
-                    .push(", ");
-                b.bind(r.attempts_detail.as_str())
-                    .push(", ")
-                    .bind(r.status)
-                    .push(", ")
-                    .bind(r.code.as_deref())
-                    .push(", ");
-                b.bind(r.source.as_deref())
-                    .push(", ")
-                    .bind(r.explanation.as_str())
-                    .push(", ")
-                    .bind(r.stream)
-                    .push(", ");
-                b.bind(r.prompt_tokens)
-                    .push(", ")
-                    .bind(r.completion_tokens)
-                    .push(", ")
-                    .bind(r.total_tokens)
-                    .push(", ");
-                b.bind(r.credits)
-                    .push(", ")
-                    .bind(r.usage_estimated)
-                    .push(", ")
-                    .bind(r.latency_ms)
-                    .push(", ");
-                b.bind(r.ttfb_ms)
-                    .push(", ")
-                    .bind(r.upstream_latency_ms)
-                    .push(", ")
-                    .bind(r.client_ip.as_deref())
-                    .push(", ")
-                    .bind(r.would_refuse.as_deref())
-                    .push(", ")
-                    .bind(r.tags.as_deref())
-                    .push(", ")
-                    .bind(r.end_user.as_deref())
-                    .push(")");
+                for (j, value) in r.values().into_iter().enumerate() {
+                    if j > 0 {
+                        b.push(", ");
+                    }
+                    match value {
+                        LogValue::Int(n) => b.bind(n),
+                        LogValue::OptInt(n) => b.bind(n),
+                        LogValue::Text(t) => b.bind(t),
+                        LogValue::OptText(t) => b.bind(t),
+                    };
+                }
+                b.push(")");
             }
             let (sql, args) = b.finish();
             sqlx::query_with(&sql, args).execute(&mut *tx).await?;

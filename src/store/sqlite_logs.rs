@@ -11,10 +11,11 @@ use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use rusqlite::types::{ToSqlOutput, Value};
 use rusqlite::{Connection, OpenFlags, Statement, ToSql, TransactionBehavior, params};
 
 use super::credential_figures::{figures_of, upsert_one_sql};
-use super::request_logs::{COLUMNS, LAST_USED_SQL, LAST_USED_STEP_MS, LOG_VALUES};
+use super::request_logs::{COLUMNS, LAST_USED_SQL, LAST_USED_STEP_MS, LOG_VALUES, LogValue};
 use super::{LogRecord, STATEMENT_ROWS, StoreError, StoreResult, statements};
 
 /// The log writer's own connection to the SQLite file (SQLite has one writer at a time anyway);
@@ -106,39 +107,19 @@ fn write(conn: &mut Connection, records: &[LogRecord], last_used: &[(i64, i64)])
 
 /// Binds `r` to the statement's values after the first `before`, in [`COLUMNS`]' order.
 fn bind_log(st: &mut Statement<'_>, before: usize, r: &LogRecord) -> rusqlite::Result<()> {
-    let values: [&dyn ToSql; LOG_VALUES] = [
-        &r.request_id,
-        &r.ts,
-        &r.workspace_id,
-        &r.key_id,
-        &r.member_id,
-        &r.department_id,
-        &r.endpoint,
-        &r.model_requested,
-        &r.model_served,
-        &r.upstream_id,
-        &r.attempts,
-        &r.attempts_detail,
-        &r.status,
-        &r.code,
-        &r.source,
-        &r.explanation,
-        &r.stream,
-        &r.prompt_tokens,
-        &r.completion_tokens,
-        &r.total_tokens,
-        &r.credits,
-        &r.usage_estimated,
-        &r.latency_ms,
-        &r.ttfb_ms,
-        &r.upstream_latency_ms,
-        &r.client_ip,
-        &r.would_refuse,
-        &r.tags,
-        &r.end_user,
-    ];
-    for (i, v) in values.into_iter().enumerate() {
-        st.raw_bind_parameter(before + i + 1, v)?;
+    for (i, value) in r.values().iter().enumerate() {
+        st.raw_bind_parameter(before + i + 1, value)?;
     }
     Ok(())
+}
+
+impl ToSql for LogValue<'_> {
+    fn to_sql(&self) -> rusqlite::Result<ToSqlOutput<'_>> {
+        match *self {
+            LogValue::Int(n) => Ok(ToSqlOutput::from(n)),
+            LogValue::OptInt(n) => Ok(n.map_or(ToSqlOutput::Owned(Value::Null), ToSqlOutput::from)),
+            LogValue::Text(t) => Ok(ToSqlOutput::from(t)),
+            LogValue::OptText(t) => Ok(t.map_or(ToSqlOutput::Owned(Value::Null), ToSqlOutput::from)),
+        }
+    }
 }
