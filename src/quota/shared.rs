@@ -43,6 +43,9 @@ const MAX_BATCH: usize = 2000;
 /// Applies one batch of one gateway, once. KEYS[1]: the gateway's last applied sequence number;
 /// KEYS[2..]: the counters. ARGV[1]: this batch's number; then per counter its delta, this
 /// gateway's own total (the seed of a missing counter) and the seconds it lives on (0: for ever).
+/// One command per counter that Redis has: `INCRBY`'s answer equal to the delta means the counter
+/// was missing (or at 0), and only then is it set from the seed, with its expiry from now (a
+/// counter is first written during its window, so it outlives the window's end by the margin).
 /// Numbers stay strings where Lua's doubles would round them.
 const APPLY: &str = r"
 local last = tonumber(redis.call('GET', KEYS[1]) or '0')
@@ -50,14 +53,16 @@ if tonumber(ARGV[1]) <= last then return 0 end
 redis.call('SET', KEYS[1], ARGV[1], 'EX', 86400)
 for i = 2, #KEYS do
   local a = 2 + (i - 2) * 3
-  if redis.call('EXISTS', KEYS[i]) == 1 then
-    redis.pcall('INCRBY', KEYS[i], ARGV[a])
-  elseif tonumber(ARGV[a + 1]) >= tonumber(ARGV[a]) then
-    redis.call('SET', KEYS[i], ARGV[a + 1])
-  else
-    redis.call('SET', KEYS[i], ARGV[a])
+  local add = tonumber(ARGV[a])
+  if redis.pcall('INCRBY', KEYS[i], ARGV[a]) == add then
+    local v = ARGV[a]
+    if tonumber(ARGV[a + 1]) >= add then v = ARGV[a + 1] end
+    if tonumber(ARGV[a + 2]) > 0 then
+      redis.call('SET', KEYS[i], v, 'EX', ARGV[a + 2])
+    else
+      redis.call('SET', KEYS[i], v)
+    end
   end
-  if tonumber(ARGV[a + 2]) > 0 then redis.call('EXPIRE', KEYS[i], ARGV[a + 2]) end
 end
 return 1
 ";
@@ -91,16 +96,28 @@ pub struct SharedCounters {
 }
 
 /// The Redis key of a counter. Every quota key is under the hash tag `{quota}`: on a cluster the
-/// writer's script and the check's `MGET` name keys of one slot.
+/// writer's script and the check's `MGET` name keys of one slot. Built by hand: each check names
+/// every counter it reads, and `format!`'s machinery cost more than the rest of the name.
 fn redis_key(k: &CounterKey) -> String {
-    format!(
-        "aigw:{{quota}}:{}:{}:{}:{}:{}",
-        k.subject.as_str(),
-        k.subject_id,
-        k.metric.as_str(),
-        k.window,
-        k.start
-    )
+    let mut ids = itoa::Buffer::new();
+    let mut key = String::with_capacity(64);
+    key.push_str("aigw:{quota}:");
+    key.push_str(k.subject.as_str());
+    key.push(':');
+    key.push_str(ids.format(k.subject_id));
+    key.push(':');
+    key.push_str(k.metric.as_str());
+    key.push(':');
+    match k.window.name() {
+        Ok(name) => key.push_str(name),
+        Err(minutes) => {
+            key.push_str(ids.format(minutes));
+            key.push_str("minutes");
+        }
+    }
+    key.push(':');
+    key.push_str(ids.format(k.start));
+    key
 }
 
 impl SharedCounters {
@@ -154,9 +171,10 @@ impl SharedCounters {
     /// writer is woken by [`SharedCounters::send`] once a request's counters are all queued, so
     /// that they go in one write.
     ///
-    /// Redis keeps a counter for a window and a margin after each write: written during its
-    /// window, it outlives the window's end by at least the margin, whatever the difference
-    /// between the gateways' clocks and Redis's (an absolute `EXPIREAT` would depend on it).
+    /// Redis keeps a counter for a window and a margin from its first write: first written
+    /// during its window (or after it, by a late completion), it outlives the window's end by at
+    /// least the margin, whatever the difference between the gateways' clocks and Redis's (an
+    /// absolute `EXPIREAT` would depend on it).
     pub(super) fn add(&self, key: &CounterKey, add: i64, seed: i64, window_secs: Option<i64>) {
         let ttl = window_secs.map_or(0, |w| w.max(1).saturating_add(EXPIRY_MARGIN_SECS));
         {
@@ -243,6 +261,22 @@ mod tests {
                 1_764_000_000,
                 "aigw:{quota}:member:3:total_tokens:day:1764000000",
             ),
+            (
+                SubjectKind::Apikey,
+                -2,
+                Metric::Requests,
+                Window::Minutes(15),
+                1_764_000_900,
+                "aigw:{quota}:apikey:-2:requests:15minutes:1764000900",
+            ),
+            (
+                SubjectKind::Apikey,
+                9,
+                Metric::Requests,
+                Window::Minutes(1),
+                60,
+                "aigw:{quota}:apikey:9:requests:minute:60",
+            ),
         ];
         for (subject, subject_id, metric, window, start, want) in cases {
             let k = CounterKey {
@@ -253,6 +287,12 @@ mod tests {
                 start,
             };
             assert_eq!(redis_key(&k), want);
+            let by_display = format!(
+                "aigw:{{quota}}:{}:{subject_id}:{}:{window}:{start}",
+                subject.as_str(),
+                metric.as_str()
+            );
+            assert_eq!(redis_key(&k), by_display, "the same name as Display gives");
         }
     }
 }

@@ -120,16 +120,27 @@ fn checked_minutes(n: u32) -> Result<Window, WindowParseReason> {
     }
 }
 
-impl fmt::Display for Window {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+impl Window {
+    /// The window's name: a fixed word, or `Err(N)` for `<N>minutes` (N ≥ 2), whose name is N
+    /// followed by `minutes`.
+    pub fn name(&self) -> Result<&'static str, u32> {
         match self {
             // `Minutes(1)` prints as `minute` so a hand-built value still keys the same counter.
-            Window::Minute | Window::Minutes(1) => f.write_str("minute"),
-            Window::Minutes(n) => write!(f, "{n}minutes"),
-            Window::Day => f.write_str("day"),
-            Window::Week => f.write_str("week"),
-            Window::Month => f.write_str("month"),
-            Window::Total => f.write_str("total"),
+            Window::Minute | Window::Minutes(1) => Ok("minute"),
+            Window::Minutes(n) => Err(*n),
+            Window::Day => Ok("day"),
+            Window::Week => Ok("week"),
+            Window::Month => Ok("month"),
+            Window::Total => Ok("total"),
+        }
+    }
+}
+
+impl fmt::Display for Window {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.name() {
+            Ok(name) => f.write_str(name),
+            Err(n) => write!(f, "{n}minutes"),
         }
     }
 }
