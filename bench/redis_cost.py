@@ -6,6 +6,11 @@ requests on four connections, then Redis's own figures around the load: calls an
 command (`INFO commandstats`), its CPU (`INFO cpu`), and the memory of 100,000 counters.
 
     cargo build --release --bin aigw && python3 bench/redis_cost.py [--requests 20000]
+    cargo build --release --bin aigw --example probe && python3 bench/redis_cost.py --latency 4
+
+With --latency ROUNDS: instead, what the round trip adds to a request at one connection: two
+gateways with the four policies, one sharing its counters through Redis and one not, timed in
+alternation by bench/probe.rs (3 s each, ROUNDS times); the p50 of each round and their medians.
 
 Needs redis-server and redis-cli (Debian's redis-server package). Traffic goes to 127.0.0.1 only.
 """
@@ -13,7 +18,7 @@ Needs redis-server and redis-cli (Debian's redis-server package). Traffic goes t
 import argparse
 import os
 import shutil
-import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -23,33 +28,22 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import run as R  # noqa: E402  (the proxy benchmark's gateway and load helpers)
 
 
-def start_redis(tmp):
-    port = R.free_port()
-    proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                             "--appendonly", "no", "--dir", tmp], stdout=subprocess.DEVNULL)
-    deadline = time.time() + 10
-    while time.time() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return proc, port
-        except OSError:
-            time.sleep(0.05)
-    proc.kill()
-    sys.exit("redis-server did not start")
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--requests", type=int, default=20000, help="requests sent (default 20000)")
+    ap.add_argument("--latency", type=int, metavar="ROUNDS", default=0,
+                    help="the p50 added at one connection, with against without Redis, in alternation")
     args = ap.parse_args()
     for tool in ("redis-server", "redis-cli"):
         if not shutil.which(tool):
             sys.exit(f"{tool} is not installed (apt-get install redis-server)")
     if not os.path.exists(R.BIN):
         sys.exit(f"{R.BIN} is missing: cargo build --release --bin aigw")
+    if args.latency:
+        return added_latency(args.latency)
     n = args.requests
     with tempfile.TemporaryDirectory() as tmp:
-        redis, port = start_redis(tmp)
+        redis, port = R.start_redis(tmp)
         mock_port = R.free_port()
         mock = subprocess.Popen([R.BIN, "mock-upstream", "--no-record", "--listen", f"127.0.0.1:{mock_port}"],
                                 stdout=subprocess.DEVNULL)
@@ -103,6 +97,47 @@ def main():
         print(f"Memory per counter: {(after - before) / 100000:.0f} B (100,000 counters)")
         redis.kill()
         redis.wait()
+
+
+def added_latency(rounds):
+    """Two gateways with the four policies, one with Redis; one connection each in turn."""
+    if not os.path.exists(R.PROBE):
+        sys.exit(f"{R.PROBE} is missing: cargo build --release --example probe")
+    with tempfile.TemporaryDirectory() as tmp:
+        redis, port = R.start_redis(tmp)
+        mock_port = R.free_port()
+        mock = subprocess.Popen([R.BIN, "mock-upstream", "--no-record", "--listen", f"127.0.0.1:{mock_port}"],
+                                stdout=subprocess.DEVNULL)
+        gws = []
+        try:
+            R.wait_ready(f"http://127.0.0.1:{mock_port}/__mock/calls", mock)
+            gws.append(R.start_gateway(tmp, mock_port, 4, name="alone"))
+            gws.append(R.start_gateway(tmp, mock_port, 4, name="redis",
+                                       env={"AIGW_REDIS_URL": f"redis://127.0.0.1:{port}/0"}))
+            body = R.chat_body(False)
+            urls = [f"http://127.0.0.1:{p}/v1/chat/completions" for _, p in gws]
+            for (gw, p), url in zip(gws, urls):
+                R.wait_ready(f"http://127.0.0.1:{p}/readyz", gw)
+                R.wrk(url, R.KEY, body, 4, 2)
+            p50 = ([], [])
+            for _ in range(rounds):
+                for i, url in enumerate(urls):
+                    p50[i].append(R.probe(url, R.KEY, body, 3)["p50"])
+        finally:
+            for gw, _ in gws:
+                gw.terminate()
+                gw.wait(timeout=20)
+            mock.terminate()
+            mock.wait(timeout=20)
+            redis.kill()
+            redis.wait()
+    alone, shared = (statistics.median(v) for v in p50)
+    print(f"# the round trip's cost at one connection ({rounds} rounds of 3 s, four policies, in alternation)\n")
+    print("| | p50 of each round, µs | median |")
+    print("|---|---|---|")
+    print(f"| without Redis | {', '.join(map(str, p50[0]))} | {alone:.0f} |")
+    print(f"| with Redis | {', '.join(map(str, p50[1]))} | {shared:.0f} |")
+    print(f"\nadded at p50: {shared - alone:.0f} µs")
 
 
 if __name__ == "__main__":

@@ -12,13 +12,14 @@ the same samples ("corrected"); at 50 connections they are wrk's (corrected). Us
     python3 bench/run.py --compare-policies ROUNDS         # 0 vs 4 policies, in alternation
     python3 bench/run.py --compare-bin OTHER_AIGW [--rounds N] [--streamed]  # another build vs this one
     python3 bench/run.py --instructions [--check-budget | --update-budget] [--bin AIGW]  # instructions per request
+    python3 bench/run.py --instructions --redis [--modes "4 policies"]  # the same, quotas shared through Redis
     python3 bench/run.py --syscalls [--duration 5] [--bin AIGW]  # system calls per request
     python3 bench/run.py --waits [--duration 3] [--wait-ms 0.3]  # who held the CPU while wrk or the mock waited
     python3 bench/run.py --translation [--rounds 3] [--duration 5]  # translated vs native requests
     python3 bench/run.py --light [--rate 100] [--rounds 3] [--duration 10]  # idle_poll_us at a light load
 
-Needs wrk (Debian: apt-get install wrk), valgrind for --instructions, strace for --syscalls, perf
-for --waits. Traffic goes to 127.0.0.1 only.
+Needs wrk (Debian: apt-get install wrk), valgrind for --instructions (and redis-server with
+--redis), strace for --syscalls, perf for --waits. Traffic goes to 127.0.0.1 only.
 """
 
 import argparse
@@ -223,6 +224,23 @@ def probe(url, key, body, duration, rate=None):
     r["rps"] = r["requests"] / (r["duration_us"] / 1e6)
     r["non2xx"] = 0  # counted in errors
     return r
+
+
+def start_redis(tmp):
+    """A redis-server of this run only: a free port on 127.0.0.1, no persistence, its files in
+    `tmp`. Returns (process, port)."""
+    port = free_port()
+    proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                             "--appendonly", "no", "--dir", tmp], stdout=subprocess.DEVNULL)
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return proc, port
+        except OSError:
+            time.sleep(0.05)
+    proc.kill()
+    sys.exit("redis-server did not start")
 
 
 def start_gateway(tmp, mock_port, policies, binary=None, name=None, env=None, wrap=(), extra=""):
@@ -500,7 +518,7 @@ def callgrind_dump(pid, home):
 SETTLE, IDLE = 2.0, 4.0
 
 
-def instructions(tmp, mock_port, requests, warm, keep=None, only=None):
+def instructions(tmp, mock_port, requests, warm, keep=None, only=None, redis_url=None):
     """aigw's user-space instructions per request, counted by callgrind: unlike time, the count
     hardly moves with what else the machine runs, so it compares two builds on a noisy host and
     holds a budget in CI. Per mode, in a gateway under valgrind that has served `warm` requests
@@ -509,7 +527,8 @@ def instructions(tmp, mock_port, requests, warm, keep=None, only=None):
     no request); then exactly `requests` requests are sent (4 connections), their logs flushed,
     and the count dumped (A). (A - B scaled to A's length) / requests is the figure: start-up,
     warm-up and the idle work drop out. With `keep`, each mode's counted profile (A) is copied
-    there (`non-streamed.out`, ...) for callgrind_annotate. Returns {mode: instructions}."""
+    there (`non-streamed.out`, ...) for callgrind_annotate. With `redis_url`, the gateways share
+    their counters through that Redis (`redis_url`). Returns {mode: instructions}."""
     if not shutil.which("valgrind"):
         sys.exit("valgrind is not installed (Debian: apt-get install valgrind)")
     modes = [m for m in COUNTED if not only or m[0] in only]
@@ -523,7 +542,8 @@ def instructions(tmp, mock_port, requests, warm, keep=None, only=None):
         # Idle polling off: the instructions of a thread waiting for work are not the request's,
         # and under valgrind it would spin for most of the run.
         gw, port = start_gateway(tmp, mock_port, int(policies), name=f"cg-{policies}",
-                                 env={"AIGW_IDLE_POLL_US": "0"}, extra=ANTHROPIC,
+                                 env={"AIGW_IDLE_POLL_US": "0", **({"AIGW_REDIS_URL": redis_url} if redis_url else {})},
+                                 extra=ANTHROPIC,
                                  wrap=("valgrind", "--tool=callgrind", "--instr-atstart=no",
                                        f"--callgrind-out-file={out}"))
         try:
@@ -561,9 +581,23 @@ def counted_instructions(tmp, mock_port, args):
     only = set(args.modes.split(",")) if args.modes else None
     rev = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True,
                          text=True).stdout.strip()
-    print(f"# aigw instructions per request ({BIN if args.bin else rev}; callgrind, {args.requests} requests "
-          f"per mode after {args.warm}, less the same time idle)\n")
-    counts = instructions(tmp, mock_port, args.requests, args.warm, args.keep_profiles, only)
+    shared = " with Redis" if args.redis else ""
+    print(f"# aigw instructions per request{shared} ({BIN if args.bin else rev}; callgrind, {args.requests} "
+          f"requests per mode after {args.warm}, less the same time idle)\n")
+    redis = None
+    if args.redis:
+        if args.check_budget or args.update_budget:
+            sys.exit("--redis counts another setting than the budget's: not with --check-budget or --update-budget")
+        if not shutil.which("redis-server"):
+            sys.exit("redis-server is not installed (Debian: apt-get install redis-server)")
+        redis, redis_port = start_redis(tmp)
+    try:
+        url = f"redis://127.0.0.1:{redis_port}/0" if redis else None
+        counts = instructions(tmp, mock_port, args.requests, args.warm, args.keep_profiles, only, url)
+    finally:
+        if redis:
+            redis.kill()
+            redis.wait()
     budget = read_budget() if os.path.exists(BUDGET) else {}
     failures = []
     if args.check_budget:
@@ -832,6 +866,8 @@ def main():
                     help="with --instructions: requests served per mode before counting (default 1000)")
     ap.add_argument("--modes", default=None,
                     help="with --instructions: only these modes, comma-separated (default all)")
+    ap.add_argument("--redis", action="store_true",
+                    help="with --instructions: the gateways share their quota counters through a redis-server of this run")
     ap.add_argument("--check-budget", action="store_true",
                     help=f"with --instructions: fail when a mode is over its budget in bench/budget.toml by "
                          f"more than its tolerance (or under by more than three times it: a stale budget)")
