@@ -72,7 +72,7 @@ impl<'q> SqlBuilder<'q> {
         self.count += 1;
         if self.numbered {
             self.sql.push('$');
-            self.sql.push_str(&self.count.to_string());
+            self.sql.push_str(itoa::Buffer::new().format(self.count));
         } else {
             self.sql.push('?');
         }
