@@ -13,6 +13,7 @@ the same samples ("corrected"); at 50 connections they are wrk's (corrected). Us
     python3 bench/run.py --compare-bin OTHER_AIGW [--rounds N] [--streamed]  # another build vs this one
     python3 bench/run.py --instructions [--check-budget | --update-budget] [--bin AIGW]  # instructions per request
     python3 bench/run.py --instructions --redis [--modes "4 policies"]  # the same, quotas shared through Redis
+    python3 bench/run.py --instructions --postgres postgres://postgres@127.0.0.1:5432  # the same, stored on Postgres
     python3 bench/run.py --syscalls [--duration 5] [--bin AIGW]  # system calls per request
     python3 bench/run.py --waits [--duration 3] [--wait-ms 0.3]  # who held the CPU while wrk or the mock waited
     python3 bench/run.py --translation [--rounds 3] [--duration 5]  # translated vs native requests
@@ -518,7 +519,7 @@ def callgrind_dump(pid, home):
 SETTLE, IDLE = 2.0, 4.0
 
 
-def instructions(tmp, mock_port, requests, warm, keep=None, only=None, redis_url=None):
+def instructions(tmp, mock_port, requests, warm, keep=None, only=None, redis_url=None, postgres=None):
     """aigw's user-space instructions per request, counted by callgrind: unlike time, the count
     hardly moves with what else the machine runs, so it compares two builds on a noisy host and
     holds a budget in CI. Per mode, in a gateway under valgrind that has served `warm` requests
@@ -528,7 +529,8 @@ def instructions(tmp, mock_port, requests, warm, keep=None, only=None, redis_url
     and the count dumped (A). (A - B scaled to A's length) / requests is the figure: start-up,
     warm-up and the idle work drop out. With `keep`, each mode's counted profile (A) is copied
     there (`non-streamed.out`, ...) for callgrind_annotate. With `redis_url`, the gateways share
-    their counters through that Redis (`redis_url`). Returns {mode: instructions}."""
+    their quota counters through that Redis. With `postgres` (a server's URL), each gateway
+    stores in a database of its own created there, and dropped after. Returns {mode: instructions}."""
     if not shutil.which("valgrind"):
         sys.exit("valgrind is not installed (Debian: apt-get install valgrind)")
     modes = [m for m in COUNTED if not only or m[0] in only]
@@ -541,9 +543,14 @@ def instructions(tmp, mock_port, requests, warm, keep=None, only=None, redis_url
         out = os.path.join(home, "callgrind.out")
         # Idle polling off: the instructions of a thread waiting for work are not the request's,
         # and under valgrind it would spin for most of the run.
-        gw, port = start_gateway(tmp, mock_port, int(policies), name=f"cg-{policies}",
-                                 env={"AIGW_IDLE_POLL_US": "0", **({"AIGW_REDIS_URL": redis_url} if redis_url else {})},
-                                 extra=ANTHROPIC,
+        env = {"AIGW_IDLE_POLL_US": "0"}
+        if redis_url:
+            env["AIGW_REDIS_URL"] = redis_url
+        if postgres:
+            db = f"aigw_bench_{os.getpid()}_{policies}"
+            subprocess.run(["psql", "-q", "-d", f"{postgres}/postgres", "-c", f"CREATE DATABASE {db}"], check=True)
+            env["AIGW_DATABASE_URL"] = f"{postgres}/{db}"
+        gw, port = start_gateway(tmp, mock_port, int(policies), name=f"cg-{policies}", env=env, extra=ANTHROPIC,
                                  wrap=("valgrind", "--tool=callgrind", "--instr-atstart=no",
                                        f"--callgrind-out-file={out}"))
         try:
@@ -572,6 +579,8 @@ def instructions(tmp, mock_port, requests, warm, keep=None, only=None, redis_url
         finally:
             gw.terminate()
             gw.wait(timeout=60)
+            if postgres:
+                subprocess.run(["psql", "-q", "-d", f"{postgres}/postgres", "-c", f"DROP DATABASE {db}"], check=True)
     return result
 
 
@@ -581,19 +590,21 @@ def counted_instructions(tmp, mock_port, args):
     only = set(args.modes.split(",")) if args.modes else None
     rev = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True,
                          text=True).stdout.strip()
-    shared = " with Redis" if args.redis else ""
+    shared = (" with Redis" if args.redis else "") + (" on Postgres" if args.postgres else "")
     print(f"# aigw instructions per request{shared} ({BIN if args.bin else rev}; callgrind, {args.requests} "
           f"requests per mode after {args.warm}, less the same time idle)\n")
+    if (args.redis or args.postgres) and (args.check_budget or args.update_budget):
+        sys.exit("--redis and --postgres count other settings than the budget's: "
+                 "not with --check-budget or --update-budget")
     redis = None
     if args.redis:
-        if args.check_budget or args.update_budget:
-            sys.exit("--redis counts another setting than the budget's: not with --check-budget or --update-budget")
         if not shutil.which("redis-server"):
             sys.exit("redis-server is not installed (Debian: apt-get install redis-server)")
         redis, redis_port = start_redis(tmp)
     try:
         url = f"redis://127.0.0.1:{redis_port}/0" if redis else None
-        counts = instructions(tmp, mock_port, args.requests, args.warm, args.keep_profiles, only, url)
+        postgres = args.postgres.rstrip("/") if args.postgres else None
+        counts = instructions(tmp, mock_port, args.requests, args.warm, args.keep_profiles, only, url, postgres)
     finally:
         if redis:
             redis.kill()
@@ -866,6 +877,9 @@ def main():
                     help="with --instructions: requests served per mode before counting (default 1000)")
     ap.add_argument("--modes", default=None,
                     help="with --instructions: only these modes, comma-separated (default all)")
+    ap.add_argument("--postgres", metavar="SERVER_URL", default=None,
+                    help="with --instructions: each gateway stores in a database of its own created on this Postgres "
+                         "server (e.g. postgres://postgres@127.0.0.1:5432), dropped after")
     ap.add_argument("--redis", action="store_true",
                     help="with --instructions: the gateways share their quota counters through a redis-server of this run")
     ap.add_argument("--check-budget", action="store_true",
