@@ -236,6 +236,15 @@ struct Counts<'a> {
     ceiling: u64,
 }
 
+/// The count a JSON number written as plain digits says (`None` for anything else, or above
+/// `u64::MAX`: the general reading decides those).
+fn plain_count(text: &str) -> Option<u64> {
+    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    text.parse().ok()
+}
+
 /// A usage object's fields: parsed, or as sent.
 enum Fields<'a> {
     Parsed(&'a Map<String, Value>),
@@ -267,6 +276,16 @@ impl<'a> Counts<'a> {
 
     /// A count that may be left out (or `null`).
     fn optional(&self, field: &str) -> Result<Option<u64>, String> {
+        // As sent, a count is nearly always plain digits: read without building a `Value`.
+        if let Fields::Raw(fields) = &self.fields
+            && let Some(n) = fields.get(field).and_then(|raw| plain_count(raw.get()))
+        {
+            return if n <= self.ceiling {
+                Ok(Some(n))
+            } else {
+                Err(format!("{field} is {n}, above the ceiling of {}", self.ceiling))
+            };
+        }
         match self.fields.get(field).as_deref() {
             None | Some(Value::Null) => Ok(None),
             Some(v) => match v.as_u64() {
@@ -482,6 +501,30 @@ mod tests {
             (
                 r#"{"prompt_tokens":"3","completion_tokens":4}"#,
                 UsageReport::Invalid("prompt_tokens is a string, not a whole number of tokens".to_owned()),
+            ),
+            // Counts that are not plain digits take the general reading, and say the same.
+            (r#"{"prompt_tokens":3e0,"completion_tokens":4}"#, {
+                UsageReport::Invalid("prompt_tokens is 3.0, not a whole number of tokens".to_owned())
+            }),
+            (
+                r#"{"prompt_tokens":-3,"completion_tokens":4}"#,
+                UsageReport::Invalid("prompt_tokens is -3, not a whole number of tokens".to_owned()),
+            ),
+            (
+                r#"{"prompt_tokens":18446744073709551616,"completion_tokens":4}"#,
+                UsageReport::Invalid(
+                    "prompt_tokens is 1.8446744073709552e+19, not a whole number of tokens".to_owned(),
+                ),
+            ),
+            (
+                r#"{"prompt_tokens":18446744073709551615,"completion_tokens":4}"#,
+                UsageReport::Invalid(format!(
+                    "prompt_tokens is 18446744073709551615, above the ceiling of {CEILING}"
+                )),
+            ),
+            (
+                r#"{"prompt_tokens":0,"completion_tokens":null}"#,
+                UsageReport::Invalid("completion_tokens is missing".to_owned()),
             ),
         ];
         for (text, want) in cases {
