@@ -1,15 +1,14 @@
-//! The router: every listener's routes from the route tables, the request id, health, readiness
-//! and metrics, and the refusals of unknown routes and methods.
+//! The router: every listener's routes from the route tables, health, readiness and metrics, and
+//! the refusals of unknown routes and methods. The request id is given by the connection that
+//! calls it (`edge::client_conn`), before the router and on every response.
 
 use axum::Router;
 use axum::extract::{Request, State};
-use axum::http::{HeaderValue, StatusCode};
-use axum::middleware::{self, Next};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 
 use crate::config::Secret;
 use crate::error::ApiError;
-use crate::kernel::request_id::{REQUEST_ID, RequestId};
 use crate::state::{AppState, route_table};
 
 route_table! {
@@ -52,18 +51,7 @@ pub fn router(state: AppState, surface: Surface) -> Router {
         // After every route is in: it applies to the routes present (axum adds `Allow`).
         .method_not_allowed_fallback(method_not_allowed)
         .fallback(not_found)
-        .layer(middleware::from_fn(request_id))
         .with_state(state)
-}
-
-async fn request_id(mut req: Request, next: Next) -> Response {
-    let id = uuid::Uuid::now_v7();
-    req.extensions_mut().insert(RequestId(id));
-    let mut resp = next.run(req).await;
-    if let Ok(v) = HeaderValue::from_str(RequestId(id).encode(&mut [0; 36])) {
-        resp.headers_mut().insert(REQUEST_ID, v);
-    }
-    resp
 }
 
 async fn healthz() -> &'static str {

@@ -33,7 +33,13 @@ impl Clock {
 
     /// The current instant in Unix milliseconds.
     pub fn now_ms(&self) -> i64 {
-        self.now().timestamp_millis()
+        match self {
+            // Without a calendar date: `Utc::now` builds one, a fifth of a microsecond each time.
+            Clock::System => std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX)),
+            Clock::Manual(ms) => ms.load(Ordering::Relaxed),
+        }
     }
 
     /// Moves a manual clock forward; the system clock ignores it.

@@ -30,7 +30,7 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::extract::ConnectInfo;
-use axum::http::{Request, Response};
+use axum::http::{HeaderValue, Request, Response};
 use bytes::Bytes;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
@@ -41,6 +41,8 @@ use tokio_util::sync::CancellationToken;
 use tower_service::Service;
 
 pub use accept::{Acceptor, ConnectionSlots, Slot, raise_open_file_limit};
+
+use crate::kernel::request_id::{REQUEST_ID, RequestId};
 
 use io::{ClientIo, Expired, InService, Watch};
 use refusal::ParserRefusal;
@@ -96,7 +98,7 @@ impl ClientLimits {
     /// its own (DESIGN.md §7: every response carries one; no request log row is written, as no
     /// request reached the router).
     fn parser_refusal(&self, refusal: ParserRefusal) -> Bytes {
-        let id = crate::kernel::request_id::RequestId(uuid::Uuid::now_v7());
+        let id = RequestId(uuid::Uuid::now_v7());
         tracing::debug!(request_id = %id.0, ?refusal, "request refused by the HTTP parser");
         Bytes::from(refusal.error(self.0.max_header_bytes).http1_response_with_id(id))
     }
@@ -232,13 +234,18 @@ impl hyper::service::Service<Request<Incoming>> for GatewayService {
     type Error = Infallible;
     type Future = Served;
 
+    /// Gives the request its id (DESIGN.md §7: on every response) and its client's address, and
+    /// hands it to the router.
     fn call(&self, mut req: Request<Incoming>) -> Served {
         let in_service = InService::start(&self.watch);
+        let id = RequestId(uuid::Uuid::now_v7());
         req.extensions_mut().insert(ConnectInfo(self.peer));
+        req.extensions_mut().insert(id);
         // A `Router` is always ready (axum documents `poll_ready` as a no-op for it).
         let mut router = self.router.clone();
         Served {
             response: router.call(req.map(axum::body::Body::new)),
+            id,
             in_service: Some(in_service),
         }
     }
@@ -247,6 +254,7 @@ impl hyper::service::Service<Request<Incoming>> for GatewayService {
 /// A request in the router.
 struct Served {
     response: axum::routing::future::RouteFuture<Infallible>,
+    id: RequestId,
     in_service: Option<InService>,
 }
 
@@ -255,10 +263,13 @@ impl Future for Served {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
-        let response = match ready!(Pin::new(&mut this.response).poll(cx)) {
+        let mut response = match ready!(Pin::new(&mut this.response).poll(cx)) {
             Ok(response) => response,
             Err(never) => match never {},
         };
+        if let Ok(v) = HeaderValue::from_str(this.id.encode(&mut [0; 36])) {
+            response.headers_mut().insert(REQUEST_ID, v);
+        }
         let in_service = this.in_service.take();
         Poll::Ready(Ok(response.map(|inner| ServedBody {
             inner,
