@@ -277,25 +277,23 @@ impl<'a> Counts<'a> {
     /// A count that may be left out (or `null`).
     fn optional(&self, field: &str) -> Result<Option<u64>, String> {
         // As sent, a count is nearly always plain digits: read without building a `Value`.
-        if let Fields::Raw(fields) = &self.fields
-            && let Some(n) = fields.get(field).and_then(|raw| plain_count(raw.get()))
-        {
-            return if n <= self.ceiling {
-                Ok(Some(n))
-            } else {
-                Err(format!("{field} is {n}, above the ceiling of {}", self.ceiling))
-            };
-        }
-        match self.fields.get(field).as_deref() {
-            None | Some(Value::Null) => Ok(None),
-            Some(v) => match v.as_u64() {
-                Some(n) if n <= self.ceiling => Ok(Some(n)),
-                Some(n) => Err(format!("{field} is {n}, above the ceiling of {}", self.ceiling)),
-                None => Err(format!(
-                    "{field} is {}, not a whole number of tokens",
-                    describe(v)
-                )),
+        let plain = match &self.fields {
+            Fields::Raw(fields) => fields.get(field).and_then(|raw| plain_count(raw.get())),
+            Fields::Parsed(_) => None,
+        };
+        let n = match plain {
+            Some(n) => n,
+            None => match self.fields.get(field).as_deref() {
+                None | Some(Value::Null) => return Ok(None),
+                Some(v) => v
+                    .as_u64()
+                    .ok_or_else(|| format!("{field} is {}, not a whole number of tokens", describe(v)))?,
             },
+        };
+        if n <= self.ceiling {
+            Ok(Some(n))
+        } else {
+            Err(format!("{field} is {n}, above the ceiling of {}", self.ceiling))
         }
     }
 
