@@ -31,6 +31,7 @@ pub use keys::*;
 pub use locks::*;
 pub use request_logs::*;
 pub use rollup_sums::RollupSums;
+pub use sqlite_logs::sqlite_on_mimalloc;
 pub use tenancy::*;
 pub use tokens::*;
 pub use usage::*;
