@@ -304,7 +304,7 @@ impl Breakers {
 
     /// The gate: whether `key_id` may pass at `now`; the admission is handed back with the
     /// request's outcome ([`Breakers::record`]).
-    pub fn gate(&self, key_id: i64, now: DateTime<Utc>) -> Result<Admission, Refusal> {
+    pub fn gate(&self, key_id: i64, now_ms: i64) -> Result<Admission, Refusal> {
         let mut keys = self.keys.lock().unwrap_or_else(|p| p.into_inner());
         let Some(k) = keys.get_mut(&key_id) else {
             // Not held: never tripped (a tripped key is never forgotten).
@@ -316,11 +316,11 @@ impl Breakers {
             return Err(Refusal::Banned { first });
         }
         match k.blocked_until {
-            Some(until) if until > now.timestamp_millis() => {
-                let ms = until - now.timestamp_millis();
+            Some(until) if until > now_ms => {
+                let ms = until - now_ms;
                 Err(Refusal::Open {
                     retry_after: (ms as u64).div_ceil(1000),
-                    blocked_until: DateTime::from_timestamp_millis(until).unwrap_or(now),
+                    blocked_until: DateTime::from_timestamp_millis(until).unwrap_or_default(),
                 })
             }
             _ => Ok(Admission { trips: k.trips }),
@@ -342,20 +342,20 @@ impl Breakers {
     /// Counts one outcome of `key_id`, whose request the gate let through as `admitted`, unless
     /// it belongs to an earlier window or the key is blocked ([`KeyBreaker::counts`]); a trip is
     /// returned to be persisted.
-    pub fn record(&self, key_id: i64, now: DateTime<Utc>, status: u16, admitted: Admission) -> Option<Trip> {
+    pub fn record(&self, key_id: i64, now_ms: i64, status: u16, admitted: Admission) -> Option<Trip> {
         let failed = status >= 400;
         let mut keys = self.keys.lock().unwrap_or_else(|p| p.into_inner());
         let k = keys.entry(key_id).or_default();
-        if !k.counts(now.timestamp_millis(), admitted) {
+        if !k.counts(now_ms, admitted) {
             return None;
         }
-        let trip = k.record(now.timestamp_millis(), failed, admitted);
+        let trip = k.record(now_ms, failed, admitted);
         // What to share: nothing on a trip (the shared window starts empty) or while the key has
         // only succeeded; this outcome once the key is shared; at its first failure, its window.
         let share: SmallVec<[BucketDelta; 2]> = match (&trip, k.sharing, failed) {
             (Some(_), ..) | (None, false, false) => SmallVec::new(),
             (None, true, _) => smallvec::smallvec![(
-                (key_id, now.timestamp_millis().div_euclid(1000)),
+                (key_id, now_ms.div_euclid(1000)),
                 BucketCounts {
                     trip: k.trips,
                     total: 1,
@@ -363,7 +363,7 @@ impl Breakers {
                 }
             )],
             (None, false, true) => {
-                let now_s = now.timestamp_millis().div_euclid(1000);
+                let now_s = now_ms.div_euclid(1000);
                 k.start_sharing(now_s)
                     .map(|((_, s), n)| ((key_id, s), n))
                     .collect()
@@ -759,11 +759,11 @@ mod tests {
         let b = Breakers::default();
         let now = Utc::now();
         let s = now.timestamp_millis().div_euclid(1000);
-        b.record(1, now, 200, Admission::default());
+        b.record(1, now.timestamp_millis(), 200, Admission::default());
         for i in 0..100 {
             b.record(
                 2,
-                now + chrono::Duration::milliseconds(i),
+                (now + chrono::Duration::milliseconds(i)).timestamp_millis(),
                 500,
                 Admission::default(),
             );
@@ -773,8 +773,11 @@ mod tests {
         b.forget_idle(s + WINDOW_SECS + 1);
         assert_eq!(b.held(), 1, "key 1 is forgotten, tripped key 2 kept");
         assert_eq!(b.standing(2, now.timestamp_millis()).0, 1);
-        assert!(b.gate(2, now + chrono::Duration::milliseconds(200)).is_err());
-        assert!(b.gate(1, now).is_ok());
+        assert!(
+            b.gate(2, (now + chrono::Duration::milliseconds(200)).timestamp_millis())
+                .is_err()
+        );
+        assert!(b.gate(1, now.timestamp_millis()).is_ok());
     }
 
     /// Two gateways on one store: a key only one of them uses is not read back at every flush
@@ -788,23 +791,26 @@ mod tests {
         let now = Utc::now();
         let at = |ms: i64| now + chrono::Duration::milliseconds(ms);
         for i in 0..50 {
-            a.record(7, at(i), 500, Admission::default());
+            a.record(7, at(i).timestamp_millis(), 500, Admission::default());
         }
         a.flush(&store, at(100)).await.unwrap();
         let read_back = |g: &Breakers| g.shared.lock().unwrap().len();
         assert_eq!(read_back(&a), 0, "only gateway A uses key 7");
-        b.record(7, at(200), 500, Admission::default());
+        b.record(7, at(200).timestamp_millis(), 500, Admission::default());
         b.flush(&store, at(300)).await.unwrap();
         assert_eq!(read_back(&b), 1, "B learnt that A uses key 7");
         for i in 0..40 {
-            a.record(7, at(400 + i), 500, Admission::default());
+            a.record(7, at(400 + i).timestamp_millis(), 500, Admission::default());
         }
         a.flush(&store, at(500)).await.unwrap();
         assert_eq!(read_back(&a), 1, "A learnt that B uses key 7");
         // No outcome on B since its last flush: it still reads the key the others use.
         b.flush(&store, at(600)).await.unwrap();
         let trips: Vec<bool> = (0..9)
-            .map(|i| b.record(7, at(700 + i), 500, Admission::default()).is_some())
+            .map(|i| {
+                b.record(7, at(700 + i).timestamp_millis(), 500, Admission::default())
+                    .is_some()
+            })
             .collect();
         assert_eq!(
             trips,
@@ -831,11 +837,11 @@ mod tests {
             rows.first().map_or((0, 0), |&(_, _, t, f)| (t, f))
         };
         for i in 0..60 {
-            a.record(7, at(i), 200, Admission::default());
+            a.record(7, at(i).timestamp_millis(), 200, Admission::default());
         }
         a.flush(&store, at(100)).await.unwrap();
         assert_eq!(stored(7, 60).await, (0, 0), "successes alone are not shared");
-        b.record(7, at(200), 500, Admission::default());
+        b.record(7, at(200).timestamp_millis(), 500, Admission::default());
         b.flush(&store, at(300)).await.unwrap();
         assert_eq!(
             stored(7, 60).await,
@@ -845,20 +851,27 @@ mod tests {
         a.flush(&store, at(400)).await.unwrap();
         a.flush(&store, at(500)).await.unwrap();
         assert_eq!(stored(7, 60).await, (61, 1), "A shares its 60 successes");
-        b.record(7, at(600), 500, Admission::default());
+        b.record(7, at(600).timestamp_millis(), 500, Admission::default());
         b.flush(&store, at(700)).await.unwrap();
         let trips = (0..98)
-            .filter(|i| b.record(7, at(800 + i), 500, Admission::default()).is_some())
+            .filter(|i| {
+                b.record(7, at(800 + i).timestamp_millis(), 500, Admission::default())
+                    .is_some()
+            })
             .count();
         assert_eq!(trips, 0, "100 failures of 160 requests are not more than 90 %");
         // Alone, B would have tripped the key at its 100th failure.
         let alone = Breakers::default();
         let trips = (0..100)
-            .filter(|i| alone.record(8, at(*i), 500, Admission::default()).is_some())
+            .filter(|i| {
+                alone
+                    .record(8, at(*i).timestamp_millis(), 500, Admission::default())
+                    .is_some()
+            })
             .count();
         assert_eq!(trips, 1);
         // Another gateway's successes of a key it already shares are written as they come.
-        a.record(7, at(1000), 200, Admission::default());
+        a.record(7, at(1000).timestamp_millis(), 200, Admission::default());
         a.flush(&store, at(1100)).await.unwrap();
         b.flush(&store, at(1200)).await.unwrap();
         assert_eq!(stored(7, 60).await, (161, 100));
@@ -868,16 +881,16 @@ mod tests {
     fn gate_words() {
         let b = Breakers::default();
         let now = Utc::now();
-        assert!(b.gate(1, now).is_ok());
+        assert!(b.gate(1, now.timestamp_millis()).is_ok());
         for i in 0..100 {
             b.record(
                 1,
-                now + chrono::Duration::milliseconds(i),
+                (now + chrono::Duration::milliseconds(i)).timestamp_millis(),
                 500,
                 Admission::default(),
             );
         }
-        match b.gate(1, now + chrono::Duration::milliseconds(99)) {
+        match b.gate(1, (now + chrono::Duration::milliseconds(99)).timestamp_millis()) {
             Err(Refusal::Open { retry_after, .. }) => assert_eq!(retry_after, 30),
             other => panic!("{other:?}"),
         }

@@ -432,7 +432,7 @@ impl Completion {
             .then(|| {
                 self.state.breakers.record(
                     self.caller.key_id,
-                    self.state.clock.now(),
+                    self.state.clock.now_ms(),
                     outcome.status,
                     self.admission,
                 )

@@ -118,7 +118,7 @@ async fn steps(
     // 2. Breaker gate: an open or banned key is refused before anything else, neither counted
     //    nor logged.
     let locale = locale_of(state, req.headers());
-    let admission = match state.breakers.gate(caller.key_id, state.clock.now()) {
+    let admission = match state.breakers.gate(caller.key_id, state.clock.now_ms()) {
         Ok(admission) => admission,
         Err(refusal) => {
             let error = after::breaker_error(&refusal, locale);
