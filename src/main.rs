@@ -14,10 +14,11 @@ static GLOBAL: Mimalloc = Mimalloc;
 
 /// mimalloc as the global allocator, asking for an alignment only where its plain `mi_malloc`
 /// would not give it: the `mimalloc` crate's `MiMalloc` calls `mi_malloc_aligned` for every
-/// allocation, whose checks cost about 2,700 instructions a request more
-/// (`python3 bench/run.py --instructions`, 50-odd allocations a request). The rule is the standard library's own for its
-/// system allocator: an alignment of at most 16 bytes and at most the size is what `mi_malloc`
-/// guarantees (mimalloc aligns every block to 16 bytes, and a smaller block to its size class).
+/// allocation, whose checks cost about 2,700 instructions a request more (`python3
+/// bench/run.py --instructions`, 50-odd allocations a request). The rule is the standard
+/// library's own for its system allocator: an alignment of at most 16 bytes and at most the
+/// size is what `mi_malloc` guarantees (mimalloc aligns a block of 16 bytes or more to 16, a
+/// smaller one to its size class).
 #[cfg(not(feature = "system-allocator"))]
 struct Mimalloc;
 
