@@ -302,7 +302,7 @@ impl Breakers {
         })
     }
 
-    /// The gate: whether `key_id` may pass at `now`; the admission is handed back with the
+    /// The gate: whether `key_id` may pass at `now_ms`; the admission is handed back with the
     /// request's outcome ([`Breakers::record`]).
     pub fn gate(&self, key_id: i64, now_ms: i64) -> Result<Admission, Refusal> {
         let mut keys = self.keys.lock().unwrap_or_else(|p| p.into_inner());
