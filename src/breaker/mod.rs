@@ -757,27 +757,19 @@ mod tests {
     #[test]
     fn idle_keys_are_forgotten_tripped_ones_kept() {
         let b = Breakers::default();
-        let now = Utc::now();
-        let s = now.timestamp_millis().div_euclid(1000);
-        b.record(1, now.timestamp_millis(), 200, Admission::default());
+        let now_ms = Utc::now().timestamp_millis();
+        let s = now_ms.div_euclid(1000);
+        b.record(1, now_ms, 200, Admission::default());
         for i in 0..100 {
-            b.record(
-                2,
-                (now + chrono::Duration::milliseconds(i)).timestamp_millis(),
-                500,
-                Admission::default(),
-            );
+            b.record(2, now_ms + i, 500, Admission::default());
         }
         b.forget_idle(s + 1);
         assert_eq!(b.held(), 2, "key 1 still has an outcome in the window");
         b.forget_idle(s + WINDOW_SECS + 1);
         assert_eq!(b.held(), 1, "key 1 is forgotten, tripped key 2 kept");
-        assert_eq!(b.standing(2, now.timestamp_millis()).0, 1);
-        assert!(
-            b.gate(2, (now + chrono::Duration::milliseconds(200)).timestamp_millis())
-                .is_err()
-        );
-        assert!(b.gate(1, now.timestamp_millis()).is_ok());
+        assert_eq!(b.standing(2, now_ms).0, 1);
+        assert!(b.gate(2, now_ms + 200).is_err());
+        assert!(b.gate(1, now_ms).is_ok());
     }
 
     /// Two gateways on one store: a key only one of them uses is not read back at every flush
@@ -790,27 +782,25 @@ mod tests {
         let (a, b) = (Breakers::default(), Breakers::default());
         let now = Utc::now();
         let at = |ms: i64| now + chrono::Duration::milliseconds(ms);
+        let ms = |d: i64| at(d).timestamp_millis();
         for i in 0..50 {
-            a.record(7, at(i).timestamp_millis(), 500, Admission::default());
+            a.record(7, ms(i), 500, Admission::default());
         }
         a.flush(&store, at(100)).await.unwrap();
         let read_back = |g: &Breakers| g.shared.lock().unwrap().len();
         assert_eq!(read_back(&a), 0, "only gateway A uses key 7");
-        b.record(7, at(200).timestamp_millis(), 500, Admission::default());
+        b.record(7, ms(200), 500, Admission::default());
         b.flush(&store, at(300)).await.unwrap();
         assert_eq!(read_back(&b), 1, "B learnt that A uses key 7");
         for i in 0..40 {
-            a.record(7, at(400 + i).timestamp_millis(), 500, Admission::default());
+            a.record(7, ms(400 + i), 500, Admission::default());
         }
         a.flush(&store, at(500)).await.unwrap();
         assert_eq!(read_back(&a), 1, "A learnt that B uses key 7");
         // No outcome on B since its last flush: it still reads the key the others use.
         b.flush(&store, at(600)).await.unwrap();
         let trips: Vec<bool> = (0..9)
-            .map(|i| {
-                b.record(7, at(700 + i).timestamp_millis(), 500, Admission::default())
-                    .is_some()
-            })
+            .map(|i| b.record(7, ms(700 + i), 500, Admission::default()).is_some())
             .collect();
         assert_eq!(
             trips,
@@ -829,6 +819,7 @@ mod tests {
         let (a, b) = (Breakers::default(), Breakers::default());
         let now = Utc::now();
         let at = |ms: i64| now + chrono::Duration::milliseconds(ms);
+        let ms = |d: i64| at(d).timestamp_millis();
         let stored = async |key: i64, after: i64| {
             let rows = store
                 .breaker_window(&[key], now.timestamp() - after)
@@ -837,11 +828,11 @@ mod tests {
             rows.first().map_or((0, 0), |&(_, _, t, f)| (t, f))
         };
         for i in 0..60 {
-            a.record(7, at(i).timestamp_millis(), 200, Admission::default());
+            a.record(7, ms(i), 200, Admission::default());
         }
         a.flush(&store, at(100)).await.unwrap();
         assert_eq!(stored(7, 60).await, (0, 0), "successes alone are not shared");
-        b.record(7, at(200).timestamp_millis(), 500, Admission::default());
+        b.record(7, ms(200), 500, Admission::default());
         b.flush(&store, at(300)).await.unwrap();
         assert_eq!(
             stored(7, 60).await,
@@ -851,27 +842,20 @@ mod tests {
         a.flush(&store, at(400)).await.unwrap();
         a.flush(&store, at(500)).await.unwrap();
         assert_eq!(stored(7, 60).await, (61, 1), "A shares its 60 successes");
-        b.record(7, at(600).timestamp_millis(), 500, Admission::default());
+        b.record(7, ms(600), 500, Admission::default());
         b.flush(&store, at(700)).await.unwrap();
         let trips = (0..98)
-            .filter(|i| {
-                b.record(7, at(800 + i).timestamp_millis(), 500, Admission::default())
-                    .is_some()
-            })
+            .filter(|i| b.record(7, ms(800 + i), 500, Admission::default()).is_some())
             .count();
         assert_eq!(trips, 0, "100 failures of 160 requests are not more than 90 %");
         // Alone, B would have tripped the key at its 100th failure.
         let alone = Breakers::default();
         let trips = (0..100)
-            .filter(|i| {
-                alone
-                    .record(8, at(*i).timestamp_millis(), 500, Admission::default())
-                    .is_some()
-            })
+            .filter(|i| alone.record(8, ms(*i), 500, Admission::default()).is_some())
             .count();
         assert_eq!(trips, 1);
         // Another gateway's successes of a key it already shares are written as they come.
-        a.record(7, at(1000).timestamp_millis(), 200, Admission::default());
+        a.record(7, ms(1000), 200, Admission::default());
         a.flush(&store, at(1100)).await.unwrap();
         b.flush(&store, at(1200)).await.unwrap();
         assert_eq!(stored(7, 60).await, (161, 100));
@@ -881,16 +865,12 @@ mod tests {
     fn gate_words() {
         let b = Breakers::default();
         let now = Utc::now();
-        assert!(b.gate(1, now.timestamp_millis()).is_ok());
+        let now_ms = now.timestamp_millis();
+        assert!(b.gate(1, now_ms).is_ok());
         for i in 0..100 {
-            b.record(
-                1,
-                (now + chrono::Duration::milliseconds(i)).timestamp_millis(),
-                500,
-                Admission::default(),
-            );
+            b.record(1, now_ms + i, 500, Admission::default());
         }
-        match b.gate(1, (now + chrono::Duration::milliseconds(99)).timestamp_millis()) {
+        match b.gate(1, now_ms + 99) {
             Err(Refusal::Open { retry_after, .. }) => assert_eq!(retry_after, 30),
             other => panic!("{other:?}"),
         }
