@@ -430,3 +430,51 @@ async fn received(signal: Option<&mut tokio::signal::unix::Signal>) {
         None => std::future::pending::<()>().await,
     }
 }
+
+#[cfg(all(test, not(feature = "system-allocator")))]
+mod tests {
+    use std::alloc::{GlobalAlloc, Layout};
+
+    use super::{Mimalloc, plain};
+
+    /// The premise of the plain path: whatever layout it serves, `mi_malloc`, `mi_zalloc` and
+    /// `mi_realloc` hand back a block aligned as asked (every size to 4 KiB, every alignment
+    /// the rule lets through), and zeroed where asked.
+    #[test]
+    fn the_plain_path_gives_the_alignment_asked() {
+        let mut served = 0;
+        for size in 1..=4096 {
+            for align in [1, 2, 4, 8, 16] {
+                if !plain(align, size) {
+                    continue;
+                }
+                served += 1;
+                let layout = Layout::from_size_align(size, align).unwrap();
+                // SAFETY: a non-zero size; each block is freed with the allocator it came from.
+                unsafe {
+                    let p = Mimalloc.alloc(layout);
+                    assert!(!p.is_null() && p.align_offset(align) == 0, "alloc {size}/{align}");
+                    let p = Mimalloc.realloc(p, layout, size * 2);
+                    assert!(
+                        !p.is_null() && p.align_offset(align) == 0,
+                        "realloc {size}/{align}"
+                    );
+                    Mimalloc.dealloc(p, Layout::from_size_align(size * 2, align).unwrap());
+                    let z = Mimalloc.alloc_zeroed(layout);
+                    assert!(
+                        !z.is_null() && z.align_offset(align) == 0,
+                        "zeroed {size}/{align}"
+                    );
+                    assert!(std::slice::from_raw_parts(z, size).iter().all(|&b| b == 0));
+                    Mimalloc.dealloc(z, layout);
+                }
+            }
+        }
+        assert!(
+            served > 4096 * 4,
+            "the plain path serves nearly every small layout"
+        );
+        // The rest take the aligned calls: an alignment above 16, or above the size.
+        assert!(!plain(32, 64) && !plain(8, 4) && plain(16, 16) && plain(8, 8));
+    }
+}
