@@ -21,6 +21,8 @@ use std::fmt;
 pub const TAGS_HEADER: &str = "x-aigw-tags";
 /// The request header that names the end user.
 pub const END_USER_HEADER: &str = "x-aigw-end-user";
+/// The start of both headers' names: a request without a header so named carries neither.
+pub const HEADERS_PREFIX: &str = "x-aigw-";
 /// Most tags one request carries.
 pub const MAX_TAGS: usize = 10;
 /// Longest tag key.
@@ -238,6 +240,12 @@ fn checked_end_user(text: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn both_headers_start_with_the_prefix() {
+        assert!(TAGS_HEADER.starts_with(HEADERS_PREFIX));
+        assert!(END_USER_HEADER.starts_with(HEADERS_PREFIX));
+    }
 
     fn parse(h: &str) -> Result<String, &'static str> {
         Tags::parse([h.as_bytes()])

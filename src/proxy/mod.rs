@@ -318,6 +318,14 @@ fn header_labels(
     fields: &[(&'static str, Option<&str>)],
 ) -> Result<(Tags, Option<String>), ApiError> {
     let refused = |r: tags::Refused| ApiError::invalid(r.message, Some(r.param));
+    // Looking a header up hashes its name; most requests carry neither, which one pass over
+    // the names tells for less.
+    if !headers
+        .keys()
+        .any(|name| name.as_str().starts_with(tags::HEADERS_PREFIX))
+    {
+        return Ok((Tags::default(), tags::end_user(None, fields).map_err(refused)?));
+    }
     let tags =
         Tags::parse(headers.get_all(tags::TAGS_HEADER).iter().map(|v| v.as_bytes())).map_err(refused)?;
     let end_user =
