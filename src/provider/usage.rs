@@ -10,7 +10,6 @@
 //! figure that leaves this module is within the ceiling, so nothing downstream can overflow.
 
 use std::borrow::Cow;
-use std::collections::BTreeMap;
 
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
@@ -43,7 +42,7 @@ impl UsageReport {
     /// without building the block (no key nor nested object copied), only the counts read are
     /// parsed. A block whose field names are escaped is read as a whole, the same.
     pub fn read_raw(endpoint: Endpoint, usage: &RawValue, ceiling: u64) -> UsageReport {
-        match serde_json::from_str::<BTreeMap<&str, &RawValue>>(usage.get()) {
+        match serde_json::from_str::<RawFields<'_>>(usage.get()) {
             Ok(fields) => Self::checked(
                 endpoint,
                 Ok(Counts {
@@ -248,7 +247,7 @@ fn plain_count(text: &str) -> Option<u64> {
 /// A usage object's fields: parsed, or as sent.
 enum Fields<'a> {
     Parsed(&'a Map<String, Value>),
-    Raw(BTreeMap<&'a str, &'a RawValue>),
+    Raw(RawFields<'a>),
 }
 
 impl Fields<'_> {
@@ -260,6 +259,41 @@ impl Fields<'_> {
                 .get(field)
                 .map(|raw| Cow::Owned(serde_json::from_str(raw.get()).unwrap_or(Value::Null))),
         }
+    }
+}
+
+/// An object's fields as sent, in order: a usage block has a handful, which a list holds for
+/// less than a map (no node built per field). A field given twice is its last value, as when
+/// the object is parsed whole.
+struct RawFields<'a>(Vec<(&'a str, &'a RawValue)>);
+
+impl<'a> RawFields<'a> {
+    fn get(&self, field: &str) -> Option<&'a RawValue> {
+        self.0
+            .iter()
+            .rev()
+            .find(|(name, _)| *name == field)
+            .map(|(_, v)| *v)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for RawFields<'de> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Pairs;
+        impl<'de> serde::de::Visitor<'de> for Pairs {
+            type Value = RawFields<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("an object")
+            }
+            fn visit_map<M: serde::de::MapAccess<'de>>(self, mut map: M) -> Result<Self::Value, M::Error> {
+                let mut fields = Vec::with_capacity(8);
+                while let Some(pair) = map.next_entry()? {
+                    fields.push(pair);
+                }
+                Ok(RawFields(fields))
+            }
+        }
+        d.deserialize_map(Pairs)
     }
 }
 
