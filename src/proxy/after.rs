@@ -82,18 +82,6 @@ pub(super) struct Told {
     pub route: Option<Routed>,
 }
 
-/// A refusal answered before the request's body was read says `Connection: close`: hyper
-/// closes a connection whose unread body is not already in its buffer, and a client told
-/// nothing would send its next request on the closed connection (a broken pipe).
-fn refused_unread(error: ApiError) -> Response {
-    let mut resp = error.into_response();
-    resp.headers_mut().insert(
-        axum::http::header::CONNECTION,
-        axum::http::HeaderValue::from_static("close"),
-    );
-    resp
-}
-
 /// The after-work, once, for every end of the request path.
 pub(super) fn finish(state: &AppState, endpoint: Endpoint, told: Told, end: End) -> Response {
     let (mut resp, used) = match end {
@@ -102,11 +90,11 @@ pub(super) fn finish(state: &AppState, endpoint: Endpoint, told: Told, end: End)
                 "code" => error.code(), "source" => "gateway")
             .increment(1);
             spans::refused(state, trace.as_ref(), endpoint, None, &error);
-            return refused_unread(error);
+            return error.into_response();
         }
         End::Gated { caller, error, trace } => {
             spans::refused(state, trace.as_ref(), endpoint, Some(&caller), &error);
-            return refused_unread(error);
+            return error.into_response();
         }
         End::Refused(completion, e) => (refuse(completion, e), Used::Nothing),
         End::Answered {

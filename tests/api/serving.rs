@@ -664,3 +664,51 @@ async fn the_admin_listener_has_a_connection_cap_of_its_own() {
     drop(admin_flood);
     app.stop().await;
 }
+
+/// A request whose body comes after the gateway's answer: refused before its body was read
+/// (hyper then closes the connection), the answer says `Connection: close`, so a client with a
+/// connection pool does not send its next request on the closed connection; a request whose body
+/// was read keeps its connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusal_before_the_body_is_read_says_the_connection_closes() {
+    let db = TestDb::sqlite();
+    let app = start(&db, 10, 60, 100).await;
+    let body = r#"{"model":"m","messages":[]}"#;
+    let refused_unread: &[(&str, &str, u16, &str)] = &[
+        (
+            "/v1/chat/completions",
+            "Authorization: Bearer sk-aigw-0000000000000000000000000000bad0\r\n",
+            401,
+            "invalid_api_key",
+        ),
+        ("/admin/v1/departments", "", 401, "invalid_token"),
+    ];
+    for (path, auth, status, code) in refused_unread {
+        let mut tcp = connect(&app).await;
+        let head = format!(
+            "POST {path} HTTP/1.1\r\nHost: gw\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+            body.len()
+        );
+        tcp.write_all(head.as_bytes()).await.unwrap();
+        // The answer comes before the body is sent.
+        let answer = read_response(&mut tcp).await;
+        answer.assert_gateway_error(*status, code);
+        assert_eq!(answer.header("connection"), Some("close"), "{path}: {answer:?}");
+        let _ = tcp.write_all(body.as_bytes()).await;
+        closed_within(&mut tcp, Duration::from_secs(5)).await;
+    }
+    // The body read: the connection is kept for the next request.
+    let mut tcp = connect(&app).await;
+    let login = r#"{"email":"nobody@example.com","password":"wrong-password"}"#;
+    let head = format!(
+        "POST /admin/v1/auth/login HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{login}",
+        login.len()
+    );
+    tcp.write_all(head.as_bytes()).await.unwrap();
+    let answer = read_response(&mut tcp).await;
+    assert_eq!(answer.status, 401, "{answer:?}");
+    assert_eq!(answer.header("connection"), None, "{answer:?}");
+    tcp.write_all(HEALTHZ).await.unwrap();
+    assert_eq!(read_response(&mut tcp).await.status, 200);
+    app.stop().await;
+}

@@ -64,6 +64,8 @@ pub struct Watch {
     deadline_ms: AtomicU64,
     /// The connection's task, woken when a response ends on another task (HTTP/2 streams).
     waker: AtomicWaker,
+    /// An HTTP/1 request's body has not been read to its end (see [`Watch::body_unread`]).
+    body_unread: AtomicBool,
 }
 
 impl Watch {
@@ -78,7 +80,20 @@ impl Watch {
             reading_head: AtomicBool::new(false),
             deadline_ms: AtomicU64::new(millis(header_timeout)),
             waker: AtomicWaker::new(),
+            body_unread: AtomicBool::new(false),
         }
+    }
+
+    /// Marks the body of the HTTP/1 request in service as unread (`true`) or read to its end.
+    /// HTTP/1 serves one request at a time on a connection, so one flag is enough.
+    pub fn set_body_unread(&self, unread: bool) {
+        self.body_unread.store(unread, Ordering::Release);
+    }
+
+    /// Whether the body of the HTTP/1 request whose response leaves now was left unread; clears
+    /// the mark for the next request.
+    pub fn body_unread(&self) -> bool {
+        self.body_unread.swap(false, Ordering::AcqRel)
     }
 
     /// The current deadline and the bound it enforces; `None` while a request is in service.
@@ -157,6 +172,11 @@ impl InService {
     pub fn start(watch: &Arc<Watch>) -> InService {
         watch.request_started();
         InService(Arc::clone(watch))
+    }
+
+    /// The connection's watch.
+    pub fn watch(&self) -> &Watch {
+        &self.0
     }
 }
 

@@ -14,7 +14,8 @@
 //! Every wait on the client is bounded: the request line and headers by the header timeout, the
 //! wait for the next request on a kept-alive connection by the idle timeout (the phases are in
 //! `io`), the number of open connections by `max_client_connections`. A request the HTTP parser
-//! refuses is answered with the gateway's JSON error (`refusal`).
+//! refuses is answered with the gateway's JSON error (`refusal`). An HTTP/1 answer sent before its
+//! request's body was read says `Connection: close` ([`RequestBody`]).
 
 mod accept;
 mod io;
@@ -30,7 +31,7 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::extract::ConnectInfo;
-use axum::http::{HeaderValue, Request, Response};
+use axum::http::{HeaderValue, Request, Response, Version, header};
 use bytes::Bytes;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
@@ -241,10 +242,17 @@ impl hyper::service::Service<Request<Incoming>> for GatewayService {
         let id = RequestId(uuid::Uuid::now_v7());
         req.extensions_mut().insert(ConnectInfo(self.peer));
         req.extensions_mut().insert(id);
+        let req = if req.version() <= Version::HTTP_11 && !http_body::Body::is_end_stream(req.body()) {
+            self.watch.set_body_unread(true);
+            let watch = Arc::clone(&self.watch);
+            req.map(|inner| axum::body::Body::new(RequestBody { inner, watch }))
+        } else {
+            req.map(axum::body::Body::new)
+        };
         // A `Router` is always ready (axum documents `poll_ready` as a no-op for it).
         let mut router = self.router.clone();
         Served {
-            response: router.call(req.map(axum::body::Body::new)),
+            response: router.call(req),
             id,
             in_service: Some(in_service),
         }
@@ -271,10 +279,50 @@ impl Future for Served {
             response.headers_mut().insert(REQUEST_ID, v);
         }
         let in_service = this.in_service.take();
+        if in_service.as_ref().is_some_and(|s| s.watch().body_unread()) {
+            // hyper closes a connection whose unread body is not already in its buffer; the
+            // client is told, so it does not send its next request on the closed connection.
+            response
+                .headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
         Poll::Ready(Ok(response.map(|inner| ServedBody {
             inner,
             _in_service: in_service,
         })))
+    }
+}
+
+/// An HTTP/1 request's body, which clears its connection's unread mark once read to its end: an
+/// answer sent before then (a refusal before the body is read: an unknown key, an open breaker,
+/// an admin route's missing token) says `Connection: close`.
+struct RequestBody {
+    inner: Incoming,
+    watch: Arc<Watch>,
+}
+
+impl http_body::Body for RequestBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, hyper::Error>>> {
+        let this = self.get_mut();
+        let frame = ready!(Pin::new(&mut this.inner).poll_frame(cx));
+        if frame.is_none() || this.inner.is_end_stream() {
+            this.watch.set_body_unread(false);
+        }
+        Poll::Ready(frame)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
     }
 }
 
