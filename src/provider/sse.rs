@@ -135,6 +135,9 @@ impl SseTap {
         if self.finished || self.dropped_oversized {
             return;
         }
+        // What is passed on is at most what came and what was kept back: one allocation for
+        // the chunk's events, not one at each doubling of `out`.
+        out.reserve(chunk.len() + self.pending.len());
         let mut rest = chunk;
         if self.oversized || !self.pending.is_empty() {
             // An event begun earlier: its end is the first separator, perhaps straddling.
@@ -315,6 +318,13 @@ impl SseTap {
         if error {
             self.set_error(data);
         }
+        // The event's first `"usage":null` is the scan's, in the data (a part of the event),
+        // when the lines before the data hold none and the event is passed on unmasked.
+        let usage_null_at = found.usage_null_at.filter(|_| !error).and_then(|i| {
+            let data_at = (data.as_ptr() as usize).wrapping_sub(event.as_ptr() as usize);
+            let before = event.get(..data_at)?;
+            NEEDLES.usage_null.find(before).is_none().then_some(data_at + i)
+        });
         // An error event may echo the key: it is passed on masked.
         let masked = self.masked(error, event);
         let event: &[u8] = &masked;
@@ -337,7 +347,7 @@ impl SseTap {
             if usage_chunk {
                 return;
             }
-            if usage_null && without_usage_null(event, out) {
+            if usage_null && without_usage_null(event, usage_null_at, out) {
                 return;
             }
         }
@@ -350,22 +360,25 @@ impl SseTap {
     /// on the way; `"finish_reason":"error"` is an error in the middle of the stream.
     fn scan(&mut self, data: &[u8]) -> Found {
         let mut found = Found::default();
-        for i in NEEDLES.content.find_iter(data) {
+        each_match(&NEEDLES.content, data, |i| {
             found.content |= data.get(i + CONTENT.len()).is_some_and(|&c| c != b'"');
-        }
-        for i in NEEDLES.finish_reason.find_iter(data) {
+        });
+        each_match(&NEEDLES.finish_reason, data, |i| {
             let value = &data[i + FINISH_REASON.len()..];
             if let Some(end) = memchr::memchr(b'"', value) {
                 let reason = &value[..end];
                 found.finish_error |= reason == b"error";
                 self.finish_reason(std::str::from_utf8(reason).unwrap_or_default());
             }
-        }
-        for i in NEEDLES.usage.find_iter(data) {
+        });
+        each_match(&NEEDLES.usage, data, |i| {
             let after = data[i + USAGE.len()..].trim_ascii_start();
             found.usage_object |= after.starts_with(b"{");
             found.usage_null |= after.starts_with(b"null");
-        }
+            if found.usage_null_at.is_none() && data[i..].starts_with(USAGE_NULL) {
+                found.usage_null_at = Some(i);
+            }
+        });
         found
     }
 
@@ -490,6 +503,8 @@ struct Found {
     /// `"usage":` followed by an object (the usage chunk, perhaps) or by `null`.
     usage_object: bool,
     usage_null: bool,
+    /// Where the data's first `"usage":null`, as written without spaces, begins.
+    usage_null_at: Option<usize>,
 }
 
 /// The fields an OpenAI-format event is searched for, each searcher built once.
@@ -524,9 +539,10 @@ struct UsageChunk<'a> {
 }
 
 /// Appends `event` without its `"usage":null` fields (each with the comma joining it to a
-/// neighbour) to `out`; false, having appended nothing, when it has none.
-fn without_usage_null(event: &[u8], out: &mut BytesMut) -> bool {
-    let Some(first) = NEEDLES.usage_null.find(event) else {
+/// neighbour) to `out`; false, having appended nothing, when it has none. `first`: where the
+/// first begins, when the caller knows (else it is searched for).
+fn without_usage_null(event: &[u8], first: Option<usize>, out: &mut BytesMut) -> bool {
+    let Some(first) = first.or_else(|| NEEDLES.usage_null.find(event)) else {
         return false;
     };
     let mut rest = event;
@@ -548,6 +564,18 @@ fn without_usage_null(event: &[u8], out: &mut BytesMut) -> bool {
     }
     out.extend_from_slice(rest);
     true
+}
+
+/// Calls `f` with where each match of `finder` in `haystack` begins, matches not overlapping.
+/// `Finder::find_iter` would copy the searcher into its iterator at each call (a `memcpy` each
+/// search, three an event).
+fn each_match(finder: &Finder<'_>, haystack: &[u8], mut f: impl FnMut(usize)) {
+    let step = finder.needle().len().max(1);
+    let mut from = 0;
+    while let Some(i) = haystack.get(from..).and_then(|rest| finder.find(rest)) {
+        f(from + i);
+        from += i + step;
+    }
 }
 
 /// The `data:` payload of an event: its first data line (providers send one per event).
@@ -780,13 +808,37 @@ mod tests {
         ];
         for (event, want) in cases {
             let mut out = BytesMut::new();
-            let changed = without_usage_null(event.as_bytes(), &mut out);
+            let changed = without_usage_null(event.as_bytes(), None, &mut out);
             assert_eq!(
                 changed.then(|| std::str::from_utf8(&out).unwrap()),
                 *want,
                 "{event}"
             );
             assert_eq!(changed, !out.is_empty());
+        }
+    }
+
+    /// The tap removes an event's `"usage":null` fields from where its scan found the first, and
+    /// gives what a search of the whole event gives, whatever comes before the data.
+    #[test]
+    fn the_tap_strips_usage_null_as_the_search_does() {
+        let events = [
+            "data: {\"a\":1,\"usage\":null}\n\n",
+            "id: 7\ndata: {\"usage\":null,\"a\":1,\"usage\":null}\n\n",
+            "id: {\"usage\":null}\ndata: {\"a\":1,\"usage\":null}\n\n",
+            "data: {\"a\":\"\\\"usage\\\":null\",\"usage\": null,\"x\":{\"usage\":null}}\n\n",
+            "data:{\"x\":{\"usage\":null},\"usage\":null}\r\n\r\n",
+        ];
+        for event in events {
+            let mut want = BytesMut::new();
+            if !without_usage_null(event.as_bytes(), None, &mut want) {
+                want.extend_from_slice(event.as_bytes());
+            }
+            let got = feed_all(
+                &mut SseTap::new(Endpoint::ChatCompletions, true, CEILING),
+                &[event],
+            );
+            assert_eq!(got.as_bytes(), &want[..], "{event}");
         }
     }
 
