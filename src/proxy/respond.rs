@@ -87,9 +87,16 @@ async fn stream(
         // An event too large to translate is not held either.
         tap = tap.dropping_oversized();
     }
-    let mut stream = stream::ProxyStream::new(response, tap, completion, asked.body.len, asked.deadline);
+    // Boxed at once: the stream is large, and moved several times on its way into the body.
+    let mut stream = Box::new(stream::ProxyStream::new(
+        response,
+        tap,
+        completion,
+        asked.body.len,
+        asked.deadline,
+    ));
     if let Some(t) = translation {
-        stream = stream.translating(StreamTranslator::new(t, !asked.strip_usage, &asked.body.model));
+        stream.translate(StreamTranslator::new(t, !asked.strip_usage, &asked.body.model));
     }
     let first = futures::StreamExt::next(&mut stream).await;
     if let Some((completion, e)) = stream.failed_before_the_head() {

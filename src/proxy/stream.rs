@@ -102,9 +102,8 @@ impl ProxyStream {
 
     /// Passes the events through `translator` after the tap (which drops an event over its
     /// bound: `SseTap::dropping_oversized`; the stream then ends with an error).
-    pub fn translating(mut self, translator: StreamTranslator) -> Self {
+    pub fn translate(&mut self, translator: StreamTranslator) {
         self.translator = Some(translator);
-        self
     }
 
     /// Feeds an upstream chunk to the tap (and the translator); the client's bytes go to `held`.
