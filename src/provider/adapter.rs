@@ -203,6 +203,16 @@ struct AnswerShape<'a> {
     usage: Option<Box<RawValue>>,
 }
 
+/// Parses JSON text from bytes, its UTF-8 checked once for the whole text: serde_json's reader of
+/// bytes checks every string and every raw value it keeps again (docs/performance.md). Text that
+/// is not UTF-8 is parsed as bytes, for serde_json's own error and its position.
+pub fn parse_json<'a, T: serde::Deserialize<'a>>(bytes: &'a [u8]) -> serde_json::Result<T> {
+    match std::str::from_utf8(bytes) {
+        Ok(text) => serde_json::from_str(text),
+        Err(_) => serde_json::from_slice(bytes),
+    }
+}
+
 /// Checks that a complete (not streamed) answer is what `endpoint` promises (DESIGN.md §9): one
 /// well-formed JSON object, whole, with the endpoint's defining field — `choices` (chat), `data`
 /// (embeddings) as arrays, `content` as an array or `"type":"message"` (messages). Fields beyond
@@ -222,7 +232,7 @@ pub fn check_answer(endpoint: Endpoint, body: &[u8]) -> Result<Option<Box<RawVal
             "not JSON".to_owned()
         });
     }
-    let shape: AnswerShape = serde_json::from_slice(body).map_err(|e| match e.classify() {
+    let shape: AnswerShape = parse_json(body).map_err(|e| match e.classify() {
         serde_json::error::Category::Eof => "truncated JSON".to_owned(),
         // Position only: a serde message may quote the body.
         _ => format!("malformed JSON at line {} column {}", e.line(), e.column()),

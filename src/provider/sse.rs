@@ -19,7 +19,7 @@ use serde::Deserialize;
 use serde_json::Value;
 use serde_json::value::RawValue;
 
-use super::adapter::Endpoint;
+use super::adapter::{Endpoint, parse_json};
 use super::mask::SecretMask;
 use super::usage::UsageReport;
 
@@ -333,7 +333,7 @@ impl SseTap {
         }
         let (usage_object, usage_null) = (found.usage_object, found.usage_null);
         let mut usage_chunk = false;
-        if usage_object && let Ok(chunk) = serde_json::from_slice::<UsageChunk>(data) {
+        if usage_object && let Ok(chunk) = parse_json::<UsageChunk>(data) {
             if let Some(u) = &chunk.usage {
                 let read = UsageReport::read_raw(Endpoint::ChatCompletions, u, self.ceiling);
                 self.usage.merge(read);

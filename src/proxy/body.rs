@@ -7,7 +7,7 @@ use serde_json::value::RawValue;
 
 use crate::deadline::Deadline;
 use crate::error::ApiError;
-use crate::provider::adapter::{Endpoint, Fields};
+use crate::provider::adapter::{self, Endpoint, Fields};
 
 /// A checked request body.
 #[derive(Debug)]
@@ -73,7 +73,7 @@ pub fn parse(bytes: &[u8], endpoint: Endpoint) -> Result<ProxyBody, ApiError> {
             None,
         ));
     }
-    let fields: Fields = serde_json::from_slice(bytes).map_err(|e| match e.classify() {
+    let fields: Fields = adapter::parse_json(bytes).map_err(|e| match e.classify() {
         // Well-formed JSON of another type than an object (an array, a string, a number).
         serde_json::error::Category::Data => {
             ApiError::invalid("the request body must be a JSON object", None)
