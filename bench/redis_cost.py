@@ -89,7 +89,7 @@ def main():
         # Memory of 100,000 counters shaped as the gateway names them, each with its expiry.
         cli("FLUSHALL")
         before = int(cli("INFO", "memory").split("used_memory:")[1].split()[0])
-        pipe = "".join(f"SET aigw:{{quota}}:apikey:{100000 + i}:requests:day:1764979200 1234 EX 86700\n"
+        pipe = "".join(f"SET aigw:{{quota:1}}:apikey:{100000 + i}:requests:day:1764979200 1234 EX 86700\n"
                        for i in range(100000))
         subprocess.run(["redis-cli", "-p", str(port), "--pipe"], input=pipe.replace("\n", "\r\n"), text=True,
                        capture_output=True, check=True)

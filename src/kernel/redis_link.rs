@@ -13,7 +13,8 @@
 //!   contact itself by four of the link's timeouts.
 //! - On a cluster, commands are routed by their keys' hash slots. Every script and multi-key
 //!   command of the gateway names keys of one slot (its users put their keys under one hash tag:
-//!   `aigw:{quota}:…`, `aigw:{breaker}:…`, `aigw:{own}:…`), so no call is refused as `CROSSSLOT`.
+//!   `aigw:{quota:<workspace id>}:…`, `aigw:{breaker}:…`, `aigw:{own}:…`), so no call is refused
+//!   as `CROSSSLOT`.
 //! - Or the sentinels of a primary (`redis+sentinel://` or `rediss+sentinel://`, [`Sentinels`]):
 //!   the connection is made to the primary the sentinels name, and made anew, asking them again,
 //!   when the one made fails (closed, timed out, or demoted to a replica: `READONLY`), so a

@@ -200,6 +200,9 @@ impl Standing {
 pub struct QuotaDecision {
     /// Every policy that applies, as it stands.
     pub standings: Vec<Standing>,
+    /// The caller's workspace, that of every subject of the standings (their counters' hash tag
+    /// in Redis).
+    pub workspace: i64,
 }
 
 impl QuotaDecision {
@@ -318,9 +321,12 @@ impl QuotaCounters {
         }
         // With Redis, its totals: the one round trip before dispatch (issue 44).
         if let Some(shared) = &self.shared {
-            shared.raise(&mut standings).await;
+            shared.raise(&mut standings, caller.workspace_id).await;
         }
-        Ok(QuotaDecision { standings })
+        Ok(QuotaDecision {
+            standings,
+            workspace: caller.workspace_id,
+        })
     }
 
     /// How one policy stands for one subject at `now` (also what the console shows per policy).
@@ -511,7 +517,7 @@ impl QuotaCounters {
             if added != 0
                 && let Some(shared) = &self.shared
             {
-                shared.add(&s.key, added, c.used(), s.window_secs);
+                shared.add(&s.key, decision.workspace, added, c.used(), s.window_secs);
                 shared_added = true;
             }
             if !c.watchers.iter().any(|(policy, _)| *policy == s.rule.id) {
@@ -632,6 +638,7 @@ mod tests {
         let metrics = [Metric::Requests, Metric::TotalTokens, Metric::Credits];
         let decision = QuotaDecision {
             standings: metrics.iter().map(|m| standing(*m, 100, 0)).collect(),
+            workspace: 1,
         };
         let huge = Usage {
             prompt: u64::MAX,
@@ -712,6 +719,7 @@ mod tests {
             counters.record(
                 &QuotaDecision {
                     standings: vec![s.clone()],
+                    workspace: 1,
                 },
                 Usage::default(),
                 0,
@@ -754,7 +762,10 @@ mod tests {
             .standing(&store, &rule, 1, now, chrono_tz::UTC)
             .await
             .unwrap();
-        let decision = QuotaDecision { standings: vec![s] };
+        let decision = QuotaDecision {
+            standings: vec![s],
+            workspace: 1,
+        };
         for _ in 0..7 {
             before.record(&decision, Usage::default(), 0);
         }
@@ -796,7 +807,10 @@ mod tests {
                 .standing(store, &rule, id, now, chrono_tz::UTC)
                 .await
                 .unwrap();
-            let d = QuotaDecision { standings: vec![s] };
+            let d = QuotaDecision {
+                standings: vec![s],
+                workspace: 1,
+            };
             counters.record(&d, Usage::default(), 0);
             decisions.push(d);
         }
@@ -877,7 +891,10 @@ mod tests {
             .standing(&store, &rule, -5, now, chrono_tz::UTC)
             .await
             .unwrap();
-        let provisional = QuotaDecision { standings: vec![s] };
+        let provisional = QuotaDecision {
+            standings: vec![s],
+            workspace: 1,
+        };
         counters.record(&provisional, Usage::default(), 0);
         counters.record(&provisional, Usage::default(), 0);
         assert_eq!(counters.flush(&store, now).await.unwrap(), 0, "held until stored");

@@ -379,7 +379,10 @@ mod tests {
             ),
         ];
         for (standings, extra) in cases {
-            let decision = QuotaDecision { standings };
+            let decision = QuotaDecision {
+                standings,
+                workspace: 1,
+            };
             let mut h = HeaderMap::new();
             quota_headers(&mut h, &decision, |_| extra, now);
             let mut got: Vec<(String, String)> = h

@@ -4,15 +4,20 @@
 //!
 //! Invariants:
 //! - Before dispatch, at most one round trip: one `MGET` of every counter the request depends on
-//!   ([`SharedCounters::read`]); a standing's `used` is the larger of Redis's total and this
+//!   ([`SharedCounters::raise`]); a standing's `used` is the larger of Redis's total and this
 //!   gateway's own, so Redis can only make a check stricter, never looser.
 //! - Usage is still counted after completion (LyRouter seed 003: the crossing request completes):
 //!   [`SharedCounters::add`] queues the delta, and one writer task sends what has queued in one
-//!   script per round trip. With every gateway on one Redis, the overshoot of a quota is at most
+//!   round trip (a script per workspace it holds). With every gateway on one Redis, the overshoot of a quota is at most
 //!   the requests in flight across all of them, a request being in flight until its count is in
 //!   Redis (docs/quotas.md).
 //! - Exactly once: the writer is the gateway's one Redis writer ([`crate::kernel::redis_writer`]),
-//!   whose batches carry a sequence number that [`APPLY`] applies once.
+//!   whose batches carry a sequence number that [`APPLY`] applies once per workspace.
+//! - One workspace, one hash slot: every counter is named under its workspace's hash tag
+//!   (`{quota:<workspace id>}`), as is the writer's sequence number of that workspace. A
+//!   request's counters (its key's, member's, department's, workspace's, tags' and end user's)
+//!   are all of its workspace, so its check is one `MGET` and its write one script on one slot;
+//!   on a cluster, the workspaces spread over the primaries.
 //! - An empty Redis (a restart without persistence, `FLUSHALL`) is reseeded: a counter missing
 //!   from it is set to this gateway's own total (the store's as last read plus its own unwritten
 //!   usage, a lower bound of the truth) instead of being incremented from 0.
@@ -76,6 +81,8 @@ struct Unwritten {
     seed: i64,
     /// How long Redis keeps it after this write, in seconds (0: for ever).
     ttl: i64,
+    /// The workspace of its subject: its hash tag.
+    workspace: i64,
 }
 
 /// The shared counters of one gateway: the connection, whether Redis answers, and what this
@@ -89,19 +96,28 @@ pub struct SharedCounters {
     unwritten: Mutex<FxHashMap<CounterKey, Unwritten>>,
     /// Wakes the writer when something is queued.
     wake: tokio::sync::Notify,
-    /// This gateway's sequence key (one per process).
-    writer_key: String,
+    /// This gateway's name in its sequence keys (one per process, [`writer_key`]).
+    writer: String,
     /// [`APPLY`], sent by its digest.
     script: redis::Script,
 }
 
-/// The Redis key of a counter. Every quota key is under the hash tag `{quota}`: on a cluster the
-/// writer's script and the check's `MGET` name keys of one slot. Built by hand: each check names
-/// every counter it reads, and `format!`'s machinery cost more than the rest of the name.
-fn redis_key(k: &CounterKey) -> String {
+/// The start of every Redis key of `workspace`'s counters: `aigw:{quota:<id>}:`, its hash tag.
+fn tagged(workspace: i64, capacity: usize) -> String {
+    let mut key = String::with_capacity(capacity);
+    key.push_str("aigw:{quota:");
+    key.push_str(itoa::Buffer::new().format(workspace));
+    key.push_str("}:");
+    key
+}
+
+/// The Redis key of a counter of `workspace`'s, under that workspace's hash tag: on a cluster
+/// the writer's script and the check's `MGET` name keys of one slot, and workspaces spread over
+/// the slots. Built by hand: each check names every counter it reads, and `format!`'s machinery
+/// cost more than the rest of the name.
+fn redis_key(workspace: i64, k: &CounterKey) -> String {
     let mut ids = itoa::Buffer::new();
-    let mut key = String::with_capacity(64);
-    key.push_str("aigw:{quota}:");
+    let mut key = tagged(workspace, 72);
     key.push_str(k.subject.as_str());
     key.push(':');
     key.push_str(ids.format(k.subject_id));
@@ -120,6 +136,27 @@ fn redis_key(k: &CounterKey) -> String {
     key
 }
 
+/// The key of the last batch `writer` applied to `workspace`'s counters (kept a day).
+fn writer_key(workspace: i64, writer: &str) -> String {
+    let mut key = tagged(workspace, 64);
+    key.push_str("writer:");
+    key.push_str(writer);
+    key
+}
+
+/// `items` by workspace, in order of first appearance: one script each.
+fn by_workspace(items: &[(CounterKey, Unwritten)]) -> Vec<(i64, Vec<&(CounterKey, Unwritten)>)> {
+    let mut groups: Vec<(i64, Vec<&(CounterKey, Unwritten)>)> = Vec::new();
+    for item in items {
+        let ws = item.1.workspace;
+        match groups.iter_mut().find(|(w, _)| *w == ws) {
+            Some((_, g)) => g.push(item),
+            None => groups.push((ws, vec![item])),
+        }
+    }
+    groups
+}
+
 impl SharedCounters {
     /// The counters shared through `link` (connected in the background, so an absent Redis does
     /// not stop the start); probes it once before returning, to log and show its state from the
@@ -130,7 +167,7 @@ impl SharedCounters {
             reads: link.another_connection(),
             unwritten: Mutex::default(),
             wake: tokio::sync::Notify::new(),
-            writer_key: format!("aigw:{{quota}}:writer:{}", uuid::Uuid::now_v7()),
+            writer: uuid::Uuid::now_v7().to_string(),
             script: redis::Script::new(APPLY),
         };
         if !link.probe().await {
@@ -144,15 +181,16 @@ impl SharedCounters {
         self.conn.is_up()
     }
 
-    /// Raises each standing's `used` to Redis's total of its counter: one `MGET`, bounded by the
-    /// timeout. Redis away: nothing read, nothing waited for; the gateway's own counts stand.
-    pub(super) async fn raise(&self, standings: &mut [Standing]) {
+    /// Raises each standing's `used` to Redis's total of its counter, every one of `workspace`'s:
+    /// one `MGET`, bounded by the timeout. Redis away: nothing read, nothing waited for; the
+    /// gateway's own counts stand.
+    pub(super) async fn raise(&self, standings: &mut [Standing], workspace: i64) {
         if standings.is_empty() || !self.is_up() {
             return;
         }
         let mut cmd = redis::cmd("MGET");
         for s in standings.iter() {
-            cmd.arg(redis_key(&s.key));
+            cmd.arg(redis_key(workspace, &s.key));
         }
         let mut conn = self.reads.on_this_thread();
         let timeout = conn.timeout();
@@ -166,8 +204,8 @@ impl SharedCounters {
         }
     }
 
-    /// Queues `add` of counter `key` for Redis; `seed` is this gateway's own total of it, usage
-    /// just added included; `window_secs` the length of its window (none for `total`). The
+    /// Queues `add` of counter `key`, one of `workspace`'s, for Redis; `seed` is this gateway's
+    /// own total of it, usage just added included; `window_secs` the length of its window (none for `total`). The
     /// writer is woken by [`SharedCounters::send`] once a request's counters are all queued, so
     /// that they go in one write.
     ///
@@ -175,7 +213,14 @@ impl SharedCounters {
     /// during its window (or after it, by a late completion), it outlives the window's end by at
     /// least the margin, whatever the difference between the gateways' clocks and Redis's (an
     /// absolute `EXPIREAT` would depend on it).
-    pub(super) fn add(&self, key: &CounterKey, add: i64, seed: i64, window_secs: Option<i64>) {
+    pub(super) fn add(
+        &self,
+        key: &CounterKey,
+        workspace: i64,
+        add: i64,
+        seed: i64,
+        window_secs: Option<i64>,
+    ) {
         let ttl = window_secs.map_or(0, |w| w.max(1).saturating_add(EXPIRY_MARGIN_SECS));
         {
             let mut map = self.unwritten.lock().unwrap_or_else(|p| p.into_inner());
@@ -183,6 +228,7 @@ impl SharedCounters {
             u.add = u.add.saturating_add(add);
             u.seed = u.seed.max(seed);
             u.ttl = u.ttl.max(ttl);
+            u.workspace = workspace;
         }
     }
 
@@ -215,17 +261,25 @@ impl Batches for Writer<'_> {
             .collect()
     }
 
-    /// Runs [`APPLY`] on one batch.
+    /// Runs [`APPLY`] on one batch: one script per workspace, sent together (one round trip
+    /// on one server; on a cluster, one to each primary holding one of them).
     async fn write(&self, seq: u64, items: &[(CounterKey, Unwritten)]) -> Result<(), String> {
-        let mut inv = self.0.script.prepare_invoke();
-        inv.key(&self.0.writer_key).arg(seq);
-        for (k, u) in items {
-            inv.key(redis_key(k)).arg(u.add).arg(u.seed).arg(u.ttl);
-        }
-        let mut conn = self.0.conn.clone();
-        bounded(conn.write_timeout(), inv.invoke_async::<i64>(&mut conn))
-            .await
-            .map(|_| ())
+        let groups = by_workspace(items);
+        let scripts = groups.iter().map(|(ws, group)| {
+            let mut inv = self.0.script.prepare_invoke();
+            inv.key(writer_key(*ws, &self.0.writer)).arg(seq);
+            for (k, u) in group {
+                inv.key(redis_key(*ws, k)).arg(u.add).arg(u.seed).arg(u.ttl);
+            }
+            let mut conn = self.0.conn.clone();
+            async move {
+                bounded(conn.write_timeout(), inv.invoke_async::<i64>(&mut conn))
+                    .await
+                    .map(|_| ())
+            }
+        });
+        // A workspace's script that failed is sent again with the batch; those that ran skip it.
+        futures::future::try_join_all(scripts).await.map(|_| ())
     }
 
     fn left(&self, items: &[(CounterKey, Unwritten)]) {
@@ -243,42 +297,46 @@ mod tests {
     use crate::quota::{Metric, SubjectKind};
 
     #[test]
-    fn a_counter_is_named_by_its_identity_never_its_policy() {
+    fn a_counter_is_named_by_its_identity_under_its_workspace_never_its_policy() {
         let cases = [
             (
+                1,
                 SubjectKind::Apikey,
                 7,
                 Metric::Requests,
                 Window::Total,
                 0,
-                "aigw:{quota}:apikey:7:requests:total:0",
+                "aigw:{quota:1}:apikey:7:requests:total:0",
             ),
             (
+                12,
                 SubjectKind::Member,
                 3,
                 Metric::TotalTokens,
                 Window::Day,
                 1_764_000_000,
-                "aigw:{quota}:member:3:total_tokens:day:1764000000",
+                "aigw:{quota:12}:member:3:total_tokens:day:1764000000",
             ),
             (
+                -4,
                 SubjectKind::Apikey,
                 -2,
                 Metric::Requests,
                 Window::Minutes(15),
                 1_764_000_900,
-                "aigw:{quota}:apikey:-2:requests:15minutes:1764000900",
+                "aigw:{quota:-4}:apikey:-2:requests:15minutes:1764000900",
             ),
             (
+                9_223_372_036_854_775_807,
                 SubjectKind::Apikey,
                 9,
                 Metric::Requests,
                 Window::Minutes(1),
                 60,
-                "aigw:{quota}:apikey:9:requests:minute:60",
+                "aigw:{quota:9223372036854775807}:apikey:9:requests:minute:60",
             ),
         ];
-        for (subject, subject_id, metric, window, start, want) in cases {
+        for (ws, subject, subject_id, metric, window, start, want) in cases {
             let k = CounterKey {
                 subject,
                 subject_id,
@@ -286,13 +344,71 @@ mod tests {
                 window,
                 start,
             };
-            assert_eq!(redis_key(&k), want);
+            assert_eq!(redis_key(ws, &k), want);
             let by_display = format!(
-                "aigw:{{quota}}:{}:{subject_id}:{}:{window}:{start}",
+                "aigw:{{quota:{ws}}}:{}:{subject_id}:{}:{window}:{start}",
                 subject.as_str(),
                 metric.as_str()
             );
-            assert_eq!(redis_key(&k), by_display, "the same name as Display gives");
+            assert_eq!(redis_key(ws, &k), by_display, "the same name as Display gives");
+            let writer = writer_key(ws, "w1");
+            assert_eq!(writer, format!("aigw:{{quota:{ws}}}:writer:w1"));
+            assert_eq!(
+                hash_tag(&writer),
+                hash_tag(want),
+                "the writer's key shares the slot"
+            );
+        }
+    }
+
+    /// What a cluster hashes: the text between the first `{` and the next `}`.
+    fn hash_tag(key: &str) -> &str {
+        let open = key.find('{').expect("a tag") + 1;
+        &key[open..open + key[open..].find('}').expect("closed")]
+    }
+
+    /// A batch is split into one script per workspace, each holding all of its counters and
+    /// none of another's, in the order the workspaces were first met.
+    #[test]
+    fn a_batch_is_written_one_script_per_workspace() {
+        let item = |ws: i64, id: i64| {
+            let k = CounterKey {
+                subject: SubjectKind::Apikey,
+                subject_id: id,
+                metric: Metric::Requests,
+                window: Window::Day,
+                start: 0,
+            };
+            let u = Unwritten {
+                add: 1,
+                seed: 1,
+                ttl: 60,
+                workspace: ws,
+            };
+            (k, u)
+        };
+        // (workspace, key id) queued → (workspace, key ids) per script.
+        type Case<'a> = (&'a [(i64, i64)], &'a [(i64, &'a [i64])]);
+        let cases: [Case; 4] = [
+            (&[], &[]),
+            (&[(1, 10)], &[(1, &[10])]),
+            (&[(1, 10), (1, 11), (1, 12)], &[(1, &[10, 11, 12])]),
+            (
+                &[(2, 20), (1, 10), (2, 21), (3, 30), (1, 11)],
+                &[(2, &[20, 21]), (1, &[10, 11]), (3, &[30])],
+            ),
+        ];
+        for (items, want) in cases {
+            let items: Vec<_> = items.iter().map(|&(ws, id)| item(ws, id)).collect();
+            let got: Vec<(i64, Vec<i64>)> = by_workspace(&items)
+                .into_iter()
+                .map(|(ws, g)| {
+                    assert!(g.iter().all(|(_, u)| u.workspace == ws));
+                    (ws, g.iter().map(|(k, _)| k.subject_id).collect())
+                })
+                .collect();
+            let want: Vec<(i64, Vec<i64>)> = want.iter().map(|(ws, ids)| (*ws, ids.to_vec())).collect();
+            assert_eq!(got, want);
         }
     }
 }

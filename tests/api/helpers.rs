@@ -367,6 +367,14 @@ impl TestApp {
         body["token"].as_str().expect("token").to_owned()
     }
 
+    /// The id of workspace `name`.
+    #[allow(dead_code, reason = "used by the Redis cluster suite")]
+    pub async fn workspace_id(&self, name: &str) -> i64 {
+        use aigw::store::WorkspaceStore;
+        let ws = self.state.store.workspace_by_name(name).await.unwrap();
+        ws.unwrap_or_else(|| panic!("no workspace {name}")).id
+    }
+
     /// The id of acme's upstream credential `name`.
     pub async fn credential_id(&self, name: &str) -> i64 {
         use aigw::store::{UpstreamStore, WorkspaceStore};

@@ -12,9 +12,13 @@ use aigw::mock_upstream::MockUpstream;
 
 use crate::both_backends;
 use crate::helpers::TestDb;
+use crate::helpers::{ResourcesBuilder, Setup, spawn_app};
 use crate::proxy::KEY;
 use crate::redis_locks::{NEVER, pair, park_both, until_parked};
-use crate::redis_quota::{chat, installed, quota_total, redis_up_metric, until_readyz_says};
+use crate::redis_quota::{chat, installed, quota_counters, quota_total, redis_up_metric, until_readyz_says};
+
+/// The plaintext of the second workspace's key.
+const BETA_KEY: &str = "sk-aigw-BetaClusterKey0123456789abcdefgh";
 
 /// A 3-primary Redis Cluster of this test's own, killed when dropped.
 struct RedisCluster {
@@ -166,6 +170,7 @@ impl Drop for RedisCluster {
 
 both_backends!(
     two_gateways_on_a_cluster_admit_one_limit,
+    the_workspaces_counters_spread_over_the_primaries,
     a_park_reaches_the_other_gateway_through_a_cluster,
     a_cluster_away_leaves_each_gateway_counting_alone,
 );
@@ -177,9 +182,10 @@ async fn two_gateways_on_a_cluster_admit_one_limit(db: TestDb) {
     let Some(cluster) = RedisCluster::start().await else {
         return;
     };
-    let elsewhere = cluster.node_without("aigw:{quota}:x").await;
     let mock = MockUpstream::start().await.unwrap();
     let a = crate::redis_quota::gateway(&db, &mock, 4, Some(cluster.seeds())).await;
+    let ws = a.workspace_id("acme").await;
+    let elsewhere = cluster.node_without(&format!("aigw:{{quota:{ws}}}:x")).await;
     let b = crate::redis_quota::gateway(&db, &mock, 4, Some(cluster.node(elsewhere))).await;
     // The first contact (the cluster's map, a connection per node) may outlast a first check.
     for app in [&a, &b] {
@@ -202,6 +208,65 @@ async fn two_gateways_on_a_cluster_admit_one_limit(db: TestDb) {
     for app in [&a, &b] {
         assert_eq!(redis_up_metric(app).await.as_deref(), Some("1"));
     }
+}
+
+/// Two workspaces' counters live under their own hash tags, each on the primary holding its
+/// slot: the quota work of a cluster is spread by workspace, and each workspace's limit holds.
+async fn the_workspaces_counters_spread_over_the_primaries(db: TestDb) {
+    let Some(cluster) = RedisCluster::start().await else {
+        return;
+    };
+    let mock = MockUpstream::start().await.unwrap();
+    let beta = ResourcesBuilder::new()
+        .workspace("beta")
+        .member("beta", "bo@beta.test", "member")
+        .api_key("bo@beta.test", "ci", BETA_KEY)
+        .upstream("beta", "primary", &mock.base_url(), "cred-beta", &["gpt-4o-mini"])
+        .model("beta", "gpt-4o-mini")
+        .policy("beta", "apikey", "bo@beta.test/ci", ("requests", "minute"), 3.0);
+    let mut setup = Setup::resources(
+        crate::proxy::resources(&mock) + &crate::redis_quota::requests_per_minute(2) + &String::from(beta),
+    );
+    let seeds = cluster.seeds();
+    setup.settings = Box::new(move |s| {
+        s.flush_interval_ms = 60_000;
+        s.redis_url = Some(aigw::config::Secret::new(seeds));
+        s.redis_timeout_ms = 100;
+    });
+    let app = spawn_app(&db, setup).await;
+    until_readyz_says(&app, "redis up").await;
+    let mut admitted = [0, 0];
+    for _ in 0..5 {
+        for (i, key) in [KEY, BETA_KEY].into_iter().enumerate() {
+            let r = app.post_json("/v1/chat/completions", key, &chat()).await;
+            match r.status().as_u16() {
+                200 => admitted[i] += 1,
+                429 => {}
+                other => panic!("unexpected status {other}"),
+            }
+        }
+    }
+    assert_eq!(admitted, [2, 3], "each workspace's limit");
+    assert_eq!(cluster.until_counted(5).await, 5);
+
+    let mut homes = Vec::new();
+    for name in ["acme", "beta"] {
+        let tag = format!("aigw:{{quota:{}}}:", app.workspace_id(name).await);
+        let mut found = Vec::new();
+        for i in 0..3 {
+            let held = quota_counters(&cluster.node(i)).await;
+            if held.iter().any(|(k, _)| k.starts_with(&tag)) {
+                found.push(i);
+            }
+        }
+        assert_eq!(found.len(), 1, "{name}'s counters on one primary: {found:?}");
+        let home = found[0];
+        assert_ne!(cluster.node_without(&format!("{tag}x")).await, home, "its slot's");
+        homes.push(home);
+    }
+    // A fresh store numbers them 1 and 2: tags `{quota:1}` and `{quota:2}`, slots 11851 and
+    // 7720, held by two of the three primaries `--cluster create` gives equal ranges.
+    assert_ne!(homes[0], homes[1], "two workspaces, two primaries");
 }
 
 /// A park through `a` (the seed list) reaches `b` (one node's URL, subscribed there) at once

@@ -128,21 +128,27 @@ impl RedisServer {
 }
 
 /// Every quota counter the Redis server (or cluster node) at `url` holds, summed; the writers'
-/// sequence numbers, under the same hash tag, left out.
+/// sequence numbers, under the same hash tags, left out.
 pub(crate) async fn quota_total(url: &str) -> i64 {
+    quota_counters(url).await.iter().map(|(_, v)| v).sum()
+}
+
+/// Every quota counter the Redis server (or cluster node) at `url` holds (every workspace's hash
+/// tag, `aigw:{quota:<id>}:`), with its value; the writers' sequence numbers left out.
+pub(crate) async fn quota_counters(url: &str) -> Vec<(String, i64)> {
     let client = redis::Client::open(url).expect("url");
     let mut c = client.get_multiplexed_async_connection().await.expect("connect");
     let keys: Vec<String> = redis::cmd("KEYS")
-        .arg("aigw:{quota}:*")
+        .arg("aigw:{quota:*")
         .query_async(&mut c)
         .await
         .expect("keys");
-    let mut total = 0;
-    for k in keys.iter().filter(|k| !k.starts_with("aigw:{quota}:writer:")) {
-        let v: i64 = redis::cmd("GET").arg(k).query_async(&mut c).await.expect("get");
-        total += v;
+    let mut counters = Vec::new();
+    for k in keys.into_iter().filter(|k| !k.contains("}:writer:")) {
+        let v: i64 = redis::cmd("GET").arg(&k).query_async(&mut c).await.expect("get");
+        counters.push((k, v));
     }
-    total
+    counters
 }
 
 impl Drop for RedisServer {
@@ -209,7 +215,7 @@ pub(crate) fn chat() -> Value {
     json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "say hello to me"}]})
 }
 
-fn requests_per_minute(limit: u32) -> String {
+pub(crate) fn requests_per_minute(limit: u32) -> String {
     format!(
         "\n[[policy]]\nworkspace = \"acme\"\nsubject = \"apikey\"\ntarget = \"ada@acme.test/ci\"\nmetric = \"requests\"\nwindow = \"minute\"\nlimit = {limit}\nmode = \"enforce\"\n"
     )
