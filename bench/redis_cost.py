@@ -10,9 +10,10 @@ command (`INFO commandstats`), its CPU (`INFO cpu`), and the memory of 100,000 c
 
 With --latency ROUNDS: instead, what the round trip adds to a request at one connection: two
 gateways with the four policies, one sharing its counters through Redis and one not, timed in
-alternation by bench/probe.rs (3 s each, ROUNDS times); the p50 of each round and their medians.
+alternation by bench/probe.rs (3 s each, ROUNDS times); the p50 of each round and their medians,
+and in each round the floor of this host: Redis's own client's round trip (`redis-benchmark`).
 
-Needs redis-server and redis-cli (Debian's redis-server package). Traffic goes to 127.0.0.1 only.
+Needs redis-server, redis-cli and redis-benchmark (Debian's redis-server and redis-tools). Traffic goes to 127.0.0.1 only.
 """
 
 import argparse
@@ -34,7 +35,7 @@ def main():
     ap.add_argument("--latency", type=int, metavar="ROUNDS", default=0,
                     help="the p50 added at one connection, with against without Redis, in alternation")
     args = ap.parse_args()
-    for tool in ("redis-server", "redis-cli"):
+    for tool in ("redis-server", "redis-cli", "redis-benchmark"):
         if not shutil.which(tool):
             sys.exit(f"{tool} is not installed (apt-get install redis-server)")
     if not os.path.exists(R.BIN):
@@ -119,10 +120,11 @@ def added_latency(rounds):
             for (gw, p), url in zip(gws, urls):
                 R.wait_ready(f"http://127.0.0.1:{p}/readyz", gw)
                 R.wrk(url, R.KEY, body, 4, 2)
-            p50 = ([], [])
+            p50 = ([], [], [])
             for _ in range(rounds):
                 for i, url in enumerate(urls):
                     p50[i].append(R.probe(url, R.KEY, body, 3)["p50"])
+                p50[2].append(floor(port))
         finally:
             for gw, _ in gws:
                 gw.terminate()
@@ -131,13 +133,25 @@ def added_latency(rounds):
             mock.wait(timeout=20)
             redis.kill()
             redis.wait()
-    alone, shared = (statistics.median(v) for v in p50)
+    alone, shared, own = (statistics.median(v) for v in p50)
     print(f"# the round trip's cost at one connection ({rounds} rounds of 3 s, four policies, in alternation)\n")
     print("| | p50 of each round, µs | median |")
     print("|---|---|---|")
     print(f"| without Redis | {', '.join(map(str, p50[0]))} | {alone:.0f} |")
     print(f"| with Redis | {', '.join(map(str, p50[1]))} | {shared:.0f} |")
-    print(f"\nadded at p50: {shared - alone:.0f} µs")
+    print(f"| Redis's own round trip (`redis-benchmark -c 1 -t get`) | {', '.join(map(str, p50[2]))} | {own:.0f} |")
+    print(f"\nadded at p50: {shared - alone:.0f} µs, of which Redis's own round trip on this host {own:.0f} µs"
+          f" and the gateway's part {shared - alone - own:.0f} µs")
+
+
+def floor(port):
+    """The p50 of one `GET` round trip at one connection from Redis's own C client, in µs: what
+    no client of this host can go under."""
+    out = subprocess.run(["redis-benchmark", "-p", str(port), "-c", "1", "-n", "20000", "-t", "get", "-q"],
+                         capture_output=True, text=True, check=True).stdout
+    # The last line: "GET: 13253.81 requests per second, p50=0.071 msec".
+    msec = out.strip().splitlines()[-1].split("p50=")[1].split()[0]
+    return round(float(msec) * 1000)
 
 
 if __name__ == "__main__":
