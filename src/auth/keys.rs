@@ -71,11 +71,17 @@ impl Validity {
 }
 
 /// A key's SHA-256, the cache's key (hex-encoded only for the store lookup on a miss).
-type KeyDigest = [u8; 32];
+/// A presented key's name in the cache: SipHash-2-4's 128 bits under a key drawn at start, a
+/// pseudo-random function of the key no client can predict, so none can present a key whose
+/// name is another's. The store's SHA-256 is worked out only to read it (a cache miss): on every
+/// request it cost about 2,500 instructions, the tag under 400 (docs/performance.md).
+type KeyTag = u128;
 
 /// Resolves keys and throttles failed attempts.
 pub struct KeyResolver {
-    cache: Cache<KeyDigest, Answer>,
+    cache: Cache<KeyTag, Answer>,
+    /// The key of [`KeyResolver::tag`], drawn at start.
+    tag_key: (u64, u64),
     /// Bumped by every configuration change: answers read before it are stale.
     epoch: AtomicU64,
     failures: DefaultKeyedRateLimiter<IpAddr>,
@@ -96,6 +102,7 @@ impl KeyResolver {
             .allow_burst(NonZeroU32::new(20).unwrap_or(NonZeroU32::MIN));
         KeyResolver {
             cache: Cache::new(CACHED_KEYS),
+            tag_key: rand::random(),
             epoch: AtomicU64::new(0),
             failures: RateLimiter::keyed(quota),
         }
@@ -117,9 +124,7 @@ impl KeyResolver {
         now_ms: i64,
     ) -> Result<Arc<Caller>, ApiError> {
         let caller = match presented_key(headers) {
-            Some(key) if crypto::is_api_key_shape(key) => {
-                self.lookup(store, crypto::api_key_digest(key), now_ms).await?
-            }
+            Some(key) if crypto::is_api_key_shape(key) => self.lookup(store, key, now_ms).await?,
             _ => None,
         };
         let Some((caller, validity)) = caller else {
@@ -143,17 +148,18 @@ impl KeyResolver {
     async fn lookup(
         &self,
         store: &Store,
-        digest: KeyDigest,
+        key: &str,
         now_ms: i64,
     ) -> Result<Option<(Arc<Caller>, Validity)>, ApiError> {
+        let tag = self.tag(key);
         let epoch = self.epoch.load(Ordering::Relaxed);
         // An age outside [0, limit) is stale: a clock stepped back re-reads rather than trusts.
         let age = |a: &Answer| now_ms.saturating_sub(a.read_at_ms);
         // An unknown key is forgotten after a second: a key created since must work.
         let forgotten = |a: &Answer| a.caller.is_none() && !(0..UNKNOWN_MS).contains(&age(a));
-        let cached = match self.cache.get(&digest) {
+        let cached = match self.cache.get(&tag) {
             Some(a) if forgotten(&a) => {
-                self.cache.remove_if(&digest, forgotten);
+                self.cache.remove_if(&tag, forgotten);
                 None
             }
             other => other,
@@ -169,8 +175,8 @@ impl KeyResolver {
             // others wait for it; should it fail, the next of them reads).
             let read = self
                 .cache
-                .get_or_insert_async(&digest, async {
-                    read(store, digest).await.map(|caller| Answer {
+                .get_or_insert_async(&tag, async {
+                    read(store, key).await.map(|caller| Answer {
                         caller,
                         read_at_ms: now_ms,
                         epoch,
@@ -185,20 +191,29 @@ impl KeyResolver {
                 }
             };
         };
-        match read(store, digest).await {
+        match read(store, key).await {
             Ok(caller) => {
                 let answer = Answer {
                     caller: caller.clone(),
                     read_at_ms: now_ms,
                     epoch,
                 };
-                self.cache.insert(digest, answer);
+                self.cache.insert(tag, answer);
                 Ok(caller)
             }
             // Stale-if-error: the last good answer while the store is out of reach.
             Err(e) if store.note_failure(&e) => Ok(stale.caller),
             Err(e) => Err(ApiError::from(&e)),
         }
+    }
+
+    /// The cache's name of `key` ([`KeyTag`]).
+    fn tag(&self, key: &str) -> KeyTag {
+        use siphasher::sip128::Hasher128;
+        use std::hash::Hasher;
+        let mut h = siphasher::sip128::SipHasher24::new_with_keys(self.tag_key.0, self.tag_key.1);
+        h.write(key.as_bytes());
+        h.finish128().into()
     }
 
     fn refuse(&self, ip: IpAddr) -> ApiError {
@@ -216,11 +231,11 @@ impl KeyResolver {
     }
 }
 
-/// The caller of the key with `digest` and until when that secret works, from the store (none:
-/// unknown, or its member disabled).
-async fn read(store: &Store, digest: KeyDigest) -> Result<Option<(Arc<Caller>, Validity)>, StoreError> {
+/// The caller of `key` and until when that secret works, from the store (none: unknown, or its
+/// member disabled).
+async fn read(store: &Store, key: &str) -> Result<Option<(Arc<Caller>, Validity)>, StoreError> {
     store.fail_fast()?;
-    let hash = hex::encode(digest);
+    let hash = crypto::hash_api_key(key);
     let found = store
         .at_home(|s| async move { s.identity_by_hash(&hash).await })
         .await?;
@@ -315,6 +330,31 @@ pub fn max_in_flight(field: &str, value: Option<i64>) -> Result<Option<i64>, Str
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A key's name in the cache is stable within a resolver, tells keys apart (one character
+    /// changed, a prefix, the empty key), and depends on the resolver's own key: another
+    /// resolver names the same key otherwise.
+    #[test]
+    fn a_key_is_named_in_the_cache_by_a_keyed_tag() {
+        let (a, b) = (KeyResolver::new(), KeyResolver::new());
+        let key = "sk-aigw-ProxyTestKey0123456789abcdefghij";
+        assert_eq!(a.tag(key), a.tag(key));
+        let others = [
+            "sk-aigw-ProxyTestKey0123456789abcdefghiJ",
+            "sk-aigw-ProxyTestKey0123456789abcdefghi",
+            "",
+        ];
+        for other in others {
+            assert_ne!(a.tag(key), a.tag(other), "{other:?}");
+        }
+        assert_ne!(a.tag(key), b.tag(key), "drawn per resolver");
+        // The resolver's key is used: SipHash-2-4-128 of the same bytes under key (0, 0) differs.
+        use siphasher::sip128::Hasher128;
+        use std::hash::Hasher;
+        let mut zero = siphasher::sip128::SipHasher24::new_with_keys(0, 0);
+        zero.write(key.as_bytes());
+        assert_ne!(a.tag(key), u128::from(zero.finish128()));
+    }
 
     #[test]
     fn model_allow_lists() {
