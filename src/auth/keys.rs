@@ -70,7 +70,6 @@ impl Validity {
     }
 }
 
-/// A key's SHA-256, the cache's key (hex-encoded only for the store lookup on a miss).
 /// A presented key's name in the cache: SipHash-2-4's 128 bits under a key drawn at start, a
 /// pseudo-random function of the key no client can predict, so none can present a key whose
 /// name is another's. The store's SHA-256 is worked out only to read it (a cache miss): on every

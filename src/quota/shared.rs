@@ -8,9 +8,9 @@
 //!   gateway's own, so Redis can only make a check stricter, never looser.
 //! - Usage is still counted after completion (LyRouter seed 003: the crossing request completes):
 //!   [`SharedCounters::add`] queues the delta, and one writer task sends what has queued in one
-//!   round trip (a script per workspace it holds). With every gateway on one Redis, the overshoot of a quota is at most
-//!   the requests in flight across all of them, a request being in flight until its count is in
-//!   Redis (docs/quotas.md).
+//!   round trip (a script per workspace it holds). With every gateway on one Redis, the
+//!   overshoot of a quota is at most the requests in flight across all of them, a request being
+//!   in flight until its count is in Redis (docs/quotas.md).
 //! - Exactly once: the writer is the gateway's one Redis writer ([`crate::kernel::redis_writer`]),
 //!   whose batches carry a sequence number that [`APPLY`] applies once per workspace.
 //! - One workspace, one hash slot: every counter is named under its workspace's hash tag
