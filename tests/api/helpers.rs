@@ -368,7 +368,6 @@ impl TestApp {
     }
 
     /// The id of workspace `name`.
-    #[allow(dead_code, reason = "used by the Redis cluster suite")]
     pub async fn workspace_id(&self, name: &str) -> i64 {
         use aigw::store::WorkspaceStore;
         let ws = self.state.store.workspace_by_name(name).await.unwrap();

@@ -11,8 +11,7 @@ use std::time::{Duration, Instant};
 use aigw::mock_upstream::MockUpstream;
 
 use crate::both_backends;
-use crate::helpers::TestDb;
-use crate::helpers::{ResourcesBuilder, Setup, spawn_app};
+use crate::helpers::{ResourcesBuilder, TestDb};
 use crate::proxy::KEY;
 use crate::redis_locks::{NEVER, pair, park_both, until_parked};
 use crate::redis_quota::{chat, installed, quota_counters, quota_total, redis_up_metric, until_readyz_says};
@@ -224,16 +223,9 @@ async fn the_workspaces_counters_spread_over_the_primaries(db: TestDb) {
         .upstream("beta", "primary", &mock.base_url(), "cred-beta", &["gpt-4o-mini"])
         .model("beta", "gpt-4o-mini")
         .policy("beta", "apikey", "bo@beta.test/ci", ("requests", "minute"), 3.0);
-    let mut setup = Setup::resources(
-        crate::proxy::resources(&mock) + &crate::redis_quota::requests_per_minute(2) + &String::from(beta),
-    );
-    let seeds = cluster.seeds();
-    setup.settings = Box::new(move |s| {
-        s.flush_interval_ms = 60_000;
-        s.redis_url = Some(aigw::config::Secret::new(seeds));
-        s.redis_timeout_ms = 100;
-    });
-    let app = spawn_app(&db, setup).await;
+    let resources =
+        crate::proxy::resources(&mock) + &crate::redis_quota::requests_per_minute(2) + &String::from(beta);
+    let app = crate::redis_quota::redis_only_gateway(&db, resources, cluster.seeds()).await;
     until_readyz_says(&app, "redis up").await;
     let mut admitted = [0, 0];
     for _ in 0..5 {
